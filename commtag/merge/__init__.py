@@ -1,0 +1,1 @@
+"""The offline wing: load rank traces and sidecars, attach, analyze, write Perfetto."""

@@ -1,0 +1,1 @@
+"""The runtime wing: what runs inside the training process."""

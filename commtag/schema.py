@@ -1,0 +1,276 @@
+"""The contract between the runtime wing and the merge wing.
+
+One collective call becomes a :class:`CollectiveAnnotation` whose serialized
+form uses exactly the keys the PyTorch profiler writes for an eager NCCL
+collective (``"Collective name"``, ``"In msg nelems"``, ...), plus commtag's
+own keys, all spelled ``"commtag ..."`` so they never collide with Kineto's.
+A rank's sidecar (:class:`Sidecar`) holds every annotation recorded while the
+profiler ran, the process-group table and the CUDA-graph captures.
+
+Everything here is plain data: JSON in, JSON out, validated on both sides.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+SIDECAR_KIND = "commtag-sidecar"
+
+#: c10 ScalarType names as the profiler prints them (``toString(ScalarType)``).
+SCALAR_TYPE_NAMES = frozenset(
+    {
+        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double",
+        "ComplexHalf", "ComplexFloat", "ComplexDouble", "Bool", "QInt8",
+        "QUInt8", "QInt32", "BFloat16", "QUInt4x2", "QUInt2x4", "Bits1x8",
+        "Bits2x4", "Bits4x2", "Bits8", "Bits16", "Float8_e5m2",
+        "Float8_e4m3fn", "Float8_e5m2fnuz", "Float8_e4m3fnuz", "UInt16",
+        "UInt32", "UInt64", "UInt1", "UInt2", "UInt3", "UInt4", "UInt5",
+        "UInt6", "UInt7", "Int1", "Int2", "Int3", "Int4", "Int5", "Int6",
+        "Int7", "Float8_e8m0fnu", "Float4_e2m1fn_x2", "Undefined",
+    }
+)
+
+#: Byte size of one element per ScalarType name; used for bandwidth.
+SCALAR_TYPE_BYTES: dict[str, float] = {
+    "Byte": 1, "Char": 1, "Bool": 1, "QInt8": 1, "QUInt8": 1, "Bits8": 1,
+    "Float8_e5m2": 1, "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1,
+    "Float8_e4m3fnuz": 1, "Float8_e8m0fnu": 1, "Float4_e2m1fn_x2": 1,
+    "QUInt4x2": 1, "QUInt2x4": 1, "Bits1x8": 1, "Bits2x4": 1, "Bits4x2": 1,
+    "Short": 2, "Half": 2, "BFloat16": 2, "UInt16": 2, "Bits16": 2,
+    "Int": 4, "Float": 4, "QInt32": 4, "UInt32": 4, "ComplexHalf": 4,
+    "Long": 8, "Double": 8, "UInt64": 8, "ComplexFloat": 8,
+    "ComplexDouble": 16,
+}
+
+#: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
+MIN_LANE_ID = 60
+
+_RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
+
+
+def parse_rank_list(text: str) -> Optional[list[int]]:
+    """Return the ranks of a ``"[0, 2, 4]"`` string, or None when truncated or empty."""
+    if text in ("", "[]") or "..." in text:
+        return None
+    return [int(part) for part in text[1:-1].split(", ")]
+
+
+class CollectiveAnnotation(BaseModel):
+    """One collective call, as the eager NCCL profiler would describe it."""
+
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
+
+    collective_name: str = Field(alias="Collective name", min_length=1)
+    in_msg_nelems: int = Field(alias="In msg nelems", ge=0)
+    out_msg_nelems: int = Field(alias="Out msg nelems", ge=0)
+    group_size: int = Field(alias="Group size", ge=1)
+    dtype: str = Field(alias="dtype")
+    in_split_size: str = Field(alias="In split size", default="[]")
+    out_split_size: str = Field(alias="Out split size", default="[]")
+    global_rank_start: Optional[int] = Field(alias="Global rank start", default=None, ge=0)
+    global_rank_stride: Optional[int] = Field(alias="Global rank stride", default=None, gt=0)
+    pg_name: str = Field(alias="Process Group Name")
+    pg_desc: str = Field(alias="Process Group Description")
+    pg_ranks: str = Field(alias="Process Group Ranks")
+    rank: int = Field(alias="Rank", ge=0)
+    dst_rank: Optional[int] = Field(alias="Dst Rank", default=None, ge=0)
+    src_rank: Optional[int] = Field(alias="Src Rank", default=None, ge=0)
+    seq: int = Field(alias="Seq", ge=0)
+
+    # commtag's own keys.
+    lane_id: int = Field(alias="commtag lane id", ge=MIN_LANE_ID)
+    lane_name: str = Field(alias="commtag lane", min_length=1)
+    pg_uid: str = Field(alias="commtag pg uid", min_length=1)
+    is_p2p: bool = Field(alias="commtag p2p", default=False)
+    async_op: bool = Field(alias="commtag async", default=False)
+    thread: int = Field(alias="commtag thread", default=0)
+    #: Set for a collective recorded during CUDA-graph capture.
+    capture_id: Optional[int] = Field(alias="commtag capture id", default=None, ge=0)
+    #: Set on a replayed instance: the replay index of its graph, 0-based.
+    replay: Optional[int] = Field(alias="commtag replay", default=None, ge=0)
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in SCALAR_TYPE_NAMES:
+            raise ValueError(f"unknown c10 ScalarType name {value!r} (expected e.g. 'Float', 'BFloat16')")
+        return value
+
+    @field_validator("in_split_size", "out_split_size", "pg_ranks")
+    @classmethod
+    def _list_string(cls, value: str) -> str:
+        if not _RANK_LIST.match(value):
+            raise ValueError(f"expected a list string like '[0, 1]', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CollectiveAnnotation":
+        ranks = parse_rank_list(self.pg_ranks)
+        if ranks is not None and len(ranks) != self.group_size:
+            raise ValueError(
+                f"Group size: {self.group_size} but Process Group Ranks lists {len(ranks)} ranks"
+            )
+        if self.rank >= self.group_size:
+            raise ValueError(f"Rank: {self.rank} is outside a group of size {self.group_size}")
+        for key, peer in (("Dst Rank", self.dst_rank), ("Src Rank", self.src_rank)):
+            if peer is not None and ranks is not None and peer not in ranks:
+                raise ValueError(f"{key}: global rank {peer} is not in the group {ranks}")
+        return self
+
+    def eager_dict(self) -> dict[str, object]:
+        """The serialized form: eager keys first, None values left out."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+    @property
+    def cross_rank_key(self) -> tuple[str, bool, int, Optional[int]]:
+        """What identifies this collective instance on every member rank."""
+        return (self.pg_uid, self.is_p2p, self.seq, self.replay)
+
+
+class ProcessGroupInfo(BaseModel):
+    """One row of a rank's process-group table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uid: str = Field(min_length=1)
+    name: str
+    desc: str
+    ranks: list[int] = Field(min_length=1)
+    backend: str = ""
+    lane_id: int = Field(ge=MIN_LANE_ID)
+    lane_name: str = Field(min_length=1)
+
+    @field_validator("ranks")
+    @classmethod
+    def _distinct(cls, ranks: list[int]) -> list[int]:
+        if len(set(ranks)) != len(ranks) or min(ranks) < 0:
+            raise ValueError(f"ranks must be distinct non-negative global ranks, got {ranks}")
+        return ranks
+
+
+class RecordedCollective(BaseModel):
+    """An annotation and when it ran on this rank (CLOCK_REALTIME ns)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    annotation: CollectiveAnnotation
+    start_ns: int = Field(ge=0)
+    end_ns: int = Field(ge=0)
+    tid: int
+    thread_name: str = ""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RecordedCollective":
+        if self.end_ns < self.start_ns:
+            raise ValueError(f"end_ns {self.end_ns} is before start_ns {self.start_ns}")
+        return self
+
+
+class GraphNodeRecord(BaseModel):
+    """A node a collective added to a graph under capture."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Creation index within the captured graph (0-based, capture order).
+    index: int = Field(ge=0)
+    node_type: str
+    kernel_name: str = ""
+    #: cudaGraphNodeGetToolsId when the driver has it (13.1+).
+    tools_id: Optional[int] = Field(default=None, ge=0)
+
+
+class CapturedCollective(BaseModel):
+    """One collective issued while a graph was captured, and the nodes it made."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    annotation: CollectiveAnnotation
+    nodes: list[GraphNodeRecord]
+    tid: int = 0
+
+
+class GraphCapture(BaseModel):
+    """One CUDA-graph capture on this rank."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capture_id: int = Field(ge=0)
+    #: cudaGraphGetId of the capture graph, when known.
+    graph_id: Optional[int] = Field(default=None, ge=0)
+    #: cudaGraphExecGetId of the instantiated graph, when known.
+    exec_graph_id: Optional[int] = Field(default=None, ge=0)
+    start_ns: int = Field(ge=0)
+    end_ns: int = Field(ge=0)
+    total_nodes: int = Field(ge=0)
+    collectives: list[CapturedCollective]
+
+
+class Sidecar(BaseModel):
+    """Everything commtag knows about one rank's trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["commtag-sidecar"] = SIDECAR_KIND
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = Field(min_length=1)
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    host: str
+    pid: int
+    torch_version: str
+    nccl_version: Optional[str] = None
+    #: Basename of the trace file this sidecar annotates.
+    trace_file: str
+    #: Clock of every *_ns field: time.time_ns(), as Kineto's baseTimeNanoseconds.
+    clock: Literal["CLOCK_REALTIME_NS"] = "CLOCK_REALTIME_NS"
+    process_groups: list[ProcessGroupInfo]
+    collectives: list[RecordedCollective]
+    captures: list[GraphCapture] = []
+
+    @field_validator("schema_version")
+    @classmethod
+    def _supported(cls, version: int) -> int:
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"sidecar schema version {version} is newer than this commtag supports "
+                f"({SCHEMA_VERSION}); upgrade commtag"
+            )
+        return version
+
+    @field_validator("trace_file")
+    @classmethod
+    def _basename(cls, name: str) -> str:
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"trace_file must be a bare file name, got {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Sidecar":
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        groups = {pg.uid: pg for pg in self.process_groups}
+        for recorded in self.collectives:
+            _check_against_table(recorded.annotation, groups, self.rank)
+        for capture in self.captures:
+            for captured in capture.collectives:
+                _check_against_table(captured.annotation, groups, self.rank)
+        return self
+
+
+def _check_against_table(ann: CollectiveAnnotation, groups: dict[str, ProcessGroupInfo], rank: int) -> None:
+    pg = groups.get(ann.pg_uid)
+    if pg is None:
+        raise ValueError(f"commtag pg uid: {ann.pg_uid!r} is not in the process-group table")
+    if len(pg.ranks) != ann.group_size:
+        raise ValueError(
+            f"Group size: {ann.group_size} but group {pg.uid} has {len(pg.ranks)} ranks"
+        )
+    if rank not in pg.ranks:
+        raise ValueError(f"Rank: this rank ({rank}) is not a member of group {pg.uid}")
+    for key, peer in (("Dst Rank", ann.dst_rank), ("Src Rank", ann.src_rank)):
+        if peer is not None and peer not in pg.ranks:
+            raise ValueError(f"{key}: global rank {peer} is not in group {pg.uid} {pg.ranks}")
