@@ -1,0 +1,147 @@
+"""Run a test function on N real gloo ranks, each in its own process.
+
+Usage::
+
+    from gloo_world import run_world
+
+    def _body(rank: int, world_size: int, scale: int) -> float:
+        t = torch.ones(1) * scale
+        dist.all_reduce(t)
+        return t.item()
+
+    def test_sum():
+        assert run_world(_body, 4, 3) == [12.0] * 4
+
+``fn`` must be a module-level function (it is pickled into spawned
+processes) and runs after ``init_process_group("gloo")``. Its return value
+(picklable) comes back per rank, in rank order. An exception on any rank is
+re-raised in the test as :class:`WorkerError` carrying that rank's traceback;
+a world that does not finish within ``timeout`` seconds is killed and raises
+:class:`WorkerTimeout`, so a hang fails the test instead of blocking CI.
+
+Rendezvous uses a FileStore in a fresh temporary directory, so concurrent
+test runs never fight over a port. Each worker runs with one intra-op thread:
+the CI machines have 2 cores shared by every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import shutil
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+__all__ = ["run_world", "WorkerError", "WorkerTimeout"]
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class WorkerError(RuntimeError):
+    """A rank raised; the message holds its traceback."""
+
+
+class WorkerTimeout(TimeoutError):
+    """The world did not finish in time (a hang or a deadlock)."""
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    store_file: str,
+    timeout_s: float,
+    env: dict[str, str],
+    results: Any,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    """Body of one spawned rank: init gloo, run fn, report, tear down."""
+    os.environ.update(env)
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)}
+    )
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store_file}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent test
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
+
+    ``env`` adds environment variables in every worker (set before
+    init_process_group). Raises WorkerError / WorkerTimeout as described in
+    the module docstring.
+    """
+    tmp = tempfile.mkdtemp(prefix="gloo_world_")
+    worker_env = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(rank, world_size, os.path.join(tmp, "store"), timeout, worker_env, results, fn, args),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        return _collect(procs, results, world_size, timeout)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        results.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) -> list[Any]:
+    """Wait for every rank's report; fail fast on the first error or dead rank."""
+    deadline = time.monotonic() + timeout
+    values: dict[int, Any] = {}
+    while len(values) < world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = sorted(set(range(world_size)) - set(values))
+            raise WorkerTimeout(f"ranks {missing} did not finish within {timeout:.0f}s (hang?)")
+        try:
+            rank, ok, value = results.get(timeout=min(remaining, 0.5))
+        except queue_mod.Empty:
+            dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode not in (None, 0)]
+            if dead:
+                raise WorkerError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} without reporting")
+            continue
+        if not ok:
+            raise WorkerError(f"rank {rank} raised:\n{value}")
+        values[rank] = value
+    return [values[r] for r in range(world_size)]
