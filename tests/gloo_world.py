@@ -142,6 +142,22 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
                 raise WorkerError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} without reporting")
             continue
         if not ok:
-            raise WorkerError(f"rank {rank} raised:\n{value}")
+            raise WorkerError(_describe_failures([(rank, value)], results))
         values[rank] = value
     return [values[r] for r in range(world_size)]
+
+
+def _describe_failures(failures: list[tuple[int, str]], results: Any) -> str:
+    """One rank's error usually makes its peers fail too (connection reset):
+    wait a moment for those reports so the root cause is shown, listed first."""
+    grace = time.monotonic() + 2.0
+    while time.monotonic() < grace:
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            continue
+        if not ok:
+            failures.append((rank, value))
+    peer_error = ("Connection reset", "Connection closed", "Broken pipe")
+    failures.sort(key=lambda f: any(marker in f[1] for marker in peer_error))
+    return "\n".join(f"rank {rank} raised:\n{tb}" for rank, tb in failures)
