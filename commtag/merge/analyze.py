@@ -1,0 +1,684 @@
+"""Cross-rank analysis: match each collective across its group, then measure and check it.
+
+Pure functions over :class:`~commtag.merge.records.CollectiveInstance` lists,
+so the Perfetto writer, the ``summary`` report, the plot and ``--strict`` all
+read one result (:class:`Analysis`) and never disagree.
+
+Matching
+    A collective instance is the same on every member rank when its
+    :attr:`CollectiveInstance.key` ``(pg uid, p2p, Seq, replay)`` is. p2p is the
+    exception: its Seq counter is per rank (like NCCL's ``seqP2P``), so a rank
+    that talks to two peers numbers its sends 1, 2 while each peer sees 1. A send
+    is therefore matched with its receive the way MPI orders messages: the k-th
+    send from a to b in a group (and graph replay) is the k-th receive at b from a.
+
+Figures (per matched instance)
+    skew
+        last start minus first start; the last-arriving rank is the one that
+        made the others wait, each rank's wait is ``last start - own start``.
+    transfer time
+        the last-arriving rank's own duration: it never waited for a peer, and
+        it is measured on one clock, so cross-host clock error cannot distort it.
+        Bandwidth uses this time.
+    bytes
+        ``S x element size`` (``schema.SCALAR_TYPE_BYTES``), ``S`` chosen as
+        nccl-tests does (see :data:`BANDWIDTH_RULES`), the largest over the
+        matched ranks (they agree unless the instance is a desync or an uneven
+        all_to_allv, where the busiest rank bounds the time).
+    algbw / busbw
+        ``algbw = bytes / transfer time`` in GB/s (1e9 bytes/s, as nccl-tests);
+        ``busbw = algbw x factor(n)`` with NCCL's factors.
+
+Desync checks (what PyTorch's Flight Recorder analyzer checks)
+    ``op_mismatch`` (Collective name differs), ``dtype_mismatch``,
+    ``size_mismatch`` (In/Out msg nelems differ where the op requires equality,
+    all_gather out != in x n, reduce_scatter in != out x n, all_to_all total in
+    != total out, a send's size != its receive's), ``missing_ranks`` (a member
+    rank whose trace was loaded has no such instance; ranks not loaded are not
+    blamed, as the analyzer skips ranks without a dump) and ``seq_gap`` (a rank's
+    Seq numbers for a group jump). A gap that every loaded member shares is not
+    a desync (the ranks agree; the calls were made where commtag could not see
+    them, e.g. from C++), so it is reported as a warning only.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from commtag.merge.records import CollectiveInstance
+from commtag.schema import SCALAR_TYPE_BYTES
+
+InstanceKey = tuple[str, bool, int, Optional[int]]
+
+#: A rank arriving this much later than the first one, and later by at least the
+#: collective's own transfer time, is flagged a straggler.
+DEFAULT_STRAGGLER_MIN_SKEW_US = 1000.0
+
+_GB = 1e9
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n
+
+
+def _allreduce(n: int) -> float:
+    return 2 * (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+#: Collective name -> (which nelems is nccl-tests' size S, busbw factor of the group size n).
+#: nccl-tests: all_reduce/broadcast/reduce/send/recv use the buffer (in == out);
+#: all_gather and gather the gathered total (out); reduce_scatter and scatter the
+#: total before splitting (in); all_to_all a rank's whole send buffer (in).
+BANDWIDTH_RULES: dict[str, tuple[str, Callable[[int], float]]] = {
+    "allreduce": ("in", _allreduce),
+    "allreduce_coalesced": ("in", _allreduce),
+    "broadcast": ("in", _one),
+    "reduce": ("in", _one),
+    "all_gather": ("out", _ring),
+    "_allgather_base": ("out", _ring),
+    "allgather_coalesced": ("out", _ring),
+    "allgather_into_tensor_coalesced": ("out", _ring),
+    "reduce_scatter": ("in", _ring),
+    "_reduce_scatter_base": ("in", _ring),
+    "reduce_scatter_tensor_coalesced": ("in", _ring),
+    "all_to_all": ("in", _ring),
+    "all_to_allv": ("in", _ring),
+    "gather": ("out", _ring),
+    "scatter": ("in", _ring),
+    "send": ("in", _one),
+    "recv": ("out", _one),
+}
+
+#: Ops whose In and Out msg nelems must agree across ranks (everything not listed
+#: in _UNEVEN_IN / _UNEVEN_OUT); the analyzer skips in sizes for scatter and
+#: all_to_all, out sizes for gather and all_to_all.
+_UNEVEN_IN = frozenset({"scatter", "all_to_all", "all_to_allv"})
+_UNEVEN_OUT = frozenset({"gather", "all_to_all", "all_to_allv"})
+_ALL_TO_ALL = frozenset({"all_to_all", "all_to_allv"})
+_GATHERS = frozenset({"all_gather", "_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced"})
+_SCATTERS = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"})
+
+
+@dataclass(slots=True)
+class Finding:
+    """One thing the ranks disagree on (or a warning), named so a user can find it."""
+
+    #: op_mismatch, size_mismatch, dtype_mismatch, missing_ranks or seq_gap.
+    kind: str
+    pg_uid: str
+    lane_name: str
+    seq: int
+    replay: Optional[int]
+    is_p2p: bool
+    #: Global ranks concerned (the odd ones out, the missing ones, the gapped one).
+    ranks: tuple[int, ...]
+    #: Eager keys that disagree (e.g. "In msg nelems", "dtype").
+    fields: tuple[str, ...]
+    detail: str
+    #: False for a warning that no rank disagrees on (a shared Seq gap).
+    desync: bool = True
+
+    @property
+    def message(self) -> str:
+        """One line naming group, Seq, ranks and fields, for logs and --strict."""
+        where = f"group {self.pg_uid}" + (f" ({self.lane_name})" if self.lane_name else "")
+        seq = f"{'p2p ' if self.is_p2p else ''}Seq {self.seq}" + (
+            f" replay {self.replay}" if self.replay is not None else ""
+        )
+        fields = f" [{', '.join(self.fields)}]" if self.fields else ""
+        label = "desync" if self.desync else "warning"
+        return f"{label} {self.kind} in {where} {seq}: ranks {list(self.ranks)}{fields}: {self.detail}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "pg": self.pg_uid,
+            "seq": self.seq,
+            "replay": self.replay,
+            "p2p": self.is_p2p,
+            "ranks": list(self.ranks),
+            "fields": list(self.fields),
+            "desync": self.desync,
+            "message": self.message,
+        }
+
+
+@dataclass(slots=True)
+class MatchedCollective:
+    """One collective instance across the ranks that ran it, with its figures."""
+
+    pg_uid: str
+    lane_name: str
+    is_p2p: bool
+    seq: int
+    replay: Optional[int]
+    collective: str
+    dtype: str
+    group_size: int
+    #: Rank -> that rank's instance (global ranks).
+    members: dict[int, CollectiveInstance]
+    #: Member ranks (loaded) that have no such instance.
+    missing_ranks: tuple[int, ...]
+    first_rank: int
+    last_rank: int
+    first_start_ns: int
+    last_start_ns: int
+    skew_ns: int
+    #: Rank -> how long it waited for the last arrival.
+    waits_ns: dict[int, int]
+    #: First start to last end, over all members.
+    span_ns: int
+    #: The last arrival's own duration (see the module docstring).
+    transfer_ns: int
+    bytes: Optional[int]
+    algbw_gbps: Optional[float]
+    busbw_gbps: Optional[float]
+    straggler: bool = False
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(self.members))
+
+    @property
+    def desync(self) -> bool:
+        return any(f.desync for f in self.findings)
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON record of ``commtag summary --format json``."""
+        return {
+            "pg": self.pg_uid,
+            "lane": self.lane_name,
+            "seq": self.seq,
+            "replay": self.replay,
+            "p2p": self.is_p2p,
+            "collective": self.collective,
+            "dtype": self.dtype,
+            "group_size": self.group_size,
+            "ranks": list(self.ranks),
+            "missing_ranks": list(self.missing_ranks),
+            "first_rank": self.first_rank,
+            "last_rank": self.last_rank,
+            "start_ns": self.first_start_ns,
+            "skew_us": _us(self.skew_ns),
+            "wait_us": {str(r): _us(w) for r, w in sorted(self.waits_ns.items())},
+            "duration_us": {str(r): _us(i.duration_ns) for r, i in sorted(self.members.items())},
+            "span_us": _us(self.span_ns),
+            "transfer_us": _us(self.transfer_ns),
+            "bytes": self.bytes,
+            "algbw_gbps": self.algbw_gbps,
+            "busbw_gbps": self.busbw_gbps,
+            "straggler": self.straggler,
+            "desync": [f.to_dict() for f in self.findings],
+        }
+
+
+@dataclass(slots=True)
+class BusbwPoint:
+    """One step of a process group's busbw counter (GB/s from ts_ns on)."""
+
+    ts_ns: int
+    gbps: float
+
+
+@dataclass(slots=True)
+class Marker:
+    """An instant to flag on a rank's lane: a desync or a straggler."""
+
+    rank: int
+    pg_uid: str
+    lane_name: str
+    ts_ns: int
+    #: "desync" or "straggler".
+    kind: str
+    name: str
+    args: dict[str, object]
+
+
+@dataclass(slots=True)
+class Analysis:
+    """Everything the analysis found, for the trace, the report and --strict."""
+
+    collectives: list[MatchedCollective]
+    #: All findings, including Seq gaps that belong to no recorded instance.
+    findings: list[Finding]
+    #: pg uid -> busbw step series, time ordered (sum over overlapping transfers).
+    busbw: dict[str, list[BusbwPoint]]
+    markers: list[Marker]
+
+    @property
+    def desyncs(self) -> list[Finding]:
+        return [f for f in self.findings if f.desync]
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000.0, 3)
+
+
+def element_bytes(dtype: str) -> Optional[float]:
+    """Byte size of one element of a c10 ScalarType name, None when unknown."""
+    return SCALAR_TYPE_BYTES.get(dtype)
+
+
+def busbw_factor(collective: str, n: int) -> Optional[float]:
+    """NCCL's bus-bandwidth factor for ``collective`` on ``n`` ranks (None: not a data op)."""
+    rule = BANDWIDTH_RULES.get(collective)
+    return rule[1](n) if rule and n >= 1 else None
+
+
+def message_bytes(inst: CollectiveInstance) -> Optional[int]:
+    """nccl-tests' size S in bytes for one rank's instance (None for barrier/unknown dtype)."""
+    size = element_bytes(inst.dtype)
+    rule = BANDWIDTH_RULES.get(inst.collective)
+    if size is None or rule is None:
+        return None
+    nelems = inst.in_nelems if rule[0] == "in" else inst.out_nelems
+    return int(nelems * size)
+
+
+def bandwidth_gbps(collective: str, nbytes: Optional[int], seconds: float, n: int) -> tuple[Optional[float], Optional[float]]:
+    """(algbw, busbw) in GB/s; None where bytes, time or the factor is unknown."""
+    if nbytes is None or seconds <= 0:
+        return None, None
+    algbw = nbytes / seconds / _GB
+    factor = busbw_factor(collective, n)
+    return algbw, (algbw * factor if factor is not None else None)
+
+
+def analyze(
+    instances: Iterable[CollectiveInstance],
+    *,
+    loaded_ranks: Optional[Iterable[int]] = None,
+    straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
+) -> Analysis:
+    """Match, measure and check every collective instance.
+
+    ``loaded_ranks``: ranks whose traces were read (default: every rank seen);
+    a member outside it is never called missing.
+    """
+    instances = list(instances)
+    loaded = set(loaded_ranks) if loaded_ranks is not None else {i.rank for i in instances}
+    matched = [
+        _measure(members, loaded, straggler_min_skew_us)
+        for members in _group(instances)
+    ]
+    matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
+    for m in matched:
+        m.findings.extend(_check(m))
+    by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
+    gaps = _seq_gaps(instances, loaded)
+    for gap in gaps:
+        target = by_key.get((gap.pg_uid, False, gap.seq, gap.replay))
+        if target is not None:
+            target.findings.append(gap)
+    findings = [f for m in matched for f in m.findings]
+    findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
+    return Analysis(matched, findings, _busbw_series(matched), _markers(matched))
+
+
+def _group(instances: list[CollectiveInstance]) -> list[list[CollectiveInstance]]:
+    """Instances that are one collective: by key, p2p by (src, dst, k-th message)."""
+    groups: dict[object, list[CollectiveInstance]] = defaultdict(list)
+    p2p_count: dict[tuple[object, ...], int] = defaultdict(int)
+    for inst in sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)):
+        if not inst.is_p2p:
+            groups[inst.key].append(inst)
+            continue
+        src, dst = _p2p_ends(inst)
+        stream = (inst.pg_uid, inst.replay, src, dst, inst.rank)
+        k = p2p_count[stream]
+        p2p_count[stream] = k + 1
+        groups[("p2p", inst.pg_uid, inst.replay, src, dst, k)].append(inst)
+    return list(groups.values())
+
+
+def _p2p_ends(inst: CollectiveInstance) -> tuple[int, int]:
+    """(sender, receiver) global ranks of a send/recv instance."""
+    peer = _peer(inst)
+    if inst.collective == "recv":
+        return (peer if peer is not None else -1), inst.rank
+    return inst.rank, (peer if peer is not None else -1)
+
+
+def _peer(inst: CollectiveInstance) -> Optional[int]:
+    for key in ("Dst Rank", "Src Rank"):
+        value = inst.args.get(key)
+        if isinstance(value, int):
+            return value
+    group_rank = inst.args.get("Rank")
+    if isinstance(group_rank, int) and 0 <= group_rank < len(inst.group_ranks):
+        return inst.group_ranks[group_rank]
+    return None
+
+
+def _expected(members: list[CollectiveInstance]) -> set[int]:
+    first = members[0]
+    if first.is_p2p:
+        src, dst = _p2p_ends(first)
+        return {r for r in (src, dst) if r >= 0}
+    ranks: set[int] = set()
+    for inst in members:
+        ranks.update(inst.group_ranks)
+    return ranks
+
+
+def _measure(members: list[CollectiveInstance], loaded: set[int], straggler_min_skew_us: float) -> MatchedCollective:
+    by_rank = {i.rank: i for i in members}
+    first = min(members, key=lambda i: (i.start_ns, i.rank))
+    last = max(members, key=lambda i: (i.start_ns, -i.rank))
+    skew = last.start_ns - first.start_ns
+    transfer = last.duration_ns
+    sizes = [b for b in (message_bytes(i) for i in members) if b is not None]
+    nbytes = max(sizes) if sizes else None
+    group_size = 2 if last.is_p2p else last.group_size
+    algbw, busbw = bandwidth_gbps(last.collective, nbytes, transfer / 1e9, group_size)
+    missing = tuple(sorted((_expected(members) & loaded) - set(by_rank)))
+    return MatchedCollective(
+        pg_uid=last.pg_uid,
+        lane_name=last.lane_name,
+        is_p2p=last.is_p2p,
+        seq=_display_seq(members, last),
+        replay=last.replay,
+        collective=last.collective,
+        dtype=last.dtype,
+        group_size=last.group_size,
+        members=by_rank,
+        missing_ranks=missing,
+        first_rank=first.rank,
+        last_rank=last.rank,
+        first_start_ns=first.start_ns,
+        last_start_ns=last.start_ns,
+        skew_ns=skew,
+        waits_ns={r: last.start_ns - i.start_ns for r, i in by_rank.items()},
+        span_ns=max(i.end_ns for i in members) - first.start_ns,
+        transfer_ns=transfer,
+        bytes=nbytes,
+        algbw_gbps=algbw,
+        busbw_gbps=busbw,
+        straggler=len(by_rank) > 1 and skew >= straggler_min_skew_us * 1000 and skew >= transfer,
+    )
+
+
+def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) -> int:
+    """The instance's Seq; for p2p, whose two ends may number it differently, the sender's."""
+    senders = [i.seq for i in members if i.is_p2p and i.collective == "send"]
+    return senders[0] if senders else last.seq
+
+
+def _check(m: MatchedCollective) -> list[Finding]:
+    """The Flight Recorder checks on one matched instance."""
+    found: list[Finding] = []
+
+    def add(kind: str, ranks: Iterable[int], fields: tuple[str, ...], detail: str) -> None:
+        found.append(
+            Finding(kind, m.pg_uid, m.lane_name, m.seq, m.replay, m.is_p2p, tuple(sorted(ranks)), fields, detail)
+        )
+
+    if m.missing_ranks:
+        add("missing_ranks", m.missing_ranks, (), f"{m.collective} ran on ranks {list(m.ranks)} only")
+    insts = list(m.members.values())
+    if m.is_p2p:
+        _check_p2p(insts, add)
+        return found
+    for kind, key, attr in (("op_mismatch", "Collective name", "collective"), ("dtype_mismatch", "dtype", "dtype")):
+        odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
+        if odd:
+            add(kind, odd, (key,), detail)
+    if any(f.kind == "op_mismatch" for f in found):
+        return found  # sizes of different ops are not comparable
+    op = m.collective
+    checked = [(key, attr) for key, attr, uneven in (
+        ("In msg nelems", "in_nelems", _UNEVEN_IN), ("Out msg nelems", "out_nelems", _UNEVEN_OUT),
+    ) if op not in uneven]
+    if checked:
+        odd, detail = _odd_ones(insts, lambda i: tuple(getattr(i, attr) for _, attr in checked))
+        if odd:
+            differing = tuple(key for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1)
+            add("size_mismatch", odd, differing, f"({', '.join(k for k, _ in checked)}): {detail}")
+    n = m.group_size
+    for inst in insts:
+        if op in _GATHERS and inst.out_nelems != inst.in_nelems * n:
+            add("size_mismatch", [inst.rank], ("In msg nelems", "Out msg nelems"),
+                f"rank {inst.rank} gathers {inst.in_nelems} x {n} ranks into {inst.out_nelems}")
+        if op in _SCATTERS and inst.in_nelems != inst.out_nelems * n:
+            add("size_mismatch", [inst.rank], ("In msg nelems", "Out msg nelems"),
+                f"rank {inst.rank} scatters {inst.in_nelems} over {n} ranks into {inst.out_nelems}")
+    if op in _ALL_TO_ALL and not m.missing_ranks:
+        total_in, total_out = sum(i.in_nelems for i in insts), sum(i.out_nelems for i in insts)
+        if total_in != total_out:
+            add("size_mismatch", m.ranks, ("In msg nelems", "Out msg nelems"),
+                f"ranks send {total_in} elements in total but receive {total_out}")
+    return found
+
+
+def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
+    sends = [i for i in insts if i.collective == "send"]
+    recvs = [i for i in insts if i.collective == "recv"]
+    if len(insts) == 2 and (len(sends), len(recvs)) != (1, 1):
+        add("op_mismatch", [i.rank for i in insts], ("Collective name",),
+            f"expected a send and a recv, found {sorted(i.collective for i in insts)}")
+        return
+    if len(sends) == 1 and len(recvs) == 1:
+        s, r = sends[0], recvs[0]
+        if s.dtype != r.dtype:
+            add("dtype_mismatch", [s.rank, r.rank], ("dtype",), f"send is {s.dtype}, recv is {r.dtype}")
+        if s.in_nelems != r.out_nelems:
+            add("size_mismatch", [s.rank, r.rank], ("In msg nelems", "Out msg nelems"),
+                f"rank {s.rank} sends {s.in_nelems} elements, rank {r.rank} receives {r.out_nelems}")
+
+
+def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstance], object]) -> tuple[list[int], str]:
+    """Ranks whose value differs from the most common one, and a detail line."""
+    by_value: dict[object, list[int]] = defaultdict(list)
+    for inst in insts:
+        by_value[value(inst)].append(inst.rank)
+    if len(by_value) < 2:
+        return [], ""
+    # The majority is taken as right; on a tie, the value of the lowest rank.
+    common = max(by_value, key=lambda v: (len(by_value[v]), -min(by_value[v])))
+    odd = sorted(r for v, ranks in by_value.items() if v != common for r in ranks)
+    detail = "; ".join(f"{v!s} on ranks {sorted(r)}" for v, r in sorted(by_value.items(), key=lambda kv: min(kv[1])))
+    return odd, detail
+
+
+def _seq_gaps(instances: list[CollectiveInstance], loaded: set[int]) -> list[Finding]:
+    """Seq numbers a rank skipped between two it recorded (collectives only)."""
+    seqs: dict[tuple[str, int], set[int]] = defaultdict(set)
+    info: dict[str, CollectiveInstance] = {}
+    for inst in instances:
+        if not inst.is_p2p:
+            seqs[(inst.pg_uid, inst.rank)].add(inst.seq)
+            info.setdefault(inst.pg_uid, inst)
+    holes: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for (pg, rank), values in seqs.items():
+        ordered = sorted(values)
+        for a, b in zip(ordered, ordered[1:]):
+            for s in range(a + 1, b):
+                holes[(pg, s)].append(rank)
+    recorded: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for inst in instances:
+        if not inst.is_p2p:
+            recorded[(inst.pg_uid, inst.seq)].add(inst.rank)
+    found = []
+    for (pg, s), ranks in sorted(holes.items()):
+        ref = info[pg]
+        others = recorded.get((pg, s), set())
+        members = (set(ref.group_ranks) or {r for (p, r) in seqs if p == pg}) & loaded
+        shared = not others and set(ranks) >= {r for r in members if (pg, r) in seqs}
+        detail = (
+            f"no rank recorded Seq {s} (issued where commtag could not see it?)"
+            if shared
+            else f"Seq {s} is missing on ranks {sorted(ranks)} between their neighbouring Seqs"
+        )
+        found.append(Finding("seq_gap", pg, ref.lane_name, s, None, False, tuple(sorted(ranks)), ("Seq",), detail, desync=not shared))
+    return found
+
+
+def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[BusbwPoint]]:
+    """Per group, a step counter: the summed busbw of the transfers running at each moment."""
+    edges: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for m in matched:
+        if m.busbw_gbps is None:
+            continue
+        edges[m.pg_uid].append((m.last_start_ns, m.busbw_gbps))
+        edges[m.pg_uid].append((m.last_start_ns + m.transfer_ns, -m.busbw_gbps))
+    series: dict[str, list[BusbwPoint]] = {}
+    for pg, pg_edges in edges.items():
+        level = 0.0
+        points: list[BusbwPoint] = []
+        for ts, delta in sorted(pg_edges, key=lambda e: (e[0], e[1])):
+            level = max(0.0, level + delta)
+            value = round(level, 6) if level > 1e-9 else 0.0
+            if points and points[-1].ts_ns == ts:
+                points[-1].gbps = value
+            else:
+                points.append(BusbwPoint(ts, value))
+        series[pg] = points
+    return series
+
+
+def _markers(matched: list[MatchedCollective]) -> list[Marker]:
+    """A straggler marker on the late rank's lane; a desync marker on every member's lane."""
+    out: list[Marker] = []
+    for m in matched:
+        if m.straggler:
+            inst = m.members[m.last_rank]
+            out.append(Marker(
+                m.last_rank, m.pg_uid, m.lane_name, inst.start_ns, "straggler",
+                f"straggler: rank {m.last_rank} {_us(m.skew_ns) / 1000:.3f} ms late ({m.collective} Seq {m.seq})",
+                {"commtag skew us": _us(m.skew_ns), "commtag last rank": m.last_rank, "Seq": m.seq},
+            ))
+        desyncs = [f for f in m.findings if f.desync]
+        if desyncs:
+            for rank, inst in sorted(m.members.items()):
+                out.append(Marker(
+                    rank, m.pg_uid, m.lane_name, inst.start_ns, "desync",
+                    f"desync: {', '.join(sorted({f.kind for f in desyncs}))} ({m.collective} Seq {m.seq})",
+                    {"commtag desync": "\n".join(f.message for f in desyncs), "Seq": m.seq},
+                ))
+    out.sort(key=lambda mk: (mk.ts_ns, mk.rank))
+    return out
+
+
+def annotate(analysis: Analysis) -> None:
+    """Write the figures into each member instance's ``args`` (the lane slice's debug annotations)."""
+    for m in analysis.collectives:
+        ranks = f"[{', '.join(map(str, m.ranks))}]"
+        for rank, inst in m.members.items():
+            inst.args["commtag rank"] = rank
+            inst.args["commtag ranks matched"] = ranks
+            inst.args["commtag skew us"] = _us(m.skew_ns)
+            inst.args["commtag last rank"] = m.last_rank
+            inst.args["commtag wait us"] = _us(m.waits_ns[rank])
+            if m.bytes is not None:
+                inst.args["commtag bytes"] = m.bytes
+            if m.algbw_gbps is not None:
+                inst.args["commtag algbw GB/s"] = round(m.algbw_gbps, 6)
+            if m.busbw_gbps is not None:
+                inst.args["commtag busbw GB/s"] = round(m.busbw_gbps, 6)
+            if m.straggler and rank == m.last_rank:
+                inst.args["commtag straggler"] = True
+            if m.findings:
+                inst.args["commtag desync"] = "\n".join(f.message for f in m.findings)
+
+
+def percentile(values: list[float], q: float) -> Optional[float]:
+    """Linear-interpolated percentile (q in 0..100) of values; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def median(values: list[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+@dataclass(slots=True)
+class GroupSummary:
+    """One row of the summary table: one op in one process group."""
+
+    pg_uid: str
+    lane_name: str
+    collective: str
+    count: int
+    #: Sum of the instances' bytes (nccl-tests' S).
+    bytes: int
+    #: Sum over instances of the mean per-rank duration: the time a rank spends in the op, waits included.
+    total_time_us: float
+    skew_p50_us: Optional[float]
+    skew_max_us: Optional[float]
+    busbw_p50_gbps: Optional[float]
+    busbw_p95_gbps: Optional[float]
+    #: Global rank -> how many straggler instances it was the late rank of.
+    stragglers: dict[int, int]
+    desyncs: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "pg": self.pg_uid,
+            "lane": self.lane_name,
+            "collective": self.collective,
+            "count": self.count,
+            "bytes": self.bytes,
+            "total_time_us": self.total_time_us,
+            "skew_p50_us": self.skew_p50_us,
+            "skew_max_us": self.skew_max_us,
+            "busbw_p50_gbps": self.busbw_p50_gbps,
+            "busbw_p95_gbps": self.busbw_p95_gbps,
+            "stragglers": {str(r): n for r, n in sorted(self.stragglers.items())},
+            "desyncs": self.desyncs,
+        }
+
+
+def summarize(analysis: Analysis) -> list[GroupSummary]:
+    """The per process group and op table, ordered by group, then total time (largest first)."""
+    rows: dict[tuple[str, str], list[MatchedCollective]] = defaultdict(list)
+    for m in analysis.collectives:
+        rows[(m.pg_uid, m.collective)].append(m)
+    out = []
+    for (pg, op), ms in rows.items():
+        skews = [m.skew_ns / 1000.0 for m in ms]
+        bws = [m.busbw_gbps for m in ms if m.busbw_gbps is not None]
+        stragglers: dict[int, int] = defaultdict(int)
+        for m in ms:
+            if m.straggler:
+                stragglers[m.last_rank] += 1
+        total = sum(statistics.fmean(i.duration_ns for i in m.members.values()) for m in ms) / 1000.0
+        out.append(GroupSummary(
+            pg_uid=pg,
+            lane_name=ms[0].lane_name,
+            collective=op,
+            count=len(ms),
+            bytes=sum(m.bytes or 0 for m in ms),
+            total_time_us=round(total, 3),
+            skew_p50_us=_round(median(skews)),
+            skew_max_us=_round(max(skews)),
+            busbw_p50_gbps=_significant(percentile(bws, 50)),
+            busbw_p95_gbps=_significant(percentile(bws, 95)),
+            stragglers=dict(stragglers),
+            desyncs=sum(1 for m in ms if m.desync),
+        ))
+    out.sort(key=lambda g: (g.lane_name or g.pg_uid, -g.total_time_us, g.collective))
+    return out
+
+
+def _round(value: Optional[float]) -> Optional[float]:
+    return round(value, 3) if value is not None else None
+
+
+def _significant(value: Optional[float]) -> Optional[float]:
+    """Four significant digits: gloo's MB/s and NVLink's hundreds of GB/s both stay readable."""
+    return float(f"{value:.4g}") if value is not None else None

@@ -1,0 +1,271 @@
+"""Cross-rank analysis on hand-built instances: figures computed by hand, desyncs named."""
+
+from __future__ import annotations
+
+import pytest
+
+from commtag.merge.analyze import (
+    BusbwPoint,
+    analyze,
+    annotate,
+    bandwidth_gbps,
+    busbw_factor,
+    summarize,
+)
+from commtag.merge.records import CollectiveInstance
+
+MS = 1_000_000  # ns
+T0 = 1_700_000_000_000_000_000
+
+
+def inst(rank: int, seq: int, *, op: str = "allreduce", n_in: int = 1 << 20, n_out: int | None = None,
+         dtype: str = "Float", start_us: float = 0.0, dur_us: float = 1000.0, ranks: tuple[int, ...] = (0, 1, 2, 3),
+         pg: str = "pg0", p2p: bool = False, replay: int | None = None, args: dict | None = None) -> CollectiveInstance:
+    start = T0 + int(start_us * 1000)
+    return CollectiveInstance(
+        rank=rank, pg_uid=pg, is_p2p=p2p, seq=seq, replay=replay, collective=op,
+        in_nelems=n_in, out_nelems=n_in if n_out is None else n_out, dtype=dtype,
+        group_size=len(ranks), group_ranks=ranks, start_ns=start, end_ns=start + int(dur_us * 1000),
+        source="gloo", lane_name=f"{pg} lane", args=dict(args or {}),
+    )
+
+
+def world(seq: int, **kw) -> list[CollectiveInstance]:
+    return [inst(r, seq, **kw) for r in range(4)]
+
+
+# --- bandwidth -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "n_in", "n_out", "algbw", "busbw"),
+    [
+        # 1 Mi Float = 4 MiB = 4.194304 MB in 1 ms.
+        ("allreduce", 1 << 20, 1 << 20, 4.194304, 4.194304 * 2 * 3 / 4),
+        ("broadcast", 1 << 20, 1 << 20, 4.194304, 4.194304),
+        ("reduce", 1 << 20, 1 << 20, 4.194304, 4.194304),
+        # all_gather: S is the gathered output (4 x 1 Mi).
+        ("_allgather_base", 1 << 20, 4 << 20, 16.777216, 16.777216 * 3 / 4),
+        ("all_gather", 1 << 20, 4 << 20, 16.777216, 16.777216 * 3 / 4),
+        # reduce_scatter: S is the input before splitting.
+        ("_reduce_scatter_base", 4 << 20, 1 << 20, 16.777216, 16.777216 * 3 / 4),
+        # all_to_all: a rank's whole send buffer.
+        ("all_to_allv", 1 << 20, 1 << 20, 4.194304, 4.194304 * 3 / 4),
+    ],
+)
+def test_bandwidth_follows_nccl_tests(op, n_in, n_out, algbw, busbw):
+    analysis = analyze(world(1, op=op, n_in=n_in, n_out=n_out))
+    (m,) = analysis.collectives
+    assert m.bytes == max(n_in, n_out) * 4 if op != "all_to_allv" else n_in * 4
+    assert m.algbw_gbps == pytest.approx(algbw)
+    assert m.busbw_gbps == pytest.approx(busbw)
+
+
+def test_bandwidth_uses_dtype_size_and_the_last_arrivals_duration():
+    # BFloat16 halves the bytes; the late rank 2 took 0.5 ms, the others waited for it.
+    members = [inst(r, 1, dtype="BFloat16", start_us=0, dur_us=3000) for r in (0, 1, 3)]
+    members.append(inst(2, 1, dtype="BFloat16", start_us=2500, dur_us=500))
+    (m,) = analyze(members).collectives
+    assert m.bytes == (1 << 20) * 2
+    assert m.transfer_ns == 500_000
+    assert m.algbw_gbps == pytest.approx((1 << 21) / 0.5e-3 / 1e9)
+    assert m.busbw_gbps == pytest.approx(m.algbw_gbps * 1.5)
+
+
+def test_factors_at_the_edges():
+    assert busbw_factor("allreduce", 1) == 0.0
+    assert busbw_factor("allreduce", 8) == pytest.approx(1.75)
+    assert busbw_factor("barrier", 4) is None
+    assert bandwidth_gbps("allreduce", 1000, 0.0, 4) == (None, None)
+    (m,) = analyze(world(1, op="barrier", n_in=0, dtype="Byte")).collectives
+    assert (m.bytes, m.algbw_gbps, m.busbw_gbps) == (None, None, None)
+
+
+# --- skew, waits, stragglers -----------------------------------------------------------------
+
+
+def test_skew_last_rank_and_waits():
+    starts = {0: 0.0, 1: 100.0, 2: 5000.0, 3: 250.0}
+    members = [inst(r, 7, start_us=s, dur_us=5200 - s) for r, s in starts.items()]
+    analysis = analyze(members)
+    (m,) = analysis.collectives
+    assert (m.first_rank, m.last_rank) == (0, 2)
+    assert m.skew_ns == 5_000_000
+    assert m.waits_ns == {0: 5_000_000, 1: 4_900_000, 2: 0, 3: 4_750_000}
+    assert m.span_ns == 5_200_000
+    assert m.straggler  # 5 ms late for a 0.2 ms transfer
+    assert not m.findings
+    (marker,) = analysis.markers
+    assert (marker.kind, marker.rank, marker.ts_ns) == ("straggler", 2, members[2].start_ns)
+    record = m.to_dict()
+    assert record["last_rank"] == 2 and record["skew_us"] == 5000.0 and record["desync"] == []
+
+
+def test_small_skew_is_not_a_straggler():
+    members = [inst(r, 1, start_us=10.0 * r, dur_us=1000) for r in range(4)]
+    analysis = analyze(members)
+    assert not analysis.collectives[0].straggler
+    assert analysis.markers == []
+
+
+def test_annotate_puts_the_figures_on_every_members_args():
+    members = [inst(r, 3, start_us=2000.0 if r == 1 else 0.0, dur_us=1000) for r in range(4)]
+    annotate(analyze(members))
+    assert {i.args["commtag last rank"] for i in members} == {1}
+    assert members[0].args["commtag wait us"] == 2000.0
+    assert members[1].args["commtag straggler"] is True
+    assert "commtag straggler" not in members[0].args
+    assert members[2].args["commtag busbw GB/s"] == pytest.approx(6.291456)
+    assert members[3].args["commtag ranks matched"] == "[0, 1, 2, 3]"
+    assert "commtag desync" not in members[3].args
+
+
+def test_busbw_counter_sums_overlapping_transfers_and_returns_to_zero():
+    a = world(1, start_us=0, dur_us=1000)  # busbw 6.291456 from 0 to 1 ms
+    b = world(2, start_us=500, dur_us=1000)  # overlaps from 0.5 to 1 ms
+    series = analyze(a + b).busbw["pg0"]
+    bw = 4.194304 * 1.5
+    assert series == [
+        BusbwPoint(T0, pytest.approx(bw)),
+        BusbwPoint(T0 + 500_000, pytest.approx(2 * bw)),
+        BusbwPoint(T0 + 1_000_000, pytest.approx(bw)),
+        BusbwPoint(T0 + 1_500_000, 0.0),
+    ]
+
+
+def test_graph_replays_are_distinct_instances():
+    members = [inst(r, 4, replay=k, start_us=1000.0 * k) for k in range(3) for r in range(4)]
+    analysis = analyze(members)
+    assert [(m.seq, m.replay) for m in analysis.collectives] == [(4, 0), (4, 1), (4, 2)]
+    assert analysis.findings == []
+
+
+# --- desync ----------------------------------------------------------------------------------
+
+
+def _only(analysis, kind):
+    found = [f for f in analysis.findings if f.kind == kind]
+    assert len(found) == 1, [f.message for f in analysis.findings]
+    return found[0]
+
+
+def test_size_mismatch_names_the_rank_and_fields():
+    members = world(5)
+    members[3] = inst(3, 5, n_in=1000)
+    f = _only(analyze(members), "size_mismatch")
+    assert f.ranks == (3,) and f.fields == ("In msg nelems", "Out msg nelems") and f.desync
+    assert "group pg0" in f.message and "Seq 5" in f.message and "ranks [3]" in f.message
+    assert "(1000, 1000) on ranks [3]" in f.message
+
+
+def test_size_mismatch_names_only_the_field_that_differs():
+    members = world(5, op="_allgather_base", n_in=8, n_out=32)
+    members[0] = inst(0, 5, op="_allgather_base", n_in=8, n_out=33)
+    found = [(f.ranks, f.fields) for f in analyze(members).findings]
+    # Rank 0 differs from the others and breaks all_gather's out = in x n.
+    assert found == [((0,), ("Out msg nelems",)), ((0,), ("In msg nelems", "Out msg nelems"))]
+
+
+def test_dtype_mismatch():
+    members = world(2)
+    members[1] = inst(1, 2, dtype="BFloat16")
+    f = _only(analyze(members), "dtype_mismatch")
+    assert (f.ranks, f.fields, f.seq) == ((1,), ("dtype",), 2)
+
+
+def test_op_mismatch_reports_the_op_and_not_the_sizes():
+    members = world(9)
+    members[0] = inst(0, 9, op="broadcast")
+    analysis = analyze(members)
+    f = _only(analysis, "op_mismatch")
+    assert f.ranks == (0,) and "broadcast on ranks [0]" in f.message
+    assert {x.kind for x in analysis.findings} == {"op_mismatch"}
+    (m,) = analysis.collectives
+    assert m.desync and m.to_dict()["desync"][0]["kind"] == "op_mismatch"
+
+
+def test_missing_rank_and_its_seq_gap():
+    members = world(1) + [i for i in world(2) if i.rank != 2] + world(3)
+    analysis = analyze(members)
+    missing = _only(analysis, "missing_ranks")
+    assert (missing.ranks, missing.seq) == ((2,), 2)
+    gap = _only(analysis, "seq_gap")
+    assert (gap.ranks, gap.seq, gap.desync) == ((2,), 2, True)
+    seq2 = next(m for m in analysis.collectives if m.seq == 2)
+    assert {f.kind for f in seq2.findings} == {"missing_ranks", "seq_gap"}
+    desync_markers = [mk for mk in analysis.markers if mk.kind == "desync"]
+    assert sorted(mk.rank for mk in desync_markers) == [0, 1, 3]
+
+
+def test_ranks_without_a_trace_are_not_blamed():
+    members = [i for i in world(1) if i.rank < 2]
+    assert analyze(members).findings == []
+    assert _only(analyze(members, loaded_ranks=[0, 1, 2]), "missing_ranks").ranks == (2,)
+
+
+def test_a_gap_every_rank_shares_is_a_warning_not_a_desync():
+    analysis = analyze(world(1) + world(3))
+    gap = _only(analysis, "seq_gap")
+    assert not gap.desync and analysis.desyncs == []
+    assert gap.message.startswith("warning seq_gap")
+
+
+def test_all_gather_output_must_be_input_times_group():
+    members = world(1, op="_allgather_base", n_in=10, n_out=40)
+    members[2] = inst(2, 1, op="_allgather_base", n_in=10, n_out=30)
+    kinds = {(f.kind, f.ranks) for f in analyze(members).findings}
+    assert kinds == {("size_mismatch", (2,))}
+
+
+def test_uneven_all_to_all_is_fine_but_unbalanced_totals_are_not():
+    sizes = [(4, 6), (8, 2), (3, 7), (5, 5)]
+    good = [inst(r, 1, op="all_to_allv", n_in=a, n_out=b) for r, (a, b) in enumerate(sizes)]
+    assert analyze(good).findings == []
+    bad = [inst(r, 1, op="all_to_allv", n_in=a, n_out=b + (1 if r == 0 else 0)) for r, (a, b) in enumerate(sizes)]
+    f = _only(analyze(bad), "size_mismatch")
+    assert f.ranks == (0, 1, 2, 3) and "send 20 elements in total but receive 21" in f.detail
+
+
+# --- p2p -------------------------------------------------------------------------------------
+
+
+def p2p(rank: int, seq: int, op: str, peer: int, n: int = 64, start_us: float = 0.0, dtype: str = "Float"):
+    key = "Dst Rank" if op == "send" else "Src Rank"
+    return inst(rank, seq, op=op, n_in=n, p2p=True, start_us=start_us, dtype=dtype, args={key: peer})
+
+
+def test_p2p_pairs_by_sender_receiver_and_order_not_by_seq():
+    # Rank 0 numbers its sends 1, 2, 3; each receiver counts its own receives.
+    members = [
+        p2p(0, 1, "send", 1), p2p(0, 2, "send", 2, start_us=10), p2p(0, 3, "send", 1, start_us=20),
+        p2p(1, 1, "recv", 0, start_us=5), p2p(1, 2, "recv", 0, start_us=30), p2p(2, 1, "recv", 0, start_us=40),
+    ]
+    analysis = analyze(members)
+    assert analysis.findings == []
+    pairs = sorted((m.seq, m.ranks) for m in analysis.collectives)
+    assert pairs == [(1, (0, 1)), (2, (0, 2)), (3, (0, 1))]
+    assert all(m.busbw_gbps == m.algbw_gbps for m in analysis.collectives)
+
+
+def test_p2p_size_dtype_and_missing_receiver():
+    members = [p2p(0, 1, "send", 1, n=64), p2p(1, 1, "recv", 0, n=32, dtype="Half"), p2p(0, 2, "send", 3)]
+    kinds = sorted((f.kind, f.ranks) for f in analyze(members, loaded_ranks=range(4)).findings)
+    assert kinds == [("dtype_mismatch", (0, 1)), ("missing_ranks", (3,)), ("size_mismatch", (0, 1))]
+    # Without rank 3's trace, its missing receive is not a desync.
+    assert "missing_ranks" not in {f.kind for f in analyze(members).findings}
+
+
+# --- summary table ---------------------------------------------------------------------------
+
+
+def test_summary_rows_per_group_and_op():
+    late = [inst(r, 2, start_us=3000.0 if r == 3 else 0.0, dur_us=1000 if r == 3 else 4000) for r in range(4)]
+    members = world(1) + late + world(3, op="broadcast") + [inst(r, 1, pg="pg1", ranks=(0, 2)) for r in (0, 2)]
+    rows = {(g.pg_uid, g.collective): g for g in summarize(analyze(members))}
+    ar = rows[("pg0", "allreduce")]
+    assert (ar.count, ar.bytes, ar.skew_max_us, ar.skew_p50_us) == (2, 2 * 4 * (1 << 20), 3000.0, 1500.0)
+    assert ar.total_time_us == pytest.approx(1000 + (3 * 4000 + 1000) / 4)
+    assert ar.stragglers == {3: 1}
+    assert ar.busbw_p50_gbps == pytest.approx(6.291, rel=1e-3)
+    assert rows[("pg0", "broadcast")].count == 1
+    assert rows[("pg1", "allreduce")].busbw_p50_gbps == pytest.approx(4.194, rel=1e-3)  # n=2: factor 1
