@@ -1,0 +1,755 @@
+"""Build an N-rank scale set (Kineto traces + commtag sidecars) from a public single-rank trace.
+
+Why: nobody here has a 128-rank GPU job, yet the merge must be measured on one.
+Every rank is a clone of the same window of a real Kineto trace (SPMD), so the
+background is real data; on top of it this adds what a commtag-instrumented job
+would contain:
+
+* ``distributedInfo`` with a ``pg_config`` of several process groups
+  (default, tensor-parallel blocks, data-parallel strides);
+* the template's own NCCL kernels as eager collectives: eager metadata on the
+  kernel (as the profiler writes it) and a recorded call in the sidecar;
+* CUDA-graph replays: a ``cudaGraphLaunch`` on a launcher thread and the
+  replayed kernels (compute and NCCL) carrying ``"graph id"``/``"graph node
+  id"``, and the matching :class:`~commtag.schema.GraphCapture` records;
+* the template's own ``cudaGraphLaunch`` kernels (graphs without
+  collectives) get graph ids too, as Kineto writes them;
+* a per-node clock offset and per-rank arrival jitter; collectives end
+  together in true time, as they do on real hardware.
+
+Usage: ``python launch/gen_scaleset.py --ranks 32 -o /tmp/commtag-scale-32``.
+The ground truth (clock offsets, counts) goes to ``scaleset.manifest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import os
+import random
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import orjson
+
+from commtag.schema import (
+    MIN_LANE_ID,
+    CapturedCollective,
+    CollectiveAnnotation,
+    GraphCapture,
+    GraphNodeRecord,
+    ProcessGroupInfo,
+    RecordedCollective,
+    Sidecar,
+)
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces" / "single-rank-scale"
+TEMPLATES = {
+    "v100": "hta_v100_df_index_resolver.json.gz",
+    "a100": "hta_a100_rank0_of16.json.gz",
+    "mi300": "tracelens_mi300_xdit_sd35.json.gz",
+}
+MANIFEST_NAME = "scaleset.manifest.json"
+#: realtime ns of ts == 0 on every rank (floored, as Kineto's baseTimeNanoseconds is).
+BASE_TIME_NS = 1_767_000_000_000_000_000
+TORCH_VERSION = "2.13.0"
+NCCL_VERSION = "2.27.5"
+#: Args keys that hold ids which must stay unique when the template is tiled.
+ID_KEYS = ("External id", "correlation", "Python id", "Python parent id", "Ev Idx")
+GRAPH_STREAM = 4242
+LAUNCHER_TID_OFFSET = 1_000_000
+#: Largest arrival skew between members of a collective, µs.
+MAX_JITTER_US = 40.0
+#: Clock error between nodes, µs.
+MAX_CLOCK_OFFSET_US = 500.0
+#: 4 GPUs per node, so even the 8-rank set spans hosts whose clocks differ.
+RANKS_PER_NODE = 4
+
+
+def trace_name(rank: int) -> str:
+    """File name of a rank's trace, as tensorboard_trace_handler would name it."""
+    return f"node{rank // RANKS_PER_NODE:03d}_rank{rank:04d}.pt.trace.json.gz"
+
+
+def sidecar_name(trace_file: str) -> str:
+    """File name of the sidecar next to ``trace_file``."""
+    stem = trace_file[: -len(".json.gz")] if trace_file.endswith(".json.gz") else trace_file
+    return stem + ".commtag.json"
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True)
+class Group:
+    """One process group of the synthetic job."""
+
+    role: str
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    lane_id: int
+
+    @property
+    def uid(self) -> str:
+        return f"pg{self.name}"
+
+    @property
+    def lane_name(self) -> str:
+        return f"{self.desc} {list(self.ranks)}"
+
+    def ranks_text(self) -> str:
+        return _rank_list_text(self.ranks)
+
+
+def _rank_list_text(ranks: Sequence[int]) -> str:
+    """The profiler's string form: arithmetic progressions only, truncated past 30."""
+    if len(ranks) > 1:
+        stride = ranks[1] - ranks[0]
+        if stride <= 0 or any(b - a != stride for a, b in zip(ranks, ranks[1:])):
+            return "[]"
+    items = [str(r) for r in ranks]
+    if len(items) > 30:
+        items = items[:29] + ["...", items[-1]]
+    return "[" + ", ".join(items) + "]"
+
+
+def build_groups(world: int) -> list[Group]:
+    """default_pg, then tp blocks, then dp strides, named in creation order as c10d does."""
+    tp = 4 if world >= 8 else max(1, world // 2)
+    members = [("default", "default_pg", tuple(range(world)))]
+    members += [("tp", "tp", tuple(range(b * tp, (b + 1) * tp))) for b in range(world // tp)]
+    members += [("dp", "dp", tuple(range(o, world, tp))) for o in range(tp)]
+    return [Group(role, str(n), desc, ranks, MIN_LANE_ID + n) for n, (role, desc, ranks) in enumerate(members)]
+
+
+def groups_of(rank: int, groups: Sequence[Group]) -> dict[str, Group]:
+    """The group of each role that ``rank`` belongs to."""
+    return {g.role: g for g in groups if rank in g.ranks}
+
+
+# --------------------------------------------------------------------------- template
+
+
+@dataclass
+class Template:
+    """A window of template events, rebased to ts 0, and where its collectives are."""
+
+    name: str
+    top: dict
+    meta: list[dict]
+    events: list[dict]
+    span_us: float
+    cpu_pid: int
+    gpu_pid: int
+    #: Indices into ``events`` of NCCL kernels, with their role and max jitter.
+    nccl: list[tuple[int, str, float]]
+    #: correlation -> index of the cuda_runtime launch event.
+    launches: dict[int, int]
+    #: Index of a template graph-replayed GPU event -> (graph id, node index).
+    template_graph_nodes: dict[int, tuple[int, int]]
+    id_ceiling: int
+
+
+def _is_gpu(event: dict) -> bool:
+    return event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _ts(event: dict) -> float:
+    return float(event.get("ts", 0.0))
+
+
+def load_template(path: Path, per_rank_events: int) -> Template:
+    """Take the first ``per_rank_events`` events by time, tiling the template if it is shorter."""
+    top = orjson.loads(gzip.decompress(path.read_bytes()))
+    raw = top.pop("traceEvents")
+    meta = [e for e in raw if e.get("ph") == "M"]
+    body = sorted((e for e in raw if e.get("ph") != "M"), key=_ts)
+    del raw
+    if not body:
+        raise ValueError(f"{path}: template has no events")
+    id_ceiling = 1 + max(
+        (int(v) for e in body for k, v in e.get("args", {}).items() if k in ID_KEYS and isinstance(v, int)),
+        default=0,
+    )
+    id_ceiling = max(id_ceiling, 1 + max((int(e["id"]) for e in body if isinstance(e.get("id"), int)), default=0))
+    stride = 10 ** len(str(id_ceiling))
+    if per_rank_events < len(body):
+        body = _densest_window(body, per_rank_events)
+    t0 = _ts(body[0])
+    span = max(_ts(e) + float(e.get("dur", 0.0)) for e in body) - t0
+    events: list[dict] = []
+    tile = 0
+    while len(events) < per_rank_events:
+        shift = tile * (span + 1000.0)
+        for event in body:
+            if len(events) == per_rank_events:
+                break
+            events.append(_rebase(event, shift - t0, tile * stride))
+        tile += 1
+    gpu_counts: dict[int, int] = {}
+    cpu_counts: dict[int, int] = {}
+    for e in events:
+        if "pid" in e:
+            target = gpu_counts if _is_gpu(e) else cpu_counts
+            target[e["pid"]] = target.get(e["pid"], 0) + 1
+    gpu_pid = max(gpu_counts, key=gpu_counts.get) if gpu_counts else 0
+    cpu_pid = max(cpu_counts, key=cpu_counts.get)
+    window_end = max(_ts(e) + float(e.get("dur", 0.0)) for e in events)
+    launches = {
+        e["args"]["correlation"]: i
+        for i, e in enumerate(events)
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    return Template(
+        name=path.name,
+        top=top,
+        meta=meta,
+        events=events,
+        span_us=window_end,
+        cpu_pid=cpu_pid,
+        gpu_pid=gpu_pid,
+        nccl=_find_nccl(events),
+        launches=launches,
+        template_graph_nodes=_template_graph_nodes(events, launches),
+        id_ceiling=stride * tile,
+    )
+
+
+def _is_nccl(event: dict) -> bool:
+    return event.get("cat") == "kernel" and "nccl" in event.get("name", "").lower()
+
+
+def _densest_window(body: list[dict], size: int) -> list[dict]:
+    """The ``size`` consecutive events (by time) holding the most NCCL kernels: a busy training step."""
+    flags = [_is_nccl(e) for e in body]
+    best_start, best = 0, sum(flags[:size])
+    count = best
+    for start in range(1, len(body) - size + 1):
+        count += flags[start + size - 1] - flags[start - 1]
+        if count > best:
+            best_start, best = start, count
+    return body[best_start : best_start + size]
+
+
+def _rebase(event: dict, shift: float, id_offset: int) -> dict:
+    out = dict(event)
+    if "ts" in out:
+        out["ts"] = round(_ts(out) + shift, 3)
+    if id_offset:
+        if isinstance(out.get("id"), int):
+            out["id"] += id_offset
+        args = out.get("args")
+        if args and any(k in args for k in ID_KEYS):
+            args = dict(args)
+            for key in ID_KEYS:
+                if isinstance(args.get(key), int) and args[key] >= 0:
+                    args[key] += id_offset
+            out["args"] = args
+    return out
+
+
+def _find_nccl(events: list[dict]) -> list[tuple[int, str, float]]:
+    """NCCL kernels, their role (one role per NCCL stream) and how early each may start."""
+    last_end: dict[int, float] = {}
+    found: list[tuple[int, int, float]] = []
+    for i, e in enumerate(events):
+        if not _is_gpu(e):
+            continue
+        stream = e.get("args", {}).get("stream", e.get("tid"))
+        if _is_nccl(e):
+            gap = _ts(e) - last_end.get(stream, _ts(e) - MAX_JITTER_US)
+            found.append((i, stream, max(0.0, min(MAX_JITTER_US, 0.9 * gap))))
+        last_end[stream] = max(last_end.get(stream, 0.0), _ts(e) + float(e.get("dur", 0.0)))
+    roles = ("default", "tp", "dp")
+    streams = sorted({s for _, s, _ in found})
+    role_of = {s: roles[k % len(roles)] for k, s in enumerate(streams)}
+    return [(i, role_of[s], jitter) for i, s, jitter in found]
+
+
+def _template_graph_nodes(events: list[dict], launches: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """GPU events launched by the template's own cudaGraphLaunch: one graph per kernel-name sequence."""
+    graph_corrs = {c for c, i in launches.items() if events[i]["name"] == "cudaGraphLaunch"}
+    by_corr: dict[int, list[int]] = {}
+    for i, e in enumerate(events):
+        if _is_gpu(e) and e.get("args", {}).get("correlation") in graph_corrs:
+            by_corr.setdefault(e["args"]["correlation"], []).append(i)
+    graph_ids: dict[tuple[str, ...], int] = {}
+    nodes: dict[int, tuple[int, int]] = {}
+    for indices in by_corr.values():
+        signature = tuple(events[i]["name"] for i in indices)
+        graph = graph_ids.setdefault(signature, 100 + len(graph_ids))
+        for node, i in enumerate(indices):
+            nodes[i] = (graph, node)
+    return nodes
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+_KERNEL_OPS = (
+    ("allreduce", "allreduce"),
+    ("allgather", "_allgather_base"),
+    ("reducescatter", "_reduce_scatter_base"),
+    ("broadcast", "broadcast"),
+    ("sendrecv", "all_to_allv"),
+)
+_KERNEL_DTYPES = (
+    ("bf16", "BFloat16"), ("bfloat16", "BFloat16"), ("half", "Half"), ("f16", "Half"),
+    ("f32", "Float"), ("float", "Float"), ("int8", "Char"), ("i8", "Char"),
+    ("u8", "Byte"), ("double", "Double"), ("f64", "Double"), ("int64", "Long"),
+)
+
+
+def _kernel_op(kernel: str) -> tuple[str, str]:
+    """Collective name and dtype an NCCL kernel name implies."""
+    lower = kernel.lower().replace("_", "")
+    op = next((name for key, name in _KERNEL_OPS if key in lower), "allreduce")
+    tail = kernel.lower().split("(")[0]
+    dtype = next((name for key, name in _KERNEL_DTYPES if re.search(rf"(^|_){key}($|_)", tail)), "Float")
+    return op, dtype
+
+
+def annotation(
+    op: str, dtype: str, nelems: int, group: Group, rank: int, seq: int, capture_id: Optional[int] = None
+) -> CollectiveAnnotation:
+    """The annotation commtag's recorder would write for this call."""
+    size = len(group.ranks)
+    in_n, out_n = nelems, nelems
+    if op == "_allgather_base":
+        out_n = nelems * size
+    elif op == "_reduce_scatter_base":
+        in_n = nelems * size
+    return CollectiveAnnotation.model_validate(
+        {
+            "Collective name": op,
+            "In msg nelems": in_n,
+            "Out msg nelems": out_n,
+            "Group size": size,
+            "dtype": dtype,
+            "Global rank start": group.ranks[0],
+            "Global rank stride": (group.ranks[1] - group.ranks[0]) if size > 1 else 1,
+            "Process Group Name": group.name,
+            "Process Group Description": group.desc,
+            "Process Group Ranks": group.ranks_text(),
+            "Rank": group.ranks.index(rank),
+            "Seq": seq,
+            "commtag lane id": group.lane_id,
+            "commtag lane": group.lane_name,
+            "commtag pg uid": group.uid,
+            "commtag capture id": capture_id,
+        }
+    )
+
+
+#: Kernel-eager keys, in the order the profiler copies them onto the kernel.
+_KERNEL_KEYS = (
+    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+    "In split size", "Out split size", "Process Group Name", "Process Group Description",
+    "Process Group Ranks", "Seq",
+)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A captured graph: node kinds in capture order; an entry (role, op, dtype) is a collective."""
+
+    capture_id: int
+    graph_id: int
+    exec_graph_id: int
+    nodes: tuple[object, ...]
+
+
+_COMPUTE_NODES = (
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float>>", 18.0),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", 55.0),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", 12.0),
+)
+_NCCL_KERNEL = {
+    "allreduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+    "_allgather_base": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+    "_reduce_scatter_base": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+}
+GRAPHS = (
+    GraphSpec(0, 11, 21, (0, 1, ("tp", "allreduce", "BFloat16"), 2, ("dp", "_reduce_scatter_base", "BFloat16"))),
+    GraphSpec(1, 12, 22, (1, ("dp", "_allgather_base", "BFloat16"), 0)),
+)
+
+
+def _capture_seqs() -> dict[tuple[int, int], tuple[str, int]]:
+    """(capture, node) -> (role, capture-time Seq): captures run before any eager call."""
+    counters: dict[str, int] = {}
+    seqs = {}
+    for spec in GRAPHS:
+        for node, kind in enumerate(spec.nodes):
+            if isinstance(kind, tuple):
+                counters[kind[0]] = counters.get(kind[0], 0) + 1
+                seqs[(spec.capture_id, node)] = (kind[0], counters[kind[0]])
+    return seqs
+
+
+# --------------------------------------------------------------------------- per rank
+
+
+@dataclass
+class SetPlan:
+    """Everything shared by all ranks of one set."""
+
+    world: int
+    template: Template
+    groups: list[Group]
+    clock_offset_us: list[float]
+    replay_times: list[tuple[float, int]]
+    seed: int
+    node_id_format: str
+    eager_seq: list[int] = field(default_factory=list)
+
+
+def replay_budget(per_rank_events: int, graph_fraction: float) -> tuple[int, int]:
+    """How many graph replays a rank gets, and how many trace events they add."""
+    events_per_replay = 3 + sum(len(g.nodes) for g in GRAPHS) / len(GRAPHS)
+    replays = max(2 * len(GRAPHS), round(graph_fraction * per_rank_events / events_per_replay))
+    return replays, sum(3 + len(GRAPHS[j % len(GRAPHS)].nodes) for j in range(replays))
+
+
+def plan_set(world: int, template: Template, seed: int, replays: int, node_id_format: str) -> SetPlan:
+    rng = random.Random(seed)
+    nodes = math.ceil(world / RANKS_PER_NODE)
+    node_offsets = [rng.uniform(-MAX_CLOCK_OFFSET_US, MAX_CLOCK_OFFSET_US) for _ in range(nodes)]
+    step = template.span_us / (replays + 1)
+    replay_times = [(round(step * (j + 1), 3), j % len(GRAPHS)) for j in range(replays)]
+    base = {role: 0 for role in ("default", "tp", "dp")}
+    for role, seq in _capture_seqs().values():
+        base[role] = max(base[role], seq)
+    eager_seq = []
+    for _, role, _ in template.nccl:
+        base[role] += 1
+        eager_seq.append(base[role])
+    return SetPlan(
+        world=world,
+        template=template,
+        groups=build_groups(world),
+        clock_offset_us=[node_offsets[r // RANKS_PER_NODE] for r in range(world)],
+        replay_times=replay_times,
+        seed=seed,
+        node_id_format=node_id_format,
+        eager_seq=eager_seq,
+    )
+
+
+def _jitter(seed: int, rank: int, key: int, limit: float) -> float:
+    """Deterministic arrival delay of ``rank`` at collective ``key``."""
+    return random.Random((seed * 1_000_003 + key) * 65_537 + rank).uniform(0.0, limit)
+
+
+def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
+    """One rank's trace (as a dict), its sidecar and its event count."""
+    tpl = plan.template
+    mine = groups_of(rank, plan.groups)
+    offset = plan.clock_offset_us[rank]
+    pid = 100_000 + rank
+    device = rank % RANKS_PER_NODE
+    launcher_tid = pid + LAUNCHER_TID_OFFSET
+
+    def remap_pid(p: object) -> object:
+        if p == tpl.cpu_pid:
+            return pid
+        if p == tpl.gpu_pid:
+            return device
+        if p == device:
+            return tpl.gpu_pid
+        return p
+
+    events: list[dict] = []
+    for e in tpl.meta:
+        m = dict(e)
+        m["pid"] = remap_pid(m.get("pid"))
+        if m.get("tid") == tpl.cpu_pid:
+            m["tid"] = pid
+        if "ts" in m:
+            m["ts"] = 0.0
+        events.append(m)
+    events += [
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": pid, "tid": launcher_tid,
+         "args": {"name": "graph launcher"}},
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": device, "tid": GRAPH_STREAM,
+         "args": {"name": f"stream {GRAPH_STREAM}"}},
+    ]
+
+    nccl_at = {i: (role, jitter, k) for k, (i, role, jitter) in enumerate(tpl.nccl)}
+    eager: list[RecordedCollective] = []
+    for i, src in enumerate(tpl.events):
+        e = dict(src)
+        if "ts" in e:
+            e["ts"] = round(e["ts"] + offset, 3)
+        if "pid" in e:
+            e["pid"] = remap_pid(e["pid"])
+        if e.get("tid") == tpl.cpu_pid:
+            e["tid"] = pid
+        if i in nccl_at:
+            role, limit, k = nccl_at[i]
+            op, dtype = _kernel_op(e["name"])
+            ann = annotation(op, dtype, 1 << (10 + k % 12), mine[role], rank, plan.eager_seq[k])
+            late = _jitter(plan.seed, rank, k, limit)
+            e["ts"] = round(e["ts"] - limit + late, 3)
+            e["dur"] = round(float(e.get("dur", 0.0)) + limit - late, 3)
+            e["args"] = _kernel_args(e, ann, device)
+            eager.append(_recorded(ann, tpl, e, offset, pid))
+        elif i in tpl.template_graph_nodes:
+            graph, node = tpl.template_graph_nodes[i]
+            args = dict(e["args"])
+            args["graph id"] = graph
+            args["graph node id"] = _node_id(graph, node, plan.node_id_format)
+            e["args"] = args
+        elif _is_gpu(e) and "device" in e.get("args", {}):
+            e["args"] = {**e["args"], "device": device}
+        events.append(e)
+
+    captures = _captures(plan, rank, mine)
+    events += _replays(plan, rank, mine, pid, device, launcher_tid, offset)
+    dist = {
+        "backend": "nccl",
+        "rank": rank,
+        "world_size": plan.world,
+        "pg_count": len(mine),
+        "pg_config": [
+            {"pg_name": g.name, "pg_desc": g.desc, "backend_config": "cuda:nccl",
+             "pg_size": len(g.ranks), "ranks": list(g.ranks)}
+            for g in sorted(mine.values(), key=lambda g: int(g.name))
+        ],
+        "nccl_version": NCCL_VERSION,
+    }
+    trace = {k: v for k, v in tpl.top.items() if k not in ("traceName", "trace_id", "distributedInfo")}
+    trace.update(
+        {
+            "distributedInfo": dist,
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": BASE_TIME_NS,
+            "traceName": trace_name(rank),
+            "traceEvents": events,
+        }
+    )
+    sidecar = Sidecar(
+        run_id=f"scaleset-{plan.world}-{plan.seed}",
+        rank=rank,
+        world_size=plan.world,
+        host=f"node{rank // RANKS_PER_NODE:03d}",
+        pid=pid,
+        torch_version=TORCH_VERSION,
+        nccl_version=NCCL_VERSION,
+        trace_file=trace_name(rank),
+        process_groups=[
+            ProcessGroupInfo(uid=g.uid, name=g.name, desc=g.desc, ranks=list(g.ranks), backend="nccl",
+                             lane_id=g.lane_id, lane_name=g.lane_name)
+            for g in sorted(mine.values(), key=lambda g: int(g.name))
+        ],
+        collectives=eager,
+        captures=captures,
+    )
+    return trace, sidecar, sum(1 for e in events if e.get("ph") != "M")
+
+
+def _node_id(graph: int, node: int, form: str) -> int:
+    return (graph << 32) | node if form == "full" else node
+
+
+def _kernel_args(kernel: dict, ann: CollectiveAnnotation, device: int) -> dict:
+    args = dict(kernel.get("args", {}))
+    args["device"] = device
+    eager = ann.eager_dict()
+    for key in _KERNEL_KEYS:
+        args[key] = eager[key]
+    return args
+
+
+def _ns(ts_us: float) -> int:
+    return BASE_TIME_NS + round(ts_us * 1000)
+
+
+def _recorded(ann: CollectiveAnnotation, tpl: Template, kernel: dict, offset: float, pid: int) -> RecordedCollective:
+    """The Python-side call around the kernel's launch (or just before the kernel)."""
+    launch_at = tpl.launches.get(kernel["args"].get("correlation"))
+    if launch_at is not None:
+        launch = tpl.events[launch_at]
+        start = launch["ts"] + offset - 6.0
+        end = launch["ts"] + offset + float(launch.get("dur", 0.0)) + 4.0
+        tid = pid if launch.get("tid") == tpl.cpu_pid else launch.get("tid", pid)
+    else:
+        start, end, tid = kernel["ts"] - 30.0, kernel["ts"] - 5.0, pid
+    return RecordedCollective(annotation=ann, start_ns=_ns(start), end_ns=_ns(end), tid=int(tid))
+
+
+def _captures(plan: SetPlan, rank: int, mine: dict[str, Group]) -> list[GraphCapture]:
+    seqs = _capture_seqs()
+    captures = []
+    for spec in GRAPHS:
+        collectives = []
+        for node, kind in enumerate(spec.nodes):
+            if not isinstance(kind, tuple):
+                continue
+            role, op, dtype = kind
+            ann = annotation(op, dtype, 1 << 20, mine[role], rank, seqs[(spec.capture_id, node)][1], spec.capture_id)
+            collectives.append(
+                CapturedCollective(
+                    annotation=ann,
+                    nodes=[GraphNodeRecord(index=node, node_type="kernel", kernel_name=_NCCL_KERNEL[op])],
+                )
+            )
+        start = _ns(-2_000_000.0 + 50_000.0 * spec.capture_id + plan.clock_offset_us[rank])
+        captures.append(
+            GraphCapture(
+                capture_id=spec.capture_id,
+                graph_id=spec.graph_id,
+                exec_graph_id=spec.exec_graph_id,
+                start_ns=start,
+                end_ns=start + 20_000_000,
+                total_nodes=len(spec.nodes),
+                collectives=collectives,
+            )
+        )
+    return captures
+
+
+def _replays(
+    plan: SetPlan, rank: int, mine: dict[str, Group], pid: int, device: int, launcher_tid: int, offset: float
+) -> Iterator[dict]:
+    """Launch, flow and replayed kernels of every graph replay, in this rank's clock."""
+    corr_base = plan.template.id_ceiling
+    for j, (when, g) in enumerate(plan.replay_times):
+        spec = GRAPHS[g]
+        corr = corr_base + j
+        launch_ts = round(when + offset - 30.0, 3)
+        yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": pid, "tid": launcher_tid,
+               "ts": launch_ts, "dur": 8.0, "args": {"External id": corr, "cbid": 311, "correlation": corr}}
+        yield {"ph": "s", "id": corr, "pid": pid, "tid": launcher_tid, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"}
+        t = when
+        for node, kind in enumerate(spec.nodes):
+            if isinstance(kind, tuple):
+                role, op, _ = kind
+                start = t + _jitter(plan.seed, rank, 1_000_000 + j * 16 + node, MAX_JITTER_US)
+                end = t + MAX_JITTER_US + 35.0
+                name = _NCCL_KERNEL[op]
+            else:
+                name, dur = _COMPUTE_NODES[kind]
+                start, end = t, t + dur
+            kernel = {"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": GRAPH_STREAM,
+                      "ts": round(start + offset, 3), "dur": round(end - start, 3),
+                      "args": {"External id": corr, "device": device, "stream": GRAPH_STREAM,
+                               "correlation": corr, "graph id": spec.exec_graph_id,
+                               "graph node id": _node_id(spec.exec_graph_id, node, plan.node_id_format)}}
+            if node == 0:
+                yield {"ph": "f", "id": corr, "pid": device, "tid": GRAPH_STREAM, "ts": kernel["ts"],
+                       "cat": "ac2g", "name": "ac2g", "bp": "e"}
+            yield kernel
+            t = end + 1.0
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@dataclass
+class SetSummary:
+    """What was written, for the manifest and the benchmark."""
+
+    out_dir: str
+    ranks: int
+    template: str
+    events: int
+    json_bytes: int
+    gz_bytes: int
+    largest_rank_json_bytes: int
+    collectives_per_rank: int
+    replays_per_rank: int
+    captures_per_rank: int
+    clock_offset_us: list[float]
+
+
+def generate(
+    out_dir: Path,
+    ranks: int,
+    total_events: int = 1_000_000,
+    template: str = "v100",
+    seed: int = 0,
+    graph_fraction: float = 0.05,
+    node_id_format: str = "low",
+    compresslevel: int = 6,
+    progress: bool = False,
+) -> SetSummary:
+    """Write ``ranks`` traces and sidecars with at least ``total_events`` events in all."""
+    if ranks < 2:
+        raise ValueError("a scale set needs at least 2 ranks")
+    path = TEMPLATE_DIR / TEMPLATES.get(template, template)
+    if not path.is_file():
+        raise FileNotFoundError(f"template {path} not found (known: {', '.join(TEMPLATES)})")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_rank = math.ceil(total_events / ranks)
+    replays, added = replay_budget(per_rank, graph_fraction)
+    plan = plan_set(ranks, load_template(path, max(100, per_rank - added)), seed, replays, node_id_format)
+    events = json_bytes = gz_bytes = largest = 0
+    for rank in range(ranks):
+        trace, sidecar, count = build_rank(plan, rank)
+        raw = orjson.dumps(trace)
+        packed = gzip.compress(raw, compresslevel=compresslevel)
+        _write_atomic(out_dir / trace_name(rank), packed)
+        _write_atomic(
+            out_dir / sidecar_name(trace_name(rank)),
+            orjson.dumps(sidecar.model_dump(mode="json", by_alias=True, exclude_none=True), option=orjson.OPT_INDENT_2),
+        )
+        events += count
+        json_bytes += len(raw)
+        gz_bytes += len(packed)
+        largest = max(largest, len(raw))
+        if progress:
+            print(f"\r{out_dir}: rank {rank + 1}/{ranks}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    summary = SetSummary(
+        out_dir=str(out_dir),
+        ranks=ranks,
+        template=path.name,
+        events=events,
+        json_bytes=json_bytes,
+        gz_bytes=gz_bytes,
+        largest_rank_json_bytes=largest,
+        collectives_per_rank=len(plan.template.nccl),
+        replays_per_rank=len(plan.replay_times),
+        captures_per_rank=len(GRAPHS),
+        clock_offset_us=[round(x, 3) for x in plan.clock_offset_us],
+    )
+    _write_atomic(out_dir / MANIFEST_NAME, orjson.dumps(summary.__dict__, option=orjson.OPT_INDENT_2))
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=8, help="world size N (default 8)")
+    parser.add_argument("--events", type=int, default=1_000_000, help="events in all ranks together (default 1M)")
+    parser.add_argument("--template", default="v100", help=f"one of {', '.join(TEMPLATES)} or a file name")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--node-id-format", choices=("low", "full"), default="low",
+                        help="'graph node id' as the node index or as (graph id << 32) | index")
+    parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (default /tmp/commtag-scale-N)")
+    args = parser.parse_args(argv)
+    out = args.out or Path(f"/tmp/commtag-scale-{args.ranks}")
+    try:
+        summary = generate(out, args.ranks, args.events, args.template, args.seed,
+                           node_id_format=args.node_id_format, progress=sys.stderr.isatty())
+    except (ValueError, FileNotFoundError) as error:
+        print(f"gen_scaleset: {error}", file=sys.stderr)
+        return 2
+    print(orjson.dumps(summary.__dict__).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
