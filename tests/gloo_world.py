@@ -27,6 +27,7 @@ the CI machines have 2 cores shared by every rank.
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_mod
 import shutil
 import tempfile
@@ -82,7 +83,10 @@ def _worker(
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-        results.put((rank, True, value))
+        # Pickle here: a value the queue cannot pickle would otherwise vanish
+        # in its feeder thread and leave the parent waiting.
+        payload = pickle.dumps(value)
+        results.put((rank, True, payload))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent test
         results.put((rank, False, traceback.format_exc()))
 
@@ -143,7 +147,7 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
             continue
         if not ok:
             raise WorkerError(_describe_failures([(rank, value)], results))
-        values[rank] = value
+        values[rank] = pickle.loads(value)
     return [values[r] for r in range(world_size)]
 
 
