@@ -35,6 +35,10 @@ class CollectiveInstance:
     lane_name: str = ""
     #: Eager-style key/values as attached to the slice (for the report and the trace).
     args: dict[str, object] = field(default_factory=dict)
+    #: The group's lane id (orders lanes identically on every rank).
+    lane_id: int = 0
+    #: Flow id the source slice (gloo op, kernel) starts and the lane slice ends.
+    source_flow: Optional[int] = None
 
     @property
     def key(self) -> tuple[str, bool, int, Optional[int]]:
@@ -44,3 +48,33 @@ class CollectiveInstance:
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+
+@dataclass(slots=True)
+class CounterSeries:
+    """A counter track under one rank's lanes (e.g. bus bandwidth of a group)."""
+
+    rank: int
+    #: Track name, unique per rank (e.g. "busbw pg 0 (GB/s)").
+    track: str
+    #: ``(ts_ns, value)`` points, any order.
+    points: list[tuple[int, float]]
+    unit: str = ""
+
+
+@dataclass(slots=True)
+class Marker:
+    """An instant on one rank's marker track (e.g. a desync or a straggler)."""
+
+    rank: int
+    ts_ns: int
+    name: str
+    args: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TraceAnnotations:
+    """What an analysis adds to the merged trace besides per-slice args."""
+
+    counters: list[CounterSeries] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
