@@ -1,0 +1,104 @@
+"""Kernel categories: the rule table on real kernel names, and breakdowns of real public traces."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commtag.kernels import (
+    CATEGORIES,
+    KERNEL_RULES,
+    Breakdown,
+    Kernel,
+    by_graph_launch,
+    by_stream,
+    categorize,
+    kernels_from_events,
+    top_kernels,
+)
+
+PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+
+
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [
+        # Names as they appear in the public traces.
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "communication"),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+        ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*, ", "communication"),
+        ("Memcpy DtoD (Device -> Device)", "memcpy/memset"),
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80_tenso", "GEMM"),
+        ("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", "GEMM"),
+        ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT32x32x256_MI16x16x1_SN_LDSB1", "GEMM"),
+        ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu", "GEMM"),
+        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw", "GEMM"),
+        ("fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext", "attention"),
+        ("kernel_unified_attention_3d", "attention"),
+        ("attn_fwd", "attention"),
+        # Inductor's pointwise kernels name the ops they fused; they are still elementwise.
+        ("triton_poi_fused__scaled_dot_product_flash_attention_cat_transpose_view_10", "elementwise/reduction"),
+        ("triton_poi_fused_addmm_gelu_view_15", "elementwise/reduction"),
+        ("triton_red_fused_add_addmm_mul_native_layer_norm_split_unsqueeze_view_16", "elementwise/reduction"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::", "elementwise/reduction"),
+        ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float, float,", "elementwise/reduction"),
+        # 'Convert' is not a convolution.
+        ("vllm::_typeConvert<c10::BFloat16>::exists, void>::type vllm::fused_add_rms_norm_kernel", "elementwise/reduction"),
+        ("_combined_routing_compute", "other"),
+    ],
+)
+def test_rules_on_real_kernel_names(name, category):
+    assert categorize(name) == category
+
+
+def test_every_rule_names_a_known_category_and_says_why():
+    assert {c for c, _, _ in KERNEL_RULES} <= set(CATEGORIES)
+    assert all(why for _, _, why in KERNEL_RULES)
+
+
+def _events(relpath: str) -> list[dict]:
+    path = PUBLIC / relpath
+    if not path.exists():
+        pytest.skip(f"public trace {path} is not present")
+    raw = path.read_bytes()
+    data = orjson.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def test_graph_launch_breakdown_on_a_real_hip_graph_replay():
+    kernels = kernels_from_events(_events("edge-cases/tracelens_vllm_hipgraph_replay.json.gz"), rank=0)
+    launches = by_graph_launch(kernels)
+    assert len(launches) == 1  # the trace has one hipGraphLaunch
+    (launch,) = launches.values()
+    assert sum(launch.count.values()) > 400  # a decode step: hundreds of kernels behind one launch
+    category, share = launch.dominant
+    assert category == "GEMM" and 0.5 < share < 1.0
+    assert launch.describe().startswith("GEMM ")
+    assert launch.count["attention"] > 0
+    # The eager kernels outside the launch are not counted in it.
+    assert sum(launch.count.values()) < len(kernels)
+
+
+def test_stream_breakdown_separates_nccl_stream_from_compute():
+    kernels = kernels_from_events(_events("eager-nccl-metadata/hta_a100_nccl_data.json.gz"), rank=0)
+    streams = by_stream(kernels)
+    dominant = {stream: b.dominant[0] for (_, stream), b in streams.items()}
+    assert dominant[40] == "communication" and streams[(0, 40)].dominant[1] == 1.0
+    assert dominant[7] in ("elementwise/reduction", "GEMM")
+    assert streams[(0, 7)].time_us["GEMM"] > 0
+    assert by_graph_launch(kernels) == {}  # an eager trace has no graph launches
+    names = [name for name, _, _ in top_kernels(kernels, 3)]
+    assert names[0].startswith("ncclKernel_AllReduce")
+
+
+def test_breakdown_arithmetic():
+    b = Breakdown()
+    for cat, dur in (("GEMM", 60.0), ("communication", 30.0), ("GEMM", 0.0), ("other", 10.0)):
+        b.add(Kernel(0, "k", 7, 0.0, dur, cat))
+    assert b.total_us == 100.0
+    assert b.dominant == ("GEMM", 0.6)
+    assert b.describe() == "GEMM 60% | communication 30% | other 10%"
+    assert b.to_dict()["count"] == {"GEMM": 2, "communication": 1, "other": 1}
