@@ -181,6 +181,8 @@ class GraphNodeRecord(BaseModel):
     kernel_name: str = ""
     #: cudaGraphNodeGetToolsId when the driver has it (13.1+).
     tools_id: Optional[int] = Field(default=None, ge=0)
+    #: cudaGraphNodeGetLocalId when the driver has it (13.1+).
+    local_id: Optional[int] = Field(default=None, ge=0)
 
 
 class CapturedCollective(BaseModel):
@@ -190,6 +192,23 @@ class CapturedCollective(BaseModel):
 
     annotation: CollectiveAnnotation
     nodes: list[GraphNodeRecord]
+    tid: int = 0
+    #: Reduction op in lower case ("sum", "avg", ...) when known: confirms NCCL kernel names at replay.
+    reduce_op: Optional[str] = None
+    #: How it was caught: "python" (a patched torch.distributed function) or "c10d-op" (operator level).
+    source: Literal["python", "c10d-op"] = "python"
+
+
+class GraphReplay(BaseModel):
+    """One replay of a captured graph on this rank, as CUDAGraph.replay() ran it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Replays of this capture before this one (0 = first replay after capture).
+    index: int = Field(ge=0)
+    start_ns: int = Field(ge=0)
+    end_ns: int = Field(ge=0)
+    #: OS thread id (what Kineto writes as a CPU event's tid).
     tid: int = 0
 
 
@@ -207,6 +226,8 @@ class GraphCapture(BaseModel):
     end_ns: int = Field(ge=0)
     total_nodes: int = Field(ge=0)
     collectives: list[CapturedCollective]
+    #: Replays logged while the sidecar's window was profiled.
+    replays: list[GraphReplay] = []
 
 
 class Sidecar(BaseModel):
