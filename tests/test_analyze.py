@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from commtag.merge.analyze import (
-    BusbwPoint,
     analyze,
     annotate,
     bandwidth_gbps,
     busbw_factor,
     summarize,
+    trace_annotations,
 )
 from commtag.merge.records import CollectiveInstance
 
@@ -96,7 +96,8 @@ def test_skew_last_rank_and_waits():
     assert m.straggler  # 5 ms late for a 0.2 ms transfer
     assert not m.findings
     (marker,) = analysis.markers
-    assert (marker.kind, marker.rank, marker.ts_ns) == ("straggler", 2, members[2].start_ns)
+    assert (marker.args["commtag marker"], marker.rank, marker.ts_ns) == ("straggler", 2, members[2].start_ns)
+    assert marker.name == "straggler: rank 2 5.000 ms late (allreduce Seq 7)"
     record = m.to_dict()
     assert record["last_rank"] == 2 and record["skew_us"] == 5000.0 and record["desync"] == []
 
@@ -123,14 +124,18 @@ def test_annotate_puts_the_figures_on_every_members_args():
 def test_busbw_counter_sums_overlapping_transfers_and_returns_to_zero():
     a = world(1, start_us=0, dur_us=1000)  # busbw 6.291456 from 0 to 1 ms
     b = world(2, start_us=500, dur_us=1000)  # overlaps from 0.5 to 1 ms
-    series = analyze(a + b).busbw["pg0"]
+    c = [inst(r, 1, pg="pg1", ranks=(2, 3)) for r in (2, 3)]
+    analysis = analyze(a + b + c)
     bw = 4.194304 * 1.5
-    assert series == [
-        BusbwPoint(T0, pytest.approx(bw)),
-        BusbwPoint(T0 + 500_000, pytest.approx(2 * bw)),
-        BusbwPoint(T0 + 1_000_000, pytest.approx(bw)),
-        BusbwPoint(T0 + 1_500_000, 0.0),
+    assert analysis.busbw["pg0"] == [
+        (T0, pytest.approx(bw)),
+        (T0 + 500_000, pytest.approx(2 * bw)),
+        (T0 + 1_000_000, pytest.approx(bw)),
+        (T0 + 1_500_000, 0.0),
     ]
+    # One counter track per group, under the group's lowest rank.
+    counters = {(c.rank, c.track): c.points for c in trace_annotations(analysis).counters}
+    assert set(counters) == {(0, "busbw pg0 lane (GB/s)"), (2, "busbw pg1 lane (GB/s)")}
 
 
 def test_graph_replays_are_distinct_instances():
@@ -193,8 +198,9 @@ def test_missing_rank_and_its_seq_gap():
     assert (gap.ranks, gap.seq, gap.desync) == ((2,), 2, True)
     seq2 = next(m for m in analysis.collectives if m.seq == 2)
     assert {f.kind for f in seq2.findings} == {"missing_ranks", "seq_gap"}
-    desync_markers = [mk for mk in analysis.markers if mk.kind == "desync"]
+    desync_markers = [mk for mk in analysis.markers if mk.args["commtag marker"] == "desync"]
     assert sorted(mk.rank for mk in desync_markers) == [0, 1, 3]
+    assert all("missing_ranks" in mk.name and "Seq 2" in mk.name for mk in desync_markers)
 
 
 def test_ranks_without_a_trace_are_not_blamed():

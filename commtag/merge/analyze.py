@@ -48,7 +48,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from commtag.merge.records import CollectiveInstance
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, TraceAnnotations
 from commtag.schema import SCALAR_TYPE_BYTES
 
 InstanceKey = tuple[str, bool, int, Optional[int]]
@@ -221,36 +221,15 @@ class MatchedCollective:
 
 
 @dataclass(slots=True)
-class BusbwPoint:
-    """One step of a process group's busbw counter (GB/s from ts_ns on)."""
-
-    ts_ns: int
-    gbps: float
-
-
-@dataclass(slots=True)
-class Marker:
-    """An instant to flag on a rank's lane: a desync or a straggler."""
-
-    rank: int
-    pg_uid: str
-    lane_name: str
-    ts_ns: int
-    #: "desync" or "straggler".
-    kind: str
-    name: str
-    args: dict[str, object]
-
-
-@dataclass(slots=True)
 class Analysis:
     """Everything the analysis found, for the trace, the report and --strict."""
 
     collectives: list[MatchedCollective]
     #: All findings, including Seq gaps that belong to no recorded instance.
     findings: list[Finding]
-    #: pg uid -> busbw step series, time ordered (sum over overlapping transfers).
-    busbw: dict[str, list[BusbwPoint]]
+    #: pg uid -> busbw step series ``(ts_ns, GB/s)``, time ordered (sum over overlapping transfers).
+    busbw: dict[str, list[tuple[int, float]]]
+    #: Straggler and desync instants, each on a rank's marker track.
     markers: list[Marker]
 
     @property
@@ -521,7 +500,7 @@ def _seq_gaps(instances: list[CollectiveInstance], loaded: set[int]) -> list[Fin
     return found
 
 
-def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[BusbwPoint]]:
+def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
     """Per group, a step counter: the summed busbw of the transfers running at each moment."""
     edges: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for m in matched:
@@ -529,42 +508,60 @@ def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[BusbwPoint
             continue
         edges[m.pg_uid].append((m.last_start_ns, m.busbw_gbps))
         edges[m.pg_uid].append((m.last_start_ns + m.transfer_ns, -m.busbw_gbps))
-    series: dict[str, list[BusbwPoint]] = {}
+    series: dict[str, list[tuple[int, float]]] = {}
     for pg, pg_edges in edges.items():
         level = 0.0
-        points: list[BusbwPoint] = []
-        for ts, delta in sorted(pg_edges, key=lambda e: (e[0], e[1])):
+        points: list[tuple[int, float]] = []
+        for ts, delta in sorted(pg_edges):
             level = max(0.0, level + delta)
             value = round(level, 6) if level > 1e-9 else 0.0
-            if points and points[-1].ts_ns == ts:
-                points[-1].gbps = value
+            if points and points[-1][0] == ts:
+                points[-1] = (ts, value)
             else:
-                points.append(BusbwPoint(ts, value))
+                points.append((ts, value))
         series[pg] = points
     return series
 
 
 def _markers(matched: list[MatchedCollective]) -> list[Marker]:
-    """A straggler marker on the late rank's lane; a desync marker on every member's lane."""
+    """A straggler marker on the late rank; a desync marker on every member rank."""
     out: list[Marker] = []
     for m in matched:
+        where = {"commtag pg uid": m.pg_uid, "commtag lane": m.lane_name, "Collective name": m.collective, "Seq": m.seq}
         if m.straggler:
-            inst = m.members[m.last_rank]
             out.append(Marker(
-                m.last_rank, m.pg_uid, m.lane_name, inst.start_ns, "straggler",
-                f"straggler: rank {m.last_rank} {_us(m.skew_ns) / 1000:.3f} ms late ({m.collective} Seq {m.seq})",
-                {"commtag skew us": _us(m.skew_ns), "commtag last rank": m.last_rank, "Seq": m.seq},
+                m.last_rank, m.members[m.last_rank].start_ns,
+                f"straggler: rank {m.last_rank} {m.skew_ns / 1e6:.3f} ms late ({m.collective} Seq {m.seq})",
+                {**where, "commtag marker": "straggler", "commtag skew us": _us(m.skew_ns)},
             ))
         desyncs = [f for f in m.findings if f.desync]
         if desyncs:
+            kinds = ", ".join(sorted({f.kind for f in desyncs}))
             for rank, inst in sorted(m.members.items()):
                 out.append(Marker(
-                    rank, m.pg_uid, m.lane_name, inst.start_ns, "desync",
-                    f"desync: {', '.join(sorted({f.kind for f in desyncs}))} ({m.collective} Seq {m.seq})",
-                    {"commtag desync": "\n".join(f.message for f in desyncs), "Seq": m.seq},
+                    rank, inst.start_ns, f"desync: {kinds} ({m.collective} Seq {m.seq})",
+                    {**where, "commtag marker": "desync", "commtag desync": "\n".join(f.message for f in desyncs)},
                 ))
     out.sort(key=lambda mk: (mk.ts_ns, mk.rank))
     return out
+
+
+def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] = None) -> TraceAnnotations:
+    """Counters and markers for the Perfetto writer.
+
+    One busbw counter per process group, under the lowest member rank's lanes
+    (one track per group, not one copy per member).
+    """
+    owner: dict[str, int] = {}
+    names: dict[str, str] = dict(lane_names or {})
+    for m in analysis.collectives:
+        owner[m.pg_uid] = min(owner.get(m.pg_uid, m.first_rank), *m.members)
+        names.setdefault(m.pg_uid, m.lane_name or m.pg_uid)
+    counters = [
+        CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s")
+        for pg, points in sorted(analysis.busbw.items())
+    ]
+    return TraceAnnotations(counters=counters, markers=list(analysis.markers))
 
 
 def annotate(analysis: Analysis) -> None:
