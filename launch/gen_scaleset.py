@@ -66,13 +66,13 @@ LAUNCHER_TID_OFFSET = 1_000_000
 MAX_JITTER_US = 40.0
 #: Clock error between nodes, µs.
 MAX_CLOCK_OFFSET_US = 500.0
-#: 4 GPUs per node, so even the 8-rank set spans hosts whose clocks differ.
+#: Default GPUs per node: 4, so even the 8-rank set spans hosts whose clocks differ.
 RANKS_PER_NODE = 4
 
 
-def trace_name(rank: int) -> str:
+def trace_name(rank: int, ranks_per_node: int = RANKS_PER_NODE) -> str:
     """File name of a rank's trace, as tensorboard_trace_handler would name it."""
-    return f"node{rank // RANKS_PER_NODE:03d}_rank{rank:04d}.pt.trace.json.gz"
+    return f"node{rank // ranks_per_node:03d}_rank{rank:04d}.pt.trace.json.gz"
 
 
 def sidecar_name(trace_file: str) -> str:
@@ -406,6 +406,7 @@ class SetPlan:
     replay_times: list[tuple[float, int]]
     seed: int
     node_id_format: str
+    ranks_per_node: int
     eager_seq: list[int] = field(default_factory=list)
 
 
@@ -416,9 +417,11 @@ def replay_budget(per_rank_events: int, graph_fraction: float) -> tuple[int, int
     return replays, sum(3 + len(GRAPHS[j % len(GRAPHS)].nodes) for j in range(replays))
 
 
-def plan_set(world: int, template: Template, seed: int, replays: int, node_id_format: str) -> SetPlan:
+def plan_set(
+    world: int, template: Template, seed: int, replays: int, node_id_format: str, ranks_per_node: int
+) -> SetPlan:
     rng = random.Random(seed)
-    nodes = math.ceil(world / RANKS_PER_NODE)
+    nodes = math.ceil(world / ranks_per_node)
     node_offsets = [rng.uniform(-MAX_CLOCK_OFFSET_US, MAX_CLOCK_OFFSET_US) for _ in range(nodes)]
     step = template.span_us / (replays + 1)
     replay_times = [(round(step * (j + 1), 3), j % len(GRAPHS)) for j in range(replays)]
@@ -433,10 +436,11 @@ def plan_set(world: int, template: Template, seed: int, replays: int, node_id_fo
         world=world,
         template=template,
         groups=build_groups(world),
-        clock_offset_us=[node_offsets[r // RANKS_PER_NODE] for r in range(world)],
+        clock_offset_us=[node_offsets[r // ranks_per_node] for r in range(world)],
         replay_times=replay_times,
         seed=seed,
         node_id_format=node_id_format,
+        ranks_per_node=ranks_per_node,
         eager_seq=eager_seq,
     )
 
@@ -452,7 +456,8 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
     mine = groups_of(rank, plan.groups)
     offset = plan.clock_offset_us[rank]
     pid = 100_000 + rank
-    device = rank % RANKS_PER_NODE
+    device = rank % plan.ranks_per_node
+    name = trace_name(rank, plan.ranks_per_node)
     launcher_tid = pid + LAUNCHER_TID_OFFSET
 
     def remap_pid(p: object) -> object:
@@ -529,7 +534,7 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
             "distributedInfo": dist,
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": BASE_TIME_NS,
-            "traceName": trace_name(rank),
+            "traceName": name,
             "traceEvents": events,
         }
     )
@@ -537,11 +542,11 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
         run_id=f"scaleset-{plan.world}-{plan.seed}",
         rank=rank,
         world_size=plan.world,
-        host=f"node{rank // RANKS_PER_NODE:03d}",
+        host=f"node{rank // plan.ranks_per_node:03d}",
         pid=pid,
         torch_version=TORCH_VERSION,
         nccl_version=NCCL_VERSION,
-        trace_file=trace_name(rank),
+        trace_file=name,
         process_groups=[
             ProcessGroupInfo(uid=g.uid, name=g.name, desc=g.desc, ranks=list(g.ranks), backend="nccl",
                              lane_id=g.lane_id, lane_name=g.lane_name)
@@ -682,6 +687,7 @@ def generate(
     seed: int = 0,
     graph_fraction: float = 0.05,
     node_id_format: str = "low",
+    ranks_per_node: int = RANKS_PER_NODE,
     compresslevel: int = 6,
     progress: bool = False,
 ) -> SetSummary:
@@ -694,15 +700,16 @@ def generate(
     out_dir.mkdir(parents=True, exist_ok=True)
     per_rank = math.ceil(total_events / ranks)
     replays, added = replay_budget(per_rank, graph_fraction)
-    plan = plan_set(ranks, load_template(path, max(100, per_rank - added)), seed, replays, node_id_format)
+    template_window = load_template(path, max(100, per_rank - added))
+    plan = plan_set(ranks, template_window, seed, replays, node_id_format, ranks_per_node)
     events = json_bytes = gz_bytes = largest = 0
     for rank in range(ranks):
         trace, sidecar, count = build_rank(plan, rank)
         raw = orjson.dumps(trace)
         packed = gzip.compress(raw, compresslevel=compresslevel)
-        _write_atomic(out_dir / trace_name(rank), packed)
+        _write_atomic(out_dir / sidecar.trace_file, packed)
         _write_atomic(
-            out_dir / sidecar_name(trace_name(rank)),
+            out_dir / sidecar_name(sidecar.trace_file),
             orjson.dumps(sidecar.model_dump(mode="json", by_alias=True, exclude_none=True), option=orjson.OPT_INDENT_2),
         )
         events += count
@@ -738,12 +745,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--node-id-format", choices=("low", "full"), default="low",
                         help="'graph node id' as the node index or as (graph id << 32) | index")
+    parser.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE,
+                        help="ranks sharing a host clock (default %(default)s)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (default /tmp/commtag-scale-N)")
     args = parser.parse_args(argv)
     out = args.out or Path(f"/tmp/commtag-scale-{args.ranks}")
     try:
         summary = generate(out, args.ranks, args.events, args.template, args.seed,
-                           node_id_format=args.node_id_format, progress=sys.stderr.isatty())
+                           node_id_format=args.node_id_format, ranks_per_node=args.ranks_per_node, progress=sys.stderr.isatty())
     except (ValueError, FileNotFoundError) as error:
         print(f"gen_scaleset: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,181 @@
+"""The scale-set generator (launch/gen_scaleset.py) writes a set the merge can trust.
+
+Runs the generator as a user would (a subprocess, small N and event budget) and
+checks what the benchmark and the merge rely on: every sidecar validates and
+names a trace next to it, traces load and carry distributedInfo, graph-replayed
+kernels carry node ids that match the capture records, the process groups and
+sequence numbers agree across ranks, and collectives end together once the
+recorded clock offsets are removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from commtag.schema import Sidecar, parse_rank_list
+
+REPO = Path(__file__).resolve().parents[1]
+GENERATOR = REPO / "launch" / "gen_scaleset.py"
+RANKS = 4
+EVENTS = 24_000
+
+
+def _generate(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(GENERATOR), "--ranks", str(RANKS), "--events", str(EVENTS), "--ranks-per-node", "2",
+         "-o", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def scaleset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("scale4")
+    done = _generate(out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _load(out: Path) -> list[tuple[Sidecar, dict]]:
+    """(sidecar, trace) per rank, found the way a user would: sidecar -> its trace_file."""
+    pairs = []
+    for path in sorted(out.glob("*.commtag.json")):
+        sidecar = Sidecar.model_validate_json(path.read_text())
+        with gzip.open(path.parent / sidecar.trace_file, "rt") as handle:
+            pairs.append((sidecar, json.load(handle)))
+    return sorted(pairs, key=lambda pair: pair[0].rank)
+
+
+def _manifest(out: Path) -> dict:
+    return json.loads((out / "scaleset.manifest.json").read_text())
+
+
+def test_every_rank_has_a_valid_sidecar_and_a_loadable_trace(scaleset: Path) -> None:
+    pairs = _load(scaleset)
+    assert [s.rank for s, _ in pairs] == list(range(RANKS))
+    events = 0
+    for sidecar, trace in pairs:
+        info = trace["distributedInfo"]
+        assert (info["rank"], info["world_size"]) == (sidecar.rank, RANKS)
+        assert sidecar.world_size == RANKS
+        assert isinstance(trace["baseTimeNanoseconds"], int)
+        assert {pg["pg_name"]: pg["ranks"] for pg in info["pg_config"]} == {
+            pg.name: pg.ranks for pg in sidecar.process_groups
+        }
+        assert len(sidecar.process_groups) >= 3, "several process groups per rank"
+        assert sidecar.collectives and sidecar.captures
+        events += sum(1 for e in trace["traceEvents"] if e.get("ph") != "M")
+    assert events >= EVENTS
+    assert _manifest(scaleset)["events"] == events
+
+
+def test_replayed_kernels_carry_node_ids_matching_the_captures(scaleset: Path) -> None:
+    for sidecar, trace in _load(scaleset):
+        replays: dict[int, dict[int, dict]] = defaultdict(dict)
+        for e in trace["traceEvents"]:
+            args = e.get("args", {})
+            if e.get("cat") == "kernel" and args.get("graph id"):
+                node = args["graph node id"] & 0xFFFFFFFF
+                assert node not in replays[args["correlation"]], "one kernel per node per replay"
+                replays[args["correlation"]][node] = e
+        by_graph = defaultdict(list)
+        for kernels in replays.values():
+            graph_ids = {k["args"]["graph id"] for k in kernels.values()}
+            assert len(graph_ids) == 1
+            by_graph[graph_ids.pop()].append(kernels)
+        for capture in sidecar.captures:
+            launches = by_graph[capture.exec_graph_id]
+            assert launches, f"rank {sidecar.rank}: capture {capture.capture_id} is never replayed"
+            for kernels in launches:
+                assert sorted(kernels) == list(range(capture.total_nodes))
+                for captured in capture.collectives:
+                    assert captured.annotation.capture_id == capture.capture_id
+                    for node in captured.nodes:
+                        assert kernels[node.index]["name"] == node.kernel_name
+                        assert "nccl" in node.kernel_name.lower()
+
+
+def test_groups_and_sequence_numbers_agree_across_ranks(scaleset: Path) -> None:
+    pairs = _load(scaleset)
+    seen: dict[str, dict[int, list[tuple]]] = defaultdict(dict)
+    for sidecar, trace in pairs:
+        calls = defaultdict(list)
+        for capture in sidecar.captures:
+            for captured in capture.collectives:
+                a = captured.annotation
+                calls[a.pg_uid].append((a.seq, a.collective_name, a.in_msg_nelems, "capture"))
+        for recorded in sidecar.collectives:
+            a = recorded.annotation
+            calls[a.pg_uid].append((a.seq, a.collective_name, a.in_msg_nelems, "eager"))
+        kernels = [e["args"] for e in trace["traceEvents"] if "Collective name" in e.get("args", {})]
+        assert sorted((k["Process Group Name"], k["Seq"]) for k in kernels) == sorted(
+            (r.annotation.pg_name, r.annotation.seq) for r in sidecar.collectives
+        ), "every eager kernel's metadata matches a recorded call"
+        for pg in sidecar.process_groups:
+            seqs = [call[0] for call in sorted(calls[pg.uid])]
+            assert seqs == list(range(1, len(seqs) + 1)), f"group {pg.uid}: Seq must count 1, 2, ..."
+            seen[pg.uid][sidecar.rank] = sorted(calls[pg.uid])
+    for uid, by_rank in seen.items():
+        members = {pg.uid: pg.ranks for s, _ in pairs for pg in s.process_groups}[uid]
+        assert sorted(by_rank) == sorted(members)
+        assert len({tuple(calls) for calls in by_rank.values()}) == 1, f"group {uid} differs across its members"
+    for sidecar, _ in pairs:
+        for recorded in sidecar.collectives:
+            ranks = parse_rank_list(recorded.annotation.pg_ranks)
+            assert ranks is None or sidecar.rank in ranks
+
+
+def test_collectives_end_together_once_clock_offsets_are_removed(scaleset: Path) -> None:
+    offsets = _manifest(scaleset)["clock_offset_us"]
+    assert len(set(offsets)) > 1, "ranks span hosts whose clocks differ"
+    ends: dict[tuple, list[float]] = defaultdict(list)
+    starts: dict[tuple, list[float]] = defaultdict(list)
+    pairs = _load(scaleset)
+    for sidecar, trace in pairs:
+        group_of_node = {
+            (c.exec_graph_id, n.index): cc.annotation.pg_uid for c in sidecar.captures for cc in c.collectives for n in cc.nodes
+        }
+        replay_index: dict[int, int] = {}
+        for e in sorted(trace["traceEvents"], key=lambda e: e.get("ts", 0)):
+            args = e.get("args", {})
+            if e.get("cat") != "kernel" or "nccl" not in e["name"].lower():
+                continue
+            true_start = e["ts"] - offsets[sidecar.rank]
+            if args.get("graph id"):
+                corr = args["correlation"]
+                replay_index.setdefault(corr, len(replay_index))
+                node = (args["graph id"], args["graph node id"] & 0xFFFFFFFF)
+                key = ("graph", group_of_node[node], node, replay_index[corr])
+            else:
+                key = ("eager", args["Process Group Name"], args["Seq"])
+            ends[key].append(true_start + e["dur"])
+            starts[key].append(true_start)
+    assert ends and all(len(v) > 1 for v in ends.values()), "every collective is seen on several ranks"
+    # Timestamps are written with 3 decimals (ns), so allow rounding of a few ns.
+    assert all(max(v) - min(v) < 0.01 for v in ends.values()), "members of one collective end at the same true time"
+    assert any(max(v) - min(v) > 1.0 for v in starts.values()), "arrival skew differs between ranks"
+
+
+def test_node_ids_can_be_written_in_the_full_form(tmp_path: Path) -> None:
+    done = _generate(tmp_path, "--node-id-format", "full")
+    assert done.returncode == 0, done.stderr
+    sidecar, trace = _load(tmp_path)[0]
+    graphed = [e["args"] for e in trace["traceEvents"] if e.get("args", {}).get("graph id")]
+    assert graphed
+    assert all(a["graph node id"] >> 32 == a["graph id"] for a in graphed)
+
+
+def test_unknown_template_is_a_clear_error(tmp_path: Path) -> None:
+    done = _generate(tmp_path / "out", "--template", "no_such_trace.json.gz")
+    assert done.returncode == 2
+    assert "no_such_trace.json.gz" in done.stderr
+    assert not (tmp_path / "out").exists()
