@@ -42,6 +42,7 @@ from commtag.schema import (
     CollectiveAnnotation,
     GraphCapture,
     GraphNodeRecord,
+    GraphReplay,
     ProcessGroupInfo,
     RecordedCollective,
     Sidecar,
@@ -62,6 +63,10 @@ NCCL_VERSION = "2.27.5"
 ID_KEYS = ("External id", "correlation", "Python id", "Python parent id", "Ev Idx")
 GRAPH_STREAM = 4242
 LAUNCHER_TID_OFFSET = 1_000_000
+#: cudaGraphLaunch precedes its first kernel by this much, µs.
+LAUNCH_LEAD_US = 30.0
+#: Replays of each graph before the profiler started (warm-up), so replay indices do not start at 0.
+WARMUP_REPLAYS = 3
 #: Largest arrival skew between members of a collective, µs.
 MAX_JITTER_US = 40.0
 #: Clock error between nodes, µs.
@@ -445,6 +450,16 @@ def plan_set(
     )
 
 
+def _pid(rank: int) -> int:
+    """The rank's process id in its trace (distinct per rank, as real pids are)."""
+    return 100_000 + rank
+
+
+def _launcher_tid(rank: int) -> int:
+    """The thread that launches graph replays (its own thread, so its slices never cross others)."""
+    return _pid(rank) + LAUNCHER_TID_OFFSET
+
+
 def _jitter(seed: int, rank: int, key: int, limit: float) -> float:
     """Deterministic arrival delay of ``rank`` at collective ``key``."""
     return random.Random((seed * 1_000_003 + key) * 65_537 + rank).uniform(0.0, limit)
@@ -455,10 +470,10 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
     tpl = plan.template
     mine = groups_of(rank, plan.groups)
     offset = plan.clock_offset_us[rank]
-    pid = 100_000 + rank
+    pid = _pid(rank)
     device = rank % plan.ranks_per_node
     name = trace_name(rank, plan.ranks_per_node)
-    launcher_tid = pid + LAUNCHER_TID_OFFSET
+    launcher_tid = _launcher_tid(rank)
 
     def remap_pid(p: object) -> object:
         if p == tpl.cpu_pid:
@@ -602,8 +617,18 @@ def _captures(plan: SetPlan, rank: int, mine: dict[str, Group]) -> list[GraphCap
                 CapturedCollective(
                     annotation=ann,
                     nodes=[GraphNodeRecord(index=node, node_type="kernel", kernel_name=_NCCL_KERNEL[op])],
+                    reduce_op=None if op == "_allgather_base" else "sum",
                 )
             )
+        replays = [
+            GraphReplay(
+                index=WARMUP_REPLAYS + k,
+                start_ns=_ns(launch - 4.0 + plan.clock_offset_us[rank]),
+                end_ns=_ns(launch + 12.0 + plan.clock_offset_us[rank]),
+                tid=_launcher_tid(rank),
+            )
+            for k, launch in enumerate(_launch_times(plan, spec.capture_id))
+        ]
         start = _ns(-2_000_000.0 + 50_000.0 * spec.capture_id + plan.clock_offset_us[rank])
         captures.append(
             GraphCapture(
@@ -614,9 +639,15 @@ def _captures(plan: SetPlan, rank: int, mine: dict[str, Group]) -> list[GraphCap
                 end_ns=start + 20_000_000,
                 total_nodes=len(spec.nodes),
                 collectives=collectives,
+                replays=replays,
             )
         )
     return captures
+
+
+def _launch_times(plan: SetPlan, capture_id: int) -> list[float]:
+    """True-time ts (µs) of every cudaGraphLaunch of one graph."""
+    return [when - LAUNCH_LEAD_US for when, g in plan.replay_times if GRAPHS[g].capture_id == capture_id]
 
 
 def _replays(
@@ -627,7 +658,7 @@ def _replays(
     for j, (when, g) in enumerate(plan.replay_times):
         spec = GRAPHS[g]
         corr = corr_base + j
-        launch_ts = round(when + offset - 30.0, 3)
+        launch_ts = round(when + offset - LAUNCH_LEAD_US, 3)
         yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": pid, "tid": launcher_tid,
                "ts": launch_ts, "dur": 8.0, "args": {"External id": corr, "cbid": 311, "correlation": corr}}
         yield {"ph": "s", "id": corr, "pid": pid, "tid": launcher_tid, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"}

@@ -92,9 +92,19 @@ def test_replayed_kernels_carry_node_ids_matching_the_captures(scaleset: Path) -
             graph_ids = {k["args"]["graph id"] for k in kernels.values()}
             assert len(graph_ids) == 1
             by_graph[graph_ids.pop()].append(kernels)
+        launch_ns = {
+            e["args"]["correlation"]: trace["baseTimeNanoseconds"] + round(e["ts"] * 1000)
+            for e in trace["traceEvents"]
+            if e.get("name") == "cudaGraphLaunch"
+        }
         for capture in sidecar.captures:
             launches = by_graph[capture.exec_graph_id]
             assert launches, f"rank {sidecar.rank}: capture {capture.capture_id} is never replayed"
+            assert len(capture.replays) == len(launches), "the replay log lists every replay in the trace"
+            logged = sorted(capture.replays, key=lambda r: r.start_ns)
+            launched = sorted(launch_ns[next(iter(k.values()))["args"]["correlation"]] for k in launches)
+            assert all(r.start_ns <= t <= r.end_ns for r, t in zip(logged, launched))
+            assert [r.index for r in logged] == list(range(logged[0].index, logged[0].index + len(logged)))
             for kernels in launches:
                 assert sorted(kernels) == list(range(capture.total_nodes))
                 for captured in capture.collectives:
