@@ -86,6 +86,11 @@ class CollectiveAnnotation(BaseModel):
     lane_name: str = Field(alias="commtag lane", min_length=1)
     pg_uid: str = Field(alias="commtag pg uid", min_length=1)
     is_p2p: bool = Field(alias="commtag p2p", default=False)
+    #: p2p only: 1-based index of this message among all messages from the same
+    #: source to the same destination in this group. "Seq" (NCCL's p2p counter)
+    #: counts every peer together, so only (pg uid, src, dst, this) pairs a
+    #: send with its recv across ranks.
+    p2p_pair_seq: Optional[int] = Field(alias="commtag p2p pair seq", default=None, ge=1)
     async_op: bool = Field(alias="commtag async", default=False)
     thread: int = Field(alias="commtag thread", default=0)
     #: Set for a collective recorded during CUDA-graph capture.
