@@ -160,7 +160,7 @@ def test_size_mismatch_names_the_rank_and_fields():
     f = _only(analyze(members), "size_mismatch")
     assert f.ranks == (3,) and f.fields == ("In msg nelems", "Out msg nelems") and f.desync
     assert "group pg0" in f.message and "Seq 5" in f.message and "ranks [3]" in f.message
-    assert "(1000, 1000) on ranks [3]" in f.message
+    assert "1048576/1048576 on ranks [0, 1, 2]; 1000/1000 on ranks [3]" in f.message
 
 
 def test_size_mismatch_names_only_the_field_that_differs():

@@ -416,11 +416,10 @@ def _check(m: MatchedCollective) -> list[Finding]:
     checked = [(key, attr) for key, attr, uneven in (
         ("In msg nelems", "in_nelems", _UNEVEN_IN), ("Out msg nelems", "out_nelems", _UNEVEN_OUT),
     ) if op not in uneven]
-    if checked:
-        odd, detail = _odd_ones(insts, lambda i: tuple(getattr(i, attr) for _, attr in checked))
-        if odd:
-            differing = tuple(key for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1)
-            add("size_mismatch", odd, differing, f"({', '.join(k for k, _ in checked)}): {detail}")
+    differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
+    if differing:
+        odd, detail = _odd_ones(insts, lambda i: _show(getattr(i, attr) for _, attr in differing))
+        add("size_mismatch", odd, tuple(key for key, _ in differing), detail)
     n = m.group_size
     for inst in insts:
         if op in _GATHERS and inst.out_nelems != inst.in_nelems * n:
@@ -451,6 +450,11 @@ def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> Non
         if s.in_nelems != r.out_nelems:
             add("size_mismatch", [s.rank, r.rank], ("In msg nelems", "Out msg nelems"),
                 f"rank {s.rank} sends {s.in_nelems} elements, rank {r.rank} receives {r.out_nelems}")
+
+
+def _show(values: Iterable[object]) -> str:
+    """One value as is, several as 'a/b' (In/Out msg nelems)."""
+    return "/".join(str(v) for v in values)
 
 
 def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstance], object]) -> tuple[list[int], str]:

@@ -1,0 +1,232 @@
+"""``commtag summary`` output: tables (text, CSV, JSON) and the skew/bandwidth figure.
+
+Everything here formats an :class:`~commtag.merge.analyze.Analysis`; nothing
+computes a figure of its own, so the report, the JSON and the trace agree.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import orjson
+
+from commtag.kernels import Breakdown
+from commtag.merge.analyze import Analysis, GroupSummary, summarize
+
+#: Version of the JSON report's layout (bump on an incompatible change).
+REPORT_VERSION = 1
+
+#: Findings listed in the text report; the JSON has them all.
+_MAX_FINDINGS = 30
+
+_CSV_COLUMNS = (
+    "pg", "lane", "collective", "count", "bytes", "total_time_us", "skew_p50_us", "skew_max_us",
+    "busbw_p50_gbps", "busbw_p95_gbps", "stragglers", "desyncs",
+)
+
+
+def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int], Breakdown]]] = None) -> bytes:
+    """The machine-readable report: one record per matched instance, the table, the findings."""
+    doc: dict[str, object] = {
+        "kind": "commtag-summary",
+        "version": REPORT_VERSION,
+        "ranks": sorted({r for m in analysis.collectives for r in m.members}),
+        "collectives": [m.to_dict() for m in analysis.collectives],
+        "summary": [row.to_dict() for row in summarize(analysis)],
+        "findings": [f.to_dict() for f in analysis.findings],
+    }
+    if kernels is not None:
+        doc["kernels"] = {
+            scope: [{"rank": r, "id": i, **b.to_dict()} for (r, i), b in sorted(table.items())]
+            for scope, table in kernels.items()
+        }
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def to_csv(analysis: Analysis) -> str:
+    """The per group and op table as CSV (stragglers as 'rank:count' separated by spaces)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=_CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in summarize(analysis):
+        record = row.to_dict()
+        record["stragglers"] = " ".join(f"{r}:{n}" for r, n in sorted(row.stragglers.items()))
+        writer.writerow({k: ("" if record[k] is None else record[k]) for k in _CSV_COLUMNS})
+    return buffer.getvalue()
+
+
+def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int], Breakdown]]] = None) -> str:
+    """Tables for a terminal: one per process group, then findings, then kernel categories."""
+    rows = summarize(analysis)
+    ranks = sorted({r for m in analysis.collectives for r in m.members})
+    lines = [
+        f"{len(analysis.collectives)} collectives on {len(ranks)} ranks, "
+        f"{len({r.pg_uid for r in rows})} process groups, {len(analysis.desyncs)} desyncs"
+    ]
+    header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers")
+    by_group: dict[str, list[GroupSummary]] = {}
+    for row in rows:
+        by_group.setdefault(row.pg_uid, []).append(row)
+    for pg, group_rows in by_group.items():
+        lane = group_rows[0].lane_name
+        lines += ["", f"process group {pg}" + (f" ({lane})" if lane and lane != pg else "")]
+        table = [header] + [
+            (
+                r.collective, str(r.count), _bytes(r.bytes), _time(r.total_time_us), _time(r.skew_p50_us),
+                _time(r.skew_max_us), _bw(r.busbw_p50_gbps), _bw(r.busbw_p95_gbps),
+                ", ".join(f"{rank} ({n}x)" for rank, n in sorted(r.stragglers.items(), key=lambda kv: -kv[1])) or "-",
+            )
+            for r in group_rows
+        ]
+        lines += _align(table)
+    if analysis.findings:
+        shown = analysis.findings[:_MAX_FINDINGS]
+        lines += ["", "findings:"] + [f"  {f.message}" for f in shown]
+        if len(analysis.findings) > len(shown):
+            lines.append(f"  ... and {len(analysis.findings) - len(shown)} more (all of them in --format json)")
+    for scope, table in (kernels or {}).items():
+        if table:
+            lines += ["", f"GPU time by kernel category, per {scope}:"]
+            lines += [f"  rank {r} {scope} {i}: {b.describe()}" for (r, i), b in sorted(table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _align(table: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in table]
+
+
+def _bytes(n: Optional[int]) -> str:
+    if not n:
+        return "-" if n is None else "0"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def _time(us: Optional[float]) -> str:
+    if us is None:
+        return "-"
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us"
+
+
+def _bw(gbps: Optional[float]) -> str:
+    if gbps is None:
+        return "-"
+    return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write next to the target and rename, so a failure never leaves half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot(analysis: Analysis, path: Path) -> None:
+    """The figure: who arrived late to which collective, and what bandwidth each group reached.
+
+    Top: ranks x collectives (time order), coloured by how late each rank
+    arrived (its start minus the first arrival), the late rank of each straggler
+    ringed, desyncs marked in red. Bottom left: busbw of every instance over
+    time, one colour per group. Bottom right: busbw p50 (bar) and p95 (tick)
+    per group and op.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import PowerNorm
+
+    ms = analysis.collectives
+    ranks = sorted({r for m in ms for r in m.members} | {r for m in ms for r in m.missing_ranks})
+    row = {r: i for i, r in enumerate(ranks)}
+    late = np.full((max(len(ranks), 1), max(len(ms), 1)), np.nan)
+    for j, m in enumerate(ms):
+        for r, inst in m.members.items():
+            late[row[r], j] = (inst.start_ns - m.first_start_ns) / 1e6
+    fig = plt.figure(figsize=(13, 8.5), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=(1.25, 1), width_ratios=(1.6, 1))
+    ax = fig.add_subplot(grid[0, :])
+    cmap = matplotlib.colormaps["magma_r"].copy()
+    cmap.set_bad("#e8e8e8")
+    top = np.nanmax(late) if np.isfinite(late).any() else 0.0
+    image = ax.imshow(late, aspect="auto", interpolation="nearest", cmap=cmap, norm=PowerNorm(0.5, 0, max(top, 1e-3)))
+    fig.colorbar(image, ax=ax, label="arrival after the first rank (ms)", pad=0.01)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    step = max(1, math.ceil(len(ms) / 24))
+    ax.set_xticks(range(0, len(ms), step), [_label(m) for m in ms[::step]], rotation=60, ha="right", fontsize=7)
+    for j, m in enumerate(ms):
+        if m.straggler:
+            ax.scatter([j], [row[m.last_rank]], s=90, facecolors="none", edgecolors="#1f77b4", linewidths=1.8)
+        if m.desync:
+            ax.scatter([j], [1.0], marker="v", color="#d62728", s=50, clip_on=False, transform=ax.get_xaxis_transform())
+        for r in m.missing_ranks:
+            ax.text(j, row[r], "x", ha="center", va="center", color="#d62728", fontsize=9, fontweight="bold")
+    worst = max(ms, key=lambda m: m.skew_ns, default=None)
+    title = f"{len(ms)} collectives, {len(ranks)} ranks, {len(analysis.desyncs)} desyncs"
+    if worst is not None and worst.skew_ns > 0:
+        title += (f"; worst skew {worst.skew_ns / 1e6:.2f} ms: rank {worst.last_rank} late to "
+                  f"{worst.collective} Seq {worst.seq} ({worst.lane_name or worst.pg_uid})")
+    ax.set_title(title + "\n(blue ring: straggler, red x: missing rank, red triangle: desync)", fontsize=10)
+    _plot_busbw(fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1]), analysis)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _label(m) -> str:
+    replay = f" r{m.replay}" if m.replay is not None else ""
+    return f"{m.lane_name or m.pg_uid}:{m.collective}#{m.seq}{replay}"
+
+
+def _plot_busbw(ax_time, ax_bars, analysis: Analysis) -> None:
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"]
+    groups = sorted({m.pg_uid for m in analysis.collectives})
+    t0 = min((m.first_start_ns for m in analysis.collectives), default=0)
+    for k, pg in enumerate(groups):
+        pts = [(m.last_start_ns, m.busbw_gbps, m.lane_name) for m in analysis.collectives
+               if m.pg_uid == pg and m.busbw_gbps is not None]
+        if pts:
+            ax_time.plot([(t - t0) / 1e6 for t, _, _ in pts], [b for _, b, _ in pts], "o-", ms=3, lw=0.8,
+                         color=colours(k % 10), label=pts[0][2] or pg)
+    ax_time.set_xlabel("time since the first collective (ms)")
+    ax_time.set_ylabel("busbw (GB/s)")
+    ax_time.set_title("bus bandwidth of each collective", fontsize=10)
+    if ax_time.lines:
+        ax_time.set_yscale("log")
+        ax_time.legend(fontsize=8)
+    rows = [r for r in summarize(analysis) if r.busbw_p50_gbps is not None]
+    labels = [f"{r.lane_name or r.pg_uid}\n{r.collective}" for r in rows]
+    p50 = [r.busbw_p50_gbps for r in rows]
+    p95 = [r.busbw_p95_gbps for r in rows]
+    colour = [colours(groups.index(r.pg_uid) % 10) for r in rows]
+    ax_bars.barh(range(len(rows)), p50, color=colour)
+    ax_bars.scatter(p95, range(len(rows)), marker="|", s=200, color="black", label="p95")
+    ax_bars.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax_bars.invert_yaxis()
+    ax_bars.set_xlabel("busbw p50 (bar) / p95 (tick), GB/s")
+    ax_bars.set_title("per group and op", fontsize=10)
+    if rows:
+        ax_bars.set_xscale("log")
