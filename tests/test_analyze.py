@@ -235,9 +235,12 @@ def test_uneven_all_to_all_is_fine_but_unbalanced_totals_are_not():
 # --- p2p -------------------------------------------------------------------------------------
 
 
-def p2p(rank: int, seq: int, op: str, peer: int, n: int = 64, start_us: float = 0.0, dtype: str = "Float"):
-    key = "Dst Rank" if op == "send" else "Src Rank"
-    return inst(rank, seq, op=op, n_in=n, p2p=True, start_us=start_us, dtype=dtype, args={key: peer})
+def p2p(rank: int, seq: int, op: str, peer: int, n: int = 64, start_us: float = 0.0, dtype: str = "Float",
+        pair_seq: int | None = None):
+    args = {"Dst Rank" if op == "send" else "Src Rank": peer}
+    if pair_seq is not None:
+        args["commtag p2p pair seq"] = pair_seq
+    return inst(rank, seq, op=op, n_in=n, p2p=True, start_us=start_us, dtype=dtype, args=args)
 
 
 def test_p2p_pairs_by_sender_receiver_and_order_not_by_seq():
@@ -251,6 +254,15 @@ def test_p2p_pairs_by_sender_receiver_and_order_not_by_seq():
     pairs = sorted((m.seq, m.ranks) for m in analysis.collectives)
     assert pairs == [(1, (0, 1)), (2, (0, 2)), (3, (0, 1))]
     assert all(m.busbw_gbps == m.algbw_gbps for m in analysis.collectives)
+
+
+def test_p2p_uses_the_recorded_pair_seq():
+    # The window starts after rank 1's first receive: counting would pair send 2 with recv 3.
+    members = [p2p(0, 5, "send", 1, pair_seq=2, n=8), p2p(0, 6, "send", 1, pair_seq=3, n=16),
+               p2p(1, 4, "recv", 0, pair_seq=2, n=8), p2p(1, 5, "recv", 0, pair_seq=3, n=16)]
+    analysis = analyze(members)
+    assert analysis.findings == []
+    assert sorted((m.seq, m.bytes) for m in analysis.collectives) == [(5, 32), (6, 64)]
 
 
 def test_p2p_size_dtype_and_missing_receiver():

@@ -312,8 +312,9 @@ def _group(instances: list[CollectiveInstance]) -> list[list[CollectiveInstance]
             continue
         src, dst = _p2p_ends(inst)
         stream = (inst.pg_uid, inst.replay, src, dst, inst.rank)
-        k = p2p_count[stream]
-        p2p_count[stream] = k + 1
+        p2p_count[stream] += 1
+        pair_seq = inst.args.get("commtag p2p pair seq")
+        k = pair_seq if isinstance(pair_seq, int) else p2p_count[stream]
         groups[("p2p", inst.pg_uid, inst.replay, src, dst, k)].append(inst)
     return list(groups.values())
 
