@@ -1,28 +1,464 @@
-"""CUDA-graph capture bookkeeping (cuda-python is imported lazily).
+"""CUDA-graph capture bookkeeping: which graph nodes each collective created.
+
+At replay a graphed NCCL kernel carries no metadata, so while a graph is
+captured commtag notes, for every collective, the nodes it added to the
+capture graph (set difference of the graph's nodes before and after the
+call), and resolves them when the capture ends: creation index, node type,
+kernel name, and the driver's tools id where it has one (13.1+). Replays
+of the graph are logged (time, thread, replay index) so the merge can tell
+which ``cudaGraphLaunch`` in a trace replayed which capture.
+
+Hooks: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``/``replay`` are
+wrapped by :func:`install` (restored by :func:`uninstall`); every way of
+capturing that torch offers (``torch.cuda.graph``, ``make_graphed_callables``,
+Inductor's CUDA-graph trees) goes through them. While a capture is open,
+collectives that never pass through the Python wrappers are caught at the
+c10d operator level (:mod:`commtag.runtime.c10d_ops`).
 
 The collective wrappers call :func:`before_collective` and
-:func:`after_collective` around every call; both must cost next to nothing
-when no capture is active, and must never raise.
+:func:`after_collective` around every call. With no capture open,
+``before_collective`` is one dict truthiness test. Nothing here raises into
+the caller: without a GPU, a driver or cuda-python, everything is a no-op
+(logged once).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import collections
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
-import torch
+from commtag.runtime.graph_api import GraphAPI, load_cuda_graph_api
+from commtag.schema import (
+    CapturedCollective,
+    CollectiveAnnotation,
+    GraphCapture,
+    GraphNodeRecord,
+    GraphReplay,
+)
 
-from commtag.schema import CollectiveAnnotation
+log = logging.getLogger("commtag.capture")
+
+#: Replays kept per capture (newest win); the sidecar writer keeps those in the profiled window.
+MAX_REPLAYS_PER_CAPTURE = 65536
+
+#: Open captures by CUDA capture sequence id. Module-level so the no-capture
+#: fast path of before_collective is a single truthiness test.
+_open: dict[int, "_OpenCapture"] = {}
+
+_logged: set[str] = set()
+
+
+def _log_once(kind: str, exc: BaseException) -> None:
+    if kind not in _logged:
+        _logged.add(kind)
+        log.warning("commtag: %s failed (%s: %s); collectives are unaffected", kind, type(exc).__name__, exc)
+
+
+@dataclass
+class _PendingCollective:
+    annotation: CollectiveAnnotation
+    #: New nodes, in the order the driver listed them after the call.
+    nodes: list[Any]
+    tid: int
+    reduce_op: Optional[str]
+    source: str
+
+
+@dataclass
+class _OpenCapture:
+    capture_id: int
+    sequence_id: int
+    graph: Any
+    start_ns: int
+    owner_key: int
+    collectives: list[_PendingCollective] = field(default_factory=list)
+    interceptor: Any = None
+
+
+@dataclass
+class CollectiveToken:
+    """What :func:`before_collective` hands the wrapper while a capture is open."""
+
+    capture: _OpenCapture
+    known: set[int]
+    reduce_op: Optional[str] = None
+    source: str = "python"
+
+
+@dataclass
+class _Finished:
+    record: GraphCapture
+    replays: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_REPLAYS_PER_CAPTURE))
+    replay_count: int = 0
+
+
+class CaptureTracker:
+    """Capture bookkeeping over a :class:`GraphAPI`; one per process in production, one per test in tests."""
+
+    def __init__(self, api: GraphAPI, clock: Callable[[], int] = time.time_ns) -> None:
+        self.api = api
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._by_owner: dict[int, _OpenCapture] = {}
+        self._finished: dict[int, _Finished] = {}
+        self._owner_capture: dict[int, int] = {}
+        self._tls = threading.local()
+
+    # ------------------------------------------------------------------ capture lifetime
+
+    def begin_capture(self, owner: object, stream: int) -> Optional[_OpenCapture]:
+        """Register the capture ``owner`` (a CUDAGraph) just began on ``stream``."""
+        info = self.api.capture_info(stream)
+        if info is None:
+            return None
+        sequence_id, graph = info
+        with self._lock:
+            capture = _OpenCapture(self._next_id, sequence_id, graph, self.clock(), id(owner))
+            self._next_id += 1
+            self._by_owner[id(owner)] = capture
+            _open[sequence_id] = capture
+        return capture
+
+    def end_capture(self, owner: object, finish: Callable[[], None], exec_handle: Callable[[], int]) -> Optional[GraphCapture]:
+        """Resolve the capture of ``owner``, run ``finish`` (the real capture_end), then store the record.
+
+        Everything is read from the capture graph before ``finish``: torch
+        destroys it after instantiation unless the graph keeps it.
+        """
+        with self._lock:
+            capture = self._by_owner.pop(id(owner), None)
+            if capture is not None:
+                _open.pop(capture.sequence_id, None)
+        if capture is None:
+            finish()
+            return None
+        try:
+            resolved = self._resolve(capture)
+        except Exception as exc:  # noqa: BLE001 - fail open: capture proceeds, this graph stays unannotated
+            _log_once("resolving a CUDA-graph capture", exc)
+            resolved = None
+        finish()  # exceptions from the real capture_end propagate; the record is dropped with them
+        if resolved is None:
+            return None
+        try:
+            exec_id = self.api.exec_graph_id(exec_handle())
+        except Exception as exc:  # noqa: BLE001
+            _log_once("reading the exec graph id", exc)
+            exec_id = None
+        record = resolved.model_copy(update={"exec_graph_id": exec_id, "end_ns": max(self.clock(), resolved.start_ns)})
+        with self._lock:
+            self._finished[record.capture_id] = _Finished(record)
+            self._owner_capture[id(owner)] = record.capture_id
+        return record
+
+    def abandon(self, owner: object) -> None:
+        """Forget the open capture of ``owner`` (its capture_begin failed or it was reset)."""
+        with self._lock:
+            capture = self._by_owner.pop(id(owner), None)
+            if capture is not None:
+                _open.pop(capture.sequence_id, None)
+
+    def _resolve(self, capture: _OpenCapture) -> GraphCapture:
+        api = self.api
+        final = api.nodes(capture.graph)
+        index_of = {int(node): i for i, node in enumerate(final)}
+        collectives = []
+        for pending in capture.collectives:
+            records = []
+            for node in pending.nodes:
+                index = index_of.get(int(node))
+                if index is None:
+                    continue
+                kind = api.node_type(node)
+                records.append(
+                    GraphNodeRecord(
+                        index=index,
+                        node_type=kind,
+                        kernel_name=api.kernel_name(node) if kind == "kernel" else "",
+                        tools_id=api.tools_id(node),
+                        local_id=api.local_id(node),
+                    )
+                )
+            annotation = pending.annotation.model_copy(update={"capture_id": capture.capture_id, "replay": None})
+            collectives.append(
+                CapturedCollective(
+                    annotation=annotation,
+                    nodes=records,
+                    tid=pending.tid,
+                    reduce_op=pending.reduce_op,
+                    source=pending.source,
+                )
+            )
+        return GraphCapture(
+            capture_id=capture.capture_id,
+            graph_id=api.graph_id(capture.graph),
+            start_ns=capture.start_ns,
+            end_ns=capture.start_ns,
+            total_nodes=len(final),
+            collectives=collectives,
+        )
+
+    # ------------------------------------------------------------------ collectives
+
+    def begin_collective(self, stream: int, source: str = "python") -> Optional[CollectiveToken]:
+        """Snapshot the graph ``stream`` captures into, or None when it captures nothing we track."""
+        info = self.api.capture_info(stream)
+        if info is None:
+            return None
+        capture = _open.get(info[0])
+        if capture is None:
+            return None
+        return CollectiveToken(capture, {int(node) for node in self.api.nodes(capture.graph)}, source=source)
+
+    def end_collective(self, token: CollectiveToken, annotation: CollectiveAnnotation) -> None:
+        """Keep the nodes added since ``token`` was taken, with the collective's annotation."""
+        capture = token.capture
+        if _open.get(capture.sequence_id) is not capture:
+            return  # the capture ended (or failed) in between
+        added = [node for node in self.api.nodes(capture.graph) if int(node) not in token.known]
+        capture.collectives.append(
+            _PendingCollective(annotation, added, threading.get_native_id(), token.reduce_op, token.source)
+        )
+
+    # ------------------------------------------------------------------ wrapper nesting (read by c10d_ops)
+
+    @property
+    def wrapper_token(self) -> Optional[CollectiveToken]:
+        """The token of a Python wrapper running on this thread, if any."""
+        return getattr(self._tls, "token", None)
+
+    def set_wrapper_token(self, token: Optional[CollectiveToken]) -> None:
+        self._tls.token = token
+
+    # ------------------------------------------------------------------ replays and results
+
+    def record_replay(self, owner: object, start_ns: int, end_ns: int, tid: int) -> None:
+        """Log one replay of ``owner``'s graph (index = replays since its capture)."""
+        capture_id = self._owner_capture.get(id(owner))
+        if capture_id is None:
+            return
+        finished = self._finished[capture_id]
+        finished.replays.append(GraphReplay(index=finished.replay_count, start_ns=start_ns, end_ns=end_ns, tid=tid))
+        finished.replay_count += 1
+
+    def forget_owner(self, owner: object) -> None:
+        """``owner`` was reset: its next replays belong to whatever it captures next."""
+        with self._lock:
+            self._owner_capture.pop(id(owner), None)
+
+    def captures(self, since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> list[GraphCapture]:
+        """Every finished capture, with its replays that overlap [since_ns, until_ns]."""
+        with self._lock:
+            finished = list(self._finished.values())
+        result = []
+        for item in finished:
+            replays = [
+                r
+                for r in list(item.replays)
+                if (since_ns is None or r.end_ns >= since_ns) and (until_ns is None or r.start_ns <= until_ns)
+            ]
+            result.append(item.record.model_copy(update={"replays": replays}))
+        return result
+
+
+# ---------------------------------------------------------------------- process-wide hooks
+
+_tracker: Optional[CaptureTracker] = None
+_tracker_loaded = False
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+def _get_tracker() -> Optional[CaptureTracker]:
+    """The process's tracker, created on first capture (so install never touches CUDA)."""
+    global _tracker, _tracker_loaded
+    if not _tracker_loaded:
+        _tracker_loaded = True
+        api = load_cuda_graph_api()
+        if api is not None:
+            _tracker = CaptureTracker(api)
+    return _tracker
+
+
+def use_tracker(tracker: Optional[CaptureTracker]) -> None:
+    """Replace the process's tracker (tests inject one over a fake graph API)."""
+    global _tracker, _tracker_loaded
+    _tracker, _tracker_loaded = tracker, True
+
+
+def _current_stream() -> int:
+    import torch
+
+    return int(torch.cuda.current_stream().cuda_stream)
 
 
 def capture_active() -> bool:
-    """True while the current CUDA stream is being captured into a graph."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """True while a capture commtag tracks is open in this process."""
+    return bool(_open)
 
 
-def before_collective() -> Optional[object]:
-    """Snapshot the capture graph before a collective; None when not capturing."""
-    return None
+def before_collective() -> Optional[CollectiveToken]:
+    """Snapshot the capture graph before a collective; None when not capturing.
+
+    The wrapper must pass the result to :func:`after_collective`. A non-None
+    token means the call is being captured, not executed.
+    """
+    if not _open:
+        return None
+    tracker = _tracker
+    if tracker is None:
+        return None
+    try:
+        token = tracker.begin_collective(_current_stream())
+    except Exception as exc:  # noqa: BLE001
+        _log_once("snapshotting a capture graph", exc)
+        return None
+    if token is not None:
+        tracker.set_wrapper_token(token)
+    return token
 
 
-def after_collective(token: Optional[object], annotation: CollectiveAnnotation) -> None:
+def after_collective(token: Optional[CollectiveToken], annotation: CollectiveAnnotation) -> None:
     """Record the graph nodes the collective added since :func:`before_collective`."""
+    if token is None:
+        return
+    tracker = _tracker
+    if tracker is None:
+        return
+    tracker.set_wrapper_token(None)
+    try:
+        tracker.end_collective(token, annotation)
+    except Exception as exc:  # noqa: BLE001
+        _log_once("recording a captured collective", exc)
+
+
+def captures_snapshot(since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> list[GraphCapture]:
+    """The rank's captures for its sidecar, with the replays inside the profiled window."""
+    tracker = _tracker
+    if tracker is None:
+        return []
+    try:
+        return tracker.captures(since_ns, until_ns)
+    except Exception as exc:  # noqa: BLE001
+        _log_once("listing CUDA-graph captures", exc)
+        return []
+
+
+def _wrapped_capture_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            tracker = _get_tracker()
+            if tracker is not None:
+                tracker.forget_owner(self)
+                capture = tracker.begin_capture(self, _current_stream())
+                if capture is not None:
+                    from commtag.runtime import c10d_ops
+
+                    capture.interceptor = c10d_ops.activate(_TrackerSink(tracker))
+        except Exception as exc:  # noqa: BLE001
+            _log_once("starting capture bookkeeping", exc)
+        return result
+
+    return capture_begin
+
+
+def _wrapped_capture_end(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = _tracker
+        capture = tracker._by_owner.get(id(self)) if tracker is not None else None
+        if capture is None:
+            return original(self, *args, **kwargs)
+        if capture.interceptor is not None:
+            from commtag.runtime import c10d_ops
+
+            c10d_ops.deactivate(capture.interceptor)
+        results: list[Any] = []
+        tracker.end_capture(
+            self,
+            lambda: results.append(original(self, *args, **kwargs)),
+            lambda: _exec_handle(self),
+        )
+        return results[0] if results else None
+
+    return capture_end
+
+
+def _wrapped_replay(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = _tracker
+        if tracker is None or id(self) not in tracker._owner_capture:
+            return original(self, *args, **kwargs)
+        start = time.time_ns()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())
+            except Exception as exc:  # noqa: BLE001
+                _log_once("logging a graph replay", exc)
+
+    return replay
+
+
+def _exec_handle(graph: Any) -> int:
+    getter = getattr(graph, "raw_cuda_graph_exec", None)
+    return int(getter()) if getter is not None else 0
+
+
+class _TrackerSink:
+    """Connects operator-level interception to the tracker (see c10d_ops.OpSink)."""
+
+    def __init__(self, tracker: CaptureTracker) -> None:
+        self.tracker = tracker
+
+    def wrapper_token(self) -> Optional[CollectiveToken]:
+        return self.tracker.wrapper_token
+
+    def begin(self) -> Optional[CollectiveToken]:
+        return self.tracker.begin_collective(_current_stream(), source="c10d-op")
+
+    def end(self, token: CollectiveToken, annotation: CollectiveAnnotation, reduce_op: Optional[str]) -> None:
+        token.reduce_op = reduce_op
+        self.tracker.end_collective(token, annotation)
+
+
+def install() -> None:
+    """Wrap CUDAGraph.capture_begin/capture_end/replay (idempotent; touches no CUDA state)."""
+    if _originals:
+        return
+    try:
+        from torch.cuda.graphs import CUDAGraph
+    except Exception as exc:  # noqa: BLE001
+        _log_once("hooking torch.cuda.CUDAGraph", exc)
+        return
+    for name, wrap in (("capture_begin", _wrapped_capture_begin), ("capture_end", _wrapped_capture_end), ("replay", _wrapped_replay)):
+        own = CUDAGraph.__dict__.get(name)
+        _originals[name] = own
+        setattr(CUDAGraph, name, wrap(own if own is not None else getattr(CUDAGraph, name)))
+
+
+def uninstall() -> None:
+    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed)."""
+    if not _originals:
+        return
+    from torch.cuda.graphs import CUDAGraph
+
+    for name, own in _originals.items():
+        if own is None:
+            delattr(CUDAGraph, name)
+        else:
+            setattr(CUDAGraph, name, own)
+    _originals.clear()
+
+
+def is_installed() -> bool:
+    return bool(_originals)

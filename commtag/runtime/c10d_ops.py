@@ -1,0 +1,365 @@
+"""Operator-level interception of c10d collectives, only while a graph is captured.
+
+Functional collectives (DTensor, torch.compile) and DDP's C++ reducer call
+the ``c10d`` / ``_c10d_functional`` operators from C++ and never pass
+through the patched ``torch.distributed`` functions. While a capture is
+open, :func:`activate` pushes a dispatch mode that sees every such operator
+call, describes it the way the eager NCCL profiler would, and hands it to
+a sink (the capture tracker) with the graph nodes it created. Eager runs
+and replays never have the mode pushed, so they pay nothing.
+
+A call made from inside a patched Python function is left to that wrapper
+(it already records the call); the mode only adds the reduction op to the
+wrapper's record, which the wrapper does not know in operator form.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from commtag.schema import CollectiveAnnotation
+
+log = logging.getLogger("commtag.capture")
+
+_NAMESPACES = frozenset({"c10d", "_c10d_functional"})
+
+#: torch dtype -> c10 ScalarType name, as the profiler prints it.
+_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
+    torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bool: "Bool",
+    torch.bfloat16: "BFloat16", torch.complex32: "ComplexHalf", torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble", torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
+}
+for _name, _c10 in (
+    ("float8_e5m2", "Float8_e5m2"), ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
+    ("float8_e4m3fnuz", "Float8_e4m3fnuz"), ("float8_e8m0fnu", "Float8_e8m0fnu"),
+):
+    if hasattr(torch, _name):
+        _DTYPE_NAMES[getattr(torch, _name)] = _c10
+_REAL_OF_COMPLEX = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """One c10d operator call in eager-profiler terms (before group identity is added)."""
+
+    collective: str
+    in_nelems: int
+    out_nelems: int
+    dtype: str
+    group: Any
+    #: "own" (this rank's group rank) or "root" (``root`` is the group rank recorded as "Rank").
+    rank_kind: str = "own"
+    root: int = 0
+    in_splits: tuple[int, ...] = ()
+    out_splits: tuple[int, ...] = ()
+    reduce_op: Optional[str] = None
+    async_op: bool = False
+
+
+def _dtype(tensor: torch.Tensor) -> tuple[str, int]:
+    """(c10 name, element factor): complex tensors count as their real view, like the profiler."""
+    name = _DTYPE_NAMES.get(tensor.dtype, "Undefined")
+    if name in _REAL_OF_COMPLEX:
+        return _REAL_OF_COMPLEX[name], 2
+    return name, 1
+
+
+def _numel(tensors: Any) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * _dtype(tensors)[1]
+    return sum(_numel(t) for t in tensors)
+
+
+def _first(tensors: Any) -> torch.Tensor:
+    while not isinstance(tensors, torch.Tensor):
+        tensors = tensors[0]
+    return tensors
+
+
+def _group(value: Any) -> Any:
+    """A ProcessGroup from what an operator carries: a ScriptObject, a group name, or the group."""
+    if isinstance(value, torch.ScriptObject):
+        return dist.ProcessGroup.unbox(value)
+    if isinstance(value, str):
+        return dist.distributed_c10d._resolve_process_group(value)
+    return value
+
+
+def _reduce_name(value: Any) -> Optional[str]:
+    """"sum", "avg", ... from a ReduceOp ScriptObject, a ReduceOp, or funcol's string."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.lower()
+    if isinstance(value, torch.ScriptObject):
+        value = value.op()
+    if isinstance(value, dist.ReduceOp):
+        value = value.op
+    try:
+        return dist.ReduceOp.RedOpType(int(value)).name.lower()
+    except (TypeError, ValueError):
+        return None
+
+
+def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Arguments by schema name, defaults filled in."""
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args):
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _same(name: str, tensors_key: str, *, reduce: bool = False, root_key: Optional[str] = None) -> Callable[[dict], OpCall]:
+    """Ops whose input and output are the same tensors (allreduce, broadcast, reduce)."""
+
+    def describe(a: dict) -> OpCall:
+        tensors = a[tensors_key]
+        n = _numel(tensors)
+        return OpCall(
+            name, n, n, _dtype(_first(tensors))[0], _group(a.get("process_group", a.get("group_name"))),
+            rank_kind="root" if root_key else "own", root=int(a[root_key]) if root_key else 0,
+            reduce_op=_reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
+        )
+
+    return describe
+
+
+def _io(name: str, in_key: str, out_key: Optional[str], dtype_of: str, *, reduce: bool = False, gather: int = 0) -> Callable[[dict], OpCall]:
+    """Ops with distinct input and output. ``gather``: +1 output = input x size, -1 output = input / size."""
+
+    def describe(a: dict) -> OpCall:
+        group = _group(a.get("process_group", a.get("group_name")))
+        size = int(a.get("group_size") or group.size())
+        n_in = _numel(a[in_key])
+        if out_key is not None:
+            n_out = _numel(a[out_key])
+        else:
+            n_out = n_in * size if gather > 0 else n_in // size
+        source = a[in_key] if dtype_of == "input" or out_key is None else a[out_key]
+        return OpCall(
+            name, n_in, n_out, _dtype(_first(source))[0], group,
+            reduce_op=_reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
+        )
+
+    return describe
+
+
+def _alltoall_base(a: dict) -> OpCall:
+    out, inp = a["output"], a["input"]
+    return OpCall("all_to_allv", _numel(inp), _numel(out), _dtype(inp)[0], _group(a["process_group"]),
+                  in_splits=tuple(a.get("input_split_sizes") or ()), out_splits=tuple(a.get("output_split_sizes") or ()),
+                  async_op=bool(a.get("async_op", False)))
+
+
+def _alltoall_single_functional(a: dict) -> OpCall:
+    inp = a["input"]
+    out_splits = tuple(int(s) for s in a["output_split_sizes"])
+    in_splits = tuple(int(s) for s in a["input_split_sizes"])
+    row = inp[0].numel() if inp.dim() and inp.shape[0] else 0
+    n_out = sum(out_splits) * row if out_splits else inp.numel()
+    return OpCall("all_to_allv", inp.numel(), n_out, _dtype(inp)[0], _group(a["group_name"]),
+                  in_splits=in_splits, out_splits=out_splits)
+
+
+def _alltoall(a: dict) -> OpCall:
+    ins, outs = a["input_tensors"], a["output_tensors"]
+    return OpCall("all_to_all", _numel(ins), _numel(outs), _dtype(_first(ins))[0], _group(a["process_group"]),
+                  in_splits=tuple(t.numel() for t in ins), out_splits=tuple(t.numel() for t in outs),
+                  async_op=bool(a.get("async_op", False)))
+
+
+def _rooted(name: str, in_key: str, out_key: str, dtype_of: str, gather: bool) -> Callable[[dict], OpCall]:
+    def describe(a: dict) -> OpCall:
+        group = _group(a["process_group"])
+        size = group.size()
+        small = a[in_key] if gather else a[out_key]
+        n = _numel(small)
+        n_in, n_out = (n, n * size) if gather else (n * size, n)
+        source = a[in_key] if dtype_of == "input" else a[out_key]
+        return OpCall(name, n_in, n_out, _dtype(_first(source))[0], group, rank_kind="root",
+                      root=int(a["root_rank"]), async_op=bool(a.get("async_op", False)))
+
+    return describe
+
+
+def _barrier(a: dict) -> OpCall:
+    return OpCall("barrier", 0, 0, "Byte", _group(a["process_group"]), async_op=bool(a.get("async_op", False)))
+
+
+#: (namespace, op name without overload) -> how to describe a call. p2p ops are not
+#: intercepted: a p2p capture is always issued through the patched Python functions.
+_TABLE: dict[tuple[str, str], Callable[[dict], OpCall]] = {
+    ("c10d", "allreduce_"): _same("allreduce", "tensors", reduce=True),
+    ("c10d", "allreduce_coalesced_"): _same("allreduce_coalesced", "tensors", reduce=True),
+    ("c10d", "broadcast_"): _same("broadcast", "tensors", root_key="root_rank"),
+    ("c10d", "reduce_"): _same("reduce", "tensors", reduce=True, root_key="root_rank"),
+    ("c10d", "allgather_"): _io("all_gather", "input_tensors", "output_tensors", "input"),
+    ("c10d", "_allgather_base_"): _io("_allgather_base", "input_tensor", "output_tensor", "output"),
+    ("c10d", "allgather_into_tensor_coalesced_"): _io("allgather_into_tensor_coalesced", "inputs", "outputs", "output"),
+    ("c10d", "allgather_coalesced_"): _io("allgather_coalesced", "input_list", "output_lists", "input"),
+    ("c10d", "reduce_scatter_"): _io("reduce_scatter", "input_tensors", "output_tensors", "output", reduce=True),
+    ("c10d", "_reduce_scatter_base_"): _io("_reduce_scatter_base", "input_tensor", "output_tensor", "output", reduce=True),
+    ("c10d", "reduce_scatter_tensor_coalesced_"): _io("reduce_scatter_tensor_coalesced", "inputs", "outputs", "output", reduce=True),
+    ("c10d", "alltoall_base_"): _alltoall_base,
+    ("c10d", "alltoall_"): _alltoall,
+    ("c10d", "gather_"): _rooted("gather", "input_tensors", "output_tensors", "input", gather=True),
+    ("c10d", "scatter_"): _rooted("scatter", "input_tensors", "output_tensors", "output", gather=False),
+    ("c10d", "barrier"): _barrier,
+    ("_c10d_functional", "all_reduce"): _same("allreduce", "input", reduce=True),
+    ("_c10d_functional", "all_reduce_"): _same("allreduce", "input", reduce=True),
+    ("_c10d_functional", "all_reduce_coalesced"): _same("allreduce_coalesced", "inputs", reduce=True),
+    ("_c10d_functional", "all_reduce_coalesced_"): _same("allreduce_coalesced", "inputs", reduce=True),
+    ("_c10d_functional", "all_gather_into_tensor"): _io("_allgather_base", "input", None, "input", gather=1),
+    ("_c10d_functional", "all_gather_into_tensor_out"): _io("_allgather_base", "input", "out", "output"),
+    ("_c10d_functional", "all_gather_into_tensor_coalesced"): _io("allgather_into_tensor_coalesced", "inputs", None, "input", gather=1),
+    ("_c10d_functional", "reduce_scatter_tensor"): _io("_reduce_scatter_base", "input", None, "input", reduce=True, gather=-1),
+    ("_c10d_functional", "reduce_scatter_tensor_out"): _io("_reduce_scatter_base", "input", "out", "output", reduce=True),
+    ("_c10d_functional", "reduce_scatter_tensor_coalesced"): _io("reduce_scatter_tensor_coalesced", "inputs", None, "input", reduce=True, gather=-1),
+    ("_c10d_functional", "all_to_all_single"): _alltoall_single_functional,
+    ("_c10d_functional", "broadcast"): _same("broadcast", "input", root_key="src"),
+    ("_c10d_functional", "broadcast_"): _same("broadcast", "input", root_key="src"),
+}
+
+
+def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[OpCall]:
+    """The eager-profiler description of a c10d operator call, or None for ops commtag does not annotate."""
+    describe = _TABLE.get((func.namespace, func._opname))
+    if describe is None:
+        return None
+    return describe(_bind(func, args, kwargs))
+
+
+def annotate(call: OpCall) -> CollectiveAnnotation:
+    """Add the group's identity, lane and Seq (this consumes a Seq number: call once, before the op runs)."""
+    from commtag.runtime import groups
+    from commtag.runtime.groups import format_list
+
+    state = groups.state_for(call.group)
+    return CollectiveAnnotation(
+        collective_name=call.collective,
+        in_msg_nelems=call.in_nelems,
+        out_msg_nelems=call.out_nelems,
+        group_size=state.size,
+        dtype=call.dtype,
+        in_split_size=format_list(list(call.in_splits)),
+        out_split_size=format_list(list(call.out_splits)),
+        global_rank_start=state.global_rank_start,
+        global_rank_stride=state.global_rank_stride,
+        pg_name=state.name,
+        pg_desc=state.desc,
+        pg_ranks=state.ranks_text,
+        rank=call.root if call.rank_kind == "root" else state.group_rank,
+        seq=state.next_collective_seq(),
+        lane_id=state.lane_id,
+        lane_name=state.lane_name,
+        pg_uid=state.uid,
+        async_op=call.async_op,
+        thread=threading.get_native_id(),
+    )
+
+
+class OpSink(Protocol):
+    """Where intercepted calls go (the capture tracker in production, a list in tests)."""
+
+    def wrapper_token(self) -> Optional[Any]:
+        """The record of a patched Python function running on this thread, if any."""
+
+    def begin(self) -> Optional[Any]:
+        """Called before the operator runs; returns a token (None: do not record)."""
+
+    def end(self, token: Any, annotation: CollectiveAnnotation, reduce_op: Optional[str]) -> None:
+        """Called after the operator ran."""
+
+
+_logged: set[str] = set()
+
+
+def _log_once(kind: str, exc: BaseException) -> None:
+    if kind not in _logged:
+        _logged.add(kind)
+        log.warning("commtag: %s failed (%s: %s); the collective is unaffected", kind, type(exc).__name__, exc)
+
+
+class _CaptureOpMode(TorchDispatchMode):
+    """Sees c10d operators; passes every other operator straight through."""
+
+    def __init__(self, sink: OpSink) -> None:
+        super().__init__()
+        self.sink = sink
+        self.enabled = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile trace as if the mode were absent; it is re-enabled for the compiled code's run.
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if not self.enabled or func.namespace not in _NAMESPACES:
+            return func(*args, **kwargs)
+        try:
+            call = describe_call(func, args, kwargs)
+            if call is None:
+                return func(*args, **kwargs)
+            outer = self.sink.wrapper_token()
+            if outer is not None:
+                if call.reduce_op is not None and getattr(outer, "reduce_op", None) is None:
+                    outer.reduce_op = call.reduce_op
+                return func(*args, **kwargs)
+            annotation = annotate(call)
+            token = self.sink.begin()
+        except Exception as exc:  # noqa: BLE001 - fail open: run the op as if commtag were absent
+            _log_once(f"describing {func}", exc)
+            return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if token is not None:
+            try:
+                self.sink.end(token, annotation, call.reduce_op)
+            except Exception as exc:  # noqa: BLE001
+                _log_once(f"recording {func}", exc)
+        return result
+
+
+def activate(sink: OpSink) -> Optional[_CaptureOpMode]:
+    """Push the interception mode on this thread's dispatch stack; None if that failed."""
+    try:
+        mode = _CaptureOpMode(sink)
+        mode.__enter__()
+        return mode
+    except Exception as exc:  # noqa: BLE001
+        _log_once("activating c10d operator interception", exc)
+        return None
+
+
+def deactivate(mode: Optional[_CaptureOpMode]) -> None:
+    """Pop ``mode``; if something else was pushed above it and left there, just disable it."""
+    if mode is None:
+        return
+    mode.enabled = False
+    try:
+        if _get_current_dispatch_mode() is mode:
+            mode.__exit__(None, None, None)
+        else:
+            log.warning("commtag: another dispatch mode sits above commtag's; leaving an inert one on the stack")
+    except Exception as exc:  # noqa: BLE001
+        _log_once("deactivating c10d operator interception", exc)
+
+
+def is_active() -> bool:
+    """True when an enabled commtag interception mode is on this thread's dispatch stack."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(isinstance(m, _CaptureOpMode) and m.enabled for m in _get_current_dispatch_mode_stack())
