@@ -15,3 +15,6 @@ if ! "$py" -c "import torch" 2>/dev/null; then
 fi
 torch_version=$("$py" -c "import torch; print(torch.__version__.split('+')[0])")
 "$py" -m pip install -q -e ".[test]" "torch==${torch_version}"
+# HTA (a real consumer of our per-rank JSON in the tests): its own requirements pull
+# jupyterlab, so it comes without them; its runtime imports are in the test extra.
+"$py" -m pip install -q --no-deps "HolisticTraceAnalysis==0.5.0"
