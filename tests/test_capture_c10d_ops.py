@@ -1,0 +1,129 @@
+"""Operator-level interception of c10d collectives, on a real 2-rank gloo world.
+
+No GPU can capture here, so the tests push the interception exactly as the
+capture_begin hook does ("capture active"), and check that functional
+collectives and DDP's C++ reducer -- which never call the torch.distributed
+Python functions -- come out annotated with the eager profiler's keys, on
+two process groups; and that nothing is intercepted while it is inactive.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gloo_world import run_world
+
+
+class _ListSink:
+    """Keeps what the interception hands over, as the capture tracker would."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[dict[str, Any], Optional[str]]] = []
+        self.outer: Any = None
+
+    def wrapper_token(self) -> Any:
+        return self.outer
+
+    def begin(self) -> object:
+        return object()
+
+    def end(self, token: object, annotation: Any, reduce_op: Optional[str]) -> None:
+        self.records.append((annotation.eager_dict(), reduce_op))
+
+
+def _funcol_body(rank: int, world_size: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from commtag.runtime import c10d_ops
+
+    sub = dist.new_group([0, 1], group_desc="tp")
+    sink = _ListSink()
+    mode = c10d_ops.activate(sink)
+    try:
+        x = torch.arange(6, dtype=torch.float32) + rank
+        reduced = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        gathered = funcol.all_gather_tensor(x.to(torch.bfloat16), 0, sub)
+        scattered = funcol.reduce_scatter_tensor(torch.ones(8), "sum", 0, dist.group.WORLD)
+        values = (reduced + 0).tolist(), (gathered + 0).float().tolist(), (scattered + 0).tolist()
+        stack_while_active = c10d_ops.is_active()
+    finally:
+        c10d_ops.deactivate(mode)
+    intercepted = list(sink.records)
+    # Inactive: the same calls are not seen, and no mode is left on the stack.
+    funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).wait()
+    return {
+        "records": intercepted,
+        "after": len(sink.records),
+        "values": values,
+        "active": stack_while_active,
+        "inactive": not c10d_ops.is_active() and torch._C._len_torch_dispatch_stack() == 0,
+    }
+
+
+def test_functional_collectives_are_annotated_with_eager_keys_while_active() -> None:
+    results = run_world(_funcol_body, 2)
+    for rank, res in enumerate(results):
+        assert res["active"] and res["inactive"]
+        assert res["after"] == 3, "a call made while inactive was intercepted"
+        # The collectives ran correctly under interception.
+        assert res["values"][0] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+        assert res["values"][1] == [0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 6]
+        assert res["values"][2] == [2.0] * 4
+        (ar, ar_op), (ag, ag_op), (rs, rs_op) = res["records"]
+        assert (ar["Collective name"], ar["In msg nelems"], ar["Out msg nelems"], ar["dtype"], ar_op) == (
+            "allreduce", 6, 6, "Float", "sum")
+        assert (ag["Collective name"], ag["In msg nelems"], ag["Out msg nelems"], ag["dtype"], ag_op) == (
+            "_allgather_base", 6, 12, "BFloat16", None)
+        assert (rs["Collective name"], rs["In msg nelems"], rs["Out msg nelems"], rs["dtype"], rs_op) == (
+            "_reduce_scatter_base", 8, 4, "Float", "sum")
+        for record in (ar, ag, rs):
+            assert record["Group size"] == 2 and record["Rank"] == rank
+            assert record["Process Group Ranks"] == "[0, 1]"
+            assert record["In split size"] == "[]" and record["Out split size"] == "[]"
+        assert (ar["Process Group Description"], ag["Process Group Description"]) == ("default_pg", "tp")
+        assert ar["Process Group Name"] != ag["Process Group Name"]
+        assert ar["commtag pg uid"] != ag["commtag pg uid"] and ar["commtag lane id"] != ag["commtag lane id"]
+        # Seq counts per group: the world's two collectives are 1 and 2, the subgroup's first is 1.
+        assert (ar["Seq"], rs["Seq"], ag["Seq"]) == (1, 2, 1)
+    # The cross-rank key is the same on both ranks for each collective.
+    keys = [[(r["commtag pg uid"], r["Seq"]) for r, _ in res["records"]] for res in results]
+    assert keys[0] == keys[1]
+
+
+def _ddp_body(rank: int, world_size: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from commtag.runtime import c10d_ops
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
+    sink = _ListSink()
+    mode = c10d_ops.activate(sink)
+    try:
+        model(torch.ones(2, 4) * (rank + 1)).sum().backward()
+    finally:
+        c10d_ops.deactivate(mode)
+    # A wrapper already recording the call: the op only lends it its reduction op.
+    sink.outer = type("Token", (), {"reduce_op": None})()
+    mode = c10d_ops.activate(sink)
+    try:
+        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
+    finally:
+        c10d_ops.deactivate(mode)
+    return {"records": sink.records, "outer_op": sink.outer.reduce_op,
+            "grad": model.module.weight.grad.tolist()}
+
+
+def test_ddp_reducer_allreduce_is_intercepted_and_wrapped_calls_are_left_to_the_wrapper() -> None:
+    results = run_world(_ddp_body, 2)
+    for rank, res in enumerate(results):
+        (bucket, op), = res["records"]  # the reducer's one bucket; the wrapped all_reduce is not recorded again
+        assert bucket["Collective name"] == "allreduce" and op == "sum"
+        assert bucket["In msg nelems"] == 4 * 3 + 3 and bucket["dtype"] == "Float"
+        assert bucket["Rank"] == rank and bucket["Process Group Description"] == "default_pg"
+        assert res["outer_op"] == "max"
+    # DDP averaged the gradients: both ranks hold the same values.
+    assert results[0]["grad"] == results[1]["grad"]
