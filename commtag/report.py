@@ -75,7 +75,7 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         by_group.setdefault(row.pg_uid, []).append(row)
     for pg, group_rows in by_group.items():
         lane = group_rows[0].lane_name
-        lines += ["", f"process group {pg}" + (f" ({lane})" if lane and lane != pg else "")]
+        lines += ["", f"{lane or pg}  (uid {pg})"]
         table = [header] + [
             (
                 r.collective, str(r.count), _bytes(r.bytes), _time(r.total_time_us), _time(r.skew_p50_us),
@@ -178,7 +178,7 @@ def plot(analysis: Analysis, path: Path) -> None:
     ax.set_xticks(range(0, len(ms), step), [_label(m) for m in ms[::step]], rotation=60, ha="right", fontsize=7)
     for j, m in enumerate(ms):
         if m.straggler:
-            ax.scatter([j], [row[m.last_rank]], s=90, facecolors="none", edgecolors="#1f77b4", linewidths=1.8)
+            ax.scatter([j], [row[m.last_rank]], s=110, facecolors="none", edgecolors="#00a2ff", linewidths=2.2)
         if m.desync:
             ax.scatter([j], [1.0], marker="v", color="#d62728", s=50, clip_on=False, transform=ax.get_xaxis_transform())
         for r in m.missing_ranks:
@@ -194,39 +194,47 @@ def plot(analysis: Analysis, path: Path) -> None:
     plt.close(fig)
 
 
+def _short(lane: str) -> str:
+    """A lane name without its rank list: 'PG 1 (pair01) [0, 1]' -> 'PG 1 (pair01)'."""
+    return lane.split(" [")[0]
+
+
 def _label(m) -> str:
     replay = f" r{m.replay}" if m.replay is not None else ""
-    return f"{m.lane_name or m.pg_uid}:{m.collective}#{m.seq}{replay}"
+    return f"{_short(m.lane_name or m.pg_uid)} {m.collective} #{m.seq}{replay}"
 
 
 def _plot_busbw(ax_time, ax_bars, analysis: Analysis) -> None:
     import matplotlib
+    from matplotlib.ticker import NullFormatter
 
     colours = matplotlib.colormaps["tab10"]
     groups = sorted({m.pg_uid for m in analysis.collectives})
-    t0 = min((m.first_start_ns for m in analysis.collectives), default=0)
+    measured = [m for m in analysis.collectives if m.busbw_gbps is not None]
+    # gloo on one host moves MB/s, NVLink hundreds of GB/s: pick the unit that reads.
+    scale, unit = (1.0, "GB/s") if max((m.busbw_gbps for m in measured), default=0) >= 1 else (1e3, "MB/s")
+    t0 = min((m.last_start_ns for m in measured), default=0)
     for k, pg in enumerate(groups):
-        pts = [(m.last_start_ns, m.busbw_gbps, m.lane_name) for m in analysis.collectives
-               if m.pg_uid == pg and m.busbw_gbps is not None]
+        pts = [m for m in measured if m.pg_uid == pg]
         if pts:
-            ax_time.plot([(t - t0) / 1e6 for t, _, _ in pts], [b for _, b, _ in pts], "o-", ms=3, lw=0.8,
-                         color=colours(k % 10), label=pts[0][2] or pg)
-    ax_time.set_xlabel("time since the first collective (ms)")
-    ax_time.set_ylabel("busbw (GB/s)")
+            ax_time.plot([(m.last_start_ns - t0) / 1e6 for m in pts], [m.busbw_gbps * scale for m in pts], "o-",
+                         ms=3, lw=0.8, color=colours(k % 10), label=_short(pts[0].lane_name or pg))
+    ax_time.set_xlabel("time since the first measured collective (ms)")
+    ax_time.set_ylabel(f"busbw ({unit})")
     ax_time.set_title("bus bandwidth of each collective", fontsize=10)
     if ax_time.lines:
         ax_time.set_yscale("log")
+        ax_time.yaxis.set_minor_formatter(NullFormatter())
         ax_time.legend(fontsize=8)
     rows = [r for r in summarize(analysis) if r.busbw_p50_gbps is not None]
-    labels = [f"{r.lane_name or r.pg_uid}\n{r.collective}" for r in rows]
-    p50 = [r.busbw_p50_gbps for r in rows]
-    p95 = [r.busbw_p95_gbps for r in rows]
-    colour = [colours(groups.index(r.pg_uid) % 10) for r in rows]
-    ax_bars.barh(range(len(rows)), p50, color=colour)
-    ax_bars.scatter(p95, range(len(rows)), marker="|", s=200, color="black", label="p95")
+    labels = [f"{_short(r.lane_name or r.pg_uid)}\n{r.collective}" for r in rows]
+    ax_bars.barh(range(len(rows)), [r.busbw_p50_gbps * scale for r in rows],
+                 color=[colours(groups.index(r.pg_uid) % 10) for r in rows])
+    ax_bars.scatter([r.busbw_p95_gbps * scale for r in rows], range(len(rows)), marker="|", s=200, color="black")
     ax_bars.set_yticks(range(len(rows)), labels, fontsize=7)
     ax_bars.invert_yaxis()
-    ax_bars.set_xlabel("busbw p50 (bar) / p95 (tick), GB/s")
+    ax_bars.set_xlabel(f"busbw p50 (bar) / p95 (tick), {unit}")
     ax_bars.set_title("per group and op", fontsize=10)
     if rows:
         ax_bars.set_xscale("log")
+        ax_bars.xaxis.set_minor_formatter(NullFormatter())
