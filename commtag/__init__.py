@@ -2,9 +2,50 @@
 
 Public API: :func:`install`, :func:`uninstall`, :func:`is_installed`,
 :func:`trace_handler`, and the models :class:`CollectiveAnnotation` and
-:class:`Sidecar`. Nothing here imports cuda-python.
+:class:`Sidecar`. Nothing here imports cuda-python, and torch is imported only
+when the runtime is used, so the offline merge starts fast.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Union
 
 from commtag.schema import CollectiveAnnotation, Sidecar
 
-__all__ = ["CollectiveAnnotation", "Sidecar"]
+__all__ = ["CollectiveAnnotation", "Sidecar", "install", "uninstall", "is_installed", "trace_handler"]
+
+
+def install() -> None:
+    """Annotate every torch.distributed collective from now on (idempotent, thread-safe).
+
+    Call it once per process, before any CUDA-graph capture; before or after
+    init_process_group both work.
+    """
+    from commtag.runtime import capture, patch
+
+    patch.install()
+    capture.install()
+
+
+def uninstall() -> None:
+    """Restore the exact original torch.distributed functions (idempotent)."""
+    from commtag.runtime import capture, patch
+
+    patch.uninstall()
+    capture.uninstall()
+
+
+def is_installed() -> bool:
+    """True between :func:`install` and :func:`uninstall`."""
+    from commtag.runtime import patch
+
+    return patch.is_installed()
+
+
+def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
+    """A profiler ``on_trace_ready`` writing ``rank{R}.step{S}.pt.trace.json.gz`` and
+    ``rank{R}.step{S}.commtag.json`` into ``dir_name``."""
+    from commtag.runtime import recorder
+
+    return recorder.trace_handler(dir_name)

@@ -1,0 +1,216 @@
+"""Process-group identity: uid, virtual lane and sequence counters.
+
+Everything here must come out the same on every member rank of a group,
+whatever order the ranks created or used their groups in, because the merger
+joins ranks on ``(uid, Seq)``. Two facts make that possible without any
+communication:
+
+* ``pg.group_name`` is already agreed by the members: the backend's
+  rendezvous store is prefixed with it, so members that disagreed could not
+  have formed the group at all.
+* The ordered list of global ranks is the same on every member.
+
+**uid** = ``"<group_name>:<first 12 hex of sha1('_'.join(ranks))>"``, the
+name plus a hash of the ranks as Flight Recorder identifies groups.
+
+**lane id** = ``60 + int(sha1(uid)[:8], 16) % 2**24``: a stable hash of the
+uid, at or above 60 like PyTorch's own per-group lanes. Collisions are
+possible in principle (about n^2 / 2^25 for n groups); the merger detects them.
+
+**lane name** = ``"PG <name> (<desc>) <ranks>"``.
+
+**Seq** follows ProcessGroupNCCL's counters: one counter for collectives
+(barrier included; a whole coalescing block takes one number) and a separate
+one for point-to-point (a whole ``batch_isend_irecv`` takes one number). On
+NCCL the backend's own collective counter is read, so the value equals what
+the profiler records for eager kernels; elsewhere commtag counts with the
+same rule, because gloo's counter also advances on p2p and so drifts apart
+between ranks that did and did not send. NCCL's p2p counter counts every
+peer together, so it cannot pair a send with its recv; commtag also keeps a
+per-(group, src, dst) counter, ``p2p_pair_seq``, which can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from commtag.schema import MIN_LANE_ID, ProcessGroupInfo
+
+LANE_SPAN = 2**24
+MAX_LIST_ENTRIES = 30
+
+
+def format_list(values: list[int]) -> str:
+    """The profiler's list string: ``"[1, 2]"``; beyond 30 entries the first 29, ``...``, the last."""
+    if len(values) > MAX_LIST_ENTRIES:
+        values_text = [str(v) for v in values[: MAX_LIST_ENTRIES - 1]] + ["...", str(values[-1])]
+    else:
+        values_text = [str(v) for v in values]
+    return "[" + ", ".join(values_text) + "]"
+
+
+def group_uid(name: str, ranks: list[int]) -> str:
+    """Rank-independent identity of a group (see module docstring)."""
+    digest = hashlib.sha1("_".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()
+    return f"{name}:{digest[:12]}"
+
+
+def lane_id_for(uid: str) -> int:
+    """Virtual lane id of a group: a stable hash of its uid, >= 60."""
+    digest = hashlib.sha1(uid.encode(), usedforsecurity=False).hexdigest()
+    return MIN_LANE_ID + int(digest[:8], 16) % LANE_SPAN
+
+
+def _start_and_stride(ranks: list[int], is_default: bool) -> tuple[Optional[int], Optional[int]]:
+    """NCCL's getGlobalRankStartAndStride, with the values it would not record as None."""
+    if is_default:
+        return 0, 1
+    start = ranks[0]
+    if len(ranks) == 1:
+        return start, None
+    step = ranks[1] - ranks[0]
+    strided = step > 0 and all(r == start + i * step for i, r in enumerate(ranks))
+    return start, (step if strided else None)
+
+
+@dataclass(eq=False)
+class GroupState:
+    """Everything per group that a wrapper needs, computed once."""
+
+    uid: str
+    name: str
+    desc: str
+    ranks: list[int]
+    ranks_text: str
+    size: int
+    group_rank: int
+    global_rank_start: Optional[int]
+    global_rank_stride: Optional[int]
+    backend: str
+    lane_id: int
+    lane_name: str
+    #: The NCCL backend whose collective counter is read; None elsewhere.
+    nccl: Any = None
+    coll_seq: int = 0
+    p2p_seq: int = 0
+    pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_collective_seq(self, already_bumped: bool = False) -> int:
+        """Seq of the collective about to run (call before running it).
+
+        ``already_bumped``: NCCL's startCoalescing has already advanced its
+        counter for the block being numbered.
+        """
+        with self.lock:
+            if self.nccl is not None:
+                value = int(self.nccl._get_sequence_number_for_group())
+                self.coll_seq = value if already_bumped else value + 1
+            else:
+                self.coll_seq += 1
+            return self.coll_seq
+
+    def next_p2p_seq(self) -> int:
+        with self.lock:
+            self.p2p_seq += 1
+            return self.p2p_seq
+
+    def next_pair_seq(self, src: int, dst: int) -> int:
+        """1-based index of this message among all src->dst messages of the group."""
+        with self.lock:
+            value = self.pair_seq.get((src, dst), 0) + 1
+            self.pair_seq[(src, dst)] = value
+            return value
+
+    def info(self) -> ProcessGroupInfo:
+        return ProcessGroupInfo(
+            uid=self.uid,
+            name=self.name,
+            desc=self.desc,
+            ranks=self.ranks,
+            backend=self.backend,
+            lane_id=self.lane_id,
+            lane_name=self.lane_name,
+        )
+
+
+_states: "weakref.WeakKeyDictionary[Any, GroupState]" = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def state_for(group: Optional[Any]) -> GroupState:
+    """The cached state of ``group`` (None = the default group)."""
+    pg = group if group is not None else c10d._get_default_group()
+    state = _states.get(pg)
+    if state is None:
+        with _states_lock:
+            state = _states.get(pg)
+            if state is None:
+                state = _build(pg)
+                _states[pg] = state
+    return state
+
+
+def known_groups() -> list[GroupState]:
+    """Every group this process has seen a collective on, in first-use order."""
+    with _states_lock:
+        return list(_states.values())
+
+
+def table() -> list[ProcessGroupInfo]:
+    """The process-group table: all groups this rank is a member of."""
+    seen: dict[str, ProcessGroupInfo] = {}
+    if dist.is_initialized():
+        for pg in list(c10d._world.pg_map):
+            if pg is not None and not c10d._rank_not_in_group(pg):
+                seen.setdefault(state_for(pg).uid, state_for(pg).info())
+    for state in known_groups():
+        seen.setdefault(state.uid, state.info())
+    return list(seen.values())
+
+
+def _build(pg: Any) -> GroupState:
+    ranks = list(dist.get_process_group_ranks(pg))
+    name = str(pg.group_name)
+    desc = str(getattr(pg, "group_desc", "undefined"))
+    is_default = pg is c10d._world.default_pg
+    start, stride = _start_and_stride(ranks, is_default)
+    # The profiler writes "[]" for ranks that are not an arithmetic progression.
+    listed = is_default or len(ranks) == 1 or stride is not None
+    uid = group_uid(name, ranks)
+    backend = str(dist.get_backend(pg))
+    return GroupState(
+        uid=uid,
+        name=name,
+        desc=desc,
+        ranks=ranks,
+        ranks_text=format_list(ranks) if listed else "[]",
+        size=len(ranks),
+        group_rank=pg.rank(),
+        global_rank_start=start,
+        global_rank_stride=stride,
+        backend=backend,
+        lane_id=lane_id_for(uid),
+        lane_name=f"PG {name} ({desc}) {format_list(ranks)}",
+        nccl=_nccl_backend(pg, backend),
+    )
+
+
+def _nccl_backend(pg: Any, backend: str) -> Any:
+    """The NCCL backend object whose counter gives the eager Seq, if the group has one."""
+    if "nccl" not in backend or not torch.cuda.is_available():
+        return None
+    try:
+        nccl = pg._get_backend(torch.device("cuda"))
+        nccl._get_sequence_number_for_group()
+        return nccl
+    except (RuntimeError, AttributeError):
+        return None

@@ -1,0 +1,259 @@
+"""The per-op table: what the eager NCCL profiler would record for each call.
+
+Each entry of :data:`OPS` is a function with the same parameters as the
+torch.distributed function it describes, so Python itself binds the user's
+positional and keyword arguments exactly as the real call does. It returns an
+:class:`OpCall` (names, sizes, dtype, whose rank goes into "Rank") or None
+when the call will not run a collective on this rank (not a member).
+
+The table follows ../shared/reference/eager-comm-metadata.md: "Collective
+name" is the c10d op name ("_allgather_base", "all_to_allv", ...), nelems
+count the local input and output, complex tensors count as their real view,
+and "Rank" is the root for rooted ops and the peer for send/recv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+from commtag.runtime.groups import GroupState, format_list, state_for
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+for _attr, _name in (
+    ("uint8", "Byte"), ("int8", "Char"), ("int16", "Short"), ("int32", "Int"), ("int64", "Long"),
+    ("float16", "Half"), ("float32", "Float"), ("float64", "Double"), ("complex32", "ComplexHalf"),
+    ("complex64", "ComplexFloat"), ("complex128", "ComplexDouble"), ("bool", "Bool"),
+    ("qint8", "QInt8"), ("quint8", "QUInt8"), ("qint32", "QInt32"), ("bfloat16", "BFloat16"),
+    ("quint4x2", "QUInt4x2"), ("quint2x4", "QUInt2x4"), ("bits1x8", "Bits1x8"), ("bits2x4", "Bits2x4"),
+    ("bits4x2", "Bits4x2"), ("bits8", "Bits8"), ("bits16", "Bits16"), ("float8_e5m2", "Float8_e5m2"),
+    ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
+    ("float8_e4m3fnuz", "Float8_e4m3fnuz"), ("uint16", "UInt16"), ("uint32", "UInt32"),
+    ("uint64", "UInt64"), ("float8_e8m0fnu", "Float8_e8m0fnu"), ("float4_e2m1fn_x2", "Float4_e2m1fn_x2"),
+):
+    if isinstance(getattr(torch, _attr, None), torch.dtype):
+        _DTYPE_NAMES[getattr(torch, _attr)] = _name
+
+#: The real dtype a complex tensor is recorded as (the profiler sees view_as_real).
+_COMPLEX_REAL = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    """c10 ScalarType name of a tensor as recorded ("Float", not "float32"); complex as real."""
+    name = _DTYPE_NAMES[tensor.dtype]
+    return _COMPLEX_REAL.get(name, name)
+
+
+def nelems(tensor: torch.Tensor) -> int:
+    """Element count as recorded: complex tensors count their real view (2x)."""
+    return tensor.numel() * (2 if tensor.is_complex() else 1)
+
+
+@dataclass(slots=True)
+class OpCall:
+    """What one call will run, in the profiler's terms."""
+
+    collective: str
+    state: GroupState
+    in_nelems: int
+    out_nelems: int
+    dtype: str
+    #: Group rank written as "Rank" (own rank, root, or peer).
+    rank: int
+    in_split: str = "[]"
+    out_split: str = "[]"
+    #: "send" or "recv" for point-to-point, else None.
+    p2p: Optional[str] = None
+    #: Global rank of the p2p peer; None for a recv from any source (filled from its result).
+    peer: Optional[int] = None
+    async_op: bool = False
+    #: Ops the coalescing manager can fuse into one "<x>_coalesced" collective.
+    fusable: bool = False
+
+
+def _state(group: Any) -> Optional[GroupState]:
+    """The group's state, or None when this rank does not take part."""
+    if group is not None and not isinstance(group, c10d.ProcessGroup):
+        return None  # GroupMember.NON_GROUP_MEMBER and friends
+    if c10d._rank_not_in_group(group):
+        return None
+    return state_for(group)
+
+
+def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[int]) -> int:
+    """Group rank of a root/peer given either as a global or as a group rank."""
+    if group_rank is not None:
+        return group_rank
+    if global_rank is None:
+        raise ValueError("neither a global nor a group rank was given for the root/peer")
+    return state.ranks.index(global_rank)
+
+
+def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, async_op: bool) -> OpCall:
+    n = nelems(tensor)
+    return OpCall(collective, state, n, n, dtype_name(tensor), rank, async_op=bool(async_op))
+
+
+def _all_reduce(tensor, op=None, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    call = _same("allreduce", state, tensor, state.group_rank, async_op)
+    call.fusable = True
+    return call
+
+
+def _all_reduce_coalesced(tensors, op=None, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    total = sum(nelems(t) for t in tensors)
+    return OpCall("allreduce_coalesced", state, total, total, dtype_name(tensors[0]), state.group_rank,
+                  async_op=bool(async_op))
+
+
+def _broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    state = _state(group)
+    if state is None:
+        return None
+    return _same("broadcast", state, tensor, _root(state, src, group_src), async_op)
+
+
+def _reduce(tensor, dst=None, op=None, group=None, async_op=False, group_dst=None):
+    state = _state(group)
+    if state is None:
+        return None
+    return _same("reduce", state, tensor, _root(state, dst, group_dst), async_op)
+
+
+def _all_gather(tensor_list, tensor, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    n = nelems(tensor)
+    return OpCall("all_gather", state, n, n * state.size, dtype_name(tensor), state.group_rank,
+                  async_op=bool(async_op))
+
+
+def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    return OpCall("_allgather_base", state, nelems(input_tensor), nelems(output_tensor),
+                  dtype_name(output_tensor), state.group_rank, async_op=bool(async_op), fusable=True)
+
+
+def _reduce_scatter(output, input_list, op=None, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    n = nelems(output)
+    return OpCall("reduce_scatter", state, n * state.size, n, dtype_name(output), state.group_rank,
+                  async_op=bool(async_op))
+
+
+def _reduce_scatter_base(output, input, op=None, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    return OpCall("_reduce_scatter_base", state, nelems(input), nelems(output), dtype_name(output),
+                  state.group_rank, async_op=bool(async_op), fusable=True)
+
+
+def _all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                       async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    return OpCall("all_to_allv", state, nelems(input), nelems(output), dtype_name(input), state.group_rank,
+                  in_split=format_list(list(input_split_sizes or [])),
+                  out_split=format_list(list(output_split_sizes or [])), async_op=bool(async_op))
+
+
+def _all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    state = _state(group)
+    if state is None:
+        return None
+    ins = [nelems(t) for t in input_tensor_list]
+    outs = [nelems(t) for t in output_tensor_list]
+    return OpCall("all_to_all", state, sum(ins), sum(outs), dtype_name(input_tensor_list[0]), state.group_rank,
+                  in_split=format_list(ins), out_split=format_list(outs), async_op=bool(async_op))
+
+
+def _gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    state = _state(group)
+    if state is None:
+        return None
+    n = nelems(tensor)
+    return OpCall("gather", state, n, n * state.size, dtype_name(tensor), _root(state, dst, group_dst),
+                  async_op=bool(async_op))
+
+
+def _scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    state = _state(group)
+    if state is None:
+        return None
+    n = nelems(tensor)
+    return OpCall("scatter", state, n * state.size, n, dtype_name(tensor), _root(state, src, group_src),
+                  async_op=bool(async_op))
+
+
+def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
+    state = _state(group)
+    if state is None:
+        return None
+    return OpCall("barrier", state, 0, 0, "Byte", state.group_rank, async_op=bool(async_op))
+
+
+def p2p_call(kind: str, tensor: torch.Tensor, peer: Optional[int], group: Any, group_peer: Optional[int]) -> Optional[OpCall]:
+    """A send or recv; ``peer`` global or ``group_peer`` group rank (both None: recv from any)."""
+    state = _state(group)
+    if state is None:
+        return None
+    if peer is None and group_peer is not None:
+        peer = state.ranks[group_peer]
+    rank = state.ranks.index(peer) if peer is not None else 0
+    n = nelems(tensor)
+    return OpCall(kind, state, n, n, dtype_name(tensor), rank, p2p=kind, peer=peer)
+
+
+def _send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    return p2p_call("send", tensor, dst, group, group_dst)
+
+
+def _recv(tensor, src=None, group=None, tag=0, group_src=None):
+    return p2p_call("recv", tensor, src, group, group_src)
+
+
+#: torch.distributed function name -> describer with the same parameters.
+OPS: dict[str, Callable[..., Optional[OpCall]]] = {
+    "all_reduce": _all_reduce,
+    "all_reduce_coalesced": _all_reduce_coalesced,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "all_gather": _all_gather,
+    "all_gather_single": _all_gather_base,
+    "all_gather_into_tensor": _all_gather_base,
+    "_all_gather_base": _all_gather_base,
+    "reduce_scatter": _reduce_scatter,
+    "reduce_scatter_single": _reduce_scatter_base,
+    "reduce_scatter_tensor": _reduce_scatter_base,
+    "_reduce_scatter_base": _reduce_scatter_base,
+    "all_to_all_single": _all_to_all_single,
+    "all_to_all": _all_to_all,
+    "gather": _gather,
+    "scatter": _scatter,
+    "barrier": _barrier,
+    "send": _send,
+    "recv": _recv,
+}
+
+#: Name the coalescing manager gives a fused block of each fusable op.
+COALESCED_NAMES = {
+    "allreduce": "allreduce_coalesced",
+    "_allgather_base": "allgather_into_tensor_coalesced",
+    "_reduce_scatter_base": "reduce_scatter_tensor_coalesced",
+}

@@ -1,0 +1,422 @@
+"""Symmetric install/uninstall of the collective wrappers.
+
+Every wrapper follows one shape::
+
+    pending = _before(...)          # commtag's work; never raises
+    result = original(*args, **kwargs)   # exactly once, user's own arguments
+    _after(pending, result)         # commtag's work; never raises
+    return result                   # the original object, untouched
+
+so an error inside commtag is logged once (see failopen) and the collective
+runs as if commtag were absent, while an error raised by the collective
+itself reaches the caller unchanged.
+
+Patched: the functions in metadata.OPS plus ``batch_isend_irecv`` and
+``_coalescing_manager``, in both ``torch.distributed`` and
+``torch.distributed.distributed_c10d`` (the same objects). ``isend`` and
+``irecv`` are never replaced: ``P2POp`` checks them by identity. Code that
+imported a function by name before :func:`install` keeps the original and is
+not annotated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from commtag.runtime import capture, recorder
+from commtag.runtime.failopen import log_once
+from commtag.runtime.groups import GroupState, state_for
+from commtag.runtime.metadata import COALESCED_NAMES, OPS, OpCall, p2p_call
+from commtag.schema import CollectiveAnnotation
+
+_is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+_now_ns = time.time_ns
+_native_id = threading.get_native_id
+
+_install_lock = threading.RLock()
+#: name -> (object in distributed_c10d, object in torch.distributed or None) before install.
+_originals: dict[str, tuple[Any, Any]] = {}
+_MISSING = object()
+
+
+class _Pending:
+    """A call commtag will annotate once the original returns."""
+
+    __slots__ = ("call", "seq", "pair_seq", "recording", "token", "start_ns", "tid")
+
+    def __init__(self, call: OpCall, seq: int, pair_seq: Optional[int], recording: bool, token: Any) -> None:
+        self.call = call
+        self.seq = seq
+        self.pair_seq = pair_seq
+        self.recording = recording
+        self.token = token
+        self.tid = _native_id()
+        self.start_ns = _now_ns()
+
+
+class _Block:
+    """One open coalescing-manager block of this thread."""
+
+    __slots__ = ("state", "device_given", "calls", "seq", "start_ns")
+
+    def __init__(self, state: GroupState, device_given: bool) -> None:
+        self.state = state
+        self.device_given = device_given
+        self.calls: list[OpCall] = []
+        self.seq: Optional[int] = None
+        self.start_ns = _now_ns()
+
+    def block_seq(self) -> int:
+        """The block's one collective Seq, taken when its first collective arrives."""
+        if self.seq is None:
+            self.seq = self.state.next_collective_seq(already_bumped=self.device_given)
+        return self.seq
+
+
+_local = threading.local()
+
+
+def _blocks() -> list[_Block]:
+    stack = getattr(_local, "blocks", None)
+    if stack is None:
+        stack = _local.blocks = []
+    return stack
+
+
+def _open_block(state: GroupState) -> Optional[_Block]:
+    for block in _blocks():
+        if block.state is state:
+            return block
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The shared before/after halves.
+
+
+def _start(call: OpCall) -> Optional[_Pending]:
+    """Number the call and decide whether it must be annotated."""
+    state = call.state
+    pair_seq = None
+    if call.p2p is not None:
+        seq = state.next_p2p_seq()
+        if call.peer is not None:
+            pair_seq = _pair_seq(state, call)
+    else:
+        block = _open_block(state)
+        if block is not None:
+            seq = block.block_seq()
+            if call.fusable:
+                # Runs later as one fused collective: annotated when the block closes.
+                block.calls.append(call)
+                return None
+        else:
+            seq = state.next_collective_seq()
+    recording = recorder.profiler_enabled()
+    token = capture.before_collective()
+    if not recording and token is None:
+        return None
+    return _Pending(call, seq, pair_seq, recording, token)
+
+
+def _pair_seq(state: GroupState, call: OpCall) -> int:
+    own = state.ranks[state.group_rank]
+    src, dst = (own, call.peer) if call.p2p == "send" else (call.peer, own)
+    return state.next_pair_seq(src, dst)
+
+
+def _before(describe: Callable[..., Optional[OpCall]], args: tuple, kwargs: dict) -> Optional[_Pending]:
+    try:
+        call = describe(*args, **kwargs)
+        return None if call is None else _start(call)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("describing a collective", exc)
+        return None
+
+
+def _annotation(pending: _Pending) -> CollectiveAnnotation:
+    call = pending.call
+    state = call.state
+    fields: dict[str, Any] = {
+        "collective_name": call.collective,
+        "in_msg_nelems": call.in_nelems,
+        "out_msg_nelems": call.out_nelems,
+        "group_size": state.size,
+        "dtype": call.dtype,
+        "in_split_size": call.in_split,
+        "out_split_size": call.out_split,
+        "global_rank_start": state.global_rank_start,
+        "global_rank_stride": state.global_rank_stride,
+        "pg_name": state.name,
+        "pg_desc": state.desc,
+        "pg_ranks": state.ranks_text,
+        "rank": call.rank,
+        "dst_rank": call.peer if call.p2p == "send" else None,
+        "src_rank": call.peer if call.p2p == "recv" else None,
+        "seq": pending.seq,
+        "lane_id": state.lane_id,
+        "lane_name": state.lane_name,
+        "pg_uid": state.uid,
+        "is_p2p": call.p2p is not None,
+        "p2p_pair_seq": pending.pair_seq,
+        "async_op": call.async_op,
+        "thread": pending.tid,
+        "capture_id": None,
+        "replay": None,
+    }
+    # Built without validation on the hot path; the sidecar writer validates.
+    return CollectiveAnnotation.model_construct(**fields)
+
+
+def _finish(pending: _Pending, work: Any) -> None:
+    """Hand the annotation to capture and, while profiling, to the recorder."""
+    annotation = _annotation(pending)
+    if pending.token is not None:
+        capture.after_collective(pending.token, annotation)
+    if not pending.recording:
+        return
+    thread_name = threading.current_thread().name
+    future = _future_of(work) if pending.call.async_op else None
+    if future is not None:
+        # The annotation covers the work until it completes, without touching the Work object.
+        def done(_fut: Any, annotation=annotation, pending=pending, thread_name=thread_name) -> None:
+            recorder.add(annotation, pending.start_ns, _now_ns(), pending.tid, thread_name)
+
+        future.add_done_callback(done)
+    else:
+        recorder.add(annotation, pending.start_ns, _now_ns(), pending.tid, thread_name)
+
+
+def _future_of(work: Any) -> Any:
+    """The work's completion future; None where the backend has none (gloo send/recv)."""
+    if work is None or not hasattr(work, "get_future"):
+        return None
+    try:
+        return work.get_future()
+    except RuntimeError:
+        return None
+
+
+def _after(pending: Optional[_Pending], result: Any) -> None:
+    if pending is None:
+        return
+    try:
+        if pending.call.p2p == "recv" and pending.call.peer is None and isinstance(result, int) and result >= 0:
+            # recv from any source: the peer is only known now.
+            pending.call.peer = result
+            pending.call.rank = pending.call.state.ranks.index(result)
+            pending.pair_seq = _pair_seq(pending.call.state, pending.call)
+        _finish(pending, result if pending.call.async_op else None)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("annotating a collective", exc)
+
+
+# ---------------------------------------------------------------------------
+# Wrappers.
+
+
+class _ThreadState(threading.local):
+    #: > 0 while this thread runs an original collective: calls it makes
+    #: itself (all_gather_into_tensor -> all_gather_single, batch_isend_irecv ->
+    #: _coalescing_manager) are torch's own and must not be counted twice.
+    depth = 0
+
+
+_thread = _ThreadState()
+
+
+def _run(original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    _thread.depth += 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _thread.depth -= 1
+
+
+def _wrap(original: Callable[..., Any], describe: Callable[..., Optional[OpCall]]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _thread.depth or _is_compiling():
+            return original(*args, **kwargs)
+        pending = _before(describe, args, kwargs)
+        result = _run(original, args, kwargs)
+        _after(pending, result)
+        return result
+
+    wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """batch_isend_irecv: one p2p Seq for the whole batch, one annotation per op."""
+
+    @functools.wraps(original)
+    def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
+        if _thread.depth or _is_compiling():
+            return original(p2p_op_list, *args, **kwargs)
+        pendings = _before_batch(p2p_op_list)
+        works = _run(original, (p2p_op_list, *args), kwargs)
+        _after_batch(pendings, works)
+        return works
+
+    wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _before_batch(p2p_op_list: Any) -> list[_Pending]:
+    try:
+        calls = []
+        for op in p2p_op_list:
+            kind = "send" if op.op is c10d.isend else "recv"
+            call = p2p_call(kind, op.tensor, op.peer, op.group, None)
+            if call is not None:
+                call.async_op = True
+                calls.append(call)
+        if not calls:
+            return []
+        batch_seq: dict[int, int] = {}
+        for call in calls:
+            key = id(call.state)
+            if key not in batch_seq:
+                batch_seq[key] = call.state.next_p2p_seq()
+        pair_seqs = [_pair_seq(call.state, call) for call in calls]
+        recording = recorder.profiler_enabled()
+        if not recording:
+            return []
+        return [
+            _Pending(call, batch_seq[id(call.state)], pair, recording, None) for call, pair in zip(calls, pair_seqs)
+        ]
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("describing batch_isend_irecv", exc)
+        return []
+
+
+def _after_batch(pendings: list[_Pending], works: Any) -> None:
+    if not pendings:
+        return
+    try:
+        works = list(works or [])
+        for index, pending in enumerate(pendings):
+            # One work per op (gloo) or one for the whole batch (NCCL coalescing).
+            work = works[index] if len(works) == len(pendings) else (works[-1] if works else None)
+            _finish(pending, work)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("annotating batch_isend_irecv", exc)
+
+
+def _wrap_coalescing(original: Callable[..., Any]) -> Callable[..., Any]:
+    """_coalescing_manager: ops inside it that the backend fuses become one '<op>_coalesced' annotation."""
+
+    @functools.wraps(original)
+    @contextlib.contextmanager
+    def wrapper(group: Any = None, device: Any = None, async_ops: bool = False) -> Any:
+        if _thread.depth or _is_compiling():
+            with original(group, device, async_ops) as cm:
+                yield cm
+            return
+        block = _push_block(group, device is not None)
+        try:
+            with original(group, device, async_ops) as cm:
+                yield cm
+        finally:
+            _pop_block(block)
+        _close_block(block, cm if async_ops else None)
+
+    wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _push_block(group: Any, device_given: bool) -> Optional[_Block]:
+    try:
+        if group is not None and not isinstance(group, c10d.ProcessGroup):
+            return None
+        block = _Block(state_for(group), device_given)
+        _blocks().append(block)
+        return block
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("opening a coalescing block", exc)
+        return None
+
+
+def _pop_block(block: Optional[_Block]) -> None:
+    if block is not None:
+        stack = _blocks()
+        if block in stack:
+            stack.remove(block)
+
+
+def _close_block(block: Optional[_Block], cm: Any) -> None:
+    if block is None or not block.calls:
+        return
+    try:
+        first = block.calls[0]
+        call = OpCall(
+            COALESCED_NAMES.get(first.collective, first.collective + "_coalesced"),
+            block.state,
+            sum(c.in_nelems for c in block.calls),
+            sum(c.out_nelems for c in block.calls),
+            first.dtype,
+            block.state.group_rank,
+            async_op=cm is not None,
+        )
+        recording = recorder.profiler_enabled()
+        if not recording:
+            return
+        pending = _Pending(call, block.block_seq(), None, recording, None)
+        pending.start_ns = block.start_ns
+        works = list(getattr(cm, "works", []) or []) if cm is not None else []
+        _finish(pending, works[-1] if works else None)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("annotating a coalesced collective", exc)
+
+
+# ---------------------------------------------------------------------------
+# install / uninstall.
+
+
+def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    makers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+        name: functools.partial(_wrap, describe=describe) for name, describe in OPS.items()
+    }
+    makers["batch_isend_irecv"] = _wrap_batch
+    makers["_coalescing_manager"] = _wrap_coalescing
+    return makers
+
+
+def install() -> None:
+    """Patch the collectives (idempotent, thread-safe, before or after init_process_group)."""
+    with _install_lock:
+        if _originals:
+            return
+        for name, make in _wrappers().items():
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+            public = dist.__dict__.get(name, _MISSING)
+            wrapper = make(original)
+            _originals[name] = (original, public)
+            setattr(c10d, name, wrapper)
+            if public is original:
+                setattr(dist, name, wrapper)
+
+
+def uninstall() -> None:
+    """Put back the exact original objects (idempotent)."""
+    with _install_lock:
+        for name, (original, public) in _originals.items():
+            setattr(c10d, name, original)
+            if public is original:
+                setattr(dist, name, original)
+        _originals.clear()
+
+
+def is_installed() -> bool:
+    return bool(_originals)

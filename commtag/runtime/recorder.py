@@ -1,0 +1,188 @@
+"""What is kept while the profiler runs, and the profiler's on_trace_ready handler.
+
+The wrappers append one entry per collective only while the autograd
+profiler is enabled (the active steps of a schedule; not wait or warmup), so
+a job that is not being profiled accumulates nothing. Entries hold the
+annotation built without validation (cheap on the hot path); validation
+happens once, when :func:`trace_handler` writes the sidecar.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.distributed as dist
+from pydantic import ValidationError
+
+from commtag.runtime import groups, sidecar
+from commtag.runtime.failopen import log_once
+from commtag.schema import CollectiveAnnotation, RecordedCollective, Sidecar
+
+#: Cheapest check for "is the profiler recording ops right now" (~70 ns).
+profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+_buffer: list[tuple[CollectiveAnnotation, int, int, int, str]] = []
+_buffer_lock = threading.Lock()
+
+
+def add(annotation: CollectiveAnnotation, start_ns: int, end_ns: int, tid: int, thread_name: str) -> None:
+    """Keep one finished collective (times are time.time_ns(), the trace's clock)."""
+    _buffer.append((annotation, start_ns, end_ns, tid, thread_name))
+
+
+def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
+    """Take every kept collective (started at or after ``since_ns``), validated.
+
+    An entry that fails validation is dropped and logged once: the rest of
+    the sidecar is still worth writing.
+    """
+    global _buffer
+    with _buffer_lock:
+        taken, _buffer = _buffer, []
+    recorded = []
+    for annotation, start_ns, end_ns, tid, thread_name in taken:
+        if since_ns is not None and start_ns < since_ns:
+            continue
+        try:
+            recorded.append(
+                RecordedCollective.model_validate(
+                    {
+                        "annotation": annotation.eager_dict(),
+                        "start_ns": start_ns,
+                        "end_ns": end_ns,
+                        "tid": tid,
+                        "thread_name": thread_name,
+                    }
+                )
+            )
+        except ValidationError as exc:
+            log_once("validating a recorded collective", exc)
+    return recorded
+
+
+def pending() -> int:
+    """How many collectives are kept and not yet written (tests, summaries)."""
+    return len(_buffer)
+
+
+_run_ids: dict[int, str] = {}
+
+
+def run_id() -> str:
+    """An id shared by every rank of this run, agreed once through the default store.
+
+    COMMTAG_RUN_ID wins when set. Otherwise every rank proposes a random id
+    with compare_set on the default process group's store: the first proposal
+    stays and every rank reads it back, with no rank waiting for another.
+    Without a process group, TORCHELASTIC_RUN_ID (unless torchrun's
+    placeholder "none") or a fresh id is used.
+    """
+    explicit = os.environ.get("COMMTAG_RUN_ID")
+    if explicit:
+        return explicit
+    key = id(dist.distributed_c10d._world.default_pg) if dist.is_initialized() else 0
+    cached = _run_ids.get(key)
+    if cached is not None:
+        return cached
+    value = None
+    if dist.is_initialized():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            value = store.compare_set("commtag/run_id", "", uuid.uuid4().hex).decode()
+        except Exception as exc:  # noqa: BLE001 - any store trouble: fall back below
+            log_once("agreeing on a run id through the store", exc)
+    if not value:
+        elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        value = elastic if elastic and elastic != "none" else uuid.uuid4().hex
+    _run_ids[key] = value
+    return value
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _nccl_version() -> Optional[str]:
+    try:
+        if not torch.cuda.is_available() or not dist.is_nccl_available():
+            return None
+        version = torch.cuda.nccl.version()
+        return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    except Exception:  # noqa: BLE001 - a version string is not worth failing over
+        return None
+
+
+def _captures(since_ns: Optional[int], until_ns: Optional[int]) -> list[Any]:
+    from commtag.runtime import capture
+
+    snapshot = getattr(capture, "captures_snapshot", None)
+    if snapshot is None:
+        return []
+    try:
+        return list(snapshot(since_ns, until_ns))
+    except Exception as exc:  # noqa: BLE001
+        log_once("collecting CUDA-graph captures", exc)
+        return []
+
+
+def build_sidecar(trace_file: str, since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> Sidecar:
+    """This rank's sidecar for one trace: drains the kept collectives."""
+    rank, world_size = _rank_and_world()
+    return Sidecar(
+        run_id=run_id(),
+        rank=rank,
+        world_size=world_size,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        torch_version=torch.__version__,
+        nccl_version=_nccl_version(),
+        trace_file=trace_file,
+        process_groups=groups.table(),
+        collectives=drain(since_ns),
+        captures=_captures(since_ns, until_ns),
+    )
+
+
+def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
+    """A profiler ``on_trace_ready`` that writes this rank's trace and its sidecar into ``dir_name``.
+
+    Files: ``rank{R}.step{S}.pt.trace.json.gz`` and ``rank{R}.step{S}.commtag.json``
+    (R = global rank, S = the profiler's step number). Both are written to a
+    temporary name and renamed. A failure while writing the sidecar is
+    logged once and does not stop training; the trace is written first.
+    """
+    directory = Path(dir_name)
+
+    def handler(prof: Any) -> None:
+        rank, _ = _rank_and_world()
+        step = int(getattr(prof, "step_num", 0))
+        directory.mkdir(parents=True, exist_ok=True)
+        trace_file = sidecar.trace_name(rank, step)
+        # export_chrome_trace gzips when the name ends in .gz; the temp name keeps that suffix.
+        tmp = directory / f".{trace_file}.{os.getpid()}.tmp.gz"
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, directory / trace_file)
+        try:
+            since_ns = _trace_start_ns(prof)
+            side = build_sidecar(trace_file, since_ns=since_ns)
+            sidecar.write_sidecar(directory / sidecar.sidecar_name(rank, step), side)
+        except Exception as exc:  # noqa: BLE001 - never let the sidecar stop training
+            log_once("writing the sidecar", exc)
+
+    return handler
+
+
+def _trace_start_ns(prof: Any) -> Optional[int]:
+    """Where the trace's window begins on CLOCK_REALTIME, when the profiler says."""
+    try:
+        return int(prof.profiler.kineto_results.trace_start_ns())
+    except Exception:  # noqa: BLE001 - older profilers: keep every entry
+        return None

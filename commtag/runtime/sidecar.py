@@ -1,0 +1,115 @@
+"""A rank's sidecar on disk: validated JSON, written atomically, read strictly.
+
+Naming scheme (one profiled window of one rank, in the trace directory)::
+
+    rank{R}.step{S}.pt.trace.json.gz    the Kineto trace
+    rank{R}.step{S}.commtag.json        its sidecar
+
+where R is the global rank and S the profiler's step number when the trace
+was ready. The sidecar names its trace in ``trace_file`` so a renamed pair
+still matches.
+
+Writing validates the exact JSON that goes to disk against the schema, writes
+a temporary file in the same directory and renames it over the target, so a
+reader never sees half a file. Reading refuses anything that is not a
+complete sidecar of a version this commtag understands, with an error that
+names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import orjson
+from pydantic import ValidationError
+
+from commtag.schema import SCHEMA_VERSION, SIDECAR_KIND, Sidecar
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+SIDECAR_SUFFIX = ".commtag.json"
+
+
+class SidecarError(ValueError):
+    """A sidecar file that cannot be used; the message names the file."""
+
+
+def trace_name(rank: int, step: int) -> str:
+    return f"rank{rank}.step{step}{TRACE_SUFFIX}"
+
+
+def sidecar_name(rank: int, step: int) -> str:
+    return f"rank{rank}.step{step}{SIDECAR_SUFFIX}"
+
+
+def sidecar_path_for(trace_path: Union[str, Path]) -> Path:
+    """The sidecar that sits next to a trace written by :func:`commtag.trace_handler`."""
+    path = Path(trace_path)
+    name = path.name
+    for suffix in (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json"):
+        if name.endswith(suffix):
+            return path.with_name(name[: -len(suffix)] + SIDECAR_SUFFIX)
+    return path.with_name(name + SIDECAR_SUFFIX)
+
+
+def dumps(sidecar: Sidecar) -> bytes:
+    """The sidecar's JSON, validated again from the bytes themselves (what is written is what is checked)."""
+    data = orjson.dumps(sidecar.model_dump(mode="json", by_alias=True, exclude_none=True))
+    Sidecar.model_validate(orjson.loads(data))
+    return data
+
+
+def write_atomic(path: Union[str, Path], data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_sidecar(path: Union[str, Path], sidecar: Sidecar) -> Path:
+    """Validate and atomically write one sidecar."""
+    return write_atomic(path, dumps(sidecar))
+
+
+def read_sidecar(path: Union[str, Path]) -> Sidecar:
+    """Load and validate a sidecar; raise :class:`SidecarError` naming the file and the problem."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SidecarError(f"{path}: cannot read sidecar: {exc.strerror or exc}") from exc
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SidecarError(f"{path}: not valid JSON (truncated or corrupt?): {exc}") from exc
+    if not isinstance(data, dict) or data.get("kind") != SIDECAR_KIND:
+        found = data.get("kind") if isinstance(data, dict) else type(data).__name__
+        raise SidecarError(f"{path}: not a commtag sidecar (kind is {found!r}, expected {SIDECAR_KIND!r})")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise SidecarError(
+            f"{path}: sidecar schema version {version} is newer than this commtag supports "
+            f"({SCHEMA_VERSION}); upgrade commtag"
+        )
+    try:
+        return Sidecar.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise SidecarError(f"{path}: invalid sidecar: {problems}") from exc
