@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
-import os
 import random
 import re
 import sys
@@ -36,8 +35,9 @@ from typing import Iterator, Optional, Sequence
 
 import orjson
 
+from commtag.runtime.groups import format_list, group_uid, lane_id_for
+from commtag.runtime.sidecar import dumps, sidecar_name, trace_name, write_atomic
 from commtag.schema import (
-    MIN_LANE_ID,
     CapturedCollective,
     CollectiveAnnotation,
     GraphCapture,
@@ -73,17 +73,8 @@ MAX_JITTER_US = 40.0
 MAX_CLOCK_OFFSET_US = 500.0
 #: Default GPUs per node: 4, so even the 8-rank set spans hosts whose clocks differ.
 RANKS_PER_NODE = 4
-
-
-def trace_name(rank: int, ranks_per_node: int = RANKS_PER_NODE) -> str:
-    """File name of a rank's trace, as tensorboard_trace_handler would name it."""
-    return f"node{rank // ranks_per_node:03d}_rank{rank:04d}.pt.trace.json.gz"
-
-
-def sidecar_name(trace_file: str) -> str:
-    """File name of the sidecar next to ``trace_file``."""
-    stem = trace_file[: -len(".json.gz")] if trace_file.endswith(".json.gz") else trace_file
-    return stem + ".commtag.json"
+#: The profiler step the traces claim to come from (file names: commtag.trace_handler's scheme).
+STEP = 10
 
 
 # --------------------------------------------------------------------------- groups
@@ -96,31 +87,23 @@ class Group:
     role: str
     name: str
     desc: str
+    #: Always an arithmetic progression here, so the profiler lists them.
     ranks: tuple[int, ...]
-    lane_id: int
 
     @property
     def uid(self) -> str:
-        return f"pg{self.name}"
+        return group_uid(self.name, list(self.ranks))
+
+    @property
+    def lane_id(self) -> int:
+        return lane_id_for(self.uid)
 
     @property
     def lane_name(self) -> str:
-        return f"{self.desc} {list(self.ranks)}"
+        return f"PG {self.name} ({self.desc}) {self.ranks_text()}"
 
     def ranks_text(self) -> str:
-        return _rank_list_text(self.ranks)
-
-
-def _rank_list_text(ranks: Sequence[int]) -> str:
-    """The profiler's string form: arithmetic progressions only, truncated past 30."""
-    if len(ranks) > 1:
-        stride = ranks[1] - ranks[0]
-        if stride <= 0 or any(b - a != stride for a, b in zip(ranks, ranks[1:])):
-            return "[]"
-    items = [str(r) for r in ranks]
-    if len(items) > 30:
-        items = items[:29] + ["...", items[-1]]
-    return "[" + ", ".join(items) + "]"
+        return format_list(list(self.ranks))
 
 
 def build_groups(world: int) -> list[Group]:
@@ -129,7 +112,7 @@ def build_groups(world: int) -> list[Group]:
     members = [("default", "default_pg", tuple(range(world)))]
     members += [("tp", "tp", tuple(range(b * tp, (b + 1) * tp))) for b in range(world // tp)]
     members += [("dp", "dp", tuple(range(o, world, tp))) for o in range(tp)]
-    return [Group(role, str(n), desc, ranks, MIN_LANE_ID + n) for n, (role, desc, ranks) in enumerate(members)]
+    return [Group(role, str(n), desc, ranks) for n, (role, desc, ranks) in enumerate(members)]
 
 
 def groups_of(rank: int, groups: Sequence[Group]) -> dict[str, Group]:
@@ -337,7 +320,7 @@ def annotation(
             "Group size": size,
             "dtype": dtype,
             "Global rank start": group.ranks[0],
-            "Global rank stride": (group.ranks[1] - group.ranks[0]) if size > 1 else 1,
+            "Global rank stride": (group.ranks[1] - group.ranks[0]) if size > 1 else None,
             "Process Group Name": group.name,
             "Process Group Description": group.desc,
             "Process Group Ranks": group.ranks_text(),
@@ -472,7 +455,7 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
     offset = plan.clock_offset_us[rank]
     pid = _pid(rank)
     device = rank % plan.ranks_per_node
-    name = trace_name(rank, plan.ranks_per_node)
+    name = trace_name(rank, STEP)
     launcher_tid = _launcher_tid(rank)
 
     def remap_pid(p: object) -> object:
@@ -687,12 +670,6 @@ def _replays(
 # --------------------------------------------------------------------------- writing
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 @dataclass
 class SetSummary:
     """What was written, for the manifest and the benchmark."""
@@ -738,11 +715,8 @@ def generate(
         trace, sidecar, count = build_rank(plan, rank)
         raw = orjson.dumps(trace)
         packed = gzip.compress(raw, compresslevel=compresslevel)
-        _write_atomic(out_dir / sidecar.trace_file, packed)
-        _write_atomic(
-            out_dir / sidecar_name(sidecar.trace_file),
-            orjson.dumps(sidecar.model_dump(mode="json", by_alias=True, exclude_none=True), option=orjson.OPT_INDENT_2),
-        )
+        write_atomic(out_dir / sidecar.trace_file, packed)
+        write_atomic(out_dir / sidecar_name(rank, STEP), dumps(sidecar))
         events += count
         json_bytes += len(raw)
         gz_bytes += len(packed)
@@ -764,7 +738,7 @@ def generate(
         captures_per_rank=len(GRAPHS),
         clock_offset_us=[round(x, 3) for x in plan.clock_offset_us],
     )
-    _write_atomic(out_dir / MANIFEST_NAME, orjson.dumps(summary.__dict__, option=orjson.OPT_INDENT_2))
+    write_atomic(out_dir / MANIFEST_NAME, orjson.dumps(summary.__dict__, option=orjson.OPT_INDENT_2))
     return summary
 
 
