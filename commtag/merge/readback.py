@@ -117,6 +117,7 @@ def _instance(start_ns: int, end_ns: int, args: dict[str, object]) -> Optional[C
     try:
         ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
         replay = args.get("commtag replay")
+        replay = None if replay in (None, "null") else replay
         return CollectiveInstance(
             rank=int(args["commtag rank"]),  # type: ignore[arg-type]
             pg_uid=str(args["commtag pg uid"]),
