@@ -1,0 +1,507 @@
+"""Match CUDA-graph replays in a trace to the collectives captured in them.
+
+A replayed NCCL kernel links to ``cudaGraphLaunch``, not to the collective
+that created it, so it carries no metadata. The rank's sidecar says, per
+capture, which graph nodes each collective created (see
+:mod:`commtag.runtime.capture`); this module finds those nodes among the
+kernels of every replay, in this order of preference:
+
+``"tools-id"``
+    exact: the node's ``cudaGraphNodeGetToolsId`` (driver 13.1+) equals the
+    kernel's ``"graph node id"`` (both encodings: ``(graph << 32) | node``
+    and the node part alone are compared on their lower 32 bits).
+``"node-id"``
+    the node's creation index equals the lower 32 bits of the kernel's
+    ``"graph node id"`` (hypothesis 1 of the CUDA-graph reference); used
+    only for replays where every such join is confirmed by the kernel name.
+``"order"``
+    the replay's NCCL kernels, in start order, pair one-to-one with the
+    captured NCCL kernel nodes in creation order, every pair confirmed by
+    the kernel name (collective, reduction op, dtype).
+
+A replay whose nodes cannot be matched unambiguously is reported in
+:attr:`GraphMatchResult.unmatched` and left unannotated, never guessed.
+
+Which capture a replay ran, and its replay index: the capture whose
+``exec_graph_id`` equals the kernels' ``"graph id"``; else the replay
+logged by ``CUDAGraph.replay()`` whose time span holds the
+``cudaGraphLaunch``; else the only capture whose kernels match the replay
+(its replay index is then its position among that capture's replays in
+this trace, reported in :attr:`GraphMatchResult.notes`).
+
+Everything here is a pure function of plain data: Kineto event dicts and
+:class:`~commtag.schema.GraphCapture` models.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from commtag.schema import CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord
+
+#: Lower 32 bits of a "graph node id" minus this = the node's creation index (hypothesis 1).
+NODE_ID_BASE = 0
+#: How far (ns) a cudaGraphLaunch may sit outside the replay() call logged around it (clock jitter).
+LAUNCH_TOLERANCE_NS = 20_000
+LOW32 = 0xFFFFFFFF
+
+_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+_DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+# ---------------------------------------------------------------------------- kernel names
+
+
+def base_name(name: str) -> str:
+    """A kernel's qualified name without return type, template and call arguments.
+
+    Accepts what Kineto writes (demangled, with arguments) and what
+    cuFuncGetName returns (often Itanium-mangled), so both compare equal:
+    ``"void ns::k<4>(int)"`` and ``"_ZN2ns1kILi4EEEvi"`` both give ``"ns::k"``.
+    """
+    name = name.strip()
+    if name.startswith("_Z"):
+        demangled = _mangled_base(name)
+        if demangled:
+            return demangled
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            cut = i
+            break
+    head = name[:cut]
+    out, depth = [], 0
+    for ch in head:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    tokens = "".join(out).split()
+    return tokens[-1] if tokens else name
+
+
+def _mangled_base(name: str) -> str:
+    """Qualified name of an Itanium-mangled symbol (enough for kernels; "" if unparsable)."""
+    i = 2
+    if name.startswith("L", i):
+        i += 1
+    nested = name.startswith("N", i)
+    if nested:
+        i += 1
+    parts: list[str] = []
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        length = int(name[i:j])
+        parts.append(name[j : j + length])
+        i = j + length
+        if not nested:
+            break
+        if i < len(name) and name[i] in "EI":
+            break
+    return "::".join(parts)
+
+
+@dataclass(frozen=True)
+class NcclKernel:
+    """What an NCCL kernel name says; None = the name does not say."""
+
+    collective: str
+    op: Optional[str]
+    dtype: Optional[str]
+
+
+_NEW = re.compile(r"^ncclDevKernel_([A-Za-z]+?)(?:_(Sum|Prod|MinMax|Max|Min|PreMulSum|SumPostDiv))?(?:_([a-z]+[0-9a-z]*))?(?:_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_(LL128|LL|SIMPLE))?$")
+_OLD = re.compile(r"^ncclKernel_([A-Za-z]+)_(?:[A-Z_]+?)_(LL128|LL|SIMPLE)_(Sum|Prod|Max|Min|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+)$")
+_NCCL_TYPES = {
+    "f32": "Float", "float": "Float", "f16": "Half", "half": "Half", "bf16": "BFloat16", "__nv_bfloat16": "BFloat16",
+    "bfloat16": "BFloat16", "f64": "Double", "double": "Double", "i8": "Char", "int8_t": "Char", "u8": "Byte",
+    "uint8_t": "Byte", "i32": "Int", "int32_t": "Int", "u32": "UInt32", "uint32_t": "UInt32", "i64": "Long",
+    "int64_t": "Long", "u64": "UInt64", "uint64_t": "UInt64", "f8e4m3": "Float8_e4m3fn", "f8e5m2": "Float8_e5m2",
+    "__nv_fp8_e4m3": "Float8_e4m3fn", "__nv_fp8_e5m2": "Float8_e5m2",
+}
+_NCCL_OPS = {"Sum": "sum", "Prod": "product", "Max": "max", "Min": "min", "PreMulSum": "premul_sum", "SumPostDiv": "sum_post_div"}
+#: NCCL collectives whose kernels' element type is the data's (the others move bytes).
+_REDUCING = {"AllReduce", "ReduceScatter", "Reduce"}
+
+
+def parse_nccl_kernel(name: str) -> Optional[NcclKernel]:
+    """Collective, op and dtype from an NCCL kernel name, old or new style; None if not NCCL."""
+    base = base_name(name)
+    new = _NEW.match(base)
+    if new:
+        coll, op, ty = new.group(1), new.group(2), new.group(3)
+        dtype = _NCCL_TYPES.get(ty or "") if coll in _REDUCING else None
+        return NcclKernel(coll, _NCCL_OPS.get(op or "") if coll in _REDUCING else None, dtype)
+    old = _OLD.match(base)
+    if old:
+        coll, op, ty = old.group(1), old.group(3), old.group(4)
+        if coll not in _REDUCING:
+            return NcclKernel(coll, None, None)
+        return NcclKernel(coll, _NCCL_OPS.get(op), _NCCL_TYPES.get(ty))
+    if base.startswith(("ncclKernel", "ncclDevKernel", "ncclDev")):
+        return NcclKernel("Generic", None, None)
+    return None
+
+
+#: Eager "Collective name" -> the NCCL kernel collective that carries it out.
+_NCCL_COLLECTIVE = {
+    "allreduce": "AllReduce", "allreduce_coalesced": "AllReduce", "barrier": "AllReduce",
+    "broadcast": "Broadcast", "reduce": "Reduce",
+    "all_gather": "AllGather", "_allgather_base": "AllGather", "allgather_into_tensor_coalesced": "AllGather",
+    "allgather_coalesced": "AllGather",
+    "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
+    "reduce_scatter_tensor_coalesced": "ReduceScatter",
+    "all_to_all": "SendRecv", "all_to_allv": "SendRecv", "send": "SendRecv", "recv": "SendRecv",
+    "gather": "SendRecv", "scatter": "SendRecv",
+}
+#: A user reduction op -> the NCCL kernel ops that may carry it out.
+_OP_KERNELS = {
+    "sum": {"sum"}, "product": {"product"}, "max": {"max"}, "min": {"min"},
+    "avg": {"premul_sum", "sum_post_div", "sum"}, "premul_sum": {"premul_sum"},
+    "band": {"min", "product"}, "bor": {"max", "sum"}, "bxor": {"sum"},
+}
+
+
+def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) -> Optional[str]:
+    """None when ``event`` can be the replay of ``node``; else why not (for the report).
+
+    With the kernel's name known from capture, the names must agree and the
+    collective must be the right one. Without it, the trace's NCCL kernel
+    name must agree with the collective, the reduction op and the dtype
+    (where the name carries them). Copies and memsets have no name to
+    check: they are only ever matched by an exact id.
+    """
+    kind = _DEVICE_KINDS.get(event.get("cat", ""))
+    if kind != node.node_type:
+        return f"a {kind or event.get('cat')} event where a {node.node_type} node was captured"
+    if kind != "kernel":
+        return None
+    name = str(event.get("name", ""))
+    if node.kernel_name and base_name(node.kernel_name) != base_name(name):
+        return f"kernel {base_name(name)!r} where {base_name(node.kernel_name)!r} was captured"
+    parsed = parse_nccl_kernel(name)
+    if parsed is None:
+        return None if node.kernel_name else f"kernel {base_name(name)!r} is not an NCCL kernel"
+    ann = captured.annotation
+    expected = _NCCL_COLLECTIVE.get(ann.collective_name)
+    if parsed.collective != "Generic" and expected is not None and parsed.collective != expected:
+        return f"{parsed.collective} kernel for a {ann.collective_name!r} collective"
+    if node.kernel_name:
+        return None  # the very kernel captured: its op/type specialisation is NCCL's choice, not the user's
+    if parsed.op and captured.reduce_op and parsed.op not in _OP_KERNELS.get(captured.reduce_op, {captured.reduce_op}):
+        return f"{parsed.op} kernel for a {captured.reduce_op} reduction"
+    if parsed.dtype and parsed.dtype != ann.dtype:
+        return f"{parsed.dtype} kernel for {ann.dtype} data"
+    return None
+
+
+def _is_nccl_node(node: GraphNodeRecord) -> bool:
+    return node.node_type == "kernel" and (not node.kernel_name or parse_nccl_kernel(node.kernel_name) is not None)
+
+
+def comm_nodes(captured: CapturedCollective) -> list[GraphNodeRecord]:
+    """The nodes of a collective that carry its metadata at replay.
+
+    Its NCCL kernels; a collective that launched none (a one-rank NCCL
+    communicator copies or reduces with plain CUDA work) is represented by
+    all its kernel, copy and memset nodes.
+    """
+    nccl = [n for n in captured.nodes if _is_nccl_node(n)]
+    if nccl:
+        return nccl
+    return [n for n in captured.nodes if n.node_type in ("kernel", "memcpy", "memset")]
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ReplayMatch:
+    """One device event of a replay and the collective it belongs to."""
+
+    #: Index of the event in the list given to :func:`match_graph_replays`.
+    event_index: int
+    #: The captured annotation with ``replay`` and ``capture_id`` set.
+    annotation: CollectiveAnnotation
+    #: "tools-id", "node-id" or "order".
+    method: str
+
+    def args(self) -> dict[str, object]:
+        """What to add to the event's args: the eager keys, commtag's, and how it was matched."""
+        return {**self.annotation.eager_dict(), "commtag match": self.method}
+
+
+@dataclass(frozen=True)
+class UnmatchedReplay:
+    """A replay that carries captured collectives but could not be matched safely."""
+
+    correlation: int
+    graph_id: int
+    ts: float
+    capture_id: Optional[int]
+    reason: str
+
+
+@dataclass
+class GraphMatchResult:
+    matches: list[ReplayMatch] = field(default_factory=list)
+    unmatched: list[UnmatchedReplay] = field(default_factory=list)
+    #: Facts worth a line in the merge report (e.g. replay indices counted within the trace).
+    notes: list[str] = field(default_factory=list)
+    #: Replays of graphs with no captured collective (nothing to annotate).
+    plain_replays: int = 0
+
+
+# ---------------------------------------------------------------------------- matching
+
+
+@dataclass
+class _Replay:
+    correlation: int
+    launch: dict
+    events: list[int]  # indices into the trace's events, in start order
+    graph_id: int
+
+
+def _replays(events: Sequence[dict]) -> list[_Replay]:
+    launches: dict[int, dict] = {}
+    for event in events:
+        if event.get("cat") in ("cuda_runtime", "cuda_driver") and str(event.get("name", "")).startswith(_LAUNCH_NAMES):
+            corr = event.get("args", {}).get("correlation")
+            if corr is not None:
+                launches[corr] = event
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, event in enumerate(events):
+        if event.get("cat") in _DEVICE_KINDS:
+            corr = event.get("args", {}).get("correlation")
+            if corr in launches:
+                members[corr].append(i)
+    result = []
+    for corr, idx in members.items():
+        idx.sort(key=lambda i: events[i].get("ts", 0))
+        graph_ids = {int(events[i].get("args", {}).get("graph id", 0) or 0) for i in idx}
+        result.append(_Replay(corr, launches[corr], idx, max(graph_ids)))
+    result.sort(key=lambda r: r.launch.get("ts", 0))
+    return result
+
+
+def _node_id(event: dict) -> Optional[int]:
+    value = event.get("args", {}).get("graph node id")
+    return None if value is None else int(value) & LOW32
+
+
+def _ns(ts: float, base_ns: int) -> int:
+    return round(float(ts) * 1000) + base_ns
+
+
+def match_graph_replays(events: Sequence[dict], captures: Sequence[GraphCapture], base_ns: int = 0) -> GraphMatchResult:
+    """Annotations for the replayed collectives of one rank's trace.
+
+    ``events`` is the trace's ``traceEvents`` (any order); ``captures`` the
+    sidecar's; ``base_ns`` the trace's ``baseTimeNanoseconds`` (0 for old
+    traces with epoch-microsecond ``ts``), to compare launches with the
+    replay log. The events are not modified.
+    """
+    result = GraphMatchResult()
+    with_collectives = [c for c in captures if any(comm_nodes(cc) for cc in c.collectives)]
+    replays = _replays(events)
+    if not replays:
+        return result
+    by_exec = {c.exec_graph_id: c for c in with_collectives if c.exec_graph_id}
+    assigned: dict[int, tuple[GraphCapture, Optional[int]]] = {}
+    pending: list[_Replay] = []
+    for replay in replays:
+        if replay.graph_id and replay.graph_id in by_exec:
+            capture = by_exec[replay.graph_id]
+            assigned[replay.correlation] = (capture, _logged_index(replay, capture, base_ns))
+            continue
+        found = _from_log(replay, with_collectives, base_ns)
+        if isinstance(found, str):
+            result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), None, found))
+        elif found is not None:
+            assigned[replay.correlation] = found
+        else:
+            pending.append(replay)
+    _check_graph_ids(replays, assigned, result)
+    relative: dict[int, int] = defaultdict(int)
+    for replay in replays:
+        if replay.correlation in assigned:
+            capture, index = assigned[replay.correlation]
+            if index is None and not capture.replays:
+                index = _relative_index(capture, relative, result)
+            _match_replay(events, replay, capture, index, result)
+        elif replay in pending:
+            _match_by_content(events, replay, with_collectives, relative, result)
+    return result
+
+
+def _relative_index(capture: GraphCapture, relative: dict[int, int], result: GraphMatchResult) -> int:
+    """Replay index counted within this trace, for a capture without a replay log (noted)."""
+    index = relative[capture.capture_id]
+    relative[capture.capture_id] += 1
+    note = f"capture {capture.capture_id}: no replay log; replay indices count its replays within this trace"
+    if note not in result.notes:
+        result.notes.append(note)
+    return index
+
+
+def _logged_index(replay: _Replay, capture: GraphCapture, base_ns: int) -> Optional[int]:
+    found = _from_log(replay, [capture], base_ns)
+    return found[1] if isinstance(found, tuple) else None
+
+
+def _from_log(replay: _Replay, captures: Iterable[GraphCapture], base_ns: int) -> tuple[GraphCapture, int] | str | None:
+    """The logged replay() call around this launch: (capture, replay index), a reason, or None."""
+    launch = replay.launch
+    at = _ns(launch.get("ts", 0), base_ns)
+    tid = launch.get("tid")
+    best: list[tuple[int, GraphCapture, int]] = []
+    for capture in captures:
+        for logged in capture.replays:
+            if logged.tid and tid is not None and isinstance(tid, int) and tid != logged.tid:
+                continue
+            distance = max(logged.start_ns - at, at - logged.end_ns, 0)
+            if distance <= LAUNCH_TOLERANCE_NS:
+                best.append((distance, capture, logged.index))
+    if not best:
+        return None
+    best.sort(key=lambda item: item[0])
+    closest = [item for item in best if item[0] == best[0][0]]
+    if len({(c.capture_id, i) for _, c, i in closest}) > 1:
+        return f"launch at {launch.get('ts')} fits {len(closest)} logged replays equally"
+    return closest[0][1], closest[0][2]
+
+
+def _check_graph_ids(replays: list[_Replay], assigned: dict, result: GraphMatchResult) -> None:
+    """One exec graph is one capture: replays of a graph id pointing at two captures are all dropped."""
+    captures_of: dict[int, set[int]] = defaultdict(set)
+    for replay in replays:
+        if replay.graph_id and replay.correlation in assigned:
+            captures_of[replay.graph_id].add(assigned[replay.correlation][0].capture_id)
+    for replay in replays:
+        seen = captures_of.get(replay.graph_id, set())
+        if replay.graph_id and len(seen) > 1 and replay.correlation in assigned:
+            del assigned[replay.correlation]
+            result.unmatched.append(UnmatchedReplay(
+                replay.correlation, replay.graph_id, replay.launch.get("ts", 0), None,
+                f"graph id {replay.graph_id} is replayed as captures {sorted(seen)} by the replay log"))
+
+
+def _match_replay(events: Sequence[dict], replay: _Replay, capture: GraphCapture, index: Optional[int], result: GraphMatchResult) -> None:
+    if index is None:
+        result.unmatched.append(UnmatchedReplay(
+            replay.correlation, replay.graph_id, replay.launch.get("ts", 0), capture.capture_id,
+            "no logged replay() call for this launch: its replay index is unknown"))
+        return
+    pairs, method, reason = _pair_nodes(events, replay, capture)
+    if pairs is None:
+        result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), capture.capture_id, reason))
+        return
+    _emit(pairs, method, capture, index, result)
+
+
+def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[GraphCapture], relative: dict[int, int], result: GraphMatchResult) -> None:
+    """No id and no log says which capture this is: accept it only if exactly one capture fits."""
+    fits = []
+    for capture in captures:
+        if capture.replays or (capture.exec_graph_id and replay.graph_id):
+            continue  # a capture with a log or a known graph id would have been recognised
+        pairs, method, _ = _pair_nodes(events, replay, capture)
+        if pairs is not None:
+            fits.append((capture, pairs, method))
+    if not fits:
+        if _has_nccl(events, replay):
+            result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), None,
+                                                    "NCCL kernels in a replay that matches no capture"))
+        else:
+            result.plain_replays += 1
+        return
+    if len(fits) > 1:
+        result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), None,
+                                                f"fits captures {[c.capture_id for c, _, _ in fits]} equally"))
+        return
+    capture, pairs, method = fits[0]
+    _emit(pairs, method, capture, _relative_index(capture, relative, result), result)
+
+
+def _has_nccl(events: Sequence[dict], replay: _Replay) -> bool:
+    return any(events[i].get("cat") == "kernel" and parse_nccl_kernel(str(events[i].get("name", ""))) for i in replay.events)
+
+
+_Pair = tuple[int, CapturedCollective]
+
+
+def _pair_nodes(events: Sequence[dict], replay: _Replay, capture: GraphCapture) -> tuple[Optional[list[_Pair]], str, str]:
+    """(event index, collective) pairs for one replay of ``capture``, the method, or None and why."""
+    wanted = [(cc, node) for cc in capture.collectives for node in comm_nodes(cc)]
+    node_ids = [_node_id(events[i]) for i in replay.events]
+    distinct = [n for n in node_ids if n is not None]
+    usable_ids = len(distinct) == len(replay.events) and len(set(distinct)) == len(distinct) and len(distinct) > 1
+    if usable_ids and all(node.tools_id is not None for _, node in wanted):
+        pairs, reason = _join(events, replay, wanted, lambda node: node.tools_id & LOW32)
+        if pairs is not None:
+            return pairs, "tools-id", ""
+    if usable_ids and any(node.node_type == "kernel" for _, node in wanted):
+        # Hypothesis 1 is only trusted where a kernel name confirms it within the same replay.
+        pairs, reason = _join(events, replay, wanted, lambda node: node.index + NODE_ID_BASE)
+        if pairs is not None:
+            return pairs, "node-id", ""
+    pairs, reason = _by_order(events, replay, wanted)
+    return pairs, "order", reason
+
+
+def _join(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]], key) -> tuple[Optional[list[_Pair]], str]:
+    by_id = {_node_id(events[i]): i for i in replay.events}
+    pairs = []
+    for cc, node in wanted:
+        i = by_id.get(key(node))
+        if i is None:
+            return None, f"node {node.index} of {cc.annotation.collective_name} Seq {cc.annotation.seq} is not in the replay"
+        why = confirm(cc, node, events[i])
+        if why:
+            return None, why
+        pairs.append((i, cc))
+    return pairs, ""
+
+
+def _by_order(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]]) -> tuple[Optional[list[_Pair]], str]:
+    kernels = sorted(((cc, n) for cc, n in wanted if n.node_type == "kernel"), key=lambda item: item[1].index)
+    if len(kernels) != len(wanted):
+        return None, "copy/memset nodes of a collective can only be matched by node id"
+    names = {base_name(n.kernel_name) for _, n in kernels if n.kernel_name}
+    candidates = [
+        i for i in replay.events
+        if events[i].get("cat") == "kernel"
+        and (base_name(str(events[i].get("name", ""))) in names or parse_nccl_kernel(str(events[i].get("name", ""))))
+    ]
+    if len(candidates) != len(kernels):
+        return None, f"{len(candidates)} NCCL kernels in the replay, {len(kernels)} captured"
+    pairs = []
+    for i, (cc, node) in zip(candidates, kernels):
+        why = confirm(cc, node, events[i])
+        if why:
+            return None, f"in capture order: {why}"
+        pairs.append((i, cc))
+    return pairs, ""
+
+
+def _emit(pairs: list[_Pair], method: str, capture: GraphCapture, index: int, result: GraphMatchResult) -> None:
+    for event_index, cc in pairs:
+        annotation = cc.annotation.model_copy(update={"replay": index, "capture_id": capture.capture_id})
+        result.matches.append(ReplayMatch(event_index, annotation, method))
+
+
+def computed_node_ids(capture: GraphCapture) -> dict[int, tuple[CapturedCollective, GraphNodeRecord]]:
+    """Lower-32-bit "graph node id" -> (collective, node) under hypothesis 1, for exact joins elsewhere."""
+    return {node.index + NODE_ID_BASE: (cc, node) for cc in capture.collectives for node in comm_nodes(cc)}
