@@ -136,13 +136,14 @@ def baseline(directory: Path, out_dir: Path) -> None:
 
 def _ensure_set(workdir: Path, ranks: int, events: int) -> dict:
     """The set's manifest, generating the set first when it is missing or different."""
-    from gen_scaleset import MANIFEST_NAME, generate  # the children need neither pydantic nor the templates
+    from gen_scaleset import GENERATOR_VERSION, MANIFEST_NAME, generate  # the children need neither
 
     directory = workdir / f"scale-{ranks}"
     manifest_path = directory / MANIFEST_NAME
     if manifest_path.is_file():
         manifest = orjson.loads(manifest_path.read_bytes())
-        if manifest["ranks"] == ranks and manifest["events"] >= events and manifest["events"] < events * 1.01:
+        fresh = manifest.get("generator_version") == GENERATOR_VERSION and manifest["ranks"] == ranks
+        if fresh and events <= manifest["events"] < events * 1.01:
             return manifest
         shutil.rmtree(directory)
     print(f"generating {ranks}-rank set ({events} events) in {directory}", file=sys.stderr, flush=True)

@@ -55,6 +55,8 @@ TEMPLATES = {
     "mi300": "tracelens_mi300_xdit_sd35.json.gz",
 }
 MANIFEST_NAME = "scaleset.manifest.json"
+#: Bumped whenever the generated content changes, so benchmarks regenerate stale sets.
+GENERATOR_VERSION = 2
 #: realtime ns of ts == 0 on every rank (floored, as Kineto's baseTimeNanoseconds is).
 BASE_TIME_NS = 1_767_000_000_000_000_000
 TORCH_VERSION = "2.13.0"
@@ -675,6 +677,7 @@ class SetSummary:
     """What was written, for the manifest and the benchmark."""
 
     out_dir: str
+    generator_version: int
     ranks: int
     template: str
     events: int
@@ -727,6 +730,7 @@ def generate(
         print(file=sys.stderr)
     summary = SetSummary(
         out_dir=str(out_dir),
+        generator_version=GENERATOR_VERSION,
         ranks=ranks,
         template=path.name,
         events=events,
