@@ -271,3 +271,30 @@ def test_kernel_names_parse_in_every_spelling() -> None:
 def test_computed_node_ids_index_the_collective_nodes() -> None:
     ids = computed_node_ids(_capture())
     assert {k: (cc.annotation.seq, n.kernel_name) for k, (cc, n) in ids.items()} == {1: (7, AR), 3: (3, RS)}
+
+
+def test_attach_uses_the_fallback_and_every_annotated_kernel_says_how_it_was_matched() -> None:
+    from commtag.merge.attach import RankFlows, attach
+    from commtag.merge.graphs import fallback_for
+    from commtag.schema import ProcessGroupInfo, Sidecar
+
+    trace = Trace()
+    trace.replay(1000.0, 21, FULL_REPLAY)                              # node ids follow creation order
+    trace.replay(2000.0, 21, [(n, 0) for n, _ in FULL_REPLAY])         # no node ids: order
+    trace.replay(3000.0, 21, [(n, 0) for n, _ in FULL_REPLAY] + [(AG, 0)])  # unmatchable
+    sidecar = Sidecar(
+        run_id="r", rank=0, world_size=2, host="h", pid=1, torch_version="2.11", trace_file="t.json",
+        process_groups=[ProcessGroupInfo(uid=f"{pg}:abc", name=pg, desc="d", ranks=[0, 1], lane_id=60 + int(pg), lane_name=f"PG {pg}")
+                        for pg in ("0", "1")],
+        collectives=[],
+        captures=[_capture(replays=((0, 1000.0), (1, 2000.0), (2, 3000.0)))],  # driver 13.0: no exec graph id
+    )
+    doc = {"baseTimeNanoseconds": BASE_NS, "traceEvents": trace.events}
+    unmatched: list = []
+    instances = attach(0, doc, sidecar, RankFlows(0), graph_fallback=fallback_for(doc, unmatched))
+    graphed = sorted((i.replay, i.collective, i.seq, i.args["commtag match"]) for i in instances if i.source == "graph-replay")
+    assert graphed == [(0, "_reduce_scatter_base", 3, "node-id"), (0, "allreduce", 7, "node-id"),
+                       (1, "_reduce_scatter_base", 3, "order"), (1, "allreduce", 7, "order")]
+    kernels = [e for e in trace.events if e.get("cat") == "kernel" and "Collective name" in e["args"]]
+    assert {e["args"]["commtag match"] for e in kernels} == {"node-id", "order"}
+    assert [u.reason for u in unmatched] == ["3 NCCL kernels in the replay, 2 captured"]

@@ -236,6 +236,9 @@ class ReplayMatch:
     annotation: CollectiveAnnotation
     #: "tools-id", "node-id" or "order".
     method: str
+    #: The capture and the index of the collective in its ``collectives``.
+    capture_id: int = 0
+    collective_index: int = 0
 
     def args(self) -> dict[str, object]:
         """What to add to the event's args: the eager keys, commtag's, and how it was matched."""
@@ -497,11 +500,37 @@ def _by_order(events: Sequence[dict], replay: _Replay, wanted: list[tuple[Captur
 
 
 def _emit(pairs: list[_Pair], method: str, capture: GraphCapture, index: int, result: GraphMatchResult) -> None:
+    position = {id(cc): i for i, cc in enumerate(capture.collectives)}
     for event_index, cc in pairs:
         annotation = cc.annotation.model_copy(update={"replay": index, "capture_id": capture.capture_id})
-        result.matches.append(ReplayMatch(event_index, annotation, method))
+        result.matches.append(ReplayMatch(event_index, annotation, method, capture.capture_id, position[id(cc)]))
 
 
 def computed_node_ids(capture: GraphCapture) -> dict[int, tuple[CapturedCollective, GraphNodeRecord]]:
     """Lower-32-bit "graph node id" -> (collective, node) under hypothesis 1, for exact joins elsewhere."""
     return {node.index + NODE_ID_BASE: (cc, node) for cc in capture.collectives for node in comm_nodes(cc)}
+
+
+def fallback_for(trace: dict, report: Optional[list[UnmatchedReplay]] = None):
+    """A ``commtag.merge.attach.GraphFallback`` for one trace file.
+
+    attach.py joins by exact node id first and hands this the NCCL kernels
+    left over, its launch events by correlation, and the sidecar. ``report``
+    (if given) receives the replays that could not be matched.
+    """
+    from commtag.merge.attach import GraphMatch
+    from commtag.merge.load import base_ns
+
+    base = base_ns(trace)
+
+    def fallback(kernels: list[dict], sidecar, launches: dict[int, dict]) -> list[GraphMatch]:
+        events = list(launches.values()) + list(kernels)
+        result = match_graph_replays(events, sidecar.captures, base)
+        if report is not None:
+            report.extend(result.unmatched)
+        return [
+            GraphMatch(events[m.event_index], m.capture_id, m.collective_index, m.annotation.replay or 0, m.method)
+            for m in result.matches
+        ]
+
+    return fallback
