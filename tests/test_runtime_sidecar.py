@@ -1,0 +1,80 @@
+"""Sidecar files: round trip, atomic writes, and clear refusal of bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commtag.runtime.sidecar import SidecarError, read_sidecar, sidecar_path_for, write_sidecar
+from commtag.schema import Sidecar
+
+
+def _sidecar(**overrides) -> Sidecar:
+    annotation = {
+        "Collective name": "allreduce", "In msg nelems": 4, "Out msg nelems": 4, "Group size": 2,
+        "dtype": "Float", "Global rank start": 0, "Global rank stride": 1, "Process Group Name": "0",
+        "Process Group Description": "default_pg", "Process Group Ranks": "[0, 1]", "Rank": 1, "Seq": 3,
+        "commtag lane id": 123, "commtag lane": "PG 0 (default_pg) [0, 1]", "commtag pg uid": "0:abc",
+    }
+    data = {
+        "run_id": "run-1", "rank": 1, "world_size": 2, "host": "h", "pid": 7, "torch_version": "2.13.0",
+        "trace_file": "rank1.step3.pt.trace.json.gz",
+        "process_groups": [{"uid": "0:abc", "name": "0", "desc": "default_pg", "ranks": [0, 1],
+                            "backend": "gloo", "lane_id": 123, "lane_name": "PG 0 (default_pg) [0, 1]"}],
+        "collectives": [{"annotation": annotation, "start_ns": 10, "end_ns": 25, "tid": 99}],
+    }
+    data.update(overrides)
+    return Sidecar.model_validate(data)
+
+
+def test_round_trip(tmp_path: Path):
+    side = _sidecar()
+    path = write_sidecar(tmp_path / "rank1.step3.commtag.json", side)
+    assert read_sidecar(path) == side
+    raw = orjson.loads(path.read_bytes())
+    assert raw["collectives"][0]["annotation"]["Collective name"] == "allreduce"  # eager keys on disk
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
+
+
+def test_sidecar_next_to_its_trace():
+    assert sidecar_path_for("/t/rank2.step5.pt.trace.json.gz") == Path("/t/rank2.step5.commtag.json")
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (lambda good: good[: len(good) // 2], "not valid JSON"),
+        (lambda good: b"", "not valid JSON"),
+        (lambda good: orjson.dumps({"traceEvents": []}), "not a commtag sidecar"),
+        (lambda good: orjson.dumps([1, 2]), "not a commtag sidecar"),
+        (lambda good: good.replace(b'"schema_version":1', b'"schema_version":99'), "newer than this commtag"),
+        (lambda good: good.replace(b'"Group size":2', b'"Group size":3'), "Group size"),
+        (lambda good: good.replace(b'"dtype":"Float"', b'"dtype":"float32"'), "dtype"),
+        (lambda good: good.replace(b'"In msg nelems":4', b'"In msg nelems":-4'), "In msg nelems"),
+    ],
+)
+def test_bad_files_are_refused_naming_file_and_problem(tmp_path: Path, content, problem):
+    good = write_sidecar(tmp_path / "good.commtag.json", _sidecar()).read_bytes()
+    bad = tmp_path / "bad.commtag.json"
+    bad.write_bytes(content(good))
+    assert bad.read_bytes() != good
+    with pytest.raises(SidecarError, match=problem) as info:
+        read_sidecar(bad)
+    assert str(bad) in str(info.value)
+
+
+def test_missing_file_is_refused(tmp_path: Path):
+    with pytest.raises(SidecarError, match="cannot read"):
+        read_sidecar(tmp_path / "nope.commtag.json")
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path: Path):
+    path = write_sidecar(tmp_path / "rank1.step3.commtag.json", _sidecar())
+    before = path.read_bytes()
+    invalid = _sidecar().model_copy(update={"rank": 5})  # model_copy skips validation
+    with pytest.raises(ValueError):
+        write_sidecar(path, invalid)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
