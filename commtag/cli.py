@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 import orjson
@@ -18,6 +19,65 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from commtag.merge.load import MergeInputError
+    from commtag.merge.pipeline import merge, torch_world
+
+    world = torch_world()
+    try:
+        result = merge(
+            args.inputs, args.output, align=args.align, json_dir=args.json,
+            rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
+        )
+    except MergeInputError as exc:
+        sys.stderr.write(f"commtag merge: error: {exc}\n")
+        return 2
+    finally:
+        if world is not None:
+            world.close()
+    if world is None or world.index == 0:
+        if result.alignment is not None:
+            sys.stderr.write(result.alignment.describe() + "\n")
+        sys.stdout.write(
+            f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
+            " (open it in https://ui.perfetto.dev)\n"
+        )
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from commtag.merge.validate import TraceReadError, validate_file
+
+    try:
+        violations = validate_file(args.file)
+    except TraceReadError as exc:
+        sys.stderr.write(f"commtag validate: error: {args.file}: {exc}\n")
+        return 2
+    for violation in violations:
+        sys.stdout.write(f"{args.file}: {violation}\n")
+    if violations:
+        sys.stderr.write(f"commtag validate: {args.file}: {len(violations)} violation(s)\n")
+        return 1
+    sys.stdout.write(f"{args.file}: OK\n")
+    return 0
+
+
+def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `commtag merge` (which `python -m commtag.merge` runs)."""
+    parser.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_TRACE",
+                        help="directories of rank traces (.json/.json.gz) and sidecars, or trace files")
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help="the .pftrace to write (default: DIR/merged.pftrace)")
+    parser.add_argument("--align", choices=("none", "collectives"), default="none",
+                        help="collectives: correct each host's clock from collectives that end together")
+    parser.add_argument("--json", type=Path, metavar="DIR2",
+                        help="also write each rank's annotated Chrome JSON there (for HTA, TraceLens)")
+    parser.add_argument("--rank-pattern", metavar="REGEX",
+                        help="regex with one group giving the rank from a file name, for traces without "
+                             "distributedInfo or sidecar (default rule: rank<N>, rank-<N>, rank_<N>, worker<N>)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="commtag", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -25,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schema of an annotation (or a sidecar)")
     schema.add_argument("--sidecar", action="store_true", help="the whole sidecar file instead")
     schema.set_defaults(func=_cmd_schema)
+
+    merge = sub.add_parser("merge", help="merge every rank's trace and sidecar into one Perfetto .pftrace")
+    add_merge_arguments(merge)
+    merge.set_defaults(func=_cmd_merge)
+
+    validate = sub.add_parser("validate", help="check a .pftrace against trace_processor's import rules")
+    validate.add_argument("file", type=Path, help="the .pftrace to check")
+    validate.set_defaults(func=_cmd_validate)
     return parser
 
 

@@ -1,0 +1,467 @@
+"""Attach collective annotations to a rank's trace events; make CollectiveInstances.
+
+Four sources, in this order (an event gets at most one annotation):
+
+gloo (sidecar records)
+    A recorded call is joined to the ``c10d::*`` CPU op on its thread inside
+    its recorded span, then to the ``gloo:*`` event that ran it on a gloo
+    worker thread: same collective family, starting after the op, preferring
+    one inside the call's span (a synchronous call waits for it) and a
+    worker thread already seen serving the same group (each group has its
+    own workers). The slice's time is the gloo event's, else the op's, else
+    the recorded span.
+eager NCCL kernels
+    Kineto's own metadata is kept; a sidecar record of the same group and
+    collective (k-th with k-th) supplies the exact uid and Seq, else they are
+    completed from distributedInfo's pg_config and the kernel order per
+    group (``"commtag seq from": "kernel order"``).
+graph-replayed kernels, exact join by Kineto's ``"graph node id"``
+    Either ``cudaGraphNodeGetToolsId`` (a sidecar node's ``tools_id``) or the
+    node id packed as ``(graph id << 32) | node id`` or written as the node
+    id alone with ``"graph id"`` beside it; the node id is compared with the
+    sidecar node's ``local_id`` when recorded, else its creation ``index``.
+    Graph kernels no node id matches go to :data:`GraphFallback` (order and
+    kernel-name matching, commtag.merge.graphs). The replay index comes from
+    the sidecar's replay log (the replay whose span holds the kernel's
+    ``cudaGraphLaunch``), else from launch order within the trace.
+NCCL kernels with no metadata at all (old traces)
+    Still shown on a lane "NCCL kernels (no metadata)": collective from the
+    kernel name, Seq by order per collective on the rank; linked across ranks
+    only if every rank saw the same sequence (:func:`settle_inferred`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Sequence
+
+from commtag.merge.load import base_ns, event_ns
+from commtag.merge.perfetto import FLOW_SOURCE, flow_id
+from commtag.merge.records import CollectiveInstance
+from commtag.schema import MIN_LANE_ID, CollectiveAnnotation, GraphCapture, Sidecar, parse_rank_list
+
+#: Eager keys in the order the profiler writes them on a kernel.
+EAGER_KEYS = (
+    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+    "In split size", "Out split size", "Process Group Name", "Process Group Description",
+    "Process Group Ranks", "Dst Rank", "Src Rank", "Seq",
+)
+UNATTRIBUTED_UID = "unattributed"
+UNATTRIBUTED_LANE = "NCCL kernels (no metadata)"
+UNATTRIBUTED_LANE_ID = MIN_LANE_ID + (1 << 30)
+_FAMILIES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "barrier",
+             "gather", "scatter", "reduce", "sendrecv", "send", "recv")
+_NCCL_KERNEL = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch")
+#: Tolerance when comparing a sidecar's clock with the trace's (rounding to µs).
+_TOL_NS = 2_000
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    """A process group as the merge knows it (from a sidecar or from pg_config)."""
+
+    uid: str
+    name: str
+    desc: str
+    ranks: list[int]
+    backend: str
+    lane_id: int
+    lane_name: str
+
+
+class GraphMatch(NamedTuple):
+    """A graph-replayed kernel and the captured collective it ran."""
+
+    event: dict
+    capture_id: int
+    #: Index into ``GraphCapture.collectives``.
+    collective: int
+    replay: int
+    #: How it was matched, written as "commtag match": "tools-id", "node-id" or "order".
+    method: str = "node-id"
+
+
+#: ``fallback(kernels, sidecar, launches)``: match graph kernels the node ids
+#: did not (``launches`` maps a correlation id to its launch event).
+GraphFallback = Callable[[list[dict], Sidecar, dict[int, dict]], list[GraphMatch]]
+
+
+def _format_ranks(ranks: Sequence[int]) -> str:
+    items = [str(r) for r in ranks]
+    if len(items) > 30:
+        items = items[:29] + ["...", items[-1]]
+    return "[" + ", ".join(items) + "]"
+
+
+def group_from_config(name: str, desc: str, ranks: list[int], backend: str) -> GroupInfo:
+    """The identity commtag.runtime.groups gives a group, rebuilt from a trace's pg_config."""
+    uid = f"{name}:{hashlib.sha1('_'.join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:12]}"
+    lane_id = MIN_LANE_ID + int(hashlib.sha1(uid.encode(), usedforsecurity=False).hexdigest()[:8], 16) % (1 << 24)
+    return GroupInfo(uid, name, desc, ranks, backend, lane_id, f"PG {name} ({desc}) {_format_ranks(ranks)}")
+
+
+def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, GroupInfo]:
+    """Groups by pg name: the sidecar's table, else distributedInfo's pg_config."""
+    if sidecar is not None:
+        return {
+            pg.name: GroupInfo(pg.uid, pg.name, pg.desc, list(pg.ranks), pg.backend, pg.lane_id, pg.lane_name)
+            for pg in sidecar.process_groups
+        }
+    info = trace.get("distributedInfo") or {}
+    table = {}
+    for pg in info.get("pg_config") or ():
+        ranks = pg.get("ranks")
+        if isinstance(ranks, list) and ranks and "pg_name" in pg:
+            name = str(pg["pg_name"])
+            table[name] = group_from_config(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", "")))
+    return table
+
+
+def family(name: str) -> str:
+    """Collective family of an op, c10d or gloo name: "gloo:all_reduce" -> "allreduce"."""
+    flat = re.sub(r"[^a-z]", "", name.lower().split("::")[-1].split(":")[-1])
+    for fam in _FAMILIES:
+        if fam in flat:
+            return fam
+    return flat
+
+
+class RankFlows:
+    """Flow ids of one rank's block (deterministic: derived from the rank and a counter)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._next = 0
+        self.out: dict[int, list[int]] = {}
+        self.into: dict[int, list[int]] = {}
+
+    def __call__(self) -> int:
+        self._next += 1
+        return flow_id(FLOW_SOURCE, self.rank, self._next)
+
+    def source(self, event: dict) -> int:
+        """A flow that ``event`` starts and its lane slice will end."""
+        fid = self()
+        self.out.setdefault(id(event), []).append(fid)
+        return fid
+
+
+def _instance(rank: int, eager: dict, start: int, end: int, source: str,
+              group: Optional[GroupInfo], flow: Optional[int]) -> CollectiveInstance:
+    ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
+    args = dict(eager)
+    args["commtag rank"] = rank
+    args["commtag source"] = source
+    return CollectiveInstance(
+        rank=rank,
+        pg_uid=str(eager["commtag pg uid"]),
+        is_p2p=bool(eager.get("commtag p2p", False)),
+        seq=int(eager.get("Seq", 0)),
+        replay=eager.get("commtag replay"),
+        collective=str(eager.get("Collective name", "")),
+        in_nelems=int(eager.get("In msg nelems", 0)),
+        out_nelems=int(eager.get("Out msg nelems", 0)),
+        dtype=str(eager.get("dtype", "Undefined")),
+        group_size=int(eager.get("Group size", len(ranks) or 1)),
+        group_ranks=ranks,
+        start_ns=start,
+        end_ns=end,
+        source=source,
+        lane_name=str(eager["commtag lane"]),
+        args=args,
+        lane_id=int(eager.get("commtag lane id", 0)),
+        source_flow=flow,
+    )
+
+
+def _annotate(event: dict, eager: dict) -> None:
+    args = event.get("args")
+    if args is None:
+        args = event["args"] = {}
+    args.update(eager)
+
+
+class _RankAttacher:
+    """Attach everything for one trace file of a rank (see module docstring)."""
+
+    def __init__(self, rank: int, trace: dict, sidecar: Optional[Sidecar], offset_ns: int,
+                 flows: RankFlows, fallback: Optional[GraphFallback]) -> None:
+        self.rank = rank
+        self.trace = trace
+        self.sidecar = sidecar
+        self.base = base_ns(trace) + offset_ns
+        self.offset = offset_ns
+        self.flows = flows
+        self.fallback = fallback
+        self.groups = group_table(trace, sidecar)
+        self.by_uid = {g.uid: g for g in self.groups.values()}
+        self.instances: list[CollectiveInstance] = []
+        self.taken: set[int] = set()
+        self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
+        self.gloo: list[tuple[int, int, dict, str, int]] = []
+        self.kernels: list[tuple[int, int, dict]] = []
+        self.launches: dict[int, dict] = {}
+        for e in trace["traceEvents"]:
+            if e.get("ph") != "X" or "ts" not in e:
+                continue
+            name = e.get("name", "")
+            cat = e.get("cat")
+            if cat == "kernel":
+                self.kernels.append((*event_ns(e, self.base), e))
+            elif name.startswith("gloo:"):
+                self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))
+            elif name.startswith("c10d::"):
+                self.c10d.setdefault(e.get("tid"), []).append((*event_ns(e, self.base), e))
+            elif cat in ("cuda_runtime", "cuda_driver") and name.startswith(_GRAPH_LAUNCH):
+                corr = (e.get("args") or {}).get("correlation")
+                if corr is not None:
+                    self.launches[corr] = e
+        self.kernels.sort(key=lambda k: k[0])
+        self.gloo.sort(key=lambda g: g[0])
+        for ops in self.c10d.values():
+            ops.sort(key=lambda o: o[0])
+
+    def run(self) -> list[CollectiveInstance]:
+        leftover = self._gloo() if self.sidecar else []
+        self._graph_replays()
+        self._eager_kernels(leftover)
+        self._unattributed()
+        return self.instances
+
+    # -- gloo --------------------------------------------------------------
+    def _gloo(self) -> list[tuple]:
+        """Join sidecar records to gloo events; return the records left for NCCL kernels."""
+        leftover = []
+        thread_group: dict[int, str] = {}
+        for rec in sorted(self.sidecar.collectives, key=lambda r: r.start_ns):
+            ann = rec.annotation
+            group = self.by_uid.get(ann.pg_uid)
+            lo, hi = rec.start_ns + self.offset, rec.end_ns + self.offset
+            op = self._take_op(rec.tid, lo, hi)
+            fam = family(ann.collective_name)
+            work = self._take_gloo(fam, op[0] if op else lo, hi, ann.pg_uid, thread_group)
+            if op is None and work is None and group is not None and "gloo" not in group.backend:
+                leftover.append(rec)
+                continue
+            eager = ann.eager_dict()
+            timing = work or op or (lo, hi, None)
+            source = op if op is not None and op[0] <= timing[0] else work
+            for hit in (op, work):
+                if hit is not None:
+                    _annotate(hit[2], eager)
+            flow = self.flows.source(source[2]) if source is not None else None
+            self.instances.append(_instance(self.rank, eager, timing[0], timing[1], "gloo", group, flow))
+        return leftover
+
+    def _take_op(self, tid: int, lo: int, hi: int) -> Optional[tuple]:
+        for op in self.c10d.get(tid, ()):
+            if op[0] > hi + _TOL_NS:
+                break
+            if id(op[2]) not in self.taken and op[0] >= lo - _TOL_NS and op[1] <= hi + _TOL_NS:
+                self.taken.add(id(op[2]))
+                return op
+        return None
+
+    def _take_gloo(self, fam: str, lo: int, hi: int, uid: str, thread_group: dict[int, str]) -> Optional[tuple]:
+        best = None
+        best_rank = None
+        start_at = bisect.bisect_left(self.gloo, lo - _TOL_NS, key=lambda g: g[0])
+        for g in self.gloo[start_at:]:
+            if g[3] != fam or id(g[2]) in self.taken:
+                continue
+            owner = thread_group.get(g[4])
+            if owner is not None and owner != uid:
+                continue
+            # inside the call's span first, then a worker known to serve this group, then earliest
+            score = (g[1] > hi + _TOL_NS, owner is None)
+            if best_rank is None or score < best_rank:
+                best, best_rank = g, score
+                if score == (False, False):
+                    break
+        if best is not None:
+            self.taken.add(id(best[2]))
+            thread_group.setdefault(best[4], uid)
+        return best
+
+    # -- eager NCCL kernels ----------------------------------------------
+    def _eager_kernels(self, records: list) -> None:
+        by_group: dict[str, list[CollectiveAnnotation]] = {}
+        for rec in records:
+            by_group.setdefault(rec.annotation.pg_name, []).append(rec.annotation)
+        derived: dict[tuple[str, bool], int] = {}
+        used: dict[str, int] = {}
+        for start, end, e in self.kernels:
+            args = e.get("args") or {}
+            if id(e) in self.taken or "Collective name" not in args:
+                continue
+            self.taken.add(id(e))
+            pg_name = str(args.get("Process Group Name", ""))
+            queue = by_group.get(pg_name, ())
+            k = used.get(pg_name, 0)
+            if k < len(queue) and queue[k].collective_name == args["Collective name"]:
+                used[pg_name] = k + 1
+                eager = queue[k].eager_dict()
+            else:
+                eager = self._complete(args, derived)
+            _annotate(e, eager)
+            group = self.by_uid.get(str(eager["commtag pg uid"]))
+            self.instances.append(_instance(self.rank, eager, start, end, "nccl-kernel", group, self.flows.source(e)))
+
+    def _complete(self, args: dict, derived: dict) -> dict:
+        """Kineto's eager keys, normalized and completed with lane and cross-rank key."""
+        eager = {key: args[key] for key in EAGER_KEYS if key in args}
+        pg_name = str(args.get("Process Group Name", ""))
+        group = self.groups.get(pg_name)
+        if group is None:
+            ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
+            group = group_from_config(pg_name, str(args.get("Process Group Description", "")), ranks, "nccl")
+            self.groups[pg_name] = group
+            self.by_uid[group.uid] = group
+        p2p = eager["Collective name"] in ("send", "recv") or "Dst Rank" in eager or "Src Rank" in eager
+        if "Seq" not in eager:
+            n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
+            eager["Seq"] = n
+            eager["commtag seq from"] = "kernel order"
+        eager.update({
+            "commtag lane id": group.lane_id, "commtag lane": group.lane_name,
+            "commtag pg uid": group.uid, "commtag p2p": p2p,
+        })
+        return eager
+
+    # -- graph replays -----------------------------------------------------
+    def _graph_replays(self) -> None:
+        captures = self.sidecar.captures if self.sidecar else []
+        if not captures:
+            return
+        by_graph: dict[int, GraphCapture] = {}
+        by_tools: dict[int, tuple[int, int]] = {}
+        by_node: dict[tuple[int, int], tuple[int, int]] = {}
+        for cap in captures:
+            for gid in (cap.graph_id, cap.exec_graph_id):
+                if gid is not None:
+                    by_graph[gid] = cap
+            for ci, captured in enumerate(cap.collectives):
+                for node in captured.nodes:
+                    if node.tools_id is not None:
+                        by_tools[node.tools_id] = (cap.capture_id, ci)
+                    local = node.local_id if node.local_id is not None else node.index
+                    by_node[(cap.capture_id, local)] = (cap.capture_id, ci)
+        matched: list[tuple[dict, int, int]] = []
+        unmatched: list[dict] = []
+        for _, _, e in self.kernels:
+            args = e.get("args") or {}
+            raw = args.get("graph node id") or 0
+            hit = None
+            method = "tools-id"
+            if raw:
+                hit = by_tools.get(raw)
+                if hit is None:
+                    method = "node-id"
+                    gid, nid = (raw >> 32, raw & 0xFFFFFFFF) if raw >> 32 else (args.get("graph id"), raw)
+                    cap = by_graph.get(gid)
+                    hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
+            if hit is not None:
+                matched.append((e, *hit, method))
+            elif _NCCL_KERNEL.search(e.get("name", "")) and (raw or args.get("correlation") in self.launches):
+                unmatched.append(e)
+        matches = [GraphMatch(e, cap_id, ci, replay, method) for (e, cap_id, ci, method), replay
+                   in zip(matched, self._replay_indices(matched, captures))]
+        if unmatched and self.fallback is not None:
+            matches.extend(self.fallback(unmatched, self.sidecar, self.launches))
+        self._graph_instances(matches, {c.capture_id: c for c in captures})
+
+    def _replay_indices(self, matched: list[tuple[dict, int, int, str]], captures: list[GraphCapture]) -> list[int]:
+        """Replay index per matched kernel: the sidecar's replay log, else launch order."""
+        logs = {c.capture_id: sorted(c.replays, key=lambda r: r.start_ns) for c in captures}
+        order: dict[int, list] = {}
+        for e, cap_id, *_ in matched:
+            corr = (e.get("args") or {}).get("correlation")
+            order.setdefault(cap_id, [])
+            if corr not in order[cap_id]:
+                order[cap_id].append(corr)
+        out = []
+        for e, cap_id, *_ in matched:
+            corr = (e.get("args") or {}).get("correlation")
+            launch = self.launches.get(corr)
+            replay = None
+            if launch is not None and logs.get(cap_id):
+                t = event_ns(launch, self.base)[0]
+                for r in logs[cap_id]:
+                    if r.start_ns + self.offset - _TOL_NS <= t <= r.end_ns + self.offset + _TOL_NS:
+                        replay = r.index
+                        break
+            out.append(replay if replay is not None else order[cap_id].index(corr))
+        return out
+
+    def _graph_instances(self, matches: list[GraphMatch], captures: dict[int, GraphCapture]) -> None:
+        grouped: dict[tuple[int, int, int], list[dict]] = {}
+        methods = {id(m.event): m.method for m in matches}
+        for m in matches:
+            grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m.event)
+        for (cap_id, ci, replay), events in sorted(grouped.items()):
+            captured = captures[cap_id].collectives[ci]
+            eager = captured.annotation.model_copy(update={"replay": replay}).eager_dict()
+            spans = [event_ns(e, self.base) for e in events]
+            for e in events:
+                self.taken.add(id(e))
+                _annotate(e, {**eager, "commtag match": methods[id(e)]})
+            first = min(zip(spans, range(len(events))))[1]
+            group = self.by_uid.get(captured.annotation.pg_uid)
+            self.instances.append(_instance(
+                self.rank, {**eager, "commtag match": methods[id(events[first])]},
+                min(s[0] for s in spans), max(s[1] for s in spans),
+                "graph-replay", group, self.flows.source(events[first]),
+            ))
+
+    # -- kernels with no metadata -----------------------------------------
+    def _unattributed(self) -> None:
+        counts: dict[str, int] = {}
+        world = (self.trace.get("distributedInfo") or {}).get("world_size") or 1
+        for start, end, e in self.kernels:
+            if id(e) in self.taken:
+                continue
+            match = _NCCL_KERNEL.search(e.get("name", ""))
+            if not match:
+                continue
+            self.taken.add(id(e))
+            kind = match.group(1).lower()
+            n = counts[kind] = counts.get(kind, 0) + 1
+            eager = {
+                "Collective name": kind, "Seq": n,
+                "commtag lane id": UNATTRIBUTED_LANE_ID, "commtag lane": UNATTRIBUTED_LANE,
+                "commtag pg uid": f"{UNATTRIBUTED_UID}:{kind}", "commtag p2p": kind in ("sendrecv", "send", "recv"),
+                "commtag inferred": "collective from the kernel name; group unknown; Seq = order on this rank",
+            }
+            inst = _instance(self.rank, eager, start, end, "nccl-kernel", None, self.flows.source(e))
+            inst.group_size = int(world)
+            self.instances.append(inst)
+
+
+def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows, *,
+           offset_ns: int = 0, graph_fallback: Optional[GraphFallback] = None) -> list[CollectiveInstance]:
+    """Annotate one trace file's events in place; return its collective instances."""
+    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, graph_fallback).run()
+
+
+def settle_inferred(instances: Sequence[CollectiveInstance]) -> None:
+    """Keep cross-rank links of metadata-less kernels only where every rank agrees.
+
+    Their Seq is a per-rank count per collective kind, which names the same
+    instance on every rank only if all ranks saw the same kernels; otherwise
+    each rank's get a rank-private uid so that nothing matches them.
+    """
+    seqs: dict[str, dict[int, int]] = {}
+    for inst in instances:
+        if inst.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
+            per_rank = seqs.setdefault(inst.pg_uid, {})
+            per_rank[inst.rank] = max(per_rank.get(inst.rank, 0), inst.seq)
+    agreed = {uid for uid, per_rank in seqs.items() if len(set(per_rank.values())) == 1}
+    for inst in instances:
+        if inst.pg_uid in seqs and inst.pg_uid not in agreed:
+            inst.pg_uid = f"{inst.pg_uid}:rank{inst.rank}"
+            inst.args["commtag pg uid"] = inst.pg_uid
+            inst.args["commtag cross-rank"] = False

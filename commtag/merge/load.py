@@ -1,0 +1,351 @@
+"""Find, read and convert PyTorch profiler (Kineto) Chrome-JSON traces.
+
+Discovery reads only each file's first bytes: a sidecar starts with its
+``"kind": "commtag-sidecar"``, a trace's ``distributedInfo`` sits before its
+``traceEvents``. So ranks are known (and split between merge workers)
+before any trace is parsed.
+
+The rank of a trace, first rule that applies:
+1. ``distributedInfo.rank`` in the trace;
+2. the ``rank`` of the sidecar that names the trace;
+3. the file name, by ``--rank-pattern`` if given, else by the default rule
+   :data:`DEFAULT_RANK_PATTERN`: ``rank`` or ``worker``, optionally followed
+   by ``-`` or ``_``, then the number (``rank3``, ``rank-3``, ``rank_3``,
+   ``worker3_step_12...``), case-insensitive, not preceded by a letter;
+4. otherwise the merge stops with an error naming the file.
+
+Several trace files may share a rank (one per profiled step): they become one
+process. Timestamps become absolute CLOCK_REALTIME ns:
+``ts * 1000 + baseTimeNanoseconds`` (old traces: ``ts`` is already epoch
+microseconds and there is no ``baseTimeNanoseconds``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import orjson
+from pydantic import ValidationError
+
+from commtag.merge.timeline import CPU_GROUP, RankTimeline, Track
+from commtag.schema import Sidecar
+
+DEFAULT_RANK_PATTERN = r"(?<![a-z])(?:rank|worker)[-_]?(\d+)"
+_HEAD_BYTES = 1 << 16
+_DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+#: Kineto categories of device-side events (their pid is the device).
+GPU_CATEGORIES = frozenset(
+    {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"}
+)
+#: Host-side events that launch device work (same "correlation" as the work).
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+#: Kineto bookkeeping args with no meaning to a reader.
+NOISE_ARGS = frozenset({"Ev Idx", "Record function id"})
+
+
+class MergeInputError(Exception):
+    """Bad input: the message names the file and the problem."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+@dataclass(slots=True)
+class TraceFile:
+    """One trace file of a rank and the sidecar that annotates it, if any."""
+
+    path: Path
+    sidecar: Optional[Path] = None
+    size: int = 0
+
+
+@dataclass(slots=True)
+class RankInput:
+    """All the files of one rank (several when several steps were profiled)."""
+
+    rank: int
+    files: list[TraceFile] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of a file, decompressed if gzip."""
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(_HEAD_BYTES)
+    except OSError as exc:
+        raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return zlib.decompressobj(wbits=47).decompress(raw, _HEAD_BYTES)
+    except zlib.error as exc:
+        raise MergeInputError(path, f"not a valid gzip file ({exc})") from None
+
+
+def _is_sidecar(head: bytes) -> bool:
+    return b'"commtag-sidecar"' in head[:512]
+
+
+def _looks_like_trace(head: bytes) -> bool:
+    return b'"traceEvents"' in head or b'"schemaVersion"' in head
+
+
+def _candidates(inputs: Sequence[Path]) -> list[Path]:
+    files: list[Path] = []
+    for item in inputs:
+        if item.is_dir():
+            files.extend(
+                p for p in sorted(item.iterdir())
+                if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+            )
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise MergeInputError(item, "no such file or directory")
+    return files
+
+
+def discover(inputs: Sequence[Path], rank_pattern: Optional[str] = None) -> list[RankInput]:
+    """Group the traces under ``inputs`` (dirs or files) by rank, in rank order."""
+    pattern = re.compile(rank_pattern or DEFAULT_RANK_PATTERN, re.IGNORECASE)
+    if pattern.groups < 1:
+        raise MergeInputError(rank_pattern or "", "--rank-pattern needs one capture group for the rank")
+    traces: dict[str, tuple[Path, bytes]] = {}
+    sidecars: dict[str, Path] = {}
+    for path in _candidates(inputs):
+        head = _head(path)
+        if _is_sidecar(head):
+            sidecar = load_sidecar(path)
+            sidecars.setdefault(sidecar.trace_file, path)
+        elif _looks_like_trace(head):
+            traces[path.name] = (path, head)
+    if not traces:
+        where = ", ".join(str(p) for p in inputs)
+        raise MergeInputError(where, "no PyTorch profiler trace (.json or .json.gz with traceEvents) found")
+    for name, path in sidecars.items():
+        if name not in traces:
+            raise MergeInputError(path, f"its trace_file {name!r} is not among the input traces")
+    ranks: dict[int, RankInput] = {}
+    for name, (path, head) in sorted(traces.items()):
+        sidecar_path = sidecars.get(name)
+        rank = _rank_of(path, head, sidecar_path, pattern)
+        entry = ranks.setdefault(rank, RankInput(rank))
+        entry.files.append(TraceFile(path, sidecar_path, path.stat().st_size))
+    return [ranks[r] for r in sorted(ranks)]
+
+
+def _rank_of(path: Path, head: bytes, sidecar: Optional[Path], pattern: re.Pattern[bytes] | re.Pattern[str]) -> int:
+    match = _DIST_RANK.search(head)
+    if match:
+        return int(match.group(1))
+    if sidecar is not None:
+        return load_sidecar(sidecar).rank
+    named = pattern.search(path.name)
+    if named:
+        return int(named.group(1))
+    raise MergeInputError(
+        path,
+        "cannot tell the rank: no distributedInfo.rank in the trace, no sidecar, and the file name "
+        "does not match rank<N>/rank-<N>/rank_<N>/worker<N> (pass --rank-pattern REGEX with one group)",
+    )
+
+
+def load_trace(path: Path) -> dict:
+    """Parse a Kineto Chrome-JSON trace (.json or .json.gz)."""
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except OSError as exc:
+        raise MergeInputError(path, f"cannot read: {exc}") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise MergeInputError(path, f"truncated or corrupt gzip ({exc})") from None
+    try:
+        trace = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MergeInputError(path, f"not valid JSON ({exc})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise MergeInputError(path, "not a profiler trace: no traceEvents list")
+    return trace
+
+
+def load_sidecar(path: Path) -> Sidecar:
+    """Parse and validate a commtag sidecar."""
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        return Sidecar.model_validate_json(raw)
+    except OSError as exc:
+        raise MergeInputError(path, f"cannot read: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise MergeInputError(path, f"invalid sidecar: {where}: {first.get('msg')}") from None
+
+
+def base_ns(trace: dict) -> int:
+    """What to add to ``ts * 1000`` for CLOCK_REALTIME ns (0 for old absolute traces)."""
+    base = trace.get("baseTimeNanoseconds", 0)
+    return base if isinstance(base, int) else 0
+
+
+def event_ns(event: dict, base: int) -> tuple[int, int]:
+    """Start and end of an X event in absolute ns (the writer's exact rounding)."""
+    t = event["ts"] * 1000
+    start = (t if t.__class__ is int else round(t)) + base
+    d = event.get("dur", 0) * 1000
+    d = d if d.__class__ is int else round(d)
+    return start, start + (d if d > 0 else 0)
+
+
+def _meta(events: list, gpu_pids: set, names: dict, labels: dict) -> None:
+    for e in events:
+        if e.get("ph") != "M":
+            continue
+        what = e.get("name")
+        args = e.get("args") or {}
+        if what == "thread_name":
+            names[(e.get("pid"), e.get("tid"))] = str(args.get("name", "")).strip()
+        elif what == "process_labels":
+            labels[e.get("pid")] = str(args.get("labels", ""))
+            if str(args.get("labels", "")).startswith("GPU"):
+                gpu_pids.add(e.get("pid"))
+
+
+def to_timeline(
+    rank: int,
+    traces: Sequence[dict],
+    *,
+    offset_ns: int = 0,
+    host: str = "",
+    flows_out: Optional[dict[int, list[int]]] = None,
+    flows_in: Optional[dict[int, list[int]]] = None,
+    next_flow: Optional[Callable[[], int]] = None,
+) -> RankTimeline:
+    """Convert one rank's traces into tracks of slices for the writer.
+
+    ``flows_out``/``flows_in`` map ``id(event)`` to the flow ids the attacher
+    set; launch-to-device-work flows (same "correlation") are added here when
+    ``next_flow`` gives ids, from whichever of the pair starts first.
+    ``offset_ns`` is this rank's clock correction (``--align``).
+    """
+    fo_get = (flows_out or {}).get
+    fi_get = (flows_in or {}).get
+    buckets: dict[tuple, list] = {}
+    instants: dict[tuple, list] = {}
+    thread_names: dict = {}
+    labels: dict = {}
+    gpu_pids: set = set()
+    for trace in traces:
+        events = trace["traceEvents"]
+        _meta(events, gpu_pids, thread_names, labels)
+        base = base_ns(trace) + offset_ns
+        launches: dict[int, tuple[list, int]] = {}
+        work: list[tuple[list, int, int]] = []
+        for e in events:
+            ph = e.get("ph")
+            if ph == "X":
+                pid = e.get("pid")
+                tid = e.get("tid")
+                ts = e.get("ts")
+                if pid.__class__ is not int or tid.__class__ is not int or ts is None:
+                    continue
+                t = ts * 1000
+                start = (t if t.__class__ is int else round(t)) + base
+                d = e.get("dur", 0) * 1000
+                if d.__class__ is not int:
+                    d = round(d)
+                key = (pid, tid)
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = buckets[key] = []
+                ref = id(e)
+                cat = e.get("cat")
+                args = e.get("args")
+                bucket.append((start, start + d if d > 0 else start, e.get("name", ""), cat, args,
+                               fo_get(ref), fi_get(ref)))
+                if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
+                    corr = args.get("correlation")
+                    if corr is not None:
+                        if cat in LAUNCH_CATEGORIES:
+                            launches[corr] = (bucket, len(bucket) - 1)
+                        else:
+                            gpu_pids.add(pid)
+                            work.append((bucket, len(bucket) - 1, corr))
+            elif ph == "i" or ph == "I":
+                pid = e.get("pid")
+                tid = e.get("tid")
+                ts = e.get("ts")
+                if pid.__class__ is not int or tid.__class__ is not int or ts is None:
+                    continue
+                t = ts * 1000
+                instants.setdefault((pid, tid), []).append(
+                    ((t if t.__class__ is int else round(t)) + base, e.get("name", ""), e.get("cat"), e.get("args"))
+                )
+        if next_flow is not None:
+            _launch_flows(launches, work, next_flow)
+    tracks = _tracks(buckets, instants, thread_names, gpu_pids)
+    starts = [t.slices[0][0] for t in tracks if t.slices] + [t.instants[0][0] for t in tracks if t.instants]
+    devices = sorted(p for p in gpu_pids if any(k[0] == p for k in buckets))
+    device = ", ".join(labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
+    name = f"rank {rank}" + (f" · {host}" if host else "") + f" · {device}"
+    return RankTimeline(rank=rank, process_name=name, tracks=tracks, first_ns=min(starts) if starts else None)
+
+
+def _with_flow(bucket: list, index: int, fid: int, out: bool) -> None:
+    s = bucket[index]
+    if out:
+        bucket[index] = s[:5] + ((s[5] or ()) + (fid,) if s[5] else (fid,), s[6])
+    else:
+        bucket[index] = s[:6] + ((s[6] or ()) + (fid,) if s[6] else (fid,),)
+
+
+def _launch_flows(launches: dict, work: list, next_flow: Callable[[], int]) -> None:
+    """One flow per piece of device work, from its launch (or from the work if it starts first)."""
+    for bucket, index, corr in work:
+        hit = launches.get(corr)
+        if hit is None:
+            continue
+        lbucket, lindex = hit
+        fid = next_flow()
+        launch_first = lbucket[lindex][0] <= bucket[index][0]
+        _with_flow(lbucket, lindex, fid, launch_first)
+        _with_flow(bucket, index, fid, not launch_first)
+
+
+def _tracks(buckets: dict, instants: dict, thread_names: dict, gpu_pids: set) -> list[Track]:
+    """Name and order the rows: main thread first then by name; streams by id."""
+    cpu_pids = [pid for pid, _ in buckets if pid not in gpu_pids]
+    main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
+    tracks = []
+    for key in sorted(set(buckets) | set(instants)):
+        pid, tid = key
+        if pid in gpu_pids:
+            group = f"GPU {pid}"
+            name = thread_names.get(key) or f"stream {tid}"
+            order = tid
+        else:
+            group = CPU_GROUP
+            name = thread_names.get(key) or f"thread {tid}"
+            if pid != main_pid:
+                name = f"pid {pid} · {name}"
+            order = -1 if tid == pid else tid
+        tracks.append(Track(name=name, group=group, order=order, slices=buckets.get(key, []),
+                            instants=instants.get(key, [])))
+    for group in {t.group for t in tracks}:
+        members = sorted((t for t in tracks if t.group == group), key=lambda t: (t.order, t.name))
+        for i, t in enumerate(members):
+            t.order = i
+    return tracks

@@ -1,0 +1,600 @@
+"""Hand-encoded Perfetto TrackEvent protobuf: the merged trace's writer.
+
+Why by hand: building protobuf messages costs several microseconds per
+packet in Python; concatenating precomputed byte fragments is several times
+cheaper, and a merge writes two packets per source event. Field numbers are
+Perfetto's (protos/perfetto/trace/...); the rules this writer follows are
+those trace_processor applies at import (see the project's reference
+perfetto-import-rules.md), and ``commtag validate`` checks them.
+
+Layout of the file: a header (ClockSnapshot, root descriptor ordering the
+processes), then one block per rank (written by whichever merge worker
+loaded it: blocks only use ids derived from their rank, so blocks from
+several workers concatenate), then the lanes block (process-group lanes,
+cross-rank flows, the analysis's counters and markers).
+
+Ids: a track uuid is ``(rank + 1) << 32 | local``; rank blocks use locals
+below ``LANE_LOCAL``, the lanes block above it. Flow ids carry their kind
+in the top bits (see ``flow_id``). Each rank block is one packet sequence
+``RANK_SEQ_BASE + rank``; the header and lanes block have their own.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import BinaryIO, Iterable, Optional, Sequence
+
+import orjson
+
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker
+from commtag.merge.timeline import CPU_GROUP, LANE_GROUP, RankTimeline, Track
+
+# TracePacket: timestamp=8, trusted_packet_sequence_id=10, track_event=11,
+# interned_data=12, sequence_flags=13, clock_snapshot=6, track_descriptor=60.
+# TrackEvent: category_iids=3, debug_annotations=4, type=9, name_iid=10,
+# track_uuid=11, double_counter_value=44, flow_ids=47, terminating_flow_ids=48.
+TYPE_SLICE_BEGIN = 1
+TYPE_SLICE_END = 2
+TYPE_INSTANT = 3
+TYPE_COUNTER = 4
+SEQ_CLEARED_AND_NEEDS = 3
+SEQ_NEEDS = 2
+HEADER_SEQ = 1
+LANES_SEQ = 2
+RANK_SEQ_BASE = 16
+LANE_LOCAL = 1 << 30
+PID_BASE = 100_000
+ROOT_UUID = 0
+BUILTIN_CLOCK_REALTIME = 1
+BUILTIN_CLOCK_BOOTTIME = 6
+CHILD_ORDERING_EXPLICIT = 3
+MERGE_BY_KEY = 3
+PROCESS_ORDERING_EXPLICIT = 1
+
+FLOW_LAUNCH = 1
+FLOW_SOURCE = 2
+FLOW_CROSS_RANK = 3
+
+#: Groups up to this size get a flow between every pair of members, so that
+#: selecting any member shows all others; bigger groups get a star.
+FULL_MESH_MAX = 8
+
+_INT63 = 1 << 63
+
+
+def _slow_varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_V = [_slow_varint(i) for i in range(1 << 14)]
+#: 14 bits as two varint bytes, both with the continuation bit set.
+_L = [bytes(((i & 0x7F) | 0x80, ((i >> 7) & 0x7F) | 0x80)) for i in range(1 << 14)]
+_M = 0x3FFF
+
+
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int (< 2**64), 14 bits per table lookup."""
+    if n < 0x4000:
+        return _V[n]
+    if n < 0x10000000:
+        return _L[n & _M] + _V[n >> 14]
+    if n < 0x40000000000:
+        return _L[n & _M] + _L[(n >> 14) & _M] + _V[n >> 28]
+    if n < 0x100000000000000:
+        return _L[n & _M] + _L[(n >> 14) & _M] + _L[(n >> 28) & _M] + _V[n >> 42]
+    return _L[n & _M] + _L[(n >> 14) & _M] + _L[(n >> 28) & _M] + _L[(n >> 42) & _M] + _V[n >> 56]
+
+
+_v = varint
+
+
+class _TsEncoder:
+    """Varints of nanosecond timestamps: the low 28 bits by table, the rest cached."""
+
+    __slots__ = ("_high",)
+
+    def __init__(self) -> None:
+        self._high: dict[int, bytes] = {}
+
+    def __call__(self, n: int) -> bytes:
+        high = n >> 28
+        if not high:
+            return varint(n)
+        tail = self._high.get(high)
+        if tail is None:
+            tail = self._high[high] = varint(high)
+        return _L[n & _M] + _L[(n >> 14) & _M] + tail
+
+
+def _field_bytes(tag: bytes, payload: bytes) -> bytes:
+    return tag + _v(len(payload)) + payload
+
+
+def _frame(packet: bytes) -> bytes:
+    """One ``Trace.packet`` (field 1) frame: files are runs of these."""
+    return b"\x0a" + _v(len(packet)) + packet
+
+
+def flow_id(kind: int, rank: int, counter: int) -> int:
+    """A trace-unique flow id: 4 bits kind, 24 bits rank, 36 bits counter."""
+    return (kind << 60) | ((rank & 0xFFFFFF) << 36) | (counter & 0xFFFFFFFFF)
+
+
+def track_uuid(rank: int, local: int) -> int:
+    return ((rank + 1) << 32) | local
+
+
+def process_uuid(rank: int) -> int:
+    return track_uuid(rank, 1)
+
+
+def synthetic_pid(rank: int) -> int:
+    """Every rank its own pid: trace_processor treats a repeated pid as pid reuse."""
+    return PID_BASE + rank
+
+
+def track_descriptor(
+    uuid: int,
+    name: Optional[str] = None,
+    *,
+    parent: Optional[int] = None,
+    pid: Optional[int] = None,
+    process_name: Optional[str] = None,
+    labels: Sequence[str] = (),
+    child_ordering: Optional[int] = None,
+    sibling_order_rank: Optional[int] = None,
+    merge_key: Optional[str] = None,
+    process_ordering: Optional[int] = None,
+    counter_unit: Optional[str] = None,
+    description: Optional[str] = None,
+) -> bytes:
+    """Serialized TrackDescriptor (only the fields this writer uses)."""
+    out = bytearray(b"\x08" + varint(uuid))
+    if name is not None:
+        out += _field_bytes(b"\x12", name.encode())
+    if pid is not None:
+        proc = bytearray(b"\x08" + varint(pid))
+        if process_name is not None:
+            proc += _field_bytes(b"\x32", process_name.encode())
+        for label in labels:
+            proc += _field_bytes(b"\x42", label.encode())
+        out += _field_bytes(b"\x1a", bytes(proc))
+    if parent is not None:
+        out += b"\x28" + varint(parent)
+    if counter_unit is not None:
+        # CounterDescriptor.unit_name = 6
+        out += _field_bytes(b"\x42", _field_bytes(b"\x32", counter_unit.encode()) if counter_unit else b"")
+    if child_ordering is not None:
+        out += b"\x58" + varint(child_ordering)
+    if sibling_order_rank is not None:
+        out += b"\x60" + varint(sibling_order_rank & 0xFFFFFFFFFFFFFFFF)
+    if description is not None:
+        out += _field_bytes(b"\x72", description.encode())
+    if merge_key is not None:
+        out += b"\x78" + varint(MERGE_BY_KEY)
+        out += _field_bytes(b"\x82\x01", merge_key.encode())
+    if process_ordering is not None:
+        out += b"\x98\x01" + varint(process_ordering)
+    return bytes(out)
+
+
+def header(first_ns: int) -> bytes:
+    """Clock snapshot (BOOTTIME = REALTIME, so the UI can show wall time) and the root."""
+    clock = b"".join(
+        _field_bytes(b"\x0a", b"\x08" + varint(cid) + b"\x10" + varint(first_ns))
+        for cid in (BUILTIN_CLOCK_BOOTTIME, BUILTIN_CLOCK_REALTIME)
+    )
+    seq = b"\x50" + varint(HEADER_SEQ)
+    snapshot = b"\x40" + varint(first_ns) + seq + _field_bytes(b"\x32", clock)
+    root = seq + _field_bytes(
+        b"\xe2\x03", track_descriptor(ROOT_UUID, process_ordering=PROCESS_ORDERING_EXPLICIT)
+    )
+    return _frame(snapshot) + _frame(root)
+
+
+class SequenceWriter:
+    """Packets of one sequence: interning tables, flags, slice/instant/counter events."""
+
+    def __init__(self, seq_id: int, skip_args: frozenset = frozenset()) -> None:
+        self.out = bytearray()
+        self._skip = skip_args
+        self._seq = b"\x50" + varint(seq_id)
+        self._ts = _TsEncoder()
+        self._names: dict[str, bytes] = {}
+        self._cats: dict[str, bytes] = {}
+        self._keys: dict[str, int] = {}
+        self._strings: dict[str, int] = {}
+        self._ann_cache: dict[tuple, bytes] = {}
+        self._int_keys: dict[str, bytes] = {}
+        self._pending = bytearray()
+        self._started = False
+
+    # -- packets ---------------------------------------------------------
+    def descriptor(self, desc: bytes) -> None:
+        """A TrackDescriptor packet; the first packet also clears the sequence's state."""
+        body = self._seq + self._flags_first() + _field_bytes(b"\xe2\x03", desc)
+        self.out += _frame(body)
+
+    def _flags_first(self) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        return b"\x68" + varint(SEQ_CLEARED_AND_NEEDS)
+
+    def _event(self, ts: int, event: bytes, out: bytearray) -> None:
+        body = b"\x40" + self._ts(ts) + self._seq
+        if self._pending:
+            body += b"\x62" + _v(len(self._pending)) + self._pending
+            self._pending.clear()
+        if self._started:
+            body += b"\x68\x02\x5a" + _v(len(event)) + event
+        else:
+            body += self._flags_first() + b"\x5a" + _v(len(event)) + event
+        out += b"\x0a"
+        out += _v(len(body))
+        out += body
+
+    def begin(self, ts: int, track: bytes, name: str, cat: Optional[str], args: Optional[dict],
+              flows_out: Optional[Iterable[int]] = None, flows_in: Optional[Iterable[int]] = None,
+              out: Optional[bytearray] = None) -> None:
+        """A TYPE_SLICE_BEGIN on ``track`` (``b"\\x58" + varint(uuid)``)."""
+        ev = b"\x48\x01" + track + (self._names.get(name) or self._name(name))
+        if cat:
+            ev += self._cats.get(cat) or self._cat(cat)
+        if args:
+            ev += self._annotations(args)
+        if flows_out:
+            for fid in flows_out:
+                ev += b"\xf9\x02" + fid.to_bytes(8, "little")
+        if flows_in:
+            for fid in flows_in:
+                ev += b"\x81\x03" + fid.to_bytes(8, "little")
+        self._event(ts, ev, self.out if out is None else out)
+
+    def instant(self, ts: int, track: bytes, name: str, cat: Optional[str], args: Optional[dict],
+                out: Optional[bytearray] = None) -> None:
+        ev = b"\x48\x03" + track + self._name(name)
+        if cat:
+            ev += self._cat(cat)
+        if args:
+            ev += self._annotations(args)
+        self._event(ts, ev, self.out if out is None else out)
+
+    def end_tail(self, track: bytes) -> bytes:
+        """Everything after the timestamp of an END on ``track`` (no interning, no flags)."""
+        return self._seq + b"\x5a" + _v(len(track) + 2) + b"\x48\x02" + track
+
+    def end(self, ts: int, tail: bytes, out: Optional[bytearray] = None) -> None:
+        ts_b = self._ts(ts)
+        target = self.out if out is None else out
+        target += b"\x0a"
+        target += _v(len(ts_b) + len(tail) + 1)
+        target += b"\x40"
+        target += ts_b
+        target += tail
+
+    def counter(self, ts: int, track: bytes, value: float) -> None:
+        ev = b"\x48\x04" + track + b"\xe1\x02" + struct.pack("<d", value)
+        body = b"\x40" + self._ts(ts) + self._seq + b"\x5a" + _v(len(ev)) + ev
+        self.out += _frame(body)
+
+    # -- interning -------------------------------------------------------
+    def _name(self, name: str) -> bytes:
+        part = self._names.get(name)
+        if part is None:
+            iid = len(self._names) + 1
+            self._pending += _field_bytes(b"\x12", b"\x08" + _v(iid) + _field_bytes(b"\x12", name.encode()))
+            part = self._names[name] = b"\x50" + _v(iid)
+        return part
+
+    def _cat(self, cat: str) -> bytes:
+        part = self._cats.get(cat)
+        if part is None:
+            iid = len(self._cats) + 1
+            self._pending += _field_bytes(b"\x0a", b"\x08" + _v(iid) + _field_bytes(b"\x12", cat.encode()))
+            part = self._cats[cat] = b"\x18" + _v(iid)
+        return part
+
+    def _key(self, key: str) -> int:
+        iid = self._keys.get(key)
+        if iid is None:
+            iid = self._keys[key] = len(self._keys) + 1
+            self._pending += _field_bytes(b"\x1a", b"\x08" + _v(iid) + _field_bytes(b"\x12", key.encode()))
+        return iid
+
+    def _string(self, text: str) -> bytes:
+        iid = self._strings.get(text)
+        if iid is None:
+            iid = self._strings[text] = len(self._strings) + 1
+            self._pending += _field_bytes(b"\xea\x01", b"\x08" + _v(iid) + _field_bytes(b"\x12", text.encode()))
+        return b"\x88\x01" + _v(iid)
+
+    def _annotations(self, args: dict) -> bytes:
+        cache = self._ann_cache
+        skip = self._skip
+        int_keys = self._int_keys
+        parts = []
+        for key, value in args.items():
+            if key in skip:
+                continue
+            cls = value.__class__
+            if cls is int and 4095 < value < _INT63:
+                head = int_keys.get(key)
+                if head is None:
+                    head = int_keys[key] = b"\x08" + _v(self._key(key)) + b"\x20"
+                val = varint(value)
+                parts.append(b"\x22" + _V[len(head) + len(val)] + head + val)
+                continue
+            if cls is list or cls is dict:
+                value = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+                cls = str
+            if cls is str or cls is bool or cls is int:
+                ck = (key, value, cls)
+                enc = cache.get(ck)
+                if enc is None:
+                    enc = self._annotation(key, value)
+                    if len(cache) < 200_000:
+                        cache[ck] = enc
+                parts.append(enc)
+            else:
+                parts.append(self._annotation(key, value))
+        return b"".join(parts)
+
+    def _annotation(self, key: str, value: object) -> bytes:
+        body = b"\x08" + _v(self._key(key))
+        cls = value.__class__
+        if cls is bool:
+            body += b"\x10\x01" if value else b"\x10\x00"
+        elif cls is int:
+            if 0 <= value < _INT63:
+                body += b"\x20" + varint(value)
+            elif -_INT63 <= value < 0:
+                body += b"\x20" + varint(value + (1 << 64))
+            else:
+                body += self._string(str(value))
+        elif cls is float:
+            body += b"\x29" + struct.pack("<d", value)
+        elif cls is str:
+            body += self._string(value) if len(value) <= 512 else _field_bytes(b"\x32", value.encode())
+        elif value is None:
+            body += self._string("null")
+        else:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+            body += self._string(text) if len(text) <= 512 else _field_bytes(b"\x32", text.encode())
+        return b"\x22" + _v(len(body)) + body
+
+
+def _by_start_outer_first(slices: list) -> None:
+    """Sort by start, longer first at equal starts (outer BEGIN before inner)."""
+    slices.sort(key=lambda s: s[1], reverse=True)
+    slices.sort(key=lambda s: s[0])
+
+
+class _LocalIds:
+    """Per-rank track uuids in creation order."""
+
+    def __init__(self, rank: int, first: int) -> None:
+        self.rank = rank
+        self.next = first
+
+    def __call__(self) -> int:
+        uuid = track_uuid(self.rank, self.next)
+        self.next += 1
+        return uuid
+
+
+def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order: int,
+               merge_key: str, ids: _LocalIds, instants: Sequence = ()) -> None:
+    """Slices of one source row on as few backing tracks as proper nesting allows.
+
+    Each backing track gets the slices that nest properly on it; a slice that
+    would cross one goes to the next. All backing tracks share parent, name
+    and sibling_merge_key, so the UI shows them as one row with the
+    overlapping slices stacked, and no timestamp changes.
+    """
+    _by_start_outer_first(slices)
+    body = bytearray()
+    stacks: list[list[int]] = []
+    tails: list[bytes] = []
+    tracks: list[bytes] = []
+    uuids: list[int] = []
+    end, begin = seq.end, seq.begin
+    for s in slices:
+        start, stop = s[0], s[1]
+        k = 0
+        for stack in stacks:
+            while stack and stack[-1] <= start:
+                end(stack.pop(), tails[k], body)
+            if not stack or stop <= stack[-1]:
+                break
+            k += 1
+        else:
+            uuid = ids()
+            uuids.append(uuid)
+            track = b"\x58" + varint(uuid)
+            tracks.append(track)
+            tails.append(seq.end_tail(track))
+            stacks.append([])
+        stacks[k].append(stop)
+        begin(start, tracks[k], s[2], s[3], s[4], s[5], s[6], body)
+    for k, stack in enumerate(stacks):
+        while stack:
+            end(stack.pop(), tails[k], body)
+    if not tracks:  # a row with only instants, or an empty lane: still one track
+        uuid = ids()
+        uuids.append(uuid)
+        tracks.append(b"\x58" + varint(uuid))
+    if instants:
+        for ts, iname, cat, args in instants:
+            seq.instant(ts, tracks[0], iname, cat, args, body)
+    for uuid in uuids:
+        seq.descriptor(track_descriptor(
+            uuid, name, parent=parent, sibling_order_rank=order,
+            merge_key=merge_key if len(uuids) > 1 else None,
+        ))
+    seq.out += body
+
+
+def write_rank(stream: BinaryIO, timeline: RankTimeline, skip_args: frozenset = frozenset()) -> None:
+    """Write one rank's process, groups and rows.
+
+    ``skip_args`` names source args not worth a debug annotation.
+    """
+    rank = timeline.rank
+    seq = SequenceWriter(RANK_SEQ_BASE + rank, skip_args)
+    proc = process_uuid(rank)
+    seq.descriptor(track_descriptor(
+        proc, timeline.process_name, pid=synthetic_pid(rank), process_name=timeline.process_name,
+        labels=timeline.labels, sibling_order_rank=rank,
+    ))
+    ids = _LocalIds(rank, 2)
+    groups: dict[str, int] = {}
+    for track in sorted(timeline.tracks, key=lambda t: (t.group, t.order, t.name)):
+        parent = groups.get(track.group)
+        if parent is None:
+            parent = groups[track.group] = ids()
+            seq.descriptor(track_descriptor(parent, track.group, parent=proc,
+                                            child_ordering=CHILD_ORDERING_EXPLICIT))
+        key = f"r{rank}:{track.group}:{track.name}"
+        _emit_rows(seq, track.slices, parent, track.name, track.order, key, ids, track.instants)
+        if len(seq.out) > (8 << 20):
+            stream.write(seq.out)
+            seq.out.clear()
+    stream.write(seq.out)
+
+
+# -- the lanes block ------------------------------------------------------
+
+def _match_key(inst: CollectiveInstance) -> Optional[tuple]:
+    """What the same instance shares on every member rank; None: link nothing."""
+    args = inst.args
+    if args.get("commtag cross-rank") is False:
+        return None
+    if "Dst Rank" in args or "Src Rank" in args:
+        pair = args.get("commtag p2p pair seq")
+        if pair is None:
+            return None
+        src = args.get("Src Rank", inst.rank)
+        dst = args.get("Dst Rank", inst.rank)
+        return (inst.pg_uid, "p2p", src, dst, pair, inst.replay)
+    return inst.key
+
+
+class LanesWriter:
+    """Lanes, cross-rank flows, counters and markers: written once, after every rank."""
+
+    def __init__(self) -> None:
+        self.seq = SequenceWriter(LANES_SEQ)
+        self._ids: dict[int, _LocalIds] = {}
+        self._groups: dict[int, int] = {}
+        self._cross = 0
+
+    def _rank_ids(self, rank: int) -> _LocalIds:
+        ids = self._ids.get(rank)
+        if ids is None:
+            ids = self._ids[rank] = _LocalIds(rank, LANE_LOCAL)
+        return ids
+
+    def _lane_group(self, rank: int) -> int:
+        uuid = self._groups.get(rank)
+        if uuid is None:
+            uuid = self._groups[rank] = self._rank_ids(rank)()
+            self.seq.descriptor(track_descriptor(uuid, LANE_GROUP, parent=process_uuid(rank),
+                                                 child_ordering=CHILD_ORDERING_EXPLICIT))
+        return uuid
+
+    def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
+              instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
+              markers: Sequence[Marker] = ()) -> None:
+        """Write every lane with its slices and flows, then counters and markers.
+
+        ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
+        being the lane's position in the one global lane order, so a group's
+        lane sits at the same place on every member rank. Instances go to the
+        lane named by their ``lane_name``.
+        """
+        flows = self._cross_rank_flows(instances)
+        by_lane: dict[tuple[int, str], list] = {}
+        for inst in instances:
+            fout, fin = flows.get(id(inst), (None, None))
+            if inst.source_flow is not None:
+                fin = (fin or ()) + (inst.source_flow,)
+            by_lane.setdefault((inst.rank, inst.lane_name), []).append(
+                (inst.start_ns, inst.end_ns, inst.collective, "collective", inst.args, fout, fin)
+            )
+        for rank in sorted(lanes):
+            parent = self._lane_group(rank)
+            for lane_name, order in lanes[rank]:
+                slices = by_lane.pop((rank, lane_name), [])
+                _emit_rows(self.seq, slices, parent, lane_name, order,
+                           f"r{rank}:lane:{lane_name}", self._rank_ids(rank))
+        if by_lane:
+            raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
+        for series in counters:
+            self._counter(series)
+        self._markers(markers)
+        stream.write(self.seq.out)
+        self.seq.out.clear()
+
+    def _cross_rank_flows(self, instances: Sequence[CollectiveInstance]) -> dict[int, tuple]:
+        """Flows linking the members of each matched instance.
+
+        Collectives match on :attr:`CollectiveInstance.key`; a send matches
+        its receive on (group, source, destination, "commtag p2p pair seq",
+        replay), since p2p Seq counts every peer together. The earlier
+        starting slice of a pair starts the flow (ties: lower rank, which
+        this block writes first): trace_processor drops a terminating id it
+        has not seen start.
+        """
+        by_key: dict[tuple, list[CollectiveInstance]] = {}
+        for inst in instances:
+            key = _match_key(inst)
+            if key is not None:
+                by_key.setdefault(key, []).append(inst)
+        flows: dict[int, tuple[list, list]] = {}
+        for members in by_key.values():
+            if len(members) < 2 or len({m.rank for m in members}) != len(members):
+                continue
+            members.sort(key=lambda m: (m.start_ns, m.rank))
+            pairs = (
+                [(i, j) for i in range(len(members)) for j in range(i + 1, len(members))]
+                if len(members) <= FULL_MESH_MAX
+                else [(0, j) for j in range(1, len(members))]
+            )
+            for i, j in pairs:
+                self._cross += 1
+                fid = flow_id(FLOW_CROSS_RANK, 0, self._cross)
+                flows.setdefault(id(members[i]), ([], []))[0].append(fid)
+                flows.setdefault(id(members[j]), ([], []))[1].append(fid)
+        return {key: (tuple(a) or None, tuple(b) or None) for key, (a, b) in flows.items()}
+
+    def _counter(self, series: CounterSeries) -> None:
+        uuid = self._rank_ids(series.rank)()
+        self.seq.descriptor(track_descriptor(uuid, series.track, parent=self._lane_group(series.rank),
+                                             sibling_order_rank=1 << 20, counter_unit=series.unit))
+        track = b"\x58" + varint(uuid)
+        for ts, value in sorted(series.points):
+            self.seq.counter(ts, track, float(value))
+
+    def _markers(self, markers: Sequence[Marker]) -> None:
+        tracks: dict[int, bytes] = {}
+        for marker in sorted(markers, key=lambda m: (m.rank, m.ts_ns)):
+            track = tracks.get(marker.rank)
+            if track is None:
+                uuid = self._rank_ids(marker.rank)()
+                self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=self._lane_group(marker.rank),
+                                                     sibling_order_rank=(1 << 20) + 1))
+                track = tracks[marker.rank] = b"\x58" + varint(uuid)
+            self.seq.instant(marker.ts_ns, track, marker.name, "commtag", marker.args)
+
+
+__all__ = [
+    "CPU_GROUP", "LANE_GROUP", "FULL_MESH_MAX", "LanesWriter", "SequenceWriter", "Track",
+    "flow_id", "header", "process_uuid", "synthetic_pid", "track_descriptor",
+    "varint", "write_rank",
+]

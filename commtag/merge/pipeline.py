@@ -1,0 +1,337 @@
+"""The merge, rank by rank: load, attach, write, free; then lanes once.
+
+Memory stays near one rank's parsed trace: each rank's events are written
+as soon as they are attached, and only its small CollectiveInstance records
+are kept. After the last rank the analysis hook sees every instance, and the
+lanes block (process-group lanes, cross-rank flows, counters, markers) is
+written. The output appears atomically (a temporary file renamed over it);
+a failed merge leaves any previous output untouched.
+
+Under torchrun (:func:`torch_world`) each merge worker takes a contiguous
+chunk of ranks and writes them to a shard; workers exchange their records
+as JSON; worker 0 appends the shards after its own ranks and writes the
+lanes. Blocks only use ids derived from their rank and chunks are in rank
+order, so the file is byte for byte the single-process one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Sequence
+
+import orjson
+
+from commtag.merge import perfetto
+from commtag.merge.align import Alignment, estimate_offsets
+from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred
+from commtag.merge.load import (
+    NOISE_ARGS, MergeInputError, RankInput, discover, load_sidecar, load_trace, to_timeline,
+)
+from commtag.merge.records import CollectiveInstance, TraceAnnotations
+
+#: ``analysis(instances)`` may add figures to each instance's ``args`` and
+#: return counters and markers for the trace.
+AnalysisHook = Callable[[list[CollectiveInstance]], Optional[TraceAnnotations]]
+DEFAULT_OUTPUT = "merged.pftrace"
+ALIGN_MODES = ("none", "collectives")
+
+
+class World(Protocol):
+    """The merge job's workers (one, or torchrun's)."""
+
+    index: int
+    size: int
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]: ...
+
+
+class SoloWorld:
+    index = 0
+    size = 1
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        return [data]
+
+
+class TorchWorld:
+    """torchrun's workers over a gloo group; records travel as JSON bytes, never pickle."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        self._dist = dist
+        self.index = dist.get_rank()
+        self.size = dist.get_world_size()
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        import torch
+
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        self._dist.all_gather(sizes, size)
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+        chunks = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.size)]
+        self._dist.all_gather(chunks, mine)
+        return [bytes(c[: int(s.item())].numpy()) for c, s in zip(chunks, sizes)]
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+def torch_world() -> Optional[TorchWorld]:
+    """The torchrun world when this process is one of several merge workers."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return TorchWorld()
+    return None
+
+
+@dataclass(slots=True)
+class RankSummary:
+    """What the lanes stage needs of a rank once its events are written."""
+
+    rank: int
+    host: str
+    first_ns: Optional[int]
+    #: ``(lane_name, lane_id, pg_uid, member ranks)`` of the groups this rank knows.
+    groups: list[tuple[str, int, str, list[int]]]
+    instances: list[CollectiveInstance] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class MergeResult:
+    output: Path
+    ranks: list[int]
+    instances: list[CollectiveInstance]
+    alignment: Optional[Alignment] = None
+    annotations: Optional[TraceAnnotations] = None
+
+
+def default_output(inputs: Sequence[Path]) -> Path:
+    first = inputs[0]
+    return (first if first.is_dir() else first.parent) / DEFAULT_OUTPUT
+
+
+def chunks(ranks: Sequence[RankInput], workers: int) -> list[list[RankInput]]:
+    """Contiguous chunks in rank order, balanced by input size (worker 0 never empty)."""
+    total = sum(r.size for r in ranks) or 1
+    out: list[list[RankInput]] = [[] for _ in range(workers)]
+    done = 0
+    for r in ranks:
+        w = min(workers - 1, int(done * workers / total))
+        out[w].append(r)
+        done += r.size
+    return out
+
+
+def merge(
+    inputs: Sequence[Path | str] | Path | str,
+    output: Optional[Path | str] = None,
+    *,
+    align: str = "none",
+    json_dir: Optional[Path | str] = None,
+    rank_pattern: Optional[str] = None,
+    analysis: Optional[AnalysisHook] = None,
+    graph_fallback: Optional[GraphFallback] = None,
+    progress: Optional[bool] = None,
+    world: Optional[World] = None,
+) -> MergeResult:
+    """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
+
+    ``inputs``: directories and/or trace files. ``output``: default
+    ``<first dir>/merged.pftrace``. ``align="collectives"`` corrects each
+    host's clock from matched collectives (two passes over the inputs).
+    ``json_dir``: also write each annotated trace there, as Chrome JSON.
+    ``analysis``: see :data:`AnalysisHook`. ``graph_fallback``: see
+    :data:`commtag.merge.attach.GraphFallback`. ``world``: torchrun workers
+    (:func:`torch_world`); the result's instances are complete on worker 0.
+    Raises :class:`MergeInputError` on bad input, writing nothing.
+    """
+    if align not in ALIGN_MODES:
+        raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    if not paths:
+        raise MergeInputError(".", "no input given")
+    world = world or SoloWorld()
+    ranks = discover(paths, rank_pattern)
+    out_path = Path(output) if output else default_output(paths)
+    if json_dir is not None:
+        for f in (f for r in ranks for f in r.files):
+            if (Path(json_dir) / f.path.name).resolve() == f.path.resolve():
+                raise MergeInputError(json_dir, f"--json would overwrite the input {f.path.name}")
+    mine = chunks(ranks, world.size)[world.index]
+    show = sys.stderr.isatty() if progress is None else progress
+
+    alignment = None
+    offsets: dict[int, int] = {}
+    if align == "collectives":
+        everyone = _exchange(world, lambda: [_summary_only(r, graph_fallback) for r in mine])
+        alignment = estimate_offsets(
+            [i for s in everyone for i in s.instances], {s.rank: s.host for s in everyone}
+        )
+        offsets = alignment.offsets
+
+    final_tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    shard = final_tmp if world.index == 0 else out_path.with_name(f".{out_path.name}.shard{world.index}")
+    shards = [out_path.with_name(f".{out_path.name}.shard{w}") for w in range(1, world.size)]
+    try:
+        try:
+            with open(shard, "wb") as stream:
+                summaries = _write_ranks(stream, mine, offsets, graph_fallback, json_dir, show,
+                                         header=world.index == 0)
+        except OSError as exc:
+            raise MergeInputError(shard, f"cannot write: {exc.strerror or exc}") from None
+        everyone = _exchange(world, lambda: summaries)
+        if world.index != 0:
+            return MergeResult(out_path, [r.rank for r in ranks], [], alignment)
+        instances = [i for s in everyone for i in s.instances]
+        settle_inferred(instances)
+        annotations = analysis(instances) if analysis is not None else None
+        with open(final_tmp, "ab") as stream:
+            for path in shards:
+                with open(path, "rb") as part:
+                    while block := part.read(16 << 20):
+                        stream.write(block)
+            lanes = _lane_layout(everyone)
+            perfetto.LanesWriter().write(
+                stream, lanes, instances,
+                annotations.counters if annotations else (), annotations.markers if annotations else (),
+            )
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(final_tmp, out_path)
+        return MergeResult(out_path, [r.rank for r in ranks], instances, alignment, annotations)
+    finally:
+        for leftover in [final_tmp, *shards] if world.index == 0 else [shard]:
+            leftover.unlink(missing_ok=True)
+
+
+def _exchange(world: World, produce: Callable[[], list[RankSummary]]) -> list[RankSummary]:
+    """Every worker's summaries, in rank order; an input error anywhere stops all workers."""
+    try:
+        payload = orjson.dumps({"summaries": [_to_json(s) for s in produce()]})
+    except MergeInputError as exc:
+        payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
+    parts = [orjson.loads(p) for p in world.all_gather_bytes(payload)]
+    for part in parts:
+        if "error" in part:
+            raise MergeInputError(*part["error"])
+    return sorted((_from_json(s) for part in parts for s in part["summaries"]), key=lambda s: s.rank)
+
+
+def _to_json(summary: RankSummary) -> dict:
+    return asdict(summary)
+
+
+def _from_json(data: dict) -> RankSummary:
+    instances = []
+    for raw in data.pop("instances"):
+        raw["group_ranks"] = tuple(raw["group_ranks"])
+        instances.append(CollectiveInstance(**raw))
+    data["groups"] = [tuple(g) for g in data["groups"]]
+    return RankSummary(**data, instances=instances)
+
+
+def _rank_files(rank: RankInput) -> list[tuple[Path, dict, Optional[object]]]:
+    loaded = []
+    for f in rank.files:
+        trace = load_trace(f.path)
+        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+        if sidecar is not None and sidecar.rank != rank.rank:
+            raise MergeInputError(f.sidecar, f"sidecar is for rank {sidecar.rank} but its trace is rank {rank.rank}")
+        loaded.append((f.path, trace, sidecar))
+    return loaded
+
+
+def _summary(rank: RankInput, loaded: list, offset: int, flows: RankFlows,
+             graph_fallback: Optional[GraphFallback]) -> RankSummary:
+    instances: list[CollectiveInstance] = []
+    groups: dict[str, tuple] = {}
+    host = ""
+    for _, trace, sidecar in loaded:
+        instances += attach(rank.rank, trace, sidecar, flows, offset_ns=offset, graph_fallback=graph_fallback)
+        for g in group_table(trace, sidecar).values():
+            groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
+        host = host or (sidecar.host if sidecar else "") or str(trace.get("host_name") or "")
+    for inst in instances:
+        groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
+    return RankSummary(rank.rank, host, None, list(groups.values()), instances)
+
+
+def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback]) -> RankSummary:
+    return _summary(rank, _rank_files(rank), 0, RankFlows(rank.rank), graph_fallback)
+
+
+def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_fallback,
+                 json_dir, show: bool, header: bool) -> list[RankSummary]:
+    from tqdm import tqdm
+
+    summaries = []
+    for rank in tqdm(mine, desc="commtag merge", unit="rank", disable=not show):
+        loaded = _rank_files(rank)
+        offset = offsets.get(rank.rank, 0)
+        flows = RankFlows(rank.rank)
+        summary = _summary(rank, loaded, offset, flows, graph_fallback)
+        timeline = to_timeline(rank.rank, [t for _, t, _ in loaded], offset_ns=offset, host=summary.host,
+                               flows_out=flows.out, flows_in=flows.into, next_flow=flows)
+        summary.first_ns = timeline.first_ns
+        if header:
+            stream.write(perfetto.header(timeline.first_ns or 0))
+            header = False
+        perfetto.write_rank(stream, timeline, NOISE_ARGS)
+        if json_dir is not None:
+            for path, trace, _ in loaded:
+                write_json(Path(json_dir) / path.name, trace)
+        summaries.append(summary)
+        del loaded, timeline
+    return summaries
+
+
+def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:
+    """Each rank's lanes, in one global order: a group's lane on every loaded member.
+
+    Only groups with at least one collective anywhere get lanes; membership
+    comes from the group tables (ranks), or from having instances on it.
+    """
+    used = {i.lane_name for s in summaries for i in s.instances}
+    lanes: dict[str, tuple[int, str]] = {}
+    members: dict[str, set[int]] = {}
+    loaded = {s.rank for s in summaries}
+    for s in summaries:
+        for lane_name, lane_id, _, ranks in s.groups:
+            if lane_name in used:
+                lanes[lane_name] = (lane_id, lane_name)
+                members.setdefault(lane_name, set()).update(r for r in ranks if r in loaded)
+        for inst in s.instances:
+            lanes.setdefault(inst.lane_name, (inst.lane_id, inst.lane_name))
+            members.setdefault(inst.lane_name, set()).add(s.rank)
+    order = {name: i for i, name in enumerate(sorted(lanes, key=lambda n: lanes[n]))}
+    layout: dict[int, list[tuple[str, int]]] = {}
+    for name, ranks in members.items():
+        for r in ranks:
+            layout.setdefault(r, []).append((name, order[name]))
+    for rows in layout.values():
+        rows.sort(key=lambda row: row[1])
+    return layout
+
+
+def write_json(path: Path, trace: dict) -> None:
+    """Write an annotated Chrome JSON trace atomically (gzip if the name ends in .gz)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = orjson.dumps(trace)
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=3)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
