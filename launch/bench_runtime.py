@@ -3,7 +3,10 @@
 One process per rank (gloo, world sizes 1 and 2), all variants in that one
 process, interleaved in blocks so drift and neighbours' load hit every variant
 alike. Each call is timed on its own (perf_counter_ns around the call); the
-figure is the median ns/call over all calls of a variant. Variants:
+figure is the median ns/call over all calls of a variant. The calling thread's
+CPU time per call is recorded too: at world size 2 on a shared 2-core machine
+the wall time also holds waiting for the peer and for a core, and the CPU time
+isolates the work commtag adds to the caller. Variants:
 
 * ``unpatched`` / ``unpatched-again``  commtag not installed (two of them: their
   difference is the measurement's noise floor, an A/A control);
@@ -64,8 +67,9 @@ def _worker(rank: int, world: int, init_file: str, calls: int, block: int, out_d
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     timings = {op: {v: array("q") for v in VARIANTS} for op in _ops(dist, torch)}
+    cpu_timings = {op: {v: array("q") for v in VARIANTS} for op in _ops(dist, torch)}
     rounds = max(1, calls // block)
-    clock = time.perf_counter_ns
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     for op, call in _ops(dist, torch).items():
         for _ in range(50):  # warm up the transport and the code paths
             call()
@@ -79,25 +83,31 @@ def _worker(rank: int, world: int, init_file: str, calls: int, block: int, out_d
                 if variant in ("profiled", "recording"):
                     prof = profile(activities=[ProfilerActivity.CPU])
                     prof.__enter__()
-                sink = timings[op][variant]
+                sink, cpu_sink = timings[op][variant], cpu_timings[op][variant]
                 try:
                     for _ in range(block):
+                        c0 = cpu_clock()
                         t0 = clock()
                         call()
-                        sink.append(clock() - t0)
+                        t1 = clock()
+                        cpu_sink.append(cpu_clock() - c0)
+                        sink.append(t1 - t0)
                 finally:
                     if prof is not None:
                         prof.__exit__(None, None, None)
                     if commtag.is_installed():
                         commtag.uninstall()
         dist.barrier()
-    result = {op: {v: list(t) for v, t in by_variant.items()} for op, by_variant in timings.items()}
+    result = {
+        kind: {op: {v: list(t) for v, t in by_variant.items()} for op, by_variant in table.items()}
+        for kind, table in (("wall", timings), ("cpu", cpu_timings))
+    }
     Path(out_dir, f"rank{rank}.json").write_bytes(orjson.dumps(result))
     dist.destroy_process_group()
 
 
-def run_world(world: int, calls: int, block: int) -> dict[str, dict[str, list[int]]]:
-    """Spawn ``world`` ranks; return rank 0's per-call timings."""
+def run_world(world: int, calls: int, block: int) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """Spawn ``world`` ranks; return rank 0's per-call timings, {"wall"|"cpu": {op: {variant: ns}}}."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="commtag-bench-rt-") as tmp:
@@ -106,17 +116,21 @@ def run_world(world: int, calls: int, block: int) -> dict[str, dict[str, list[in
         return orjson.loads(Path(tmp, "rank0.json").read_bytes())
 
 
-def summarize(world: int, timings: dict[str, dict[str, list[int]]]) -> list[dict]:
+def summarize(world: int, timings: dict[str, dict[str, dict[str, list[int]]]]) -> list[dict]:
     rows = []
-    for op, by_variant in timings.items():
+    for op, by_variant in timings["wall"].items():
         med = {v: median(t) for v, t in by_variant.items()}
+        cpu = {v: median(t) for v, t in timings["cpu"][op].items()}
         rows.append({
             "world": world, "op": op, "calls_per_variant": len(by_variant["unpatched"]),
             "median_ns": med,
+            "cpu_median_ns": cpu,
             "idle_added_ns": med["idle"] - med["unpatched"],
             "recording_added_ns": med["recording"] - med["profiled"],
             "recording_vs_unpatched_ns": med["recording"] - med["unpatched"],
             "noise_ns": med["unpatched-again"] - med["unpatched"],
+            "cpu_idle_added_ns": cpu["idle"] - cpu["unpatched"],
+            "cpu_recording_added_ns": cpu["recording"] - cpu["profiled"],
         })
     return rows
 
@@ -131,9 +145,11 @@ def report(rows: list[dict], info: str) -> str:
             f"{m['recording'] / 1e3:.2f}", f"{r['noise_ns'] / 1e3:+.2f}",
             f"{r['idle_added_ns'] / 1e3:+.2f} ({verdict(r['idle_added_ns'], TARGET_IDLE_NS)})",
             f"{r['recording_added_ns'] / 1e3:+.2f} ({verdict(r['recording_added_ns'], TARGET_RECORDING_NS)})",
+            f"{r['cpu_idle_added_ns'] / 1e3:+.2f} / {r['cpu_recording_added_ns'] / 1e3:+.2f}",
         ])
     header = ["world", "op", "calls/variant", "unpatched us", "idle us", "profiled us", "recording us",
-              "A/A noise us", "idle added us (<= 1)", "recording added us (<= 15)"]
+              "A/A noise us", "idle added us (<= 1)", "recording added us (<= 15)",
+              "caller CPU added us, idle / recording"]
     return "\n".join([
         f"Machine: {info}.",
         "Median per call over all calls of a variant; variants interleaved in blocks in one process per rank "
