@@ -19,15 +19,42 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from commtag import report
+    from commtag.summary import SummaryInputError, load
+
+    try:
+        analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us)
+    except SummaryInputError as exc:
+        sys.stderr.write(f"commtag summary: {exc}\n")
+        return 2
+    if args.format == "json":
+        sys.stdout.buffer.write(report.to_json(analysis, kernels))
+    elif args.format == "csv":
+        sys.stdout.write(report.to_csv(analysis))
+    else:
+        sys.stdout.write(report.to_text(analysis, kernels))
+    if args.plot is not None:
+        try:
+            report.plot(analysis, args.plot)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"commtag summary: cannot write the plot {args.plot}: {exc}\n")
+            return 2
+    return 0
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
+    from commtag.merge.analyze import MergeAnalysis
     from commtag.merge.load import MergeInputError
     from commtag.merge.pipeline import merge, torch_world
 
     world = torch_world()
+    hook = MergeAnalysis()
     try:
         result = merge(
             args.inputs, args.output, align=args.align, json_dir=args.json,
             rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
+            analysis=hook,
         )
     except MergeInputError as exc:
         sys.stderr.write(f"commtag merge: error: {exc}\n")
@@ -42,6 +69,17 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
             " (open it in https://ui.perfetto.dev)\n"
         )
+    # Only the worker that wrote the lanes (worker 0) ran the analysis.
+    return _report_desyncs([f.message for f in hook.result.desyncs] if hook.result else [], args.strict)
+
+
+def _report_desyncs(desyncs: list[str], strict: bool) -> int:
+    """Desyncs go to stderr, one line each (group, Seq, ranks, fields); --strict makes them fatal."""
+    for message in desyncs:
+        sys.stderr.write(f"commtag merge: {message}\n")
+    if desyncs and strict:
+        sys.stderr.write(f"commtag merge: --strict: {len(desyncs)} desync(s) between ranks\n")
+        return 1
     return 0
 
 
@@ -76,6 +114,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="regex with one group giving the rank from a file name, for traces without "
                              "distributedInfo or sidecar (default rule: rank<N>, rank-<N>, rank_<N>, worker<N>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when ranks disagree on a collective (op, size, dtype, missing rank, "
+                             "Seq gap); the trace is still written")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a .pftrace against trace_processor's import rules")
     validate.add_argument("file", type=Path, help="the .pftrace to check")
     validate.set_defaults(func=_cmd_validate)
+
+    summary = sub.add_parser(
+        "summary", help="per group and op: count, bytes, time, skew, busbw, stragglers, desyncs"
+    )
+    summary.add_argument("input", type=Path, metavar="DIR_OR_MERGED_OUTPUT",
+                         help="a directory of rank traces (+ sidecars) or a .pftrace written by `commtag merge`")
+    summary.add_argument("--format", choices=("text", "csv", "json"), default="text")
+    summary.add_argument("--plot", type=Path, metavar="FILE.png",
+                         help="also draw the ranks x collectives skew heatmap and busbw per group")
+    summary.add_argument("--straggler-skew-us", type=float, default=1000.0, metavar="US",
+                         help="flag the last rank as a straggler from this skew on (and at least the "
+                              "collective's own time; default %(default)s)")
+    summary.set_defaults(func=_cmd_summary)
     return parser
 
 

@@ -190,8 +190,10 @@ def plot(analysis: Analysis, path: Path) -> None:
                   f"{worst.collective} Seq {worst.seq} ({worst.lane_name or worst.pg_uid})")
     ax.set_title(title + "\n(blue ring: straggler, red x: missing rank, red triangle: desync)", fontsize=10)
     _plot_busbw(fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1]), analysis)
-    fig.savefig(path, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)
+    write_atomic(Path(path), buffer.getvalue())
 
 
 def _short(lane: str) -> str:

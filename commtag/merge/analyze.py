@@ -684,3 +684,21 @@ def _round(value: Optional[float]) -> Optional[float]:
 def _significant(value: Optional[float]) -> Optional[float]:
     """Four significant digits: gloo's MB/s and NVLink's hundreds of GB/s both stay readable."""
     return float(f"{value:.4g}") if value is not None else None
+
+
+class MergeAnalysis:
+    """The merge's analysis hook (``pipeline.merge(analysis=...)``).
+
+    Puts the figures on every instance's args before the lanes are written,
+    returns the busbw counters and the markers, and keeps the result so that
+    ``merge --strict`` can fail on its desyncs.
+    """
+
+    def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US) -> None:
+        self.straggler_min_skew_us = straggler_min_skew_us
+        self.result: Optional[Analysis] = None
+
+    def __call__(self, instances: list[CollectiveInstance]) -> TraceAnnotations:
+        self.result = analyze(instances, straggler_min_skew_us=self.straggler_min_skew_us)
+        annotate(self.result)
+        return trace_annotations(self.result)

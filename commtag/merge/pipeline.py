@@ -213,6 +213,31 @@ def merge(
             leftover.unlink(missing_ok=True)
 
 
+def collect(
+    inputs: Sequence[Path | str] | Path | str,
+    *,
+    align: str = "none",
+    rank_pattern: Optional[str] = None,
+    graph_fallback: Optional[GraphFallback] = None,
+) -> tuple[list[RankInput], list[CollectiveInstance]]:
+    """The collection stage alone (discover, load, attach, align), writing nothing.
+
+    For ``commtag summary`` on a directory: the same instances the merge
+    would analyze, without building the trace.
+    """
+    paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    ranks = discover(paths, rank_pattern)
+    summaries = [_summary_only(r, graph_fallback) for r in ranks]
+    instances = [i for s in summaries for i in s.instances]
+    if align == "collectives":
+        offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
+        for inst in instances:
+            inst.start_ns += offsets.get(inst.rank, 0)
+            inst.end_ns += offsets.get(inst.rank, 0)
+    settle_inferred(instances)
+    return ranks, instances
+
+
 def _exchange(world: World, produce: Callable[[], list[RankSummary]]) -> list[RankSummary]:
     """Every worker's summaries, in rank order; an input error anywhere stops all workers."""
     try:
