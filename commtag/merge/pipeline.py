@@ -25,7 +25,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import orjson
 
-from commtag.merge import perfetto
+from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred
 from commtag.merge.load import (
@@ -150,7 +150,8 @@ def merge(
     host's clock from matched collectives (two passes over the inputs).
     ``json_dir``: also write each annotated trace there, as Chrome JSON.
     ``analysis``: see :data:`AnalysisHook`. ``graph_fallback``: see
-    :data:`commtag.merge.attach.GraphFallback`. ``world``: torchrun workers
+    :data:`commtag.merge.attach.GraphFallback` (default: commtag.merge.graphs'
+    order and kernel-name matching). ``world``: torchrun workers
     (:func:`torch_world`); the result's instances are complete on worker 0.
     Raises :class:`MergeInputError` on bad input, writing nothing.
     """
@@ -281,7 +282,8 @@ def _summary(rank: RankInput, loaded: list, offset: int, flows: RankFlows,
     groups: dict[str, tuple] = {}
     host = ""
     for _, trace, sidecar in loaded:
-        instances += attach(rank.rank, trace, sidecar, flows, offset_ns=offset, graph_fallback=graph_fallback)
+        fallback = graph_fallback if graph_fallback is not None else graphs.fallback_for(trace)
+        instances += attach(rank.rank, trace, sidecar, flows, offset_ns=offset, graph_fallback=fallback)
         for g in group_table(trace, sidecar).values():
             groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         host = host or (sidecar.host if sidecar else "") or str(trace.get("host_name") or "")
