@@ -61,6 +61,7 @@ def _round(rank: int, world_size: int) -> dict:
 
 def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag
+    import commtag.runtime.groups as groups
     import commtag.runtime.metadata as metadata
     import commtag.runtime.recorder as recorder
     import commtag.runtime.sidecar as sidecar
@@ -77,7 +78,7 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
 
     faults = {
         "metadata": (metadata, "nelems"),
-        "groups": (metadata, "state_for"),
+        "groups": (groups.GroupState, "next_collective_seq"),
         "recorder": (recorder, "add"),
         "validation": (schema.RecordedCollective, "model_validate"),
         "sidecar": (sidecar, "write_atomic"),

@@ -33,8 +33,8 @@ per-(group, src, dst) counter, ``p2p_pair_seq``, which can.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -103,6 +103,7 @@ class GroupState:
     p2p_seq: int = 0
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _coll_counter: Any = field(default_factory=lambda: itertools.count(1))
 
     def next_collective_seq(self, already_bumped: bool = False) -> int:
         """Seq of the collective about to run (call before running it).
@@ -110,13 +111,13 @@ class GroupState:
         ``already_bumped``: NCCL's startCoalescing has already advanced its
         counter for the block being numbered.
         """
-        with self.lock:
-            if self.nccl is not None:
-                value = int(self.nccl._get_sequence_number_for_group())
-                self.coll_seq = value if already_bumped else value + 1
-            else:
-                self.coll_seq += 1
-            return self.coll_seq
+        if self.nccl is not None:
+            value = int(self.nccl._get_sequence_number_for_group())
+            self.coll_seq = value if already_bumped else value + 1
+        else:
+            # next() on a count is atomic under the GIL and cheaper than a lock.
+            self.coll_seq = next(self._coll_counter)
+        return self.coll_seq
 
     def next_p2p_seq(self) -> int:
         with self.lock:
@@ -142,20 +143,31 @@ class GroupState:
         )
 
 
-_states: "weakref.WeakKeyDictionary[Any, GroupState]" = weakref.WeakKeyDictionary()
+#: ProcessGroup -> state. Plain dict (not weak): a weak lookup costs a
+#: weakref per call on the hot path, and groups are few and long-lived.
+_states: dict[Any, GroupState] = {}
 _states_lock = threading.Lock()
 
 
-def state_for(group: Optional[Any]) -> GroupState:
-    """The cached state of ``group`` (None = the default group)."""
-    pg = group if group is not None else c10d._get_default_group()
+def lookup(group: Optional[Any]) -> Optional[GroupState]:
+    """The cached state of ``group`` (None = the default group); None when this rank is not a member."""
+    pg = c10d._world.default_pg if group is None else group
     state = _states.get(pg)
     if state is None:
+        if not isinstance(pg, c10d.ProcessGroup):
+            return None  # GroupMember.NON_GROUP_MEMBER, or no default group yet
         with _states_lock:
             state = _states.get(pg)
             if state is None:
-                state = _build(pg)
-                _states[pg] = state
+                state = _states[pg] = _build(pg)
+    return state
+
+
+def state_for(group: Optional[Any]) -> GroupState:
+    """Like :func:`lookup`, for callers that know this rank is a member."""
+    state = lookup(group)
+    if state is None:
+        raise ValueError(f"this rank is not a member of process group {group!r}")
     return state
 
 
@@ -170,8 +182,9 @@ def table() -> list[ProcessGroupInfo]:
     seen: dict[str, ProcessGroupInfo] = {}
     if dist.is_initialized():
         for pg in list(c10d._world.pg_map):
-            if pg is not None and not c10d._rank_not_in_group(pg):
-                seen.setdefault(state_for(pg).uid, state_for(pg).info())
+            state = lookup(pg)
+            if state is not None:
+                seen.setdefault(state.uid, state.info())
     for state in known_groups():
         seen.setdefault(state.uid, state.info())
     return list(seen.values())

@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import torch
-from torch.distributed import distributed_c10d as c10d
+import inspect
 
-from commtag.runtime.groups import GroupState, format_list, state_for
+import torch
+
+from commtag.runtime.groups import GroupState, format_list, lookup
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 for _attr, _name in (
@@ -76,11 +77,7 @@ class OpCall:
 
 def _state(group: Any) -> Optional[GroupState]:
     """The group's state, or None when this rank does not take part."""
-    if group is not None and not isinstance(group, c10d.ProcessGroup):
-        return None  # GroupMember.NON_GROUP_MEMBER and friends
-    if c10d._rank_not_in_group(group):
-        return None
-    return state_for(group)
+    return lookup(group)
 
 
 def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[int]) -> int:
@@ -257,3 +254,8 @@ COALESCED_NAMES = {
     "_allgather_base": "allgather_into_tensor_coalesced",
     "_reduce_scatter_base": "reduce_scatter_tensor_coalesced",
 }
+
+#: Position of the ``group`` parameter of each op, for the hot path that needs only the group.
+GROUP_INDEX: dict[str, int] = {name: list(inspect.signature(fn).parameters).index("group") for name, fn in OPS.items()}
+#: Ops numbered on the group's p2p counter.
+P2P_OPS = frozenset({"send", "recv"})

@@ -33,24 +33,48 @@ from torch.distributed import distributed_c10d as c10d
 
 from commtag.runtime import capture, recorder
 from commtag.runtime.failopen import log_once
-from commtag.runtime.groups import GroupState, state_for
-from commtag.runtime.metadata import COALESCED_NAMES, OPS, OpCall, p2p_call
+from commtag.runtime.groups import GroupState, lookup, state_for
+from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS, OpCall, p2p_call
 from commtag.schema import CollectiveAnnotation
 
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+_profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
 _now_ns = time.time_ns
-_native_id = threading.get_native_id
 
 _install_lock = threading.RLock()
-#: name -> (object in distributed_c10d, object in torch.distributed or None) before install.
+#: name -> (object in distributed_c10d, object in torch.distributed or _MISSING) before install.
 _originals: dict[str, tuple[Any, Any]] = {}
 _MISSING = object()
+
+
+class _ThreadState(threading.local):
+    """Per-thread bits the hot path reads as plain attributes."""
+
+    #: > 0 while this thread runs an original collective: calls it makes
+    #: itself (all_gather_into_tensor -> all_gather_single, batch_isend_irecv ->
+    #: _coalescing_manager) are torch's own and must not be counted twice.
+    depth = 0
+    #: Open coalescing-manager blocks of this thread (None: never opened one).
+    blocks: Optional[list["_Block"]] = None
+    #: The thread id as Kineto writes it for CPU ops (gettid), cached: the call costs ~200 ns.
+    tid: Optional[int] = None
+    thread_name = ""
+
+
+_thread = _ThreadState()
+
+
+def _thread_id() -> tuple[int, str]:
+    if _thread.tid is None:
+        _thread.tid = threading.get_native_id()
+        _thread.thread_name = threading.current_thread().name
+    return _thread.tid, _thread.thread_name
 
 
 class _Pending:
     """A call commtag will annotate once the original returns."""
 
-    __slots__ = ("call", "seq", "pair_seq", "recording", "token", "start_ns", "tid")
+    __slots__ = ("call", "seq", "pair_seq", "recording", "token", "start_ns", "tid", "thread_name")
 
     def __init__(self, call: OpCall, seq: int, pair_seq: Optional[int], recording: bool, token: Any) -> None:
         self.call = call
@@ -58,7 +82,7 @@ class _Pending:
         self.pair_seq = pair_seq
         self.recording = recording
         self.token = token
-        self.tid = _native_id()
+        self.tid, self.thread_name = _thread_id()
         self.start_ns = _now_ns()
 
 
@@ -81,18 +105,8 @@ class _Block:
         return self.seq
 
 
-_local = threading.local()
-
-
-def _blocks() -> list[_Block]:
-    stack = getattr(_local, "blocks", None)
-    if stack is None:
-        stack = _local.blocks = []
-    return stack
-
-
 def _open_block(state: GroupState) -> Optional[_Block]:
-    for block in _blocks():
+    for block in _thread.blocks or ():
         if block.state is state:
             return block
     return None
@@ -102,8 +116,32 @@ def _open_block(state: GroupState) -> Optional[_Block]:
 # The shared before/after halves.
 
 
+def _before(describe: Callable[..., Optional[OpCall]], group_index: int, p2p: bool, args: tuple,
+            kwargs: dict) -> Optional[_Pending]:
+    """Number the call; describe it only when it will be annotated. Never raises."""
+    try:
+        if p2p or _thread.blocks:
+            call = describe(*args, **kwargs)
+            return None if call is None else _start(call)
+        # Hot path: a plain collective needs only its group to be numbered.
+        group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
+        state = lookup(group)
+        if state is None:
+            return None
+        seq = state.next_collective_seq()
+        recording = _profiler_enabled()
+        token = capture.before_collective()
+        if not recording and token is None:
+            return None
+        call = describe(*args, **kwargs)
+        return None if call is None else _Pending(call, seq, None, recording, token)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("describing a collective", exc)
+        return None
+
+
 def _start(call: OpCall) -> Optional[_Pending]:
-    """Number the call and decide whether it must be annotated."""
+    """Number a described call (p2p, or inside a coalescing block)."""
     state = call.state
     pair_seq = None
     if call.p2p is not None:
@@ -120,7 +158,7 @@ def _start(call: OpCall) -> Optional[_Pending]:
                 return None
         else:
             seq = state.next_collective_seq()
-    recording = recorder.profiler_enabled()
+    recording = _profiler_enabled()
     token = capture.before_collective()
     if not recording and token is None:
         return None
@@ -133,19 +171,11 @@ def _pair_seq(state: GroupState, call: OpCall) -> int:
     return state.next_pair_seq(src, dst)
 
 
-def _before(describe: Callable[..., Optional[OpCall]], args: tuple, kwargs: dict) -> Optional[_Pending]:
-    try:
-        call = describe(*args, **kwargs)
-        return None if call is None else _start(call)
-    except Exception as exc:  # noqa: BLE001 - fail open
-        log_once("describing a collective", exc)
-        return None
-
-
-def _annotation(pending: _Pending) -> CollectiveAnnotation:
+def _fields(pending: _Pending) -> dict[str, Any]:
+    """The annotation's fields by name (validated later, when the sidecar is written)."""
     call = pending.call
     state = call.state
-    fields: dict[str, Any] = {
+    return {
         "collective_name": call.collective,
         "in_msg_nelems": call.in_nelems,
         "out_msg_nelems": call.out_nelems,
@@ -169,30 +199,25 @@ def _annotation(pending: _Pending) -> CollectiveAnnotation:
         "p2p_pair_seq": pending.pair_seq,
         "async_op": call.async_op,
         "thread": pending.tid,
-        "capture_id": None,
-        "replay": None,
     }
-    # Built without validation on the hot path; the sidecar writer validates.
-    return CollectiveAnnotation.model_construct(**fields)
 
 
 def _finish(pending: _Pending, work: Any) -> None:
     """Hand the annotation to capture and, while profiling, to the recorder."""
-    annotation = _annotation(pending)
+    fields = _fields(pending)
     if pending.token is not None:
-        capture.after_collective(pending.token, annotation)
+        capture.after_collective(pending.token, CollectiveAnnotation.model_construct(**fields))
     if not pending.recording:
         return
-    thread_name = threading.current_thread().name
     future = _future_of(work) if pending.call.async_op else None
     if future is not None:
         # The annotation covers the work until it completes, without touching the Work object.
-        def done(_fut: Any, annotation=annotation, pending=pending, thread_name=thread_name) -> None:
-            recorder.add(annotation, pending.start_ns, _now_ns(), pending.tid, thread_name)
+        def done(_fut: Any, fields=fields, pending=pending) -> None:
+            recorder.add(fields, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
 
         future.add_done_callback(done)
     else:
-        recorder.add(annotation, pending.start_ns, _now_ns(), pending.tid, thread_name)
+        recorder.add(fields, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
 
 
 def _future_of(work: Any) -> Any:
@@ -223,16 +248,6 @@ def _after(pending: Optional[_Pending], result: Any) -> None:
 # Wrappers.
 
 
-class _ThreadState(threading.local):
-    #: > 0 while this thread runs an original collective: calls it makes
-    #: itself (all_gather_into_tensor -> all_gather_single, batch_isend_irecv ->
-    #: _coalescing_manager) are torch's own and must not be counted twice.
-    depth = 0
-
-
-_thread = _ThreadState()
-
-
 def _run(original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     _thread.depth += 1
     try:
@@ -241,14 +256,19 @@ def _run(original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         _thread.depth -= 1
 
 
-def _wrap(original: Callable[..., Any], describe: Callable[..., Optional[OpCall]]) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    describe = OPS[name]
+    group_index = GROUP_INDEX[name]
+    p2p = name in P2P_OPS
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _thread.depth or _is_compiling():
             return original(*args, **kwargs)
-        pending = _before(describe, args, kwargs)
+        pending = _before(describe, group_index, p2p, args, kwargs)
         result = _run(original, args, kwargs)
-        _after(pending, result)
+        if pending is not None:
+            _after(pending, result)
         return result
 
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
@@ -288,7 +308,7 @@ def _before_batch(p2p_op_list: Any) -> list[_Pending]:
             if key not in batch_seq:
                 batch_seq[key] = call.state.next_p2p_seq()
         pair_seqs = [_pair_seq(call.state, call) for call in calls]
-        recording = recorder.profiler_enabled()
+        recording = _profiler_enabled()
         if not recording:
             return []
         return [
@@ -339,7 +359,9 @@ def _push_block(group: Any, device_given: bool) -> Optional[_Block]:
         if group is not None and not isinstance(group, c10d.ProcessGroup):
             return None
         block = _Block(state_for(group), device_given)
-        _blocks().append(block)
+        if _thread.blocks is None:
+            _thread.blocks = []
+        _thread.blocks.append(block)
         return block
     except Exception as exc:  # noqa: BLE001 - fail open
         log_once("opening a coalescing block", exc)
@@ -347,10 +369,8 @@ def _push_block(group: Any, device_given: bool) -> Optional[_Block]:
 
 
 def _pop_block(block: Optional[_Block]) -> None:
-    if block is not None:
-        stack = _blocks()
-        if block in stack:
-            stack.remove(block)
+    if block is not None and _thread.blocks and block in _thread.blocks:
+        _thread.blocks.remove(block)
 
 
 def _close_block(block: Optional[_Block], cm: Any) -> None:
@@ -367,7 +387,7 @@ def _close_block(block: Optional[_Block], cm: Any) -> None:
             block.state.group_rank,
             async_op=cm is not None,
         )
-        recording = recorder.profiler_enabled()
+        recording = _profiler_enabled()
         if not recording:
             return
         pending = _Pending(call, block.block_seq(), None, recording, None)
@@ -384,7 +404,7 @@ def _close_block(block: Optional[_Block], cm: Any) -> None:
 
 def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]:
     makers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-        name: functools.partial(_wrap, describe=describe) for name, describe in OPS.items()
+        name: functools.partial(_wrap, name=name) for name in OPS
     }
     makers["batch_isend_irecv"] = _wrap_batch
     makers["_coalescing_manager"] = _wrap_coalescing

@@ -3,8 +3,8 @@
 The wrappers append one entry per collective only while the autograd
 profiler is enabled (the active steps of a schedule; not wait or warmup), so
 a job that is not being profiled accumulates nothing. Entries hold the
-annotation built without validation (cheap on the hot path); validation
-happens once, when :func:`trace_handler` writes the sidecar.
+annotation's fields as a plain dict (cheap on the hot path); they become
+validated models once, when :func:`trace_handler` writes the sidecar.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from pydantic import ValidationError
 
 from commtag.runtime import groups, sidecar
 from commtag.runtime.failopen import log_once
-from commtag.schema import CollectiveAnnotation, RecordedCollective, Sidecar
+from commtag.schema import RecordedCollective, Sidecar
 
 #: Cheapest check for "is the profiler recording ops right now" (~70 ns).
 profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
 
-_buffer: list[tuple[CollectiveAnnotation, int, int, int, str]] = []
+_buffer: list[tuple[dict[str, Any], int, int, int, str]] = []
 _buffer_lock = threading.Lock()
 
 
-def add(annotation: CollectiveAnnotation, start_ns: int, end_ns: int, tid: int, thread_name: str) -> None:
-    """Keep one finished collective (times are time.time_ns(), the trace's clock)."""
-    _buffer.append((annotation, start_ns, end_ns, tid, thread_name))
+def add(fields: dict[str, Any], start_ns: int, end_ns: int, tid: int, thread_name: str) -> None:
+    """Keep one finished collective: CollectiveAnnotation fields by name, times on the trace's clock."""
+    _buffer.append((fields, start_ns, end_ns, tid, thread_name))
 
 
 def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
@@ -46,14 +46,14 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
     with _buffer_lock:
         taken, _buffer = _buffer, []
     recorded = []
-    for annotation, start_ns, end_ns, tid, thread_name in taken:
+    for fields, start_ns, end_ns, tid, thread_name in taken:
         if since_ns is not None and start_ns < since_ns:
             continue
         try:
             recorded.append(
                 RecordedCollective.model_validate(
                     {
-                        "annotation": annotation.eager_dict(),
+                        "annotation": fields,
                         "start_ns": start_ns,
                         "end_ns": end_ns,
                         "tid": tid,
