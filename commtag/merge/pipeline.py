@@ -352,7 +352,9 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
 def write_json(path: Path, trace: dict) -> None:
     """Write an annotated Chrome JSON trace atomically (gzip if the name ends in .gz)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = orjson.dumps(trace)
+    # Indented like Kineto's own output: HTA finds a file's rank with the regex
+    # '"rank":\s+(\d+)', which compact JSON ('"rank":1') never matches.
+    data = orjson.dumps(trace, option=orjson.OPT_INDENT_2)
     if path.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=3)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

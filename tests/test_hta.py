@@ -1,0 +1,59 @@
+"""A real client: Holistic Trace Analysis reads the annotated per-rank JSON of `merge --json`.
+
+HTA parses the eager NCCL keys ("Collective name", "In msg nelems", ...) into
+columns when its communication args are enabled; a gloo trace carries none of
+them until commtag attaches them. The test loads the merge's per-rank JSON of
+the real gloo run (tests/sleep_world.py) with HTA and runs its communication
+analysis on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sleep_world import DEFAULT_ALLREDUCES, NUMEL, WORLD, sleep_world
+
+hta = pytest.importorskip(
+    "hta.trace_analysis",
+    reason="HolisticTraceAnalysis is not installed (launch/setup.sh installs it with --no-deps)",
+)
+
+
+@pytest.fixture(scope="module")
+def annotated(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hta")
+    done = subprocess.run(
+        [sys.executable, "-m", "commtag", "merge", str(sleep_world()), "-o", str(out / "merged.pftrace"),
+         "--json", str(out / "json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return out / "json"
+
+
+def test_hta_loads_the_annotated_ranks_and_sees_our_collectives(annotated):
+    from hta.configs.parser_config import ParserConfig
+
+    ParserConfig.enable_communication_args()
+    analysis = hta.TraceAnalysis(trace_dir=str(annotated))
+    assert sorted(analysis.t.get_all_traces()) == list(range(WORLD))
+    symbols = analysis.t.symbol_table.get_sym_table()
+    for rank in range(WORLD):
+        df = analysis.t.get_trace(rank)
+        comm = df[df["collective_name"].ne("")]
+        names = comm["collective_name"].tolist()
+        assert names.count("allreduce") >= DEFAULT_ALLREDUCES + 1, (rank, names)
+        default = comm[(comm["collective_name"] == "allreduce") & (comm["group_size"] == WORLD)]
+        assert len(default) >= DEFAULT_ALLREDUCES
+        assert set(default["in_msg_nelems"]) == {NUMEL} and set(default["msg_dtype"]) == {"Float"}
+        assert "_allgather_base" in names and "broadcast" in names
+        # The annotated events are the gloo/c10d ones the profiler recorded.
+        assert any("gloo" in symbols[i] or "c10d" in symbols[i] for i in comm["name"])
+
+    # HTA's communication analysis runs on it (a CPU-only run overlaps nothing with GPU compute).
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    assert sorted(overlap["rank"]) == list(range(WORLD))

@@ -1,0 +1,87 @@
+"""End to end on a real 4-rank gloo run: one rank sleeps before a chosen collective.
+
+Real profiler, real commtag runtime and trace_handler, the merge's collection
+stage, then the analysis: the sleeper must be the reported last arrival with
+a skew close to its sleep, in the library result, the ``summary`` JSON (from
+the directory and from the merged .pftrace), the trace's slice annotations
+and markers, and the plot.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sleep_world import DEFAULT_ALLREDUCES, NUMEL, SLEEP_BEFORE, SLEEP_S, SLEEPER, WORLD, sleep_world
+
+
+@pytest.fixture(scope="module")
+def traces() -> Path:
+    return sleep_world()
+
+
+def _slept(collectives: list[dict]) -> dict:
+    """The default group's all_reduces in time order; the slept one is SLEEP_BEFORE-th."""
+    default = [c for c in collectives if c["collective"] == "allreduce" and c["group_size"] == WORLD]
+    assert len(default) == DEFAULT_ALLREDUCES
+    return default[SLEEP_BEFORE]
+
+
+def test_the_sleeper_is_the_last_arrival(traces):
+    from commtag.summary import load
+
+    analysis, kernels = load(traces)
+    records = [m.to_dict() for m in analysis.collectives]
+    slept = _slept(records)
+    assert slept["last_rank"] == SLEEPER
+    assert SLEEP_S * 0.8e6 <= slept["skew_us"] <= SLEEP_S * 1e6 + 2e6
+    assert slept["straggler"] is True
+    # Every other rank waited about the sleep for it.
+    assert all(w >= SLEEP_S * 0.8e6 for r, w in slept["wait_us"].items() if int(r) != SLEEPER)
+    assert slept["bytes"] == NUMEL * 4 and slept["busbw_gbps"] > 0
+    assert analysis.desyncs == []
+    # default group: the all_reduces and the all_gather; each pair: an all_reduce and a broadcast.
+    assert len(records) == DEFAULT_ALLREDUCES + 1 + 2 * 2
+    assert {len(r["ranks"]) for r in records} == {2, 4}
+    assert kernels is not None  # CPU-only run: no GPU kernels, but the tables exist
+
+
+def _summary(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commtag", "summary", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_summary_json_and_text_from_the_directory(traces, tmp_path):
+    done = _summary(str(traces), "--format", "json", "--plot", str(tmp_path / "skew.png"))
+    assert done.returncode == 0, done.stderr
+    doc = orjson.loads(done.stdout)
+    slept = _slept(doc["collectives"])
+    for key in ("pg", "seq", "collective", "ranks", "last_rank", "skew_us", "bytes", "busbw_gbps", "desync"):
+        assert key in slept
+    assert slept["last_rank"] == SLEEPER and slept["desync"] == []
+    rows = {(r["lane"].split(" [")[0], r["collective"]): r for r in doc["summary"]}
+    default = rows[("PG 0 (default_pg)", "allreduce")]
+    assert default["count"] == 6 and default["skew_max_us"] >= SLEEP_S * 0.8e6
+    assert default["stragglers"].get(str(SLEEPER), 0) >= 1
+    png = (tmp_path / "skew.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+    text = _summary(str(traces))
+    assert text.returncode == 0, text.stderr
+    assert "PG 0 (default_pg)" in text.stdout and "PG 2 (pair23)" in text.stdout
+    assert f"{SLEEPER} (" in text.stdout  # the sleeper in the stragglers column
+
+    csv = _summary(str(traces), "--format", "csv")
+    assert csv.returncode == 0 and csv.stdout.splitlines()[0].startswith("pg,lane,collective,count,bytes")
+
+
+def test_summary_rejects_bad_input_with_exit_2(tmp_path):
+    missing = _summary(str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "nope" in missing.stderr
+    junk = tmp_path / "junk.pftrace"
+    junk.write_bytes(b"this is not a trace")
+    bad = _summary(str(junk))
+    assert bad.returncode == 2 and "junk.pftrace" in bad.stderr
