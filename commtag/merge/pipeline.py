@@ -191,6 +191,7 @@ def merge(
             raise MergeInputError(shard, f"cannot write: {exc.strerror or exc}") from None
         everyone = _exchange(world, lambda: summaries)
         if world.index != 0:
+            shard = None  # worker 0 appends it, then removes it
             return MergeResult(out_path, [r.rank for r in ranks], [], alignment)
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
@@ -210,7 +211,7 @@ def merge(
         os.replace(final_tmp, out_path)
         return MergeResult(out_path, [r.rank for r in ranks], instances, alignment, annotations)
     finally:
-        for leftover in [final_tmp, *shards] if world.index == 0 else [shard]:
+        for leftover in [final_tmp, *shards] if world.index == 0 else [shard] if shard else []:
             leftover.unlink(missing_ok=True)
 
 

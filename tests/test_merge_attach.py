@@ -1,0 +1,104 @@
+"""Attach on events in the exact Kineto format: graph replays by node id (both encodings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from commtag.merge.attach import RankFlows, attach, family
+from commtag.schema import (
+    CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
+    Sidecar,
+)
+
+BASE = 1_700_000_000_000_000_000
+GRAPH, EXEC = 7, 9
+
+
+def _annotation(seq: int, name: str = "allreduce") -> CollectiveAnnotation:
+    return CollectiveAnnotation.model_validate({
+        "Collective name": name, "In msg nelems": 1024, "Out msg nelems": 1024, "Group size": 2,
+        "dtype": "Float", "Process Group Name": "0", "Process Group Description": "default_pg",
+        "Process Group Ranks": "[0, 1]", "Rank": 0, "Seq": seq, "commtag lane id": 60,
+        "commtag lane": "PG 0 (default_pg) [0, 1]", "commtag pg uid": "0:abc", "commtag capture id": 0,
+    })
+
+
+def _sidecar(replays: list[GraphReplay]) -> Sidecar:
+    capture = GraphCapture(
+        capture_id=0, graph_id=GRAPH, exec_graph_id=EXEC, start_ns=BASE, end_ns=BASE + 1000, total_nodes=6,
+        collectives=[
+            CapturedCollective(annotation=_annotation(5), nodes=[GraphNodeRecord(index=2, node_type="kernel")]),
+            CapturedCollective(annotation=_annotation(6, "_allgather_base"),
+                               nodes=[GraphNodeRecord(index=4, node_type="kernel")]),
+        ],
+        replays=replays,
+    )
+    return Sidecar(
+        run_id="t", rank=0, world_size=2, host="h", pid=1, torch_version="2.13", trace_file="rank0.json",
+        process_groups=[ProcessGroupInfo(uid="0:abc", name="0", desc="default_pg", ranks=[0, 1], backend="nccl",
+                                         lane_id=60, lane_name="PG 0 (default_pg) [0, 1]")],
+        collectives=[], captures=[capture],
+    )
+
+
+def _trace(packed: bool) -> dict:
+    """Two replays of a 6-node graph: nodes 0..5, NCCL kernels at node 2 and 4."""
+    events = []
+    for replay, corr in enumerate((500, 600)):
+        t0 = 1000.0 + replay * 100
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
+                       "ts": t0, "dur": 5.0, "args": {"correlation": corr, "External id": corr}})
+        for node in range(6):
+            nccl = node in (2, 4)
+            name = ("ncclDevKernel_AllReduce_Sum_f32_RING_LL" if node == 2 else "ncclDevKernel_AllGather_RING_LL") \
+                if nccl else f"gemm_{node}"
+            events.append({
+                "ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t0 + 10 + node * 10,
+                "dur": 8.0, "args": {"device": 0, "stream": 7, "correlation": corr, "graph id": EXEC,
+                                     "graph node id": (EXEC << 32 | node) if packed else node},
+            })
+    return {"traceEvents": events, "baseTimeNanoseconds": BASE, "distributedInfo": {"rank": 0, "world_size": 2}}
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["graph<<32|node", "node only"])
+def test_graph_kernels_join_by_node_id(packed: bool) -> None:
+    trace = _trace(packed)
+    instances = attach(0, trace, _sidecar([]), RankFlows(0))
+    instances.sort(key=lambda i: i.start_ns)
+    assert [(i.collective, i.seq, i.replay, i.source) for i in instances] == [
+        ("allreduce", 5, 0, "graph-replay"), ("_allgather_base", 6, 0, "graph-replay"),
+        ("allreduce", 5, 1, "graph-replay"), ("_allgather_base", 6, 1, "graph-replay"),
+    ]
+    kernels = [e for e in trace["traceEvents"] if e["name"].startswith("nccl")]
+    assert all(k["args"]["Seq"] in (5, 6) and k["args"]["commtag replay"] in (0, 1) for k in kernels)
+    assert all(k["args"]["commtag graph match"] == "node id" for k in kernels)
+    others = [e for e in trace["traceEvents"] if e["name"].startswith("gemm")]
+    assert not any("Collective name" in e["args"] for e in others)
+    first = instances[0]
+    assert (first.start_ns, first.end_ns) == (BASE + 1_030_000, BASE + 1_038_000)
+    assert first.key == ("0:abc", False, 5, 0)
+
+
+def test_replay_index_comes_from_the_replay_log() -> None:
+    # the profiled window began after 40 replays: the log says which replay each launch was
+    log = [GraphReplay(index=40, start_ns=BASE + 999_000, end_ns=BASE + 1_006_000, tid=1),
+           GraphReplay(index=41, start_ns=BASE + 1_099_000, end_ns=BASE + 1_106_000, tid=1)]
+    instances = attach(0, _trace(True), _sidecar(log), RankFlows(0))
+    assert sorted({i.replay for i in instances}) == [40, 41]
+
+
+def test_a_wrong_graph_id_matches_nothing() -> None:
+    trace = _trace(False)
+    for e in trace["traceEvents"]:
+        if e["cat"] == "kernel":
+            e["args"]["graph id"] = 3
+    instances = attach(0, trace, _sidecar([]), RankFlows(0), graph_fallback=lambda k, s, l: [])
+    assert {i.source for i in instances} == {"nccl-kernel"}  # shown, but only as unattributed kernels
+    assert all(i.args.get("commtag inferred") for i in instances)
+
+
+def test_collective_families() -> None:
+    assert family("gloo:all_reduce") == family("allreduce") == family("allreduce_coalesced") == "allreduce"
+    assert family("c10d::_allgather_base_") == family("gloo:all_gather") == "allgather"
+    assert family("_reduce_scatter_base") == "reducescatter" and family("all_to_allv") == "alltoall"
+    assert family("gloo:send") == "send" and family("c10d::recv_") == "recv" and family("reduce") == "reduce"

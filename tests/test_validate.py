@@ -1,0 +1,125 @@
+"""The validator catches each planted import-rule violation, and passes a clean trace."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from commtag.merge.validate import TraceReadError, validate_file
+
+B, E = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
+
+
+def _trace(tweak=None) -> pb.Trace:
+    """Process 10 with child track 11, names a/b interned, slice a [0,20) holding b [5,10)."""
+    t = pb.Trace()
+    p = t.packet.add(trusted_packet_sequence_id=1, sequence_flags=3)
+    p.track_descriptor.uuid = 10
+    p.track_descriptor.process.pid = 100
+    p = t.packet.add(trusted_packet_sequence_id=1)
+    p.track_descriptor.uuid = 11
+    p.track_descriptor.parent_uuid = 10
+    p.track_descriptor.name = "row"
+    p = t.packet.add(trusted_packet_sequence_id=1, sequence_flags=2, timestamp=0)
+    p.interned_data.event_names.add(iid=1, name="a")
+    p.interned_data.event_names.add(iid=2, name="b")
+    p.track_event.type, p.track_event.track_uuid, p.track_event.name_iid = B, 11, 1
+    for ts, kind, name in ((5, B, 2), (10, E, None), (20, E, None)):
+        p = t.packet.add(trusted_packet_sequence_id=1, sequence_flags=2, timestamp=ts)
+        p.track_event.type, p.track_event.track_uuid = kind, 11
+        if name:
+            p.track_event.name_iid = name
+    if tweak:
+        tweak(t)
+    return t
+
+
+def _codes(tmp_path: Path, trace: pb.Trace) -> list[str]:
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(trace.SerializeToString())
+    return [v.code for v in validate_file(path)]
+
+
+def test_clean_trace_passes(tmp_path: Path) -> None:
+    assert _codes(tmp_path, _trace()) == []
+
+
+def _crossing(t: pb.Trace) -> None:
+    # a [0,10) and b [5,15) on one track, written with named ENDs the way a naive writer would
+    t.packet[4].timestamp, t.packet[5].timestamp = 10, 15
+    t.packet[4].track_event.name_iid = 1
+    t.packet[5].track_event.name_iid = 2
+
+
+def _duplicate_uuid(t: pb.Trace) -> None:
+    p = t.packet.add(trusted_packet_sequence_id=1)
+    p.track_descriptor.uuid = 11
+    p.track_descriptor.parent_uuid = 10
+    p.track_descriptor.name = "another row"
+
+
+def _no_flags(t: pb.Trace) -> None:
+    t.packet[0].ClearField("sequence_flags")
+    for p in t.packet:
+        p.ClearField("sequence_flags")
+
+
+def _undefined_iid(t: pb.Trace) -> None:
+    t.packet[3].track_event.name_iid = 99
+
+
+def _flow_ends_first(t: pb.Trace) -> None:
+    t.packet[2].track_event.terminating_flow_ids.append(7)  # a, at 0
+    t.packet[3].track_event.flow_ids.append(7)  # b, at 5
+
+
+@pytest.mark.parametrize("tweak, code", [
+    (_crossing, "crossing-slices"),
+    (_duplicate_uuid, "duplicate-uuid"),
+    (_no_flags, "missing-sequence-flags"),
+    (_undefined_iid, "undefined-iid"),
+    (_flow_ends_first, "flow-terminated-before-start"),
+])
+def test_planted_violation_is_caught(tmp_path: Path, tweak, code: str) -> None:
+    assert code in _codes(tmp_path, _trace(tweak))
+
+
+def test_more_rules(tmp_path: Path) -> None:
+    def orphan(t):
+        t.packet[1].track_descriptor.parent_uuid = 12345
+
+    def same_pid(t):
+        p = t.packet.add(trusted_packet_sequence_id=1)
+        p.track_descriptor.uuid = 20
+        p.track_descriptor.process.pid = 100
+
+    def unclosed(t):
+        del t.packet[-1]
+
+    def no_seq(t):
+        t.packet[3].ClearField("trusted_packet_sequence_id")
+
+    assert "missing-parent" in _codes(tmp_path, _trace(orphan))
+    assert "duplicate-pid" in _codes(tmp_path, _trace(same_pid))
+    assert "unclosed-slice" in _codes(tmp_path, _trace(unclosed))
+    assert "no-sequence-id" in _codes(tmp_path, _trace(no_seq))
+
+
+def test_cli_lists_violations_and_exits_nonzero(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pftrace"
+    bad.write_bytes(_trace(_undefined_iid).SerializeToString())
+    proc = subprocess.run([sys.executable, "-m", "commtag", "validate", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "undefined-iid" in proc.stdout and "iid 99" in proc.stdout
+    good = tmp_path / "good.pftrace"
+    good.write_bytes(_trace().SerializeToString())
+    ok = subprocess.run([sys.executable, "-m", "commtag", "validate", str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "OK" in ok.stdout
+    junk = tmp_path / "junk.pftrace"
+    junk.write_bytes(b"\x12\x05hello")
+    with pytest.raises(TraceReadError):
+        validate_file(junk)
+    assert subprocess.run([sys.executable, "-m", "commtag", "validate", str(junk)]).returncode == 2
