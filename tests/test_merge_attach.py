@@ -71,7 +71,7 @@ def test_graph_kernels_join_by_node_id(packed: bool) -> None:
     ]
     kernels = [e for e in trace["traceEvents"] if e["name"].startswith("nccl")]
     assert all(k["args"]["Seq"] in (5, 6) and k["args"]["commtag replay"] in (0, 1) for k in kernels)
-    assert all(k["args"]["commtag graph match"] == "node id" for k in kernels)
+    assert all(k["args"]["commtag match"] == "node-id" for k in kernels)
     others = [e for e in trace["traceEvents"] if e["name"].startswith("gemm")]
     assert not any("Collective name" in e["args"] for e in others)
     first = instances[0]

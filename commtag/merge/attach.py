@@ -81,8 +81,6 @@ class GraphMatch(NamedTuple):
     #: Index into ``GraphCapture.collectives``.
     collective: int
     replay: int
-    #: How it was matched ("node id", or the fallback's own word).
-    method: str = "node id"
     #: How it was matched, written as "commtag match": "tools-id", "node-id" or "order".
     method: str = "node-id"
 
