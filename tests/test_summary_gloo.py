@@ -85,3 +85,45 @@ def test_summary_rejects_bad_input_with_exit_2(tmp_path):
     junk.write_bytes(b"this is not a trace")
     bad = _summary(str(junk))
     assert bad.returncode == 2 and "junk.pftrace" in bad.stderr
+
+
+def test_merged_trace_carries_the_figures_and_summary_reads_it_back(traces, tmp_path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    merged = tmp_path / "merged.pftrace"
+    done = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(merged), "--strict"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    # The summary of the .pftrace is the summary of the directory.
+    from_file = _summary(str(merged), "--format", "json")
+    from_dir = _summary(str(traces), "--format", "json")
+    assert from_file.returncode == 0, from_file.stderr
+    file_doc, dir_doc = orjson.loads(from_file.stdout), orjson.loads(from_dir.stdout)
+    assert _slept(file_doc["collectives"]) == _slept(dir_doc["collectives"])
+    assert file_doc["summary"] == dir_doc["summary"]
+
+    # In the trace: a busbw counter track per group, a straggler marker on the sleeper.
+    trace = pb.Trace()
+    trace.ParseFromString(merged.read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
+    counters = [t.name for t in tracks.values() if t.name.startswith("busbw ")]
+    assert len(counters) == 3 and all(name.endswith("(GB/s)") for name in counters)
+    names: dict[tuple[int, int], str] = {}
+    instants = []
+    for p in trace.packet:
+        for entry in p.interned_data.event_names:
+            names[(p.trusted_packet_sequence_id, entry.iid)] = entry.name
+        if p.HasField("track_event") and p.track_event.type == pb.TrackEvent.TYPE_INSTANT:
+            instants.append(names.get((p.trusted_packet_sequence_id, p.track_event.name_iid), p.track_event.name))
+    assert any(n.startswith(f"straggler: rank {SLEEPER} ") and "allreduce" in n for n in instants), instants
+    # Each lane slice carries the figures as debug annotations.
+    from commtag.merge.readback import read_instances
+
+    lane_slices = read_instances(merged)
+    seq = _slept(dir_doc["collectives"])["seq"]
+    slept = [i for i in lane_slices if i.collective == "allreduce" and i.group_size == WORLD and i.seq == seq]
+    assert len(slept) == WORLD
+    assert {i.args["commtag last rank"] for i in slept} == {SLEEPER}
+    assert all(i.args["commtag skew us"] >= SLEEP_S * 0.8e6 for i in slept)
+    assert all("commtag busbw GB/s" in i.args and "commtag wait us" in i.args for i in lane_slices)
