@@ -218,8 +218,12 @@ def _build(pg: Any) -> GroupState:
 
 
 def _nccl_backend(pg: Any, backend: str) -> Any:
-    """The NCCL backend object whose counter gives the eager Seq, if the group has one."""
-    if "nccl" not in backend or not torch.cuda.is_available():
+    """The NCCL backend object whose counter gives the eager Seq, if the group is NCCL-only.
+
+    A mixed group ("cpu:gloo,cuda:nccl") sends CPU tensors to gloo, which
+    would not advance NCCL's counter: commtag counts those itself.
+    """
+    if backend != "nccl" or not torch.cuda.is_available():
         return None
     try:
         nccl = pg._get_backend(torch.device("cuda"))

@@ -296,7 +296,7 @@ def _before_batch(p2p_op_list: Any) -> list[_Pending]:
         calls = []
         for op in p2p_op_list:
             kind = "send" if op.op is c10d.isend else "recv"
-            call = p2p_call(kind, op.tensor, op.peer, op.group, None)
+            call = p2p_call(kind, op.tensor, op.peer, op.group, getattr(op, "group_peer", None))
             if call is not None:
                 call.async_op = True
                 calls.append(call)
