@@ -24,8 +24,19 @@ from commtag.runtime import groups, sidecar
 from commtag.runtime.failopen import log_once
 from commtag.schema import RecordedCollective, Sidecar
 
-#: Cheapest check for "is the profiler recording ops right now" (~70 ns).
-profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+_thread_profiled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+_autograd_profiler = torch.autograd.profiler
+
+
+def profiler_enabled() -> bool:
+    """Is a profiler recording ops right now (~100 ns)?
+
+    The thread-local check alone misses ``profile(experimental_config=
+    _ExperimentalConfig(profile_all_threads=True))``: that profiler records
+    every thread's ops while reporting itself disabled on each of them; torch
+    sets its process-wide Python flag for every profiler start, so read both.
+    """
+    return _thread_profiled() or _autograd_profiler._is_profiler_enabled
 
 _buffer: list[tuple[dict[str, Any], int, int, int, str]] = []
 _buffer_lock = threading.Lock()
