@@ -183,25 +183,27 @@ def test_uninstall_restores_the_exact_objects_and_leaves_isend_alone():
     assert c10d._coalescing_manager is coalescing
 
 
-def _compiling(rank: int, world_size: int) -> tuple[int, int]:
-    """While torch.compile traces, the wrapper must call straight through (no Seq, no record)."""
+def _compiled(rank: int, world_size: int) -> tuple[list[float], int, bool]:
+    """Under torch.compile the wrapper steps aside, so Dynamo sees the original collective."""
     import commtag
-    import commtag.runtime.patch as patch
     from commtag.runtime.groups import state_for
 
     commtag.install()
-    dist.all_reduce(torch.ones(1))
-    patch._is_compiling = lambda: True
-    try:
-        dist.all_reduce(torch.ones(1))
-    finally:
-        patch._is_compiling = torch.compiler.is_compiling
-    dist.all_reduce(torch.ones(1))
-    return state_for(None).coll_seq, int(dist.all_reduce is not c10d.all_reduce)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x * (rank + 1)
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(step, backend="eager")
+    out = compiled(torch.ones(2))
+    dist.all_reduce(torch.ones(1))  # eager: counted
+    return out.tolist(), state_for(None).coll_seq, commtag.is_installed()
 
 
-def test_wrappers_step_aside_while_compiling():
-    assert run_world(_compiling, 2) == [(2, 0), (2, 0)]
+def test_torch_compile_traces_through_the_wrappers():
+    # 1 + 2 = 3 summed over both ranks, plus one; only the eager call took a Seq.
+    assert run_world(_compiled, 2) == [([4.0, 4.0], 1, True)] * 2
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
