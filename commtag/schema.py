@@ -46,6 +46,9 @@ SCALAR_TYPE_BYTES: dict[str, float] = {
     "ComplexDouble": 16,
 }
 
+#: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
+TIME_NS_LIMIT = 1 << 63
+
 #: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
 MIN_LANE_ID = 60
 
@@ -163,8 +166,8 @@ class RecordedCollective(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     annotation: CollectiveAnnotation
-    start_ns: int = Field(ge=0)
-    end_ns: int = Field(ge=0)
+    start_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+    end_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
     tid: int
     thread_name: str = ""
 
@@ -211,8 +214,8 @@ class GraphReplay(BaseModel):
 
     #: Replays of this capture before this one (0 = first replay after capture).
     index: int = Field(ge=0)
-    start_ns: int = Field(ge=0)
-    end_ns: int = Field(ge=0)
+    start_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+    end_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
     #: OS thread id (what Kineto writes as a CPU event's tid).
     tid: int = 0
 
@@ -227,8 +230,8 @@ class GraphCapture(BaseModel):
     graph_id: Optional[int] = Field(default=None, ge=0)
     #: cudaGraphExecGetId of the instantiated graph, when known.
     exec_graph_id: Optional[int] = Field(default=None, ge=0)
-    start_ns: int = Field(ge=0)
-    end_ns: int = Field(ge=0)
+    start_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+    end_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
     total_nodes: int = Field(ge=0)
     collectives: list[CapturedCollective]
     #: Replays logged while the sidecar's window was profiled.
