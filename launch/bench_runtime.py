@@ -112,7 +112,13 @@ def run_world(world: int, calls: int, block: int) -> dict[str, dict[str, dict[st
 
     with tempfile.TemporaryDirectory(prefix="commtag-bench-rt-") as tmp:
         init_file = os.path.join(tmp, "init")
-        mp.spawn(_worker, args=(world, init_file, calls, block, tmp), nprocs=world, join=True)
+        try:
+            mp.spawn(_worker, args=(world, init_file, calls, block, tmp), nprocs=world, join=True)
+        except Exception:
+            for log in sorted(Path(tmp).glob("rank*.log")):
+                lines = [x for x in log.read_text(errors="replace").splitlines() if "USDT" not in x]
+                print(f"--- {log.name} (last lines)", *lines[-15:], sep="\n", file=sys.stderr)
+            raise
         return orjson.loads(Path(tmp, "rank0.json").read_bytes())
 
 

@@ -189,3 +189,26 @@ def test_unknown_template_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "no_such_trace.json.gz" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: Path, tmp_path: Path) -> None:
+    """The set is what the merge benchmark runs on: the merge must take all of it."""
+    from commtag.merge.pipeline import merge
+    from commtag.merge.validate import validate_file
+
+    result = merge(scaleset, tmp_path / "merged.pftrace", align="collectives", progress=False)
+    assert validate_file(result.output) == []
+    by_rank: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for inst in result.instances:
+        by_rank[inst.rank][inst.source].append(inst)
+    for sidecar, _ in _load(scaleset):
+        mine = by_rank[sidecar.rank]
+        assert len(mine["nccl-kernel"]) == len(sidecar.collectives)
+        assert len(mine["graph-replay"]) == sum(len(c.replays) * len(c.collectives) for c in sidecar.captures)
+        logged = {(c.collectives[0].annotation.pg_uid, r.index) for c in sidecar.captures for r in c.replays}
+        assert logged <= {(i.pg_uid, i.replay) for i in mine["graph-replay"]}, "replay indices from the log"
+    truth = _manifest(scaleset)["clock_offset_us"]
+    found = result.alignment.offsets
+    for rank in range(RANKS):
+        expected_ns = -(truth[rank] - truth[0]) * 1000
+        assert abs((found[rank] - found[0]) - expected_ns) < 1000, f"rank {rank}: clock offset recovered within 1 us"
