@@ -54,15 +54,19 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         result = merge(
             args.inputs, args.output, align=args.align, json_dir=args.json,
             rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
-            analysis=hook,
+            analysis=hook, skip_bad_ranks=args.skip_bad_ranks,
         )
     except MergeInputError as exc:
-        sys.stderr.write(f"commtag merge: error: {exc}\n")
+        sys.stderr.write(f"commtag merge: error: {_one_line(exc)}\n")
         return 2
     finally:
         if world is not None:
             world.close()
     if world is None or world.index == 0:
+        for notice in result.notices:
+            sys.stderr.write(f"commtag merge: notice: {notice}\n")
+        for skipped in result.skipped:
+            sys.stderr.write(f"commtag merge: skipped: {_one_line(skipped)}\n")
         if result.alignment is not None:
             sys.stderr.write(result.alignment.describe() + "\n")
         sys.stdout.write(
@@ -71,6 +75,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         )
     # Only the worker that wrote the lanes (worker 0) ran the analysis.
     return _report_desyncs([f.message for f in hook.result.desyncs] if hook.result else [], args.strict)
+
+
+def _one_line(exc: Exception) -> str:
+    """An error as one line: the file, then the problem."""
+    return " ".join(str(exc).split())
 
 
 def _report_desyncs(desyncs: list[str], strict: bool) -> int:
@@ -114,6 +123,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="regex with one group giving the rank from a file name, for traces without "
                              "distributedInfo or sidecar (default rule: rank<N>, rank-<N>, rank_<N>, worker<N>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--skip-bad-ranks", action="store_true",
+                        help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
+                             "what was skipped and why (default: stop at the first, writing nothing)")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when ranks disagree on a collective (op, size, dtype, missing rank, "
                              "Seq gap); the trace is still written")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -38,6 +39,9 @@ from commtag.schema import Sidecar
 DEFAULT_RANK_PATTERN = r"(?<![a-z])(?:rank|worker)[-_]?(\d+)"
 _HEAD_BYTES = 1 << 16
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+#: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
+_OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
+_DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
 #: Kineto categories of device-side events (their pid is the device).
 GPU_CATEGORIES = frozenset(
     {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"}
@@ -87,10 +91,14 @@ def _head(path: Path) -> bytes:
         raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
     if raw[:2] != b"\x1f\x8b":
         return raw
+    stream = zlib.decompressobj(wbits=47)
     try:
-        return zlib.decompressobj(wbits=47).decompress(raw, _HEAD_BYTES)
+        head = stream.decompress(raw, _HEAD_BYTES)
     except zlib.error as exc:
         raise MergeInputError(path, f"not a valid gzip file ({exc})") from None
+    if len(raw) < _HEAD_BYTES and len(head) < _HEAD_BYTES and not stream.eof:
+        raise MergeInputError(path, "truncated gzip file (it ends before its compressed stream does)")
+    return head
 
 
 def _is_sidecar(head: bytes) -> bool:
@@ -116,41 +124,100 @@ def _candidates(inputs: Sequence[Path]) -> list[Path]:
     return files
 
 
-def discover(inputs: Sequence[Path], rank_pattern: Optional[str] = None) -> list[RankInput]:
-    """Group the traces under ``inputs`` (dirs or files) by rank, in rank order."""
+def discover(
+    inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None
+) -> list[RankInput]:
+    """Group the traces under ``inputs`` (dirs or files) by rank, in rank order.
+
+    A bad file stops discovery with an error naming it; with ``skipped``
+    (``--skip-bad-ranks``) it is appended there instead and left out.
+    """
     pattern = re.compile(rank_pattern or DEFAULT_RANK_PATTERN, re.IGNORECASE)
     if pattern.groups < 1:
         raise MergeInputError(rank_pattern or "", "--rank-pattern needs one capture group for the rank")
+
+    def fail(path: Path, problem: str) -> None:
+        if skipped is None:
+            raise MergeInputError(path, problem)
+        skipped.append(MergeInputError(path, problem))
+
     traces: dict[str, tuple[Path, bytes]] = {}
-    sidecars: dict[str, Path] = {}
+    sidecars: dict[str, tuple[Path, Sidecar]] = {}
     for path in _candidates(inputs):
-        head = _head(path)
-        if _is_sidecar(head):
-            sidecar = load_sidecar(path)
-            sidecars.setdefault(sidecar.trace_file, path)
-        elif _looks_like_trace(head):
-            traces[path.name] = (path, head)
+        try:
+            head = _head(path)
+            sidecar = load_sidecar(path) if _is_sidecar(head) else None
+        except MergeInputError as exc:
+            fail(exc.path, exc.problem)
+            continue
+        if sidecar is not None:
+            other = sidecars.get(sidecar.trace_file)
+            if other is not None:
+                fail(path, f"annotates the same trace {sidecar.trace_file!r} as {other[0]}")
+            else:
+                sidecars[sidecar.trace_file] = (path, sidecar)
+        elif not _looks_like_trace(head):
+            if path.name.endswith(_OWN_SUFFIXES):
+                fail(path, "named like a trace or sidecar but is neither (no traceEvents, no commtag kind)")
+        else:
+            other = traces.get(path.name)
+            if other is not None:
+                fail(path, f"has the same file name as {other[0]} (sidecars name their trace by file name)")
+            else:
+                traces[path.name] = (path, head)
+    _one_run(traces, sidecars, fail)
     if not traces:
         where = ", ".join(str(p) for p in inputs)
         raise MergeInputError(where, "no PyTorch profiler trace (.json or .json.gz with traceEvents) found")
-    for name, path in sidecars.items():
+    for name, (path, _) in sidecars.items():
         if name not in traces:
-            raise MergeInputError(path, f"its trace_file {name!r} is not among the input traces")
+            fail(path, f"its trace_file {name!r} is not among the input traces")
     ranks: dict[int, RankInput] = {}
     for name, (path, head) in sorted(traces.items()):
-        sidecar_path = sidecars.get(name)
-        rank = _rank_of(path, head, sidecar_path, pattern)
+        sidecar_path, sidecar = sidecars.get(name, (None, None))
+        try:
+            rank = _rank_of(path, head, sidecar, pattern)
+        except MergeInputError as exc:
+            fail(exc.path, exc.problem)
+            continue
         entry = ranks.setdefault(rank, RankInput(rank))
         entry.files.append(TraceFile(path, sidecar_path, path.stat().st_size))
+    if not ranks:
+        raise MergeInputError(", ".join(str(p) for p in inputs), "no rank left to merge")
     return [ranks[r] for r in sorted(ranks)]
 
 
-def _rank_of(path: Path, head: bytes, sidecar: Optional[Path], pattern: re.Pattern[bytes] | re.Pattern[str]) -> int:
+def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) -> None:
+    """Refuse files of another run: a run id or world size that differs from most files'."""
+    ids = Counter(side.run_id for _, side in sidecars.values())
+    common_id = ids.most_common(1)[0][0] if ids else None
+    sizes: dict[str, tuple[Path, int]] = {}
+    for name, (path, head) in traces.items():
+        match = _DIST_WORLD.search(head)
+        if match:
+            sizes[name] = (path, int(match.group(1)))
+    for name, (path, side) in sidecars.items():
+        sizes.setdefault(name, (path, side.world_size))
+    common_size = Counter(size for _, size in sizes.values()).most_common(1)[0][0] if sizes else None
+    for name, (path, side) in list(sidecars.items()):
+        if side.run_id != common_id:
+            fail(path, f"run id {side.run_id!r} differs from {common_id!r} of the other sidecars: "
+                       "ranks from different runs")
+            del sidecars[name]
+            traces.pop(name, None)
+    for name, (path, size) in sizes.items():
+        if size != common_size and name in traces:
+            fail(path, f"world size {size} differs from {common_size} of the other files: ranks from different runs")
+            traces.pop(name)
+            sidecars.pop(name, None)
+
+
+def _rank_of(path: Path, head: bytes, sidecar: Optional[Sidecar], pattern: re.Pattern[str]) -> int:
     match = _DIST_RANK.search(head)
     if match:
         return int(match.group(1))
     if sidecar is not None:
-        return load_sidecar(sidecar).rank
+        return sidecar.rank
     named = pattern.search(path.name)
     if named:
         return int(named.group(1))
@@ -162,7 +229,12 @@ def _rank_of(path: Path, head: bytes, sidecar: Optional[Path], pattern: re.Patte
 
 
 def load_trace(path: Path) -> dict:
-    """Parse a Kineto Chrome-JSON trace (.json or .json.gz)."""
+    """Parse a Kineto Chrome-JSON trace (.json or .json.gz), checked by :func:`check_events`."""
+    return read_trace(path)[0]
+
+
+def read_trace(path: Path) -> tuple[dict, tuple[Optional[int], Optional[int]]]:
+    """:func:`load_trace` and the trace's first and last absolute ns."""
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
@@ -177,7 +249,62 @@ def load_trace(path: Path) -> dict:
         raise MergeInputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise MergeInputError(path, "not a profiler trace: no traceEvents list")
-    return trace
+    return trace, check_events(path, trace)
+
+
+#: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
+MAX_DUR_US = 86_400 * 10**6
+_MAX_NS = (1 << 63) - 1
+
+
+def _number(value: object) -> bool:
+    return value.__class__ in (int, float) and value == value and abs(value) != float("inf")
+
+
+def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]:
+    """Refuse events the merge cannot place; return the trace's first and last ns (None if no timed event).
+
+    Every slice and instant needs a finite, non-negative time that fits the
+    output's int64 nanoseconds, and a slice a duration below a day; text
+    fields must be text and ``args`` an object, so nothing downstream meets a
+    surprise type. One pass, cheap next to parsing.
+    """
+    top = trace.get("distributedInfo")
+    if top is not None and not isinstance(top, dict):
+        raise MergeInputError(path, "distributedInfo is not an object")
+    base = base_ns(trace)
+    first = last = None
+    for i, e in enumerate(trace["traceEvents"]):
+        if e.__class__ is not dict:
+            raise MergeInputError(path, f"traceEvents[{i}] is not an object")
+        ph = e.get("ph")
+        if ph != "X" and ph != "i" and ph != "I":
+            continue
+        ts = e.get("ts")
+        if ts is None:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing 'ts'")
+        if not _number(ts) or ts < 0:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): ts {ts!r} is not a finite non-negative number")
+        dur = e.get("dur", 0) if ph == "X" else 0
+        if not _number(dur) or not 0 <= dur <= MAX_DUR_US:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): dur {dur!r} is not a duration in [0, 1 day] (us)")
+        for key in ("name", "cat"):
+            if key in e and e[key].__class__ is not str:
+                raise MergeInputError(path, f"traceEvents[{i}]: {key} {e[key]!r} is not a string")
+        for key in ("pid", "tid"):
+            if key not in e:
+                raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
+        if "args" in e and e["args"].__class__ is not dict:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+        start = round(ts * 1000) + base
+        end = start + round(dur * 1000)
+        if start < 0 or end > _MAX_NS:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
+        if first is None or start < first:
+            first = start
+        if last is None or end > last:
+            last = end
+    return first, last
 
 
 def load_sidecar(path: Path) -> Sidecar:

@@ -29,7 +29,7 @@ from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred
 from commtag.merge.load import (
-    NOISE_ARGS, MergeInputError, RankInput, discover, load_sidecar, load_trace, to_timeline,
+    NOISE_ARGS, MergeInputError, RankInput, discover, load_sidecar, read_trace, to_timeline,
 )
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
 
@@ -112,6 +112,10 @@ class MergeResult:
     instances: list[CollectiveInstance]
     alignment: Optional[Alignment] = None
     annotations: Optional[TraceAnnotations] = None
+    #: With ``skip_bad_ranks``: the files left out, each with why (worker 0 has everyone's).
+    skipped: list[MergeInputError] = field(default_factory=list)
+    #: Things the user should know that did not stop the merge (a trace without sidecar).
+    notices: list[str] = field(default_factory=list)
 
 
 def default_output(inputs: Sequence[Path]) -> Path:
@@ -142,6 +146,7 @@ def merge(
     graph_fallback: Optional[GraphFallback] = None,
     progress: Optional[bool] = None,
     world: Optional[World] = None,
+    skip_bad_ranks: bool = False,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
@@ -153,7 +158,9 @@ def merge(
     :data:`commtag.merge.attach.GraphFallback` (default: commtag.merge.graphs'
     order and kernel-name matching). ``world``: torchrun workers
     (:func:`torch_world`); the result's instances are complete on worker 0.
-    Raises :class:`MergeInputError` on bad input, writing nothing.
+    Raises :class:`MergeInputError` on bad input, writing nothing; with
+    ``skip_bad_ranks`` bad files and ranks are left out and listed in the
+    result's ``skipped`` instead (an error still when nothing is left).
     """
     if align not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
@@ -161,7 +168,10 @@ def merge(
     if not paths:
         raise MergeInputError(".", "no input given")
     world = world or SoloWorld()
-    ranks = discover(paths, rank_pattern)
+    skipped: Optional[list[MergeInputError]] = [] if skip_bad_ranks else None
+    ranks = discover(paths, rank_pattern, skipped)
+    notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
+               for r in ranks for f in r.files if f.sidecar is None]
     out_path = Path(output) if output else default_output(paths)
     if json_dir is not None:
         for f in (f for r in ranks for f in r.files):
@@ -173,7 +183,8 @@ def merge(
     alignment = None
     offsets: dict[int, int] = {}
     if align == "collectives":
-        everyone = _exchange(world, lambda: [_summary_only(r, graph_fallback) for r in mine])
+        everyone = _exchange(world, lambda: _summaries_only(mine, graph_fallback, skipped), skipped)
+        mine = [r for r in mine if r.rank in {s.rank for s in everyone}]
         alignment = estimate_offsets(
             [i for s in everyone for i in s.instances], {s.rank: s.host for s in everyone}
         )
@@ -186,30 +197,36 @@ def merge(
         try:
             with open(shard, "wb") as stream:
                 summaries = _write_ranks(stream, mine, offsets, graph_fallback, json_dir, show,
-                                         header=world.index == 0)
+                                         header=world.index == 0, skipped=skipped)
         except OSError as exc:
-            raise MergeInputError(shard, f"cannot write: {exc.strerror or exc}") from None
-        everyone = _exchange(world, lambda: summaries)
+            raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+        everyone = _exchange(world, lambda: summaries, skipped)
+        if not everyone:
+            raise MergeInputError(", ".join(map(str, paths)), "no rank left to merge")
+        merged = [s.rank for s in everyone]
         if world.index != 0:
             shard = None  # worker 0 appends it, then removes it
-            return MergeResult(out_path, [r.rank for r in ranks], [], alignment)
+            return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
         annotations = analysis(instances) if analysis is not None else None
-        with open(final_tmp, "ab") as stream:
-            for path in shards:
-                with open(path, "rb") as part:
-                    while block := part.read(16 << 20):
-                        stream.write(block)
-            lanes = _lane_layout(everyone)
-            perfetto.LanesWriter().write(
-                stream, lanes, instances,
-                annotations.counters if annotations else (), annotations.markers if annotations else (),
-            )
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(final_tmp, out_path)
-        return MergeResult(out_path, [r.rank for r in ranks], instances, alignment, annotations)
+        try:
+            with open(final_tmp, "ab") as stream:
+                for path in shards:
+                    with open(path, "rb") as part:
+                        while block := part.read(16 << 20):
+                            stream.write(block)
+                lanes = _lane_layout(everyone)
+                perfetto.LanesWriter().write(
+                    stream, lanes, instances,
+                    annotations.counters if annotations else (), annotations.markers if annotations else (),
+                )
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(final_tmp, out_path)
+        except OSError as exc:
+            raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+        return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices)
     finally:
         for leftover in [final_tmp, *shards] if world.index == 0 else [shard] if shard else []:
             leftover.unlink(missing_ok=True)
@@ -240,16 +257,25 @@ def collect(
     return ranks, instances
 
 
-def _exchange(world: World, produce: Callable[[], list[RankSummary]]) -> list[RankSummary]:
-    """Every worker's summaries, in rank order; an input error anywhere stops all workers."""
+def _exchange(world: World, produce: Callable[[], list[RankSummary]],
+              skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
+    """Every worker's summaries, in rank order; an input error anywhere stops all workers.
+
+    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files.
+    """
     try:
-        payload = orjson.dumps({"summaries": [_to_json(s) for s in produce()]})
+        summaries = produce()
+        payload = orjson.dumps({"summaries": [_to_json(s) for s in summaries],
+                                "skipped": [[str(e.path), e.problem] for e in skipped or ()]})
     except MergeInputError as exc:
         payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
     parts = [orjson.loads(p) for p in world.all_gather_bytes(payload)]
     for part in parts:
         if "error" in part:
             raise MergeInputError(*part["error"])
+    if skipped is not None:
+        union = dict.fromkeys((path, problem) for part in parts for path, problem in part["skipped"])
+        skipped[:] = [MergeInputError(path, problem) for path, problem in union]
     return sorted((_from_json(s) for part in parts for s in part["summaries"]), key=lambda s: s.rank)
 
 
@@ -268,13 +294,32 @@ def _from_json(data: dict) -> RankSummary:
 
 def _rank_files(rank: RankInput) -> list[tuple[Path, dict, Optional[object]]]:
     loaded = []
+    spans = []
     for f in rank.files:
-        trace = load_trace(f.path)
+        trace, (first, last) = read_trace(f.path)
         sidecar = load_sidecar(f.sidecar) if f.sidecar else None
         if sidecar is not None and sidecar.rank != rank.rank:
             raise MergeInputError(f.sidecar, f"sidecar is for rank {sidecar.rank} but its trace is rank {rank.rank}")
         loaded.append((f.path, trace, sidecar))
+        if first is not None:
+            spans.append((first, last, f.path))
+    spans.sort(key=lambda span: span[0])
+    for (_, last, before), (first, _, path) in zip(spans, spans[1:]):
+        if first < last:
+            raise MergeInputError(path, f"claims rank {rank.rank} like {before}, and their times overlap: "
+                                        "one rank cannot record two traces at once")
     return loaded
+
+
+def _load(rank: RankInput, skipped: Optional[list[MergeInputError]]) -> Optional[list]:
+    """The rank's files, or None when they are bad and ``skipped`` (--skip-bad-ranks) takes the error."""
+    try:
+        return _rank_files(rank)
+    except MergeInputError as exc:
+        if skipped is None:
+            raise
+        skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
+        return None
 
 
 def _summary(rank: RankInput, loaded: list, offset: int, flows: RankFlows,
@@ -297,13 +342,22 @@ def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback]) -> R
     return _summary(rank, _rank_files(rank), 0, RankFlows(rank.rank), graph_fallback)
 
 
+def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
+                    skipped: Optional[list[MergeInputError]]) -> list[RankSummary]:
+    return [_summary(rank, loaded, 0, RankFlows(rank.rank), graph_fallback)
+            for rank in ranks if (loaded := _load(rank, skipped)) is not None]
+
+
 def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_fallback,
-                 json_dir, show: bool, header: bool) -> list[RankSummary]:
+                 json_dir, show: bool, header: bool,
+                 skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
     from tqdm import tqdm
 
     summaries = []
     for rank in tqdm(mine, desc="commtag merge", unit="rank", disable=not show):
-        loaded = _rank_files(rank)
+        loaded = _load(rank, skipped)
+        if loaded is None:
+            continue
         offset = offsets.get(rank.rank, 0)
         flows = RankFlows(rank.rank)
         summary = _summary(rank, loaded, offset, flows, graph_fallback)
