@@ -183,8 +183,14 @@ def discover(
         entry = ranks.setdefault(rank, RankInput(rank))
         entry.files.append(TraceFile(path, sidecar_path, path.stat().st_size))
     if not ranks:
-        raise MergeInputError(", ".join(str(p) for p in inputs), "no rank left to merge")
+        raise nothing_left(inputs, skipped or [])
     return [ranks[r] for r in sorted(ranks)]
+
+
+def nothing_left(inputs: Sequence[Path], skipped: Sequence[MergeInputError]) -> MergeInputError:
+    """The error when --skip-bad-ranks left no rank: it still says what was skipped and why."""
+    why = "; ".join(str(e) for e in skipped)
+    return MergeInputError(", ".join(str(p) for p in inputs), "no rank left to merge" + (f" (skipped {why})" if why else ""))
 
 
 def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) -> None:

@@ -16,6 +16,7 @@ order, so the file is byte for byte the single-process one.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import sys
@@ -29,7 +30,7 @@ from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred
 from commtag.merge.load import (
-    NOISE_ARGS, MergeInputError, RankInput, discover, load_sidecar, read_trace, to_timeline,
+    NOISE_ARGS, MergeInputError, RankInput, discover, load_sidecar, nothing_left, read_trace, to_timeline,
 )
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
 
@@ -202,7 +203,7 @@ def merge(
             raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
         everyone = _exchange(world, lambda: summaries, skipped)
         if not everyone:
-            raise MergeInputError(", ".join(map(str, paths)), "no rank left to merge")
+            raise nothing_left(paths, skipped or [])
         merged = [s.rank for s in everyone]
         if world.index != 0:
             shard = None  # worker 0 appends it, then removes it
@@ -229,7 +230,8 @@ def merge(
         return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices)
     finally:
         for leftover in [final_tmp, *shards] if world.index == 0 else [shard] if shard else []:
-            leftover.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # e.g. ENOTDIR: the output's directory is a file
+                leftover.unlink(missing_ok=True)
 
 
 def collect(
