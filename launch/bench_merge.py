@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Optional, Sequence
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import ChildRun, machine, markdown_table, median, run_child, verdict  # noqa: E402
+from benchutil import machine, markdown_table, median, run_child, verdict  # noqa: E402
 
 HERE = Path(__file__).resolve()
 TARGET_VS_FLOOR = 2.0
@@ -135,20 +136,17 @@ def baseline(directory: Path, out_dir: Path) -> None:
 
 
 def _ensure_set(workdir: Path, ranks: int, events: int) -> dict:
-    """The set's manifest, generating the set first when it is missing or different."""
-    from gen_scaleset import GENERATOR_VERSION, MANIFEST_NAME, generate  # the children need neither
-
+    """The set's manifest; the generator (a child, so this process stays small) reuses a matching set."""
     directory = workdir / f"scale-{ranks}"
-    manifest_path = directory / MANIFEST_NAME
-    if manifest_path.is_file():
-        manifest = orjson.loads(manifest_path.read_bytes())
-        fresh = manifest.get("generator_version") == GENERATOR_VERSION and manifest["ranks"] == ranks
-        if fresh and events <= manifest["events"] < events * 1.01:
-            return manifest
-        shutil.rmtree(directory)
-    print(f"generating {ranks}-rank set ({events} events) in {directory}", file=sys.stderr, flush=True)
-    generate(directory, ranks, events)
-    return orjson.loads(manifest_path.read_bytes())
+    print(f"scale set: {ranks} ranks, {events} events in {directory}", file=sys.stderr, flush=True)
+    done = subprocess.run(
+        [sys.executable, str(HERE.parent / "gen_scaleset.py"), "--ranks", str(ranks), "--events", str(events),
+         "-o", str(directory), "--reuse"],
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"generating {directory} failed:\n{done.stderr}")
+    return orjson.loads(done.stdout)
 
 
 def _output_size(path: Path) -> int:
@@ -188,17 +186,20 @@ def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers:
                 result = run_child(_command(variant, directory, target))
                 size = _output_size(target) if variant != "floor" else 0
                 shutil.rmtree(out, ignore_errors=True)
+                # Under torchrun the agent is the child; the merge runs in its workers.
+                workers = result.worker_peaks if variant.startswith("torchrun") else []
+                rss = workers[0] if workers else result.root_peak
                 runs[str(n)].setdefault(variant, []).append(
-                    {"rep": rep, "wall_s": result.wall_s, "peak_rss_bytes": result.peak_rss_bytes,
-                     "returncode": result.returncode, "output_bytes": size,
+                    {"rep": rep, "wall_s": result.wall_s, "peak_rss_bytes": rss,
+                     "worker_peak_rss_bytes": workers, "returncode": result.returncode, "output_bytes": size,
                      "error": result.stderr_tail if result.returncode else ""}
                 )
                 status = "ok" if result.returncode == 0 else f"FAILED rc={result.returncode}"
                 print(f"[rep {rep + 1}/{reps}] N={n:<4} {variant:<11} {result.wall_s:7.2f} s "
-                      f"{result.peak_rss_bytes / 1e6:7.0f} MB {status}", file=sys.stderr, flush=True)
+                      f"{rss / 1e6:7.0f} MB {status}", file=sys.stderr, flush=True)
     startup = {
-        "python+orjson": run_child([sys.executable, "-c", "import gzip, json, orjson"]).peak_rss_bytes,
-        "merge --help": run_child([sys.executable, "-m", "commtag.merge", "--help"]).peak_rss_bytes,
+        "python+orjson": run_child([sys.executable, "-c", "import gzip, json, orjson"]).root_peak,
+        "merge --help": run_child([sys.executable, "-m", "commtag.merge", "--help"]).root_peak,
     }
     return {"machine": machine(), "events": events, "reps": reps, "manifests": {str(k): v for k, v in manifests.items()},
             "runs": runs, "startup_rss_bytes": startup}
@@ -218,7 +219,8 @@ def _paired_ratio(a: list[dict], b: list[dict], key: str = "wall_s") -> float:
 def report(results: dict) -> str:
     """The markdown results: one table per set, then the targets."""
     lines = [f"Machine: {results['machine']}.",
-             f"Medians of {results['reps']} interleaved repetitions; wall time includes process start.", ""]
+             f"Medians of {results['reps']} interleaved repetitions; wall time includes process start; "
+             "peak RSS is the process's VmHWM (torchrun rows: the largest worker's).", ""]
     target_rows = []
     for n, variants in results["runs"].items():
         manifest = results["manifests"][n]

@@ -1,8 +1,11 @@
 """Helpers the benchmarks share: child-process measurement, medians, the machine line, markdown.
 
-Why child processes: peak RSS of one run can only be told apart from the
-others' if each run is its own process; ``os.wait4`` returns the rusage of
-exactly that child (and the descendants it reaped, e.g. torchrun's workers).
+Why peak RSS is read from /proc and not from wait4/getrusage: on Linux a
+child's ru_maxrss starts at its parent's RSS when it forks (exec keeps the
+old high-water mark), so a big benchmark parent would inflate every child.
+``VmHWM`` in /proc/PID/status belongs to the exec'd program alone; it is
+polled every few milliseconds for the child and its descendants (torchrun's
+workers) and the last value read before each exits is kept.
 """
 
 from __future__ import annotations
@@ -12,43 +15,84 @@ import platform
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 
 @dataclass
 class ChildRun:
-    """Wall time, peak RSS and exit status of one child process."""
+    """Wall time, per-process peak RSS and exit status of one child process (and its descendants)."""
 
     wall_s: float
-    peak_rss_bytes: int
     returncode: int
     stderr_tail: str
+    #: pid -> (command line, peak RSS bytes), the child first.
+    peaks: dict[int, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def root_peak(self) -> int:
+        """Peak RSS of the child process itself."""
+        return next(iter(self.peaks.values()), ("", 0))[1]
+
+    @property
+    def worker_peaks(self) -> list[int]:
+        """Peak RSS of each descendant (torchrun's workers), largest first."""
+        return sorted((peak for _, peak in list(self.peaks.values())[1:]), reverse=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    kids = [int(k) for k in handle.read().split()]
+                found += kids
+                todo += kids
+        except OSError:
+            continue
+    return found
+
+
+def _hwm(pid: int) -> Optional[tuple[str, int]]:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            status = handle.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return cmdline, int(line.split()[1]) * 1024
+    return None
 
 
 def run_child(argv: Sequence[str], timeout_s: float = 900.0, env: Optional[dict] = None) -> ChildRun:
-    """Run ``argv`` to completion; stdout is discarded, the end of stderr kept for errors."""
+    """Run ``argv`` to completion, polling peak RSS; stdout is discarded, the end of stderr kept."""
     stderr_path = f"/tmp/commtag-bench-stderr-{os.getpid()}.txt"
+    peaks: dict[int, tuple[str, int]] = {}
     with open(stderr_path, "wb") as stderr:
         start = time.perf_counter()
         proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env)
-        deadline = start + timeout_s
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
+        while proc.poll() is None:
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                seen = _hwm(pid)
+                if seen is None:
+                    continue
+                # Between fork and exec a process still shows its parent's image: a new
+                # command line means a new program, whose high-water mark starts afresh.
+                before = peaks.get(pid)
+                peaks[pid] = seen if before is None or before[0] != seen[0] else (seen[0], max(seen[1], before[1]))
+            if time.perf_counter() - start > timeout_s:
                 proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
             time.sleep(0.005)
         wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
     with open(stderr_path, "rb") as handle:
         tail = handle.read()[-2000:].decode(errors="replace")
     os.unlink(stderr_path)
-    # ru_maxrss is in KiB on Linux.
-    return ChildRun(wall, usage.ru_maxrss * 1024, proc.returncode, tail)
+    return ChildRun(wall, proc.returncode, tail, peaks)
 
 
 def median(values: Sequence[float]) -> float:
