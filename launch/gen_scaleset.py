@@ -35,7 +35,7 @@ from typing import Iterator, Optional, Sequence
 
 import orjson
 
-from commtag.runtime.groups import format_list, group_uid, lane_id_for
+from commtag import identity
 from commtag.runtime.sidecar import dumps, sidecar_name, trace_name, write_atomic
 from commtag.schema import (
     CapturedCollective,
@@ -94,18 +94,18 @@ class Group:
 
     @property
     def uid(self) -> str:
-        return group_uid(self.name, list(self.ranks))
+        return identity.group_uid(self.name, self.ranks)
 
     @property
     def lane_id(self) -> int:
-        return lane_id_for(self.uid)
+        return identity.lane_id(self.uid)
 
     @property
     def lane_name(self) -> str:
-        return f"PG {self.name} ({self.desc}) {self.ranks_text()}"
+        return identity.lane_name(self.name, self.desc, self.ranks)
 
     def ranks_text(self) -> str:
-        return format_list(list(self.ranks))
+        return identity.format_list(self.ranks)
 
 
 def build_groups(world: int) -> list[Group]:

@@ -33,15 +33,14 @@ NCCL kernels with no metadata at all (old traces)
 from __future__ import annotations
 
 import bisect
-import hashlib
 import re
-from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, Sequence
 
+from commtag.identity import group_info
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.perfetto import FLOW_SOURCE, flow_id
 from commtag.merge.records import CollectiveInstance
-from commtag.schema import MIN_LANE_ID, CollectiveAnnotation, GraphCapture, Sidecar, parse_rank_list
+from commtag.schema import MIN_LANE_ID, CollectiveAnnotation, GraphCapture, ProcessGroupInfo, Sidecar, parse_rank_list
 
 #: Eager keys in the order the profiler writes them on a kernel.
 EAGER_KEYS = (
@@ -58,19 +57,6 @@ _NCCL_KERNEL = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNOREC
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch")
 #: Tolerance when comparing a sidecar's clock with the trace's (rounding to µs).
 _TOL_NS = 2_000
-
-
-@dataclass(slots=True)
-class GroupInfo:
-    """A process group as the merge knows it (from a sidecar or from pg_config)."""
-
-    uid: str
-    name: str
-    desc: str
-    ranks: list[int]
-    backend: str
-    lane_id: int
-    lane_name: str
 
 
 class GraphMatch(NamedTuple):
@@ -90,34 +76,17 @@ class GraphMatch(NamedTuple):
 GraphFallback = Callable[[list[dict], Sidecar, dict[int, dict]], list[GraphMatch]]
 
 
-def _format_ranks(ranks: Sequence[int]) -> str:
-    items = [str(r) for r in ranks]
-    if len(items) > 30:
-        items = items[:29] + ["...", items[-1]]
-    return "[" + ", ".join(items) + "]"
-
-
-def group_from_config(name: str, desc: str, ranks: list[int], backend: str) -> GroupInfo:
-    """The identity commtag.runtime.groups gives a group, rebuilt from a trace's pg_config."""
-    uid = f"{name}:{hashlib.sha1('_'.join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:12]}"
-    lane_id = MIN_LANE_ID + int(hashlib.sha1(uid.encode(), usedforsecurity=False).hexdigest()[:8], 16) % (1 << 24)
-    return GroupInfo(uid, name, desc, ranks, backend, lane_id, f"PG {name} ({desc}) {_format_ranks(ranks)}")
-
-
-def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, GroupInfo]:
-    """Groups by pg name: the sidecar's table, else distributedInfo's pg_config."""
+def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, ProcessGroupInfo]:
+    """Groups by pg name: the sidecar's table, else rebuilt from distributedInfo's pg_config."""
     if sidecar is not None:
-        return {
-            pg.name: GroupInfo(pg.uid, pg.name, pg.desc, list(pg.ranks), pg.backend, pg.lane_id, pg.lane_name)
-            for pg in sidecar.process_groups
-        }
+        return {pg.name: pg for pg in sidecar.process_groups}
     info = trace.get("distributedInfo") or {}
     table = {}
     for pg in info.get("pg_config") or ():
         ranks = pg.get("ranks")
         if isinstance(ranks, list) and ranks and "pg_name" in pg:
             name = str(pg["pg_name"])
-            table[name] = group_from_config(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", "")))
+            table[name] = group_info(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", "")))
     return table
 
 
@@ -151,7 +120,7 @@ class RankFlows:
 
 
 def _instance(rank: int, eager: dict, start: int, end: int, source: str,
-              group: Optional[GroupInfo], flow: Optional[int]) -> CollectiveInstance:
+              group: Optional[ProcessGroupInfo], flow: Optional[int]) -> CollectiveInstance:
     ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
     args = dict(eager)
     args["commtag rank"] = rank
@@ -318,7 +287,7 @@ class _RankAttacher:
         group = self.groups.get(pg_name)
         if group is None:
             ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
-            group = group_from_config(pg_name, str(args.get("Process Group Description", "")), ranks, "nccl")
+            group = group_info(pg_name, str(args.get("Process Group Description", "")), ranks, "nccl")
             self.groups[pg_name] = group
             self.by_uid[group.uid] = group
         p2p = eager["Collective name"] in ("send", "recv") or "Dst Rank" in eager or "Src Rank" in eager

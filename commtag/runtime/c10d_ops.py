@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+from commtag.identity import format_list
 from commtag.schema import CollectiveAnnotation
 
 log = logging.getLogger("commtag.capture")
@@ -245,7 +246,6 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> O
 def annotate(call: OpCall) -> CollectiveAnnotation:
     """Add the group's identity, lane and Seq (this consumes a Seq number: call once, before the op runs)."""
     from commtag.runtime import groups
-    from commtag.runtime.groups import format_list
 
     state = groups.state_for(call.group)
     return CollectiveAnnotation(

@@ -10,14 +10,8 @@ communication:
   have formed the group at all.
 * The ordered list of global ranks is the same on every member.
 
-**uid** = ``"<group_name>:<first 12 hex of sha1('_'.join(ranks))>"``, the
-name plus a hash of the ranks as Flight Recorder identifies groups.
-
-**lane id** = ``60 + int(sha1(uid)[:8], 16) % 2**24``: a stable hash of the
-uid, at or above 60 like PyTorch's own per-group lanes. Collisions are
-possible in principle (about n^2 / 2^25 for n groups); the merger detects them.
-
-**lane name** = ``"PG <name> (<desc>) <ranks>"``.
+uid, lane id and lane name are computed by :mod:`commtag.identity`, which the
+merge also uses to rebuild a group from a trace's ``pg_config``.
 
 **Seq** follows ProcessGroupNCCL's counters: one counter for collectives
 (barrier included; a whole coalescing block takes one number) and a separate
@@ -32,7 +26,6 @@ per-(group, src, dst) counter, ``p2p_pair_seq``, which can.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -42,31 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commtag.schema import MIN_LANE_ID, ProcessGroupInfo
-
-LANE_SPAN = 2**24
-MAX_LIST_ENTRIES = 30
-
-
-def format_list(values: list[int]) -> str:
-    """The profiler's list string: ``"[1, 2]"``; beyond 30 entries the first 29, ``...``, the last."""
-    if len(values) > MAX_LIST_ENTRIES:
-        values_text = [str(v) for v in values[: MAX_LIST_ENTRIES - 1]] + ["...", str(values[-1])]
-    else:
-        values_text = [str(v) for v in values]
-    return "[" + ", ".join(values_text) + "]"
-
-
-def group_uid(name: str, ranks: list[int]) -> str:
-    """Rank-independent identity of a group (see module docstring)."""
-    digest = hashlib.sha1("_".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()
-    return f"{name}:{digest[:12]}"
-
-
-def lane_id_for(uid: str) -> int:
-    """Virtual lane id of a group: a stable hash of its uid, >= 60."""
-    digest = hashlib.sha1(uid.encode(), usedforsecurity=False).hexdigest()
-    return MIN_LANE_ID + int(digest[:8], 16) % LANE_SPAN
+from commtag.identity import format_list, group_uid, lane_id, lane_name
+from commtag.schema import ProcessGroupInfo
 
 
 def _start_and_stride(ranks: list[int], is_default: bool) -> tuple[Optional[int], Optional[int]]:
@@ -211,8 +181,8 @@ def _build(pg: Any) -> GroupState:
         global_rank_start=start,
         global_rank_stride=stride,
         backend=backend,
-        lane_id=lane_id_for(uid),
-        lane_name=f"PG {name} ({desc}) {format_list(ranks)}",
+        lane_id=lane_id(uid),
+        lane_name=lane_name(name, desc, ranks),
         nccl=_nccl_backend(pg, backend),
     )
 

@@ -21,7 +21,8 @@ import inspect
 
 import torch
 
-from commtag.runtime.groups import GroupState, format_list, lookup
+from commtag.identity import format_list
+from commtag.runtime.groups import GroupState, lookup
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 for _attr, _name in (

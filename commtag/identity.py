@@ -1,0 +1,70 @@
+"""Process-group identity: the formulas the runtime and the merge must share.
+
+The runtime names a group's lane when it records; the merge rebuilds the same
+identity from a trace's ``pg_config`` when a rank has no sidecar. Both import
+these functions (and nothing here imports torch), so the two can never drift
+apart and a group's lane is the same whichever side named it.
+
+Everything here depends only on what every member rank agrees on: the group
+name (its rendezvous store is prefixed with it) and the ordered global ranks.
+
+**uid** = ``"<group_name>:<first 12 hex of sha1('_'.join(ranks))>"``, the
+name plus a hash of the ranks as Flight Recorder identifies groups.
+
+**lane id** = ``60 + int(sha1(uid)[:8], 16) % 2**24``: a stable hash of the
+uid, at or above 60 like PyTorch's own per-group lanes. Collisions are
+possible in principle (about n^2 / 2^25 for n groups); the merger detects them.
+
+**lane name** = ``"PG <name> (<desc>) <ranks>"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+from commtag.schema import MIN_LANE_ID, ProcessGroupInfo
+
+LANE_SPAN = 2**24
+#: The profiler lists at most this many entries (ranks, split sizes) in full.
+MAX_LIST_ENTRIES = 30
+
+
+def format_list(values: Sequence[int]) -> str:
+    """The profiler's list string: ``"[1, 2]"``; beyond 30 entries the first 29, ``...``, the last."""
+    if len(values) > MAX_LIST_ENTRIES:
+        values_text = [str(v) for v in values[: MAX_LIST_ENTRIES - 1]] + ["...", str(values[-1])]
+    else:
+        values_text = [str(v) for v in values]
+    return "[" + ", ".join(values_text) + "]"
+
+
+def group_uid(name: str, ranks: Sequence[int]) -> str:
+    """Rank-independent identity of a group (see module docstring)."""
+    digest = hashlib.sha1("_".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()
+    return f"{name}:{digest[:12]}"
+
+
+def lane_id(uid: str) -> int:
+    """Virtual lane id of a group: a stable hash of its uid, >= 60."""
+    digest = hashlib.sha1(uid.encode(), usedforsecurity=False).hexdigest()
+    return MIN_LANE_ID + int(digest[:8], 16) % LANE_SPAN
+
+
+def lane_name(name: str, desc: str, ranks: Sequence[int]) -> str:
+    """Name of a group's virtual lane, the same on every member rank."""
+    return f"PG {name} ({desc}) {format_list(ranks)}"
+
+
+def group_info(name: str, desc: str, ranks: Sequence[int], backend: str) -> ProcessGroupInfo:
+    """A group's whole identity as a process-group table row.
+
+    Not validated: the merge rebuilds groups from traces whose rank list may
+    be unknown (``"[]"`` for a group that is not an arithmetic progression),
+    and an empty list must still name a lane rather than fail the merge.
+    """
+    uid = group_uid(name, ranks)
+    return ProcessGroupInfo.model_construct(
+        uid=uid, name=name, desc=desc, ranks=list(ranks), backend=backend,
+        lane_id=lane_id(uid), lane_name=lane_name(name, desc, ranks),
+    )
