@@ -194,11 +194,13 @@ def merge(
     final_tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     shard = final_tmp if world.index == 0 else out_path.with_name(f".{out_path.name}.shard{world.index}")
     shards = [out_path.with_name(f".{out_path.name}.shard{w}") for w in range(1, world.size)]
+    #: --json files written under temporary names, renamed only once the merge has succeeded.
+    staged: list[tuple[Path, Path]] = []
     try:
         try:
             with open(shard, "wb") as stream:
                 summaries = _write_ranks(stream, mine, offsets, graph_fallback, json_dir, show,
-                                         header=world.index == 0, skipped=skipped)
+                                         header=world.index == 0, skipped=skipped, staged=staged)
         except OSError as exc:
             raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
         everyone = _exchange(world, lambda: summaries, skipped)
@@ -207,6 +209,7 @@ def merge(
         merged = [s.rank for s in everyone]
         if world.index != 0:
             shard = None  # worker 0 appends it, then removes it
+            _publish(staged)
             return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
@@ -227,9 +230,11 @@ def merge(
             os.replace(final_tmp, out_path)
         except OSError as exc:
             raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+        _publish(staged)
         return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices)
     finally:
-        for leftover in [final_tmp, *shards] if world.index == 0 else [shard] if shard else []:
+        leftovers = [final_tmp, *shards] if world.index == 0 else [shard] if shard else []
+        for leftover in leftovers + [tmp for tmp, _ in staged]:
             with contextlib.suppress(OSError):  # e.g. ENOTDIR: the output's directory is a file
                 leftover.unlink(missing_ok=True)
 
@@ -352,7 +357,7 @@ def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallba
 
 def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_fallback,
                  json_dir, show: bool, header: bool,
-                 skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
+                 skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> list[RankSummary]:
     from tqdm import tqdm
 
     summaries = []
@@ -372,7 +377,8 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_f
         perfetto.write_rank(stream, timeline, NOISE_ARGS)
         if json_dir is not None:
             for path, trace, _ in loaded:
-                write_json(Path(json_dir) / path.name, trace)
+                target = Path(json_dir) / path.name
+                staged.append((stage_json(target, trace), target))
         summaries.append(summary)
         del loaded, timeline
     return summaries
@@ -406,9 +412,23 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
     return layout
 
 
-def write_json(path: Path, trace: dict) -> None:
-    """Write an annotated Chrome JSON trace atomically (gzip if the name ends in .gz)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _publish(staged: list[tuple[Path, Path]]) -> None:
+    """Rename the staged --json files into place (the merge succeeded)."""
+    while staged:
+        tmp, path = staged.pop(0)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
+
+
+def stage_json(path: Path, trace: dict) -> Path:
+    """Write an annotated Chrome JSON trace (gzip if the name ends in .gz) under a temporary
+    name beside ``path``; return that name. The caller renames it once the merge succeeded."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MergeInputError(path.parent, f"cannot create: {exc.strerror or exc}") from None
     # Indented like Kineto's own output: HTA finds a file's rank with the regex
     # '"rank":\s+(\d+)', which compact JSON ('"rank":1') never matches.
     data = orjson.dumps(trace, option=orjson.OPT_INDENT_2)
@@ -417,7 +437,7 @@ def write_json(path: Path, trace: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_bytes(data)
-        os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
+    return tmp
