@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from commtag.merge.attach import family
-from commtag.merge.records import CollectiveInstance
+from commtag.merge.records import CollectiveInstance, match_groups
 
 SYNCHRONIZING = frozenset({"allreduce", "allgather", "reducescatter", "alltoall", "barrier"})
 _ROUNDS = 30
@@ -52,11 +52,8 @@ def estimate_offsets(instances: Sequence[CollectiveInstance], hosts: Mapping[int
     ranks = sorted({i.rank for i in instances} | set(hosts))
     by_host = bool(ranks) and all(hosts.get(r) for r in ranks)
     unit_of = {r: (hosts[r] if by_host else str(r)) for r in ranks}
-    groups: dict[tuple, list[CollectiveInstance]] = {}
-    for inst in instances:
-        if family(inst.collective) in SYNCHRONIZING and inst.args.get("commtag cross-rank") is not False:
-            groups.setdefault(inst.key, []).append(inst)
-    matched = [g for g in groups.values() if len({unit_of[i.rank] for i in g}) > 1]
+    synchronizing = [i for i in instances if family(i.collective) in SYNCHRONIZING]
+    matched = [g for g in match_groups(synchronizing) if len({unit_of[i.rank] for i in g}) > 1]
     alignment = Alignment(unit="host" if by_host else "rank", matched=len(matched))
     if not matched:
         alignment.offsets = {r: 0 for r in ranks}

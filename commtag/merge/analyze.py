@@ -5,12 +5,14 @@ so the Perfetto writer, the ``summary`` report, the plot and ``--strict`` all
 read one result (:class:`Analysis`) and never disagree.
 
 Matching
-    A collective instance is the same on every member rank when its
-    :attr:`CollectiveInstance.key` ``(pg uid, p2p, Seq, replay)`` is. p2p is the
-    exception: its Seq counter is per rank (like NCCL's ``seqP2P``), so a rank
-    that talks to two peers numbers its sends 1, 2 while each peer sees 1. A send
-    is therefore matched with its receive the way MPI orders messages: the k-th
-    send from a to b in a group (and graph replay) is the k-th receive at b from a.
+    :func:`~commtag.merge.records.match_groups`, the rule the merged trace's
+    flows follow too: a collective instance is the same on every member rank
+    when its :attr:`CollectiveInstance.key` ``(pg uid, p2p, Seq, replay)`` is.
+    p2p is the exception: its Seq counter is per rank (like NCCL's ``seqP2P``),
+    so a rank that talks to two peers numbers its sends 1, 2 while each peer
+    sees 1. A send is therefore matched with its receive the way MPI orders
+    messages: the k-th send from a to b in a group (and graph replay) is the
+    k-th receive at b from a.
 
 Figures (per matched instance)
     skew
@@ -48,10 +50,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, TraceAnnotations
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, TraceAnnotations, match_groups
 from commtag.schema import SCALAR_TYPE_BYTES
-
-InstanceKey = tuple[str, bool, int, Optional[int]]
 
 #: A rank arriving this much later than the first one, and later by at least the
 #: collective's own transfer time, is flagged a straggler.
@@ -286,7 +286,7 @@ def analyze(
     loaded = set(loaded_ranks) if loaded_ranks is not None else {i.rank for i in instances}
     matched = [
         _measure(members, loaded, straggler_min_skew_us)
-        for members in _group(instances)
+        for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
     ]
     matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
     for m in matched:
@@ -302,47 +302,10 @@ def analyze(
     return Analysis(matched, findings, _busbw_series(matched), _markers(matched))
 
 
-def _group(instances: list[CollectiveInstance]) -> list[list[CollectiveInstance]]:
-    """Instances that are one collective: by key, p2p by (src, dst, k-th message)."""
-    groups: dict[object, list[CollectiveInstance]] = defaultdict(list)
-    p2p_count: dict[tuple[object, ...], int] = defaultdict(int)
-    for inst in sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)):
-        if not inst.is_p2p:
-            groups[inst.key].append(inst)
-            continue
-        src, dst = _p2p_ends(inst)
-        stream = (inst.pg_uid, inst.replay, src, dst, inst.rank)
-        p2p_count[stream] += 1
-        pair_seq = inst.args.get("commtag p2p pair seq")
-        k = pair_seq if isinstance(pair_seq, int) else p2p_count[stream]
-        groups[("p2p", inst.pg_uid, inst.replay, src, dst, k)].append(inst)
-    return list(groups.values())
-
-
-def _p2p_ends(inst: CollectiveInstance) -> tuple[int, int]:
-    """(sender, receiver) global ranks of a send/recv instance."""
-    peer = _peer(inst)
-    if inst.collective == "recv":
-        return (peer if peer is not None else -1), inst.rank
-    return inst.rank, (peer if peer is not None else -1)
-
-
-def _peer(inst: CollectiveInstance) -> Optional[int]:
-    for key in ("Dst Rank", "Src Rank"):
-        value = inst.args.get(key)
-        if isinstance(value, int):
-            return value
-    group_rank = inst.args.get("Rank")
-    if isinstance(group_rank, int) and 0 <= group_rank < len(inst.group_ranks):
-        return inst.group_ranks[group_rank]
-    return None
-
-
 def _expected(members: list[CollectiveInstance]) -> set[int]:
     first = members[0]
     if first.is_p2p:
-        src, dst = _p2p_ends(first)
-        return {r for r in (src, dst) if r >= 0}
+        return set(first.p2p_ends or (first.rank,))
     ranks: set[int] = set()
     for inst in members:
         ranks.update(inst.group_ranks)

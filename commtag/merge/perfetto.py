@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterable, Optional, Sequence
 
 import orjson
 
-from commtag.merge.records import CollectiveInstance, CounterSeries, Marker
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
 from commtag.merge.timeline import CPU_GROUP, LANE_GROUP, RankTimeline, Track
 
 # TracePacket: timestamp=8, trusted_packet_sequence_id=10, track_event=11,
@@ -470,21 +470,6 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, skip_args: frozenset = 
 
 # -- the lanes block ------------------------------------------------------
 
-def _match_key(inst: CollectiveInstance) -> Optional[tuple]:
-    """What the same instance shares on every member rank; None: link nothing."""
-    args = inst.args
-    if args.get("commtag cross-rank") is False:
-        return None
-    if "Dst Rank" in args or "Src Rank" in args:
-        pair = args.get("commtag p2p pair seq")
-        if pair is None:
-            return None
-        src = args.get("Src Rank", inst.rank)
-        dst = args.get("Dst Rank", inst.rank)
-        return (inst.pg_uid, "p2p", src, dst, pair, inst.replay)
-    return inst.key
-
-
 class LanesWriter:
     """Lanes, cross-rank flows, counters and markers: written once, after every rank."""
 
@@ -544,20 +529,13 @@ class LanesWriter:
     def _cross_rank_flows(self, instances: Sequence[CollectiveInstance]) -> dict[int, tuple]:
         """Flows linking the members of each matched instance.
 
-        Collectives match on :attr:`CollectiveInstance.key`; a send matches
-        its receive on (group, source, destination, "commtag p2p pair seq",
-        replay), since p2p Seq counts every peer together. The earlier
-        starting slice of a pair starts the flow (ties: lower rank, which
-        this block writes first): trace_processor drops a terminating id it
-        has not seen start.
+        Members are what :func:`~commtag.merge.records.match_groups` (the
+        analysis's rule too) calls one collective. The earlier starting slice
+        of a pair starts the flow (ties: lower rank, which this block writes
+        first): trace_processor drops a terminating id it has not seen start.
         """
-        by_key: dict[tuple, list[CollectiveInstance]] = {}
-        for inst in instances:
-            key = _match_key(inst)
-            if key is not None:
-                by_key.setdefault(key, []).append(inst)
         flows: dict[int, tuple[list, list]] = {}
-        for members in by_key.values():
+        for members in match_groups(instances):
             if len(members) < 2 or len({m.rank for m in members}) != len(members):
                 continue
             members.sort(key=lambda m: (m.start_ns, m.rank))

@@ -7,8 +7,9 @@ them, so none of those needs to know Kineto or Perfetto.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 
 @dataclass(slots=True)
@@ -48,6 +49,66 @@ class CollectiveInstance:
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+    @property
+    def p2p_ends(self) -> Optional[tuple[int, int]]:
+        """(sender, receiver) global ranks of a send/recv; None when the peer is unknown."""
+        peer = None
+        for key in ("Dst Rank", "Src Rank"):
+            value = self.args.get(key)
+            if isinstance(value, int):
+                peer = value
+                break
+        else:
+            group_rank = self.args.get("Rank")  # a send/recv's "Rank" is its peer's group rank
+            if isinstance(group_rank, int) and 0 <= group_rank < len(self.group_ranks):
+                peer = self.group_ranks[group_rank]
+        if peer is None:
+            return None
+        return (peer, self.rank) if self.collective == "recv" else (self.rank, peer)
+
+
+def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:
+    """The instances that are one collective across ranks, one list each.
+
+    The single rule the cross-rank flows, the analysis and the clock alignment
+    share, so that a flow never links what the analysis measures apart:
+
+    * an instance the attacher marked ``"commtag cross-rank": False`` is alone;
+    * a send/recv whose peer is known is a message: the k-th from its sender to
+      its receiver in the group (and graph replay), k being ``"commtag p2p pair
+      seq"`` when recorded, else its place among that rank's messages of the
+      same sender and receiver, ordered by start (messages between two ranks
+      arrive in order, as MPI's do). Seq cannot pair them: NCCL's p2p counter
+      counts every peer together;
+    * everything else matches on :attr:`CollectiveInstance.key`.
+
+    Lists come in the order of their first member in ``instances``.
+    """
+    counted: dict[int, int] = {}
+    unnumbered = [
+        (inst, ends) for inst in instances
+        if inst.is_p2p and not isinstance(inst.args.get("commtag p2p pair seq"), int)
+        and (ends := inst.p2p_ends) is not None
+    ]
+    streams: dict[tuple, int] = defaultdict(int)
+    for inst, ends in sorted(unnumbered, key=lambda pair: (pair[0].rank, pair[0].start_ns, pair[0].seq)):
+        stream = (inst.pg_uid, inst.replay, ends, inst.rank)
+        streams[stream] += 1
+        counted[id(inst)] = streams[stream]
+    groups: dict[tuple, list[CollectiveInstance]] = {}
+    for inst in instances:
+        ends = inst.p2p_ends if inst.is_p2p else None
+        if inst.args.get("commtag cross-rank") is False:
+            key: tuple = ("alone", id(inst))
+        elif ends is not None:
+            pair_seq = inst.args.get("commtag p2p pair seq")
+            k = pair_seq if isinstance(pair_seq, int) else counted[id(inst)]
+            key = ("p2p", inst.pg_uid, inst.replay, *ends, k)
+        else:
+            key = inst.key
+        groups.setdefault(key, []).append(inst)
+    return list(groups.values())
 
 
 @dataclass(slots=True)
