@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import collections
 import functools
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from commtag.runtime.failopen import log_once
 from commtag.runtime.graph_api import GraphAPI, load_cuda_graph_api
 from commtag.schema import (
     CapturedCollective,
@@ -41,23 +41,12 @@ from commtag.schema import (
     GraphReplay,
 )
 
-log = logging.getLogger("commtag.capture")
-
 #: Replays kept per capture (newest win); the sidecar writer keeps those in the profiled window.
 MAX_REPLAYS_PER_CAPTURE = 65536
 
 #: Open captures by CUDA capture sequence id. Module-level so the no-capture
 #: fast path of before_collective is a single truthiness test.
 _open: dict[int, "_OpenCapture"] = {}
-
-_logged: set[str] = set()
-
-
-def _log_once(kind: str, exc: BaseException) -> None:
-    if kind not in _logged:
-        _logged.add(kind)
-        log.warning("commtag: %s failed (%s: %s); collectives are unaffected", kind, type(exc).__name__, exc)
-
 
 @dataclass
 class _PendingCollective:
@@ -141,7 +130,7 @@ class CaptureTracker:
         try:
             resolved = self._resolve(capture)
         except Exception as exc:  # noqa: BLE001 - fail open: capture proceeds, this graph stays unannotated
-            _log_once("resolving a CUDA-graph capture", exc)
+            log_once("resolving a CUDA-graph capture", exc)
             resolved = None
         finish()  # exceptions from the real capture_end propagate; the record is dropped with them
         if resolved is None:
@@ -149,7 +138,7 @@ class CaptureTracker:
         try:
             exec_id = self.api.exec_graph_id(exec_handle())
         except Exception as exc:  # noqa: BLE001
-            _log_once("reading the exec graph id", exc)
+            log_once("reading the exec graph id", exc)
             exec_id = None
         record = resolved.model_copy(update={"exec_graph_id": exec_id, "end_ns": max(self.clock(), resolved.start_ns)})
         with self._lock:
@@ -316,7 +305,7 @@ def before_collective() -> Optional[CollectiveToken]:
     try:
         token = tracker.begin_collective(_current_stream())
     except Exception as exc:  # noqa: BLE001
-        _log_once("snapshotting a capture graph", exc)
+        log_once("snapshotting a capture graph", exc)
         return None
     if token is not None:
         tracker.set_wrapper_token(token)
@@ -334,7 +323,7 @@ def after_collective(token: Optional[CollectiveToken], annotation: CollectiveAnn
     try:
         tracker.end_collective(token, annotation)
     except Exception as exc:  # noqa: BLE001
-        _log_once("recording a captured collective", exc)
+        log_once("recording a captured collective", exc)
 
 
 def captures_snapshot(since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> list[GraphCapture]:
@@ -345,7 +334,7 @@ def captures_snapshot(since_ns: Optional[int] = None, until_ns: Optional[int] = 
     try:
         return tracker.captures(since_ns, until_ns)
     except Exception as exc:  # noqa: BLE001
-        _log_once("listing CUDA-graph captures", exc)
+        log_once("listing CUDA-graph captures", exc)
         return []
 
 
@@ -363,7 +352,7 @@ def _wrapped_capture_begin(original: Callable[..., Any]) -> Callable[..., Any]:
 
                     capture.interceptor = c10d_ops.activate(_TrackerSink(tracker))
         except Exception as exc:  # noqa: BLE001
-            _log_once("starting capture bookkeeping", exc)
+            log_once("starting capture bookkeeping", exc)
         return result
 
     return capture_begin
@@ -404,7 +393,7 @@ def _wrapped_replay(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())
             except Exception as exc:  # noqa: BLE001
-                _log_once("logging a graph replay", exc)
+                log_once("logging a graph replay", exc)
 
     return replay
 
@@ -438,7 +427,7 @@ def install() -> None:
     try:
         from torch.cuda.graphs import CUDAGraph
     except Exception as exc:  # noqa: BLE001
-        _log_once("hooking torch.cuda.CUDAGraph", exc)
+        log_once("hooking torch.cuda.CUDAGraph", exc)
         return
     for name, wrap in (("capture_begin", _wrapped_capture_begin), ("capture_end", _wrapped_capture_end), ("replay", _wrapped_replay)):
         own = CUDAGraph.__dict__.get(name)
