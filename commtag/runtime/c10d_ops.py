@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from commtag.identity import format_list
+from commtag.runtime.failopen import log_once
 from commtag.schema import CollectiveAnnotation
 
 log = logging.getLogger("commtag.capture")
@@ -249,23 +250,15 @@ def annotate(call: OpCall) -> CollectiveAnnotation:
 
     state = groups.state_for(call.group)
     return CollectiveAnnotation(
+        **state.annotation_fields,
         collective_name=call.collective,
         in_msg_nelems=call.in_nelems,
         out_msg_nelems=call.out_nelems,
-        group_size=state.size,
         dtype=call.dtype,
         in_split_size=format_list(list(call.in_splits)),
         out_split_size=format_list(list(call.out_splits)),
-        global_rank_start=state.global_rank_start,
-        global_rank_stride=state.global_rank_stride,
-        pg_name=state.name,
-        pg_desc=state.desc,
-        pg_ranks=state.ranks_text,
         rank=call.root if call.rank_kind == "root" else state.group_rank,
         seq=state.next_collective_seq(),
-        lane_id=state.lane_id,
-        lane_name=state.lane_name,
-        pg_uid=state.uid,
         async_op=call.async_op,
         thread=threading.get_native_id(),
     )
@@ -282,15 +275,6 @@ class OpSink(Protocol):
 
     def end(self, token: Any, annotation: CollectiveAnnotation, reduce_op: Optional[str]) -> None:
         """Called after the operator ran."""
-
-
-_logged: set[str] = set()
-
-
-def _log_once(kind: str, exc: BaseException) -> None:
-    if kind not in _logged:
-        _logged.add(kind)
-        log.warning("commtag: %s failed (%s: %s); the collective is unaffected", kind, type(exc).__name__, exc)
 
 
 class _CaptureOpMode(TorchDispatchMode):
@@ -322,14 +306,14 @@ class _CaptureOpMode(TorchDispatchMode):
             annotation = annotate(call)
             token = self.sink.begin()
         except Exception as exc:  # noqa: BLE001 - fail open: run the op as if commtag were absent
-            _log_once(f"describing {func}", exc)
+            log_once(f"describing {func}", exc)
             return func(*args, **kwargs)
         result = func(*args, **kwargs)
         if token is not None:
             try:
                 self.sink.end(token, annotation, call.reduce_op)
             except Exception as exc:  # noqa: BLE001
-                _log_once(f"recording {func}", exc)
+                log_once(f"recording {func}", exc)
         return result
 
 
@@ -340,7 +324,7 @@ def activate(sink: OpSink) -> Optional[_CaptureOpMode]:
         mode.__enter__()
         return mode
     except Exception as exc:  # noqa: BLE001
-        _log_once("activating c10d operator interception", exc)
+        log_once("activating c10d operator interception", exc)
         return None
 
 
@@ -355,7 +339,7 @@ def deactivate(mode: Optional[_CaptureOpMode]) -> None:
         else:
             log.warning("commtag: another dispatch mode sits above commtag's; leaving an inert one on the stack")
     except Exception as exc:  # noqa: BLE001
-        _log_once("deactivating c10d operator interception", exc)
+        log_once("deactivating c10d operator interception", exc)
 
 
 def is_active() -> bool:

@@ -74,6 +74,21 @@ class GroupState:
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _coll_counter: Any = field(default_factory=lambda: itertools.count(1))
+    #: The CollectiveAnnotation fields that describe the group: the same for every call on it.
+    annotation_fields: dict[str, Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.annotation_fields = {
+            "group_size": self.size,
+            "global_rank_start": self.global_rank_start,
+            "global_rank_stride": self.global_rank_stride,
+            "pg_name": self.name,
+            "pg_desc": self.desc,
+            "pg_ranks": self.ranks_text,
+            "lane_id": self.lane_id,
+            "lane_name": self.lane_name,
+            "pg_uid": self.uid,
+        }
 
     def next_collective_seq(self, already_bumped: bool = False) -> int:
         """Seq of the collective about to run (call before running it).

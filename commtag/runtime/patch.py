@@ -174,27 +174,18 @@ def _pair_seq(state: GroupState, call: OpCall) -> int:
 def _fields(pending: _Pending) -> dict[str, Any]:
     """The annotation's fields by name (validated later, when the sidecar is written)."""
     call = pending.call
-    state = call.state
     return {
+        **call.state.annotation_fields,
         "collective_name": call.collective,
         "in_msg_nelems": call.in_nelems,
         "out_msg_nelems": call.out_nelems,
-        "group_size": state.size,
         "dtype": call.dtype,
         "in_split_size": call.in_split,
         "out_split_size": call.out_split,
-        "global_rank_start": state.global_rank_start,
-        "global_rank_stride": state.global_rank_stride,
-        "pg_name": state.name,
-        "pg_desc": state.desc,
-        "pg_ranks": state.ranks_text,
         "rank": call.rank,
         "dst_rank": call.peer if call.p2p == "send" else None,
         "src_rank": call.peer if call.p2p == "recv" else None,
         "seq": pending.seq,
-        "lane_id": state.lane_id,
-        "lane_name": state.lane_name,
-        "pg_uid": state.uid,
         "is_p2p": call.p2p is not None,
         "p2p_pair_seq": pending.pair_seq,
         "async_op": call.async_op,
