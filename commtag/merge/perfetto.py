@@ -284,34 +284,34 @@ class SequenceWriter:
         self.out += _frame(body)
 
     # -- interning -------------------------------------------------------
+    def _intern(self, table: dict, field: bytes, text: str) -> int:
+        """The next iid of ``table`` (the caller stores it), added to the next packet's InternedData."""
+        iid = len(table) + 1
+        self._pending += _field_bytes(field, b"\x08" + _v(iid) + _field_bytes(b"\x12", text.encode()))
+        return iid
+
     def _name(self, name: str) -> bytes:
         part = self._names.get(name)
         if part is None:
-            iid = len(self._names) + 1
-            self._pending += _field_bytes(b"\x12", b"\x08" + _v(iid) + _field_bytes(b"\x12", name.encode()))
-            part = self._names[name] = b"\x50" + _v(iid)
+            part = self._names[name] = b"\x50" + _v(self._intern(self._names, b"\x12", name))
         return part
 
     def _cat(self, cat: str) -> bytes:
         part = self._cats.get(cat)
         if part is None:
-            iid = len(self._cats) + 1
-            self._pending += _field_bytes(b"\x0a", b"\x08" + _v(iid) + _field_bytes(b"\x12", cat.encode()))
-            part = self._cats[cat] = b"\x18" + _v(iid)
+            part = self._cats[cat] = b"\x18" + _v(self._intern(self._cats, b"\x0a", cat))
         return part
 
     def _key(self, key: str) -> int:
         iid = self._keys.get(key)
         if iid is None:
-            iid = self._keys[key] = len(self._keys) + 1
-            self._pending += _field_bytes(b"\x1a", b"\x08" + _v(iid) + _field_bytes(b"\x12", key.encode()))
+            iid = self._keys[key] = self._intern(self._keys, b"\x1a", key)
         return iid
 
     def _string(self, text: str) -> bytes:
         iid = self._strings.get(text)
         if iid is None:
-            iid = self._strings[text] = len(self._strings) + 1
-            self._pending += _field_bytes(b"\xea\x01", b"\x08" + _v(iid) + _field_bytes(b"\x12", text.encode()))
+            iid = self._strings[text] = self._intern(self._strings, b"\xea\x01", text)
         return b"\x88\x01" + _v(iid)
 
     def _annotations(self, args: dict) -> bytes:
