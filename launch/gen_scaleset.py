@@ -36,7 +36,7 @@ from typing import Iterator, Optional, Sequence
 import orjson
 
 from commtag import identity
-from commtag.runtime.sidecar import dumps, sidecar_name, trace_name, write_atomic
+from commtag.runtime.sidecar import SIDECAR_SUFFIX, TRACE_SUFFIX, dumps, sidecar_name, trace_name, write_atomic
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,
@@ -67,6 +67,8 @@ GRAPH_STREAM = 4242
 LAUNCHER_TID_OFFSET = 1_000_000
 #: cudaGraphLaunch precedes its first kernel by this much, µs.
 LAUNCH_LEAD_US = 30.0
+#: Share of a rank's events that graph replays add.
+GRAPH_FRACTION = 0.05
 #: Replays of each graph before the profiler started (warm-up), so replay indices do not start at 0.
 WARMUP_REPLAYS = 3
 #: Largest arrival skew between members of a collective, µs.
@@ -678,6 +680,8 @@ class SetSummary:
 
     out_dir: str
     generator_version: int
+    #: The arguments it was made with: a later run with the same ones may reuse it.
+    requested: dict
     ranks: int
     template: str
     events: int
@@ -696,7 +700,7 @@ def generate(
     total_events: int = 1_000_000,
     template: str = "v100",
     seed: int = 0,
-    graph_fraction: float = 0.05,
+    graph_fraction: float = GRAPH_FRACTION,
     node_id_format: str = "low",
     ranks_per_node: int = RANKS_PER_NODE,
     compresslevel: int = 6,
@@ -709,6 +713,13 @@ def generate(
     if not path.is_file():
         raise FileNotFoundError(f"template {path} not found (known: {', '.join(TEMPLATES)})")
     out_dir.mkdir(parents=True, exist_ok=True)
+    stale = [p for p in out_dir.iterdir() if p.name.endswith((TRACE_SUFFIX, SIDECAR_SUFFIX))]
+    if stale and not (out_dir / MANIFEST_NAME).is_file():
+        raise ValueError(f"{out_dir} holds traces that are not a generated scale set; choose another directory")
+    for old in stale:  # an earlier generated set: its ranks must not mix with the new ones
+        old.unlink()
+    requested = {"events": total_events, "template": template, "seed": seed, "graph_fraction": graph_fraction,
+                 "node_id_format": node_id_format, "ranks_per_node": ranks_per_node}
     per_rank = math.ceil(total_events / ranks)
     replays, added = replay_budget(per_rank, graph_fraction)
     template_window = load_template(path, max(100, per_rank - added))
@@ -731,6 +742,7 @@ def generate(
     summary = SetSummary(
         out_dir=str(out_dir),
         generator_version=GENERATOR_VERSION,
+        requested=requested,
         ranks=ranks,
         template=path.name,
         events=events,
@@ -757,8 +769,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE,
                         help="ranks sharing a host clock (default %(default)s)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (default /tmp/commtag-scale-N)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the set already in the directory if it was made with the same arguments")
     args = parser.parse_args(argv)
     out = args.out or Path(f"/tmp/commtag-scale-{args.ranks}")
+    if args.reuse and (out / MANIFEST_NAME).is_file():
+        manifest = orjson.loads((out / MANIFEST_NAME).read_bytes())
+        wanted = {"events": args.events, "template": args.template, "seed": args.seed, "graph_fraction": GRAPH_FRACTION,
+                  "node_id_format": args.node_id_format, "ranks_per_node": args.ranks_per_node}
+        if (manifest.get("generator_version"), manifest.get("ranks"), manifest.get("requested")) == (
+            GENERATOR_VERSION, args.ranks, wanted
+        ):
+            print(orjson.dumps(manifest).decode())
+            return 0
     try:
         summary = generate(out, args.ranks, args.events, args.template, args.seed,
                            node_id_format=args.node_id_format, ranks_per_node=args.ranks_per_node, progress=sys.stderr.isatty())

@@ -212,3 +212,25 @@ def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: P
     for rank in range(RANKS):
         expected_ns = -(truth[rank] - truth[0]) * 1000
         assert abs((found[rank] - found[0]) - expected_ns) < 1000, f"rank {rank}: clock offset recovered within 1 us"
+
+
+def test_regenerating_replaces_the_old_set_and_reuse_keeps_a_matching_one(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(GENERATOR), "--events", "4000", "-o", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    assert run("--ranks", "4").returncode == 0
+    assert run("--ranks", "2").returncode == 0
+    assert [s.rank for s, _ in _load(tmp_path)] == [0, 1], "no rank of the 4-rank set is left behind"
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    again = run("--ranks", "2", "--reuse")
+    assert again.returncode == 0 and json.loads(again.stdout)["ranks"] == 2
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+
+
+def test_a_directory_of_foreign_traces_is_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "rank0.step1.pt.trace.json.gz"
+    foreign.write_bytes(b"not ours")
+    done = _generate(tmp_path)
+    assert done.returncode == 2
+    assert str(tmp_path) in done.stderr and foreign.read_bytes() == b"not ours"
