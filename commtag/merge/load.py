@@ -267,6 +267,30 @@ def _number(value: object) -> bool:
     return value.__class__ in (int, float) and value == value and abs(value) != float("inf")
 
 
+def _count(value: object, least: int) -> bool:
+    return value.__class__ is int and value >= least
+
+
+def _check_distributed_info(path: Path, info: object) -> None:
+    """The fields of distributedInfo the merge reads must have their types (rank, world, groups)."""
+    if not info:
+        return
+    if info.__class__ is not dict:
+        raise MergeInputError(path, "distributedInfo is not an object")
+    for key, least in (("rank", 0), ("world_size", 1)):
+        if key in info and not _count(info[key], least):
+            raise MergeInputError(path, f"distributedInfo.{key} {info[key]!r} is not an integer >= {least}")
+    groups = info.get("pg_config") or []
+    if groups.__class__ is not list:
+        raise MergeInputError(path, "distributedInfo.pg_config is not a list")
+    for i, pg in enumerate(groups):
+        if pg.__class__ is not dict:
+            raise MergeInputError(path, f"distributedInfo.pg_config[{i}] is not an object")
+        ranks = pg.get("ranks", [])
+        if ranks.__class__ is not list or not all(_count(r, 0) for r in ranks):
+            raise MergeInputError(path, f"distributedInfo.pg_config[{i}].ranks is not a list of ranks")
+
+
 def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]:
     """Refuse events the merge cannot place; return the trace's first and last ns (None if no timed event).
 
@@ -275,9 +299,7 @@ def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]
     fields must be text and ``args`` an object, so nothing downstream meets a
     surprise type. One pass, cheap next to parsing.
     """
-    top = trace.get("distributedInfo")
-    if top is not None and not isinstance(top, dict):
-        raise MergeInputError(path, "distributedInfo is not an object")
+    _check_distributed_info(path, trace.get("distributedInfo"))
     base = base_ns(trace)
     first = last = None
     for i, e in enumerate(trace["traceEvents"]):
