@@ -9,6 +9,7 @@ validated models once, when :func:`trace_handler` writes the sidecar.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -167,20 +168,28 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
 
     Files: ``rank{R}.step{S}.pt.trace.json.gz`` and ``rank{R}.step{S}.commtag.json``
     (R = global rank, S = the profiler's step number). Both are written to a
-    temporary name and renamed. A failure while writing the sidecar is
-    logged once and does not stop training; the trace is written first.
+    temporary name and renamed. A failure while writing either (a full disk,
+    a directory that cannot be written) is logged once and does not stop
+    training; the trace is written first, and without it no sidecar.
     """
     directory = Path(dir_name)
 
     def handler(prof: Any) -> None:
         rank, _ = _rank_and_world()
         step = int(getattr(prof, "step_num", 0))
-        directory.mkdir(parents=True, exist_ok=True)
         trace_file = sidecar.trace_name(rank, step)
         # export_chrome_trace gzips when the name ends in .gz; the temp name keeps that suffix.
         tmp = directory / f".{trace_file}.{os.getpid()}.tmp.gz"
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, directory / trace_file)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(tmp))
+            os.replace(tmp, directory / trace_file)
+        except Exception as exc:  # noqa: BLE001 - never let the trace's own write stop training
+            log_once("writing the trace", exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            drain()  # what it would have annotated is dropped, not kept for ever
+            return
         try:
             since_ns = _trace_start_ns(prof)
             side = build_sidecar(trace_file, since_ns=since_ns)
