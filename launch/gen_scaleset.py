@@ -56,7 +56,7 @@ TEMPLATES = {
 }
 MANIFEST_NAME = "scaleset.manifest.json"
 #: Bumped whenever the generated content changes, so benchmarks regenerate stale sets.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 #: realtime ns of ts == 0 on every rank (floored, as Kineto's baseTimeNanoseconds is).
 BASE_TIME_NS = 1_767_000_000_000_000_000
 TORCH_VERSION = "2.13.0"
@@ -75,6 +75,9 @@ WARMUP_REPLAYS = 3
 MAX_JITTER_US = 40.0
 #: Clock error between nodes, µs.
 MAX_CLOCK_OFFSET_US = 500.0
+#: The window starts this late after baseTimeNanoseconds, so no clock offset makes a ts negative
+#: (Kineto floors its base below the first event: ts is never negative).
+LEAD_IN_US = 2 * MAX_CLOCK_OFFSET_US
 #: Default GPUs per node: 4, so even the 8-rank set spans hosts whose clocks differ.
 RANKS_PER_NODE = 4
 #: The profiler step the traces claim to come from (file names: commtag.trace_handler's scheme).
@@ -181,7 +184,7 @@ def load_template(path: Path, per_rank_events: int) -> Template:
         for event in body:
             if len(events) == per_rank_events:
                 break
-            events.append(_rebase(event, shift - t0, tile * stride))
+            events.append(_rebase(event, shift - t0 + LEAD_IN_US, tile * stride))
         tile += 1
     gpu_counts: dict[int, int] = {}
     cpu_counts: dict[int, int] = {}
@@ -415,8 +418,8 @@ def plan_set(
     rng = random.Random(seed)
     nodes = math.ceil(world / ranks_per_node)
     node_offsets = [rng.uniform(-MAX_CLOCK_OFFSET_US, MAX_CLOCK_OFFSET_US) for _ in range(nodes)]
-    step = template.span_us / (replays + 1)
-    replay_times = [(round(step * (j + 1), 3), j % len(GRAPHS)) for j in range(replays)]
+    step = (template.span_us - LEAD_IN_US) / (replays + 1)
+    replay_times = [(round(LEAD_IN_US + step * (j + 1), 3), j % len(GRAPHS)) for j in range(replays)]
     base = {role: 0 for role in ("default", "tp", "dp")}
     for role, seq in _capture_seqs().values():
         base[role] = max(base[role], seq)
