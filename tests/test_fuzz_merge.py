@@ -50,8 +50,7 @@ PUBLIC_BASES = {
 KEEP = 400
 #: Examples per property; COMMTAG_FUZZ_EXAMPLES raises it for a long hunt.
 SETTINGS = settings(max_examples=int(os.environ.get("COMMTAG_FUZZ_EXAMPLES", "40")), deadline=None, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.function_scoped_fixture])
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 EVENT_KEYS = ["ts", "dur", "pid", "tid", "ph", "name", "cat", "args", "s", "id"]
 ARG_KEYS = ["correlation", "graph node id", "graph id", "Collective name", "Process Group Name", "Seq",
@@ -126,9 +125,13 @@ def _gloo_run(rank: int, world_size: int, out_dir: str) -> None:
     commtag.uninstall()
 
 
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, dict]]]:
-    """Every base as a list of (file name, parsed JSON): traces, and sidecars where there are any."""
+#: Every base as a list of (file name, parsed JSON): traces, and sidecars where there are any.
+#: Module-level rather than a fixture argument, so Hypothesis does not print it with each example.
+BASES: dict[str, list[tuple[str, dict]]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bases(tmp_path_factory: pytest.TempPathFactory):
     # Single files get a "rank0." prefix: the rank of a trace without distributedInfo comes from its name.
     out: dict[str, list[tuple[str, dict]]] = {
         key: [(("rank0." if len(names) == 1 else "") + Path(name).name, _cut_down(_read(PUBLIC / name)))
@@ -138,7 +141,9 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str,
     run = tmp_path_factory.mktemp("gloo_fuzz_base")
     run_world(_gloo_run, 2, str(run))
     out["gloo-commtag"] = [(p.name, _read(p)) for p in sorted(run.iterdir())]
-    return out
+    BASES.update(out)
+    yield
+    BASES.clear()
 
 
 def _at(items: list, i: int) -> int:
@@ -228,8 +233,8 @@ def _check_merge(directory: Path, skip: bool, align: str) -> None:
 @given(base=st.sampled_from(sorted(PUBLIC_BASES) + ["gloo-commtag"]), which=index,
        mutations=st.lists(event_mutation, min_size=1, max_size=6), skip=st.booleans(),
        align=st.sampled_from(["none", "collectives"]))
-def test_mutated_traces_merge_or_fail_clearly(bases, base, which, mutations, skip, align):
-    files = bases[base]
+def test_mutated_traces_merge_or_fail_clearly(base, which, mutations, skip, align):
+    files = BASES[base]
     traces = [i for i, (name, _) in enumerate(files) if "commtag" not in name]
     target = traces[_at(traces, which)]
     with tempfile.TemporaryDirectory(prefix="fuzz_merge_") as tmp:
@@ -246,8 +251,8 @@ def test_mutated_traces_merge_or_fail_clearly(bases, base, which, mutations, ski
 @SETTINGS
 @given(which=index, edits=st.lists(st.tuples(st.lists(index, min_size=1, max_size=6), json_values, st.booleans()),
                                    min_size=1, max_size=4), skip=st.booleans())
-def test_mutated_sidecars_merge_or_fail_clearly(bases, which, edits, skip):
-    files = bases["gloo-commtag"]
+def test_mutated_sidecars_merge_or_fail_clearly(which, edits, skip):
+    files = BASES["gloo-commtag"]
     sidecars = [i for i, (name, _) in enumerate(files) if name.endswith(".commtag.json")]
     target = sidecars[_at(sidecars, which)]
     with tempfile.TemporaryDirectory(prefix="fuzz_sidecar_") as tmp:
@@ -267,8 +272,8 @@ def test_mutated_sidecars_merge_or_fail_clearly(bases, which, edits, skip):
                         st.tuples(st.just("flip"), st.floats(min_value=0, max_value=1), st.integers(1, 255)),
                         st.tuples(st.just("raw-cut"), st.floats(min_value=0, max_value=1))),
        skip=st.booleans())
-def test_damaged_bytes_merge_or_fail_clearly(bases, base, which, damage, skip):
-    files = bases[base]
+def test_damaged_bytes_merge_or_fail_clearly(base, which, damage, skip):
+    files = BASES[base]
     target = _at(files, which)
     with tempfile.TemporaryDirectory(prefix="fuzz_bytes_") as tmp:
         directory = Path(tmp)
@@ -288,9 +293,9 @@ def test_damaged_bytes_merge_or_fail_clearly(bases, base, which, damage, skip):
         _check_merge(directory, skip, "none")
 
 
-def test_the_bases_merge_cleanly(bases, tmp_path: Path):
+def test_the_bases_merge_cleanly(tmp_path: Path):
     """Unmutated, every base merges and validates: the fuzz starts from good inputs."""
-    for key, files in bases.items():
+    for key, files in BASES.items():
         directory = tmp_path / key
         directory.mkdir()
         for name, data in files:

@@ -257,6 +257,11 @@ def _event_without_pid(d: Path) -> tuple[Path, str]:
     return _trace(d, 0), "missing 'pid'"
 
 
+def _pid_wrong_type(d: Path) -> tuple[Path, str]:
+    _edit_trace(_trace(d, 2), lambda t: _first(t["traceEvents"]).update(pid=[7]))
+    return _trace(d, 2), "pid [7] is not a number or name"
+
+
 def _annotation_without_seq(d: Path) -> tuple[Path, str]:
     _edit_sidecar(_sidecar(d, 1), lambda s: s["collectives"][1]["annotation"].pop("Seq"))
     return _sidecar(d, 1), "collectives.1.annotation.Seq: Field required"
@@ -277,7 +282,7 @@ CASES = [
     _sidecar_wrong_shape, _same_rank_twice, _two_sidecars_one_trace, _other_run_id, _other_world_size,
     _newer_schema, _nan_duration, _nan_in_sidecar, _negative_ts, _string_ts, _absurd_ts, _negative_dur,
     _absurd_dur, _negative_sidecar_time, _absurd_sidecar_time, _sidecar_end_before_start, _event_without_ts,
-    _event_without_pid, _annotation_without_seq, _sidecar_of_another_rank,
+    _event_without_pid, _pid_wrong_type, _annotation_without_seq, _sidecar_of_another_rank,
 ]
 
 

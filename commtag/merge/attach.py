@@ -175,7 +175,8 @@ class _RankAttacher:
         self.kernels: list[tuple[int, int, dict]] = []
         self.launches: dict[int, dict] = {}
         for e in trace["traceEvents"]:
-            if e.get("ph") != "X" or "ts" not in e:
+            # Only slices the timeline places (int pid and tid): a flow to any other would dangle.
+            if e.get("ph") != "X" or "ts" not in e or e.get("pid").__class__ is not int or e.get("tid").__class__ is not int:
                 continue
             name = e.get("name", "")
             cat = e.get("cat")

@@ -39,6 +39,8 @@ from commtag.schema import Sidecar
 DEFAULT_RANK_PATTERN = r"(?<![a-z])(?:rank|worker)[-_]?(\d+)"
 _HEAD_BYTES = 1 << 16
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+#: Ranks a merged trace can hold: track ids and pids are built from the rank.
+MAX_RANKS = 1 << 24
 #: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
@@ -177,6 +179,8 @@ def discover(
         sidecar_path, sidecar = sidecars.get(name, (None, None))
         try:
             rank = _rank_of(path, head, sidecar, pattern)
+            if rank >= MAX_RANKS:
+                raise MergeInputError(path, f"rank {rank} is beyond the {MAX_RANKS} ranks a merge can lay out")
         except MergeInputError as exc:
             fail(exc.path, exc.problem)
             continue
@@ -280,6 +284,8 @@ def _check_distributed_info(path: Path, info: object) -> None:
     for key, least in (("rank", 0), ("world_size", 1)):
         if key in info and not _count(info[key], least):
             raise MergeInputError(path, f"distributedInfo.{key} {info[key]!r} is not an integer >= {least}")
+    if "rank" in info and "world_size" in info and info["rank"] >= info["world_size"]:
+        raise MergeInputError(path, f"distributedInfo.rank {info['rank']} is outside world_size {info['world_size']}")
     groups = info.get("pg_config") or []
     if groups.__class__ is not list:
         raise MergeInputError(path, "distributedInfo.pg_config is not a list")
@@ -291,13 +297,22 @@ def _check_distributed_info(path: Path, info: object) -> None:
             raise MergeInputError(path, f"distributedInfo.pg_config[{i}].ranks is not a list of ranks")
 
 
+def _check_ids(path: Path, i: int, e: dict) -> None:
+    """pid and tid are numbers or names (Kineto writes both), args an object (or null): the merge keys and reads them."""
+    for key in ("pid", "tid"):
+        if key in e and e[key].__class__ is not int and e[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): {key} {e[key]!r} is not a number or name")
+    if e.get("args") is not None and e["args"].__class__ is not dict:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+
+
 def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]:
     """Refuse events the merge cannot place; return the trace's first and last ns (None if no timed event).
 
     Every slice and instant needs a finite, non-negative time that fits the
     output's int64 nanoseconds, and a slice a duration below a day; text
-    fields must be text and ``args`` an object, so nothing downstream meets a
-    surprise type. One pass, cheap next to parsing.
+    fields must be text, pid and tid numbers or names, and ``args`` an
+    object, so nothing downstream meets a surprise type. One pass, cheap next to parsing.
     """
     _check_distributed_info(path, trace.get("distributedInfo"))
     base = base_ns(trace)
@@ -306,6 +321,8 @@ def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]
         if e.__class__ is not dict:
             raise MergeInputError(path, f"traceEvents[{i}] is not an object")
         ph = e.get("ph")
+        if ph == "M":
+            _check_ids(path, i, e)
         if ph != "X" and ph != "i" and ph != "I":
             continue
         ts = e.get("ts")
@@ -322,8 +339,7 @@ def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]
         for key in ("pid", "tid"):
             if key not in e:
                 raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
-        if "args" in e and e["args"].__class__ is not dict:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+        _check_ids(path, i, e)
         start = round(ts * 1000) + base
         end = start + round(dur * 1000)
         if start < 0 or end > _MAX_NS:
