@@ -49,7 +49,7 @@ PUBLIC_BASES = {
 #: Events kept per rank: enough for every kind of event, small enough for many examples.
 KEEP = 400
 #: Examples per property; COMMTAG_FUZZ_EXAMPLES raises it for a long hunt.
-SETTINGS = settings(max_examples=int(os.environ.get("COMMTAG_FUZZ_EXAMPLES", "40")), deadline=None, derandomize=False,
+SETTINGS = settings(max_examples=int(os.environ.get("COMMTAG_FUZZ_EXAMPLES", "300")), deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 EVENT_KEYS = ["ts", "dur", "pid", "tid", "ph", "name", "cat", "args", "s", "id"]
