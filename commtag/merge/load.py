@@ -476,11 +476,11 @@ def to_timeline(
 
 
 def _with_flow(bucket: list, index: int, fid: int, out: bool) -> None:
+    """Add flow ``fid`` to a slice's outgoing (slot 5) or incoming (slot 6) ids."""
     s = bucket[index]
-    if out:
-        bucket[index] = s[:5] + ((s[5] or ()) + (fid,) if s[5] else (fid,), s[6])
-    else:
-        bucket[index] = s[:6] + ((s[6] or ()) + (fid,) if s[6] else (fid,),)
+    slot = 5 if out else 6
+    ids = (*s[slot], fid) if s[slot] else (fid,)
+    bucket[index] = s[:slot] + (ids,) + s[slot + 1:]
 
 
 def _launch_flows(launches: dict, work: list, next_flow: Callable[[], int]) -> None:
