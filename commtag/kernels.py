@@ -1,10 +1,31 @@
-"""What dominates a GPU stream or a graph launch: kernels sorted into a few categories.
+"""What dominates a GPU stream, a graph launch or a process-group lane: kernels sorted into a few categories.
 
 A replayed CUDA graph shows as one opaque ``cudaGraphLaunch`` whose kernels
 share its correlation id; a stream shows thousands of kernels. Both questions
 ("is this launch GEMM-bound or waiting on NCCL?") need the same thing: a
 category per kernel name and time summed per category. The one table of rules
 is :data:`KERNEL_RULES`; change it there, nowhere else.
+
+Three scopes, each per rank:
+
+stream
+    every kernel, memcpy and memset on one GPU stream (HTA's per-stream view;
+    in the merged trace, one GPU stream row).
+graph launch
+    the kernels one ``cudaGraphLaunch``/``hipGraphLaunch`` replayed (same
+    correlation id), TraceLens' question of a graph launch.
+lane
+    a process-group lane's device work: the kernels the merge attributed to
+    the lane's collectives (eager NCCL kernels: communication) and, for a
+    collective replayed inside a CUDA graph, every kernel of the graph launches
+    that ran it, since the lane's collectives cost what those launches cost. A
+    lane of gloo/CPU collectives has no device work and no breakdown.
+
+The merge computes all three in its one pass over the events
+(:class:`DeviceWork`) and writes them into the trace as debug annotations
+(:meth:`Breakdown.annotations`), from which ``commtag summary`` reads them
+back (:meth:`Breakdown.from_annotations`); :func:`kernels_from_events` and
+the ``by_*`` functions compute the same from events.
 """
 
 from __future__ import annotations
@@ -55,8 +76,8 @@ KERNEL_RULES: tuple[tuple[str, str, str], ...] = (
 
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern, _ in KERNEL_RULES)
 
-#: Kineto categories of GPU activity this module reads.
-_GPU_CATS = {"kernel": None, "gpu_memcpy": MEMORY, "gpu_memset": MEMORY}
+#: Kineto categories of GPU activity this module reads, with the category fixed by the Kineto one.
+WORK_CATEGORIES: dict[str, Optional[str]] = {"kernel": None, "gpu_memcpy": MEMORY, "gpu_memset": MEMORY}
 #: Runtime calls that launch a whole graph (their correlation is the replay's).
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
 
@@ -82,6 +103,8 @@ class Kernel:
     category: str
     #: Correlation id of the graph launch that ran it, None for an eager launch.
     graph_launch: Optional[int] = None
+    #: The process-group lane the merge attributed it to ("commtag lane"), if any.
+    lane: Optional[str] = None
 
 
 @dataclass(slots=True)
@@ -94,6 +117,13 @@ class Breakdown:
     def add(self, kernel: Kernel) -> None:
         self.time_us[kernel.category] += kernel.dur_us
         self.count[kernel.category] += 1
+
+    def merge(self, other: "Breakdown") -> None:
+        """Add another breakdown's time and counts (category by category, in its order)."""
+        for category, time in other.time_us.items():
+            self.time_us[category] += time
+        for category, n in other.count.items():
+            self.count[category] += n
 
     @property
     def total_us(self) -> float:
@@ -127,6 +157,39 @@ class Breakdown:
             "count": {c: self.count[c] for c in CATEGORIES if c in self.count},
         }
 
+    def annotations(self) -> dict[str, object]:
+        """Debug annotations for the merged trace: the one-line answer, the dominant category,
+        then per category its exact time (us) and kernel count, so the breakdown reads back whole."""
+        args: dict[str, object] = {ANN_DESCRIBE: self.describe(), ANN_DOMINANT: self.dominant[0]}
+        for c in CATEGORIES:
+            if c in self.count:
+                args[f"{ANN_PREFIX}{c} us"] = float(self.time_us[c])
+                args[f"{ANN_PREFIX}{c} count"] = self.count[c]
+        return args
+
+    @classmethod
+    def from_annotations(cls, args: Mapping[str, object]) -> "Breakdown":
+        """The breakdown :meth:`annotations` wrote (unknown keys ignored)."""
+        out = cls()
+        for c in CATEGORIES:
+            time, n = args.get(f"{ANN_PREFIX}{c} us"), args.get(f"{ANN_PREFIX}{c} count")
+            if isinstance(time, (int, float)) and isinstance(n, int):
+                out.time_us[c] += time
+                out.count[c] += n
+        return out
+
+
+#: Annotation keys of a breakdown in the merged trace (see :meth:`Breakdown.annotations`).
+ANN_DESCRIBE = "commtag kernels"
+ANN_DOMINANT = "commtag dominant"
+ANN_PREFIX = "commtag kernels "
+#: Which breakdown an annotated slice or instant carries: scope ("stream",
+#: "graph launch", "lane"), its id (stream id, launch correlation id, lane
+#: name) and the rank.
+ANN_SCOPE = "commtag kernels scope"
+ANN_ID = "commtag kernels id"
+ANN_RANK = "commtag rank"
+
 
 def kernels_from_events(events: Iterable[Mapping[str, object]], rank: int) -> list[Kernel]:
     """GPU activities of one rank's Kineto events, each tied to its graph launch when it has one."""
@@ -134,7 +197,7 @@ def kernels_from_events(events: Iterable[Mapping[str, object]], rank: int) -> li
     gpu: list[Mapping[str, object]] = []
     for event in events:
         cat = event.get("cat")
-        if cat in _GPU_CATS and event.get("ph") == "X":
+        if cat in WORK_CATEGORIES and event.get("ph") == "X":
             gpu.append(event)
         elif cat in ("cuda_runtime", "cuda_driver") and event.get("name") in GRAPH_LAUNCHES:
             correlation = _arg(event, "correlation")
@@ -143,7 +206,7 @@ def kernels_from_events(events: Iterable[Mapping[str, object]], rank: int) -> li
     out = []
     for event in gpu:
         name = str(event.get("name", ""))
-        fixed = _GPU_CATS[str(event["cat"])]
+        fixed = WORK_CATEGORIES[str(event["cat"])]
         correlation = _arg(event, "correlation")
         out.append(Kernel(
             rank=rank,
@@ -153,6 +216,7 @@ def kernels_from_events(events: Iterable[Mapping[str, object]], rank: int) -> li
             dur_us=float(event.get("dur", 0.0)),  # type: ignore[arg-type]
             category=fixed or categorize(name),
             graph_launch=correlation if correlation in launches else None,
+            lane=_lane(event),
         ))
     return out
 
@@ -161,6 +225,12 @@ def _arg(event: Mapping[str, object], key: str) -> Optional[int]:
     args = event.get("args")
     value = args.get(key) if isinstance(args, Mapping) else None
     return value if isinstance(value, int) else None
+
+
+def _lane(event: Mapping[str, object]) -> Optional[str]:
+    args = event.get("args")
+    lane = args.get("commtag lane") if isinstance(args, Mapping) else None
+    return lane if isinstance(lane, str) else None
 
 
 def by_stream(kernels: Iterable[Kernel]) -> dict[tuple[int, int], Breakdown]:
@@ -178,6 +248,102 @@ def by_graph_launch(kernels: Iterable[Kernel]) -> dict[tuple[int, int], Breakdow
         if kernel.graph_launch is not None:
             out[(kernel.rank, kernel.graph_launch)].add(kernel)
     return dict(out)
+
+
+def by_lane(kernels: Iterable[Kernel]) -> dict[tuple[int, str], Breakdown]:
+    """(rank, lane name) -> breakdown of the lane's device work (see the module docstring).
+
+    The lane's eager kernels in event order, then the whole of each graph
+    launch that ran one of its kernels, in correlation order.
+    """
+    kernels = list(kernels)
+    out: dict[tuple[int, str], Breakdown] = defaultdict(Breakdown)
+    replays: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for kernel in kernels:
+        if kernel.lane is None:
+            continue
+        if kernel.graph_launch is None:
+            out[(kernel.rank, kernel.lane)].add(kernel)
+        else:
+            replays[(kernel.rank, kernel.lane)].add(kernel.graph_launch)
+    launches = by_graph_launch(kernels)
+    for (rank, lane), correlations in replays.items():
+        for correlation in sorted(correlations):
+            out[(rank, lane)].merge(launches[(rank, correlation)])
+    return dict(out)
+
+
+class DeviceWork:
+    """One rank's breakdowns by stream, graph launch and lane, fed during the merge's one pass.
+
+    The merge already visits every event to build its rows; it hands each GPU
+    activity to :meth:`kernel` and each runtime launch to :meth:`launch`, so no
+    second pass over the events is needed. Whether a kernel belongs to a graph
+    launch is known only once the whole file is read (a launch may come after
+    its kernels), so :meth:`end_trace` settles that per file. The figures equal
+    :func:`by_stream`, :func:`by_graph_launch` and :func:`by_lane` of
+    :func:`kernels_from_events` (same additions in the same order).
+    """
+
+    __slots__ = ("streams", "launches", "lanes", "_pending", "_graphs", "_lane_launches")
+
+    def __init__(self) -> None:
+        #: Stream key (the caller's, e.g. (pid, tid)) -> breakdown.
+        self.streams: dict[object, Breakdown] = {}
+        #: Graph launch correlation id -> breakdown of what it replayed.
+        self.launches: dict[int, Breakdown] = {}
+        #: Lane name -> breakdown (complete after :meth:`finish`).
+        self.lanes: dict[str, Breakdown] = {}
+        self._pending: list[tuple[object, str, float, object]] = []
+        self._graphs: set[int] = set()
+        self._lane_launches: dict[str, set[int]] = {}
+
+    def kernel(self, stream: object, name: str, cat: str, dur_us: float, args: Mapping[str, object]) -> None:
+        """One GPU activity of a Kineto category in :data:`WORK_CATEGORIES`."""
+        category = WORK_CATEGORIES[cat] or categorize(name)
+        b = self.streams.get(stream)
+        if b is None:
+            b = self.streams[stream] = Breakdown()
+        b.time_us[category] += dur_us
+        b.count[category] += 1
+        self._pending.append((args.get("correlation"), category, dur_us, args.get("commtag lane")))
+
+    def launch(self, name: str, correlation: object) -> None:
+        """A runtime call; graph launches tie the kernels of their correlation id to them."""
+        if name in GRAPH_LAUNCHES and correlation.__class__ is int:
+            self._graphs.add(correlation)  # type: ignore[arg-type]
+
+    def end_trace(self) -> list[int]:
+        """Settle the kernels of one trace file (correlation ids are per file); return the
+        correlation ids of its graph launches that ran kernels."""
+        graphs = self._graphs
+        for correlation, category, dur_us, lane in self._pending:
+            if correlation in graphs:
+                b = self.launches.get(correlation)  # type: ignore[arg-type]
+                if b is None:
+                    b = self.launches[correlation] = Breakdown()  # type: ignore[index]
+                b.time_us[category] += dur_us
+                b.count[category] += 1
+                if lane.__class__ is str:
+                    self._lane_launches.setdefault(lane, set()).add(correlation)  # type: ignore[arg-type]
+            elif lane.__class__ is str:
+                b = self.lanes.get(lane)  # type: ignore[arg-type]
+                if b is None:
+                    b = self.lanes[lane] = Breakdown()  # type: ignore[index]
+                b.time_us[category] += dur_us
+                b.count[category] += 1
+        self._pending.clear()
+        ran = sorted(c for c in graphs if c in self.launches)
+        graphs.clear()
+        return ran
+
+    def finish(self) -> None:
+        """Add to each lane the graph launches that ran its kernels (after the last file)."""
+        for lane, correlations in self._lane_launches.items():
+            b = self.lanes.setdefault(lane, Breakdown())
+            for correlation in sorted(correlations):
+                b.merge(self.launches[correlation])
+        self._lane_launches.clear()
 
 
 def top_kernels(kernels: Iterable[Kernel], n: int = 5) -> list[tuple[str, str, float]]:
