@@ -33,6 +33,7 @@ from typing import Callable, Optional, Sequence
 import orjson
 from pydantic import ValidationError
 
+from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Track
 from commtag.schema import Sidecar
 
@@ -411,6 +412,9 @@ def to_timeline(
     set; launch-to-device-work flows (same "correlation") are added here when
     ``next_flow`` gives ids, from whichever of the pair starts first.
     ``offset_ns`` is this rank's clock correction (``--align``).
+    Kernel categories (:mod:`commtag.kernels`) are summed on the way: each
+    graph launch slice gets its breakdown as annotations, each GPU stream row
+    a summary instant, and the timeline the breakdown of every lane.
     """
     fo_get = (flows_out or {}).get
     fi_get = (flows_in or {}).get
@@ -419,6 +423,7 @@ def to_timeline(
     thread_names: dict = {}
     labels: dict = {}
     gpu_pids: set = set()
+    categories = DeviceWork()
     for trace in traces:
         events = trace["traceEvents"]
         _meta(events, gpu_pids, thread_names, labels)
@@ -435,7 +440,8 @@ def to_timeline(
                     continue
                 t = ts * 1000
                 start = (t if t.__class__ is int else round(t)) + base
-                d = e.get("dur", 0) * 1000
+                dur = e.get("dur", 0)
+                d = dur * 1000
                 if d.__class__ is not int:
                     d = round(d)
                 key = (pid, tid)
@@ -445,16 +451,20 @@ def to_timeline(
                 ref = id(e)
                 cat = e.get("cat")
                 args = e.get("args")
-                bucket.append((start, start + d if d > 0 else start, e.get("name", ""), cat, args,
+                name = e.get("name", "")
+                bucket.append((start, start + d if d > 0 else start, name, cat, args,
                                fo_get(ref), fi_get(ref)))
                 if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
                     corr = args.get("correlation")
                     if corr is not None:
                         if cat in LAUNCH_CATEGORIES:
                             launches[corr] = (bucket, len(bucket) - 1)
+                            categories.launch(name, corr)
                         else:
                             gpu_pids.add(pid)
                             work.append((bucket, len(bucket) - 1, corr))
+                    if cat in WORK_CATEGORIES:
+                        categories.kernel(key, name, cat, dur, args)
             elif ph == "i" or ph == "I":
                 pid = e.get("pid")
                 tid = e.get("tid")
@@ -467,12 +477,25 @@ def to_timeline(
                 )
         if next_flow is not None:
             _launch_flows(launches, work, next_flow)
-    tracks = _tracks(buckets, instants, thread_names, gpu_pids)
+        for corr in categories.end_trace():
+            bucket, index = launches[corr]
+            s = bucket[index]
+            bucket[index] = s[:4] + ({**(s[4] or {}), **_kernel_args(rank, "graph launch", corr, categories.launches[corr])},) + s[5:]
+    categories.finish()
+    summaries = {key: (f"commtag kernels: {b.describe()}", _kernel_args(rank, "stream", key[1], b))
+                 for key, b in categories.streams.items()}
+    tracks = _tracks(buckets, instants, thread_names, gpu_pids, summaries)
     starts = [t.slices[0][0] for t in tracks if t.slices] + [t.instants[0][0] for t in tracks if t.instants]
     devices = sorted(p for p in gpu_pids if any(k[0] == p for k in buckets))
     device = ", ".join(labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
     name = f"rank {rank}" + (f" · {host}" if host else "") + f" · {device}"
-    return RankTimeline(rank=rank, process_name=name, tracks=tracks, first_ns=min(starts) if starts else None)
+    return RankTimeline(rank=rank, process_name=name, tracks=tracks, first_ns=min(starts) if starts else None,
+                        lane_kernels={lane: _kernel_args(rank, "lane", lane, b) for lane, b in categories.lanes.items()})
+
+
+def _kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
+    """Debug annotations naming a breakdown's scope and carrying its figures."""
+    return {ANN_RANK: rank, ANN_SCOPE: scope, ANN_ID: ident, **breakdown.annotations()}
 
 
 def _with_flow(bucket: list, index: int, fid: int, out: bool) -> None:
@@ -496,8 +519,12 @@ def _launch_flows(launches: dict, work: list, next_flow: Callable[[], int]) -> N
         _with_flow(bucket, index, fid, not launch_first)
 
 
-def _tracks(buckets: dict, instants: dict, thread_names: dict, gpu_pids: set) -> list[Track]:
-    """Name and order the rows: main thread first then by name; streams by id."""
+def _tracks(buckets: dict, instants: dict, thread_names: dict, gpu_pids: set,
+            summaries: Optional[dict] = None) -> list[Track]:
+    """Name and order the rows: main thread first then by name; streams by id.
+
+    ``summaries``: (pid, tid) -> (name, args) of the row's kernel-category instant.
+    """
     cpu_pids = [pid for pid, _ in buckets if pid not in gpu_pids]
     main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
     tracks = []
@@ -514,7 +541,7 @@ def _tracks(buckets: dict, instants: dict, thread_names: dict, gpu_pids: set) ->
                 name = f"pid {pid} · {name}"
             order = -1 if tid == pid else tid
         tracks.append(Track(name=name, group=group, order=order, slices=buckets.get(key, []),
-                            instants=instants.get(key, [])))
+                            instants=instants.get(key, []), summary=(summaries or {}).get(key)))
     for group in {t.group for t in tracks}:
         members = sorted((t for t in tracks if t.group == group), key=lambda t: (t.order, t.name))
         for i, t in enumerate(members):

@@ -26,6 +26,7 @@ from typing import BinaryIO, Iterable, Optional, Sequence
 
 import orjson
 
+from commtag.kernels import ANN_DESCRIBE
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
 from commtag.merge.timeline import CPU_GROUP, LANE_GROUP, RankTimeline, Track
 
@@ -389,13 +390,16 @@ class _LocalIds:
 
 
 def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order: int,
-               merge_key: str, ids: _LocalIds, instants: Sequence = ()) -> None:
+               merge_key: str, ids: _LocalIds, instants: Sequence = (),
+               summary: Optional[tuple[str, dict]] = None) -> None:
     """Slices of one source row on as few backing tracks as proper nesting allows.
 
     Each backing track gets the slices that nest properly on it; a slice that
     would cross one goes to the next. All backing tracks share parent, name
     and sibling_merge_key, so the UI shows them as one row with the
-    overlapping slices stacked, and no timestamp changes.
+    overlapping slices stacked, and no timestamp changes. ``summary`` (name,
+    args): an instant at the row's first slice that describes the whole row
+    (its kernel categories), clickable where the row starts.
     """
     _by_start_outer_first(slices)
     body = bytearray()
@@ -432,6 +436,8 @@ def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order:
     if instants:
         for ts, iname, cat, args in instants:
             seq.instant(ts, tracks[0], iname, cat, args, body)
+    if summary is not None and slices:
+        seq.instant(slices[0][0], tracks[0], summary[0], "commtag", summary[1], body)
     for uuid in uuids:
         seq.descriptor(track_descriptor(
             uuid, name, parent=parent, sibling_order_rank=order,
@@ -461,7 +467,7 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, skip_args: frozenset = 
             seq.descriptor(track_descriptor(parent, track.group, parent=proc,
                                             child_ordering=CHILD_ORDERING_EXPLICIT))
         key = f"r{rank}:{track.group}:{track.name}"
-        _emit_rows(seq, track.slices, parent, track.name, track.order, key, ids, track.instants)
+        _emit_rows(seq, track.slices, parent, track.name, track.order, key, ids, track.instants, track.summary)
         if len(seq.out) > (8 << 20):
             stream.write(seq.out)
             seq.out.clear()
@@ -495,13 +501,14 @@ class LanesWriter:
 
     def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
               instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
-              markers: Sequence[Marker] = ()) -> None:
+              markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None) -> None:
         """Write every lane with its slices and flows, then counters and markers.
 
         ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
         being the lane's position in the one global lane order, so a group's
         lane sits at the same place on every member rank. Instances go to the
-        lane named by their ``lane_name``.
+        lane named by their ``lane_name``. ``lane_kernels``: (rank, lane name)
+        -> annotations of the lane's kernel categories, an instant at its first slice.
         """
         flows = self._cross_rank_flows(instances)
         by_lane: dict[tuple[int, str], list] = {}
@@ -516,8 +523,10 @@ class LanesWriter:
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:
                 slices = by_lane.pop((rank, lane_name), [])
+                kernels = (lane_kernels or {}).get((rank, lane_name))
+                summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
                 _emit_rows(self.seq, slices, parent, lane_name, order,
-                           f"r{rank}:lane:{lane_name}", self._rank_ids(rank))
+                           f"r{rank}:lane:{lane_name}", self._rank_ids(rank), summary=summary)
         if by_lane:
             raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
         for series in counters:

@@ -104,6 +104,8 @@ class RankSummary:
     #: ``(lane_name, lane_id, pg_uid, member ranks)`` of the groups this rank knows.
     groups: list[tuple[str, int, str, list[int]]]
     instances: list[CollectiveInstance] = field(default_factory=list)
+    #: Lane name -> annotations of its kernel categories (from the rank's timeline).
+    lane_kernels: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -224,6 +226,7 @@ def merge(
                 perfetto.LanesWriter().write(
                     stream, lanes, instances,
                     annotations.counters if annotations else (), annotations.markers if annotations else (),
+                    {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
                 )
                 stream.flush()
                 os.fsync(stream.fileno())
@@ -245,15 +248,18 @@ def collect(
     align: str = "none",
     rank_pattern: Optional[str] = None,
     graph_fallback: Optional[GraphFallback] = None,
+    on_rank: Optional[Callable[[int, list[dict]], None]] = None,
 ) -> tuple[list[RankInput], list[CollectiveInstance]]:
     """The collection stage alone (discover, load, attach, align), writing nothing.
 
     For ``commtag summary`` on a directory: the same instances the merge
-    would analyze, without building the trace.
+    would analyze, without building the trace. ``on_rank(rank, traces)``
+    sees each rank's traces once attached (their events annotated as the
+    merge's are), before they are dropped.
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern)
-    summaries = [_summary_only(r, graph_fallback) for r in ranks]
+    summaries = [_summary_only(r, graph_fallback, on_rank) for r in ranks]
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
@@ -345,8 +351,13 @@ def _summary(rank: RankInput, loaded: list, offset: int, flows: RankFlows,
     return RankSummary(rank.rank, host, None, list(groups.values()), instances)
 
 
-def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback]) -> RankSummary:
-    return _summary(rank, _rank_files(rank), 0, RankFlows(rank.rank), graph_fallback)
+def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback],
+                  on_rank: Optional[Callable[[int, list[dict]], None]] = None) -> RankSummary:
+    loaded = _rank_files(rank)
+    summary = _summary(rank, loaded, 0, RankFlows(rank.rank), graph_fallback)
+    if on_rank is not None:
+        on_rank(rank.rank, [trace for _, trace, _ in loaded])
+    return summary
 
 
 def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
@@ -371,6 +382,7 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_f
         timeline = to_timeline(rank.rank, [t for _, t, _ in loaded], offset_ns=offset, host=summary.host,
                                flows_out=flows.out, flows_in=flows.into, next_flow=flows)
         summary.first_ns = timeline.first_ns
+        summary.lane_kernels = timeline.lane_kernels
         if header:
             stream.write(perfetto.header(timeline.first_ns or 0))
             header = False

@@ -36,6 +36,9 @@ class Track:
     order: int
     slices: list[Slice] = field(default_factory=list)
     instants: list[Instant] = field(default_factory=list)
+    #: ``(name, args)`` of an instant the writer puts at the row's first slice
+    #: (the row's kernel categories), or None.
+    summary: Optional[tuple[str, dict]] = None
 
 
 @dataclass(slots=True)
@@ -47,4 +50,7 @@ class RankTimeline:
     tracks: list[Track]
     labels: list[str] = field(default_factory=list)
     first_ns: Optional[int] = None
+    #: Lane name -> debug annotations of the lane's kernel categories
+    #: (:mod:`commtag.kernels`), for the lanes block.
+    lane_kernels: dict[str, dict] = field(default_factory=dict)
 
