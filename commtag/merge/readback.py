@@ -15,11 +15,13 @@ from typing import BinaryIO, Iterator, Optional
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown
 from commtag.merge.records import CollectiveInstance
 from commtag.schema import parse_rank_list
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
+_INSTANT = pb.TrackEvent.TYPE_INSTANT
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 
 
@@ -29,6 +31,21 @@ class ReadbackError(ValueError):
 
 def read_instances(path: Path) -> list[CollectiveInstance]:
     """Every collective lane slice of a merged trace, as analysis records."""
+    return read_merged(path)[0]
+
+
+#: Kernel breakdowns by scope ("stream", "graph launch", "lane") -> (rank, id) -> breakdown.
+KernelTables = dict[str, dict[tuple[int, object], Breakdown]]
+
+
+def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables]:
+    """The collective lane slices and the kernel-category breakdowns of a merged trace.
+
+    The breakdowns are the annotations the merge wrote on graph launch slices
+    and on the instants that open each GPU stream and lane row
+    (:meth:`commtag.kernels.Breakdown.annotations`); one pass reads both.
+    """
+    kernels: KernelTables = {}
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
     strings: dict[int, dict[int, str]] = {}
@@ -51,13 +68,26 @@ def read_instances(path: Path) -> list[CollectiveInstance]:
             if event.type == _BEGIN:
                 args = _annotations(event.debug_annotations, keys[seq], strings[seq])
                 stack.append((packet.timestamp, args) if "commtag pg uid" in args else None)
+                if ANN_SCOPE in args:
+                    _kernel_breakdown(kernels, args)
             elif event.type == _END and stack:
                 begun = stack.pop()
                 if begun is not None:
                     instance = _instance(begun[0], packet.timestamp, begun[1])
                     if instance is not None:
                         out.append(instance)
-    return out
+            elif event.type == _INSTANT and event.debug_annotations:
+                args = _annotations(event.debug_annotations, keys[seq], strings[seq])
+                if ANN_SCOPE in args:
+                    _kernel_breakdown(kernels, args)
+    return out, kernels
+
+
+def _kernel_breakdown(tables: KernelTables, args: dict[str, object]) -> None:
+    """File one annotated breakdown under its scope, rank and id (malformed ones are skipped)."""
+    rank, ident = args.get(ANN_RANK), args.get(ANN_ID)
+    if isinstance(rank, int) and ident is not None:
+        tables.setdefault(str(args[ANN_SCOPE]), {})[(rank, ident)] = Breakdown.from_annotations(args)
 
 
 def _packets(stream: BinaryIO, path: Path) -> Iterator[pb.TracePacket]:

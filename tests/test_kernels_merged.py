@@ -1,0 +1,203 @@
+"""Kernel categories in the merged trace: graph launch slices, GPU stream rows and lanes of real
+public traces carry the breakdown commtag.kernels computes from the input events, and
+``commtag summary`` reads the same back from the .pftrace as from the directory."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commtag.kernels import (
+    Breakdown,
+    by_graph_launch,
+    by_stream,
+    categorize,
+    kernels_from_events,
+)
+from commtag.merge.pipeline import merge
+from commtag.merge.validate import validate_file
+from pftrace_reader import read
+
+PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+SCOPE = "commtag kernels scope"
+
+
+def _input(relpath: str) -> Path:
+    path = PUBLIC / relpath
+    if not path.exists():
+        pytest.skip(f"public trace {path} is not present")
+    return path
+
+
+def _events(path: Path) -> list[dict]:
+    return orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory):
+    """Merge a public trace (each once per module) alone in its directory; the parsed
+    output, checked by commtag validate, and the input directory and output file."""
+    done: dict[str, tuple] = {}
+
+    def get(relpath: str):
+        if relpath not in done:
+            source = tmp_path_factory.mktemp("in")
+            (source / Path(relpath).name).symlink_to(_input(relpath))
+            out = source.parent / f"{source.name}.pftrace"
+            merge(source, out, progress=False)
+            assert validate_file(out) == []
+            done[relpath] = (read(out), source, out)
+        return done[relpath]
+
+    return get
+
+
+def _annotated(parsed, scope: str) -> dict:
+    return {(s.args["commtag rank"], s.args["commtag kernels id"]): s for s in parsed.slices
+            if s.args.get(SCOPE) == scope}
+
+
+def _assert_same(found: Breakdown, expected: Breakdown) -> None:
+    # Same additions in the same order: equal floats, not approximately equal.
+    assert dict(found.time_us) == dict(expected.time_us)
+    assert dict(found.count) == dict(expected.count)
+
+
+def _check_slice(s, expected: Breakdown) -> None:
+    _assert_same(Breakdown.from_annotations(s.args), expected)
+    assert s.args["commtag dominant"] == expected.dominant[0]
+    assert s.args["commtag kernels"] == expected.describe()
+
+
+@pytest.mark.parametrize("relpath", [
+    "edge-cases/tracelens_vllm_hipgraph_replay.json.gz",
+    "single-rank-scale/hta_a100_rank0_of16.json.gz",
+])
+def test_graph_launches_and_streams_carry_their_breakdown(relpath, merged):
+    kernels = kernels_from_events(_events(_input(relpath)), rank=0)
+    parsed, _, _ = merged(relpath)
+
+    launches = by_graph_launch(kernels)
+    assert launches, "the trace has graph launches with kernels"
+    annotated = _annotated(parsed, "graph launch")
+    assert set(annotated) == set(launches)
+    for key, s in annotated.items():
+        assert s.name in ("cudaGraphLaunch", "hipGraphLaunch") and s.end > s.ts  # the CPU launch slice itself
+        assert s.args["correlation"] == key[1]
+        _check_slice(s, launches[key])
+
+    streams = by_stream(kernels)
+    rows = _annotated(parsed, "stream")
+    assert set(rows) == set(streams)
+    for (rank, stream), s in rows.items():
+        assert s.end == s.ts  # an instant, on the stream's own row, where its first kernel starts
+        row = parsed.name_path(s.track)
+        assert row[1].startswith("GPU ") and row[-1].split()[-1] == str(stream)
+        first = min(k.ts for k in parsed.slices if k.track == s.track and k is not s)
+        assert s.ts == first
+        assert s.name == f"commtag kernels: {streams[(rank, stream)].describe()}"
+        _check_slice(s, streams[(rank, stream)])
+
+
+def test_real_graph_replay_is_gemm_bound_and_real_streams_split_nccl_from_compute(merged):
+    """What a user reads off the annotations of real traces."""
+    parsed, _, _ = merged("edge-cases/tracelens_vllm_hipgraph_replay.json.gz")
+    (launch,) = _annotated(parsed, "graph launch").values()
+    assert launch.name == "hipGraphLaunch" and launch.args["commtag dominant"] == "GEMM"
+    assert launch.args["commtag kernels"].startswith("GEMM ")
+
+    parsed, _, _ = merged("single-rank-scale/hta_a100_rank0_of16.json.gz")
+    dominant = {ident: s.args["commtag dominant"] for (_, ident), s in _annotated(parsed, "stream").items()}
+    nccl = {s.args["stream"] for s in parsed.slices if s.name.startswith("ncclKernel")}
+    assert nccl and all(dominant[stream] == "communication" for stream in nccl)
+    assert "GEMM" in dominant.values()
+
+
+def test_lane_breakdown_is_the_device_work_of_its_collectives(merged):
+    """Eager NCCL kernels with metadata: each lane's breakdown is its group's NCCL kernels."""
+    relpath = "eager-nccl-metadata/hta_a100_nccl_data.json.gz"
+    events = _events(_input(relpath))
+    parsed, _, _ = merged(relpath)
+    group_of_lane = {s.args["commtag lane"]: s.args["Process Group Name"] for s in parsed.slices
+                     if "commtag pg uid" in s.args and "Process Group Name" in s.args}
+    lanes = _annotated(parsed, "lane")
+    assert lanes and set(lanes) == {(0, lane) for lane in group_of_lane}
+    for (_, lane), s in lanes.items():
+        expected = Breakdown()
+        for e in events:
+            args = e.get("args") or {}
+            if e.get("cat") == "kernel" and args.get("Process Group Name") == group_of_lane[lane]:
+                expected.time_us[categorize(e["name"])] += float(e["dur"])
+                expected.count[categorize(e["name"])] += 1
+        assert set(expected.time_us) == {"communication"}
+        _check_slice(s, expected)
+        assert parsed.name_path(s.track)[1:] == ["Comm lanes", lane]
+
+
+@pytest.mark.parametrize("relpath", [
+    "single-rank-scale/hta_a100_rank0_of16.json.gz",
+    "eager-nccl-metadata/hta_a100_nccl_data.json.gz",
+])
+def test_summary_reads_the_same_breakdowns_from_the_merged_trace(relpath, merged):
+    from commtag.report import to_json, to_text
+    from commtag.summary import load
+
+    _, source, out = merged(relpath)
+    from_dir, dir_kernels = load(source)
+    from_file, file_kernels = load(out)
+    assert set(dir_kernels) == {"stream", "graph launch", "lane"}
+    assert orjson.loads(to_json(from_file, file_kernels))["kernels"] == orjson.loads(to_json(from_dir, dir_kernels))["kernels"]
+    text = to_text(from_file, file_kernels)
+    assert "GPU time by kernel category, per stream:" in text
+    assert text.split("GPU time by kernel category")[1:] == to_text(from_dir, dir_kernels).split("GPU time by kernel category")[1:]
+
+
+def test_a_lane_replayed_in_a_graph_gets_the_whole_launch():
+    """A collective captured in a CUDA graph costs its replay: the lane's breakdown is its eager
+    kernels plus every kernel of the launches that ran its graph kernels, computed alike from
+    events (by_lane) and by the merge's single pass (DeviceWork)."""
+    from commtag.kernels import DeviceWork, by_lane
+
+    lane = "PG 1 (tp) [0, 1]"
+
+    def kernel(name, dur, corr, on_lane=False, stream=7, cat="kernel"):
+        args = {"correlation": corr, "stream": stream}
+        if on_lane:
+            args["commtag lane"] = lane
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": 1.0, "dur": dur, "args": args}
+
+    events = [
+        # kernels before their launch, as a trace may order them
+        kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 40.0, 9, on_lane=True, stream=20),
+        kernel("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", 100.0, 9),
+        kernel("Memcpy DtoD (Device -> Device)", 5.0, 9, cat="gpu_memcpy"),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 0.5, "dur": 3.0,
+         "args": {"correlation": 9}},
+        kernel("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", 70.0, 11),  # another launch, none of the lane's
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 0.6, "dur": 3.0,
+         "args": {"correlation": 11}},
+        kernel("ncclDevKernel_Broadcast_RING_LL", 8.0, 12, on_lane=True, stream=20),  # eager
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 0.7, "dur": 1.0,
+         "args": {"correlation": 12}},
+    ]
+    expected = by_lane(kernels_from_events(events, rank=0))
+    assert set(expected) == {(0, lane)}
+    b = expected[(0, lane)]
+    assert dict(b.time_us) == {"communication": 48.0, "GEMM": 100.0, "memcpy/memset": 5.0}
+    assert dict(b.count) == {"communication": 2, "GEMM": 1, "memcpy/memset": 1}
+
+    work = DeviceWork()
+    for e in events:
+        if e["cat"] == "cuda_runtime":
+            work.launch(e["name"], e["args"]["correlation"])
+        else:
+            work.kernel((e["pid"], e["tid"]), e["name"], e["cat"], e["dur"], e["args"])
+    assert work.end_trace() == [9, 11]
+    work.finish()
+    _assert_same(work.lanes[lane], b)
+    launches = by_graph_launch(kernels_from_events(events, rank=0))
+    for corr in (9, 11):
+        _assert_same(work.launches[corr], launches[(0, corr)])
