@@ -20,7 +20,7 @@ import contextlib
 import gzip
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
@@ -276,9 +276,12 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
 
     ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files.
     """
+    if world.size == 1:
+        # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
+        return sorted(produce(), key=lambda s: s.rank)
     try:
         summaries = produce()
-        payload = orjson.dumps({"summaries": [_to_json(s) for s in summaries],
+        payload = orjson.dumps({"summaries": summaries,
                                 "skipped": [[str(e.path), e.problem] for e in skipped or ()]})
     except MergeInputError as exc:
         payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
@@ -290,10 +293,6 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
         union = dict.fromkeys((path, problem) for part in parts for path, problem in part["skipped"])
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
     return sorted((_from_json(s) for part in parts for s in part["summaries"]), key=lambda s: s.rank)
-
-
-def _to_json(summary: RankSummary) -> dict:
-    return asdict(summary)
 
 
 def _from_json(data: dict) -> RankSummary:
