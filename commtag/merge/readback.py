@@ -1,15 +1,21 @@
-"""Read the collective lane slices back out of a merged .pftrace.
+"""Read a merged .pftrace back: its collective lane slices, or the whole timeline.
 
 So that ``commtag summary merged.pftrace`` needs only the file users share: the
 lane slices carry the eager keys and the ``"commtag ..."`` keys (among them
 ``"commtag rank"``, written by :func:`commtag.merge.analyze.annotate`), which
 is all the analysis needs to rebuild its :class:`CollectiveInstance` records.
-The file is read frame by frame, so memory stays bounded by one packet plus
-the lane slices, not the whole trace.
+:func:`read_instances` reads the file frame by frame, so memory stays bounded
+by one packet plus the lane slices, not the whole trace.
+
+:func:`read_trace` resolves everything the UI would show (tracks, nested
+slices, instants, flows) the way trace_processor imports it; trace_processor is
+not available offline, so the tests and the README's timeline picture
+(``launch/render_timeline.py``) read merged files through it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
 
@@ -88,6 +94,115 @@ def _kernel_breakdown(tables: KernelTables, args: dict[str, object]) -> None:
     rank, ident = args.get(ANN_RANK), args.get(ANN_ID)
     if isinstance(rank, int) and ident is not None:
         tables.setdefault(str(args[ANN_SCOPE]), {})[(rank, ident)] = Breakdown.from_annotations(args)
+
+
+@dataclass
+class Slice:
+    """One slice (or instant, ``ts == end``) with its resolved name, args and flow ids."""
+
+    track: int
+    ts: int
+    end: int
+    name: str
+    args: dict[str, object]
+    flows_out: list[int] = field(default_factory=list)
+    flows_in: list[int] = field(default_factory=list)
+    depth: int = 0  # nesting level on its track, the row the UI draws it on
+
+
+@dataclass
+class ParsedTrace:
+    """Track descriptors by uuid, and every slice in timestamp order."""
+
+    tracks: dict[int, pb.TrackDescriptor]
+    slices: list[Slice]
+    packets: int
+
+    def name_path(self, uuid: int) -> list[str]:
+        """Track names from the process down to ``uuid``."""
+        names = []
+        while uuid in self.tracks:
+            desc = self.tracks[uuid]
+            names.append(desc.process.process_name if desc.HasField("process") else desc.name)
+            if not desc.HasField("parent_uuid"):
+                break
+            uuid = desc.parent_uuid
+        return names[::-1]
+
+    def process_of(self, uuid: int) -> Optional[pb.TrackDescriptor]:
+        """The process descriptor ``uuid`` sits under, if any."""
+        while uuid in self.tracks:
+            desc = self.tracks[uuid]
+            if desc.HasField("process"):
+                return desc
+            if not desc.HasField("parent_uuid"):
+                return None
+            uuid = desc.parent_uuid
+        return None
+
+    def processes(self) -> list[pb.TrackDescriptor]:
+        return [d for d in self.tracks.values() if d.HasField("process")]
+
+
+def read_trace(path: Path) -> ParsedTrace:
+    """Every track and slice of a trace, strictly: a dangling interned id or END is a ReadbackError.
+
+    Interned names are resolved per sequence, BEGIN/END are paired per track in
+    timestamp order (ties in file order, as trace_processor sorts them).
+    """
+    tables: dict[int, tuple[dict[int, str], dict[int, str], dict[int, str]]] = {}
+    tracks: dict[int, pb.TrackDescriptor] = {}
+    events: list[tuple[int, int, pb.TrackEvent, int]] = []
+    packets = 0
+    with open(path, "rb") as stream:
+        for packets, packet in enumerate(_packets(stream, path), 1):
+            seq = packet.trusted_packet_sequence_id
+            if packet.sequence_flags & _CLEARED:
+                tables[seq] = ({}, {}, {})
+            if packet.HasField("interned_data"):
+                if seq not in tables:
+                    raise ReadbackError(f"{path}: packet {packets} interns data before its sequence was cleared")
+                names, keys, strings = tables[seq]
+                interned = packet.interned_data
+                names.update((e.iid, e.name) for e in interned.event_names)
+                keys.update((e.iid, e.name) for e in interned.debug_annotation_names)
+                strings.update((e.iid, e.str.decode("utf-8", "replace")) for e in interned.debug_annotation_string_values)
+            if packet.HasField("track_descriptor"):
+                tracks[packet.track_descriptor.uuid] = packet.track_descriptor
+            if packet.HasField("track_event"):
+                events.append((packet.timestamp, packets, packet.track_event, seq))
+    events.sort(key=lambda e: (e[0], e[1]))
+    stacks: dict[int, list[Slice]] = {}
+    slices: list[Slice] = []
+    for ts, index, event, seq in events:
+        names, keys, strings = tables.get(seq, ({}, {}, {}))
+        stack = stacks.setdefault(event.track_uuid, [])
+        if event.type == _END:
+            if not stack:
+                raise ReadbackError(f"{path}: packet {index} ends a slice on track {event.track_uuid} that never began")
+            stack.pop().end = ts
+            continue
+        if event.type not in (_BEGIN, pb.TrackEvent.TYPE_INSTANT):
+            continue
+        try:
+            name = names[event.name_iid] if event.HasField("name_iid") else event.name
+            args = {(keys[a.name_iid] if a.HasField("name_iid") else a.name): _strict_value(a, strings)
+                    for a in event.debug_annotations}
+        except KeyError as exc:
+            raise ReadbackError(f"{path}: packet {index} uses interned id {exc} its sequence never defined") from None
+        item = Slice(event.track_uuid, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
+                     depth=len(stack))
+        slices.append(item)
+        if event.type == _BEGIN:
+            stack.append(item)
+    return ParsedTrace(tracks, slices, packets)
+
+
+def _strict_value(item: pb.DebugAnnotation, strings: dict[int, str]) -> object:
+    kind = item.WhichOneof("value")
+    if kind == "string_value_iid":
+        return strings[item.string_value_iid]
+    return getattr(item, kind) if kind else None
 
 
 def _packets(stream: BinaryIO, path: Path) -> Iterator[pb.TracePacket]:
