@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks = {int(r) for r in args.ranks.split(",")} if args.ranks else None
     rows = _rows(trace, start, end, ranks, args.max_depth)
     chosen = _chosen(lanes, start, end, [n for n in args.flows.split(",") if n])
-    _draw(trace, rows, chosen, t0, start, end, args)
+    _draw(rows, chosen, t0, start, end, args)
     print(f"{args.output}: {len(rows)} rows, {(end - start) / 1e6:.1f} ms")
     return 0
 
@@ -101,13 +101,13 @@ def _rows(trace: ParsedTrace, start: int, end: int, ranks: set[int] | None, max_
             by_track.setdefault(s.track, []).append(s)
     rows: list[Row] = []
 
-    def walk(desc, level: int) -> list[Row]:
+    def walk(desc) -> list[Row]:
         kids = sorted(children.get(desc.uuid, []), key=lambda d: (d.sibling_order_rank, d.name))
         if not kids:
             mine = by_track.get(desc.uuid, [])
             depth = max((s.depth for s in mine), default=-1) + 1
             return [Row(desc.name if d == 0 else "", "track", [s for s in mine if s.depth == d]) for d in range(depth)]
-        below = [r for kid in kids for r in walk(kid, level + 1)]
+        below = [r for kid in kids for r in walk(kid)]
         return [Row(desc.name, "group", [])] + below if below else []
 
     for proc in sorted(trace.processes(), key=lambda d: (d.sibling_order_rank, d.process.process_name)):
@@ -115,7 +115,7 @@ def _rows(trace: ParsedTrace, start: int, end: int, ranks: set[int] | None, max_
         if ranks is not None and (match is None or int(match.group(1)) not in ranks):
             continue
         below = [r for kid in sorted(children.get(proc.uuid, []), key=lambda d: (d.sibling_order_rank, d.name))
-                 for r in walk(kid, 1)]
+                 for r in walk(kid)]
         if below:
             rows += [Row(proc.process.process_name, "process", [])] + below
     return rows
@@ -144,7 +144,7 @@ def _colours(rows: list[Row]) -> dict[str, tuple[float, ...]]:
     return out
 
 
-def _draw(trace: ParsedTrace, rows: list[Row], chosen: list[Slice], t0: int, start: int, end: int, args) -> None:
+def _draw(rows: list[Row], chosen: list[Slice], t0: int, start: int, end: int, args) -> None:
     height = ROW_H * len(rows) + 1.0  # rows, plus the title and the time axis above them
     fig = plt.figure(figsize=(args.width, height), dpi=DPI)
     ax = fig.add_axes((GUTTER, 0.1 / height, 1 - GUTTER - 0.01, ROW_H * len(rows) / height))
