@@ -433,22 +433,31 @@ def _write_rank(stream, rank: RankInput, offsets: dict[int, int], graph_fallback
 def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:
     """Each rank's lanes, in one global order: a group's lane on every loaded member.
 
-    Only groups with at least one collective anywhere get lanes; membership
-    comes from the group tables (ranks), or from having instances on it.
+    Larger groups come first (the world group on top), then groups by their
+    name as torch numbers them ("1" before "10"), so the order reads like the
+    program's group creation. Only groups with at least one collective
+    anywhere get lanes; membership comes from the group tables (ranks), or
+    from having instances on it.
     """
     used = {i.lane_name for s in summaries for i in s.instances}
-    lanes: dict[str, tuple[int, str]] = {}
+    sort_keys: dict[str, tuple] = {}
     members: dict[str, set[int]] = {}
     loaded = {s.rank for s in summaries}
+
+    def lane(name: str, pg_uid: str, size: int) -> None:
+        group_name = pg_uid.rpartition(":")[0] or pg_uid
+        numbered = (0, int(group_name), "") if group_name.isdigit() else (1, 0, group_name)
+        sort_keys.setdefault(name, (-size, numbered, name))
+
     for s in summaries:
-        for lane_name, lane_id, _, ranks in s.groups:
+        for lane_name, _, pg_uid, ranks in s.groups:
             if lane_name in used:
-                lanes[lane_name] = (lane_id, lane_name)
+                lane(lane_name, pg_uid, len(ranks))
                 members.setdefault(lane_name, set()).update(r for r in ranks if r in loaded)
         for inst in s.instances:
-            lanes.setdefault(inst.lane_name, (inst.lane_id, inst.lane_name))
+            lane(inst.lane_name, inst.pg_uid, inst.group_size)
             members.setdefault(inst.lane_name, set()).add(s.rank)
-    order = {name: i for i, name in enumerate(sorted(lanes, key=lambda n: lanes[n]))}
+    order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}
     layout: dict[int, list[tuple[str, int]]] = {}
     for name, ranks in members.items():
         for r in ranks:
