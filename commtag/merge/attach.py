@@ -154,6 +154,27 @@ def _annotate(event: dict, eager: dict) -> None:
     args.update(eager)
 
 
+class _ReplayLog:
+    """A capture's logged replays, searchable by time (a linear scan per launch was quadratic)."""
+
+    def __init__(self, replays: Sequence, offset: int) -> None:
+        ordered = sorted(replays, key=lambda r: r.start_ns)
+        self._starts = [r.start_ns + offset - _TOL_NS for r in ordered]
+        self._index = [r.index for r in ordered]
+        #: Latest end (with tolerance) among the replays up to each one: ascending, so bisectable.
+        self._reach: list[int] = []
+        for r in ordered:
+            end = r.end_ns + offset + _TOL_NS
+            self._reach.append(max(self._reach[-1], end) if self._reach else end)
+
+    def holding(self, t: int) -> Optional[int]:
+        """Index of the earliest-starting replay whose span (with tolerance) holds ``t``, if any."""
+        first = bisect.bisect_left(self._reach, t)
+        if first < len(self._starts) and self._starts[first] <= t:
+            return self._index[first]
+        return None
+
+
 class _RankAttacher:
     """Attach everything for one trace file of a rank (see module docstring)."""
 
@@ -228,7 +249,9 @@ class _RankAttacher:
         return leftover
 
     def _take_op(self, tid: int, lo: int, hi: int) -> Optional[tuple]:
-        for op in self.c10d.get(tid, ()):
+        ops = self.c10d.get(tid, ())
+        # Ops are sorted by start: skip those starting before the span (a scan from the first was quadratic).
+        for op in ops[bisect.bisect_left(ops, lo - _TOL_NS, key=lambda o: o[0]):]:
             if op[0] > hi + _TOL_NS:
                 break
             if id(op[2]) not in self.taken and op[0] >= lo - _TOL_NS and op[1] <= hi + _TOL_NS:
@@ -346,25 +369,27 @@ class _RankAttacher:
 
     def _replay_indices(self, matched: list[tuple[dict, int, int, str]], captures: list[GraphCapture]) -> list[int]:
         """Replay index per matched kernel: the sidecar's replay log, else launch order."""
-        logs = {c.capture_id: sorted(c.replays, key=lambda r: r.start_ns) for c in captures}
-        order: dict[int, list] = {}
+        logs = {c.capture_id: _ReplayLog(c.replays, self.offset) for c in captures}
+        #: capture -> launch correlation -> its position in launch order (first seen first).
+        order: dict[int, dict] = {}
         for e, cap_id, *_ in matched:
             corr = (e.get("args") or {}).get("correlation")
-            order.setdefault(cap_id, [])
-            if corr not in order[cap_id]:
-                order[cap_id].append(corr)
+            seen = order.setdefault(cap_id, {})
+            seen.setdefault(corr, len(seen))
+        # A launch's kernels share its replay: look each launch up once (a replay log per kernel was quadratic).
+        replays: dict[tuple, int] = {}
         out = []
         for e, cap_id, *_ in matched:
             corr = (e.get("args") or {}).get("correlation")
-            launch = self.launches.get(corr)
-            replay = None
-            if launch is not None and logs.get(cap_id):
-                t = event_ns(launch, self.base)[0]
-                for r in logs[cap_id]:
-                    if r.start_ns + self.offset - _TOL_NS <= t <= r.end_ns + self.offset + _TOL_NS:
-                        replay = r.index
-                        break
-            out.append(replay if replay is not None else order[cap_id].index(corr))
+            replay = replays.get((cap_id, corr))
+            if replay is None:
+                launch = self.launches.get(corr)
+                if launch is not None:
+                    replay = logs[cap_id].holding(event_ns(launch, self.base)[0])
+                if replay is None:
+                    replay = order[cap_id][corr]
+                replays[(cap_id, corr)] = replay
+            out.append(replay)
         return out
 
     def _graph_instances(self, matches: list[GraphMatch], captures: dict[int, GraphCapture]) -> None:
