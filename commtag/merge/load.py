@@ -313,43 +313,74 @@ def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]
     Every slice and instant needs a finite, non-negative time that fits the
     output's int64 nanoseconds, and a slice a duration below a day; text
     fields must be text, pid and tid numbers or names, and ``args`` an
-    object, so nothing downstream meets a surprise type. One pass, cheap next to parsing.
+    object, so nothing downstream meets a surprise type. One pass, cheap next
+    to parsing: each event is only tested here; :func:`_refuse` says what is
+    wrong with one that fails.
     """
     _check_distributed_info(path, trace.get("distributedInfo"))
     base = base_ns(trace)
     first = last = None
+    inf = _INF
     for i, e in enumerate(trace["traceEvents"]):
         if e.__class__ is not dict:
             raise MergeInputError(path, f"traceEvents[{i}] is not an object")
         ph = e.get("ph")
-        if ph == "M":
-            _check_ids(path, i, e)
-        if ph != "X" and ph != "i" and ph != "I":
+        if ph == "X":
+            dur = e.get("dur", 0)
+            dc = dur.__class__
+            if (dc is not int and dc is not float) or not 0 <= dur <= MAX_DUR_US:
+                _refuse(path, i, e, base)
+        elif ph == "i" or ph == "I":
+            dur = 0
+        else:
+            if ph == "M":
+                _check_ids(path, i, e)
             continue
         ts = e.get("ts")
-        if ts is None:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing 'ts'")
-        if not _number(ts) or ts < 0:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): ts {ts!r} is not a finite non-negative number")
-        dur = e.get("dur", 0) if ph == "X" else 0
-        if not _number(dur) or not 0 <= dur <= MAX_DUR_US:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): dur {dur!r} is not a duration in [0, 1 day] (us)")
-        for key in ("name", "cat"):
-            if key in e and e[key].__class__ is not str:
-                raise MergeInputError(path, f"traceEvents[{i}]: {key} {e[key]!r} is not a string")
-        for key in ("pid", "tid"):
-            if key not in e:
-                raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
-        _check_ids(path, i, e)
-        start = round(ts * 1000) + base
-        end = start + round(dur * 1000)
+        tc = ts.__class__
+        pc = e.get("pid", _MISSING).__class__
+        ic = e.get("tid", _MISSING).__class__
+        args = e.get("args")
+        if ((tc is not int and tc is not float) or not 0 <= ts < inf
+                or e.get("name", "").__class__ is not str or e.get("cat", "").__class__ is not str
+                or (pc is not int and pc is not str) or (ic is not int and ic is not str)
+                or (args is not None and args.__class__ is not dict)):
+            _refuse(path, i, e, base)
+        start = (ts * 1000 if tc is int else round(ts * 1000)) + base
+        end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
         if start < 0 or end > _MAX_NS:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
+            _refuse(path, i, e, base)
         if first is None or start < first:
             first = start
         if last is None or end > last:
             last = end
     return first, last
+
+
+_INF = float("inf")
+_MISSING = object()
+
+
+def _refuse(path: Path, i: int, e: dict, base: int) -> None:
+    """Raise the error that says what is wrong with ``traceEvents[i]``, a slice or instant :func:`check_events` refused."""
+    ph = e.get("ph")
+    ts = e.get("ts")
+    if ts is None:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing 'ts'")
+    if not _number(ts) or ts < 0:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): ts {ts!r} is not a finite non-negative number")
+    dur = e.get("dur", 0) if ph == "X" else 0
+    if not _number(dur) or not 0 <= dur <= MAX_DUR_US:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): dur {dur!r} is not a duration in [0, 1 day] (us)")
+    for key in ("name", "cat"):
+        if key in e and e[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents[{i}]: {key} {e[key]!r} is not a string")
+    for key in ("pid", "tid"):
+        if key not in e:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
+    _check_ids(path, i, e)
+    start = round(ts * 1000) + base
+    raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
 
 
 def load_sidecar(path: Path) -> Sidecar:
