@@ -16,8 +16,9 @@ collectives that never pass through the Python wrappers are caught at the
 c10d operator level (:mod:`commtag.runtime.c10d_ops`).
 
 The collective wrappers call :func:`before_collective` and
-:func:`after_collective` around every call. With no capture open,
-``before_collective`` is one dict truthiness test. Nothing here raises into
+:func:`after_collective` around every call made while a capture is open;
+the idle path only tests ``_open`` (a module-level dict, mutated in place and
+never rebound, which the wrappers hold). Nothing here raises into
 the caller: without a GPU, a driver or cuda-python, everything is a no-op
 (logged once).
 """
