@@ -22,7 +22,7 @@ in the top bits (see ``flow_id``). Each rank block is one packet sequence
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Iterable, Optional, Sequence
+from typing import BinaryIO, Callable, Iterable, Optional, Sequence
 
 import orjson
 
@@ -61,6 +61,7 @@ FLOW_CROSS_RANK = 3
 FULL_MESH_MAX = 8
 
 _INT63 = 1 << 63
+_pack_double = struct.Struct("<d").pack
 
 
 def _slow_varint(n: int) -> bytes:
@@ -94,22 +95,25 @@ def varint(n: int) -> bytes:
 _v = varint
 
 
-class _TsEncoder:
-    """Varints of nanosecond timestamps: the low 28 bits by table, the rest cached."""
+def _ts_encoder() -> Callable[[int], bytes]:
+    """Varints of nanosecond timestamps: the low 28 bits by table, the rest cached.
 
-    __slots__ = ("_high",)
+    A closure, not a callable object: it runs twice per slice, and calling a
+    plain function costs less than an object's ``__call__``.
+    """
+    highs: dict[int, bytes] = {}
+    low, mask = _L, _M
 
-    def __init__(self) -> None:
-        self._high: dict[int, bytes] = {}
-
-    def __call__(self, n: int) -> bytes:
+    def encode(n: int) -> bytes:
         high = n >> 28
         if not high:
             return varint(n)
-        tail = self._high.get(high)
+        tail = highs.get(high)
         if tail is None:
-            tail = self._high[high] = varint(high)
-        return _L[n & _M] + _L[(n >> 14) & _M] + tail
+            tail = highs[high] = varint(high)
+        return low[n & mask] + low[(n >> 14) & mask] + tail
+
+    return encode
 
 
 def _field_bytes(tag: bytes, payload: bytes) -> bytes:
@@ -205,13 +209,16 @@ class SequenceWriter:
         self.out = bytearray()
         self._skip = skip_args
         self._seq = b"\x50" + varint(seq_id)
-        self._ts = _TsEncoder()
+        self._ts = _ts_encoder()
+        #: What follows the timestamp in every event packet once the sequence has started.
+        self._seq_started = self._seq + b"\x68\x02\x5a"
+        self._float_keys: dict[str, bytes] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[str, bytes] = {}
         self._keys: dict[str, int] = {}
         self._strings: dict[str, int] = {}
         self._ann_cache: dict[tuple, bytes] = {}
-        self._int_keys: dict[str, bytes] = {}
+        self._int_keys: dict[str, tuple[bytes, ...]] = {}
         self._pending = bytearray()
         self._started = False
 
@@ -228,14 +235,22 @@ class SequenceWriter:
         return b"\x68" + varint(SEQ_CLEARED_AND_NEEDS)
 
     def _event(self, ts: int, event: bytes, out: bytearray) -> None:
+        n = len(event)
+        size = _V[n] if n < 0x4000 else _v(n)
+        if self._started and not self._pending:
+            # The common case, as few copies of the event's bytes as possible.
+            head = b"\x40" + self._ts(ts) + self._seq_started + size
+            out += b"\x0a" + _v(len(head) + n) + head
+            out += event
+            return
         body = b"\x40" + self._ts(ts) + self._seq
         if self._pending:
             body += b"\x62" + _v(len(self._pending)) + self._pending
             self._pending.clear()
         if self._started:
-            body += b"\x68\x02\x5a" + _v(len(event)) + event
+            body += b"\x68\x02\x5a" + size + event
         else:
-            body += self._flags_first() + b"\x5a" + _v(len(event)) + event
+            body += self._flags_first() + b"\x5a" + size + event
         out += b"\x0a"
         out += _v(len(body))
         out += body
@@ -272,12 +287,7 @@ class SequenceWriter:
 
     def end(self, ts: int, tail: bytes, out: Optional[bytearray] = None) -> None:
         ts_b = self._ts(ts)
-        target = self.out if out is None else out
-        target += b"\x0a"
-        target += _v(len(ts_b) + len(tail) + 1)
-        target += b"\x40"
-        target += ts_b
-        target += tail
+        (self.out if out is None else out).extend(b"\x0a" + _V[len(ts_b) + len(tail) + 1] + b"\x40" + ts_b + tail)
 
     def counter(self, ts: int, track: bytes, value: float) -> None:
         ev = b"\x48\x04" + track + b"\xe1\x02" + struct.pack("<d", value)
@@ -316,20 +326,41 @@ class SequenceWriter:
         return b"\x88\x01" + _v(iid)
 
     def _annotations(self, args: dict) -> bytes:
+        """Encoded debug annotations of ``args``: per key, the bytes before the value are made once.
+
+        Non-negative ints and floats (most Kineto args: ids, sizes,
+        occupancy) are the key's prefix plus the value; other values are
+        cached whole by (key, value).
+        """
         cache = self._ann_cache
         skip = self._skip
         int_keys = self._int_keys
+        float_keys = self._float_keys
         parts = []
         for key, value in args.items():
+            cls = value.__class__
+            if cls is int and 0 <= value < _INT63:
+                if key in skip:
+                    continue
+                heads = int_keys.get(key)
+                if heads is None:
+                    heads = int_keys[key] = self._int_heads(key)
+                if value < 0x4000:
+                    val = _V[value]
+                elif value < 0x10000000:
+                    val = _L[value & 0x3FFF] + _V[value >> 14]
+                else:
+                    val = varint(value)
+                parts.append(heads[len(val)] + val)
+                continue
             if key in skip:
                 continue
-            cls = value.__class__
-            if cls is int and 4095 < value < _INT63:
-                head = int_keys.get(key)
+            if cls is float:
+                head = float_keys.get(key)
                 if head is None:
-                    head = int_keys[key] = b"\x08" + _v(self._key(key)) + b"\x20"
-                val = varint(value)
-                parts.append(b"\x22" + _V[len(head) + len(val)] + head + val)
+                    kb = b"\x08" + _v(self._key(key))
+                    head = float_keys[key] = b"\x22" + _v(len(kb) + 9) + kb + b"\x29"
+                parts.append(head + _pack_double(value))
                 continue
             if cls is list or cls is dict:
                 value = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
@@ -345,6 +376,11 @@ class SequenceWriter:
             else:
                 parts.append(self._annotation(key, value))
         return b"".join(parts)
+
+    def _int_heads(self, key: str) -> tuple[bytes, ...]:
+        """An int annotation's bytes before its value, by the value's varint length (1 to 9)."""
+        head = b"\x08" + _v(self._key(key)) + b"\x20"
+        return tuple(b"\x22" + _v(len(head) + n) + head for n in range(10))
 
     def _annotation(self, key: str, value: object) -> bytes:
         body = b"\x08" + _v(self._key(key))
