@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from functools import lru_cache
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from commtag.identity import group_info
@@ -88,6 +89,13 @@ def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, ProcessGro
             name = str(pg["pg_name"])
             table[name] = group_info(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", "")))
     return table
+
+
+@lru_cache(maxsize=65536)
+def _nccl_kind(name: str) -> Optional[str]:
+    """The collective of an NCCL/RCCL kernel name ("allreduce"), None for other kernels (cached: names repeat)."""
+    match = _NCCL_KERNEL.search(name)
+    return match.group(1).lower() if match else None
 
 
 def family(name: str) -> str:
@@ -359,7 +367,7 @@ class _RankAttacher:
                     hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
             if hit is not None:
                 matched.append((e, *hit, method))
-            elif _NCCL_KERNEL.search(e.get("name", "")) and (raw or args.get("correlation") in self.launches):
+            elif _nccl_kind(e.get("name", "")) and (raw or args.get("correlation") in self.launches):
                 unmatched.append(e)
         matches = [GraphMatch(e, cap_id, ci, replay, method) for (e, cap_id, ci, method), replay
                    in zip(matched, self._replay_indices(matched, captures))]
@@ -419,11 +427,10 @@ class _RankAttacher:
         for start, end, e in self.kernels:
             if id(e) in self.taken:
                 continue
-            match = _NCCL_KERNEL.search(e.get("name", ""))
-            if not match:
+            kind = _nccl_kind(e.get("name", ""))
+            if kind is None:
                 continue
             self.taken.add(id(e))
-            kind = match.group(1).lower()
             n = counts[kind] = counts.get(kind, 0) + 1
             eager = {
                 "Collective name": kind, "Seq": n,
