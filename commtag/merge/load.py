@@ -413,18 +413,16 @@ def event_ns(event: dict, base: int) -> tuple[int, int]:
     return start, start + (d if d > 0 else 0)
 
 
-def _meta(events: list, gpu_pids: set, names: dict, labels: dict) -> None:
-    for e in events:
-        if e.get("ph") != "M":
-            continue
-        what = e.get("name")
-        args = e.get("args") or {}
-        if what == "thread_name":
-            names[(e.get("pid"), e.get("tid"))] = str(args.get("name", "")).strip()
-        elif what == "process_labels":
-            labels[e.get("pid")] = str(args.get("labels", ""))
-            if str(args.get("labels", "")).startswith("GPU"):
-                gpu_pids.add(e.get("pid"))
+def _meta(e: dict, gpu_pids: set, names: dict, labels: dict) -> None:
+    """Take a thread's name or a process's labels from an "M" event."""
+    what = e.get("name")
+    args = e.get("args") or {}
+    if what == "thread_name":
+        names[(e.get("pid"), e.get("tid"))] = str(args.get("name", "")).strip()
+    elif what == "process_labels":
+        labels[e.get("pid")] = str(args.get("labels", ""))
+        if str(args.get("labels", "")).startswith("GPU"):
+            gpu_pids.add(e.get("pid"))
 
 
 def to_timeline(
@@ -449,6 +447,8 @@ def to_timeline(
     """
     fo_get = (flows_out or {}).get
     fi_get = (flows_in or {}).get
+    #: The few events with flows: one set test per event instead of two lookups.
+    flowing = set(flows_out or ()) | set(flows_in or ())
     buckets: dict[tuple, list] = {}
     instants: dict[tuple, list] = {}
     thread_names: dict = {}
@@ -457,7 +457,6 @@ def to_timeline(
     categories = DeviceWork()
     for trace in traces:
         events = trace["traceEvents"]
-        _meta(events, gpu_pids, thread_names, labels)
         base = base_ns(trace) + offset_ns
         launches: dict[int, tuple[list, int]] = {}
         work: list[tuple[list, int, int]] = []
@@ -483,8 +482,10 @@ def to_timeline(
                 cat = e.get("cat")
                 args = e.get("args")
                 name = e.get("name", "")
-                bucket.append((start, start + d if d > 0 else start, name, cat, args,
-                               fo_get(ref), fi_get(ref)))
+                if ref in flowing:
+                    bucket.append((start, start + d if d > 0 else start, name, cat, args, fo_get(ref), fi_get(ref)))
+                else:
+                    bucket.append((start, start + d if d > 0 else start, name, cat, args, None, None))
                 if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
                     corr = args.get("correlation")
                     if corr is not None:
@@ -506,6 +507,8 @@ def to_timeline(
                 instants.setdefault((pid, tid), []).append(
                     ((t if t.__class__ is int else round(t)) + base, e.get("name", ""), e.get("cat"), e.get("args"))
                 )
+            elif ph == "M":
+                _meta(e, gpu_pids, thread_names, labels)
         if next_flow is not None:
             _launch_flows(launches, work, next_flow)
         for corr in categories.end_trace():
