@@ -132,11 +132,13 @@ class GroupState:
 #: weakref per call on the hot path, and groups are few and long-lived.
 _states: dict[Any, GroupState] = {}
 _states_lock = threading.Lock()
+#: c10d's world; its ``_default_pg`` backs the ``default_pg`` property (a Python frame per call).
+_world = c10d._world
 
 
 def lookup(group: Optional[Any]) -> Optional[GroupState]:
     """The cached state of ``group`` (None = the default group); None when this rank is not a member."""
-    pg = c10d._world.default_pg if group is None else group
+    pg = _world._default_pg if group is None else group
     state = _states.get(pg)
     if state is None:
         if not isinstance(pg, c10d.ProcessGroup):

@@ -43,10 +43,13 @@ for _attr, _name in (
 _COMPLEX_REAL = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
 
 
+#: dtype -> the name recorded for it, complex already as its real view (one lookup per call).
+_RECORDED_NAMES = {dtype: _COMPLEX_REAL.get(name, name) for dtype, name in _DTYPE_NAMES.items()}
+
+
 def dtype_name(tensor: torch.Tensor) -> str:
     """c10 ScalarType name of a tensor as recorded ("Float", not "float32"); complex as real."""
-    name = _DTYPE_NAMES[tensor.dtype]
-    return _COMPLEX_REAL.get(name, name)
+    return _RECORDED_NAMES[tensor.dtype]
 
 
 def nelems(tensor: torch.Tensor) -> int:
@@ -76,9 +79,8 @@ class OpCall:
     fusable: bool = False
 
 
-def _state(group: Any) -> Optional[GroupState]:
-    """The group's state, or None when this rank does not take part."""
-    return lookup(group)
+#: The group's state, or None when this rank does not take part (lookup itself: no extra frame per call).
+_state = lookup
 
 
 def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[int]) -> int:

@@ -190,21 +190,27 @@ def _fields(pending: _Pending) -> dict[str, Any]:
 
 
 def _finish(pending: _Pending, work: Any) -> None:
-    """Hand the annotation to capture and, while profiling, to the recorder."""
-    fields = _fields(pending)
+    """Hand the annotation to capture and, while profiling, to the recorder.
+
+    The recorder keeps the pending call itself and builds its fields with
+    :func:`_fields` only when the sidecar is written: a dict of two dozen
+    fields per call cost more than the rest of the recording path.
+    """
     if pending.token is not None:
-        capture.after_collective(pending.token, CollectiveAnnotation.model_construct(**fields))
+        capture.after_collective(pending.token, CollectiveAnnotation.model_construct(**_fields(pending)))
+        pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
         return
+    fields = _fields
     future = _future_of(work) if pending.call.async_op else None
     if future is not None:
         # The annotation covers the work until it completes, without touching the Work object.
         def done(_fut: Any, fields=fields, pending=pending) -> None:
-            recorder.add(fields, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
+            recorder.add(fields, pending, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
 
         future.add_done_callback(done)
     else:
-        recorder.add(fields, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
+        recorder.add(fields, pending, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
 
 
 def _future_of(work: Any) -> Any:

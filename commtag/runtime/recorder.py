@@ -2,9 +2,10 @@
 
 The wrappers append one entry per collective only while the autograd
 profiler is enabled (the active steps of a schedule; not wait or warmup), so
-a job that is not being profiled accumulates nothing. Entries hold the
-annotation's fields as a plain dict (cheap on the hot path); they become
-validated models once, when :func:`trace_handler` writes the sidecar.
+a job that is not being profiled accumulates nothing. Entries hold what
+the wrapper already had plus the function that turns it into the
+annotation's fields (cheap on the hot path); the fields are built and
+validated once, when :func:`trace_handler` writes the sidecar.
 """
 
 from __future__ import annotations
@@ -39,33 +40,44 @@ def profiler_enabled() -> bool:
     """
     return _thread_profiled() or _autograd_profiler._is_profiler_enabled
 
-_buffer: list[tuple[dict[str, Any], int, int, int, str]] = []
+_buffer: list[tuple[Callable[[Any], dict[str, Any]], Any, int, int, int, str]] = []
 _buffer_lock = threading.Lock()
 
 
-def add(fields: dict[str, Any], start_ns: int, end_ns: int, tid: int, thread_name: str) -> None:
-    """Keep one finished collective: CollectiveAnnotation fields by name, times on the trace's clock."""
-    _buffer.append((fields, start_ns, end_ns, tid, thread_name))
+def add(fields: Callable[[Any], dict[str, Any]], source: Any, start_ns: int, end_ns: int, tid: int,
+        thread_name: str) -> None:
+    """Keep one finished collective, times on the trace's clock.
+
+    ``fields(source)`` gives its CollectiveAnnotation fields by name; it is
+    called by :func:`drain`, off the collective's path. ``source`` must not
+    change after this call.
+    """
+    _buffer.append((fields, source, start_ns, end_ns, tid, thread_name))
 
 
 def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
     """Take every kept collective (started at or after ``since_ns``), validated.
 
-    An entry that fails validation is dropped and logged once: the rest of
-    the sidecar is still worth writing.
+    An entry whose fields cannot be built or fail validation is dropped and
+    logged once: the rest of the sidecar is still worth writing.
     """
     global _buffer
     with _buffer_lock:
         taken, _buffer = _buffer, []
     recorded = []
-    for fields, start_ns, end_ns, tid, thread_name in taken:
+    for fields, source, start_ns, end_ns, tid, thread_name in taken:
         if since_ns is not None and start_ns < since_ns:
+            continue
+        try:
+            annotation = fields(source)
+        except Exception as exc:  # noqa: BLE001 - one bad entry must not cost the sidecar
+            log_once("building a recorded collective's annotation", exc)
             continue
         try:
             recorded.append(
                 RecordedCollective.model_validate(
                     {
-                        "annotation": fields,
+                        "annotation": annotation,
                         "start_ns": start_ns,
                         "end_ns": end_ns,
                         "tid": tid,
