@@ -25,6 +25,7 @@ import contextlib
 import functools
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 import torch
@@ -45,7 +46,9 @@ _now_ns = time.time_ns
 #: torch.compiler.is_compiling() without its two frames: Dynamo folds is_dynamo_compiling()
 #: to True while tracing, and eagerly is_compiling() is this module's flag (non-strict export).
 _is_dynamo_compiling: Callable[[], bool] = torch.compiler.is_dynamo_compiling
-_compiler = torch.compiler
+#: Its flag is read outside the fail-open guard, so a torch without it gets a stand-in
+#: (Dynamo tracing is still caught by is_dynamo_compiling()).
+_compiler = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else SimpleNamespace(_is_compiling_flag=False)
 #: recorder.profiler_enabled(), inlined: the thread's C check, then torch's process-wide flag.
 _thread_profiled = recorder._thread_profiled
 _autograd_profiler = recorder._autograd_profiler
