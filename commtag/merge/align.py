@@ -35,8 +35,12 @@ class Alignment:
     matched: int = 0
     residual_median_ns: int = 0
     residual_max_ns: int = 0
+    #: Distinct clocks among the ranks (hosts, or ranks when hosts are unknown).
+    clocks: int = 0
 
     def describe(self) -> str:
+        if self.clocks == 1 and self.unit == "host":
+            return "--align collectives: every rank ran on one host (one clock); nothing to align"
         if not self.matched:
             return "--align collectives: no synchronizing collective matched across clocks; offsets left at 0"
         shifts = ", ".join(f"rank {r}: {o / 1000:+.1f} us" for r, o in sorted(self.offsets.items()) if o)
@@ -54,7 +58,8 @@ def estimate_offsets(instances: Sequence[CollectiveInstance], hosts: Mapping[int
     unit_of = {r: (hosts[r] if by_host else str(r)) for r in ranks}
     synchronizing = [i for i in instances if family(i.collective) in SYNCHRONIZING]
     matched = [g for g in match_groups(synchronizing) if len({unit_of[i.rank] for i in g}) > 1]
-    alignment = Alignment(unit="host" if by_host else "rank", matched=len(matched))
+    alignment = Alignment(unit="host" if by_host else "rank", matched=len(matched),
+                          clocks=len(set(unit_of.values())))
     if not matched:
         alignment.offsets = {r: 0 for r in ranks}
         return alignment
