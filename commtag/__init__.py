@@ -2,16 +2,18 @@
 
 Public API: :func:`install`, :func:`uninstall`, :func:`is_installed`,
 :func:`trace_handler`, and the models :class:`CollectiveAnnotation` and
-:class:`Sidecar`. Nothing here imports cuda-python, and torch is imported only
-when the runtime is used, so the offline merge starts fast.
+:class:`Sidecar`. Nothing here imports cuda-python, torch is imported only when
+the runtime is used, and pydantic (the models) only when first named, so the
+offline merge starts fast.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
-from commtag.schema import CollectiveAnnotation, Sidecar
+if TYPE_CHECKING:
+    from commtag.schema import CollectiveAnnotation, Sidecar
 
 __all__ = ["CollectiveAnnotation", "Sidecar", "install", "uninstall", "is_installed", "trace_handler"]
 
@@ -49,3 +51,12 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
     from commtag.runtime import recorder
 
     return recorder.trace_handler(dir_name)
+
+
+def __getattr__(name: str) -> Any:
+    """Load the pydantic models on first use (PEP 562): ``import commtag`` stays cheap."""
+    if name in ("CollectiveAnnotation", "Sidecar"):
+        from commtag import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module 'commtag' has no attribute {name!r}")

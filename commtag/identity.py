@@ -21,9 +21,10 @@ possible in principle (about n^2 / 2^25 for n groups); the merger detects them.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Sequence
 
-from commtag.schema import MIN_LANE_ID, ProcessGroupInfo
+from commtag.constants import MIN_LANE_ID
 
 LANE_SPAN = 2**24
 #: The profiler lists at most this many entries (ranks, split sizes) in full.
@@ -56,15 +57,28 @@ def lane_name(name: str, desc: str, ranks: Sequence[int]) -> str:
     return f"PG {name} ({desc}) {format_list(ranks)}"
 
 
-def group_info(name: str, desc: str, ranks: Sequence[int], backend: str) -> ProcessGroupInfo:
-    """A group's whole identity as a process-group table row.
+@dataclass(frozen=True)
+class GroupRow:
+    """A process-group table row as the merge uses it: the fields of
+    :class:`commtag.schema.ProcessGroupInfo`, but a plain dataclass so a merge of
+    traces without sidecars never imports pydantic.
 
     Not validated: the merge rebuilds groups from traces whose rank list may
     be unknown (``"[]"`` for a group that is not an arithmetic progression),
     and an empty list must still name a lane rather than fail the merge.
     """
+
+    uid: str
+    name: str
+    desc: str
+    ranks: list[int]
+    backend: str
+    lane_id: int
+    lane_name: str
+
+
+def group_info(name: str, desc: str, ranks: Sequence[int], backend: str) -> GroupRow:
+    """A group's whole identity as a process-group table row."""
     uid = group_uid(name, ranks)
-    return ProcessGroupInfo.model_construct(
-        uid=uid, name=name, desc=desc, ranks=list(ranks), backend=backend,
-        lane_id=lane_id(uid), lane_name=lane_name(name, desc, ranks),
-    )
+    return GroupRow(uid=uid, name=name, desc=desc, ranks=list(ranks), backend=backend,
+                    lane_id=lane_id(uid), lane_name=lane_name(name, desc, ranks))

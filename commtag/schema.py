@@ -17,49 +17,11 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 1
-SIDECAR_KIND = "commtag-sidecar"
-
-#: c10 ScalarType names as the profiler prints them (``toString(ScalarType)``).
-SCALAR_TYPE_NAMES = frozenset(
-    {
-        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double",
-        "ComplexHalf", "ComplexFloat", "ComplexDouble", "Bool", "QInt8",
-        "QUInt8", "QInt32", "BFloat16", "QUInt4x2", "QUInt2x4", "Bits1x8",
-        "Bits2x4", "Bits4x2", "Bits8", "Bits16", "Float8_e5m2",
-        "Float8_e4m3fn", "Float8_e5m2fnuz", "Float8_e4m3fnuz", "UInt16",
-        "UInt32", "UInt64", "UInt1", "UInt2", "UInt3", "UInt4", "UInt5",
-        "UInt6", "UInt7", "Int1", "Int2", "Int3", "Int4", "Int5", "Int6",
-        "Int7", "Float8_e8m0fnu", "Float4_e2m1fn_x2", "Undefined",
-    }
+from commtag.constants import (  # re-exported: the contract's names stay importable from here
+    MIN_LANE_ID, SCALAR_TYPE_BYTES, SCALAR_TYPE_NAMES, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, parse_rank_list,
 )
 
-#: Byte size of one element per ScalarType name; used for bandwidth.
-SCALAR_TYPE_BYTES: dict[str, float] = {
-    "Byte": 1, "Char": 1, "Bool": 1, "QInt8": 1, "QUInt8": 1, "Bits8": 1,
-    "Float8_e5m2": 1, "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1,
-    "Float8_e4m3fnuz": 1, "Float8_e8m0fnu": 1, "Float4_e2m1fn_x2": 1,
-    "QUInt4x2": 1, "QUInt2x4": 1, "Bits1x8": 1, "Bits2x4": 1, "Bits4x2": 1,
-    "Short": 2, "Half": 2, "BFloat16": 2, "UInt16": 2, "Bits16": 2,
-    "Int": 4, "Float": 4, "QInt32": 4, "UInt32": 4, "ComplexHalf": 4,
-    "Long": 8, "Double": 8, "UInt64": 8, "ComplexFloat": 8,
-    "ComplexDouble": 16,
-}
-
-#: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
-TIME_NS_LIMIT = 1 << 63
-
-#: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
-MIN_LANE_ID = 60
-
 _RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
-
-
-def parse_rank_list(text: str) -> Optional[list[int]]:
-    """Return the ranks of a ``"[0, 2, 4]"`` string, or None when truncated or empty."""
-    if text in ("", "[]") or "..." in text:
-        return None
-    return [int(part) for part in text[1:-1].split(", ")]
 
 
 class CollectiveAnnotation(BaseModel):

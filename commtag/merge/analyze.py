@@ -23,7 +23,7 @@ Figures (per matched instance)
         it is measured on one clock, so cross-host clock error cannot distort it.
         Bandwidth uses this time.
     bytes
-        ``S x element size`` (``schema.SCALAR_TYPE_BYTES``), ``S`` chosen as
+        ``S x element size`` (``constants.SCALAR_TYPE_BYTES``), ``S`` chosen as
         nccl-tests does (see :data:`BANDWIDTH_RULES`), the largest over the
         matched ranks (they agree unless the instance is a desync or an uneven
         all_to_allv, where the busiest rank bounds the time).
@@ -50,8 +50,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
+from commtag.constants import SCALAR_TYPE_BYTES
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, TraceAnnotations, match_groups
-from commtag.schema import SCALAR_TYPE_BYTES
 
 #: A rank arriving this much later than the first one, and later by at least the
 #: collective's own transfer time, is flagged a straggler.

@@ -35,13 +35,16 @@ from __future__ import annotations
 import bisect
 import re
 from functools import lru_cache
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
-from commtag.identity import group_info
+from commtag.constants import MIN_LANE_ID, parse_rank_list
+from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.perfetto import FLOW_SOURCE, flow_id
 from commtag.merge.records import CollectiveInstance
-from commtag.schema import MIN_LANE_ID, CollectiveAnnotation, GraphCapture, ProcessGroupInfo, Sidecar, parse_rank_list
+
+if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
+    from commtag.schema import CollectiveAnnotation, GraphCapture, Sidecar
 
 #: Eager keys in the order the profiler writes them on a kernel.
 EAGER_KEYS = (
@@ -74,13 +77,15 @@ class GraphMatch(NamedTuple):
 
 #: ``fallback(kernels, sidecar, launches)``: match graph kernels the node ids
 #: did not (``launches`` maps a correlation id to its launch event).
-GraphFallback = Callable[[list[dict], Sidecar, dict[int, dict]], list[GraphMatch]]
+GraphFallback = Callable[[list[dict], "Sidecar", dict[int, dict]], list[GraphMatch]]
 
 
-def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, ProcessGroupInfo]:
+def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, GroupRow]:
     """Groups by pg name: the sidecar's table, else rebuilt from distributedInfo's pg_config."""
     if sidecar is not None:
-        return {pg.name: pg for pg in sidecar.process_groups}
+        return {pg.name: GroupRow(uid=pg.uid, name=pg.name, desc=pg.desc, ranks=pg.ranks, backend=pg.backend,
+                                  lane_id=pg.lane_id, lane_name=pg.lane_name)
+                for pg in sidecar.process_groups}
     info = trace.get("distributedInfo") or {}
     table = {}
     for pg in info.get("pg_config") or ():
@@ -128,7 +133,7 @@ class RankFlows:
 
 
 def _instance(rank: int, eager: dict, start: int, end: int, source: str,
-              group: Optional[ProcessGroupInfo], flow: Optional[int]) -> CollectiveInstance:
+              group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
     ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
     args = dict(eager)
     args["commtag rank"] = rank

@@ -38,9 +38,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
-from commtag.schema import CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord
+if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
+    from commtag.schema import CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord
 
 #: Lower 32 bits of a "graph node id" minus this = the node's creation index (hypothesis 1).
 NODE_ID_BASE = 0
@@ -442,7 +443,7 @@ def _has_nccl(events: Sequence[dict], replay: _Replay) -> bool:
     return any(events[i].get("cat") == "kernel" and parse_nccl_kernel(str(events[i].get("name", ""))) for i in replay.events)
 
 
-_Pair = tuple[int, CapturedCollective]
+_Pair = tuple[int, "CapturedCollective"]
 
 
 def _pair_nodes(events: Sequence[dict], replay: _Replay, capture: GraphCapture) -> tuple[Optional[list[_Pair]], str, str]:

@@ -28,14 +28,15 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import orjson
-from pydantic import ValidationError
 
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Track
-from commtag.schema import Sidecar
+
+if TYPE_CHECKING:
+    from commtag.schema import Sidecar
 
 DEFAULT_RANK_PATTERN = r"(?<![a-z])(?:rank|worker)[-_]?(\d+)"
 _HEAD_BYTES = 1 << 16
@@ -385,6 +386,11 @@ def _refuse(path: Path, i: int, e: dict, base: int) -> None:
 
 def load_sidecar(path: Path) -> Sidecar:
     """Parse and validate a commtag sidecar."""
+    # Imported here: pydantic costs ~0.1 s of start-up, which a merge without sidecars never pays.
+    from pydantic import ValidationError
+
+    from commtag.schema import Sidecar
+
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":

@@ -23,7 +23,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 import orjson
 
@@ -395,10 +395,13 @@ def _collector_paused():
 def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_fallback,
                  json_dir, show: bool, header: bool,
                  skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> list[RankSummary]:
-    from tqdm import tqdm
+    ranks: Iterable[RankInput] = mine
+    if show:
+        from tqdm import tqdm  # only a visible progress bar needs it
 
+        ranks = tqdm(mine, desc="commtag merge", unit="rank")
     summaries = []
-    for rank in tqdm(mine, desc="commtag merge", unit="rank", disable=not show):
+    for rank in ranks:
         with _collector_paused():
             summary = _write_rank(stream, rank, offsets, graph_fallback, json_dir, header, skipped, staged)
         if summary is not None:

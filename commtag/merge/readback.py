@@ -21,9 +21,9 @@ from typing import BinaryIO, Iterator, Optional
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from commtag.constants import parse_rank_list
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown
 from commtag.merge.records import CollectiveInstance
-from commtag.schema import parse_rank_list
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END

@@ -1,0 +1,61 @@
+"""The merge's start-up: what it imports depends on the input at hand.
+
+pydantic alone costs about a tenth of a second, which counts against the
+merge's time budget, so a merge of traces without sidecars must not load it,
+and ``import commtag`` must stay cheap. A sidecar, when present, is still
+fully validated (the sidecar and reliability tests cover that).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+TRACE = PUBLIC / "single-rank-scale" / "hta_a100_rank0_of16.json.gz"
+
+_HEAVY = ("pydantic", "tqdm", "torch", "matplotlib", "numpy")
+
+_PROBE = """
+import sys
+from commtag.cli import main
+code = main(sys.argv[1:])
+loaded = sorted({m.split('.')[0] for m in sys.modules} & set(HEAVY))
+print('LOADED', ','.join(loaded))
+sys.exit(code)
+"""
+
+
+def _merge_loads(tmp_path: Path, inputs: Path) -> set[str]:
+    out = tmp_path / "merged.pftrace"
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE.replace("HEAVY", repr(_HEAVY)), "merge", str(inputs), "-o", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size > 0
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("LOADED"))
+    return set(filter(None, line.split(" ", 1)[1].split(",")))
+
+
+def test_import_commtag_leaves_pydantic_and_torch_unloaded() -> None:
+    code = "import sys, commtag; print(sorted({m.split('.')[0] for m in sys.modules} & set(%r)))" % (_HEAVY,)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_models_still_reachable_from_the_package() -> None:
+    import commtag
+    from commtag.schema import CollectiveAnnotation, Sidecar
+
+    assert commtag.Sidecar is Sidecar
+    assert commtag.CollectiveAnnotation is CollectiveAnnotation
+
+
+def test_merge_without_sidecar_loads_nothing_heavy(tmp_path: Path) -> None:
+    inputs = tmp_path / "traces"
+    inputs.mkdir()
+    shutil.copy(TRACE, inputs / TRACE.name)
+    assert _merge_loads(tmp_path, inputs) == set()
