@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import orjson
 
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
-from commtag.merge.timeline import CPU_GROUP, RankTimeline, Track
+from commtag.merge.timeline import CPU_GROUP, Instant, RankTimeline, Track
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar
@@ -410,6 +410,15 @@ def base_ns(trace: dict) -> int:
     return base if isinstance(base, int) else 0
 
 
+def _instant(event: dict, base: int) -> Optional[tuple[tuple[int, int], Instant]]:
+    """The (pid, tid) row and the instant of an "i" event, or None when the timeline drops it."""
+    pid = event.get("pid")
+    tid = event.get("tid")
+    if pid.__class__ is not int or tid.__class__ is not int or event.get("ts") is None:
+        return None
+    return (pid, tid), (event_ns(event, base)[0], event.get("name", ""), event.get("cat"), event.get("args"))
+
+
 def event_ns(event: dict, base: int) -> tuple[int, int]:
     """Start and end of an X event in absolute ns (the writer's exact rounding)."""
     t = event["ts"] * 1000
@@ -504,15 +513,10 @@ def to_timeline(
                     if cat in WORK_CATEGORIES:
                         categories.kernel(key, name, cat, dur, args)
             elif ph == "i" or ph == "I":
-                pid = e.get("pid")
-                tid = e.get("tid")
-                ts = e.get("ts")
-                if pid.__class__ is not int or tid.__class__ is not int or ts is None:
-                    continue
-                t = ts * 1000
-                instants.setdefault((pid, tid), []).append(
-                    ((t if t.__class__ is int else round(t)) + base, e.get("name", ""), e.get("cat"), e.get("args"))
-                )
+                # Instants are rare: the shared helper's call costs nothing here.
+                placed = _instant(e, base)
+                if placed is not None:
+                    instants.setdefault(placed[0], []).append(placed[1])
             elif ph == "M":
                 _meta(e, gpu_pids, thread_names, labels)
         if next_flow is not None:
