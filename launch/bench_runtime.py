@@ -1,28 +1,51 @@
-"""Per-collective overhead of commtag: unpatched vs installed-idle vs installed-recording.
+"""Per-collective overhead of commtag, measured as paired per-call differences.
 
-One process per rank (gloo, world sizes 1 and 2), all variants in that one
-process, interleaved in blocks so drift and neighbours' load hit every variant
-alike. Each call is timed on its own (perf_counter_ns around the call); the
-figure is the median ns/call over all calls of a variant. The calling thread's
-CPU time per call is recorded too: at world size 2 on a shared 2-core machine
-the wall time also holds waiting for the peer and for a core, and the CPU time
-isolates the work commtag adds to the caller. Variants:
+What is measured: the time one collective call takes with commtag installed
+and idle (no profiler) against the same call without commtag, and with
+commtag recording against the same call under the profiler without commtag.
+One process per rank (gloo, world sizes 1 and 2, CPU tensors of 4 floats);
+rank 0's figures are reported.
 
-* ``unpatched`` / ``unpatched-again``  commtag not installed (two of them: their
-  difference is the measurement's noise floor, an A/A control);
-* ``idle``       commtag installed, profiler off;
-* ``profiled``   commtag not installed, torch.profiler recording CPU ops;
-* ``recording``  commtag installed, torch.profiler recording CPU ops.
+Why paired: a gloo call takes 50-400 us and drifts by several microseconds
+from second to second (frequency, neighbours, the peer's scheduling), so the
+difference of two medians taken over separate blocks of calls is as noisy as
+the 1 us it is meant to resolve. Here each *pair* times one call of variant A
+and one of variant B back to back (even pairs A then B, odd pairs B then A,
+so being first or second in a pair cancels out) and keeps d = tB - tA; the
+median of the d's is the added cost. Drift slower than two calls cancels
+within each pair.
 
-Added cost: idle - unpatched, and recording - profiled (the profiler's own
-cost is not commtag's). Targets: idle <= 1 us, recording <= 15 us.
+Before every timed call its variant's state is set with ``commtag.install()``
+or ``commtag.uninstall()`` (both idempotent), so each timed call follows the
+same kind of toggle and finds the same cold caches. "Unpatched" is always
+measured uninstalled, never by calling the saved original while installed:
+``all_gather_into_tensor``'s original calls ``all_gather_single`` through the
+module, which would still be the (patched) wrapper.
 
-Usage: ``python launch/bench_runtime.py [--calls 10000] [--worlds 1,2] [--quick]``.
+Pairs, each interleaved in blocks of ``--block`` pairs, rotating which kind
+of pair comes first:
+
+* ``idle``       unpatched vs installed-idle (profiler off);
+* ``recording``  profiled vs installed-recording: both inside one
+  torch.profiler session (CPU activity) per block, install toggled per call;
+  the kept collectives are dropped between blocks (``recorder.drain()``);
+* ``A/A``        unpatched vs unpatched: the median of its d's is the
+  measurement's bias (it should be ~0).
+
+The calling thread's CPU time per call is paired the same way: at world size
+2 on a shared 2-core machine the wall time also holds waiting for the peer
+and for a core, and the CPU time isolates the work commtag adds to the caller.
+
+Targets: idle added <= 1 us, recording added <= 15 us (the profiler's own
+cost is not commtag's, hence profiled vs recording).
+
+Usage: ``python launch/bench_runtime.py [--calls 10000] [--worlds 1,2] [--quick] [--block 250] [--json F]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -36,13 +59,25 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import machine, markdown_table, median, verdict  # noqa: E402
 
-VARIANTS = ("unpatched", "idle", "profiled", "recording", "unpatched-again")
+#: Pair kind -> (variant A, variant B); the figure is the median of tB - tA.
+PAIRS = {
+    "idle": ("unpatched", "idle"),
+    "recording": ("profiled", "recording"),
+    "A/A": ("unpatched", "unpatched"),
+}
+#: Variants that run with commtag installed.
+INSTALLED = frozenset({"idle", "recording"})
 TARGET_IDLE_NS = 1_000
 TARGET_RECORDING_NS = 15_000
+WARMUP_CALLS = 50
 
 
 def _ops(dist, torch) -> dict[str, Callable[[], object]]:
-    """The collectives measured, each on a small tensor (latency, not bandwidth)."""
+    """The collectives measured, each on a small tensor (latency, not bandwidth).
+
+    Each looks the function up on ``dist`` at call time, so it runs whatever is
+    installed at that moment.
+    """
     world = dist.get_world_size()
     x = torch.ones(4)
     gathered = torch.empty(4 * world)
@@ -53,67 +88,98 @@ def _ops(dist, torch) -> dict[str, Callable[[], object]]:
     }
 
 
-def _worker(rank: int, world: int, init_file: str, calls: int, block: int, out_dir: str) -> None:
-    """Time every variant on every op, interleaved in blocks of ``block`` calls."""
+def _worker(rank: int, world: int, init_file: str, pairs: int, block: int, out_dir: str) -> None:
+    """Time every kind of pair on every op; every rank runs the same schedule, so they stay in lockstep."""
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
+    from commtag.runtime import recorder
 
     # Kineto prints a line per profiler start/stop on fd 2; keep it out of the report.
     log = os.open(os.path.join(out_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT)
     os.dup2(log, 2)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    timings = {op: {v: array("q") for v in VARIANTS} for op in _ops(dist, torch)}
-    cpu_timings = {op: {v: array("q") for v in VARIANTS} for op in _ops(dist, torch)}
-    rounds = max(1, calls // block)
+    ops = _ops(dist, torch)
+    # kind -> op -> (wall d's, cpu d's, wall tA's, wall tB's)
+    out = {kind: {op: (array("q"), array("q"), array("q"), array("q")) for op in ops} for kind in PAIRS}
+    rounds = max(1, math.ceil(pairs / block))
+    install, uninstall = commtag.install, commtag.uninstall
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
-    for op, call in _ops(dist, torch).items():
-        for _ in range(50):  # warm up the transport and the code paths
-            call()
+    kinds = list(PAIRS)
+    for op, call in ops.items():
+        for variant_installed in (False, True):  # warm up the transport and both code paths
+            (install if variant_installed else uninstall)()
+            for _ in range(WARMUP_CALLS):
+                call()
+        uninstall()
         for round_ in range(rounds):
-            # Same rotation on every rank, so the ranks stay in lockstep.
-            order = VARIANTS[round_ % len(VARIANTS):] + VARIANTS[: round_ % len(VARIANTS)]
-            for variant in order:
-                if variant in ("idle", "recording"):
-                    commtag.install()
-                prof = None
-                if variant in ("profiled", "recording"):
-                    prof = profile(activities=[ProfilerActivity.CPU])
+            # Same rotation on every rank.
+            order = kinds[round_ % len(kinds):] + kinds[: round_ % len(kinds)]
+            for kind in order:
+                a, b = PAIRS[kind]
+                a_setup = install if a in INSTALLED else uninstall
+                b_setup = install if b in INSTALLED else uninstall
+                diffs, cpu_diffs, ta_sink, tb_sink = out[kind][op]
+                n = min(block, pairs - round_ * block)
+                prof = profile(activities=[ProfilerActivity.CPU]) if kind == "recording" else None
+                if prof is not None:
                     prof.__enter__()
-                sink, cpu_sink = timings[op][variant], cpu_timings[op][variant]
                 try:
-                    for _ in range(block):
-                        c0 = cpu_clock()
-                        t0 = clock()
-                        call()
-                        t1 = clock()
-                        cpu_sink.append(cpu_clock() - c0)
-                        sink.append(t1 - t0)
+                    for i in range(n):
+                        if i & 1:
+                            b_setup()
+                            c0 = cpu_clock()
+                            t0 = clock()
+                            call()
+                            t1 = clock()
+                            c1 = cpu_clock()
+                            a_setup()
+                            c2 = cpu_clock()
+                            t2 = clock()
+                            call()
+                            t3 = clock()
+                            c3 = cpu_clock()
+                            ta, tb, ca, cb = t3 - t2, t1 - t0, c3 - c2, c1 - c0
+                        else:
+                            a_setup()
+                            c0 = cpu_clock()
+                            t0 = clock()
+                            call()
+                            t1 = clock()
+                            c1 = cpu_clock()
+                            b_setup()
+                            c2 = cpu_clock()
+                            t2 = clock()
+                            call()
+                            t3 = clock()
+                            c3 = cpu_clock()
+                            ta, tb, ca, cb = t1 - t0, t3 - t2, c1 - c0, c3 - c2
+                        diffs.append(tb - ta)
+                        cpu_diffs.append(cb - ca)
+                        ta_sink.append(ta)
+                        tb_sink.append(tb)
                 finally:
                     if prof is not None:
                         prof.__exit__(None, None, None)
-                    if commtag.is_installed():
-                        commtag.uninstall()
+                    uninstall()
+                    recorder.drain()  # what the recording variant kept: memory stays bounded
         dist.barrier()
-    result = {
-        kind: {op: {v: list(t) for v, t in by_variant.items()} for op, by_variant in table.items()}
-        for kind, table in (("wall", timings), ("cpu", cpu_timings))
-    }
+    result = {kind: {op: [list(x) for x in sinks] for op, sinks in by_op.items()} for kind, by_op in out.items()}
     Path(out_dir, f"rank{rank}.json").write_bytes(orjson.dumps(result))
     dist.destroy_process_group()
 
 
-def run_world(world: int, calls: int, block: int) -> dict[str, dict[str, dict[str, list[int]]]]:
-    """Spawn ``world`` ranks; return rank 0's per-call timings, {"wall"|"cpu": {op: {variant: ns}}}."""
+def run_world(world: int, pairs: int, block: int) -> dict[str, dict[str, list[list[int]]]]:
+    """Spawn ``world`` ranks; return rank 0's {kind: {op: [wall d, cpu d, tA, tB]}} in ns per pair."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="commtag-bench-rt-") as tmp:
         init_file = os.path.join(tmp, "init")
         try:
-            mp.spawn(_worker, args=(world, init_file, calls, block, tmp), nprocs=world, join=True)
+            mp.spawn(_worker, args=(world, init_file, pairs, block, tmp), nprocs=world, join=True)
         except Exception:
             for log in sorted(Path(tmp).glob("rank*.log")):
                 lines = [x for x in log.read_text(errors="replace").splitlines() if "USDT" not in x]
@@ -122,23 +188,48 @@ def run_world(world: int, calls: int, block: int) -> dict[str, dict[str, dict[st
         return orjson.loads(Path(tmp, "rank0.json").read_bytes())
 
 
-def summarize(world: int, timings: dict[str, dict[str, dict[str, list[int]]]]) -> list[dict]:
+def median_ci(values: Sequence[int]) -> tuple[float, float]:
+    """A distribution-free 95% interval for the median (order statistics n/2 -+ 0.98 sqrt(n))."""
+    if not values:
+        return float("nan"), float("nan")
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 0.98 * math.sqrt(n)
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return float(ordered[lo]), float(ordered[hi])
+
+
+def summarize(world: int, timings: dict[str, dict[str, list[list[int]]]]) -> list[dict]:
     rows = []
-    for op, by_variant in timings["wall"].items():
-        med = {v: median(t) for v, t in by_variant.items()}
-        cpu = {v: median(t) for v, t in timings["cpu"][op].items()}
+    for op in timings["idle"]:
+        idle_d, idle_cpu, unpatched, idle = timings["idle"][op]
+        rec_d, rec_cpu, profiled, recording = timings["recording"][op]
+        aa_d, aa_cpu, _, _ = timings["A/A"][op]
         rows.append({
-            "world": world, "op": op, "calls_per_variant": len(by_variant["unpatched"]),
-            "median_ns": med,
-            "cpu_median_ns": cpu,
-            "idle_added_ns": med["idle"] - med["unpatched"],
-            "recording_added_ns": med["recording"] - med["profiled"],
-            "recording_vs_unpatched_ns": med["recording"] - med["unpatched"],
-            "noise_ns": med["unpatched-again"] - med["unpatched"],
-            "cpu_idle_added_ns": cpu["idle"] - cpu["unpatched"],
-            "cpu_recording_added_ns": cpu["recording"] - cpu["profiled"],
+            "world": world, "op": op, "pairs": len(idle_d),
+            "median_ns": {
+                "unpatched": median(unpatched), "idle": median(idle),
+                "profiled": median(profiled), "recording": median(recording),
+            },
+            "idle_added_ns": median(idle_d),
+            "idle_added_ci_ns": median_ci(idle_d),
+            "recording_added_ns": median(rec_d),
+            "recording_added_ci_ns": median_ci(rec_d),
+            "aa_ns": median(aa_d),
+            "aa_ci_ns": median_ci(aa_d),
+            "cpu_idle_added_ns": median(idle_cpu),
+            "cpu_recording_added_ns": median(rec_cpu),
+            "cpu_aa_ns": median(aa_cpu),
         })
     return rows
+
+
+def _us(ns: float, ci: Optional[Sequence[float]] = None) -> str:
+    text = f"{ns / 1e3:+.2f}"
+    if ci is not None:
+        text += f" [{ci[0] / 1e3:+.2f}, {ci[1] / 1e3:+.2f}]"
+    return text
 
 
 def report(rows: list[dict], info: str) -> str:
@@ -146,20 +237,24 @@ def report(rows: list[dict], info: str) -> str:
     for r in rows:
         m = r["median_ns"]
         table.append([
-            r["world"], r["op"], r["calls_per_variant"],
-            f"{m['unpatched'] / 1e3:.2f}", f"{m['idle'] / 1e3:.2f}", f"{m['profiled'] / 1e3:.2f}",
-            f"{m['recording'] / 1e3:.2f}", f"{r['noise_ns'] / 1e3:+.2f}",
-            f"{r['idle_added_ns'] / 1e3:+.2f} ({verdict(r['idle_added_ns'], TARGET_IDLE_NS)})",
-            f"{r['recording_added_ns'] / 1e3:+.2f} ({verdict(r['recording_added_ns'], TARGET_RECORDING_NS)})",
-            f"{r['cpu_idle_added_ns'] / 1e3:+.2f} / {r['cpu_recording_added_ns'] / 1e3:+.2f}",
+            r["world"], r["op"], r["pairs"],
+            f"{m['unpatched'] / 1e3:.2f}", f"{m['idle'] / 1e3:.2f}",
+            f"{_us(r['idle_added_ns'], r['idle_added_ci_ns'])} ({verdict(r['idle_added_ns'], TARGET_IDLE_NS)})",
+            f"{m['profiled'] / 1e3:.2f}", f"{m['recording'] / 1e3:.2f}",
+            f"{_us(r['recording_added_ns'], r['recording_added_ci_ns'])} "
+            f"({verdict(r['recording_added_ns'], TARGET_RECORDING_NS)})",
+            _us(r["aa_ns"], r["aa_ci_ns"]),
+            f"{_us(r['cpu_idle_added_ns'])} / {_us(r['cpu_recording_added_ns'])} / {_us(r['cpu_aa_ns'])}",
         ])
-    header = ["world", "op", "calls/variant", "unpatched us", "idle us", "profiled us", "recording us",
-              "A/A noise us", "idle added us (<= 1)", "recording added us (<= 15)",
-              "caller CPU added us, idle / recording"]
+    header = ["world", "op", "pairs/kind", "unpatched us", "idle us", "idle added us (<= 1)",
+              "profiled us", "recording us", "recording added us (<= 15)", "A/A us",
+              "caller CPU added us, idle / recording / A/A"]
     return "\n".join([
         f"Machine: {info}.",
-        "Median per call over all calls of a variant; variants interleaved in blocks in one process per rank "
-        "(rank 0 shown); gloo, CPU tensors of 4 floats. 'A/A noise' = unpatched measured twice.",
+        "Paired per call: each pair times one call of each variant back to back (order alternating), "
+        "'added' = median of the pairs' differences [95% interval of that median]; 'A/A' pairs unpatched "
+        "with unpatched (the measurement's bias). Unpatched/idle/profiled/recording us: median per call. "
+        "One process per rank (rank 0 shown); gloo, CPU tensors of 4 floats.",
         "",
         markdown_table(header, table),
     ])
@@ -167,18 +262,18 @@ def report(rows: list[dict], info: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=10_000, help="calls per variant and op (default 10000)")
-    parser.add_argument("--block", type=int, default=250, help="calls per interleaved block (default 250)")
+    parser.add_argument("--calls", type=int, default=10_000, help="pairs per kind and op (default 10000)")
+    parser.add_argument("--block", type=int, default=250, help="pairs per interleaved block (default 250)")
     parser.add_argument("--worlds", default="1,2", help="gloo world sizes (default 1,2)")
-    parser.add_argument("--quick", action="store_true", help="2000 calls per variant")
+    parser.add_argument("--quick", action="store_true", help="2000 pairs per kind and op")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args(argv)
-    calls = 2_000 if args.quick else args.calls
+    pairs = 2_000 if args.quick else args.calls
     info = machine()
     rows = []
     for world in (int(w) for w in args.worlds.split(",")):
-        print(f"runtime overhead: world size {world}, {calls} calls per variant ...", file=sys.stderr, flush=True)
-        rows += summarize(world, run_world(world, calls, args.block))
+        print(f"runtime overhead: world size {world}, {pairs} pairs per kind ...", file=sys.stderr, flush=True)
+        rows += summarize(world, run_world(world, pairs, args.block))
     if args.json:
         args.json.write_bytes(orjson.dumps({"machine": info, "rows": rows}, option=orjson.OPT_INDENT_2))
     print(report(rows, info))
