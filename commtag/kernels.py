@@ -314,7 +314,8 @@ class DeviceWork:
             b = self.streams[stream] = Breakdown()
         b.time_us[category] += dur_us
         b.count[category] += 1
-        self._corr.append(args.get("correlation"))
+        correlation = args.get("correlation")
+        self._corr.append(correlation if correlation.__class__ is int else None)
         self._cat.append(category)
         self._dur.append(dur_us)
         self._lane.append(args.get("commtag lane"))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commtag.merge import perfetto
-from commtag.merge.timeline import CPU_GROUP, RankTimeline, Track
+from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.validate import validate_file
 from pftrace_reader import read
 
@@ -21,17 +21,20 @@ intervals = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), min_size
 @settings(max_examples=60, deadline=None)
 @given(intervals)
 def test_any_overlap_is_kept_on_backing_tracks(tmp_path_factory, spans) -> None:
-    slices = [(T0 + a * 10, T0 + (a + d) * 10, f"s{i}", "cat", {"i": i}, None, None) for i, (a, d) in enumerate(spans)]
-    timeline = RankTimeline(rank=3, process_name="rank 3", tracks=[Track("stream 7", "GPU 0", 0, list(slices))])
+    seq = perfetto.rank_sequence(3)
+    row = Row()
+    for i, (a, d) in enumerate(spans):
+        row.add(T0 + a * 10, T0 + (a + d) * 10, seq.body(f"s{i}", "cat", {"i": i}))
+    timeline = RankTimeline(rank=3, process_name="rank 3", tracks=[Track("stream 7", "GPU 0", 0, row)])
     buf = io.BytesIO()
     buf.write(perfetto.header(T0))
-    perfetto.write_rank(buf, timeline)
+    perfetto.write_rank(buf, timeline, seq)
     path = Path(tmp_path_factory.mktemp("w")) / "t.pftrace"
     path.write_bytes(buf.getvalue())
     assert validate_file(path) == []
     parsed = read(path)
     got = sorted((s.ts, s.end, s.name, s.args["i"]) for s in parsed.slices)
-    assert got == sorted((s[0], s[1], s[2], s[4]["i"]) for s in slices)
+    assert got == sorted((T0 + a * 10, T0 + (a + d) * 10, f"s{i}", i) for i, (a, d) in enumerate(spans))
     rows = {parsed.tracks[s.track].name for s in parsed.slices}
     assert rows == {"stream 7"}
     keys = {parsed.tracks[s.track].sibling_merge_key for s in parsed.slices}

@@ -97,7 +97,7 @@ def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, GroupRow]:
 
 
 @lru_cache(maxsize=65536)
-def _nccl_kind(name: str) -> Optional[str]:
+def nccl_kind(name: str) -> Optional[str]:
     """The collective of an NCCL/RCCL kernel name ("allreduce"), None for other kernels (cached: names repeat)."""
     match = _NCCL_KERNEL.search(name)
     return match.group(1).lower() if match else None
@@ -142,13 +142,13 @@ def _instance(rank: int, eager: dict, start: int, end: int, source: str,
         rank=rank,
         pg_uid=str(eager["commtag pg uid"]),
         is_p2p=bool(eager.get("commtag p2p", False)),
-        seq=int(eager.get("Seq", 0)),
+        seq=_whole(eager.get("Seq"), 0),
         replay=eager.get("commtag replay"),
         collective=str(eager.get("Collective name", "")),
-        in_nelems=int(eager.get("In msg nelems", 0)),
-        out_nelems=int(eager.get("Out msg nelems", 0)),
+        in_nelems=_whole(eager.get("In msg nelems"), 0),
+        out_nelems=_whole(eager.get("Out msg nelems"), 0),
         dtype=str(eager.get("dtype", "Undefined")),
-        group_size=int(eager.get("Group size", len(ranks) or 1)),
+        group_size=_whole(eager.get("Group size"), len(ranks) or 1),
         group_ranks=ranks,
         start_ns=start,
         end_ns=end,
@@ -158,6 +158,16 @@ def _instance(rank: int, eager: dict, start: int, end: int, source: str,
         lane_id=int(eager.get("commtag lane id", 0)),
         source_flow=flow,
     )
+
+
+def _whole(value: object, default: int) -> int:
+    """An eager key's count as an int; ``default`` where a trace wrote something else (null, text)."""
+    if value.__class__ is int:
+        return value
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return default
 
 
 def _annotate(event: dict, eager: dict) -> None:
@@ -372,7 +382,7 @@ class _RankAttacher:
                     hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
             if hit is not None:
                 matched.append((e, *hit, method))
-            elif _nccl_kind(e.get("name", "")) and (raw or args.get("correlation") in self.launches):
+            elif nccl_kind(e.get("name", "")) and (raw or args.get("correlation") in self.launches):
                 unmatched.append(e)
         matches = [GraphMatch(e, cap_id, ci, replay, method) for (e, cap_id, ci, method), replay
                    in zip(matched, self._replay_indices(matched, captures))]
@@ -432,7 +442,7 @@ class _RankAttacher:
         for start, end, e in self.kernels:
             if id(e) in self.taken:
                 continue
-            kind = _nccl_kind(e.get("name", ""))
+            kind = nccl_kind(e.get("name", ""))
             if kind is None:
                 continue
             self.taken.add(id(e))

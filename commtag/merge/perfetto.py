@@ -13,7 +13,8 @@ loaded it: blocks only use ids derived from their rank, so blocks from
 several workers concatenate), then the lanes block (process-group lanes,
 cross-rank flows, the analysis's counters and markers).
 
-Ids: a track uuid is ``(rank + 1) << 32 | local``; rank blocks use locals
+Ids: a track uuid is ``(rank + 1) << LOCAL_BITS | local`` (4-byte varints
+below rank 255: every event packet names its track); rank blocks use locals
 below ``LANE_LOCAL``, the lanes block above it. Flow ids carry their kind
 in the top bits (see ``flow_id``). Each rank block is one packet sequence
 ``RANK_SEQ_BASE + rank``; the header and lanes block have their own.
@@ -28,7 +29,7 @@ import orjson
 
 from commtag.kernels import ANN_DESCRIBE
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
-from commtag.merge.timeline import CPU_GROUP, LANE_GROUP, RankTimeline, Track
+from commtag.merge.timeline import CPU_GROUP, LANE_GROUP, RankTimeline, Row, Track
 
 # TracePacket: timestamp=8, trusted_packet_sequence_id=10, track_event=11,
 # interned_data=12, sequence_flags=13, clock_snapshot=6, track_descriptor=60.
@@ -43,7 +44,8 @@ SEQ_NEEDS = 2
 HEADER_SEQ = 1
 LANES_SEQ = 2
 RANK_SEQ_BASE = 16
-LANE_LOCAL = 1 << 30
+LOCAL_BITS = 20
+LANE_LOCAL = 1 << (LOCAL_BITS - 1)
 PID_BASE = 100_000
 ROOT_UUID = 0
 BUILTIN_CLOCK_REALTIME = 1
@@ -61,6 +63,8 @@ FLOW_CROSS_RANK = 3
 FULL_MESH_MAX = 8
 
 _INT63 = 1 << 63
+#: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
+_MAX_BLOCKS = 20_000
 _pack_double = struct.Struct("<d").pack
 
 
@@ -95,8 +99,8 @@ def varint(n: int) -> bytes:
 _v = varint
 
 
-def _ts_encoder() -> Callable[[int], bytes]:
-    """Varints of nanosecond timestamps: the low 28 bits by table, the rest cached.
+def _ts_encoder(origin: int) -> Callable[[int], bytes]:
+    """Varints of nanosecond timestamps relative to ``origin``: the low 28 bits by table, the rest cached.
 
     A closure, not a callable object: it runs twice per slice, and calling a
     plain function costs less than an object's ``__call__``.
@@ -104,7 +108,10 @@ def _ts_encoder() -> Callable[[int], bytes]:
     highs: dict[int, bytes] = {}
     low, mask = _L, _M
 
-    def encode(n: int) -> bytes:
+    def encode(ts: int) -> bytes:
+        n = ts - origin
+        if n < 0:
+            raise ValueError(f"timestamp {ts} ns is before the trace's origin {origin} ns")
         high = n >> 28
         if not high:
             return varint(n)
@@ -131,7 +138,9 @@ def flow_id(kind: int, rank: int, counter: int) -> int:
 
 
 def track_uuid(rank: int, local: int) -> int:
-    return ((rank + 1) << 32) | local
+    if local >= 1 << LOCAL_BITS:
+        raise ValueError(f"rank {rank} needs more than {1 << LOCAL_BITS} tracks")
+    return ((rank + 1) << LOCAL_BITS) | local
 
 
 def process_uuid(rank: int) -> int:
@@ -188,14 +197,21 @@ def track_descriptor(
     return bytes(out)
 
 
-def header(first_ns: int) -> bytes:
-    """Clock snapshot (BOOTTIME = REALTIME, so the UI can show wall time) and the root."""
+def header(first_ns: int, origin: int = 0) -> bytes:
+    """The clock snapshot and the root.
+
+    Timestamps in the file count ns from ``origin`` (a wall-clock ns shortly
+    before the first event): 5-6 byte varints instead of 9. The snapshot maps
+    that clock (BOOTTIME, the trace's default) to REALTIME, so the UI and
+    :mod:`commtag.merge.readback` show and give wall-clock time.
+    """
+    first = max(first_ns, origin)
     clock = b"".join(
-        _field_bytes(b"\x0a", b"\x08" + varint(cid) + b"\x10" + varint(first_ns))
-        for cid in (BUILTIN_CLOCK_BOOTTIME, BUILTIN_CLOCK_REALTIME)
+        _field_bytes(b"\x0a", b"\x08" + varint(cid) + b"\x10" + varint(value))
+        for cid, value in ((BUILTIN_CLOCK_BOOTTIME, first - origin), (BUILTIN_CLOCK_REALTIME, first))
     )
     seq = b"\x50" + varint(HEADER_SEQ)
-    snapshot = b"\x40" + varint(first_ns) + seq + _field_bytes(b"\x32", clock)
+    snapshot = b"\x40" + varint(first - origin) + seq + _field_bytes(b"\x32", clock)
     root = seq + _field_bytes(
         b"\xe2\x03", track_descriptor(ROOT_UUID, process_ordering=PROCESS_ORDERING_EXPLICIT)
     )
@@ -205,11 +221,10 @@ def header(first_ns: int) -> bytes:
 class SequenceWriter:
     """Packets of one sequence: interning tables, flags, slice/instant/counter events."""
 
-    def __init__(self, seq_id: int, skip_args: frozenset = frozenset()) -> None:
+    def __init__(self, seq_id: int, origin: int = 0) -> None:
         self.out = bytearray()
-        self._skip = skip_args
         self._seq = b"\x50" + varint(seq_id)
-        self._ts = _ts_encoder()
+        self._ts = _ts_encoder(origin)
         #: What follows the timestamp in every event packet once the sequence has started.
         self._seq_started = self._seq + b"\x68\x02\x5a"
         self._float_keys: dict[str, bytes] = {}
@@ -219,6 +234,8 @@ class SequenceWriter:
         self._strings: dict[str, int] = {}
         self._ann_cache: dict[tuple, bytes] = {}
         self._int_keys: dict[str, tuple[bytes, ...]] = {}
+        #: Encoded annotations by the args' JSON: most events repeat an earlier event's args.
+        self._blocks: dict[bytes, bytes] = {}
         self._pending = bytearray()
         self._started = False
 
@@ -255,31 +272,45 @@ class SequenceWriter:
         out += _v(len(body))
         out += body
 
-    def begin(self, ts: int, track: bytes, name: str, cat: Optional[str], args: Optional[dict],
-              flows_out: Optional[Iterable[int]] = None, flows_in: Optional[Iterable[int]] = None,
-              out: Optional[bytearray] = None) -> None:
-        """A TYPE_SLICE_BEGIN on ``track`` (``b"\\x58" + varint(uuid)``)."""
-        ev = b"\x48\x01" + track + (self._names.get(name) or self._name(name))
+    def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes:
+        """A TrackEvent's name, category and debug annotations, to be written later by
+        :meth:`begin` or :meth:`instant` (interned strings go out with the next packet written)."""
+        data = self._names.get(name) or self._name(name)
         if cat:
-            ev += self._cats.get(cat) or self._cat(cat)
+            data += self._cats.get(cat) or self._cat(cat)
         if args:
-            ev += self._annotations(args)
-        if flows_out:
-            for fid in flows_out:
-                ev += b"\xf9\x02" + fid.to_bytes(8, "little")
-        if flows_in:
-            for fid in flows_in:
-                ev += b"\x81\x03" + fid.to_bytes(8, "little")
-        self._event(ts, ev, self.out if out is None else out)
+            try:
+                key = orjson.dumps(args)
+            except TypeError:  # a value JSON cannot hold as such (an int beyond 64 bits)
+                return data + self._annotations(args)
+            block = self._blocks.get(key)
+            if block is None:
+                block = self._annotations(args)
+                if len(self._blocks) < _MAX_BLOCKS:
+                    # A copy: orjson's own bytes carry kilobytes of spare capacity.
+                    self._blocks[bytes(memoryview(key))] = block
+            data += block
+        return data
 
-    def instant(self, ts: int, track: bytes, name: str, cat: Optional[str], args: Optional[dict],
-                out: Optional[bytearray] = None) -> None:
-        ev = b"\x48\x03" + track + self._name(name)
-        if cat:
-            ev += self._cat(cat)
-        if args:
-            ev += self._annotations(args)
-        self._event(ts, ev, self.out if out is None else out)
+    def with_flows(self, body: bytes, flows_out: Optional[Iterable[int]], flows_in: Optional[Iterable[int]]) -> bytes:
+        """``body`` that also starts (continues) ``flows_out`` and terminates ``flows_in``."""
+        parts = [body]
+        for fid in flows_out or ():
+            parts.append(b"\xf9\x02" + fid.to_bytes(8, "little"))
+        for fid in flows_in or ():
+            parts.append(b"\x81\x03" + fid.to_bytes(8, "little"))
+        return b"".join(parts)
+
+    def with_args(self, body: bytes, args: dict) -> bytes:
+        """``body`` with more debug annotations (a repeated field: appending adds them)."""
+        return body + self._annotations(args)
+
+    def begin(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
+        """A TYPE_SLICE_BEGIN on ``track`` (``b"\\x58" + varint(uuid)``) carrying :meth:`body`'s bytes."""
+        self._event(ts, b"\x48\x01" + track + body, self.out if out is None else out)
+
+    def instant(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
+        self._event(ts, b"\x48\x03" + track + body, self.out if out is None else out)
 
     def end_tail(self, track: bytes) -> bytes:
         """Everything after the timestamp of an END on ``track`` (no interning, no flags)."""
@@ -333,15 +364,12 @@ class SequenceWriter:
         cached whole by (key, value).
         """
         cache = self._ann_cache
-        skip = self._skip
         int_keys = self._int_keys
         float_keys = self._float_keys
         parts = []
         for key, value in args.items():
             cls = value.__class__
             if cls is int and 0 <= value < _INT63:
-                if key in skip:
-                    continue
                 heads = int_keys.get(key)
                 if heads is None:
                     heads = int_keys[key] = self._int_heads(key)
@@ -352,8 +380,6 @@ class SequenceWriter:
                 else:
                     val = varint(value)
                 parts.append(heads[len(val)] + val)
-                continue
-            if key in skip:
                 continue
             if cls is float:
                 head = float_keys.get(key)
@@ -406,27 +432,24 @@ class SequenceWriter:
         return b"\x22" + _v(len(body)) + body
 
 
-def _by_start_outer_first(slices: list) -> None:
-    """Sort by start, longer first at equal starts (outer BEGIN before inner)."""
-    slices.sort(key=lambda s: s[1], reverse=True)
-    slices.sort(key=lambda s: s[0])
-
-
 class _LocalIds:
     """Per-rank track uuids in creation order."""
 
-    def __init__(self, rank: int, first: int) -> None:
+    def __init__(self, rank: int, first: int, limit: int) -> None:
         self.rank = rank
         self.next = first
+        self.limit = limit
 
     def __call__(self) -> int:
+        if self.next >= self.limit:
+            raise ValueError(f"rank {self.rank} needs more tracks than its block has ids for")
         uuid = track_uuid(self.rank, self.next)
         self.next += 1
         return uuid
 
 
-def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order: int,
-               merge_key: str, ids: _LocalIds, instants: Sequence = (),
+def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: int,
+               merge_key: str, ids: _LocalIds, instants: Optional[Row] = None,
                summary: Optional[tuple[str, dict]] = None) -> None:
     """Slices of one source row on as few backing tracks as proper nesting allows.
 
@@ -437,15 +460,16 @@ def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order:
     args): an instant at the row's first slice that describes the whole row
     (its kernel categories), clickable where the row starts.
     """
-    _by_start_outer_first(slices)
+    order_ = slices.in_start_order()
+    starts, ends, payload = slices.starts, slices.ends, slices.payload
     body = bytearray()
     stacks: list[list[int]] = []
     tails: list[bytes] = []
     tracks: list[bytes] = []
     uuids: list[int] = []
     end, begin = seq.end, seq.begin
-    for s in slices:
-        start, stop = s[0], s[1]
+    for i in order_:
+        start, stop = starts[i], ends[i]
         k = 0
         for stack in stacks:
             while stack and stack[-1] <= start:
@@ -461,7 +485,7 @@ def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order:
             tails.append(seq.end_tail(track))
             stacks.append([])
         stacks[k].append(stop)
-        begin(start, tracks[k], s[2], s[3], s[4], s[5], s[6], body)
+        begin(start, tracks[k], payload(i), body)
     for k, stack in enumerate(stacks):
         while stack:
             end(stack.pop(), tails[k], body)
@@ -469,11 +493,11 @@ def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order:
         uuid = ids()
         uuids.append(uuid)
         tracks.append(b"\x58" + varint(uuid))
-    if instants:
-        for ts, iname, cat, args in instants:
-            seq.instant(ts, tracks[0], iname, cat, args, body)
-    if summary is not None and slices:
-        seq.instant(slices[0][0], tracks[0], summary[0], "commtag", summary[1], body)
+    if instants is not None:
+        for i in range(len(instants)):
+            seq.instant(instants.starts[i], tracks[0], instants.payload(i), body)
+    if summary is not None and order_:
+        seq.instant(starts[order_[0]], tracks[0], seq.body(summary[0], "commtag", summary[1]), body)
     for uuid in uuids:
         seq.descriptor(track_descriptor(
             uuid, name, parent=parent, sibling_order_rank=order,
@@ -482,19 +506,22 @@ def _emit_rows(seq: SequenceWriter, slices: list, parent: int, name: str, order:
     seq.out += body
 
 
-def write_rank(stream: BinaryIO, timeline: RankTimeline, skip_args: frozenset = frozenset()) -> None:
-    """Write one rank's process, groups and rows.
+def rank_sequence(rank: int, origin: int = 0) -> SequenceWriter:
+    """The sequence a rank's block is written on; its :meth:`SequenceWriter.body` encodes the
+    rank's events while they are read (see commtag.merge.convert)."""
+    return SequenceWriter(RANK_SEQ_BASE + rank, origin)
 
-    ``skip_args`` names source args not worth a debug annotation.
-    """
+
+def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceWriter] = None) -> None:
+    """Write one rank's process, groups and rows (slices already encoded by ``seq``)."""
     rank = timeline.rank
-    seq = SequenceWriter(RANK_SEQ_BASE + rank, skip_args)
+    seq = seq or rank_sequence(rank)
     proc = process_uuid(rank)
     seq.descriptor(track_descriptor(
         proc, timeline.process_name, pid=synthetic_pid(rank), process_name=timeline.process_name,
         labels=timeline.labels, sibling_order_rank=rank,
     ))
-    ids = _LocalIds(rank, 2)
+    ids = _LocalIds(rank, 2, LANE_LOCAL)
     groups: dict[str, int] = {}
     for track in sorted(timeline.tracks, key=lambda t: (t.group, t.order, t.name)):
         parent = groups.get(track.group)
@@ -504,7 +531,7 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, skip_args: frozenset = 
                                             child_ordering=CHILD_ORDERING_EXPLICIT))
         key = f"r{rank}:{track.group}:{track.name}"
         _emit_rows(seq, track.slices, parent, track.name, track.order, key, ids, track.instants, track.summary)
-        if len(seq.out) > (8 << 20):
+        if len(seq.out) > (1 << 20):
             stream.write(seq.out)
             seq.out.clear()
     stream.write(seq.out)
@@ -515,8 +542,8 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, skip_args: frozenset = 
 class LanesWriter:
     """Lanes, cross-rank flows, counters and markers: written once, after every rank."""
 
-    def __init__(self) -> None:
-        self.seq = SequenceWriter(LANES_SEQ)
+    def __init__(self, origin: int = 0) -> None:
+        self.seq = SequenceWriter(LANES_SEQ, origin)
         self._ids: dict[int, _LocalIds] = {}
         self._groups: dict[int, int] = {}
         self._cross = 0
@@ -524,7 +551,7 @@ class LanesWriter:
     def _rank_ids(self, rank: int) -> _LocalIds:
         ids = self._ids.get(rank)
         if ids is None:
-            ids = self._ids[rank] = _LocalIds(rank, LANE_LOCAL)
+            ids = self._ids[rank] = _LocalIds(rank, LANE_LOCAL, 1 << LOCAL_BITS)
         return ids
 
     def _lane_group(self, rank: int) -> int:
@@ -547,22 +574,27 @@ class LanesWriter:
         -> annotations of the lane's kernel categories, an instant at its first slice.
         """
         flows = self._cross_rank_flows(instances)
-        by_lane: dict[tuple[int, str], list] = {}
+        by_lane: dict[tuple[int, str], Row] = {}
         for inst in instances:
             fout, fin = flows.get(id(inst), (None, None))
             if inst.source_flow is not None:
                 fin = (fin or ()) + (inst.source_flow,)
-            by_lane.setdefault((inst.rank, inst.lane_name), []).append(
-                (inst.start_ns, inst.end_ns, inst.collective, "collective", inst.args, fout, fin)
-            )
+            data = self.seq.body(inst.collective, "collective", inst.args)
+            row = by_lane.get((inst.rank, inst.lane_name))
+            if row is None:
+                row = by_lane[(inst.rank, inst.lane_name)] = Row()
+            row.add(inst.start_ns, inst.end_ns, self.seq.with_flows(data, fout, fin) if fout or fin else data)
         for rank in sorted(lanes):
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:
-                slices = by_lane.pop((rank, lane_name), [])
+                slices = by_lane.pop((rank, lane_name), None) or Row()
                 kernels = (lane_kernels or {}).get((rank, lane_name))
                 summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
                 _emit_rows(self.seq, slices, parent, lane_name, order,
                            f"r{rank}:lane:{lane_name}", self._rank_ids(rank), summary=summary)
+            if len(self.seq.out) > (1 << 20):
+                stream.write(self.seq.out)
+                self.seq.out.clear()
         if by_lane:
             raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
         for series in counters:
@@ -613,11 +645,11 @@ class LanesWriter:
                 self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=self._lane_group(marker.rank),
                                                      sibling_order_rank=(1 << 20) + 1))
                 track = tracks[marker.rank] = b"\x58" + varint(uuid)
-            self.seq.instant(marker.ts_ns, track, marker.name, "commtag", marker.args)
+            self.seq.instant(marker.ts_ns, track, self.seq.body(marker.name, "commtag", marker.args))
 
 
 __all__ = [
     "CPU_GROUP", "LANE_GROUP", "FULL_MESH_MAX", "LanesWriter", "SequenceWriter", "Track",
-    "flow_id", "header", "process_uuid", "synthetic_pid", "track_descriptor",
+    "flow_id", "header", "process_uuid", "rank_sequence", "synthetic_pid", "track_descriptor",
     "varint", "write_rank",
 ]

@@ -30,9 +30,9 @@ import orjson
 from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred
-from commtag.merge.load import (
-    NOISE_ARGS, MergeInputError, RankInput, discover, load_sidecar, nothing_left, read_trace, to_timeline,
-)
+from commtag.merge.convert import RankConverter, read_trace
+from commtag.merge.jsonstream import TraceStream
+from commtag.merge.load import MergeInputError, RankInput, discover, load_sidecar, nothing_left
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
 
 #: ``analysis(instances)`` may add figures to each instance's ``args`` and
@@ -194,6 +194,7 @@ def merge(
         )
         offsets = alignment.offsets
 
+    origin = time_origin(ranks, offsets)
     final_tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     shard = final_tmp if world.index == 0 else out_path.with_name(f".{out_path.name}.shard{world.index}")
     shards = [out_path.with_name(f".{out_path.name}.shard{w}") for w in range(1, world.size)]
@@ -202,7 +203,7 @@ def merge(
     try:
         try:
             with open(shard, "wb") as stream:
-                summaries = _write_ranks(stream, mine, offsets, graph_fallback, json_dir, show,
+                summaries = _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
                                          header=world.index == 0, skipped=skipped, staged=staged)
         except OSError as exc:
             raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
@@ -224,7 +225,7 @@ def merge(
                         while block := part.read(16 << 20):
                             stream.write(block)
                 lanes = _lane_layout(everyone)
-                perfetto.LanesWriter().write(
+                perfetto.LanesWriter(origin).write(
                     stream, lanes, instances,
                     annotations.counters if annotations else (), annotations.markers if annotations else (),
                     {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
@@ -305,22 +306,31 @@ def _from_json(data: dict) -> RankSummary:
     return RankSummary(**data, instances=instances)
 
 
+def _sidecar_of(rank: RankInput, f) -> Optional[object]:
+    sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+    if sidecar is not None and sidecar.rank != rank.rank:
+        raise MergeInputError(f.sidecar, f"sidecar is for rank {sidecar.rank} but its trace is rank {rank.rank}")
+    return sidecar
+
+
+def _check_spans(rank: RankInput, spans: list[tuple[Optional[int], Optional[int], Path]]) -> None:
+    """Several files of one rank are steps one after another: their times must not overlap."""
+    timed = sorted((s for s in spans if s[0] is not None), key=lambda span: span[0])
+    for (_, last, before), (first, _, path) in zip(timed, timed[1:]):
+        if first < last:
+            raise MergeInputError(path, f"claims rank {rank.rank} like {before}, and their times overlap: "
+                                        "one rank cannot record two traces at once")
+
+
 def _rank_files(rank: RankInput) -> list[tuple[Path, dict, Optional[object]]]:
+    """The rank's files read whole (collect and --json need every event at once)."""
     loaded = []
     spans = []
     for f in rank.files:
         trace, (first, last) = read_trace(f.path)
-        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
-        if sidecar is not None and sidecar.rank != rank.rank:
-            raise MergeInputError(f.sidecar, f"sidecar is for rank {sidecar.rank} but its trace is rank {rank.rank}")
-        loaded.append((f.path, trace, sidecar))
-        if first is not None:
-            spans.append((first, last, f.path))
-    spans.sort(key=lambda span: span[0])
-    for (_, last, before), (first, _, path) in zip(spans, spans[1:]):
-        if first < last:
-            raise MergeInputError(path, f"claims rank {rank.rank} like {before}, and their times overlap: "
-                                        "one rank cannot record two traces at once")
+        loaded.append((f.path, trace, _sidecar_of(rank, f)))
+        spans.append((first, last, f.path))
+    _check_spans(rank, spans)
     return loaded
 
 
@@ -392,7 +402,7 @@ def _collector_paused():
             gc.enable()
 
 
-def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_fallback,
+def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin: int, graph_fallback,
                  json_dir, show: bool, header: bool,
                  skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> list[RankSummary]:
     ranks: Iterable[RankInput] = mine
@@ -403,34 +413,67 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], graph_f
     summaries = []
     for rank in ranks:
         with _collector_paused():
-            summary = _write_rank(stream, rank, offsets, graph_fallback, json_dir, header, skipped, staged)
+            summary = _write_rank(stream, rank, offsets, origin, graph_fallback, json_dir, header, skipped, staged)
         if summary is not None:
             header = False
             summaries.append(summary)
     return summaries
 
 
-def _write_rank(stream, rank: RankInput, offsets: dict[int, int], graph_fallback, json_dir, header: bool,
+def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, graph_fallback, json_dir, header: bool,
                 skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> Optional[RankSummary]:
-    """Load, attach and write one rank; its summary, or None when ``skipped`` took it."""
-    loaded = _load(rank, skipped)
-    if loaded is None:
-        return None
+    """Stream, attach and write one rank; its summary, or None when ``skipped`` took it."""
     offset = offsets.get(rank.rank, 0)
-    flows = RankFlows(rank.rank)
-    summary = _summary(rank, loaded, offset, flows, graph_fallback)
-    timeline = to_timeline(rank.rank, [t for _, t, _ in loaded], offset_ns=offset, host=summary.host,
-                           flows_out=flows.out, flows_in=flows.into, next_flow=flows)
-    summary.first_ns = timeline.first_ns
-    summary.lane_kernels = timeline.lane_kernels
+    seq = perfetto.rank_sequence(rank.rank, origin)
+    converter = RankConverter(rank.rank, seq, offset_ns=offset)
+    fallback = (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
+    try:
+        spans = []
+        for f in rank.files:
+            sidecar = _sidecar_of(rank, f)
+            spans.append((*converter.add_file(f.path, TraceStream(f.path), sidecar, fallback), f.path))
+        _check_spans(rank, spans)
+    except MergeInputError as exc:
+        if skipped is None:
+            raise
+        skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
+        return None
+    timeline = converter.timeline()
+    groups = dict(converter.groups)
+    for inst in converter.instances:
+        groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
+    summary = RankSummary(rank.rank, converter.host, timeline.first_ns, list(groups.values()), converter.instances,
+                          timeline.lane_kernels)
     if header:
-        stream.write(perfetto.header(timeline.first_ns or 0))
-    perfetto.write_rank(stream, timeline, NOISE_ARGS)
+        stream.write(perfetto.header(timeline.first_ns or origin, origin))
+    perfetto.write_rank(stream, timeline, seq)
     if json_dir is not None:
+        # The annotated JSON needs every event at once: read the rank whole again, this rank only.
+        loaded = _rank_files(rank)
+        _summary(rank, loaded, offset, RankFlows(rank.rank), graph_fallback)
         for path, trace, _ in loaded:
             target = Path(json_dir) / path.name
             staged.append((stage_json(target, trace), target))
     return summary
+
+
+#: How far before the earliest base time the origin lies: room for times a little before
+#: their trace's start (a sidecar's recorded span). Events within 34 s of the origin take
+#: 5-byte varints, and Kineto never records before its base time.
+ORIGIN_MARGIN_NS = 10**9
+
+
+def time_origin(ranks: Sequence[RankInput], offsets: dict[int, int]) -> int:
+    """The wall-clock ns every timestamp of the merged file counts from.
+
+    The same on every merge worker (from discovery and the offsets, which all
+    workers share), so shards concatenate; 0 when a file's base time is not
+    known from its first bytes.
+    """
+    bases = [f.base_ns + offsets.get(r.rank, 0) for r in ranks for f in r.files]
+    if not bases or any(f.base_ns <= 0 for r in ranks for f in r.files):
+        return 0
+    return max(0, min(bases) - ORIGIN_MARGIN_NS)
 
 
 def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:

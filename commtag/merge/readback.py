@@ -29,6 +29,19 @@ _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
 _INSTANT = pb.TrackEvent.TYPE_INSTANT
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+_BOOTTIME = 6
+_REALTIME = 1
+
+
+def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
+    """REALTIME minus BOOTTIME from a clock snapshot: what turns the file's timestamps
+    (which count from an origin, see commtag.merge.perfetto.header) into wall-clock ns."""
+    if not packet.HasField("clock_snapshot"):
+        return None
+    clocks = {c.clock_id: c.timestamp for c in packet.clock_snapshot.clocks}
+    if _BOOTTIME in clocks and _REALTIME in clocks:
+        return clocks[_REALTIME] - clocks[_BOOTTIME]
+    return None
 
 
 class ReadbackError(ValueError):
@@ -57,8 +70,12 @@ def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables]:
     strings: dict[int, dict[int, str]] = {}
     open_slices: dict[int, list[Optional[tuple[int, dict[str, object]]]]] = {}
     out: list[CollectiveInstance] = []
+    wall = 0
     with open(path, "rb") as stream:
         for packet in _packets(stream, path):
+            shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
+            if shift is not None:
+                wall = shift
             seq = packet.trusted_packet_sequence_id
             if packet.sequence_flags & _CLEARED or seq not in names:
                 names[seq], keys[seq], strings[seq] = {}, {}, {}
@@ -73,13 +90,13 @@ def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables]:
             stack = open_slices.setdefault(event.track_uuid, [])
             if event.type == _BEGIN:
                 args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-                stack.append((packet.timestamp, args) if "commtag pg uid" in args else None)
+                stack.append((packet.timestamp + wall, args) if "commtag pg uid" in args else None)
                 if ANN_SCOPE in args:
                     _kernel_breakdown(kernels, args)
             elif event.type == _END and stack:
                 begun = stack.pop()
                 if begun is not None:
-                    instance = _instance(begun[0], packet.timestamp, begun[1])
+                    instance = _instance(begun[0], packet.timestamp + wall, begun[1])
                     if instance is not None:
                         out.append(instance)
             elif event.type == _INSTANT and event.debug_annotations:
@@ -154,8 +171,12 @@ def read_trace(path: Path) -> ParsedTrace:
     tracks: dict[int, pb.TrackDescriptor] = {}
     events: list[tuple[int, int, pb.TrackEvent, int]] = []
     packets = 0
+    wall = 0
     with open(path, "rb") as stream:
         for packets, packet in enumerate(_packets(stream, path), 1):
+            shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
+            if shift is not None:
+                wall = shift
             seq = packet.trusted_packet_sequence_id
             if packet.sequence_flags & _CLEARED:
                 tables[seq] = ({}, {}, {})
@@ -170,7 +191,7 @@ def read_trace(path: Path) -> ParsedTrace:
             if packet.HasField("track_descriptor"):
                 tracks[packet.track_descriptor.uuid] = packet.track_descriptor
             if packet.HasField("track_event"):
-                events.append((packet.timestamp, packets, packet.track_event, seq))
+                events.append((packet.timestamp + wall, packets, packet.track_event, seq))
     events.sort(key=lambda e: (e[0], e[1]))
     stacks: dict[int, list[Slice]] = {}
     slices: list[Slice] = []

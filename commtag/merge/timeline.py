@@ -1,23 +1,67 @@
 """What the loader hands the Perfetto writer: one rank's tracks of slices.
 
-Neutral types, so that the loader knows Kineto but not Perfetto and the
-writer knows Perfetto but not Kineto. Slices are plain tuples (one per
-event, hundreds of thousands per rank) because tuple creation is the
-cheapest record Python has.
+Neutral types, so that the converter knows Kineto but not Perfetto and the
+writer knows Perfetto but not Kineto: an event's payload is opaque bytes the
+writer's encoder made while the events were read.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Optional
 
-#: ``(start_ns, end_ns, name, category, args, flows_out, flows_in)``:
-#: args is a dict or None; flows_out are the flow ids this slice starts (or
-#: continues), flows_in the ids it terminates (tuples or None).
-Slice = tuple
+class Row:
+    """One source row's events, packed: times in arrays, payloads in one buffer.
 
-#: ``(ts_ns, name, category, args)``.
-Instant = tuple
+    Why packed: a rank has hundreds of thousands of events; as one tuple,
+    two ints and a bytes object each they cost several times their payload,
+    and, allocated between the parsed batches' short-lived dicts, they keep
+    the allocator from returning that memory. Here a row is a handful of
+    objects whatever its length. ``replaced`` holds the few payloads set
+    after the fact (attached events, flows, breakdowns).
+    """
+
+    __slots__ = ("starts", "ends", "offsets", "data", "replaced")
+
+    def __init__(self) -> None:
+        self.starts = array("q")
+        self.ends = array("q")
+        self.offsets = array("q", [0])
+        self.data = bytearray()
+        self.replaced: dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, start: int, end: int, payload: bytes) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
+        self.data += payload
+        self.offsets.append(len(self.data))
+
+    def payload(self, k: int) -> bytes | bytearray:
+        found = self.replaced.get(k)
+        if found is not None:
+            return found
+        offsets = self.offsets
+        return self.data[offsets[k]:offsets[k + 1]]
+
+    def replace(self, k: int, payload: bytes) -> None:
+        self.replaced[k] = payload
+
+    def shift(self, first: int, delta: int) -> None:
+        """Move the times of events ``first..`` by ``delta`` ns."""
+        for k in range(first, len(self.starts)):
+            self.starts[k] += delta
+            self.ends[k] += delta
+
+    def in_start_order(self) -> list[int]:
+        """Indices by start, longer first at equal starts (an outer BEGIN before an inner one)."""
+        order = sorted(range(len(self.starts)), key=self.ends.__getitem__, reverse=True)
+        order.sort(key=self.starts.__getitem__)
+        return order
+
 
 #: Names of the track groups directly under a rank's process. Perfetto orders a
 #: process's direct children by name, so these read CPU, lanes, then GPUs.
@@ -34,8 +78,11 @@ class Track:
     group: str
     #: Explicit order within the group (lower first).
     order: int
-    slices: list[Slice] = field(default_factory=list)
-    instants: list[Instant] = field(default_factory=list)
+    #: Slices: (start, end, payload); the payload holds name, category, args
+    #: and flows, encoded (commtag.merge.perfetto.SequenceWriter.body).
+    slices: Row = field(default_factory=Row)
+    #: Instants: start == end.
+    instants: Row = field(default_factory=Row)
     #: ``(name, args)`` of an instant the writer puts at the row's first slice
     #: (the row's kernel categories), or None.
     summary: Optional[tuple[str, dict]] = None

@@ -1,0 +1,431 @@
+"""One rank's Kineto events, batch by batch, into the writer's rows.
+
+Why streaming: a parsed trace is about ten times its JSON in Python objects,
+so a rank is never held as dicts. Each event is checked (anything the merge
+cannot place stops it with an error naming the event), then either
+
+* encoded at once by the writer's :class:`Encoder` (most events): only its
+  times and opaque bytes are kept; or
+* kept as a dict until its file is complete, when attach may annotate it:
+  collective and graph kernels, graph launches, ``c10d::`` and ``gloo:``
+  ops. They are a few per thousand events.
+
+Flows are added to the kept bytes when a file ends (a launch may come after
+its kernels), and so are the kernel-category breakdowns of graph launches.
+Args that only link events, which the merged trace draws as flows instead
+(:data:`LINK_ARGS`), are not written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Protocol, Sequence
+
+from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, GRAPH_LAUNCHES, WORK_CATEGORIES, DeviceWork
+from commtag.merge.attach import RankFlows, attach, group_table, nccl_kind
+from commtag.merge.jsonstream import TraceFormatError, TraceStream, read_whole
+from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, base_ns
+from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
+
+#: Kineto args whose only use is linking events (the merged trace draws launch
+#: flows instead) or bookkeeping with no meaning to a reader.
+LINK_ARGS = frozenset({"External id", "correlation", "cbid", "Ev Idx", "Record function id"})
+#: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
+MAX_DUR_US = 86_400 * 10**6
+_MAX_NS = (1 << 63) - 1
+_INF = float("inf")
+_MISSING = object()
+_GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "hipGraphLaunch")
+
+
+class Encoder(Protocol):
+    """What the writer offers the converter: opaque bytes per event."""
+
+    def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes: ...
+
+    def with_flows(self, body: bytes, out: Optional[Sequence[int]], into: Optional[Sequence[int]]) -> bytes: ...
+
+    def with_args(self, body: bytes, args: dict) -> bytes: ...
+
+
+def _number(value: object) -> bool:
+    return value.__class__ in (int, float) and value == value and abs(value) != _INF
+
+
+def _count(value: object, least: int) -> bool:
+    return value.__class__ is int and value >= least
+
+
+def check_distributed_info(path: Path, info: object) -> None:
+    """The fields of distributedInfo the merge reads must have their types (rank, world, groups)."""
+    if not info:
+        return
+    if info.__class__ is not dict:
+        raise MergeInputError(path, "distributedInfo is not an object")
+    for key, least in (("rank", 0), ("world_size", 1)):
+        if key in info and not _count(info[key], least):
+            raise MergeInputError(path, f"distributedInfo.{key} {info[key]!r} is not an integer >= {least}")
+    if "rank" in info and "world_size" in info and info["rank"] >= info["world_size"]:
+        raise MergeInputError(path, f"distributedInfo.rank {info['rank']} is outside world_size {info['world_size']}")
+    groups = info.get("pg_config") or []
+    if groups.__class__ is not list:
+        raise MergeInputError(path, "distributedInfo.pg_config is not a list")
+    for i, pg in enumerate(groups):
+        if pg.__class__ is not dict:
+            raise MergeInputError(path, f"distributedInfo.pg_config[{i}] is not an object")
+        ranks = pg.get("ranks", [])
+        if ranks.__class__ is not list or not all(_count(r, 0) for r in ranks):
+            raise MergeInputError(path, f"distributedInfo.pg_config[{i}].ranks is not a list of ranks")
+
+
+def _check_ids(path: Path, i: int, e: dict) -> None:
+    """pid and tid are numbers or names (Kineto writes both), args an object (or null)."""
+    for key in ("pid", "tid"):
+        if key in e and e[key].__class__ is not int and e[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): {key} {e[key]!r} is not a number or name")
+    if e.get("args") is not None and e["args"].__class__ is not dict:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+
+
+def _refuse(path: Path, i: int, e: dict, base: int) -> None:
+    """Raise the error that says what is wrong with ``traceEvents[i]``, a slice or instant the loop refused."""
+    ph = e.get("ph")
+    ts = e.get("ts")
+    if ts is None:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing 'ts'")
+    if not _number(ts) or ts < 0:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): ts {ts!r} is not a finite non-negative number")
+    dur = e.get("dur", 0) if ph == "X" else 0
+    if not _number(dur) or not 0 <= dur <= MAX_DUR_US:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): dur {dur!r} is not a duration in [0, 1 day] (us)")
+    for key in ("name", "cat"):
+        if key in e and e[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents[{i}]: {key} {e[key]!r} is not a string")
+    for key in ("pid", "tid"):
+        if key not in e:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
+    _check_ids(path, i, e)
+    start = round(ts * 1000) + base
+    raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
+
+
+def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
+    """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
+
+    The converter calls it only where ``cat == "kernel" or cat in LAUNCH_CATEGORIES or
+    name[:1] in "cg"`` (c10d, gloo), a test written inline there because it runs per event.
+    """
+    if cat == "kernel":
+        return bool(args and ("Collective name" in args or args.get("graph node id"))) or nccl_kind(name) is not None
+    if cat in LAUNCH_CATEGORIES:
+        return name.startswith(_GRAPH_LAUNCH_PREFIXES)
+    return name.startswith("c10d::") or name.startswith("gloo:")
+
+
+class _File:
+    """Per-file state: correlation ids are per file, so launch flows are settled per file."""
+
+    __slots__ = ("path", "index", "first", "last", "candidates", "launches", "work")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.index = 0
+        self.first: Optional[int] = None
+        self.last: Optional[int] = None
+        #: (event, row, index in row) of the events attach may annotate.
+        self.candidates: list[tuple[dict, Row, int]] = []
+        #: correlation -> (row, index) of a runtime launch.
+        self.launches: dict[object, tuple[Row, int]] = {}
+        #: (row, index, correlation) of device work.
+        self.work: list[tuple[Row, int, object]] = []
+
+
+class RankConverter:
+    """Everything one rank contributes: rows of encoded slices, instances, groups.
+
+    ``encoder`` None: check the events only (full loads use this for the same
+    rules), placing and encoding nothing.
+    """
+
+    def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
+                 flows: Optional[RankFlows] = None) -> None:
+        self.rank = rank
+        self.encoder = encoder
+        self.offset = offset_ns
+        self.flows = flows or RankFlows(rank)
+        self.rows: dict[tuple, Row] = {}
+        self.instants: dict[tuple, Row] = {}
+        self.thread_names: dict = {}
+        self.labels: dict = {}
+        self.gpu_pids: set = set()
+        self.categories = DeviceWork()
+        self.instances: list = []
+        #: uid -> (lane_name, lane_id, pg_uid, member ranks) of the groups this rank knows.
+        self.groups: dict[str, tuple] = {}
+        self.host = ""
+
+    # -- events ------------------------------------------------------------
+    def feed(self, file: _File, events: Iterable, base: int) -> None:
+        """Check, place and encode one batch of a file's events (``base``: ns of ts 0, with the offset)."""
+        path = file.path
+        encoder = self.encoder
+        body = encoder.body if encoder is not None else None
+        rows = self.rows
+        categories = self.categories
+        inf = _INF
+        first, last = file.first, file.last
+        i = file.index - 1
+        for e in events:
+            i += 1
+            if e.__class__ is not dict:
+                raise MergeInputError(path, f"traceEvents[{i}] is not an object")
+            ph = e.get("ph")
+            if ph == "X":
+                dur = e.get("dur", 0)
+                dc = dur.__class__
+                if (dc is not int and dc is not float) or not 0 <= dur <= MAX_DUR_US:
+                    _refuse(path, i, e, base)
+            elif ph == "i" or ph == "I":
+                dur = 0
+                dc = int
+            else:
+                if ph == "M":
+                    _check_ids(path, i, e)
+                    if body is not None:
+                        self._meta(e)
+                continue
+            ts = e.get("ts")
+            tc = ts.__class__
+            pid = e.get("pid", _MISSING)
+            tid = e.get("tid", _MISSING)
+            pc = pid.__class__
+            ic = tid.__class__
+            args = e.get("args")
+            name = e.get("name", "")
+            cat = e.get("cat")
+            if ((tc is not int and tc is not float) or not 0 <= ts < inf
+                    or name.__class__ is not str or (cat is not None and cat.__class__ is not str)
+                    or (pc is not int and pc is not str) or (ic is not int and ic is not str)
+                    or (args is not None and args.__class__ is not dict)):
+                _refuse(path, i, e, base)
+            start = (ts * 1000 if tc is int else round(ts * 1000)) + base
+            end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
+            if start < 0 or end > _MAX_NS:
+                _refuse(path, i, e, base)
+            if first is None or start < first:
+                first = start
+            if last is None or end > last:
+                last = end
+            if body is None or pc is not int or ic is not int:
+                continue  # checking only, or a row the timeline cannot place
+            key = (pid, tid)
+            if ph != "X":
+                row = self.instants.get(key)
+                if row is None:
+                    row = self.instants[key] = Row()
+                if args:
+                    for link in LINK_ARGS.intersection(args):
+                        del args[link]
+                row.add(start, start, body(name, cat, args))
+                continue
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = Row()
+            index = len(row.starts)
+            if args:
+                if cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES:
+                    corr = args.get("correlation")
+                    if corr.__class__ is int:
+                        if cat in LAUNCH_CATEGORIES:
+                            file.launches[corr] = (row, index)
+                            categories.launch(name, corr)
+                        else:
+                            self.gpu_pids.add(pid)
+                            file.work.append((row, index, corr))
+                if (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args):
+                    file.candidates.append((e, row, index))
+                    row.add(start, end, b"")
+                    continue
+                if cat in WORK_CATEGORIES:
+                    categories.kernel(key, name, cat, dur, args)
+                for link in LINK_ARGS.intersection(args):
+                    del args[link]
+            elif (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args):
+                file.candidates.append((e, row, index))
+                row.add(start, end, b"")
+                continue
+            # Row.add, inlined: it runs once per event.
+            row.starts.append(start)
+            row.ends.append(end)
+            data = row.data
+            data += body(name, cat, args)
+            row.offsets.append(len(data))
+        file.index = i + 1
+        file.first, file.last = first, last
+
+    def _meta(self, e: dict) -> None:
+        """Take a thread's name or a process's labels from an "M" event."""
+        what = e.get("name")
+        args = e.get("args") or {}
+        if what == "thread_name":
+            self.thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", "")).strip()
+        elif what == "process_labels":
+            self.labels[e.get("pid")] = str(args.get("labels", ""))
+            if str(args.get("labels", "")).startswith("GPU"):
+                self.gpu_pids.add(e.get("pid"))
+
+    # -- files ---------------------------------------------------------------
+    def add_file(self, path: Path, stream: TraceStream, sidecar,
+                 graph_fallback: Optional[Callable[[dict], object]] = None) -> tuple[Optional[int], Optional[int]]:
+        """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.jsonstream.TraceStream`).
+
+        ``graph_fallback(trace)`` gives the attach fallback for this file.
+        Returns the file's first and last ns (None without timed events).
+        """
+        file = _File(path)
+        header = stream.header
+        base = None
+        marks = {key: len(row) for key, row in [*self.rows.items(), *(((k, "i"), r) for k, r in self.instants.items())]}
+        try:
+            for batch in stream.batches():
+                if base is None:
+                    base = base_ns(header) + self.offset
+                self.feed(file, batch, base)
+                del batch
+        except TraceFormatError as exc:
+            raise MergeInputError(path, str(exc)) from None
+        check_distributed_info(path, header.get("distributedInfo"))
+        final = base_ns(header) + self.offset
+        if base is not None and final != base:
+            self._shift(file, marks, final - base)
+        if self.encoder is None:
+            return file.first, file.last
+        trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
+        fallback = graph_fallback(trace) if graph_fallback is not None else None
+        self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback)
+        for g in group_table(trace, sidecar).values():
+            self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
+        self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
+        self._settle(file)
+        return file.first, file.last
+
+    def _shift(self, file: _File, marks: dict, delta: int) -> None:
+        """A base time found after the events (not Kineto's order): move this file's times."""
+        for key, row in self.rows.items():
+            row.shift(marks.get(key, 0), delta)
+        for key, row in self.instants.items():
+            row.shift(marks.get((key, "i"), 0), delta)
+        file.first = None if file.first is None else file.first + delta
+        file.last = None if file.last is None else file.last + delta
+        if file.first is not None and (file.first < 0 or file.last > _MAX_NS):
+            raise MergeInputError(file.path, "baseTimeNanoseconds puts its events outside int64 nanoseconds")
+
+    def _settle(self, file: _File) -> None:
+        """Encode the attached events, then add this file's launch flows and graph-launch breakdowns."""
+        encoder = self.encoder
+        flows_out, flows_in = self.flows.out, self.flows.into
+        categories = self.categories
+        for e, row, index in file.candidates:
+            args = e.get("args")
+            cat = e.get("cat")
+            if args:
+                if cat in WORK_CATEGORIES:
+                    categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args)
+                for link in LINK_ARGS.intersection(args):
+                    del args[link]
+            ref = id(e)
+            out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
+            data = encoder.body(e.get("name", ""), cat, args)
+            if out or into:
+                data = encoder.with_flows(data, out, into)
+            row.replace(index, data)
+        file.candidates.clear()
+        self._launch_flows(file)
+        for corr in categories.end_trace():
+            row, index = file.launches[corr]
+            extra = _kernel_args(self.rank, "graph launch", corr, categories.launches[corr])
+            row.replace(index, encoder.with_args(row.payload(index), extra))
+
+    def _launch_flows(self, file: _File) -> None:
+        """One flow per piece of device work, from its launch (or from the work if it starts first)."""
+        with_flows = self.encoder.with_flows
+        for row, index, corr in file.work:
+            hit = file.launches.get(corr)
+            if hit is None:
+                continue
+            lrow, lindex = hit
+            fid = (self.flows(),)
+            launch_first = lrow.starts[lindex] <= row.starts[index]
+            lrow.replace(lindex, with_flows(lrow.payload(lindex), fid if launch_first else None,
+                                            None if launch_first else fid))
+            row.replace(index, with_flows(row.payload(index), None if launch_first else fid,
+                                          fid if launch_first else None))
+        file.work.clear()
+
+    # -- the rank ------------------------------------------------------------
+    def timeline(self) -> RankTimeline:
+        """The rank's rows, named and ordered, with its kernel-category summaries."""
+        categories = self.categories
+        categories.finish()
+        summaries = {key: (f"commtag kernels: {b.describe()}", _kernel_args(self.rank, "stream", key[1], b))
+                     for key, b in categories.streams.items()}
+        tracks = _tracks(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
+        starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]
+        devices = sorted(p for p in self.gpu_pids if any(k[0] == p for k in self.rows))
+        device = ", ".join(self.labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
+        name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"
+        lanes = {lane: _kernel_args(self.rank, "lane", lane, b) for lane, b in categories.lanes.items()}
+        return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,
+                            first_ns=min(starts) if starts else None, lane_kernels=lanes)
+
+
+def _kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
+    """Debug annotations naming a breakdown's scope and carrying its figures."""
+    return {ANN_RANK: rank, ANN_SCOPE: scope, ANN_ID: ident, **breakdown.annotations()}
+
+
+def _tracks(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,
+            summaries: Optional[dict] = None) -> list[Track]:
+    """Name and order the rows: main thread first then by name; streams by id.
+
+    ``summaries``: (pid, tid) -> (name, args) of the row's kernel-category instant.
+    """
+    cpu_pids = [pid for pid, _ in rows if pid not in gpu_pids]
+    main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
+    tracks = []
+    for key in sorted(set(rows) | set(instants)):
+        pid, tid = key
+        if pid in gpu_pids:
+            group = f"GPU {pid}"
+            name = thread_names.get(key) or f"stream {tid}"
+            order = tid
+        else:
+            group = CPU_GROUP
+            name = thread_names.get(key) or f"thread {tid}"
+            if pid != main_pid:
+                name = f"pid {pid} · {name}"
+            order = -1 if tid == pid else tid
+        tracks.append(Track(name=name, group=group, order=order, slices=rows.get(key) or Row(),
+                            instants=instants.get(key) or Row(), summary=(summaries or {}).get(key)))
+    for group in {t.group for t in tracks}:
+        members = sorted((t for t in tracks if t.group == group), key=lambda t: (t.order, t.name))
+        for i, t in enumerate(members):
+            t.order = i
+    return tracks
+
+
+def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]:
+    """Refuse events the merge cannot place (the streaming rules, on a trace read whole);
+    return its first and last ns (None if no timed event)."""
+    check_distributed_info(path, trace.get("distributedInfo"))
+    converter = RankConverter(0, None)
+    file = _File(path)
+    converter.feed(file, trace["traceEvents"], base_ns(trace))
+    return file.first, file.last
+
+
+def read_trace(path: Path) -> tuple[dict, tuple[Optional[int], Optional[int]]]:
+    """A trace read whole (header keys and every event) and checked by the streaming rules,
+    with its first and last ns: for the callers that need all events at once."""
+    trace = read_whole(path, lambda problem: MergeInputError(path, problem))
+    return trace, check_events(path, trace)
