@@ -43,9 +43,11 @@ class Encoder(Protocol):
 
     def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes: ...
 
-    def with_flows(self, body: bytes, out: Optional[Sequence[int]], into: Optional[Sequence[int]]) -> bytes: ...
+    def flows(self, out: Optional[Sequence[int]], into: Optional[Sequence[int]]) -> bytes: ...
 
-    def with_args(self, body: bytes, args: dict) -> bytes: ...
+    def flow_fields(self, fid: int) -> tuple[bytes, bytes]: ...
+
+    def annotations(self, args: dict) -> bytes: ...
 
 
 def _number(value: object) -> bool:
@@ -336,30 +338,30 @@ class RankConverter:
             ref = id(e)
             out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
             data = encoder.body(e.get("name", ""), cat, args)
-            if out or into:
-                data = encoder.with_flows(data, out, into)
-            row.replace(index, data)
+            row.append_to(index, encoder.flows(out, into) + data if out or into else data)
         file.candidates.clear()
         self._launch_flows(file)
         for corr in categories.end_trace():
             row, index = file.launches[corr]
             extra = _kernel_args(self.rank, "graph launch", corr, categories.launches[corr])
-            row.replace(index, encoder.with_args(row.payload(index), extra))
+            row.append_to(index, encoder.annotations(extra))
 
     def _launch_flows(self, file: _File) -> None:
         """One flow per piece of device work, from its launch (or from the work if it starts first)."""
-        with_flows = self.encoder.with_flows
-        for row, index, corr in file.work:
-            hit = file.launches.get(corr)
+        flow_fields = self.encoder.flow_fields
+        launches = file.launches
+        for (row, index, corr), fid in zip(file.work, self.flows.reserve(len(file.work))):
+            hit = launches.get(corr)
             if hit is None:
                 continue
             lrow, lindex = hit
-            fid = (self.flows(),)
-            launch_first = lrow.starts[lindex] <= row.starts[index]
-            lrow.replace(lindex, with_flows(lrow.payload(lindex), fid if launch_first else None,
-                                            None if launch_first else fid))
-            row.replace(index, with_flows(row.payload(index), None if launch_first else fid,
-                                          fid if launch_first else None))
+            starts, ends = flow_fields(fid)
+            if lrow.starts[lindex] <= row.starts[index]:
+                lrow.append_to(lindex, starts)
+                row.append_to(index, ends)
+            else:
+                row.append_to(index, starts)
+                lrow.append_to(lindex, ends)
         file.work.clear()
 
     # -- the rank ------------------------------------------------------------

@@ -292,18 +292,23 @@ class SequenceWriter:
             data += block
         return data
 
-    def with_flows(self, body: bytes, flows_out: Optional[Iterable[int]], flows_in: Optional[Iterable[int]]) -> bytes:
-        """``body`` that also starts (continues) ``flows_out`` and terminates ``flows_in``."""
-        parts = [body]
-        for fid in flows_out or ():
-            parts.append(b"\xf9\x02" + fid.to_bytes(8, "little"))
-        for fid in flows_in or ():
-            parts.append(b"\x81\x03" + fid.to_bytes(8, "little"))
+    @staticmethod
+    def flows(flows_out: Optional[Iterable[int]], flows_in: Optional[Iterable[int]]) -> bytes:
+        """Payload bytes that start (continue) ``flows_out`` and terminate ``flows_in``; appended
+        to a :meth:`body` (fields may come in any order)."""
+        parts = [b"\xf9\x02" + fid.to_bytes(8, "little") for fid in flows_out or ()]
+        parts += [b"\x81\x03" + fid.to_bytes(8, "little") for fid in flows_in or ()]
         return b"".join(parts)
 
-    def with_args(self, body: bytes, args: dict) -> bytes:
-        """``body`` with more debug annotations (a repeated field: appending adds them)."""
-        return body + self._annotations(args)
+    @staticmethod
+    def flow_fields(fid: int) -> tuple[bytes, bytes]:
+        """The payload bytes that start flow ``fid`` and those that terminate it."""
+        le = fid.to_bytes(8, "little")
+        return b"\xf9\x02" + le, b"\x81\x03" + le
+
+    def annotations(self, args: dict) -> bytes:
+        """Payload bytes of more debug annotations (a repeated field: appending adds them)."""
+        return self._annotations(args)
 
     def begin(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
         """A TYPE_SLICE_BEGIN on ``track`` (``b"\\x58" + varint(uuid)``) carrying :meth:`body`'s bytes."""
@@ -461,19 +466,22 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
     (its kernel categories), clickable where the row starts.
     """
     order_ = slices.in_start_order()
-    starts, ends, payload = slices.starts, slices.ends, slices.payload
+    starts, ends, offsets, data, extra = slices.starts, slices.ends, slices.offsets, slices.data, slices.extra
     body = bytearray()
     stacks: list[list[int]] = []
     tails: list[bytes] = []
     tracks: list[bytes] = []
     uuids: list[int] = []
-    end, begin = seq.end, seq.begin
+    # SequenceWriter.begin and .end, inlined for the common case (a started sequence with no
+    # interned data waiting): this loop runs twice per slice of the whole merge.
+    ts_bytes, after_ts = seq._ts, seq._seq_started
     for i in order_:
         start, stop = starts[i], ends[i]
         k = 0
         for stack in stacks:
             while stack and stack[-1] <= start:
-                end(stack.pop(), tails[k], body)
+                ts_b = ts_bytes(stack.pop())
+                body += b"\x0a" + _V[len(ts_b) + len(tails[k]) + 1] + b"\x40" + ts_b + tails[k]
             if not stack or stop <= stack[-1]:
                 break
             k += 1
@@ -485,10 +493,21 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
             tails.append(seq.end_tail(track))
             stacks.append([])
         stacks[k].append(stop)
-        begin(start, tracks[k], payload(i), body)
+        more = extra.get(i)
+        event = b"\x48\x01" + tracks[k] + data[offsets[i]:offsets[i + 1]]
+        if more:
+            event += more
+        if seq._pending or not seq._started:
+            seq._event(start, event, body)
+            continue
+        n = len(event)
+        head = b"\x40" + ts_bytes(start) + after_ts + (_V[n] if n < 0x4000 else varint(n))
+        size = len(head) + n
+        body += b"\x0a" + (_V[size] if size < 0x4000 else varint(size)) + head
+        body += event
     for k, stack in enumerate(stacks):
         while stack:
-            end(stack.pop(), tails[k], body)
+            seq.end(stack.pop(), tails[k], body)
     if not tracks:  # a row with only instants, or an empty lane: still one track
         uuid = ids()
         uuids.append(uuid)
@@ -583,7 +602,7 @@ class LanesWriter:
             row = by_lane.get((inst.rank, inst.lane_name))
             if row is None:
                 row = by_lane[(inst.rank, inst.lane_name)] = Row()
-            row.add(inst.start_ns, inst.end_ns, self.seq.with_flows(data, fout, fin) if fout or fin else data)
+            row.add(inst.start_ns, inst.end_ns, data + self.seq.flows(fout, fin) if fout or fin else data)
         for rank in sorted(lanes):
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:

@@ -18,18 +18,19 @@ class Row:
     two ints and a bytes object each they cost several times their payload,
     and, allocated between the parsed batches' short-lived dicts, they keep
     the allocator from returning that memory. Here a row is a handful of
-    objects whatever its length. ``replaced`` holds the few payloads set
-    after the fact (attached events, flows, breakdowns).
+    objects whatever its length. ``extra`` holds bytes appended to some
+    payloads after the fact (attached events, flows, breakdowns): the
+    payload's fields may come in any order, so appending is enough.
     """
 
-    __slots__ = ("starts", "ends", "offsets", "data", "replaced")
+    __slots__ = ("starts", "ends", "offsets", "data", "extra")
 
     def __init__(self) -> None:
         self.starts = array("q")
         self.ends = array("q")
         self.offsets = array("q", [0])
         self.data = bytearray()
-        self.replaced: dict[int, bytes] = {}
+        self.extra: dict[int, bytes] = {}
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -41,14 +42,13 @@ class Row:
         self.offsets.append(len(self.data))
 
     def payload(self, k: int) -> bytes | bytearray:
-        found = self.replaced.get(k)
-        if found is not None:
-            return found
         offsets = self.offsets
-        return self.data[offsets[k]:offsets[k + 1]]
+        more = self.extra.get(k)
+        return self.data[offsets[k]:offsets[k + 1]] + more if more else self.data[offsets[k]:offsets[k + 1]]
 
-    def replace(self, k: int, payload: bytes) -> None:
-        self.replaced[k] = payload
+    def append_to(self, k: int, more: bytes) -> None:
+        """Add ``more`` to the payload of event ``k``."""
+        self.extra[k] = self.extra.get(k, b"") + more
 
     def shift(self, first: int, delta: int) -> None:
         """Move the times of events ``first..`` by ``delta`` ns."""
