@@ -138,10 +138,27 @@ class RankFlows:
         return fid
 
 
+#: Equal values repeated across instances, one object each (see :func:`shared`).
+_SHARED: dict[object, object] = {}
+
+
+def shared(value):
+    """One object for equal values that every instance of a group repeats (its member ranks,
+    the ranks text): a 128-rank merge holds 10^5 instances, and a tuple of 128 ranks each
+    would outweigh everything else it keeps."""
+    found = _SHARED.get(value)
+    if found is None:
+        if len(_SHARED) >= 100_000:
+            return value
+        found = _SHARED[value] = value
+    return found
+
+
 def _instance(rank: int, eager: dict, start: int, end: int, source: str,
               group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
     ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
-    args = dict(eager)
+    ranks = shared(ranks)
+    args = {key: shared(value) if value.__class__ is str else value for key, value in eager.items()}
     args["commtag rank"] = rank
     args["commtag source"] = source
     return CollectiveInstance(

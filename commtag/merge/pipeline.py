@@ -29,7 +29,7 @@ import orjson
 
 from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
-from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred
+from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred, shared
 from commtag.merge.convert import RankConverter, read_trace
 from commtag.merge.jsonstream import TraceStream
 from commtag.merge.load import MergeInputError, RankInput, discover, load_sidecar, nothing_left
@@ -300,7 +300,8 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
 def _from_json(data: dict) -> RankSummary:
     instances = []
     for raw in data.pop("instances"):
-        raw["group_ranks"] = tuple(raw["group_ranks"])
+        raw["group_ranks"] = shared(tuple(raw["group_ranks"]))
+        raw["args"] = {key: shared(value) if value.__class__ is str else value for key, value in raw["args"].items()}
         instances.append(CollectiveInstance(**raw))
     data["groups"] = [tuple(g) for g in data["groups"]]
     return RankSummary(**data, instances=instances)
