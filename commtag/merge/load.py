@@ -1,4 +1,4 @@
-"""Find, read and convert PyTorch profiler (Kineto) Chrome-JSON traces.
+"""Find PyTorch profiler (Kineto) Chrome-JSON traces and their sidecars; tell their ranks.
 
 Discovery reads only each file's first bytes: a sidecar starts with its
 ``"kind": "commtag-sidecar"``, a trace's ``distributedInfo`` sits before its

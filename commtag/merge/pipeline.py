@@ -1,8 +1,8 @@
-"""The merge, rank by rank: load, attach, write, free; then lanes once.
+"""The merge, rank by rank: stream, attach, write, free; then lanes once.
 
-Memory stays near one rank's parsed trace: each rank's events are written
-as soon as they are attached, and only its small CollectiveInstance records
-are kept. After the last rank the analysis hook sees every instance, and the
+Memory stays near one rank's encoded events: a rank is read in batches
+(commtag.merge.convert), written once its files are read, and only its
+CollectiveInstance records are kept. After the last rank the analysis hook sees every instance, and the
 lanes block (process-group lanes, cross-rank flows, counters, markers) is
 written. The output appears atomically (a temporary file renamed over it);
 a failed merge leaves any previous output untouched.
@@ -12,6 +12,10 @@ chunk of ranks and writes them to a shard; workers exchange their records
 as JSON; worker 0 appends the shards after its own ranks and writes the
 lanes. Blocks only use ids derived from their rank and chunks are in rank
 order, so the file is byte for byte the single-process one.
+
+``collect`` (``commtag summary`` on a directory), ``--align collectives``'
+first pass and ``--json`` read ranks whole instead: they need every event
+of a rank at once.
 """
 
 from __future__ import annotations
