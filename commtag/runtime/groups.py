@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -69,15 +69,19 @@ class GroupState:
     lane_name: str
     #: The NCCL backend whose collective counter is read; None elsewhere.
     nccl: Any = None
-    coll_seq: int = 0
     p2p_seq: int = 0
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _coll_counter: Any = field(default_factory=lambda: itertools.count(1))
+    #: The counter's bound ``__next__``: what the wrappers' idle fast path calls for every
+    #: collective (next() on a count is atomic under the GIL and cheaper than a lock). On an
+    #: NCCL group the fast path still bumps it, harmlessly: Seq is read from the backend.
+    bump: Callable[[], int] = field(init=False, repr=False)
     #: The CollectiveAnnotation fields that describe the group: the same for every call on it.
     annotation_fields: dict[str, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.bump = self._coll_counter.__next__
         self.annotation_fields = {
             "group_size": self.size,
             "global_rank_start": self.global_rank_start,
@@ -98,11 +102,15 @@ class GroupState:
         """
         if self.nccl is not None:
             value = int(self.nccl._get_sequence_number_for_group())
-            self.coll_seq = value if already_bumped else value + 1
-        else:
-            # next() on a count is atomic under the GIL and cheaper than a lock.
-            self.coll_seq = next(self._coll_counter)
-        return self.coll_seq
+            return value if already_bumped else value + 1
+        return self.bump()
+
+    @property
+    def coll_seq(self) -> int:
+        """Seq of the latest collective numbered on this group (0 before the first); not for the hot path."""
+        if self.nccl is not None:
+            return int(self.nccl._get_sequence_number_for_group())
+        return int(repr(self._coll_counter)[len("count("):-1]) - 1  # a count shows its next value
 
     def next_p2p_seq(self) -> int:
         with self.lock:

@@ -17,6 +17,25 @@ Patched: the functions in metadata.OPS plus ``batch_isend_irecv`` and
 ``irecv`` are never replaced: ``P2POp`` checks them by identity. Code that
 imported a function by name before :func:`install` keeps the original and is
 not annotated.
+
+Two paths. The **idle fast path** runs while nothing could record: no
+Python-started profiler (``torch.autograd.profiler._is_profiler_enabled``,
+which torch.profiler and torch.autograd.profiler set for every session,
+``profile_all_threads`` included), no capture open, no coalescing block open,
+not compiling, and no slow-path call in flight whose original may call a
+wrapper again (:data:`_slow_reasons`). It only numbers a plain collective on
+its group's counter (no thread-local state, no description) and calls the
+original. A profiler started from C++ alone (the legacy autograd profiler,
+Kineto on-demand) is not noticed there: its trace never reaches
+:func:`commtag.trace_handler`, so nothing commtag recorded could be written.
+Everything else takes the **slow path**: per-thread depth (calls torch makes
+from inside a collective are not numbered twice), description, recording and
+capture bookkeeping. Which originals may call a wrapper again is read from
+torch's code at install (:mod:`commtag.runtime.reentry`): ops that only
+delegate to another patched op (all_gather_into_tensor -> all_gather_single)
+pass straight through and the inner wrapper numbers the call; ops whose
+original cannot be read always take the slow path. Seq comes out the same on
+either path.
 """
 
 from __future__ import annotations
@@ -32,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commtag.runtime import capture, recorder
+from commtag.runtime import capture, recorder, reentry
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import GroupState, lookup, state_for
 from commtag.runtime.groups import _states as _group_states
@@ -56,6 +75,32 @@ _autograd_profiler = recorder._autograd_profiler
 _world = c10d._world
 #: capture's open captures (mutated in place, never rebound): empty means no capture can be active.
 _open_captures = capture._open
+#: has_torch_function((x,)) as one C call: True when calling the original with ``x`` as its
+#: dispatch argument would go through __torch_function__ (a tensor subclass or an active mode).
+_has_torch_function: Callable[[Any], bool] = getattr(torch._C, "_has_torch_function_unary", lambda _x: True)
+
+#: Process-wide reasons the idle fast path must not be taken now: coalescing blocks open on
+#: any thread, and slow-path calls in flight whose original may call a wrapper again
+#: (__torch_function__ dispatch, an op whose code could not be read), so that inner call
+#: takes the slow path too and is skipped by its thread's depth, even if the profiler
+#: stopped in between. A module global, so the fast path reads it with one LOAD_GLOBAL;
+#: changed only on the slow path, under _slow_lock. (Open CUDA-graph captures are the
+#: gate's own test of capture._open, which cannot go stale.)
+_slow_reasons = 0
+_slow_lock = threading.Lock()
+
+
+def _more_slow() -> None:
+    global _slow_reasons
+    with _slow_lock:
+        _slow_reasons += 1
+
+
+def _less_slow() -> None:
+    global _slow_reasons
+    with _slow_lock:
+        _slow_reasons -= 1
+
 
 _install_lock = threading.RLock()
 #: name -> (object in distributed_c10d, object in torch.distributed or _MISSING) before install.
@@ -70,9 +115,11 @@ class _ThreadState:
     __slots__ = ("depth", "blocks", "tid", "thread_name")
 
     def __init__(self) -> None:
-        #: > 0 while this thread runs an original collective: calls it makes
-        #: itself (all_gather_into_tensor -> all_gather_single, batch_isend_irecv ->
-        #: _coalescing_manager) are torch's own and must not be counted twice.
+        #: > 0 while this thread runs an original collective on the slow path: calls it
+        #: makes itself (batch_isend_irecv -> _coalescing_manager, __torch_function__
+        #: dispatch calling the op again) are torch's own and must not be counted twice.
+        #: The fast path never reads it: it is only taken when no such inner call can
+        #: follow (see _slow_reasons and commtag.runtime.reentry).
         self.depth = 0
         #: Open coalescing-manager blocks of this thread (None: never opened one).
         self.blocks: Optional[list[_Block]] = None
@@ -244,15 +291,14 @@ def _after(pending: Optional[_Pending], result: Any) -> None:
 # Wrappers.
 
 
-def _wrap(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Callable[..., Any]:
     describe = OPS[name]
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
+    kind, tf_index = shape.kind, shape.tf_index
 
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # Runs on every collective of the job: the idle path (no profiler, no capture) is
-        # written out here, with no calls but the Seq, so it stays well under a microsecond.
+    def slow(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Everything but the idle fast path: depth, numbering, description, recording, capture."""
         if _is_dynamo_compiling() or _compiler._is_compiling_flag:
             return original(*args, **kwargs)
         try:
@@ -262,6 +308,7 @@ def _wrap(original: Callable[..., Any], name: str) -> Callable[..., Any]:
         if thread.depth:
             return original(*args, **kwargs)
         pending = None
+        reentrant = True
         try:
             if p2p or thread.blocks:
                 call = describe(*args, **kwargs)
@@ -279,18 +326,83 @@ def _wrap(original: Callable[..., Any], name: str) -> Callable[..., Any]:
                         call = describe(*args, **kwargs)
                         if call is not None:
                             pending = _Pending(call, seq, None, recording, token, thread)
+            # Can the original call a wrapper again? Then every thread's calls take this path
+            # until it returns, so the inner call meets this thread's depth (and is skipped)
+            # even if the profiler stops in between.
+            reentrant = kind == reentry.UNKNOWN or (
+                tf_index is not None and (len(args) <= tf_index or _has_torch_function(args[tf_index]))
+            )
         except Exception as exc:  # noqa: BLE001 - fail open
             log_once("describing a collective", exc)
+        if reentrant:
+            _more_slow()
         thread.depth += 1
         try:
             result = original(*args, **kwargs)
         finally:
             thread.depth -= 1
+            if reentrant:
+                _less_slow()
         if pending is not None:
             _after(pending, result)
         return result
 
+    # The fast paths: run on every collective of an unprofiled job, so each bytecode counts
+    # (~5-10x its warm cost right after a collective). One gate, then for a plain collective
+    # its group's counter and the original. Nothing in them raises: the group lookup and the
+    # dispatch test are inside try (free in CPython >= 3.11 when nothing raises), the
+    # counter's __next__ cannot fail. Dynamo folds _is_dynamo_compiling() to True, so a
+    # traced call reads no other flag (each would become a guard) and lands in slow().
+    if p2p or kind == reentry.UNKNOWN:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return slow(args, kwargs)
+
+    elif kind == reentry.NESTING:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # The original is one call of another patched op (all_gather_into_tensor ->
+            # all_gather_single) with the same describer: that inner wrapper numbers,
+            # describes, records and steps aside under compile, on every path. Numbering
+            # here too would count the call twice; a gate here would only cost time.
+            return original(*args, **kwargs)
+
+    elif tf_index is None:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _is_dynamo_compiling() or _slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled \
+                    or _compiler._is_compiling_flag:
+                return slow(args, kwargs)
+            try:
+                group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
+                bump = _group_states[_world._default_pg if group is None else group].bump
+            except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
+                return slow(args, kwargs)
+            bump()
+            return original(*args, **kwargs)
+
+    else:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _is_dynamo_compiling() or _slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled \
+                    or _compiler._is_compiling_flag:
+                return slow(args, kwargs)
+            try:
+                n = len(args)
+                group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
+                bump = _group_states[_world._default_pg if group is None else group].bump
+                if n <= tf_index or _has_torch_function(args[tf_index]):
+                    bump = None  # __torch_function__ would call this wrapper again: the slow path handles it
+            except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
+                bump = None
+            if bump is None:
+                return slow(args, kwargs)
+            bump()
+            return original(*args, **kwargs)
+
+    functools.update_wrapper(wrapper, original)
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
+    wrapper.__commtag_shape__ = shape  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -390,15 +502,21 @@ def _push_block(group: Any, device_given: bool, thread: _ThreadState) -> Optiona
         if thread.blocks is None:
             thread.blocks = []
         thread.blocks.append(block)
-        return block
     except Exception as exc:  # noqa: BLE001 - fail open
         log_once("opening a coalescing block", exc)
         return None
+    _more_slow()  # calls in the block are numbered by it: no fast path until it closes
+    return block
 
 
 def _pop_block(block: Optional[_Block], thread: _ThreadState) -> None:
-    if block is not None and thread.blocks and block in thread.blocks:
-        thread.blocks.remove(block)
+    if block is None:
+        return
+    try:
+        if thread.blocks and block in thread.blocks:
+            thread.blocks.remove(block)
+    finally:
+        _less_slow()
 
 
 def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState) -> None:
@@ -432,11 +550,31 @@ def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState) -> None
 
 def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]:
     makers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-        name: functools.partial(_wrap, name=name) for name in OPS
+        name: functools.partial(_wrap_op, name=name) for name in OPS
     }
     makers["batch_isend_irecv"] = _wrap_batch
     makers["_coalescing_manager"] = _wrap_coalescing
     return makers
+
+
+def _shape(original: Callable[..., Any], name: str) -> reentry.Shape:
+    """How ``name``'s original may call wrappers again (UNKNOWN, the always-correct slow path, if unreadable)."""
+    present = {n for n in _wrappers() if getattr(c10d, n, None) is not None}
+    try:
+        return reentry.classify(original, name, present, present & (set(OPS) - P2P_OPS))
+    except Exception as exc:  # noqa: BLE001 - a bytecode we cannot read costs speed, not correctness
+        log_once("reading a collective's code at install", exc)
+        return reentry.Shape(reentry.UNKNOWN, reason=f"unreadable: {exc!r}")
+
+
+def _wrap_op(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    return _wrap(original, name, _shape(original, name))
+
+
+#: name -> (original, describer, wrapper) of the last install: installing again over the same
+#: original and describer reuses the wrapper (no bytecode reading, no new objects), so an
+#: install costs what an uninstall does.
+_built: dict[str, tuple[Any, Any, Callable[..., Any]]] = {}
 
 
 def install() -> None:
@@ -449,7 +587,12 @@ def install() -> None:
             if original is None:
                 continue
             public = dist.__dict__.get(name, _MISSING)
-            wrapper = make(original)
+            built = _built.get(name)
+            if built is not None and built[0] is original and built[1] is OPS.get(name):
+                wrapper = built[2]
+            else:
+                wrapper = make(original)
+                _built[name] = (original, OPS.get(name), wrapper)
             _originals[name] = (original, public)
             setattr(c10d, name, wrapper)
             if public is original:

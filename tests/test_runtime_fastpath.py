@@ -1,0 +1,274 @@
+"""The idle fast path numbers collectives exactly as the profiled path does.
+
+What a user checks: a collective's Seq is the same on every rank, and the
+same whether the profiler ran throughout or was switched on half-way (with
+nesting ops, coalescing blocks, batched p2p, a subgroup, __torch_function__
+dispatch and async ops before and after the switch). Also the corner the
+fast path must not miss: the profiler switched on or off between a call and
+the call torch makes back into the wrapper from inside it (a
+TorchFunctionMode that toggles the profiler), and install-time reading of
+which originals can call a wrapper again.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+from gloo_world import run_world
+
+WORLD = 2
+
+
+class _PassThrough(TorchFunctionMode):
+    """A mode that only forwards: the original calls the wrapper again from inside itself."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: dispatch through __torch_function__ as well."""
+
+
+def _schedule(group, rank: int, world: int) -> list:
+    """(label, call) pairs on ``group``: every kind of numbering the runtime does."""
+    x = torch.ones(4)
+
+    def coalesced() -> None:
+        with dist._coalescing_manager(group=group):
+            dist.all_reduce(torch.ones(2), group=group)
+            dist.all_reduce(torch.ones(3), group=group)
+
+    def batched() -> None:
+        peer = (rank + 1) % world, (rank - 1) % world
+        ops = [dist.P2POp(dist.isend, torch.ones(2), peer[0], group), dist.P2POp(dist.irecv, torch.zeros(2), peer[1], group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def mode() -> None:
+        with _PassThrough():
+            dist.all_reduce(x, group=group)
+
+    return [
+        ("all_reduce", lambda: dist.all_reduce(x, group=group)),
+        ("broadcast", lambda: dist.broadcast(x, src=0, group=group)),
+        ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(torch.empty(4 * world), x, group=group)),
+        ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world), group=group)),
+        ("coalesced", coalesced),
+        ("batch_isend_irecv", batched),
+        ("torch-function mode", mode),
+        ("subclass", lambda: dist.all_reduce(x.as_subclass(_Sub), group=group)),
+        ("all_gather_single async", lambda: dist.all_gather_single(torch.empty(4 * world), x, group, True).wait()),
+        ("_all_gather_base", lambda: dist._all_gather_base(torch.empty(4 * world), x, group=group)),
+        ("barrier", lambda: dist.barrier(group=group)),
+        ("default group", lambda: dist.all_reduce(torch.ones(1))),
+    ]
+
+
+def _seqs(rank: int, world: int, out_dir: str) -> dict:
+    """Run the schedule twice per mode, each mode on a fresh group (fresh counters)."""
+    import commtag
+    from torch.profiler import ProfilerActivity, profile
+
+    from commtag.runtime.groups import state_for
+    from commtag.runtime.sidecar import read_sidecar
+
+    warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor & co. are deprecated
+    commtag.install()
+    results: dict = {}
+    for mode in ("throughout", "midway", "idle"):
+        group = dist.new_group(list(range(world)))
+        calls = _schedule(group, rank, world) * 2
+        switch = {"throughout": 0, "midway": len(calls) // 2, "idle": None}[mode]
+        where = Path(out_dir) / f"{mode}-rank{rank}"
+        prof = None
+        for index, (_, call) in enumerate(calls):
+            if index == switch:
+                prof = profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(where))
+                prof.__enter__()
+            call()
+        if prof is not None:
+            prof.__exit__(None, None, None)
+        state = state_for(group)
+        recorded = []
+        if prof is not None:
+            side = read_sidecar(where / f"rank{rank}.step0.commtag.json")
+            recorded = [
+                (rc.annotation.collective_name, rc.annotation.seq)
+                for rc in sorted(side.collectives, key=lambda rc: rc.start_ns)
+                if rc.annotation.pg_uid == state.uid and not rc.annotation.is_p2p
+            ]
+        results[mode] = {"final": state.coll_seq, "recorded": recorded, "p2p": state.p2p_seq}
+    return results
+
+
+@pytest.fixture(scope="module")
+def seqs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return run_world(_seqs, WORLD, str(tmp_path_factory.mktemp("fastpath")))
+
+
+def test_seq_is_the_same_on_every_rank(seqs: list[dict]):
+    assert all(ranks == seqs[0] for ranks in seqs[1:])
+
+
+def test_idle_midway_and_profiled_runs_number_alike(seqs: list[dict]):
+    for res in seqs:
+        throughout, midway, idle = res["throughout"], res["midway"], res["idle"]
+        # Per round: 10 numbered calls on the group (the coalescing block is one; p2p has its own counter).
+        assert throughout["final"] == midway["final"] == idle["final"] == 2 * 10
+        assert throughout["p2p"] == midway["p2p"] == idle["p2p"] == 2
+        names = [name for name, _ in throughout["recorded"]]
+        assert [seq for _, seq in throughout["recorded"]] == list(range(1, 21))
+        assert names.count("allreduce_coalesced") == 2 and names.count("_allgather_base") == 6
+        # Profiled from half-way: exactly the second half of the profiled-throughout run.
+        assert midway["recorded"] == throughout["recorded"][10:]
+
+
+class _Toggle(TorchFunctionMode):
+    """Starts or stops a real profiler between the wrapper's call and torch's call back into it."""
+
+    def __init__(self, start: bool) -> None:
+        super().__init__()
+        self.start = start
+        self.prof = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.start:
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+            self.prof.__enter__()
+        else:
+            self.prof.__exit__(None, None, None)
+        return func(*args, **(kwargs or {}))
+
+
+def _toggle_inside(rank: int, world: int) -> list[int]:
+    import commtag
+    from torch.profiler import ProfilerActivity, profile
+
+    from commtag.runtime import patch
+    from commtag.runtime.groups import state_for
+
+    warnings.simplefilter("ignore", FutureWarning)
+    commtag.install()
+    x, out = torch.ones(2), torch.empty(2 * world)
+    steps = []
+    for op in (lambda: dist.all_reduce(x), lambda: dist.all_gather_into_tensor(out, x)):
+        op()  # the group is known: the next calls can take the fast path
+        before = state_for(None).coll_seq
+        mode = _Toggle(start=True)
+        with mode:
+            op()  # idle when called, profiled when torch calls back in
+        mode.prof.__exit__(None, None, None)
+        steps.append(state_for(None).coll_seq - before)
+        before = state_for(None).coll_seq
+        mode = _Toggle(start=False)
+        mode.prof = profile(activities=[ProfilerActivity.CPU])
+        mode.prof.__enter__()
+        with mode:
+            op()  # profiled when called, idle when torch calls back in
+        steps.append(state_for(None).coll_seq - before)
+    steps.append(patch._slow_reasons)
+    return steps
+
+
+def test_profiler_switched_between_a_call_and_torch_calling_back_in_counts_once():
+    assert run_world(_toggle_inside, WORLD) == [[1, 1, 1, 1, 0]] * WORLD
+
+
+# ---------------------------------------------------------------------------
+# Install-time reading of the originals (toy functions: names are looked up as globals).
+
+
+def all_gather_single(output, input, group=None, async_op=False):  # noqa: A002 - torch's own names
+    return None
+
+
+def has_torch_function(args):
+    return False
+
+
+def handle_torch_function(*args, **kwargs):
+    return None
+
+
+def _nesting(output_tensor, input_tensor, group=None, async_op=False):
+    return all_gather_single(output_tensor, input_tensor, group, async_op)
+
+
+def _dispatching(tensor, group=None):
+    relevant_args = (tensor,)
+    if has_torch_function(relevant_args):
+        return handle_torch_function(_dispatching, relevant_args, tensor, group=group)
+    return group.broadcast([tensor])  # an attribute named like a patched op: not a call of it
+
+
+def _dispatching_second(tensor_list, tensor, group=None):
+    relevant_args = (tensor,)
+    if has_torch_function(relevant_args):
+        return handle_torch_function(_dispatching_second, relevant_args, tensor_list, tensor, group=group)
+    return None
+
+
+def _dispatching_on_a_list(tensors, group=None):
+    relevant_args = tuple(tensors) if isinstance(tensors, list) else (tensors,)
+    if has_torch_function(relevant_args):
+        return handle_torch_function(_dispatching_on_a_list, relevant_args, tensors, group=group)
+    return None
+
+
+def _recursive(tensor, group=None):
+    return _recursive(tensor, group)
+
+
+def _two_inner(output_tensor, input_tensor, group=None):
+    all_gather_single(output_tensor, input_tensor, group)
+    return all_gather_single(output_tensor, input_tensor, group)
+
+
+PATCHED = {"all_gather_single", "_nesting", "_dispatching", "_dispatching_second", "_dispatching_on_a_list",
+           "_recursive", "_two_inner", "broadcast"}
+COUNTABLE = PATCHED
+
+
+@pytest.mark.parametrize(
+    ("func", "kind", "tf_index", "inner"),
+    [
+        (_nesting, "nesting", None, "all_gather_single"),
+        (_dispatching, "plain", 0, None),
+        (_dispatching_second, "plain", 1, None),
+        (_dispatching_on_a_list, "unknown", None, None),
+        (_recursive, "unknown", None, None),
+        (_two_inner, "unknown", None, None),
+        (len, "unknown", None, None),
+    ],
+)
+def test_install_reads_which_originals_call_a_wrapper_again(func, kind, tf_index, inner):
+    from commtag.runtime.reentry import classify
+
+    shape = classify(func, func.__name__, PATCHED, COUNTABLE)
+    assert (shape.kind, shape.tf_index, shape.inner) == (kind, tf_index, inner), shape
+
+
+def test_torch_originals_are_read_as_expected():
+    """In this torch, which wrappers take the fast path (a newer torch may legitimately differ)."""
+    import commtag
+    from commtag.runtime.metadata import OPS
+
+    commtag.install()
+    try:
+        shapes = {name: getattr(dist, name).__commtag_shape__ for name in OPS if hasattr(dist, name)}
+    finally:
+        commtag.uninstall()
+    nesting = {name for name, shape in shapes.items() if shape.kind == "nesting"}
+    if torch.__version__.startswith("2.13"):
+        assert nesting == {"all_gather_into_tensor", "_all_gather_base", "reduce_scatter_tensor", "_reduce_scatter_base"}
+    for name in ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single", "barrier"):
+        assert shapes[name].kind == "plain", (name, shapes[name])
