@@ -295,70 +295,15 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Call
     describe = OPS[name]
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
-    kind, tf_index = shape.kind, shape.tf_index
+    #: May take the idle fast path (a plain collective: p2p and unreadable ops never do).
+    fast = not p2p and shape.kind == reentry.PLAIN
+    #: The original's code could not be read: any call may re-enter a wrapper.
+    unknown = shape.kind == reentry.UNKNOWN
+    #: The original dispatches to __torch_function__ on its positional argument tf_index.
+    tf_index = shape.tf_index if shape.tf_index is not None else 0
+    dispatch = shape.tf_index is not None
 
-    def slow(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Everything but the idle fast path: depth, numbering, description, recording, capture."""
-        if _is_dynamo_compiling() or _compiler._is_compiling_flag:
-            return original(*args, **kwargs)
-        try:
-            thread = _tls.state
-        except AttributeError:
-            thread = _thread_state()
-        if thread.depth:
-            return original(*args, **kwargs)
-        pending = None
-        reentrant = True
-        try:
-            if p2p or thread.blocks:
-                call = describe(*args, **kwargs)
-                pending = None if call is None else _start(call, thread)
-            else:
-                # A plain collective needs only its group to be numbered; it is described
-                # only when it will be annotated.
-                group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
-                state = _group_states.get(_world._default_pg if group is None else group) or lookup(group)
-                if state is not None:
-                    seq = state.next_collective_seq()
-                    recording = _thread_profiled() or _autograd_profiler._is_profiler_enabled
-                    token = capture.before_collective() if _open_captures else None
-                    if recording or token is not None:
-                        call = describe(*args, **kwargs)
-                        if call is not None:
-                            pending = _Pending(call, seq, None, recording, token, thread)
-            # Can the original call a wrapper again? Then every thread's calls take this path
-            # until it returns, so the inner call meets this thread's depth (and is skipped)
-            # even if the profiler stops in between.
-            reentrant = kind == reentry.UNKNOWN or (
-                tf_index is not None and (len(args) <= tf_index or _has_torch_function(args[tf_index]))
-            )
-        except Exception as exc:  # noqa: BLE001 - fail open
-            log_once("describing a collective", exc)
-        if reentrant:
-            _more_slow()
-        thread.depth += 1
-        try:
-            result = original(*args, **kwargs)
-        finally:
-            thread.depth -= 1
-            if reentrant:
-                _less_slow()
-        if pending is not None:
-            _after(pending, result)
-        return result
-
-    # The fast paths: run on every collective of an unprofiled job, so each bytecode counts
-    # (~5-10x its warm cost right after a collective). One gate, then for a plain collective
-    # its group's counter and the original. Nothing in them raises: the group lookup and the
-    # dispatch test are inside try (free in CPython >= 3.11 when nothing raises), the
-    # counter's __next__ cannot fail. Dynamo folds _is_dynamo_compiling() to True, so a
-    # traced call reads no other flag (each would become a guard) and lands in slow().
-    if p2p or kind == reentry.UNKNOWN:
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return slow(args, kwargs)
-
-    elif kind == reentry.NESTING:
+    if shape.kind == reentry.NESTING:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             # The original is one call of another patched op (all_gather_into_tensor ->
@@ -367,38 +312,73 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Call
             # here too would count the call twice; a gate here would only cost time.
             return original(*args, **kwargs)
 
-    elif tf_index is None:
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _is_dynamo_compiling() or _slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled \
-                    or _compiler._is_compiling_flag:
-                return slow(args, kwargs)
-            try:
-                group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
-                bump = _group_states[_world._default_pg if group is None else group].bump
-            except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
-                return slow(args, kwargs)
-            bump()
-            return original(*args, **kwargs)
-
     else:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _is_dynamo_compiling() or _slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled \
-                    or _compiler._is_compiling_flag:
-                return slow(args, kwargs)
+            # Runs on every collective of the job, so each bytecode counts (~5-10x its warm
+            # cost right after a collective). Dynamo folds _is_dynamo_compiling() to True, so
+            # a traced call reads no other flag (each would become a guard).
+            if _is_dynamo_compiling() or _compiler._is_compiling_flag:
+                return original(*args, **kwargs)
+            if fast and not (_slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled):
+                # The idle fast path: the group's counter, then the original. Nothing here
+                # raises: the lookup and the dispatch test are inside try (free in CPython >=
+                # 3.11 when nothing raises), a count's __next__ cannot fail.
+                try:
+                    n = len(args)
+                    group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
+                    bump = _group_states[_world._default_pg if group is None else group].bump
+                    if dispatch and (n <= tf_index or _has_torch_function(args[tf_index])):
+                        bump = None  # __torch_function__ would call this wrapper again: slow path
+                except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
+                    bump = None
+                if bump is not None:
+                    bump()
+                    return original(*args, **kwargs)
+            # The slow path: depth, numbering, description, recording, capture bookkeeping.
             try:
-                n = len(args)
-                group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
-                bump = _group_states[_world._default_pg if group is None else group].bump
-                if n <= tf_index or _has_torch_function(args[tf_index]):
-                    bump = None  # __torch_function__ would call this wrapper again: the slow path handles it
-            except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
-                bump = None
-            if bump is None:
-                return slow(args, kwargs)
-            bump()
-            return original(*args, **kwargs)
+                thread = _tls.state
+            except AttributeError:
+                thread = _thread_state()
+            if thread.depth:
+                return original(*args, **kwargs)
+            pending = None
+            reentrant = True
+            try:
+                if p2p or thread.blocks:
+                    call = describe(*args, **kwargs)
+                    pending = None if call is None else _start(call, thread)
+                else:
+                    # A plain collective needs only its group to be numbered; it is described
+                    # only when it will be annotated.
+                    group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
+                    state = _group_states.get(_world._default_pg if group is None else group) or lookup(group)
+                    if state is not None:
+                        seq = state.next_collective_seq()
+                        recording = _thread_profiled() or _autograd_profiler._is_profiler_enabled
+                        token = capture.before_collective() if _open_captures else None
+                        if recording or token is not None:
+                            call = describe(*args, **kwargs)
+                            if call is not None:
+                                pending = _Pending(call, seq, None, recording, token, thread)
+                # Can the original call a wrapper again? Then every thread's calls take this
+                # path until it returns, so the inner call meets this thread's depth (and is
+                # skipped) even if the profiler stops in between.
+                reentrant = unknown or (dispatch and (len(args) <= tf_index or _has_torch_function(args[tf_index])))
+            except Exception as exc:  # noqa: BLE001 - fail open
+                log_once("describing a collective", exc)
+            if reentrant:
+                _more_slow()
+            thread.depth += 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                thread.depth -= 1
+                if reentrant:
+                    _less_slow()
+            if pending is not None:
+                _after(pending, result)
+            return result
 
     functools.update_wrapper(wrapper, original)
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
