@@ -513,8 +513,9 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
         uuids.append(uuid)
         tracks.append(b"\x58" + varint(uuid))
     if instants is not None:
-        for i in range(len(instants)):
-            seq.instant(instants.starts[i], tracks[0], instants.payload(i), body)
+        instant, payload = seq.instant, instants.payload
+        for i, ts in enumerate(instants.starts):
+            instant(ts, tracks[0], payload(i), body)
     if summary is not None and order_:
         seq.instant(starts[order_[0]], tracks[0], seq.body(summary[0], "commtag", summary[1]), body)
     for uuid in uuids:
