@@ -46,9 +46,10 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge.analyze import MergeAnalysis
     from commtag.merge.load import MergeInputError
-    from commtag.merge.pipeline import merge, torch_world
+    from commtag.merge.pipeline import default_output, merge
+    from commtag.merge.workers import launcher_world
 
-    world = torch_world()
+    world = launcher_world(Path(args.output) if args.output else default_output([Path(p) for p in args.inputs]))
     hook = MergeAnalysis()
     try:
         result = merge(

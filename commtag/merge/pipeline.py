@@ -7,7 +7,7 @@ lanes block (process-group lanes, cross-rank flows, counters, markers) is
 written. The output appears atomically (a temporary file renamed over it);
 a failed merge leaves any previous output untouched.
 
-Under torchrun (:func:`torch_world`) each merge worker takes a contiguous
+Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a contiguous
 chunk of ranks and writes them to a shard; workers exchange their records
 as JSON; worker 0 appends the shards after its own ranks and writes the
 lanes. Blocks only use ids derived from their rank and chunks are in rank
@@ -27,7 +27,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import orjson
 
@@ -38,65 +38,13 @@ from commtag.merge.convert import RankConverter, read_trace
 from commtag.merge.jsonstream import TraceStream
 from commtag.merge.load import MergeInputError, RankInput, discover, load_sidecar, nothing_left
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
+from commtag.merge.workers import SoloWorld, World
 
 #: ``analysis(instances)`` may add figures to each instance's ``args`` and
 #: return counters and markers for the trace.
 AnalysisHook = Callable[[list[CollectiveInstance]], Optional[TraceAnnotations]]
 DEFAULT_OUTPUT = "merged.pftrace"
 ALIGN_MODES = ("none", "collectives")
-
-
-class World(Protocol):
-    """The merge job's workers (one, or torchrun's)."""
-
-    index: int
-    size: int
-
-    def all_gather_bytes(self, data: bytes) -> list[bytes]: ...
-
-
-class SoloWorld:
-    index = 0
-    size = 1
-
-    def all_gather_bytes(self, data: bytes) -> list[bytes]:
-        return [data]
-
-
-class TorchWorld:
-    """torchrun's workers over a gloo group; records travel as JSON bytes, never pickle."""
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
-        self._dist = dist
-        self.index = dist.get_rank()
-        self.size = dist.get_world_size()
-
-    def all_gather_bytes(self, data: bytes) -> list[bytes]:
-        import torch
-
-        size = torch.tensor([len(data)], dtype=torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        self._dist.all_gather(sizes, size)
-        longest = max(int(s.item()) for s in sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
-        chunks = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.size)]
-        self._dist.all_gather(chunks, mine)
-        return [bytes(c[: int(s.item())].numpy()) for c, s in zip(chunks, sizes)]
-
-    def close(self) -> None:
-        self._dist.destroy_process_group()
-
-
-def torch_world() -> Optional[TorchWorld]:
-    """The torchrun world when this process is one of several merge workers."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return TorchWorld()
-    return None
 
 
 @dataclass(slots=True)
@@ -165,7 +113,7 @@ def merge(
     ``analysis``: see :data:`AnalysisHook`. ``graph_fallback``: see
     :data:`commtag.merge.attach.GraphFallback` (default: commtag.merge.graphs'
     order and kernel-name matching). ``world``: torchrun workers
-    (:func:`torch_world`); the result's instances are complete on worker 0.
+    (:func:`commtag.merge.workers.launcher_world`); the result's instances are complete on worker 0.
     Raises :class:`MergeInputError` on bad input, writing nothing; with
     ``skip_bad_ranks`` bad files and ranks are left out and listed in the
     result's ``skipped`` instead (an error still when nothing is left).
@@ -204,14 +152,18 @@ def merge(
     shards = [out_path.with_name(f".{out_path.name}.shard{w}") for w in range(1, world.size)]
     #: --json files written under temporary names, renamed only once the merge has succeeded.
     staged: list[tuple[Path, Path]] = []
-    try:
+
+    def write_mine() -> list[RankSummary]:
         try:
             with open(shard, "wb") as stream:
-                summaries = _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
-                                         header=world.index == 0, skipped=skipped, staged=staged)
+                return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
+                                    header=world.index == 0, skipped=skipped, staged=staged)
         except OSError as exc:
             raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
-        everyone = _exchange(world, lambda: summaries, skipped)
+
+    try:
+        # A bad input in any worker's ranks reaches every worker through the exchange.
+        everyone = _exchange(world, write_mine, skipped)
         if not everyone:
             raise nothing_left(paths, skipped or [])
         merged = [s.rank for s in everyone]
