@@ -145,14 +145,16 @@ class _File:
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups.
 
-    ``encoder`` None: check the events only (full loads use this for the same
-    rules), placing and encoding nothing.
+    ``encoder`` None: place and encode nothing; then ``collecting`` still
+    attaches (the instances alone, for --align's first pass), else the
+    events are only checked (full loads use this for the same rules).
     """
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
-                 flows: Optional[RankFlows] = None) -> None:
+                 flows: Optional[RankFlows] = None, collecting: bool = False) -> None:
         self.rank = rank
         self.encoder = encoder
+        self.collecting = collecting
         self.offset = offset_ns
         self.flows = flows or RankFlows(rank)
         self.rows: dict[tuple, Row] = {}
@@ -218,8 +220,14 @@ class RankConverter:
                 first = start
             if last is None or end > last:
                 last = end
-            if body is None or pc is not int or ic is not int:
-                continue  # checking only, or a row the timeline cannot place
+            if pc is not int or ic is not int:
+                continue  # a row the timeline cannot place
+            if body is None:
+                # Nothing is placed; collecting keeps what attach needs.
+                if (self.collecting and ph == "X" and (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg")
+                        and _is_candidate(name, cat, args)):
+                    file.candidates.append((e, None, -1))
+                continue
             key = (pid, tid)
             if ph != "X":
                 row = self.instants.get(key)
@@ -300,7 +308,7 @@ class RankConverter:
         final = base_ns(header) + self.offset
         if base is not None and final != base:
             self._shift(file, marks, final - base)
-        if self.encoder is None:
+        if self.encoder is None and not self.collecting:
             return file.first, file.last
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         fallback = graph_fallback(trace) if graph_fallback is not None else None
@@ -308,7 +316,9 @@ class RankConverter:
         for g in group_table(trace, sidecar).values():
             self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
-        self._settle(file)
+        if self.encoder is not None:
+            self._settle(file)
+        file.candidates.clear()
         return file.first, file.last
 
     def _shift(self, file: _File, marks: dict, delta: int) -> None:

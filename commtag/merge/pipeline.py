@@ -13,9 +13,8 @@ as JSON; worker 0 appends the shards after its own ranks and writes the
 lanes. Blocks only use ids derived from their rank and chunks are in rank
 order, so the file is byte for byte the single-process one.
 
-``collect`` (``commtag summary`` on a directory), ``--align collectives``'
-first pass and ``--json`` read ranks whole instead: they need every event
-of a rank at once.
+``collect`` (``commtag summary`` on a directory) and ``--json`` read ranks
+whole instead: they need every event of a rank at once.
 """
 
 from __future__ import annotations
@@ -291,17 +290,6 @@ def _rank_files(rank: RankInput) -> list[tuple[Path, dict, Optional[object]]]:
     return loaded
 
 
-def _load(rank: RankInput, skipped: Optional[list[MergeInputError]]) -> Optional[list]:
-    """The rank's files, or None when they are bad and ``skipped`` (--skip-bad-ranks) takes the error."""
-    try:
-        return _rank_files(rank)
-    except MergeInputError as exc:
-        if skipped is None:
-            raise
-        skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
-        return None
-
-
 def _summary(rank: RankInput, loaded: list, offset: int, flows: RankFlows,
              graph_fallback: Optional[GraphFallback]) -> RankSummary:
     instances: list[CollectiveInstance] = []
@@ -331,13 +319,22 @@ def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback],
 
 def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
                     skipped: Optional[list[MergeInputError]]) -> list[RankSummary]:
+    """--align's first pass: each rank's collective instances, streamed like the merge itself."""
+    fallback = (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
     summaries = []
     for rank in ranks:
-        with _collector_paused():
-            loaded = _load(rank, skipped)
-            if loaded is not None:
-                summaries.append(_summary(rank, loaded, 0, RankFlows(rank.rank), graph_fallback))
-            del loaded
+        converter = RankConverter(rank.rank, None, collecting=True)
+        try:
+            with _collector_paused():
+                spans = [(*converter.add_file(f.path, TraceStream(f.path), _sidecar_of(rank, f), fallback), f.path)
+                         for f in rank.files]
+            _check_spans(rank, spans)
+        except MergeInputError as exc:
+            if skipped is None:
+                raise
+            skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
+            continue
+        summaries.append(_rank_summary(rank, converter, None, {}))
     return summaries
 
 
@@ -377,6 +374,14 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
     return summaries
 
 
+def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[int],
+                  lane_kernels: dict[str, dict]) -> RankSummary:
+    groups = dict(converter.groups)
+    for inst in converter.instances:
+        groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
+    return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels)
+
+
 def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, graph_fallback, json_dir, header: bool,
                 skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> Optional[RankSummary]:
     """Stream, attach and write one rank; its summary, or None when ``skipped`` took it."""
@@ -396,11 +401,7 @@ def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, g
         skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
         return None
     timeline = converter.timeline()
-    groups = dict(converter.groups)
-    for inst in converter.instances:
-        groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
-    summary = RankSummary(rank.rank, converter.host, timeline.first_ns, list(groups.values()), converter.instances,
-                          timeline.lane_kernels)
+    summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels)
     if header:
         stream.write(perfetto.header(timeline.first_ns or origin, origin))
     perfetto.write_rank(stream, timeline, seq)
