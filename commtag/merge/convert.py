@@ -115,7 +115,7 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
     """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
 
     The converter calls it only where ``cat == "kernel" or cat in LAUNCH_CATEGORIES or
-    name[:1] in "cg"`` (c10d, gloo), a test written inline there because it runs per event.
+    name[:1] in "cg"`` (c10d, gloo): that first test is written inline there.
     """
     if cat == "kernel":
         return bool(args and ("Collective name" in args or args.get("graph node id"))) or nccl_kind(name) is not None
@@ -222,48 +222,45 @@ class RankConverter:
                 last = end
             if pc is not int or ic is not int:
                 continue  # a row the timeline cannot place
+            if ph != "X":
+                if body is not None:
+                    row = self.instants.get((pid, tid))
+                    if row is None:
+                        row = self.instants[(pid, tid)] = Row()
+                    if args:
+                        for link in LINK_ARGS.intersection(args):
+                            del args[link]
+                    row.add(start, start, body(name, cat, args))
+                continue
+            # _is_candidate's cheap first test, written here because it runs per event.
+            candidate = (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args)
             if body is None:
-                # Nothing is placed; collecting keeps what attach needs.
-                if (self.collecting and ph == "X" and (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg")
-                        and _is_candidate(name, cat, args)):
+                if candidate and self.collecting:
                     file.candidates.append((e, None, -1))
                 continue
             key = (pid, tid)
-            if ph != "X":
-                row = self.instants.get(key)
-                if row is None:
-                    row = self.instants[key] = Row()
-                if args:
-                    for link in LINK_ARGS.intersection(args):
-                        del args[link]
-                row.add(start, start, body(name, cat, args))
-                continue
             row = rows.get(key)
             if row is None:
                 row = rows[key] = Row()
             index = len(row.starts)
+            if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
+                corr = args.get("correlation")
+                if corr.__class__ is int:
+                    if cat in LAUNCH_CATEGORIES:
+                        file.launches[corr] = (row, index)
+                        categories.launch(name, corr)
+                    else:
+                        self.gpu_pids.add(pid)
+                        file.work.append((row, index, corr))
+            if candidate:
+                file.candidates.append((e, row, index))
+                row.add(start, end, b"")  # encoded once attach has run (_settle)
+                continue
             if args:
-                if cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES:
-                    corr = args.get("correlation")
-                    if corr.__class__ is int:
-                        if cat in LAUNCH_CATEGORIES:
-                            file.launches[corr] = (row, index)
-                            categories.launch(name, corr)
-                        else:
-                            self.gpu_pids.add(pid)
-                            file.work.append((row, index, corr))
-                if (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args):
-                    file.candidates.append((e, row, index))
-                    row.add(start, end, b"")
-                    continue
                 if cat in WORK_CATEGORIES:
                     categories.kernel(key, name, cat, dur, args)
                 for link in LINK_ARGS.intersection(args):
                     del args[link]
-            elif (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args):
-                file.candidates.append((e, row, index))
-                row.add(start, end, b"")
-                continue
             # Row.add, inlined: it runs once per event.
             row.starts.append(start)
             row.ends.append(end)
