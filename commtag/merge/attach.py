@@ -154,11 +154,16 @@ def shared(value):
     return found
 
 
+def shared_args(args: dict) -> dict:
+    """A copy of an instance's args whose text values are :func:`shared`."""
+    return {key: shared(value) if value.__class__ is str else value for key, value in args.items()}
+
+
 def _instance(rank: int, eager: dict, start: int, end: int, source: str,
               group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
     ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
     ranks = shared(ranks)
-    args = {key: shared(value) if value.__class__ is str else value for key, value in eager.items()}
+    args = shared_args(eager)
     args["commtag rank"] = rank
     args["commtag source"] = source
     return CollectiveInstance(

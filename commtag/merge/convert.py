@@ -21,9 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
-from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, GRAPH_LAUNCHES, WORK_CATEGORIES, DeviceWork
+from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_table, nccl_kind
-from commtag.merge.jsonstream import TraceFormatError, TraceStream, read_whole
+from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, base_ns
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 
@@ -145,16 +145,15 @@ class _File:
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups.
 
-    ``encoder`` None: place and encode nothing; then ``collecting`` still
-    attaches (the instances alone, for --align's first pass), else the
-    events are only checked (full loads use this for the same rules).
+    ``encoder`` None: place and encode nothing, only check the events and
+    attach (the instances alone: --align's first pass, ``commtag summary``,
+    ``--json``).
     """
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
-                 flows: Optional[RankFlows] = None, collecting: bool = False) -> None:
+                 flows: Optional[RankFlows] = None) -> None:
         self.rank = rank
         self.encoder = encoder
-        self.collecting = collecting
         self.offset = offset_ns
         self.flows = flows or RankFlows(rank)
         self.rows: dict[tuple, Row] = {}
@@ -235,7 +234,7 @@ class RankConverter:
             # _is_candidate's cheap first test, written here because it runs per event.
             candidate = (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args)
             if body is None:
-                if candidate and self.collecting:
+                if candidate:
                     file.candidates.append((e, None, -1))
                 continue
             key = (pid, tid)
@@ -282,7 +281,7 @@ class RankConverter:
                 self.gpu_pids.add(e.get("pid"))
 
     # -- files ---------------------------------------------------------------
-    def add_file(self, path: Path, stream: TraceStream, sidecar,
+    def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
                  graph_fallback: Optional[Callable[[dict], object]] = None) -> tuple[Optional[int], Optional[int]]:
         """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.jsonstream.TraceStream`).
 
@@ -305,8 +304,6 @@ class RankConverter:
         final = base_ns(header) + self.offset
         if base is not None and final != base:
             self._shift(file, marks, final - base)
-        if self.encoder is None and not self.collecting:
-            return file.first, file.last
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         fallback = graph_fallback(trace) if graph_fallback is not None else None
         self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback)
@@ -421,20 +418,3 @@ def _tracks(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,
         for i, t in enumerate(members):
             t.order = i
     return tracks
-
-
-def check_events(path: Path, trace: dict) -> tuple[Optional[int], Optional[int]]:
-    """Refuse events the merge cannot place (the streaming rules, on a trace read whole);
-    return its first and last ns (None if no timed event)."""
-    check_distributed_info(path, trace.get("distributedInfo"))
-    converter = RankConverter(0, None)
-    file = _File(path)
-    converter.feed(file, trace["traceEvents"], base_ns(trace))
-    return file.first, file.last
-
-
-def read_trace(path: Path) -> tuple[dict, tuple[Optional[int], Optional[int]]]:
-    """A trace read whole (header keys and every event) and checked by the streaming rules,
-    with its first and last ns: for the callers that need all events at once."""
-    trace = read_whole(path, lambda problem: MergeInputError(path, problem))
-    return trace, check_events(path, trace)

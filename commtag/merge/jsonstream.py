@@ -20,7 +20,7 @@ import gzip
 import re
 import zlib
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import orjson
 
@@ -247,14 +247,17 @@ def _value_end(buf: bytes, pos: int) -> Optional[int]:
     return None
 
 
-def read_whole(path: Path, fail: Callable[[str], Exception]) -> dict:
-    """The trace as one dict (header keys and the full ``traceEvents`` list), for callers that
-    need every event at once; ``fail(problem)`` makes the error to raise."""
-    stream = TraceStream(path)
-    events: list = []
-    try:
-        for batch in stream.batches():
-            events += batch
-    except TraceFormatError as exc:
-        raise fail(str(exc)) from None
-    return {**stream.header, "traceEvents": events}
+class WholeTrace:
+    """A trace served like :class:`TraceStream`, but read whole first: for callers that need
+    every event afterwards (``commtag summary DIR``'s kernel tables, ``--json``), which find
+    the trace in :attr:`trace` once :meth:`batches` has run."""
+
+    def __init__(self, path: Path) -> None:
+        self._stream = TraceStream(path)
+        self.header = self._stream.header
+        self.trace: Optional[dict] = None
+
+    def batches(self) -> Iterator[list]:
+        events = [e for batch in self._stream.batches() for e in batch]
+        self.trace = {**self.header, "traceEvents": events}
+        yield events

@@ -296,9 +296,8 @@ class SequenceWriter:
     def flows(flows_out: Optional[Iterable[int]], flows_in: Optional[Iterable[int]]) -> bytes:
         """Payload bytes that start (continue) ``flows_out`` and terminate ``flows_in``; appended
         to a :meth:`body` (fields may come in any order)."""
-        parts = [b"\xf9\x02" + fid.to_bytes(8, "little") for fid in flows_out or ()]
-        parts += [b"\x81\x03" + fid.to_bytes(8, "little") for fid in flows_in or ()]
-        return b"".join(parts)
+        flow_fields = SequenceWriter.flow_fields
+        return b"".join([flow_fields(fid)[0] for fid in flows_out or ()] + [flow_fields(fid)[1] for fid in flows_in or ()])
 
     @staticmethod
     def flow_fields(fid: int) -> tuple[bytes, bytes]:

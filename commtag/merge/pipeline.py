@@ -32,9 +32,9 @@ import orjson
 
 from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
-from commtag.merge.attach import GraphFallback, RankFlows, attach, group_table, settle_inferred, shared
-from commtag.merge.convert import RankConverter, read_trace
-from commtag.merge.jsonstream import TraceStream
+from commtag.merge.attach import GraphFallback, settle_inferred, shared, shared_args
+from commtag.merge.convert import RankConverter
+from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import MergeInputError, RankInput, discover, load_sidecar, nothing_left
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
 from commtag.merge.workers import SoloWorld, World
@@ -256,7 +256,7 @@ def _from_json(data: dict) -> RankSummary:
     instances = []
     for raw in data.pop("instances"):
         raw["group_ranks"] = shared(tuple(raw["group_ranks"]))
-        raw["args"] = {key: shared(value) if value.__class__ is str else value for key, value in raw["args"].items()}
+        raw["args"] = shared_args(raw["args"])
         instances.append(CollectiveInstance(**raw))
     data["groups"] = [tuple(g) for g in data["groups"]]
     return RankSummary(**data, instances=instances)
@@ -278,63 +278,61 @@ def _check_spans(rank: RankInput, spans: list[tuple[Optional[int], Optional[int]
                                         "one rank cannot record two traces at once")
 
 
-def _rank_files(rank: RankInput) -> list[tuple[Path, dict, Optional[object]]]:
-    """The rank's files read whole (collect and --json need every event at once)."""
-    loaded = []
-    spans = []
-    for f in rank.files:
-        trace, (first, last) = read_trace(f.path)
-        loaded.append((f.path, trace, _sidecar_of(rank, f)))
-        spans.append((first, last, f.path))
-    _check_spans(rank, spans)
-    return loaded
+def _fallback(graph_fallback: Optional[GraphFallback]) -> Callable[[dict], GraphFallback]:
+    """Per trace file, the graph-replay fallback: the caller's, else commtag.merge.graphs'."""
+    return (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
 
 
-def _summary(rank: RankInput, loaded: list, offset: int, flows: RankFlows,
-             graph_fallback: Optional[GraphFallback]) -> RankSummary:
-    instances: list[CollectiveInstance] = []
-    groups: dict[str, tuple] = {}
-    host = ""
-    for _, trace, sidecar in loaded:
-        fallback = graph_fallback if graph_fallback is not None else graphs.fallback_for(trace)
-        instances += attach(rank.rank, trace, sidecar, flows, offset_ns=offset, graph_fallback=fallback)
-        for g in group_table(trace, sidecar).values():
-            groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
-        host = host or (sidecar.host if sidecar else "") or str(trace.get("host_name") or "")
-    for inst in instances:
-        groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
-    return RankSummary(rank.rank, host, None, list(groups.values()), instances)
+def _convert_rank(rank: RankInput, converter: RankConverter, graph_fallback: Optional[GraphFallback],
+                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream) -> bool:
+    """Feed every file of ``rank`` to ``converter``, read by ``source``; False when
+    ``skipped`` (--skip-bad-ranks) took the rank instead of the error."""
+    fallback = _fallback(graph_fallback)
+    try:
+        spans = [(*converter.add_file(f.path, source(f.path), _sidecar_of(rank, f), fallback), f.path)
+                 for f in rank.files]
+        _check_spans(rank, spans)
+    except MergeInputError as exc:
+        if skipped is None:
+            raise
+        skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
+        return False
+    return True
+
+
+def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[GraphFallback]
+                    ) -> tuple[RankConverter, list[tuple[Path, dict]]]:
+    """The rank's files read whole, their events annotated in place as the merge annotates them."""
+    read: list[tuple[Path, WholeTrace]] = []
+
+    def whole(path: Path) -> WholeTrace:
+        read.append((path, WholeTrace(path)))
+        return read[-1][1]
+
+    converter = RankConverter(rank.rank, None, offset_ns=offset)
+    _convert_rank(rank, converter, graph_fallback, None, whole)
+    return converter, [(path, w.trace) for path, w in read]
 
 
 def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback],
                   on_rank: Optional[Callable[[int, list[dict]], None]] = None) -> RankSummary:
     with _collector_paused():
-        loaded = _rank_files(rank)
-        summary = _summary(rank, loaded, 0, RankFlows(rank.rank), graph_fallback)
+        converter, traces = _attached_whole(rank, 0, graph_fallback)
         if on_rank is not None:
-            on_rank(rank.rank, [trace for _, trace, _ in loaded])
-        del loaded
-    return summary
+            on_rank(rank.rank, [trace for _, trace in traces])
+        del traces
+    return _rank_summary(rank, converter, None, {})
 
 
 def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
                     skipped: Optional[list[MergeInputError]]) -> list[RankSummary]:
     """--align's first pass: each rank's collective instances, streamed like the merge itself."""
-    fallback = (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
     summaries = []
     for rank in ranks:
-        converter = RankConverter(rank.rank, None, collecting=True)
-        try:
-            with _collector_paused():
-                spans = [(*converter.add_file(f.path, TraceStream(f.path), _sidecar_of(rank, f), fallback), f.path)
-                         for f in rank.files]
-            _check_spans(rank, spans)
-        except MergeInputError as exc:
-            if skipped is None:
-                raise
-            skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
-            continue
-        summaries.append(_rank_summary(rank, converter, None, {}))
+        converter = RankConverter(rank.rank, None)
+        with _collector_paused():
+            if _convert_rank(rank, converter, graph_fallback, skipped):
+                summaries.append(_rank_summary(rank, converter, None, {}))
     return summaries
 
 
@@ -388,17 +386,7 @@ def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, g
     offset = offsets.get(rank.rank, 0)
     seq = perfetto.rank_sequence(rank.rank, origin)
     converter = RankConverter(rank.rank, seq, offset_ns=offset)
-    fallback = (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
-    try:
-        spans = []
-        for f in rank.files:
-            sidecar = _sidecar_of(rank, f)
-            spans.append((*converter.add_file(f.path, TraceStream(f.path), sidecar, fallback), f.path))
-        _check_spans(rank, spans)
-    except MergeInputError as exc:
-        if skipped is None:
-            raise
-        skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
+    if not _convert_rank(rank, converter, graph_fallback, skipped):
         return None
     timeline = converter.timeline()
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels)
@@ -407,9 +395,8 @@ def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, g
     perfetto.write_rank(stream, timeline, seq)
     if json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
-        loaded = _rank_files(rank)
-        _summary(rank, loaded, offset, RankFlows(rank.rank), graph_fallback)
-        for path, trace, _ in loaded:
+        _, traces = _attached_whole(rank, offset, graph_fallback)
+        for path, trace in traces:
             target = Path(json_dir) / path.name
             staged.append((stage_json(target, trace), target))
     return summary
