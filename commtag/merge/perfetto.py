@@ -274,7 +274,7 @@ class SequenceWriter:
 
     def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes:
         """A TrackEvent's name, category and debug annotations, to be written later by
-        :meth:`begin` or :meth:`instant` (interned strings go out with the next packet written)."""
+        :func:`_emit_rows` (slices) or :meth:`instant` (interned strings go out with the next packet written)."""
         data = self._names.get(name) or self._name(name)
         if cat:
             data += self._cats.get(cat) or self._cat(cat)
@@ -308,10 +308,6 @@ class SequenceWriter:
     def annotations(self, args: dict) -> bytes:
         """Payload bytes of more debug annotations (a repeated field: appending adds them)."""
         return self._annotations(args)
-
-    def begin(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
-        """A TYPE_SLICE_BEGIN on ``track`` (``b"\\x58" + varint(uuid)``) carrying :meth:`body`'s bytes."""
-        self._event(ts, b"\x48\x01" + track + body, self.out if out is None else out)
 
     def instant(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
         self._event(ts, b"\x48\x03" + track + body, self.out if out is None else out)
@@ -471,7 +467,7 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
     tails: list[bytes] = []
     tracks: list[bytes] = []
     uuids: list[int] = []
-    # SequenceWriter.begin and .end, inlined for the common case (a started sequence with no
+    # BEGIN and END packets (SequenceWriter._event and .end), inlined for the common case (a started sequence with no
     # interned data waiting): this loop runs twice per slice of the whole merge.
     ts_bytes, after_ts = seq._ts, seq._seq_started
     for i in order_:
