@@ -28,7 +28,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar
@@ -124,6 +124,21 @@ def _candidates(inputs: Sequence[Path]) -> list[Path]:
     return files
 
 
+class SidecarIdentity(NamedTuple):
+    """What discovery keeps of a sidecar it validated. Only this, not the whole
+    model: a sidecar is about six times its JSON as objects, so holding every
+    rank's at once grew with the rank count (180 MB for 128 ranks)."""
+
+    run_id: str
+    rank: int
+    world_size: int
+    trace_file: str
+
+    @classmethod
+    def of(cls, sidecar: Sidecar) -> SidecarIdentity:
+        return cls(sidecar.run_id, sidecar.rank, sidecar.world_size, sidecar.trace_file)
+
+
 def discover(
     inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None
 ) -> list[RankInput]:
@@ -142,11 +157,11 @@ def discover(
         skipped.append(MergeInputError(path, problem))
 
     traces: dict[str, tuple[Path, bytes]] = {}
-    sidecars: dict[str, tuple[Path, Sidecar]] = {}
+    sidecars: dict[str, tuple[Path, SidecarIdentity]] = {}
     for path in _candidates(inputs):
         try:
             head = _head(path)
-            sidecar = load_sidecar(path) if _is_sidecar(head) else None
+            sidecar = SidecarIdentity.of(load_sidecar(path)) if _is_sidecar(head) else None
         except MergeInputError as exc:
             fail(exc.path, exc.problem)
             continue
@@ -221,7 +236,7 @@ def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) ->
             sidecars.pop(name, None)
 
 
-def _rank_of(path: Path, head: bytes, sidecar: Optional[Sidecar], pattern: re.Pattern[str]) -> int:
+def _rank_of(path: Path, head: bytes, sidecar: Optional[SidecarIdentity], pattern: re.Pattern[str]) -> int:
     match = _DIST_RANK.search(head)
     if match:
         return int(match.group(1))
