@@ -589,20 +589,14 @@ class LanesWriter:
         -> annotations of the lane's kernel categories, an instant at its first slice.
         """
         flows = self._cross_rank_flows(instances)
-        by_lane: dict[tuple[int, str], Row] = {}
+        by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
         for inst in instances:
-            fout, fin = flows.get(id(inst), (None, None))
-            if inst.source_flow is not None:
-                fin = (fin or ()) + (inst.source_flow,)
-            data = self.seq.body(inst.collective, "collective", inst.args)
-            row = by_lane.get((inst.rank, inst.lane_name))
-            if row is None:
-                row = by_lane[(inst.rank, inst.lane_name)] = Row()
-            row.add(inst.start_ns, inst.end_ns, data + self.seq.flows(fout, fin) if fout or fin else data)
+            by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
         for rank in sorted(lanes):
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:
-                slices = by_lane.pop((rank, lane_name), None) or Row()
+                # Encoded one lane at a time: all lanes' slices at once grew with the rank count.
+                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows)
                 kernels = (lane_kernels or {}).get((rank, lane_name))
                 summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
                 _emit_rows(self.seq, slices, parent, lane_name, order,
@@ -617,6 +611,18 @@ class LanesWriter:
         self._markers(markers)
         stream.write(self.seq.out)
         self.seq.out.clear()
+
+    def _slices(self, instances: Sequence[CollectiveInstance], flows: dict[int, tuple]) -> Row:
+        """One lane's slices, encoded, with their cross-rank and source flows."""
+        row = Row()
+        for inst in instances:
+            fout, fin = flows.get(id(inst), (None, None))
+            if inst.source_flow is not None:
+                fin = (fin or ()) + (inst.source_flow,)
+            # Not body(..., args): each instance's args are unique, so caching their blocks only costs memory.
+            data = self.seq.body(inst.collective, "collective", None) + self.seq.annotations(inst.args)
+            row.add(inst.start_ns, inst.end_ns, data + self.seq.flows(fout, fin) if fout or fin else data)
+        return row
 
     def _cross_rank_flows(self, instances: Sequence[CollectiveInstance]) -> dict[int, tuple]:
         """Flows linking the members of each matched instance.
