@@ -292,7 +292,7 @@ def test_attach_uses_the_fallback_and_every_annotated_kernel_says_how_it_was_mat
     doc = {"baseTimeNanoseconds": BASE_NS, "traceEvents": trace.events}
     unmatched: list = []
     instances = attach(0, doc, sidecar, RankFlows(0), graph_fallback=fallback_for(doc, unmatched))
-    graphed = sorted((i.replay, i.collective, i.seq, i.args["commtag match"]) for i in instances if i.source == "graph-replay")
+    graphed = sorted((i.replay, i.collective, i.seq, i.arg("commtag match")) for i in instances if i.source == "graph-replay")
     assert graphed == [(0, "_reduce_scatter_base", 3, "node-id"), (0, "allreduce", 7, "node-id"),
                        (1, "_reduce_scatter_base", 3, "order"), (1, "allreduce", 7, "order")]
     kernels = [e for e in trace.events if e.get("cat") == "kernel" and "Collective name" in e["args"]]

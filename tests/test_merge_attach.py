@@ -77,6 +77,14 @@ def test_graph_kernels_join_by_node_id(packed: bool) -> None:
     first = instances[0]
     assert (first.start_ns, first.end_ns) == (BASE + 1_030_000, BASE + 1_038_000)
     assert first.key == ("0:abc", False, 5, 0)
+    # the lane slice carries what the kernel carries; replays of one call site share one dict of it
+    lane_args = first.all_args()
+    assert {"Collective name", "Rank", "Seq", "commtag replay", "commtag lane"} <= lane_args.keys()
+    assert (lane_args.pop("commtag rank"), lane_args.pop("commtag source")) == (0, "graph-replay")
+    assert lane_args == {key: kernels[0]["args"][key] for key in lane_args}
+    again = instances[2]
+    assert again.common_args is first.common_args and again.args is not first.args
+    assert (first.arg("commtag replay"), again.arg("commtag replay"), again.arg("Seq")) == (0, 1, 5)
 
 
 def test_replay_index_comes_from_the_replay_log() -> None:
@@ -94,7 +102,7 @@ def test_a_wrong_graph_id_matches_nothing() -> None:
             e["args"]["graph id"] = 3
     instances = attach(0, trace, _sidecar([]), RankFlows(0), graph_fallback=lambda k, s, l: [])
     assert {i.source for i in instances} == {"nccl-kernel"}  # shown, but only as unattributed kernels
-    assert all(i.args.get("commtag inferred") for i in instances)
+    assert all(i.arg("commtag inferred") for i in instances)
 
 
 def test_collective_families() -> None:

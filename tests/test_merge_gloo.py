@@ -137,7 +137,7 @@ def test_cross_rank_flows_connect_the_same_group_and_seq(merged) -> None:
             linked = {f for f in a.flows_out + a.flows_in}
             for b in members:
                 if b is not a:
-                    assert linked & set(b.flows_out + b.flows_in), (key, a.args["commtag rank"], b.args["commtag rank"])
+                    assert linked & set(b.flows_out + b.flows_in), (key, a.arg("commtag rank"), b.arg("commtag rank"))
     # a flow never links two different collectives
     owner = defaultdict(set)
     for s in lane_slices:

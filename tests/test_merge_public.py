@@ -73,7 +73,7 @@ def test_eager_metadata_is_kept_and_completed(tmp_path: Path) -> None:
     inst = result.instances[0]
     assert inst.lane_name == "PG 0 (default_pg) [0, 1]" and inst.group_ranks == (0, 1)
     assert [i.seq for i in result.instances] == list(range(1, 22))
-    assert inst.args["commtag seq from"] == "kernel order"
+    assert inst.arg("commtag seq from") == "kernel order"
     annotated = (tmp_path / "json" / src.name)
     import gzip, orjson
     events = orjson.loads(gzip.decompress(annotated.read_bytes()))["traceEvents"]

@@ -124,6 +124,6 @@ def test_merged_trace_carries_the_figures_and_summary_reads_it_back(traces, tmp_
     seq = _slept(dir_doc["collectives"])["seq"]
     slept = [i for i in lane_slices if i.collective == "allreduce" and i.group_size == WORLD and i.seq == seq]
     assert len(slept) == WORLD
-    assert {i.args["commtag last rank"] for i in slept} == {SLEEPER}
-    assert all(i.args["commtag skew us"] >= SLEEP_S * 0.8e6 for i in slept)
+    assert {i.arg("commtag last rank") for i in slept} == {SLEEPER}
+    assert all(i.arg("commtag skew us") >= SLEEP_S * 0.8e6 for i in slept)
     assert all("commtag busbw GB/s" in i.args and "commtag wait us" in i.args for i in lane_slices)

@@ -533,25 +533,32 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
 
 
 def annotate(analysis: Analysis) -> None:
-    """Write the figures into each member instance's ``args`` (the lane slice's debug annotations)."""
+    """Write the figures into each member's annotations (its lane slice's): the collective's
+    into one common dict its members share, each rank's wait into that rank's own args."""
     for m in analysis.collectives:
-        ranks = f"[{', '.join(map(str, m.ranks))}]"
+        figures: dict[str, object] = {
+            "commtag ranks matched": f"[{', '.join(map(str, m.ranks))}]",
+            "commtag skew us": _us(m.skew_ns),
+            "commtag last rank": m.last_rank,
+        }
+        if m.bytes is not None:
+            figures["commtag bytes"] = m.bytes
+        if m.algbw_gbps is not None:
+            figures["commtag algbw GB/s"] = round(m.algbw_gbps, 6)
+        if m.busbw_gbps is not None:
+            figures["commtag busbw GB/s"] = round(m.busbw_gbps, 6)
+        if m.findings:
+            figures["commtag desync"] = "\n".join(f.message for f in m.findings)
+        joined: dict[int, dict] = {}
         for rank, inst in m.members.items():
-            inst.args["commtag rank"] = rank
-            inst.args["commtag ranks matched"] = ranks
-            inst.args["commtag skew us"] = _us(m.skew_ns)
-            inst.args["commtag last rank"] = m.last_rank
+            base = inst.common_args
+            both = joined.get(id(base))
+            if both is None:
+                both = joined[id(base)] = {**base, **figures}
+            inst.common_args = both
             inst.args["commtag wait us"] = _us(m.waits_ns[rank])
-            if m.bytes is not None:
-                inst.args["commtag bytes"] = m.bytes
-            if m.algbw_gbps is not None:
-                inst.args["commtag algbw GB/s"] = round(m.algbw_gbps, 6)
-            if m.busbw_gbps is not None:
-                inst.args["commtag busbw GB/s"] = round(m.busbw_gbps, 6)
             if m.straggler and rank == m.last_rank:
                 inst.args["commtag straggler"] = True
-            if m.findings:
-                inst.args["commtag desync"] = "\n".join(f.message for f in m.findings)
 
 
 def percentile(values: list[float], q: float) -> Optional[float]:

@@ -154,18 +154,44 @@ def shared(value):
     return found
 
 
-def shared_args(args: dict) -> dict:
-    """A copy of an instance's args whose text values are :func:`shared`."""
-    return {key: shared(value) if value.__class__ is str else value for key, value in args.items()}
+#: Keys whose values differ between the instances of one call site (steps, replays,
+#: ranks): an instance's own ``args``. The rest are its ``common_args`` (see :func:`split_args`).
+OWN_KEYS = frozenset({"Rank", "Seq", "commtag rank", "commtag replay", "commtag p2p pair seq"})
+_COMMON: dict[tuple, dict] = {}
+
+
+def common(args: dict) -> dict:
+    """One dict for equal common args: instances of one call site, on every rank and in every
+    step or replay, share it instead of a copy each (see ``CollectiveInstance.common_args``)."""
+    try:
+        key = tuple(args.items())
+        found = _COMMON.get(key)
+    except TypeError:  # an unhashable value (a list some other tool wrote): not shared
+        return args
+    if found is None:
+        if len(_COMMON) >= 100_000:
+            return args
+        found = _COMMON[key] = args
+    return found
+
+
+def split_args(args: dict) -> tuple[dict, dict]:
+    """An instance's annotations as ``(common_args, args)``: the shared part, and its own."""
+    own = {}
+    rest = {}
+    for key, value in args.items():
+        if key in OWN_KEYS:
+            own[key] = value
+        else:
+            rest[key] = value
+    return common(rest), own
 
 
 def _instance(rank: int, eager: dict, start: int, end: int, source: str,
               group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
     ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
     ranks = shared(ranks)
-    args = shared_args(eager)
-    args["commtag rank"] = rank
-    args["commtag source"] = source
+    common_args, args = split_args({**eager, "commtag rank": rank, "commtag source": source})
     return CollectiveInstance(
         rank=rank,
         pg_uid=str(eager["commtag pg uid"]),
@@ -185,6 +211,7 @@ def _instance(rank: int, eager: dict, start: int, end: int, source: str,
         args=args,
         lane_id=int(eager.get("commtag lane id", 0)),
         source_flow=flow,
+        common_args=common_args,
     )
 
 

@@ -620,7 +620,7 @@ class LanesWriter:
             if inst.source_flow is not None:
                 fin = (fin or ()) + (inst.source_flow,)
             # Not body(..., args): each instance's args are unique, so caching their blocks only costs memory.
-            data = self.seq.body(inst.collective, "collective", None) + self.seq.annotations(inst.args)
+            data = self.seq.body(inst.collective, "collective", None) + self.seq.annotations(inst.all_args())
             row.add(inst.start_ns, inst.end_ns, data + self.seq.flows(fout, fin) if fout or fin else data)
         return row
 

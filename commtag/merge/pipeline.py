@@ -32,7 +32,7 @@ import orjson
 
 from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
-from commtag.merge.attach import GraphFallback, settle_inferred, shared, shared_args
+from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
 from commtag.merge.convert import RankConverter
 from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import MergeInputError, RankInput, discover, load_sidecar, nothing_left
@@ -256,7 +256,7 @@ def _from_json(data: dict) -> RankSummary:
     instances = []
     for raw in data.pop("instances"):
         raw["group_ranks"] = shared(tuple(raw["group_ranks"]))
-        raw["args"] = shared_args(raw["args"])
+        raw["common_args"] = common(raw["common_args"])
         instances.append(CollectiveInstance(**raw))
     data["groups"] = [tuple(g) for g in data["groups"]]
     return RankSummary(**data, instances=instances)

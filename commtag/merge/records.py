@@ -11,6 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+_ABSENT = object()
+
 
 @dataclass(slots=True)
 class CollectiveInstance:
@@ -34,12 +36,26 @@ class CollectiveInstance:
     #: Where the timing came from: "gloo", "nccl-kernel", "graph-replay", "cpu".
     source: str
     lane_name: str = ""
-    #: Eager-style key/values as attached to the slice (for the report and the trace).
+    #: This instance's own key/values (Seq, its rank, analysis figures); with
+    #: ``common_args`` the eager-style annotations of its slices. Added keys go here.
     args: dict[str, object] = field(default_factory=dict)
     #: The group's lane id (orders lanes identically on every rank).
     lane_id: int = 0
     #: Flow id the source slice (gloo op, kernel) starts and the lane slice ends.
     source_flow: Optional[int] = None
+    #: Key/values every instance of one call site has alike (its op, sizes, group), one
+    #: dict shared by all of them, never changed in place: a merge keeps every
+    #: instance of every rank, and a dict of its own each was most of their memory.
+    common_args: dict[str, object] = field(default_factory=dict)
+
+    def arg(self, key: str, default: object = None) -> object:
+        """The value of annotation ``key`` (own before common)."""
+        value = self.args.get(key, _ABSENT)
+        return self.common_args.get(key, default) if value is _ABSENT else value
+
+    def all_args(self) -> dict[str, object]:
+        """Every annotation, as its slices carry them: common keys first, then its own."""
+        return {**self.common_args, **self.args}
 
     @property
     def key(self) -> tuple[str, bool, int, Optional[int]]:
@@ -55,12 +71,12 @@ class CollectiveInstance:
         """(sender, receiver) global ranks of a send/recv; None when the peer is unknown."""
         peer = None
         for key in ("Dst Rank", "Src Rank"):
-            value = self.args.get(key)
+            value = self.arg(key)
             if isinstance(value, int):
                 peer = value
                 break
         else:
-            group_rank = self.args.get("Rank")  # a send/recv's "Rank" is its peer's group rank
+            group_rank = self.arg("Rank")  # a send/recv's "Rank" is its peer's group rank
             if isinstance(group_rank, int) and 0 <= group_rank < len(self.group_ranks):
                 peer = self.group_ranks[group_rank]
         if peer is None:
@@ -88,7 +104,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
     counted: dict[int, int] = {}
     unnumbered = [
         (inst, ends) for inst in instances
-        if inst.is_p2p and not isinstance(inst.args.get("commtag p2p pair seq"), int)
+        if inst.is_p2p and not isinstance(inst.arg("commtag p2p pair seq"), int)
         and (ends := inst.p2p_ends) is not None
     ]
     streams: dict[tuple, int] = defaultdict(int)
@@ -99,10 +115,10 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
     groups: dict[tuple, list[CollectiveInstance]] = {}
     for inst in instances:
         ends = inst.p2p_ends if inst.is_p2p else None
-        if inst.args.get("commtag cross-rank") is False:
+        if inst.arg("commtag cross-rank") is False:
             key: tuple = ("alone", id(inst))
         elif ends is not None:
-            pair_seq = inst.args.get("commtag p2p pair seq")
+            pair_seq = inst.arg("commtag p2p pair seq")
             k = pair_seq if isinstance(pair_seq, int) else counted[id(inst)]
             key = ("p2p", inst.pg_uid, inst.replay, *ends, k)
         else:
