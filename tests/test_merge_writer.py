@@ -52,3 +52,22 @@ def test_varint_matches_protobuf() -> None:
                 break
         value = sum((b & 0x7F) << (7 * i) for i, b in enumerate(out))
         assert perfetto.varint(value) == bytes(out)
+
+
+def test_a_long_repeated_value_is_written_once(tmp_path: Path) -> None:
+    # A 1024-rank group's rank list (~6 KB) repeats on every slice of its lane: the file
+    # must hold it once and every slice must still read it back whole.
+    ranks = f"[{', '.join(map(str, range(1024)))}]"
+    seq = perfetto.rank_sequence(0)
+    row = Row()
+    for i in range(50):
+        row.add(T0 + i * 10, T0 + i * 10 + 5, seq.body("allreduce", "collective", {"Process Group Ranks": ranks, "Seq": i}))
+    buf = io.BytesIO()
+    buf.write(perfetto.header(T0))
+    perfetto.write_rank(buf, RankTimeline(rank=0, process_name="rank 0", tracks=[Track("lane", "Comm lanes", 0, row)]), seq)
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(buf.getvalue())
+    assert buf.getvalue().count(ranks.encode()) == 1
+    assert validate_file(path) == []
+    parsed = read(path)
+    assert sorted((s.args["Seq"], s.args["Process Group Ranks"]) for s in parsed.slices) == [(i, ranks) for i in range(50)]

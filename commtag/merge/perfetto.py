@@ -63,6 +63,9 @@ FLOW_CROSS_RANK = 3
 FULL_MESH_MAX = 8
 
 _INT63 = 1 << 63
+#: Longest string value written once and then referenced by id. Rank lists repeat on
+#: every lane slice of their group and pass 512 chars at ~120 ranks (6 KB at 1024).
+_MAX_INTERNED = 16_384
 #: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
 _MAX_BLOCKS = 20_000
 _pack_double = struct.Struct("<d").pack
@@ -423,12 +426,12 @@ class SequenceWriter:
         elif cls is float:
             body += b"\x29" + struct.pack("<d", value)
         elif cls is str:
-            body += self._string(value) if len(value) <= 512 else _field_bytes(b"\x32", value.encode())
+            body += self._string(value) if len(value) <= _MAX_INTERNED else _field_bytes(b"\x32", value.encode())
         elif value is None:
             body += self._string("null")
         else:
             text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-            body += self._string(text) if len(text) <= 512 else _field_bytes(b"\x32", text.encode())
+            body += self._string(text) if len(text) <= _MAX_INTERNED else _field_bytes(b"\x32", text.encode())
         return b"\x22" + _v(len(body)) + body
 
 
