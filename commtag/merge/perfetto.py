@@ -592,6 +592,7 @@ class LanesWriter:
         -> annotations of the lane's kernel categories, an instant at its first slice.
         """
         flows = self._cross_rank_flows(instances)
+        common_blocks: dict[int, bytes] = {}
         by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
         for inst in instances:
             by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
@@ -599,7 +600,7 @@ class LanesWriter:
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:
                 # Encoded one lane at a time: all lanes' slices at once grew with the rank count.
-                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows)
+                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows, common_blocks)
                 kernels = (lane_kernels or {}).get((rank, lane_name))
                 summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
                 _emit_rows(self.seq, slices, parent, lane_name, order,
@@ -615,15 +616,28 @@ class LanesWriter:
         stream.write(self.seq.out)
         self.seq.out.clear()
 
-    def _slices(self, instances: Sequence[CollectiveInstance], flows: dict[int, tuple]) -> Row:
-        """One lane's slices, encoded, with their cross-rank and source flows."""
+    def _slices(self, instances: Sequence[CollectiveInstance], flows: dict[int, tuple],
+                common_blocks: dict[int, bytes]) -> Row:
+        """One lane's slices, encoded, with their cross-rank and source flows.
+
+        ``common_blocks``: encoded ``common_args`` by the dict's id, for this write: the
+        instances sharing one (a call site's steps and replays) encode it once.
+        """
+        annotations = self.seq.annotations
         row = Row()
         for inst in instances:
             fout, fin = flows.get(id(inst), (None, None))
             if inst.source_flow is not None:
                 fin = (fin or ()) + (inst.source_flow,)
-            # Not body(..., args): each instance's args are unique, so caching their blocks only costs memory.
-            data = self.seq.body(inst.collective, "collective", None) + self.seq.annotations(inst.all_args())
+            data = self.seq.body(inst.collective, "collective", None)
+            common, own = inst.common_args, inst.args
+            if own.keys().isdisjoint(common):  # then all_args() encodes as common, then own
+                block = common_blocks.get(id(common))
+                if block is None:
+                    block = common_blocks[id(common)] = annotations(common)
+                data += block + annotations(own)
+            else:
+                data += annotations(inst.all_args())
             row.add(inst.start_ns, inst.end_ns, data + self.seq.flows(fout, fin) if fout or fin else data)
         return row
 
