@@ -341,7 +341,10 @@ class RankConverter:
                     del args[link]
             ref = id(e)
             out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
-            data = encoder.body(e.get("name", ""), cat, args)
+            # Attached args are unique (Seq, replay): the writer's block cache would only grow.
+            data = encoder.body(e.get("name", ""), cat, None)
+            if args:
+                data += encoder.annotations(args)
             row.append_to(index, encoder.flows(out, into) + data if out or into else data)
         file.candidates.clear()
         self._launch_flows(file)
