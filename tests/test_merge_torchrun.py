@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import orjson
 
 from commtag.merge.validate import validate_file
 
@@ -50,3 +53,29 @@ def test_a_bad_rank_stops_every_worker(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "rank3.json: not a profiler trace" in proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.pftrace*"))
+
+
+def test_skipped_ranks_are_the_same_under_two_workers(tmp_path: Path) -> None:
+    # rank 3's trace breaks mid-file, so worker 1 finds it while converting, not at discovery
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for r in range(4):
+        source = next(DLRM.glob(f"worker{r}_*"))
+        if r == 3:
+            trace = orjson.loads(gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes())
+            timed = [e for e in trace["traceEvents"] if "ts" in e]
+            timed[len(timed) // 2]["ts"] = -5
+            (inputs / "rank3.json").write_bytes(orjson.dumps(trace))
+        else:
+            (inputs / f"rank{r}{''.join(source.suffixes)}").symlink_to(source)
+    single, double = tmp_path / "single.pftrace", tmp_path / "double.pftrace"
+    one = subprocess.run([sys.executable, "-m", "commtag.merge", str(inputs), "-o", str(single), "--skip-bad-ranks",
+                          "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    proc = _torchrun([str(inputs), "-o", str(double), "--skip-bad-ranks", "--no-progress"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for out in (one.stdout, proc.stdout):
+        assert ": 3 ranks," in out
+    skipped = [line for line in proc.stderr.splitlines() if "skipped:" in line]
+    assert len(skipped) == 1 and "rank3.json" in skipped[0] and "rank 3 skipped" in skipped[0]
+    assert double.read_bytes() == single.read_bytes()

@@ -24,7 +24,7 @@ import gc
 import gzip
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -231,35 +231,82 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
               skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
     """Every worker's summaries, in rank order; an input error anywhere stops all workers.
 
-    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files.
+    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files. A
+    worker keeps its own summaries as they are and decodes only the others'.
     """
     if world.size == 1:
         # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
         return sorted(produce(), key=lambda s: s.rank)
+    mine: list[RankSummary] = []
+    error: Optional[MergeInputError] = None
     try:
-        summaries = produce()
-        payload = orjson.dumps({"summaries": summaries,
-                                "skipped": [[str(e.path), e.problem] for e in skipped or ()]})
+        mine = produce()
+        payload = orjson.dumps({**_to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()]})
     except MergeInputError as exc:
+        error = exc
         payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
-    parts = [orjson.loads(p) for p in world.all_gather_bytes(payload)]
+    parts = [None if i == world.index else orjson.loads(blob) for i, blob in enumerate(world.all_gather_bytes(payload))]
     for part in parts:
-        if "error" in part:
+        if part is None and error is not None:
+            raise error
+        if part is not None and "error" in part:
             raise MergeInputError(*part["error"])
     if skipped is not None:
-        union = dict.fromkeys((path, problem) for part in parts for path, problem in part["skipped"])
+        every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
+        union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
-    return sorted((_from_json(s) for part in parts for s in part["summaries"]), key=lambda s: s.rank)
+    return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
 
 
-def _from_json(data: dict) -> RankSummary:
-    instances = []
-    for raw in data.pop("instances"):
-        raw["group_ranks"] = shared(tuple(raw["group_ranks"]))
-        raw["common_args"] = common(raw["common_args"])
-        instances.append(CollectiveInstance(**raw))
-    data["groups"] = [tuple(g) for g in data["groups"]]
-    return RankSummary(**data, instances=instances)
+_FIELDS = [f.name for f in fields(CollectiveInstance)]
+_COMMON_AT = _FIELDS.index("common_args")
+_RANKS_AT = _FIELDS.index("group_ranks")
+#: Fields sent as an index into a table of texts: a lane name holds the group's ranks.
+_TEXTS_AT = [_FIELDS.index(name) for name in ("pg_uid", "collective", "dtype", "source", "lane_name")]
+
+
+def _to_wire(summaries: list[RankSummary]) -> dict:
+    """Summaries as JSON data: each instance a list of its fields, its ``common_args``, texts
+    and member ranks indexes into tables, so that what many instances share travels once."""
+    index: dict[int, int] = {}
+    table: list[dict] = []
+    texts: dict[str, int] = {}
+    rank_lists: dict[tuple, int] = {}
+    out = []
+    for s in summaries:
+        rows = []
+        for inst in s.instances:
+            row = [getattr(inst, name) for name in _FIELDS]
+            ref = index.get(id(inst.common_args))
+            if ref is None:
+                ref = index[id(inst.common_args)] = len(table)
+                table.append(inst.common_args)
+            row[_COMMON_AT] = ref
+            for at in _TEXTS_AT:
+                row[at] = texts.setdefault(row[at], len(texts))
+            row[_RANKS_AT] = rank_lists.setdefault(row[_RANKS_AT], len(rank_lists))
+            rows.append(row)
+        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": s.groups,
+                    "lane_kernels": s.lane_kernels, "instances": rows})
+    return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
+
+
+def _from_wire(data: dict) -> list[RankSummary]:
+    table = [common(args) for args in data["common"]]
+    texts = data["texts"]
+    rank_lists = [shared(tuple(ranks)) for ranks in data["ranks"]]
+    summaries = []
+    for s in data["summaries"]:
+        instances = []
+        for row in s.pop("instances"):
+            row[_COMMON_AT] = table[row[_COMMON_AT]]
+            row[_RANKS_AT] = rank_lists[row[_RANKS_AT]]
+            for at in _TEXTS_AT:
+                row[at] = texts[row[at]]
+            instances.append(CollectiveInstance(*row))
+        s["groups"] = [tuple(g) for g in s["groups"]]
+        summaries.append(RankSummary(**s, instances=instances))
+    return summaries
 
 
 def _sidecar_of(rank: RankInput, f) -> Optional[object]:
