@@ -71,3 +71,12 @@ def test_a_long_repeated_value_is_written_once(tmp_path: Path) -> None:
     assert validate_file(path) == []
     parsed = read(path)
     assert sorted((s.args["Seq"], s.args["Process Group Ranks"]) for s in parsed.slices) == [(i, ranks) for i in range(50)]
+
+
+def test_track_uuids_are_unique_and_short() -> None:
+    ranks = [*range(130), 1000, (1 << 24) - 1]
+    locals_ = [*range(130), perfetto.LANE_LOCAL, perfetto.LANE_LOCAL + 1, (1 << perfetto.LOCAL_BITS) - 1]
+    uuids = {perfetto.track_uuid(r, n) for r in ranks for n in locals_}
+    assert len(uuids) == len(ranks) * len(locals_) and 0 not in uuids
+    # every event packet names its track: the common ones must stay 2-byte varints
+    assert max(len(perfetto.varint(perfetto.track_uuid(r, n))) for r in range(127) for n in range(127)) == 2

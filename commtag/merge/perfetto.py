@@ -13,9 +13,10 @@ loaded it: blocks only use ids derived from their rank, so blocks from
 several workers concatenate), then the lanes block (process-group lanes,
 cross-rank flows, the analysis's counters and markers).
 
-Ids: a track uuid is ``(rank + 1) << LOCAL_BITS | local`` (4-byte varints
-below rank 255: every event packet names its track); rank blocks use locals
-below ``LANE_LOCAL``, the lanes block above it. Flow ids carry their kind
+Ids: a track uuid interleaves the bits of ``rank + 1`` and a per-rank
+``local`` (see ``track_uuid``: every event packet names its track, so small
+ids matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block
+above it. Flow ids carry their kind
 in the top bits (see ``flow_id``). Each rank block is one packet sequence
 ``RANK_SEQ_BASE + rank``; the header and lanes block have their own.
 """
@@ -141,9 +142,21 @@ def flow_id(kind: int, rank: int, counter: int) -> int:
 
 
 def track_uuid(rank: int, local: int) -> int:
+    """The bits of ``rank + 1`` and ``local`` interleaved (a Morton code): unique per
+    pair, and small where both are: the varint every event packet carries takes 2 bytes
+    for the first 127 tracks of ranks 0 to 126 (``(rank + 1) << LOCAL_BITS`` took 4)."""
     if local >= 1 << LOCAL_BITS:
         raise ValueError(f"rank {rank} needs more than {1 << LOCAL_BITS} tracks")
-    return ((rank + 1) << LOCAL_BITS) | local
+    return _spread(rank + 1) | _spread(local) << 1
+
+
+def _spread(n: int) -> int:
+    """``n``'s bits at the even positions (bits beyond the 20th of ``rank + 1`` stay above
+    every local's: the pairing stays one to one)."""
+    out = 0
+    for i in range(LOCAL_BITS):
+        out |= ((n >> i) & 1) << (2 * i)
+    return out | (n >> LOCAL_BITS) << (2 * LOCAL_BITS)
 
 
 def process_uuid(rank: int) -> int:
