@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.attach import RankFlows, attach, family
+from commtag.merge.attach import RankFlows, attach, common, family
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
     Sidecar,
@@ -110,3 +110,12 @@ def test_collective_families() -> None:
     assert family("c10d::_allgather_base_") == family("gloo:all_gather") == "allgather"
     assert family("_reduce_scatter_base") == "reducescatter" and family("all_to_allv") == "alltoall"
     assert family("gloo:send") == "send" and family("c10d::recv_") == "recv" and family("reduce") == "reduce"
+
+
+def test_shared_common_args_keep_their_types() -> None:
+    # equal dicts are shared, but 1, 1.0 and True are equal in Python and not in a trace
+    first = common({"In msg nelems": 1024, "commtag p2p": False})
+    assert common({"In msg nelems": 1024, "commtag p2p": False}) is first
+    other = common({"In msg nelems": 1024.0, "commtag p2p": 0})
+    assert other is not first
+    assert (type(other["In msg nelems"]), type(other["commtag p2p"])) == (float, int)

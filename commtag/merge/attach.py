@@ -164,7 +164,8 @@ def common(args: dict) -> dict:
     """One dict for equal common args: instances of one call site, on every rank and in every
     step or replay, share it instead of a copy each (see ``CollectiveInstance.common_args``)."""
     try:
-        key = tuple(args.items())
+        # The types too: 1, 1.0 and True are equal keys, but the trace must keep what it said.
+        key = (tuple(args.items()), tuple(value.__class__ for value in args.values()))
         found = _COMMON.get(key)
     except TypeError:  # an unhashable value (a list some other tool wrote): not shared
         return args
