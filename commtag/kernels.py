@@ -357,12 +357,3 @@ class DeviceWork:
             for correlation in sorted(correlations):
                 b.merge(self.launches[correlation])
         self._lane_launches.clear()
-
-
-def top_kernels(kernels: Iterable[Kernel], n: int = 5) -> list[tuple[str, str, float]]:
-    """The n kernel names with the most GPU time: (name, category, time us)."""
-    time: dict[str, float] = defaultdict(float)
-    for kernel in kernels:
-        time[kernel.name] += kernel.dur_us
-    ranked = sorted(time.items(), key=lambda kv: -kv[1])[:n]
-    return [(name, categorize(name), round(t, 3)) for name, t in ranked]

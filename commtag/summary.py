@@ -1,8 +1,8 @@
 """What ``commtag summary`` reads: a trace directory or a merged .pftrace.
 
-A directory goes through the merge's collection stage (load, attach, align;
-no Perfetto file is written), and its traces' GPU activity through the
-kernel-category table. A merged .pftrace is read back
+A directory goes through the merge's collection stage (each rank streamed,
+attached and aligned as the merge does; no Perfetto file is written), which
+also sums its GPU activity by kernel category. A merged .pftrace is read back
 (:mod:`commtag.merge.readback`): the lane slices carry every key the analysis
 needs, and the graph launch slices and the instants opening each GPU stream
 and lane row carry the kernel breakdowns, so the one file a user shares is
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from commtag.kernels import Breakdown, Kernel, by_graph_launch, by_lane, by_stream, kernels_from_events
+from commtag.kernels import Breakdown, DeviceWork
 from commtag.merge.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, Analysis, analyze
 
 #: Kernel breakdown scopes: "stream", "graph launch" and "lane" -> (rank, id) -> breakdown
@@ -63,16 +63,19 @@ def _from_directory(path: Path, rank_pattern: Optional[str]):
     from commtag.merge.load import MergeInputError
     from commtag.merge.pipeline import collect
 
-    kernels: list[Kernel] = []
+    tables: KernelTables = {"stream": {}, "graph launch": {}, "lane": {}}
 
-    def categorize(rank: int, traces: list[dict]) -> None:
-        # The attached events: their kernels carry the lane the merge gave them.
-        for trace in traces:
-            kernels.extend(kernels_from_events(trace["traceEvents"], rank))
+    def categorize(rank: int, work: DeviceWork) -> None:
+        # The breakdowns the merge writes into the trace, keyed as read back from it.
+        for (_, stream), breakdown in work.streams.items():
+            tables["stream"][(rank, stream)] = breakdown
+        for correlation, breakdown in work.launches.items():
+            tables["graph launch"][(rank, correlation)] = breakdown
+        for lane, breakdown in work.lanes.items():
+            tables["lane"][(rank, lane)] = breakdown
 
     try:
         ranks, instances = collect([path], rank_pattern=rank_pattern, on_rank=categorize)
     except MergeInputError as exc:
         raise SummaryInputError(str(exc)) from exc
-    tables = _tables({"stream": by_stream(kernels), "graph launch": by_graph_launch(kernels), "lane": by_lane(kernels)})
     return instances, {r.rank for r in ranks}, tables

@@ -17,7 +17,6 @@ from commtag.kernels import (
     by_stream,
     categorize,
     kernels_from_events,
-    top_kernels,
 )
 
 PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
@@ -90,8 +89,6 @@ def test_stream_breakdown_separates_nccl_stream_from_compute():
     assert dominant[7] in ("elementwise/reduction", "GEMM")
     assert streams[(0, 7)].time_us["GEMM"] > 0
     assert by_graph_launch(kernels) == {}  # an eager trace has no graph launches
-    names = [name for name, _, _ in top_kernels(kernels, 3)]
-    assert names[0].startswith("ncclKernel_AllReduce")
 
 
 def test_breakdown_arithmetic():

@@ -145,9 +145,9 @@ class _File:
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups.
 
-    ``encoder`` None: place and encode nothing, only check the events and
-    attach (the instances alone: --align's first pass, ``commtag summary``,
-    ``--json``).
+    ``encoder`` None: place and encode nothing, only check the events,
+    attach and fill the kernel breakdowns (the instances and ``categories``
+    alone: --align's first pass, ``commtag summary``, ``--json``).
     """
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
@@ -236,6 +236,11 @@ class RankConverter:
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))
+                if args:
+                    if cat in LAUNCH_CATEGORIES:
+                        categories.launch(name, args.get("correlation"))
+                    elif not candidate and cat in WORK_CATEGORIES:
+                        categories.kernel((pid, tid), name, cat, dur, args)
                 continue
             key = (pid, tid)
             row = rows.get(key)
@@ -312,8 +317,21 @@ class RankConverter:
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
         if self.encoder is not None:
             self._settle(file)
+        else:
+            self._categorize(file)
         file.candidates.clear()
         return file.first, file.last
+
+    def _categorize(self, file: _File) -> None:
+        """Without an encoder: add the attached kernels (now with their lanes) to the
+        breakdowns, in the order :meth:`_settle` adds them, and settle the file's launches."""
+        categories = self.categories
+        for e, _, _ in file.candidates:
+            args = e.get("args")
+            cat = e.get("cat")
+            if args and cat in WORK_CATEGORIES:
+                categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args)
+        categories.end_trace()
 
     def _shift(self, file: _File, marks: dict, delta: int) -> None:
         """A base time found after the events (not Kineto's order): move this file's times."""

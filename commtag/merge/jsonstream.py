@@ -249,7 +249,7 @@ def _value_end(buf: bytes, pos: int) -> Optional[int]:
 
 class WholeTrace:
     """A trace served like :class:`TraceStream`, but read whole first: for callers that need
-    every event afterwards (``commtag summary DIR``'s kernel tables, ``--json``), which find
+    every event afterwards (``--json`` writes them back annotated), which find
     the trace in :attr:`trace` once :meth:`batches` has run."""
 
     def __init__(self, path: Path) -> None:

@@ -13,8 +13,9 @@ as JSON; worker 0 appends the shards after its own ranks and writes the
 lanes. Blocks only use ids derived from their rank and chunks are in rank
 order, so the file is byte for byte the single-process one.
 
-``collect`` (``commtag summary`` on a directory) and ``--json`` read ranks
-whole instead: they need every event of a rank at once.
+``collect`` (``commtag summary`` on a directory) streams ranks the same
+way, writing nothing; ``--json`` reads each rank whole again: it writes
+every event back.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import orjson
 
+from commtag.kernels import DeviceWork
 from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
@@ -205,18 +207,18 @@ def collect(
     align: str = "none",
     rank_pattern: Optional[str] = None,
     graph_fallback: Optional[GraphFallback] = None,
-    on_rank: Optional[Callable[[int, list[dict]], None]] = None,
+    on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
 ) -> tuple[list[RankInput], list[CollectiveInstance]]:
-    """The collection stage alone (discover, load, attach, align), writing nothing.
+    """The collection stage alone (discover, stream, attach, align), writing nothing.
 
     For ``commtag summary`` on a directory: the same instances the merge
-    would analyze, without building the trace. ``on_rank(rank, traces)``
-    sees each rank's traces once attached (their events annotated as the
-    merge's are), before they are dropped.
+    would analyze, without building the trace, each rank streamed as the
+    merge streams it. ``on_rank(rank, work)`` gets each rank's kernel
+    breakdowns by stream, graph launch and lane (the ones the merge writes).
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern)
-    summaries = [_summary_only(r, graph_fallback, on_rank) for r in ranks]
+    summaries = _summaries_only(ranks, graph_fallback, None, on_rank)
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
@@ -361,25 +363,20 @@ def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[Graph
     return converter, [(path, w.trace) for path, w in read]
 
 
-def _summary_only(rank: RankInput, graph_fallback: Optional[GraphFallback],
-                  on_rank: Optional[Callable[[int, list[dict]], None]] = None) -> RankSummary:
-    with _collector_paused():
-        converter, traces = _attached_whole(rank, 0, graph_fallback)
-        if on_rank is not None:
-            on_rank(rank.rank, [trace for _, trace in traces])
-        del traces
-    return _rank_summary(rank, converter, None, {})
-
-
 def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
-                    skipped: Optional[list[MergeInputError]]) -> list[RankSummary]:
-    """--align's first pass: each rank's collective instances, streamed like the merge itself."""
+                    skipped: Optional[list[MergeInputError]],
+                    on_rank: Optional[Callable[[int, DeviceWork], None]] = None) -> list[RankSummary]:
+    """Each rank's collective instances (and kernel breakdowns, to ``on_rank``), streamed
+    like the merge itself: --align's first pass and :func:`collect`."""
     summaries = []
     for rank in ranks:
         converter = RankConverter(rank.rank, None)
         with _collector_paused():
             if _convert_rank(rank, converter, graph_fallback, skipped):
                 summaries.append(_rank_summary(rank, converter, None, {}))
+                if on_rank is not None:
+                    converter.categories.finish()
+                    on_rank(rank.rank, converter.categories)
     return summaries
 
 
