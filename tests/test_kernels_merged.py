@@ -10,15 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.kernels import (
-    Breakdown,
-    by_graph_launch,
-    by_stream,
-    categorize,
-    kernels_from_events,
-)
+from commtag.kernels import Breakdown, categorize
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from kernel_reference import by_graph_launch, by_stream, kernels_from_events
 from pftrace_reader import read
 
 PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
@@ -161,7 +156,8 @@ def test_a_lane_replayed_in_a_graph_gets_the_whole_launch():
     """A collective captured in a CUDA graph costs its replay: the lane's breakdown is its eager
     kernels plus every kernel of the launches that ran its graph kernels, computed alike from
     events (by_lane) and by the merge's single pass (DeviceWork)."""
-    from commtag.kernels import DeviceWork, by_lane
+    from commtag.kernels import DeviceWork
+    from kernel_reference import by_lane
 
     lane = "PG 1 (tp) [0, 1]"
 
