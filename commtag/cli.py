@@ -151,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     summary = sub.add_parser(
         "summary", help="per group and op: count, bytes, time, skew, busbw, stragglers, desyncs"
     )
-    summary.add_argument("input", type=Path, metavar="DIR_OR_MERGED_OUTPUT",
-                         help="a directory of rank traces (+ sidecars) or a .pftrace written by `commtag merge`")
+    summary.add_argument("input", type=Path, metavar="DIR_OR_TRACE_OR_MERGED_OUTPUT",
+                         help="a directory of rank traces (+ sidecars), one trace, "
+                              "or a .pftrace written by `commtag merge`")
     summary.add_argument("--format", choices=("text", "csv", "json"), default="text")
     summary.add_argument("--plot", type=Path, metavar="FILE.png",
                          help="also draw the ranks x collectives skew heatmap and busbw per group")

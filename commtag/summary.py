@@ -31,8 +31,8 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
          rank_pattern: Optional[str] = None) -> tuple[Analysis, Optional[KernelTables]]:
     """The analysis of ``path`` and its kernel categories (the same scopes for both inputs)."""
     path = Path(path)
-    if path.is_dir():
-        instances, ranks, kernels = _from_directory(path, rank_pattern)
+    if path.is_dir() or (path.is_file() and _is_json_trace(path)):
+        instances, ranks, kernels = _from_traces(path, rank_pattern)
     elif path.is_file():
         (instances, kernels), ranks = _from_pftrace(path), None
     else:
@@ -54,12 +54,20 @@ def _from_pftrace(path: Path) -> tuple[list, KernelTables]:
     return instances, _tables(kernels)
 
 
+def _is_json_trace(path: Path) -> bool:
+    """A profiler trace (JSON, or gzipped), not a merged .pftrace: protobuf never starts
+    with ``{`` (field 1 is tag 0x0a), and merged files are not gzipped."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    return head[:2] == b"\x1f\x8b" or head.lstrip()[:1] == b"{"
+
+
 def _tables(found: dict[str, dict[tuple[int, object], Breakdown]]) -> KernelTables:
     """The scopes in the report's order, each present even when empty (as from a directory)."""
     return {scope: found.get(scope, {}) for scope in ("stream", "graph launch", "lane")}
 
 
-def _from_directory(path: Path, rank_pattern: Optional[str]):
+def _from_traces(path: Path, rank_pattern: Optional[str]):
     from commtag.merge.load import MergeInputError
     from commtag.merge.pipeline import collect
 

@@ -199,3 +199,13 @@ def test_a_lane_replayed_in_a_graph_gets_the_whole_launch():
     launches = by_graph_launch(kernels_from_events(events, rank=0))
     for corr in (9, 11):
         _assert_same(work.launches[corr], launches[(0, corr)])
+
+
+def test_summary_of_one_trace_file_is_that_of_its_directory(merged):
+    from commtag.report import to_json
+    from commtag.summary import load
+
+    _, source, _ = merged("eager-nccl-metadata/hta_a100_nccl_data.json.gz")
+    (trace,) = source.iterdir()
+    assert to_json(*load(trace)) == to_json(*load(source))
+    assert orjson.loads(to_json(*load(trace)))["collectives"]
