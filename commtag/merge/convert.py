@@ -145,15 +145,17 @@ class _File:
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups.
 
-    ``encoder`` None: place and encode nothing, only check the events,
-    attach and fill the kernel breakdowns (the instances and ``categories``
-    alone: --align's first pass, ``commtag summary``, ``--json``).
+    ``encoder`` None: place and encode nothing, only check the events and
+    attach (the instances alone: --align's first pass, ``commtag summary``,
+    ``--json``), and with ``breakdowns`` fill ``categories`` (``commtag
+    summary``'s kernel tables; with an encoder they are always filled).
     """
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
-                 flows: Optional[RankFlows] = None) -> None:
+                 flows: Optional[RankFlows] = None, breakdowns: bool = False) -> None:
         self.rank = rank
         self.encoder = encoder
+        self.breakdowns = breakdowns or encoder is not None
         self.offset = offset_ns
         self.flows = flows or RankFlows(rank)
         self.rows: dict[tuple, Row] = {}
@@ -176,6 +178,7 @@ class RankConverter:
         rows = self.rows
         categories = self.categories
         inf = _INF
+        breakdowns = self.breakdowns
         first, last = file.first, file.last
         i = file.index - 1
         for e in events:
@@ -236,7 +239,7 @@ class RankConverter:
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))
-                if args:
+                if args and breakdowns:
                     if cat in LAUNCH_CATEGORIES:
                         categories.launch(name, args.get("correlation"))
                     elif not candidate and cat in WORK_CATEGORIES:
@@ -317,7 +320,7 @@ class RankConverter:
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
         if self.encoder is not None:
             self._settle(file)
-        else:
+        elif self.breakdowns:
             self._categorize(file)
         file.candidates.clear()
         return file.first, file.last

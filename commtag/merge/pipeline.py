@@ -370,7 +370,7 @@ def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallba
     like the merge itself: --align's first pass and :func:`collect`."""
     summaries = []
     for rank in ranks:
-        converter = RankConverter(rank.rank, None)
+        converter = RankConverter(rank.rank, None, breakdowns=on_rank is not None)
         with _collector_paused():
             if _convert_rank(rank, converter, graph_fallback, skipped):
                 summaries.append(_rank_summary(rank, converter, None, {}))
