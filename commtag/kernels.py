@@ -171,6 +171,11 @@ ANN_ID = "commtag kernels id"
 ANN_RANK = "commtag rank"
 
 
+#: Breakdowns by scope ("stream", "graph launch", "lane") -> (rank, id) -> breakdown
+#: (the id: stream id, launch correlation id, lane name).
+KernelTables = dict[str, dict[tuple[int, object], Breakdown]]
+
+
 class DeviceWork:
     """One rank's breakdowns by stream, graph launch and lane, fed during the merge's one pass.
 

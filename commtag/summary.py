@@ -15,12 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from commtag.kernels import Breakdown, DeviceWork
+from commtag.kernels import DeviceWork, KernelTables
 from commtag.merge.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, Analysis, analyze
-
-#: Kernel breakdown scopes: "stream", "graph launch" and "lane" -> (rank, id) -> breakdown
-#: (the id: stream id, launch correlation id, lane name).
-KernelTables = dict[str, dict[tuple[int, object], Breakdown]]
 
 
 class SummaryInputError(Exception):
@@ -62,7 +58,7 @@ def _is_json_trace(path: Path) -> bool:
     return head[:2] == b"\x1f\x8b" or head.lstrip()[:1] == b"{"
 
 
-def _tables(found: dict[str, dict[tuple[int, object], Breakdown]]) -> KernelTables:
+def _tables(found: KernelTables) -> KernelTables:
     """The scopes in the report's order, each present even when empty (as from a directory)."""
     return {scope: found.get(scope, {}) for scope in ("stream", "graph launch", "lane")}
 

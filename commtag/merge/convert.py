@@ -318,23 +318,24 @@ class RankConverter:
         for g in group_table(trace, sidecar).values():
             self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
+        if self.breakdowns:
+            self._categorize(file)
         if self.encoder is not None:
             self._settle(file)
         elif self.breakdowns:
-            self._categorize(file)
+            self.categories.end_trace()
         file.candidates.clear()
         return file.first, file.last
 
     def _categorize(self, file: _File) -> None:
-        """Without an encoder: add the attached kernels (now with their lanes) to the
-        breakdowns, in the order :meth:`_settle` adds them, and settle the file's launches."""
+        """Add the attached kernels to the breakdowns: only now do they carry their lanes
+        (and their correlation, which :meth:`_settle` then drops)."""
         categories = self.categories
         for e, _, _ in file.candidates:
             args = e.get("args")
             cat = e.get("cat")
             if args and cat in WORK_CATEGORIES:
                 categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args)
-        categories.end_trace()
 
     def _shift(self, file: _File, marks: dict, delta: int) -> None:
         """A base time found after the events (not Kineto's order): move this file's times."""
@@ -348,7 +349,8 @@ class RankConverter:
             raise MergeInputError(file.path, "baseTimeNanoseconds puts its events outside int64 nanoseconds")
 
     def _settle(self, file: _File) -> None:
-        """Encode the attached events, then add this file's launch flows and graph-launch breakdowns."""
+        """Encode the attached events (already categorized), then add this file's launch flows
+        and graph-launch breakdowns."""
         encoder = self.encoder
         flows_out, flows_in = self.flows.out, self.flows.into
         categories = self.categories
@@ -356,8 +358,6 @@ class RankConverter:
             args = e.get("args")
             cat = e.get("cat")
             if args:
-                if cat in WORK_CATEGORIES:
-                    categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args)
                 for link in LINK_ARGS.intersection(args):
                     del args[link]
             ref = id(e)

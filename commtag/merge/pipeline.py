@@ -350,7 +350,7 @@ def _convert_rank(rank: RankInput, converter: RankConverter, graph_fallback: Opt
 
 
 def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[GraphFallback]
-                    ) -> tuple[RankConverter, list[tuple[Path, dict]]]:
+                    ) -> list[tuple[Path, dict]]:
     """The rank's files read whole, their events annotated in place as the merge annotates them."""
     read: list[tuple[Path, WholeTrace]] = []
 
@@ -358,9 +358,8 @@ def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[Graph
         read.append((path, WholeTrace(path)))
         return read[-1][1]
 
-    converter = RankConverter(rank.rank, None, offset_ns=offset)
-    _convert_rank(rank, converter, graph_fallback, None, whole)
-    return converter, [(path, w.trace) for path, w in read]
+    _convert_rank(rank, RankConverter(rank.rank, None, offset_ns=offset), graph_fallback, None, whole)
+    return [(path, w.trace) for path, w in read]
 
 
 def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
@@ -439,8 +438,7 @@ def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, g
     perfetto.write_rank(stream, timeline, seq)
     if json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
-        _, traces = _attached_whole(rank, offset, graph_fallback)
-        for path, trace in traces:
+        for path, trace in _attached_whole(rank, offset, graph_fallback):
             target = Path(json_dir) / path.name
             staged.append((stage_json(target, trace), target))
     return summary

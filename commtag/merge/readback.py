@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator, Optional
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.constants import parse_rank_list
-from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown
+from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
 from commtag.merge.records import CollectiveInstance
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -51,10 +51,6 @@ class ReadbackError(ValueError):
 def read_instances(path: Path) -> list[CollectiveInstance]:
     """Every collective lane slice of a merged trace, as analysis records."""
     return read_merged(path)[0]
-
-
-#: Kernel breakdowns by scope ("stream", "graph launch", "lane") -> (rank, id) -> breakdown.
-KernelTables = dict[str, dict[tuple[int, object], Breakdown]]
 
 
 def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables]:
