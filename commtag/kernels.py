@@ -209,8 +209,10 @@ class DeviceWork:
         self._graphs: set[int] = set()
         self._lane_launches: dict[str, set[int]] = {}
 
-    def kernel(self, stream: object, name: str, cat: str, dur_us: float, args: Mapping[str, object]) -> None:
-        """One GPU activity of a Kineto category in :data:`WORK_CATEGORIES`."""
+    def kernel(self, stream: object, name: str, cat: str, dur_us: float, args: Mapping[str, object],
+               lane: object = None) -> None:
+        """One GPU activity of a Kineto category in :data:`WORK_CATEGORIES`; ``lane``: its
+        "commtag lane" where the annotation is not in ``args``."""
         category = WORK_CATEGORIES[cat] or categorize(name)
         b = self.streams.get(stream)
         if b is None:
@@ -221,7 +223,7 @@ class DeviceWork:
         self._corr.append(correlation if correlation.__class__ is int else None)
         self._cat.append(category)
         self._dur.append(dur_us)
-        self._lane.append(args.get("commtag lane"))
+        self._lane.append(args.get("commtag lane") if lane is None else lane)
 
     def launch(self, name: str, correlation: object) -> None:
         """A runtime call; graph launches tie the kernels of their correlation id to them."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from commtag.merge.convert import LINK_ARGS
 from commtag.merge.load import MergeInputError, discover
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
@@ -79,6 +80,12 @@ def test_eager_metadata_is_kept_and_completed(tmp_path: Path) -> None:
     events = orjson.loads(gzip.decompress(annotated.read_bytes()))["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel" and "Collective name" in e["args"]]
     assert len(kernels) == 21 and all("commtag pg uid" in k["args"] and "Seq" in k["args"] for k in kernels)
+    # the merged kernels carry Kineto's eager keys once (read() refuses a name given twice), completed alike
+    merged = sorted((s for s in read(out).slices if "commtag pg uid" in s.args and s.name.startswith("nccl")),
+                    key=lambda s: s.ts)
+    as_written = lambda v: orjson.dumps(v).decode() if isinstance(v, list) else v  # noqa: E731 - lists as JSON text
+    assert [s.args for s in merged] == [{k: as_written(v) for k, v in e["args"].items() if k not in LINK_ARGS}
+                                        for e in sorted(kernels, key=lambda e: e["ts"])]
 
 
 @pytest.mark.parametrize("name", [

@@ -155,8 +155,13 @@ def shared(value):
 
 
 #: Keys whose values differ between the instances of one call site (steps, replays,
-#: ranks): an instance's own ``args``. The rest are its ``common_args`` (see :func:`split_args`).
-OWN_KEYS = frozenset({"Rank", "Seq", "commtag rank", "commtag replay", "commtag p2p pair seq"})
+#: ranks), in the order they are written: an instance's own ``args``. The rest are its
+#: ``common_args`` (see :func:`split_args`).
+OWN_ORDER = ("Rank", "Seq", "commtag p2p pair seq", "commtag replay", "commtag rank")
+OWN_KEYS = frozenset(OWN_ORDER)
+#: CollectiveAnnotation fields behind OWN_ORDER's eager keys (an annotation has no "commtag rank").
+_OWN_FIELDS = (("rank", "Rank"), ("seq", "Seq"), ("p2p_pair_seq", "commtag p2p pair seq"), ("replay", "commtag replay"))
+_OWN_FIELD_NAMES = frozenset(name for name, _ in _OWN_FIELDS)
 _COMMON: dict[tuple, dict] = {}
 
 
@@ -177,43 +182,68 @@ def common(args: dict) -> dict:
 
 
 def split_args(args: dict) -> tuple[dict, dict]:
-    """An instance's annotations as ``(common_args, args)``: the shared part, and its own."""
+    """An annotation as ``(common_args, args)``: the shared part, and its own."""
+    return common({key: value for key, value in args.items() if key not in OWN_KEYS}), \
+        {key: args[key] for key in OWN_ORDER if key in args}
+
+
+def own_args(annotation: CollectiveAnnotation, **more: object) -> dict:
+    """A sidecar annotation's own keys (Seq, Rank, ...), as its eager dict has them."""
     own = {}
-    rest = {}
-    for key, value in args.items():
-        if key in OWN_KEYS:
+    for name, key in _OWN_FIELDS:
+        value = getattr(annotation, name)
+        if value is not None:
             own[key] = value
-        else:
-            rest[key] = value
-    return common(rest), own
+    own.update(more)
+    return own
 
 
-def _instance(rank: int, eager: dict, start: int, end: int, source: str,
+def _instance(rank: int, parts: tuple[dict, dict], start: int, end: int, source: str,
               group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
-    ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(eager.get("Process Group Ranks", "[]"))) or ())
+    """The instance whose slices carry ``parts`` (an event's common and own args), with its
+    rank and source added."""
+    event_common, own = parts
+    common_args = _with_source(event_common, source)
+    get = common_args.get
+    ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(get("Process Group Ranks", "[]"))) or ())
     ranks = shared(ranks)
-    common_args, args = split_args({**eager, "commtag rank": rank, "commtag source": source})
     return CollectiveInstance(
         rank=rank,
-        pg_uid=str(eager["commtag pg uid"]),
-        is_p2p=bool(eager.get("commtag p2p", False)),
-        seq=_whole(eager.get("Seq"), 0),
-        replay=eager.get("commtag replay"),
-        collective=str(eager.get("Collective name", "")),
-        in_nelems=_whole(eager.get("In msg nelems"), 0),
-        out_nelems=_whole(eager.get("Out msg nelems"), 0),
-        dtype=str(eager.get("dtype", "Undefined")),
-        group_size=_whole(eager.get("Group size"), len(ranks) or 1),
+        pg_uid=str(common_args["commtag pg uid"]),
+        is_p2p=bool(get("commtag p2p", False)),
+        seq=_whole(own.get("Seq"), 0),
+        replay=own.get("commtag replay"),
+        collective=str(get("Collective name", "")),
+        in_nelems=_whole(get("In msg nelems"), 0),
+        out_nelems=_whole(get("Out msg nelems"), 0),
+        dtype=str(get("dtype", "Undefined")),
+        group_size=_whole(get("Group size"), len(ranks) or 1),
         group_ranks=ranks,
         start_ns=start,
         end_ns=end,
         source=source,
-        lane_name=str(eager["commtag lane"]),
-        args=args,
-        lane_id=int(eager.get("commtag lane id", 0)),
+        lane_name=str(common_args["commtag lane"]),
+        args={**own, "commtag rank": rank},
+        lane_id=int(get("commtag lane id", 0)),
         source_flow=flow,
         common_args=common_args,
     )
+
+
+#: (id of an event's common args, source) -> (those args, the instance's: with "commtag source").
+_SOURCED: dict[tuple[int, str], tuple[dict, dict]] = {}
+
+
+def _with_source(event_common: dict, source: str) -> dict:
+    """An instance's common args: its events' plus "commtag source", made once per pair."""
+    key = (id(event_common), source)
+    found = _SOURCED.get(key)
+    if found is not None:
+        return found[1]
+    sourced = common({**event_common, "commtag source": source})
+    if len(_SOURCED) < 100_000:
+        _SOURCED[key] = (event_common, sourced)  # holding the args keeps their id unique
+    return sourced
 
 
 def _whole(value: object, default: int) -> int:
@@ -224,13 +254,6 @@ def _whole(value: object, default: int) -> int:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
         return default
-
-
-def _annotate(event: dict, eager: dict) -> None:
-    args = event.get("args")
-    if args is None:
-        args = event["args"] = {}
-    args.update(eager)
 
 
 class _ReplayLog:
@@ -258,8 +281,11 @@ class _RankAttacher:
     """Attach everything for one trace file of a rank (see module docstring)."""
 
     def __init__(self, rank: int, trace: dict, sidecar: Optional[Sidecar], offset_ns: int,
-                 flows: RankFlows, fallback: Optional[GraphFallback]) -> None:
+                 flows: RankFlows, fallback: Optional[GraphFallback], annotated: Optional[dict]) -> None:
         self.rank = rank
+        self.annotated = annotated
+        #: A sidecar call site's fields (all but its own) -> its common args.
+        self.sites: dict[tuple, dict] = {}
         self.trace = trace
         self.sidecar = sidecar
         self.base = base_ns(trace) + offset_ns
@@ -295,6 +321,29 @@ class _RankAttacher:
         for ops in self.c10d.values():
             ops.sort(key=lambda o: o[0])
 
+    def _annotate(self, event: dict, parts: tuple[dict, dict]) -> None:
+        """Give ``event`` its annotation, ``(common, own)`` args: merged into its args, or
+        handed to the writer in ``annotated`` (which encodes a call site's common args once)."""
+        args = event.get("args")
+        if self.annotated is None:
+            if args is None:
+                args = event["args"] = {}
+            args.update(parts[0])
+            args.update(parts[1])
+            return
+        if args and not (args.keys().isdisjoint(parts[0]) and args.keys().isdisjoint(parts[1])):
+            for key in (*parts[0], *parts[1]):  # Kineto's own eager keys, which the annotation restates
+                args.pop(key, None)
+        self.annotated[id(event)] = parts
+
+    def _site(self, annotation: CollectiveAnnotation) -> dict:
+        """The common args of a sidecar annotation's call site (its eager dict is made once per site)."""
+        key = tuple([value for name, value in annotation.__dict__.items() if name not in _OWN_FIELD_NAMES])
+        found = self.sites.get(key)
+        if found is None:
+            found = self.sites[key] = split_args(annotation.eager_dict())[0]
+        return found
+
     def run(self) -> list[CollectiveInstance]:
         leftover = self._gloo() if self.sidecar else []
         self._graph_replays()
@@ -317,14 +366,14 @@ class _RankAttacher:
             if op is None and work is None and group is not None and "gloo" not in group.backend:
                 leftover.append(rec)
                 continue
-            eager = ann.eager_dict()
+            parts = (self._site(ann), own_args(ann))
             timing = work or op or (lo, hi, None)
             source = op if op is not None and op[0] <= timing[0] else work
             for hit in (op, work):
                 if hit is not None:
-                    _annotate(hit[2], eager)
+                    self._annotate(hit[2], parts)
             flow = self.flows.source(source[2]) if source is not None else None
-            self.instances.append(_instance(self.rank, eager, timing[0], timing[1], "gloo", group, flow))
+            self.instances.append(_instance(self.rank, parts, timing[0], timing[1], "gloo", group, flow))
         return leftover
 
     def _take_op(self, tid: int, lo: int, hi: int) -> Optional[tuple]:
@@ -376,12 +425,12 @@ class _RankAttacher:
             k = used.get(pg_name, 0)
             if k < len(queue) and queue[k].collective_name == args["Collective name"]:
                 used[pg_name] = k + 1
-                eager = queue[k].eager_dict()
+                parts = (self._site(queue[k]), own_args(queue[k]))
             else:
-                eager = self._complete(args, derived)
-            _annotate(e, eager)
-            group = self.by_uid.get(str(eager["commtag pg uid"]))
-            self.instances.append(_instance(self.rank, eager, start, end, "nccl-kernel", group, self.flows.source(e)))
+                parts = split_args(self._complete(args, derived))
+            self._annotate(e, parts)
+            group = self.by_uid.get(str(parts[0]["commtag pg uid"]))
+            self.instances.append(_instance(self.rank, parts, start, end, "nccl-kernel", group, self.flows.source(e)))
 
     def _complete(self, args: dict, derived: dict) -> dict:
         """Kineto's eager keys, normalized and completed with lane and cross-rank key."""
@@ -476,19 +525,23 @@ class _RankAttacher:
         methods = {id(m.event): m.method for m in matches}
         for m in matches:
             grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m.event)
+        sites: dict[tuple[int, int, str], dict] = {}
         for (cap_id, ci, replay), events in sorted(grouped.items()):
-            captured = captures[cap_id].collectives[ci]
-            eager = captured.annotation.model_copy(update={"replay": replay}).eager_dict()
+            annotation = captures[cap_id].collectives[ci].annotation
+            own = own_args(annotation, **{"commtag replay": replay})
             spans = [event_ns(e, self.base) for e in events]
             for e in events:
                 self.taken.add(id(e))
-                _annotate(e, {**eager, "commtag match": methods[id(e)]})
+                site = sites.get((cap_id, ci, methods[id(e)]))
+                if site is None:
+                    site = sites[(cap_id, ci, methods[id(e)])] = split_args(
+                        {**annotation.eager_dict(), "commtag match": methods[id(e)]})[0]
+                self._annotate(e, (site, own))
             first = min(zip(spans, range(len(events))))[1]
-            group = self.by_uid.get(captured.annotation.pg_uid)
             self.instances.append(_instance(
-                self.rank, {**eager, "commtag match": methods[id(events[first])]},
+                self.rank, (sites[(cap_id, ci, methods[id(events[first])])], own),
                 min(s[0] for s in spans), max(s[1] for s in spans),
-                "graph-replay", group, self.flows.source(events[first]),
+                "graph-replay", self.by_uid.get(annotation.pg_uid), self.flows.source(events[first]),
             ))
 
     # -- kernels with no metadata -----------------------------------------
@@ -509,15 +562,22 @@ class _RankAttacher:
                 "commtag pg uid": f"{UNATTRIBUTED_UID}:{kind}", "commtag p2p": kind in ("sendrecv", "send", "recv"),
                 "commtag inferred": "collective from the kernel name; group unknown; Seq = order on this rank",
             }
-            inst = _instance(self.rank, eager, start, end, "nccl-kernel", None, self.flows.source(e))
+            inst = _instance(self.rank, split_args(eager), start, end, "nccl-kernel", None, self.flows.source(e))
             inst.group_size = int(world)
             self.instances.append(inst)
 
 
 def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows, *,
-           offset_ns: int = 0, graph_fallback: Optional[GraphFallback] = None) -> list[CollectiveInstance]:
-    """Annotate one trace file's events in place; return its collective instances."""
-    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, graph_fallback).run()
+           offset_ns: int = 0, graph_fallback: Optional[GraphFallback] = None,
+           annotated: Optional[dict[int, tuple[dict, dict]]] = None) -> list[CollectiveInstance]:
+    """Annotate one trace file's events in place; return its collective instances.
+
+    ``annotated``: instead of merging each annotation into its event's args,
+    map ``id(event)`` to its ``(common, own)`` args there (Kineto's copies of
+    eager keys are dropped from the args): the writer encodes a call site's
+    common args once, not per event.
+    """
+    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, graph_fallback, annotated).run()
 
 
 def settle_inferred(instances: Sequence[CollectiveInstance]) -> None:

@@ -168,6 +168,10 @@ class RankConverter:
         #: uid -> (lane_name, lane_id, pg_uid, member ranks) of the groups this rank knows.
         self.groups: dict[str, tuple] = {}
         self.host = ""
+        #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
+        self.annotated: dict[int, tuple[dict, dict]] = {}
+        #: id(common args) -> (their encoded bytes, the args): a call site's, encoded once per rank.
+        self._common_blocks: dict[int, tuple[bytes, dict]] = {}
 
     # -- events ------------------------------------------------------------
     def feed(self, file: _File, events: Iterable, base: int) -> None:
@@ -314,7 +318,8 @@ class RankConverter:
             self._shift(file, marks, final - base)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         fallback = graph_fallback(trace) if graph_fallback is not None else None
-        self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback)
+        self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,
+                                 annotated=self.annotated if self.encoder is not None else None)
         for g in group_table(trace, sidecar).values():
             self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
@@ -331,11 +336,15 @@ class RankConverter:
         """Add the attached kernels to the breakdowns: only now do they carry their lanes
         (and their correlation, which :meth:`_settle` then drops)."""
         categories = self.categories
+        annotated = self.annotated
         for e, _, _ in file.candidates:
-            args = e.get("args")
             cat = e.get("cat")
-            if args and cat in WORK_CATEGORIES:
-                categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args)
+            if cat in WORK_CATEGORIES:
+                parts = annotated.get(id(e))
+                args = e.get("args") or {}
+                lane = parts[0].get("commtag lane") if parts is not None else args.get("commtag lane")
+                if args or parts is not None:
+                    categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args, lane)
 
     def _shift(self, file: _File, marks: dict, delta: int) -> None:
         """A base time found after the events (not Kineto's order): move this file's times."""
@@ -354,18 +363,28 @@ class RankConverter:
         encoder = self.encoder
         flows_out, flows_in = self.flows.out, self.flows.into
         categories = self.categories
+        annotated = self.annotated
+        blocks = self._common_blocks
         for e, row, index in file.candidates:
             args = e.get("args")
-            cat = e.get("cat")
             if args:
                 for link in LINK_ARGS.intersection(args):
                     del args[link]
             ref = id(e)
             out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
-            # Attached args are unique (Seq, replay): the writer's block cache would only grow.
-            data = encoder.body(e.get("name", ""), cat, None)
+            # Kineto's args, then the annotation: its call site's common args (encoded once),
+            # then its own. (Not through the writer's block cache: Seq and replay make every
+            # event's args unique, so that cache would only grow.)
+            data = encoder.body(e.get("name", ""), e.get("cat"), None)
             if args:
                 data += encoder.annotations(args)
+            parts = annotated.pop(ref, None)
+            if parts is not None:
+                common, own = parts
+                block = blocks.get(id(common))
+                if block is None:
+                    block = blocks[id(common)] = (encoder.annotations(common), common)
+                data += block[0] + encoder.annotations(own)
             row.append_to(index, encoder.flows(out, into) + data if out or into else data)
         file.candidates.clear()
         self._launch_flows(file)

@@ -161,7 +161,8 @@ def read_trace(path: Path) -> ParsedTrace:
     """Every track and slice of a trace, strictly: a dangling interned id or END is a ReadbackError.
 
     Interned names are resolved per sequence, BEGIN/END are paired per track in
-    timestamp order (ties in file order, as trace_processor sorts them).
+    timestamp order (ties in file order, as trace_processor sorts them). An
+    event naming one debug annotation twice is an error too (the UI would show both).
     """
     tables: dict[int, tuple[dict[int, str], dict[int, str], dict[int, str]]] = {}
     tracks: dict[int, pb.TrackDescriptor] = {}
@@ -207,6 +208,8 @@ def read_trace(path: Path) -> ParsedTrace:
                     for a in event.debug_annotations}
         except KeyError as exc:
             raise ReadbackError(f"{path}: packet {index} uses interned id {exc} its sequence never defined") from None
+        if len(args) != len(event.debug_annotations):
+            raise ReadbackError(f"{path}: packet {index} names a debug annotation twice")
         item = Slice(event.track_uuid, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
                      depth=len(stack))
         slices.append(item)
