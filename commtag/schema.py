@@ -200,27 +200,19 @@ class GraphCapture(BaseModel):
     replays: list[GraphReplay] = []
 
 
-class Sidecar(BaseModel):
-    """Everything commtag knows about one rank's trace."""
+class SidecarHead(BaseModel):
+    """Which run, rank and trace a sidecar belongs to: what the merge reads of every sidecar
+    before converting any rank (its other fields are only parsed past, not validated)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     kind: Literal["commtag-sidecar"] = SIDECAR_KIND
     schema_version: int = SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     rank: int = Field(ge=0)
     world_size: int = Field(ge=1)
-    host: str
-    pid: int
-    torch_version: str
-    nccl_version: Optional[str] = None
     #: Basename of the trace file this sidecar annotates.
     trace_file: str
-    #: Clock of every *_ns field: time.time_ns(), as Kineto's baseTimeNanoseconds.
-    clock: Literal["CLOCK_REALTIME_NS"] = "CLOCK_REALTIME_NS"
-    process_groups: list[ProcessGroupInfo]
-    collectives: list[RecordedCollective]
-    captures: list[GraphCapture] = []
 
     @field_validator("schema_version")
     @classmethod
@@ -240,9 +232,29 @@ class Sidecar(BaseModel):
         return name
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Sidecar":
+    def _rank_in_world(self) -> "SidecarHead":
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        return self
+
+
+class Sidecar(SidecarHead):
+    """Everything commtag knows about one rank's trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    pid: int
+    torch_version: str
+    nccl_version: Optional[str] = None
+    #: Clock of every *_ns field: time.time_ns(), as Kineto's baseTimeNanoseconds.
+    clock: Literal["CLOCK_REALTIME_NS"] = "CLOCK_REALTIME_NS"
+    process_groups: list[ProcessGroupInfo]
+    collectives: list[RecordedCollective]
+    captures: list[GraphCapture] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Sidecar":
         groups = {pg.uid: pg for pg in self.process_groups}
         for recorded in self.collectives:
             _check_against_table(recorded.annotation, groups, self.rank)

@@ -358,6 +358,27 @@ def test_skip_bad_ranks_merges_the_rest_and_says_why(damage, traces: Path, capsy
     assert {f for s in lanes for f in s.flows_out} & {f for s in lanes for f in s.flows_in}
 
 
+@pytest.mark.parametrize("align", ["none", "collectives"])
+def test_skip_bad_ranks_merges_a_trace_whose_sidecar_fails_alone(align: str, traces: Path, capsys):
+    # Discovery reads only a sidecar's head (run, rank, trace): this one fails later, in full.
+    _edit_sidecar(_sidecar(traces, 2), lambda s: s["collectives"][0].update(start_ns=-1))
+    code, err, _ = _merge(capsys, str(traces), "--align", align)
+    assert code == 2 and not (traces / OUT).exists()
+    assert err == [f"commtag merge: error: {_sidecar(traces, 2)}: invalid sidecar: collectives.0.start_ns: "
+                   "Input should be greater than or equal to 0"]
+
+    code, err, out = _merge(capsys, str(traces), "--align", align, "--skip-bad-ranks")
+    assert code == 0, err
+    skipped = [line for line in err if line.startswith("commtag merge: skipped: ")]
+    assert skipped == [f"commtag merge: skipped: {_sidecar(traces, 2)}: invalid sidecar: collectives.0.start_ns: "
+                       "Input should be greater than or equal to 0"]  # once, though --align reads it twice
+    assert out.startswith(f"{traces / OUT}: 3 ranks")
+    parsed = read(traces / OUT)
+    assert sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes()) == ["rank 0", "rank 1", "rank 2"]
+    # rank 2's trace is there, without the annotations only its sidecar had
+    assert {s.args["commtag rank"] for s in parsed.slices if "commtag rank" in s.args} == {0, 1}
+
+
 def test_skip_bad_ranks_with_nothing_left_is_still_an_error(traces: Path, capsys):
     for rank in range(WORLD):
         _edit_trace(_trace(traces, rank), lambda t: t.update(traceEvents=None))

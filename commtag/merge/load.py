@@ -1,9 +1,9 @@
 """Find PyTorch profiler (Kineto) Chrome-JSON traces and their sidecars; tell their ranks.
 
-Discovery reads only each file's first bytes: a sidecar starts with its
+Discovery reads only each file's first bytes (a sidecar starts with its
 ``"kind": "commtag-sidecar"``, a trace's ``distributedInfo`` sits before its
-``traceEvents``. So ranks are known (and split between merge workers)
-before any trace is parsed.
+``traceEvents``) and each sidecar's head (:func:`load_sidecar_head`). So
+ranks are known (and split between merge workers) before any trace is parsed.
 
 The rank of a trace, first rule that applies:
 1. ``distributedInfo.rank`` in the trace;
@@ -28,10 +28,12 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 if TYPE_CHECKING:
-    from commtag.schema import Sidecar
+    from commtag.schema import Sidecar, SidecarHead
+
+_Model = TypeVar("_Model", bound="SidecarHead")
 
 DEFAULT_RANK_PATTERN = r"(?<![a-z])(?:rank|worker)[-_]?(\d+)"
 _HEAD_BYTES = 1 << 16
@@ -124,21 +126,6 @@ def _candidates(inputs: Sequence[Path]) -> list[Path]:
     return files
 
 
-class SidecarIdentity(NamedTuple):
-    """What discovery keeps of a sidecar it validated. Only this, not the whole
-    model: a sidecar is about six times its JSON as objects, so holding every
-    rank's at once grew with the rank count (180 MB for 128 ranks)."""
-
-    run_id: str
-    rank: int
-    world_size: int
-    trace_file: str
-
-    @classmethod
-    def of(cls, sidecar: Sidecar) -> SidecarIdentity:
-        return cls(sidecar.run_id, sidecar.rank, sidecar.world_size, sidecar.trace_file)
-
-
 def discover(
     inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None
 ) -> list[RankInput]:
@@ -157,11 +144,11 @@ def discover(
         skipped.append(MergeInputError(path, problem))
 
     traces: dict[str, tuple[Path, bytes]] = {}
-    sidecars: dict[str, tuple[Path, SidecarIdentity]] = {}
+    sidecars: dict[str, tuple[Path, SidecarHead]] = {}
     for path in _candidates(inputs):
         try:
             head = _head(path)
-            sidecar = SidecarIdentity.of(load_sidecar(path)) if _is_sidecar(head) else None
+            sidecar = load_sidecar_head(path) if _is_sidecar(head) else None
         except MergeInputError as exc:
             fail(exc.path, exc.problem)
             continue
@@ -236,7 +223,7 @@ def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) ->
             sidecars.pop(name, None)
 
 
-def _rank_of(path: Path, head: bytes, sidecar: Optional[SidecarIdentity], pattern: re.Pattern[str]) -> int:
+def _rank_of(path: Path, head: bytes, sidecar: Optional[SidecarHead], pattern: re.Pattern[str]) -> int:
     match = _DIST_RANK.search(head)
     if match:
         return int(match.group(1))
@@ -253,17 +240,34 @@ def _rank_of(path: Path, head: bytes, sidecar: Optional[SidecarIdentity], patter
 
 
 def load_sidecar(path: Path) -> Sidecar:
-    """Parse and validate a commtag sidecar."""
-    # Imported here: pydantic costs ~0.1 s of start-up, which a merge without sidecars never pays.
-    from pydantic import ValidationError
-
+    """Parse and validate a commtag sidecar (what the conversion of its rank reads)."""
     from commtag.schema import Sidecar
+
+    return _validated(path, Sidecar)
+
+
+def load_sidecar_head(path: Path) -> SidecarHead:
+    """Only a sidecar's run, rank and trace (what discovery reads of every sidecar).
+
+    So each sidecar is validated in full once, when its rank is converted: a
+    full validation costs about ten times a head's. Keeping every validated
+    sidecar from discovery instead grew with the rank count (a sidecar is
+    about six times its JSON as objects: 180 MB for 128 ranks).
+    """
+    from commtag.schema import SidecarHead
+
+    return _validated(path, SidecarHead)
+
+
+def _validated(path: Path, model: type[_Model]) -> _Model:
+    # pydantic is imported here: it costs ~0.1 s of start-up, which a merge without sidecars never pays.
+    from pydantic import ValidationError
 
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-        return Sidecar.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except OSError as exc:
         raise MergeInputError(path, f"cannot read: {exc}") from None
     except ValidationError as exc:

@@ -311,8 +311,17 @@ def _from_wire(data: dict) -> list[RankSummary]:
     return summaries
 
 
-def _sidecar_of(rank: RankInput, f) -> Optional[object]:
-    sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+def _sidecar_of(rank: RankInput, f, skipped: Optional[list[MergeInputError]]) -> Optional[object]:
+    """The file's sidecar, validated in full (discovery read only its head). A sidecar that
+    fails is an error, or with ``skipped`` left out and its trace merged alone."""
+    try:
+        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+    except MergeInputError as exc:
+        if skipped is None:
+            raise
+        if not any((e.path, e.problem) == (exc.path, exc.problem) for e in skipped):  # --align reads it twice
+            skipped.append(exc)
+        return None
     if sidecar is not None and sidecar.rank != rank.rank:
         raise MergeInputError(f.sidecar, f"sidecar is for rank {sidecar.rank} but its trace is rank {rank.rank}")
     return sidecar
@@ -338,7 +347,7 @@ def _convert_rank(rank: RankInput, converter: RankConverter, graph_fallback: Opt
     ``skipped`` (--skip-bad-ranks) took the rank instead of the error."""
     fallback = _fallback(graph_fallback)
     try:
-        spans = [(*converter.add_file(f.path, source(f.path), _sidecar_of(rank, f), fallback), f.path)
+        spans = [(*converter.add_file(f.path, source(f.path), _sidecar_of(rank, f, skipped), fallback), f.path)
                  for f in rank.files]
         _check_spans(rank, spans)
     except MergeInputError as exc:
