@@ -80,3 +80,23 @@ def test_track_uuids_are_unique_and_short() -> None:
     assert len(uuids) == len(ranks) * len(locals_) and 0 not in uuids
     # every event packet names its track: the common ones must stay 2-byte varints
     assert max(len(perfetto.varint(perfetto.track_uuid(r, n))) for r in range(127) for n in range(127)) == 2
+
+
+def test_link_only_args_are_left_to_flows_and_the_rest_is_written(tmp_path: Path) -> None:
+    import orjson
+
+    from commtag.merge.convert import LINK_ARGS
+    from commtag.merge.pipeline import merge
+
+    links = {key: 7 for key in LINK_ARGS}
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0,
+         "args": {**links, "Input Dims": [[2, 2]], "Sequence number": 3}},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "s": "t", "pid": 1, "tid": 1, "ts": 12.0,
+         "args": {**links, "Bytes": -512}},
+    ]
+    src = tmp_path / "rank0.trace.json"
+    src.write_bytes(orjson.dumps({"traceEvents": events, "baseTimeNanoseconds": 10**18}))
+    merge([src], tmp_path / "out.pftrace")
+    written = {s.name: s.args for s in read(tmp_path / "out.pftrace").slices if s.name in ("aten::mm", "[memory]")}
+    assert written == {"aten::mm": {"Input Dims": "[[2,2]]", "Sequence number": 3}, "[memory]": {"Bytes": -512}}

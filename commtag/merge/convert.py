@@ -38,6 +38,17 @@ _MISSING = object()
 _GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "hipGraphLaunch")
 
 
+def _drop_links(args: dict) -> None:
+    """Remove :data:`LINK_ARGS` from ``args``: five pops cost a third of a set intersection
+    and a delete loop, and this runs for nearly every event."""
+    pop = args.pop
+    pop("External id", None)
+    pop("correlation", None)
+    pop("cbid", None)
+    pop("Ev Idx", None)
+    pop("Record function id", None)
+
+
 class Encoder(Protocol):
     """What the writer offers the converter: opaque bytes per event."""
 
@@ -234,8 +245,7 @@ class RankConverter:
                     if row is None:
                         row = self.instants[(pid, tid)] = Row()
                     if args:
-                        for link in LINK_ARGS.intersection(args):
-                            del args[link]
+                        _drop_links(args)
                     row.add(start, start, body(name, cat, args))
                 continue
             # _is_candidate's cheap first test, written here because it runs per event.
@@ -270,8 +280,7 @@ class RankConverter:
             if args:
                 if cat in WORK_CATEGORIES:
                     categories.kernel(key, name, cat, dur, args)
-                for link in LINK_ARGS.intersection(args):
-                    del args[link]
+                _drop_links(args)
             # Row.add, inlined: it runs once per event.
             row.starts.append(start)
             row.ends.append(end)
@@ -368,8 +377,7 @@ class RankConverter:
         for e, row, index in file.candidates:
             args = e.get("args")
             if args:
-                for link in LINK_ARGS.intersection(args):
-                    del args[link]
+                _drop_links(args)
             ref = id(e)
             out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
             # Kineto's args, then the annotation: its call site's common args (encoded once),

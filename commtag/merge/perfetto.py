@@ -103,13 +103,13 @@ def varint(n: int) -> bytes:
 _v = varint
 
 
-def _ts_encoder(origin: int) -> Callable[[int], bytes]:
-    """Varints of nanosecond timestamps relative to ``origin``: the low 28 bits by table, the rest cached.
+def _ts_encoder(origin: int, highs: dict[int, bytes]) -> Callable[[int], bytes]:
+    """Varints of nanosecond timestamps relative to ``origin``: the low 28 bits by table, the
+    rest cached in ``highs`` (``n >> 28`` -> its varint; :func:`_emit_rows` reads it too).
 
     A closure, not a callable object: it runs twice per slice, and calling a
     plain function costs less than an object's ``__call__``.
     """
-    highs: dict[int, bytes] = {}
     low, mask = _L, _M
 
     def encode(ts: int) -> bytes:
@@ -240,7 +240,10 @@ class SequenceWriter:
     def __init__(self, seq_id: int, origin: int = 0) -> None:
         self.out = bytearray()
         self._seq = b"\x50" + varint(seq_id)
-        self._ts = _ts_encoder(origin)
+        self._origin = origin
+        #: Varints of timestamps' bits above the low 28, by value (see _ts_encoder).
+        self._ts_highs: dict[int, bytes] = {}
+        self._ts = _ts_encoder(origin, self._ts_highs)
         #: What follows the timestamp in every event packet once the sequence has started.
         self._seq_started = self._seq + b"\x68\x02\x5a"
         self._float_keys: dict[str, bytes] = {}
@@ -484,14 +487,18 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
     tracks: list[bytes] = []
     uuids: list[int] = []
     # BEGIN and END packets (SequenceWriter._event and .end), inlined for the common case (a started sequence with no
-    # interned data waiting): this loop runs twice per slice of the whole merge.
+    # interned data waiting): this loop runs twice per slice of the whole merge. So is the timestamp's varint
+    # (seq._ts) where its high bits are cached: 28 low bits by table and the cached rest.
     ts_bytes, after_ts = seq._ts, seq._seq_started
+    origin, highs, low, mask = seq._origin, seq._ts_highs, _L, _M
     for i in order_:
         start, stop = starts[i], ends[i]
         k = 0
         for stack in stacks:
             while stack and stack[-1] <= start:
-                ts_b = ts_bytes(stack.pop())
+                n = stack.pop() - origin
+                tail = highs.get(n >> 28) if n >= 0x10000000 else None
+                ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(n + origin)
                 body += b"\x0a" + _V[len(ts_b) + len(tails[k]) + 1] + b"\x40" + ts_b + tails[k]
             if not stack or stop <= stack[-1]:
                 break
@@ -511,8 +518,11 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
         if seq._pending or not seq._started:
             seq._event(start, event, body)
             continue
+        n = start - origin
+        tail = highs.get(n >> 28) if n >= 0x10000000 else None
+        ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(start)
         n = len(event)
-        head = b"\x40" + ts_bytes(start) + after_ts + (_V[n] if n < 0x4000 else varint(n))
+        head = b"\x40" + ts_b + after_ts + (_V[n] if n < 0x4000 else varint(n))
         size = len(head) + n
         body += b"\x0a" + (_V[size] if size < 0x4000 else varint(size)) + head
         body += event
