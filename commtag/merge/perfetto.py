@@ -467,10 +467,10 @@ class _LocalIds:
         return uuid
 
 
-def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: int,
+def _emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, name: str, order: int,
                merge_key: str, ids: _LocalIds, instants: Optional[Row] = None,
                summary: Optional[tuple[str, dict]] = None) -> None:
-    """Slices of one source row on as few backing tracks as proper nesting allows.
+    """Write the slices of one source row on as few backing tracks as proper nesting allows.
 
     Each backing track gets the slices that nest properly on it; a slice that
     would cross one goes to the next. All backing tracks share parent, name
@@ -544,7 +544,11 @@ def _emit_rows(seq: SequenceWriter, slices: Row, parent: int, name: str, order: 
             uuid, name, parent=parent, sibling_order_rank=order,
             merge_key=merge_key if len(uuids) > 1 else None,
         ))
-    seq.out += body
+    # The sequence's packets so far (descriptors last), then the row's: written, not
+    # appended to seq.out, which would copy the row's packets (megabytes) once more.
+    stream.write(seq.out)
+    seq.out.clear()
+    stream.write(body)
 
 
 def rank_sequence(rank: int, origin: int = 0) -> SequenceWriter:
@@ -571,10 +575,8 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceW
             seq.descriptor(track_descriptor(parent, track.group, parent=proc,
                                             child_ordering=CHILD_ORDERING_EXPLICIT))
         key = f"r{rank}:{track.group}:{track.name}"
-        _emit_rows(seq, track.slices, parent, track.name, track.order, key, ids, track.instants, track.summary)
-        if len(seq.out) > (1 << 20):
-            stream.write(seq.out)
-            seq.out.clear()
+        _emit_rows(stream, seq, track.slices, parent, track.name, track.order, key, ids, track.instants,
+                   track.summary)
     stream.write(seq.out)
 
 
@@ -626,11 +628,8 @@ class LanesWriter:
                 slices = self._slices(by_lane.pop((rank, lane_name), ()), flows, common_blocks)
                 kernels = (lane_kernels or {}).get((rank, lane_name))
                 summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
-                _emit_rows(self.seq, slices, parent, lane_name, order,
+                _emit_rows(stream, self.seq, slices, parent, lane_name, order,
                            f"r{rank}:lane:{lane_name}", self._rank_ids(rank), summary=summary)
-            if len(self.seq.out) > (1 << 20):
-                stream.write(self.seq.out)
-                self.seq.out.clear()
         if by_lane:
             raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
         for series in counters:
