@@ -380,12 +380,9 @@ class RankConverter:
                 _drop_links(args)
             ref = id(e)
             out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
-            # Kineto's args, then the annotation: its call site's common args (encoded once),
-            # then its own. (Not through the writer's block cache: Seq and replay make every
-            # event's args unique, so that cache would only grow.)
-            data = encoder.body(e.get("name", ""), e.get("cat"), None)
-            if args:
-                data += encoder.annotations(args)
+            # Kineto's args (through the writer's block cache: a kernel's repeat), then the
+            # annotation: its call site's common args (encoded once), then its own.
+            data = encoder.body(e.get("name", ""), e.get("cat"), args)
             parts = annotated.pop(ref, None)
             if parts is not None:
                 common, own = parts
