@@ -181,7 +181,8 @@ class RankConverter:
         self.host = ""
         #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
         self.annotated: dict[int, tuple[dict, dict]] = {}
-        #: id(common args) -> (their encoded bytes, the args): a call site's, encoded once per rank.
+        #: id(common args) -> (their encoded bytes, the args): a call site's, encoded once per rank
+        #: (holding the args keeps their id from being reused).
         self._common_blocks: dict[int, tuple[bytes, dict]] = {}
 
     # -- events ------------------------------------------------------------
@@ -342,8 +343,8 @@ class RankConverter:
         return file.first, file.last
 
     def _categorize(self, file: _File) -> None:
-        """Add the attached kernels to the breakdowns: only now do they carry their lanes
-        (and their correlation, which :meth:`_settle` then drops)."""
+        """Add the attached kernels to the breakdowns: only now is their lane known (from
+        their annotation), and they still carry their correlation (:meth:`_settle` drops it)."""
         categories = self.categories
         annotated = self.annotated
         for e, _, _ in file.candidates:
