@@ -174,9 +174,10 @@ def merge(
             return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
-        annotations = analysis(instances) if analysis is not None else None
+        with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
+            annotations = analysis(instances) if analysis is not None else None
         try:
-            with open(final_tmp, "ab") as stream:
+            with open(final_tmp, "ab") as stream, _collector_paused():
                 for path in shards:
                     with open(path, "rb") as part:
                         while block := part.read(16 << 20):
