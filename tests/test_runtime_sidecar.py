@@ -53,6 +53,10 @@ def test_sidecar_next_to_its_trace():
         (lambda good: good.replace(b'"Group size":2', b'"Group size":3'), "Group size"),
         (lambda good: good.replace(b'"dtype":"Float"', b'"dtype":"float32"'), "dtype"),
         (lambda good: good.replace(b'"In msg nelems":4', b'"In msg nelems":-4'), "In msg nelems"),
+        # a rank list is checked however often the same text was valid before (the check is cached)
+        (lambda good: good.replace(b'"Process Group Ranks":"[0, 1]"', b'"Process Group Ranks":"[0,1]"'),
+         "Process Group Ranks"),
+        (lambda good: good.replace(b'"In split size":"[]"', b'"In split size":"[1, 2"'), "In split size"),
     ],
 )
 def test_bad_files_are_refused_naming_file_and_problem(tmp_path: Path, content, problem):
