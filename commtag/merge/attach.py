@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 from commtag.constants import MIN_LANE_ID, parse_rank_list
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
-from commtag.merge.perfetto import FLOW_SOURCE, flow_id
+from commtag.merge.perfetto import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.records import CollectiveInstance
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -121,21 +121,18 @@ class RankFlows:
         self.out: dict[int, list[int]] = {}
         self.into: dict[int, list[int]] = {}
 
-    def __call__(self) -> int:
-        self._next += 1
-        return flow_id(FLOW_SOURCE, self.rank, self._next)
-
-    def reserve(self, n: int) -> range:
-        """The next ``n`` ids at once (what a call per id would give, in order)."""
-        first = flow_id(FLOW_SOURCE, self.rank, self._next + 1)
-        self._next += n
-        return range(first, first + n)
-
     def source(self, event: dict) -> int:
         """A flow that ``event`` starts and its lane slice will end."""
-        fid = self()
+        self._next += 1
+        fid = flow_id(FLOW_SOURCE, self.rank, self._next)
         self.out.setdefault(id(event), []).append(fid)
         return fid
+
+    def launches(self, n: int) -> range:
+        """The ids of the next ``n`` flows from a launch to its device work."""
+        first = flow_id(FLOW_LAUNCH, self.rank, self._next + 1)
+        self._next += n
+        return range(first, first + n)
 
 
 #: Equal values repeated across instances, one object each (see :func:`shared`).

@@ -60,6 +60,8 @@ class Encoder(Protocol):
 
     def annotations(self, args: dict) -> bytes: ...
 
+    def shared_annotations(self, args: dict) -> bytes: ...
+
 
 def _number(value: object) -> bool:
     return value.__class__ in (int, float) and value == value and abs(value) != _INF
@@ -181,9 +183,6 @@ class RankConverter:
         self.host = ""
         #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
         self.annotated: dict[int, tuple[dict, dict]] = {}
-        #: id(common args) -> (their encoded bytes, the args): a call site's, encoded once per rank
-        #: (holding the args keeps their id from being reused).
-        self._common_blocks: dict[int, tuple[bytes, dict]] = {}
 
     # -- events ------------------------------------------------------------
     def feed(self, file: _File, events: Iterable, base: int) -> None:
@@ -374,7 +373,6 @@ class RankConverter:
         flows_out, flows_in = self.flows.out, self.flows.into
         categories = self.categories
         annotated = self.annotated
-        blocks = self._common_blocks
         for e, row, index in file.candidates:
             args = e.get("args")
             if args:
@@ -386,11 +384,7 @@ class RankConverter:
             data = encoder.body(e.get("name", ""), e.get("cat"), args)
             parts = annotated.pop(ref, None)
             if parts is not None:
-                common, own = parts
-                block = blocks.get(id(common))
-                if block is None:
-                    block = blocks[id(common)] = (encoder.annotations(common), common)
-                data += block[0] + encoder.annotations(own)
+                data += encoder.shared_annotations(parts[0]) + encoder.annotations(parts[1])
             row.append_to(index, encoder.flows(out, into) + data if out or into else data)
         file.candidates.clear()
         self._launch_flows(file)
@@ -403,7 +397,7 @@ class RankConverter:
         """One flow per piece of device work, from its launch (or from the work if it starts first)."""
         flow_fields = self.encoder.flow_fields
         launches = file.launches
-        for (row, index, corr), fid in zip(file.work, self.flows.reserve(len(file.work))):
+        for (row, index, corr), fid in zip(file.work, self.flows.launches(len(file.work))):
             hit = launches.get(corr)
             if hit is None:
                 continue

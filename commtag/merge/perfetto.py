@@ -255,6 +255,8 @@ class SequenceWriter:
         self._int_keys: dict[str, tuple[bytes, ...]] = {}
         #: Encoded annotations by the args' JSON: most events repeat an earlier event's args.
         self._blocks: dict[bytes, bytes] = {}
+        #: id(args) -> (encoded, args) of shared_annotations.
+        self._shared: dict[int, tuple[bytes, dict]] = {}
         self._pending = bytearray()
         self._started = False
 
@@ -301,10 +303,10 @@ class SequenceWriter:
             try:
                 key = orjson.dumps(args)
             except TypeError:  # a value JSON cannot hold as such (an int beyond 64 bits)
-                return data + self._annotations(args)
+                return data + self.annotations(args)
             block = self._blocks.get(key)
             if block is None:
-                block = self._annotations(args)
+                block = self.annotations(args)
                 if len(self._blocks) < _MAX_BLOCKS:
                     # A copy: orjson's own bytes carry kilobytes of spare capacity.
                     self._blocks[bytes(memoryview(key))] = block
@@ -324,9 +326,13 @@ class SequenceWriter:
         le = fid.to_bytes(8, "little")
         return b"\xf9\x02" + le, b"\x81\x03" + le
 
-    def annotations(self, args: dict) -> bytes:
-        """Payload bytes of more debug annotations (a repeated field: appending adds them)."""
-        return self._annotations(args)
+    def shared_annotations(self, args: dict) -> bytes:
+        """:meth:`annotations` of a dict that many events carry (a call site's common args),
+        encoded once per sequence. The dict must not change; it is held, so its id stays its own."""
+        found = self._shared.get(id(args))
+        if found is None:
+            found = self._shared[id(args)] = (self.annotations(args), args)
+        return found[0]
 
     def instant(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
         self._event(ts, b"\x48\x03" + track + body, self.out if out is None else out)
@@ -375,8 +381,9 @@ class SequenceWriter:
             iid = self._strings[text] = self._intern(self._strings, b"\xea\x01", text)
         return b"\x88\x01" + _v(iid)
 
-    def _annotations(self, args: dict) -> bytes:
-        """Encoded debug annotations of ``args``: per key, the bytes before the value are made once.
+    def annotations(self, args: dict) -> bytes:
+        """Payload bytes of debug annotations of ``args`` (a repeated field: appending adds more):
+        per key, the bytes before the value are made once.
 
         Non-negative ints and floats (most Kineto args: ids, sizes,
         occupancy) are the key's prefix plus the value; other values are
@@ -617,7 +624,6 @@ class LanesWriter:
         -> annotations of the lane's kernel categories, an instant at its first slice.
         """
         flows = self._cross_rank_flows(instances)
-        common_blocks: dict[int, bytes] = {}
         by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
         for inst in instances:
             by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
@@ -625,7 +631,7 @@ class LanesWriter:
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:
                 # Encoded one lane at a time: all lanes' slices at once grew with the rank count.
-                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows, common_blocks)
+                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows)
                 kernels = (lane_kernels or {}).get((rank, lane_name))
                 summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
                 _emit_rows(stream, self.seq, slices, parent, lane_name, order,
@@ -638,29 +644,22 @@ class LanesWriter:
         stream.write(self.seq.out)
         self.seq.out.clear()
 
-    def _slices(self, instances: Sequence[CollectiveInstance], flows: dict[int, tuple],
-                common_blocks: dict[int, bytes]) -> Row:
-        """One lane's slices, encoded, with their cross-rank and source flows.
-
-        ``common_blocks``: encoded ``common_args`` by the dict's id, for this write: the
-        instances sharing one (a call site's steps and replays) encode it once.
-        """
-        annotations = self.seq.annotations
+    def _slices(self, instances: Sequence[CollectiveInstance], flows: dict[int, tuple]) -> Row:
+        """One lane's slices, encoded, with their cross-rank and source flows (the common
+        args of a call site's steps and replays are encoded once)."""
+        seq = self.seq
         row = Row()
         for inst in instances:
             fout, fin = flows.get(id(inst), (None, None))
             if inst.source_flow is not None:
                 fin = (fin or ()) + (inst.source_flow,)
-            data = self.seq.body(inst.collective, "collective", None)
+            data = seq.body(inst.collective, "collective", None)
             common, own = inst.common_args, inst.args
             if own.keys().isdisjoint(common):  # then all_args() encodes as common, then own
-                block = common_blocks.get(id(common))
-                if block is None:
-                    block = common_blocks[id(common)] = annotations(common)
-                data += block + annotations(own)
+                data += seq.shared_annotations(common) + seq.annotations(own)
             else:
-                data += annotations(inst.all_args())
-            row.add(inst.start_ns, inst.end_ns, data + self.seq.flows(fout, fin) if fout or fin else data)
+                data += seq.annotations(inst.all_args())
+            row.add(inst.start_ns, inst.end_ns, data + seq.flows(fout, fin) if fout or fin else data)
         return row
 
     def _cross_rank_flows(self, instances: Sequence[CollectiveInstance]) -> dict[int, tuple]:

@@ -2,16 +2,17 @@
 
 Memory stays near one rank's encoded events: a rank is read in batches
 (commtag.merge.convert), written once its files are read, and only its
-CollectiveInstance records are kept. After the last rank the analysis hook sees every instance, and the
-lanes block (process-group lanes, cross-rank flows, counters, markers) is
-written. The output appears atomically (a temporary file renamed over it);
-a failed merge leaves any previous output untouched.
+CollectiveInstance records are kept. After the last rank the analysis hook
+sees every instance, and the lanes block (process-group lanes, cross-rank
+flows, counters, markers) is written. The output appears atomically (a
+temporary file renamed over it); a failed merge leaves any previous output
+untouched.
 
-Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a contiguous
-chunk of ranks and writes them to a shard; workers exchange their records
-as JSON; worker 0 appends the shards after its own ranks and writes the
-lanes. Blocks only use ids derived from their rank and chunks are in rank
-order, so the file is byte for byte the single-process one.
+Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a
+contiguous chunk of ranks and writes them to a shard; workers exchange
+their records as JSON; worker 0 appends the shards after its own ranks and
+writes the lanes. Blocks only use ids derived from their rank and chunks
+are in rank order, so the file is byte for byte the single-process one.
 
 ``collect`` (``commtag summary`` on a directory) streams ranks the same
 way, writing nothing; ``--json`` reads each rank whole again: it writes
@@ -27,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import orjson
 
@@ -37,9 +38,12 @@ from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
 from commtag.merge.convert import RankConverter
 from commtag.merge.jsonstream import TraceStream, WholeTrace
-from commtag.merge.load import MergeInputError, RankInput, discover, load_sidecar, nothing_left
+from commtag.merge.load import MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
 from commtag.merge.workers import SoloWorld, World
+
+if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
+    from commtag.schema import Sidecar
 
 #: ``analysis(instances)`` may add figures to each instance's ``args`` and
 #: return counters and markers for the trace.
@@ -312,7 +316,7 @@ def _from_wire(data: dict) -> list[RankSummary]:
     return summaries
 
 
-def _sidecar_of(rank: RankInput, f, skipped: Optional[list[MergeInputError]]) -> Optional[object]:
+def _sidecar_of(rank: RankInput, f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optional[Sidecar]:
     """The file's sidecar, validated in full (discovery read only its head). A sidecar that
     fails is an error, or with ``skipped`` left out and its trace merged alone."""
     try:
