@@ -34,10 +34,9 @@ _REALTIME = 1
 
 
 def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
-    """REALTIME minus BOOTTIME from a clock snapshot: what turns the file's timestamps
-    (which count from an origin, see commtag.merge.perfetto.header) into wall-clock ns."""
-    if not packet.HasField("clock_snapshot"):
-        return None
+    """REALTIME minus BOOTTIME from a packet's clock snapshot (the caller checks it has one):
+    what turns the file's timestamps (which count from an origin, see
+    commtag.merge.perfetto.header) into wall-clock ns."""
     clocks = {c.clock_id: c.timestamp for c in packet.clock_snapshot.clocks}
     if _BOOTTIME in clocks and _REALTIME in clocks:
         return clocks[_REALTIME] - clocks[_BOOTTIME]

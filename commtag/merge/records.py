@@ -36,8 +36,8 @@ class CollectiveInstance:
     #: Where the timing came from: "gloo", "nccl-kernel", "graph-replay", "cpu".
     source: str
     lane_name: str = ""
-    #: This instance's own key/values (Seq, its rank, analysis figures); with
-    #: ``common_args`` the eager-style annotations of its slices. Added keys go here.
+    #: This instance's own key/values (Seq, its rank, its wait); with ``common_args``
+    #: the eager-style annotations of its slices. Keys added to one instance go here.
     args: dict[str, object] = field(default_factory=dict)
     #: The group's lane id (orders lanes identically on every rank).
     lane_id: int = 0

@@ -1,4 +1,4 @@
-"""What the loader hands the Perfetto writer: one rank's tracks of slices.
+"""What the converter hands the Perfetto writer: one rank's tracks of slices.
 
 Neutral types, so that the converter knows Kineto but not Perfetto and the
 writer knows Perfetto but not Kineto: an event's payload is opaque bytes the
