@@ -17,6 +17,11 @@ echo "## Runtime overhead per collective call"
 echo
 "$py" launch/bench_runtime.py "${quick[@]}" --json "$work/runtime.json"
 echo
+echo "### One-time cost per collective at CUDA-graph capture"
+echo
+# Exit 2: no GPU here, and it says so; 1: the run failed, which fails this script.
+"$py" launch/bench_capture.py "${quick[@]}" --json "$work/capture.json" || [ $? -eq 2 ]
+echo
 echo "## Merge throughput"
 echo
 "$py" launch/bench_merge.py "${quick[@]}" --workdir "$work" --json "$work/merge.json"

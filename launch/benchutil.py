@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import time
@@ -97,6 +98,13 @@ def run_child(argv: Sequence[str], timeout_s: float = 900.0, env: Optional[dict]
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def machine() -> str:

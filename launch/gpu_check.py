@@ -44,11 +44,12 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional
+
+from benchutil import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 #: Keys the eager profiler copies onto a collective's kernel (shared/reference/eager-comm-metadata.md).
@@ -68,12 +69,6 @@ N = 4096
 def fail_setup(message: str) -> int:
     print(f"gpu_check: {message}", file=sys.stderr)
     return 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load(path: Path) -> Any:
@@ -142,7 +137,7 @@ def run_workload(out: Path, checks: Checks) -> None:
     from commtag.runtime import capture
 
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(_free_port())})
+                       "MASTER_PORT": str(free_port())})
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     commtag.install()

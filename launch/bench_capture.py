@@ -1,0 +1,230 @@
+"""One-time cost per collective at CUDA-graph capture: commtag installed against absent.
+
+GPU only (one CUDA GPU, NCCL, cuda-python; NCCL world size 1). Elsewhere it
+prints why it cannot run and exits 2, which ``launch/bench.sh`` reports as
+"not measured".
+
+What a collective costs commtag while a graph is captured: the wrapper's
+slow path (description, numbering), two listings of the capture graph's
+nodes around the call (the nodes the collective added are the difference),
+and, once per capture, resolving those nodes when the capture ends (index,
+type, kernel name, tools id). A listing grows with the nodes captured so far,
+so the cost per collective is measured on graphs of several sizes: ``C``
+collectives, each after ``K`` small compute kernels.
+
+How: each repetition captures one graph of a shape with
+``CUDAGraph.capture_begin``/``capture_end`` on a side stream (the work
+``torch.cuda.graph`` wraps, without its garbage collection and cache
+emptying, which would swamp the difference) and times begin to end,
+instantiation included. Variants alternate within each repetition (absent
+first on even repetitions), ``commtag.install()``/``uninstall()`` switching
+between them. Per shape: median capture time per variant, and the added
+cost per collective, (median installed - median absent) / C. Every
+installed capture must have recorded its C collectives with their nodes,
+or the run fails (exit 1): otherwise it would time nothing.
+
+Usage: ``python launch/bench_capture.py [--shapes 8x1,64x8,256x32] [--reps 15] [--json F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import orjson
+
+from benchutil import free_port, machine, markdown_table, median
+
+REPO = Path(__file__).resolve().parents[1]
+#: Elements of the all_reduce buffer (fp32) and of the compute kernels' tensor.
+NELEMS = 1 << 16
+
+
+def unavailable() -> Optional[str]:
+    """Why this machine cannot run the benchmark, or None."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not importable ({exc})"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible here"
+    if not torch.distributed.is_nccl_available():
+        return "this torch has no NCCL backend"
+    try:
+        from cuda.bindings import runtime  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"cuda-python (cuda.bindings) is not importable ({exc}); commtag records nothing at capture without it"
+    return None
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'8x1,64x8' -> [(8, 1), (64, 8)]: collectives x compute kernels before each."""
+    shapes = []
+    for part in text.split(","):
+        collectives, _, kernels = part.strip().partition("x")
+        shapes.append((int(collectives), int(kernels or 0)))
+    if not shapes or any(c < 1 or k < 0 for c, k in shapes):
+        raise argparse.ArgumentTypeError(f"shapes must look like 8x1,64x8 (collectives >= 1), got {text!r}")
+    return shapes
+
+
+class Workload:
+    """The captured step: K in-place adds, then an in-place all_reduce, C times."""
+
+    def __init__(self, torch: Any, dist: Any) -> None:
+        self.torch = torch
+        self.dist = dist
+        self.stream = torch.cuda.Stream()
+        self.buffer = torch.ones(NELEMS, device="cuda")
+        self.scratch = torch.zeros(NELEMS, device="cuda")
+        # NCCL's communicator and this buffer size are set up eagerly, on the side stream as capture requires.
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            for _ in range(3):
+                self.scratch.add_(1.0)
+                dist.all_reduce(self.buffer)
+        torch.cuda.synchronize()
+
+    def capture(self, collectives: int, kernels: int) -> int:
+        """Capture one graph of the shape; ns from capture_begin to the end of capture_end."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
+            start = time.perf_counter_ns()
+            graph.capture_begin()
+            try:
+                for _ in range(collectives):
+                    for _ in range(kernels):
+                        self.scratch.add_(1.0)
+                    self.dist.all_reduce(self.buffer)
+            finally:
+                graph.capture_end()
+            elapsed = time.perf_counter_ns() - start
+        torch.cuda.synchronize()
+        del graph
+        return elapsed
+
+
+def recorded_last(collectives: int) -> Optional[str]:
+    """What is wrong with the newest capture commtag recorded, or None when it holds ``collectives``
+    collectives, each with graph nodes."""
+    from commtag.runtime import capture
+
+    records = capture.captures_snapshot()
+    if not records:
+        return "commtag recorded no capture"
+    last = max(records, key=lambda r: r.capture_id)
+    if len(last.collectives) != collectives:
+        return f"commtag recorded {len(last.collectives)} collectives in a capture of {collectives}"
+    empty = sum(1 for c in last.collectives if not c.nodes)
+    if empty:
+        return f"{empty} of {collectives} captured collectives have no graph nodes"
+    return None
+
+
+def measure(shapes: Sequence[tuple[int, int]], reps: int) -> tuple[list[dict], dict]:
+    import torch
+    import torch.distributed as dist
+
+    import commtag
+
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())})
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        work = Workload(torch, dist)
+        # First captures: torch's own lazy set-up, then commtag's (cuda-python, the tracker, the c10d hooks).
+        first_absent = work.capture(*shapes[0])
+        commtag.install()
+        first_installed = work.capture(*shapes[0])
+        problem = recorded_last(shapes[0][0])
+        commtag.uninstall()
+        if problem:
+            raise RuntimeError(f"first capture: {problem}")
+        rows = []
+        for collectives, kernels in shapes:
+            times: dict[str, list[int]] = {"absent": [], "installed": []}
+            for rep in range(reps):
+                for variant in (("absent", "installed") if rep % 2 == 0 else ("installed", "absent")):
+                    if variant == "installed":
+                        commtag.install()
+                    try:
+                        times[variant].append(work.capture(collectives, kernels))
+                        problem = recorded_last(collectives) if variant == "installed" else None
+                    finally:
+                        commtag.uninstall()
+                    if problem:
+                        raise RuntimeError(f"shape {collectives}x{kernels}: {problem}")
+            absent, installed = median(times["absent"]), median(times["installed"])
+            rows.append({
+                "collectives": collectives, "kernels_per_collective": kernels,
+                "graph_nodes_about": collectives * (kernels + 1), "reps": reps,
+                "absent_ms": absent / 1e6, "installed_ms": installed / 1e6,
+                "ratio": installed / absent,
+                "added_us_per_collective": (installed - absent) / collectives / 1e3,
+                "raw_ns": times,
+            })
+        first = {"absent_ms": first_absent / 1e6, "installed_ms": first_installed / 1e6, "shape": list(shapes[0])}
+        return rows, first
+    finally:
+        dist.destroy_process_group()
+
+
+def report(rows: list[dict], first: dict) -> str:
+    table = markdown_table(
+        ["collectives x kernels before each", "graph nodes (about)", "reps", "capture ms, absent",
+         "capture ms, installed", "installed / absent", "added us per collective"],
+        [[f"{r['collectives']} x {r['kernels_per_collective']}", r["graph_nodes_about"], r["reps"],
+          f"{r['absent_ms']:.2f}", f"{r['installed_ms']:.2f}", f"{r['ratio']:.2f}x",
+          f"{r['added_us_per_collective']:+.1f}"] for r in rows],
+    )
+    c, k = first["shape"]
+    return (
+        "Median capture time (capture_begin to the end of capture_end, instantiation included); "
+        "variants alternate per repetition.\n\n" + table + "\n\n"
+        f"First capture in the process ({c} x {k}): {first['absent_ms']:.1f} ms without commtag, then "
+        f"{first['installed_ms']:.1f} ms with it (loading cuda-python and commtag's capture hooks)."
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("8x1,64x8,256x32"),
+                        help="graphs to capture: collectives x compute kernels before each (default 8x1,64x8,256x32)")
+    parser.add_argument("--reps", type=int, default=15, help="captures per variant and shape (default 15)")
+    parser.add_argument("--quick", action="store_true", help="one small shape, 5 repetitions")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    reason = unavailable()
+    if reason is not None:
+        print(f"Capture cost per collective: not measured ({reason}).")
+        if args.json:
+            args.json.write_bytes(orjson.dumps({"skipped": reason}))
+        return 2
+    shapes, reps = ([(8, 1)], 5) if args.quick else (args.shapes, args.reps)
+    sys.path.insert(0, str(REPO))
+    info = machine()
+    try:
+        rows, first = measure(shapes, reps)
+    except RuntimeError as exc:
+        print(f"bench_capture: {exc}", file=sys.stderr)
+        return 1
+    import torch
+
+    gpu = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, torch {torch.__version__}"
+    print(f"Machine: {info}; {gpu}.\n")
+    print(report(rows, first))
+    if args.json:
+        args.json.write_bytes(orjson.dumps({"machine": info, "gpu": gpu, "rows": rows, "first": first},
+                                           option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
