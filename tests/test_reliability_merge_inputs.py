@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from commtag.cli import main
+from commtag.merge.timeline import LANE_GROUP
 from commtag.merge.validate import validate_file
 from gloo_world import run_world
 from pftrace_reader import read
@@ -377,6 +378,30 @@ def test_skip_bad_ranks_merges_a_trace_whose_sidecar_fails_alone(align: str, tra
     assert sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes()) == ["rank 0", "rank 1", "rank 2"]
     # rank 2's trace is there, without the annotations only its sidecar had
     assert {s.args["commtag rank"] for s in parsed.slices if "commtag rank" in s.args} == {0, 1}
+
+
+def test_a_rank_skipped_at_its_last_event_leaves_the_next_ranks_intact(traces: Path, capsys):
+    # The ranks a worker merges share one packet sequence: the names rank 0 interned before
+    # failing must not be lost to, or misread by, ranks 1 and 2.
+    def own_slices(merged: Path) -> list[tuple]:
+        parsed = read(merged)  # strict: a dangling interned id raises
+        rows = []
+        for s in parsed.slices:
+            path = parsed.name_path(s.track)
+            if path[0].split(" · ")[0] in ("rank 1", "rank 2") and path[1] != LANE_GROUP:
+                rows.append((tuple(path), s.ts, s.end, s.name, sorted(s.args.items(), key=str), s.depth))
+        return rows
+
+    code, err, _ = _merge(capsys, str(traces))
+    assert code == 0, err
+    whole = own_slices(traces / OUT)
+    (traces / OUT).unlink()
+    _edit_trace(_trace(traces, 0), lambda t: [e for e in t["traceEvents"] if e.get("ph") == "X"][-1].update(ts=-1))
+    code, err, out = _merge(capsys, str(traces), "--skip-bad-ranks")
+    assert code == 0, err
+    assert out.startswith(f"{traces / OUT}: 2 ranks") and validate_file(traces / OUT) == []
+    rest = own_slices(traces / OUT)
+    assert len(rest) >= 20 and rest == whole
 
 
 def test_skip_bad_ranks_with_nothing_left_is_still_an_error(traces: Path, capsys):

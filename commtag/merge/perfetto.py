@@ -17,8 +17,9 @@ Ids: a track uuid interleaves the bits of ``rank + 1`` and a per-rank
 ``local`` (see ``track_uuid``: every event packet names its track, so small
 ids matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block
 above it. Flow ids carry their kind
-in the top bits (see ``flow_id``). Each rank block is one packet sequence
-``RANK_SEQ_BASE + rank``; the header and lanes block have their own.
+in the top bits (see ``flow_id``). A worker's rank blocks are one packet
+sequence, ``RANK_SEQ_BASE`` + its first rank; the header and lanes block have
+their own.
 """
 
 from __future__ import annotations
@@ -558,14 +559,18 @@ def _emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, 
     stream.write(body)
 
 
-def rank_sequence(rank: int, origin: int = 0) -> SequenceWriter:
-    """The sequence a rank's block is written on; its :meth:`SequenceWriter.body` encodes the
-    rank's events while they are read (see commtag.merge.convert)."""
-    return SequenceWriter(RANK_SEQ_BASE + rank, origin)
+def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
+    """The sequence rank blocks are written on, one per merge worker, named after the first rank
+    it writes; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
+    (see commtag.merge.convert). One sequence for all of a worker's ranks: their interning
+    tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
+    other's names and args."""
+    return SequenceWriter(RANK_SEQ_BASE + first_rank, origin)
 
 
 def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceWriter] = None) -> None:
-    """Write one rank's process, groups and rows (slices already encoded by ``seq``)."""
+    """Write one rank's process, groups and rows (slices already encoded by ``seq``, which may go
+    on to the worker's next rank)."""
     rank = timeline.rank
     seq = seq or rank_sequence(rank)
     proc = process_uuid(rank)
@@ -585,6 +590,7 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceW
         _emit_rows(stream, seq, track.slices, parent, track.name, track.order, key, ids, track.instants,
                    track.summary)
     stream.write(seq.out)
+    seq.out.clear()
 
 
 # -- the lanes block ------------------------------------------------------

@@ -420,9 +420,11 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
 
         ranks = tqdm(mine, desc="commtag merge", unit="rank")
     summaries = []
+    seq = perfetto.rank_sequence(mine[0].rank, origin) if mine else None
     for rank in ranks:
         with _collector_paused():
-            summary = _write_rank(stream, rank, offsets, origin, graph_fallback, json_dir, header, skipped, staged)
+            summary = _write_rank(stream, rank, seq, offsets, origin, graph_fallback, json_dir, header, skipped,
+                                  staged)
         if summary is not None:
             header = False
             summaries.append(summary)
@@ -437,11 +439,12 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels)
 
 
-def _write_rank(stream, rank: RankInput, offsets: dict[int, int], origin: int, graph_fallback, json_dir, header: bool,
-                skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> Optional[RankSummary]:
-    """Stream, attach and write one rank; its summary, or None when ``skipped`` took it."""
+def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,
+                graph_fallback, json_dir, header: bool, skipped: Optional[list[MergeInputError]],
+                staged: list[tuple[Path, Path]]) -> Optional[RankSummary]:
+    """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
+    when ``skipped`` took it (interned strings its events had added are written with the next rank's)."""
     offset = offsets.get(rank.rank, 0)
-    seq = perfetto.rank_sequence(rank.rank, origin)
     converter = RankConverter(rank.rank, seq, offset_ns=offset)
     if not _convert_rank(rank, converter, graph_fallback, skipped):
         return None
