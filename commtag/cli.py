@@ -74,8 +74,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
             " (open it in https://ui.perfetto.dev)\n"
         )
-    # Only the worker that wrote the lanes (worker 0) ran the analysis.
-    return _report_desyncs([f.message for f in hook.result.desyncs] if hook.result else [], args.strict)
+    # Every worker ran the analysis (each wrote its ranks' lanes); worker 0 speaks for them.
+    lead = world is None or world.index == 0
+    return _report_desyncs([f.message for f in hook.result.desyncs] if hook.result and lead else [], args.strict)
 
 
 def _one_line(exc: Exception) -> str:

@@ -110,3 +110,25 @@ def test_strict_merge_passes_on_the_clean_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out.pftrace").stat().st_size > 0
     assert "desync" not in done.stderr
+
+
+def test_two_torchrun_workers_name_each_desync_once(desynced, tmp_path):
+    # Each worker runs the analysis to write its own ranks' lanes; only one may report.
+    from commtag.merge.readback import read_trace
+    from torchrun_merge import torchrun_merge
+
+    path, planted = desynced
+    one = _merge(str(path), "-o", str(tmp_path / "one.pftrace"), "--strict")
+    two = torchrun_merge([str(path), "-o", str(tmp_path / "two.pftrace"), "--strict"])
+    assert two.returncode != 0, two.stderr[-3000:]
+
+    def desyncs(stderr: str) -> list[str]:
+        return [ln for ln in stderr.splitlines() if ln.startswith("commtag merge: ") and "Seq " in ln]
+
+    assert len(desyncs(one.stderr)) >= len(planted)
+    assert desyncs(two.stderr) == desyncs(one.stderr)
+    # The marker instants, lanes and flows worker 1 wrote for ranks 2 and 3 are the single merge's.
+    single, double = read_trace(tmp_path / "one.pftrace"), read_trace(tmp_path / "two.pftrace")
+    markers = [s for s in double.slices if double.name_path(s.track)[-1] == "commtag markers"]
+    assert {double.name_path(s.track)[0].split(" · ")[0] for s in markers} >= {"rank 2", "rank 3"}
+    assert double.slices == single.slices and double.tracks == single.tracks

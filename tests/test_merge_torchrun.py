@@ -7,8 +7,6 @@ own, so interned ids differ. Every track, slice, arg and flow must be equal.
 from __future__ import annotations
 
 import gzip
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,22 +15,10 @@ import orjson
 
 from commtag.merge.readback import read_trace
 from commtag.merge.validate import validate_file
+from torchrun_merge import torchrun_merge
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DLRM = SHARED / "data" / "public-traces" / "param-dlrm-8rank"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={_free_port()}", "-m", "commtag.merge", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
 def _assert_same_trace(got: Path, expected: Path) -> None:
@@ -49,7 +35,7 @@ def test_two_workers_equal_one(tmp_path: Path) -> None:
                           "collectives", "--no-progress"], capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr
     double = tmp_path / "double.pftrace"
-    proc = _torchrun([str(DLRM), "-o", str(double), "--align", "collectives", "--no-progress"])
+    proc = torchrun_merge([str(DLRM), "-o", str(double), "--align", "collectives", "--no-progress"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert validate_file(double) == []
     _assert_same_trace(double, single)
@@ -62,7 +48,7 @@ def test_a_bad_rank_stops_every_worker(tmp_path: Path) -> None:
     (tmp_path / "rank3.json").unlink()
     (tmp_path / "rank3.json").write_text('{"traceEvents": 5}')
     out = tmp_path / "out.pftrace"
-    proc = _torchrun([str(tmp_path), "-o", str(out), "--no-progress"])
+    proc = torchrun_merge([str(tmp_path), "-o", str(out), "--no-progress"])
     assert proc.returncode != 0
     assert "rank3.json: not a profiler trace" in proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.pftrace*"))
@@ -85,10 +71,34 @@ def test_skipped_ranks_are_the_same_under_two_workers(tmp_path: Path) -> None:
     one = subprocess.run([sys.executable, "-m", "commtag.merge", str(inputs), "-o", str(single), "--skip-bad-ranks",
                           "--no-progress"], capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr
-    proc = _torchrun([str(inputs), "-o", str(double), "--skip-bad-ranks", "--no-progress"])
+    proc = torchrun_merge([str(inputs), "-o", str(double), "--skip-bad-ranks", "--no-progress"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     for out in (one.stdout, proc.stdout):
         assert ": 3 ranks," in out
     skipped = [line for line in proc.stderr.splitlines() if "skipped:" in line]
     assert len(skipped) == 1 and "rank3.json" in skipped[0] and "rank 3 skipped" in skipped[0]
     _assert_same_trace(double, single)
+
+
+def test_a_worker_failing_on_its_lanes_stops_every_worker(tmp_path: Path) -> None:
+    # Worker 1's disk fills up while it writes the lanes of its ranks, after its rank blocks.
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import errno, os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    from commtag.merge import perfetto\n"
+        "    def write(self, stream, *args, **kwargs):\n"
+        "        stream.write(b'\\x0a\\x05half')\n"
+        "        raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "    perfetto.LanesWriter.write = write\n"
+    )
+    out = tmp_path / "out" / "merged.pftrace"
+    out.parent.mkdir()
+    out.write_bytes(b"previous")
+    proc = torchrun_merge([str(DLRM), "-o", str(out), "--no-progress"], env={"PYTHONPATH": str(inject)})
+    assert proc.returncode != 0
+    assert f"commtag merge: error: {out}: cannot write the output: No space left on device" in proc.stderr
+    assert proc.stderr.count("commtag merge: error:") == 2  # each worker says why it stopped
+    assert out.read_bytes() == b"previous"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["merged.pftrace"]  # no shard or temporary left

@@ -97,7 +97,7 @@ def test_disk_full_mid_write_keeps_the_previous_output(stage: str, traces: Path,
         monkeypatch.setattr(perfetto, "write_rank", full_disk)
     else:
         real = perfetto.LanesWriter.write
-        monkeypatch.setattr(perfetto.LanesWriter, "write", lambda self, stream, *a: full_disk(stream, *a))
+        monkeypatch.setattr(perfetto.LanesWriter, "write", lambda self, stream, *a, **kw: full_disk(stream, *a, **kw))
     code = main(["merge", "--no-progress", str(traces), "-o", str(out), "--json", str(json_dir)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2

@@ -8,24 +8,25 @@ those trace_processor applies at import (see the project's reference
 perfetto-import-rules.md), and ``commtag validate`` checks them.
 
 Layout of the file: a header (ClockSnapshot, root descriptor ordering the
-processes), then one block per rank (written by whichever merge worker
-loaded it: blocks only use ids derived from their rank, so blocks from
-several workers concatenate), then the lanes block (process-group lanes,
-cross-rank flows, the analysis's counters and markers).
+processes), then per merge worker one block per rank of its chunk, then the
+lanes block of those ranks (process-group lanes, cross-rank flows, the
+analysis's counters and markers). Blocks only use ids derived from their
+rank (flow ids from the matching, which every worker runs alike), so the
+workers' parts concatenate.
 
 Ids: a track uuid interleaves the bits of ``rank + 1`` and a per-rank
 ``local`` (see ``track_uuid``: every event packet names its track, so small
 ids matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block
 above it. Flow ids carry their kind
 in the top bits (see ``flow_id``). A worker's rank blocks are one packet
-sequence, ``RANK_SEQ_BASE`` + its first rank; the header and lanes block have
-their own.
+sequence and its lanes block another, both numbered after the worker's
+first rank (``rank_sequence``, ``LanesWriter``); the header has its own.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Callable, Iterable, Optional, Sequence
+from typing import BinaryIO, Callable, Collection, Iterable, Optional, Sequence
 
 import orjson
 
@@ -44,7 +45,8 @@ TYPE_COUNTER = 4
 SEQ_CLEARED_AND_NEEDS = 3
 SEQ_NEEDS = 2
 HEADER_SEQ = 1
-LANES_SEQ = 2
+#: A worker whose chunk starts at rank r writes its rank blocks on sequence RANK_SEQ_BASE + 2r
+#: and its lanes on the next.
 RANK_SEQ_BASE = 16
 LOCAL_BITS = 20
 LANE_LOCAL = 1 << (LOCAL_BITS - 1)
@@ -565,7 +567,7 @@ def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
     (see commtag.merge.convert). One sequence for all of a worker's ranks: their interning
     tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
     other's names and args."""
-    return SequenceWriter(RANK_SEQ_BASE + first_rank, origin)
+    return SequenceWriter(RANK_SEQ_BASE + 2 * first_rank, origin)
 
 
 def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceWriter] = None) -> None:
@@ -596,10 +598,13 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceW
 # -- the lanes block ------------------------------------------------------
 
 class LanesWriter:
-    """Lanes, cross-rank flows, counters and markers: written once, after every rank."""
+    """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
 
-    def __init__(self, origin: int = 0) -> None:
-        self.seq = SequenceWriter(LANES_SEQ, origin)
+    ``first_rank``: the first rank of the worker's chunk, which names its sequence.
+    """
+
+    def __init__(self, origin: int = 0, first_rank: int = 0) -> None:
+        self.seq = SequenceWriter(RANK_SEQ_BASE + 2 * first_rank + 1, origin)
         self._ids: dict[int, _LocalIds] = {}
         self._groups: dict[int, int] = {}
         self._cross = 0
@@ -620,20 +625,26 @@ class LanesWriter:
 
     def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
               instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
-              markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None) -> None:
-        """Write every lane with its slices and flows, then counters and markers.
+              markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
+              ranks: Optional[Collection[int]] = None) -> None:
+        """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
+        (default: every rank).
 
         ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
         being the lane's position in the one global lane order, so a group's
-        lane sits at the same place on every member rank. Instances go to the
-        lane named by their ``lane_name``. ``lane_kernels``: (rank, lane name)
+        lane sits at the same place on every member rank. ``instances``:
+        every rank's, as the cross-rank flows are numbered over all of them
+        (so workers writing different ranks agree on them); each goes to the
+        lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
         -> annotations of the lane's kernel categories, an instant at its first slice.
         """
         flows = self._cross_rank_flows(instances)
+        wanted = None if ranks is None else set(ranks)
         by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
         for inst in instances:
-            by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
-        for rank in sorted(lanes):
+            if wanted is None or inst.rank in wanted:
+                by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+        for rank in sorted(lanes if wanted is None else wanted.intersection(lanes)):
             parent = self._lane_group(rank)
             for lane_name, order in lanes[rank]:
                 # Encoded one lane at a time: all lanes' slices at once grew with the rank count.
@@ -645,8 +656,9 @@ class LanesWriter:
         if by_lane:
             raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
         for series in counters:
-            self._counter(series)
-        self._markers(markers)
+            if wanted is None or series.rank in wanted:
+                self._counter(series)
+        self._markers([m for m in markers if wanted is None or m.rank in wanted])
         stream.write(self.seq.out)
         self.seq.out.clear()
 

@@ -10,9 +10,11 @@ untouched.
 
 Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a
 contiguous chunk of ranks and writes them to a shard; workers exchange
-their records as JSON; worker 0 appends the shards after its own ranks and
-writes the lanes. Blocks only use ids derived from their rank and chunks
-are in rank order, so the file is byte for byte the single-process one.
+their records as JSON, each runs the analysis over all of them and writes
+the lanes of its own ranks after them, and worker 0 appends the others'
+shards after its own. Blocks only use ids derived from their rank, so the
+file shows exactly what the single-process one shows (each worker's
+packet sequences and interned ids are its own).
 
 ``collect`` (``commtag summary`` on a directory) streams ranks the same
 way, writing nothing; ``--json`` reads each rank whole again: it writes
@@ -46,7 +48,8 @@ if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is
     from commtag.schema import Sidecar
 
 #: ``analysis(instances)`` may add figures to each instance's ``args`` and
-#: return counters and markers for the trace.
+#: return counters and markers for the trace. Under torchrun every merge
+#: worker calls it, over every rank's instances.
 AnalysisHook = Callable[[list[CollectiveInstance]], Optional[TraceAnnotations]]
 DEFAULT_OUTPUT = "merged.pftrace"
 ALIGN_MODES = ("none", "collectives")
@@ -172,26 +175,36 @@ def merge(
         if not everyone:
             raise nothing_left(paths, skipped or [])
         merged = [s.rank for s in everyone]
-        if world.index != 0:
-            shard = None  # worker 0 appends it, then removes it
-            _publish(staged)
-            return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             annotations = analysis(instances) if analysis is not None else None
+
+        def write_lanes() -> None:
+            try:
+                with open(shard, "ab") as stream, _collector_paused():
+                    perfetto.LanesWriter(origin, mine[0].rank if mine else 0).write(
+                        stream, _lane_layout(everyone), instances,
+                        annotations.counters if annotations else (), annotations.markers if annotations else (),
+                        {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
+                        ranks={r.rank for r in mine},
+                    )
+            except OSError as exc:
+                raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+
+        # Every worker writes the lanes of its own ranks after them; worker 0 appends the shards
+        # once all are complete.
+        _all_done(world, write_lanes)
+        if world.index != 0:
+            shard = None  # worker 0 appends it, then removes it
+            _publish(staged)
+            return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
         try:
-            with open(final_tmp, "ab") as stream, _collector_paused():
+            with open(final_tmp, "ab") as stream:
                 for path in shards:
                     with open(path, "rb") as part:
                         while block := part.read(16 << 20):
                             stream.write(block)
-                lanes = _lane_layout(everyone)
-                perfetto.LanesWriter(origin).write(
-                    stream, lanes, instances,
-                    annotations.counters if annotations else (), annotations.markers if annotations else (),
-                    {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-                )
                 stream.flush()
                 os.fsync(stream.fileno())
             os.replace(final_tmp, out_path)
@@ -263,6 +276,26 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
         union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
     return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
+
+
+def _all_done(world: World, step: Callable[[], None]) -> None:
+    """Run ``step`` on every worker; an input or output error on any of them stops all."""
+    if world.size == 1:
+        step()
+        return
+    error: Optional[MergeInputError] = None
+    try:
+        step()
+        payload = b"{}"
+    except MergeInputError as exc:
+        error = exc
+        payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
+    for i, blob in enumerate(world.all_gather_bytes(payload)):
+        if i == world.index and error is not None:
+            raise error
+        failed = orjson.loads(blob).get("error")
+        if failed:
+            raise MergeInputError(*failed)
 
 
 _FIELDS = [f.name for f in fields(CollectiveInstance)]

@@ -1,0 +1,23 @@
+"""``python -m commtag.merge`` under torchrun, the way users run the merge on several workers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Optional
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_merge(args: list[str], workers: int = 2, env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run the merge CLI with ``workers`` torchrun workers on this host; its result, never raising on failure."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={workers}", "--master-addr=127.0.0.1",
+           f"--master-port={_free_port()}", "-m", "commtag.merge", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
