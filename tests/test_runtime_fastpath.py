@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 from torch.overrides import TorchFunctionMode
 
 from gloo_world import run_world
@@ -260,15 +261,76 @@ def test_install_reads_which_originals_call_a_wrapper_again(func, kind, tf_index
 def test_torch_originals_are_read_as_expected():
     """In this torch, which wrappers take the fast path (a newer torch may legitimately differ)."""
     import commtag
+    from commtag.runtime import patch
     from commtag.runtime.metadata import OPS
 
+    originals = {name: getattr(c10d, name) for name in OPS if hasattr(c10d, name)}
+    shapes = {name: patch._shape(original, name) for name, original in originals.items()}
     commtag.install()
     try:
-        shapes = {name: getattr(dist, name).__commtag_shape__ for name in OPS if hasattr(dist, name)}
+        replaced = {name for name, original in originals.items() if getattr(c10d, name) is not original}
     finally:
         commtag.uninstall()
+    # A wrapper that could only pass the call on to another wrapper is not installed.
+    assert replaced == {name for name, shape in shapes.items() if shape.kind != "nesting"}
     nesting = {name for name, shape in shapes.items() if shape.kind == "nesting"}
     if torch.__version__.startswith("2.13"):
         assert nesting == {"all_gather_into_tensor", "_all_gather_base", "reduce_scatter_tensor", "_reduce_scatter_base"}
     for name in ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single", "barrier"):
         assert shapes[name].kind == "plain", (name, shapes[name])
+
+
+def test_wrappers_take_the_originals_parameters_and_raise_their_errors():
+    # The idle path is a function with the original's own parameters: a call that is wrong for
+    # the original fails the same way, before commtag counts anything.
+    import inspect
+
+    import commtag
+
+    names = ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single", "barrier", "all_to_all_single")
+    originals = {name: getattr(dist, name) for name in names}
+    bad_calls = [((), {"bogus": 1}), ((torch.ones(1),) * 7, {}), ((torch.ones(1),), {"bogus": 1})]
+
+    def error(func, args, kwargs) -> str:
+        try:
+            func(*args, **kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return "no error"
+
+    expected = {name: [error(f, a, k) for a, k in bad_calls] for name, f in originals.items()}
+    commtag.install()
+    try:
+        for name, original in originals.items():
+            wrapped = getattr(dist, name)
+            assert wrapped is not original and wrapped.__wrapped__ is original, name
+            assert inspect.signature(wrapped) == inspect.signature(original), name
+            assert [error(wrapped, a, k) for a, k in bad_calls] == expected[name], name
+    finally:
+        commtag.uninstall()
+    assert all(msg != "no error" for msgs in expected.values() for msg in msgs)
+
+
+def test_the_idle_entry_leaves_what_it_cannot_copy_to_the_general_wrapper():
+    from commtag.runtime.patch import _idle_entry
+
+    def general(*args, **kwargs):
+        return "general", args
+
+    def star(*tensors, group=None): ...
+
+    def keyword_only(tensor, *, group=None): ...
+
+    def hides_a_name(tensor, original=None, group=None): ...
+
+    for func in (star, keyword_only, hides_a_name):
+        assert _idle_entry(func, general, func.__name__, 1, 0) is None, func.__name__
+
+    def plain(tensor, group=None):
+        return "original"
+
+    entry = _idle_entry(plain, general, "plain", 1, 0)
+    x, unknown = torch.ones(1), object()
+    # A group commtag has not seen: the general wrapper decides, with every argument passed on.
+    assert entry(x, group=unknown) == ("general", (x, unknown))
+    assert entry(x, unknown) == ("general", (x, unknown))

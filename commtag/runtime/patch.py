@@ -13,7 +13,10 @@ itself reaches the caller unchanged.
 
 Patched: the functions in metadata.OPS plus ``batch_isend_irecv`` and
 ``_coalescing_manager``, in both ``torch.distributed`` and
-``torch.distributed.distributed_c10d`` (the same objects). ``isend`` and
+``torch.distributed.distributed_c10d`` (the same objects), except an op whose
+original only calls another patched op with the same describer
+(``all_gather_into_tensor`` -> ``all_gather_single``): it stays as it is,
+and the inner wrapper numbers and annotates the call. ``isend`` and
 ``irecv`` are never replaced: ``P2POp`` checks them by identity. Code that
 imported a function by name before :func:`install` keeps the original and is
 not annotated.
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import time
 from types import SimpleNamespace
@@ -291,7 +295,8 @@ def _after(pending: Optional[_Pending], result: Any) -> None:
 # Wrappers.
 
 
-def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Optional[Callable[..., Any]]:
+    """The wrapper of op ``name``, or None where the original is better left in place."""
     describe = OPS[name]
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
@@ -304,86 +309,142 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Call
     dispatch = shape.tf_index is not None
 
     if shape.kind == reentry.NESTING:
+        # The original is one call of another patched op (all_gather_into_tensor ->
+        # all_gather_single) with the same describer: that inner wrapper numbers, describes,
+        # records and steps aside under compile, on every path. A wrapper here could only
+        # pass the call through, at a frame's cost on every call: the original stays.
+        return None
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # The original is one call of another patched op (all_gather_into_tensor ->
-            # all_gather_single) with the same describer: that inner wrapper numbers,
-            # describes, records and steps aside under compile, on every path. Numbering
-            # here too would count the call twice; a gate here would only cost time.
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # Runs on every collective of the job, so each bytecode counts (~5-10x its warm
+        # cost right after a collective). Dynamo folds _is_dynamo_compiling() to True, so
+        # a traced call reads no other flag (each would become a guard).
+        if _is_dynamo_compiling() or _compiler._is_compiling_flag:
             return original(*args, **kwargs)
-
-    else:
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # Runs on every collective of the job, so each bytecode counts (~5-10x its warm
-            # cost right after a collective). Dynamo folds _is_dynamo_compiling() to True, so
-            # a traced call reads no other flag (each would become a guard).
-            if _is_dynamo_compiling() or _compiler._is_compiling_flag:
-                return original(*args, **kwargs)
-            if fast and not (_slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled):
-                # The idle fast path: the group's counter, then the original. Nothing here
-                # raises: the lookup and the dispatch test are inside try (free in CPython >=
-                # 3.11 when nothing raises), a count's __next__ cannot fail.
-                try:
-                    n = len(args)
-                    group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
-                    bump = _group_states[_world._default_pg if group is None else group].bump
-                    if dispatch and (n <= tf_index or _has_torch_function(args[tf_index])):
-                        bump = None  # __torch_function__ would call this wrapper again: slow path
-                except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
-                    bump = None
-                if bump is not None:
-                    bump()
-                    return original(*args, **kwargs)
-            # The slow path: depth, numbering, description, recording, capture bookkeeping.
+        if fast and not (_slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled):
+            # The idle fast path: the group's counter, then the original. Nothing here
+            # raises: the lookup and the dispatch test are inside try (free in CPython >=
+            # 3.11 when nothing raises), a count's __next__ cannot fail.
             try:
-                thread = _tls.state
-            except AttributeError:
-                thread = _thread_state()
-            if thread.depth:
+                n = len(args)
+                group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
+                bump = _group_states[_world._default_pg if group is None else group].bump
+                if dispatch and (n <= tf_index or _has_torch_function(args[tf_index])):
+                    bump = None  # __torch_function__ would call this wrapper again: slow path
+            except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
+                bump = None
+            if bump is not None:
+                bump()
                 return original(*args, **kwargs)
-            pending = None
-            reentrant = True
-            try:
-                if p2p or thread.blocks:
-                    call = describe(*args, **kwargs)
-                    pending = None if call is None else _start(call, thread)
-                else:
-                    # A plain collective needs only its group to be numbered; it is described
-                    # only when it will be annotated.
-                    group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
-                    state = _group_states.get(_world._default_pg if group is None else group) or lookup(group)
-                    if state is not None:
-                        seq = state.next_collective_seq()
-                        recording = _thread_profiled() or _autograd_profiler._is_profiler_enabled
-                        token = capture.before_collective() if _open_captures else None
-                        if recording or token is not None:
-                            call = describe(*args, **kwargs)
-                            if call is not None:
-                                pending = _Pending(call, seq, None, recording, token, thread)
-                # Can the original call a wrapper again? Then every thread's calls take this
-                # path until it returns, so the inner call meets this thread's depth (and is
-                # skipped) even if the profiler stops in between.
-                reentrant = unknown or (dispatch and (len(args) <= tf_index or _has_torch_function(args[tf_index])))
-            except Exception as exc:  # noqa: BLE001 - fail open
-                log_once("describing a collective", exc)
+        # The slow path: depth, numbering, description, recording, capture bookkeeping.
+        try:
+            thread = _tls.state
+        except AttributeError:
+            thread = _thread_state()
+        if thread.depth:
+            return original(*args, **kwargs)
+        pending = None
+        reentrant = True
+        try:
+            if p2p or thread.blocks:
+                call = describe(*args, **kwargs)
+                pending = None if call is None else _start(call, thread)
+            else:
+                # A plain collective needs only its group to be numbered; it is described
+                # only when it will be annotated.
+                group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
+                state = _group_states.get(_world._default_pg if group is None else group) or lookup(group)
+                if state is not None:
+                    seq = state.next_collective_seq()
+                    recording = _thread_profiled() or _autograd_profiler._is_profiler_enabled
+                    token = capture.before_collective() if _open_captures else None
+                    if recording or token is not None:
+                        call = describe(*args, **kwargs)
+                        if call is not None:
+                            pending = _Pending(call, seq, None, recording, token, thread)
+            # Can the original call a wrapper again? Then every thread's calls take this
+            # path until it returns, so the inner call meets this thread's depth (and is
+            # skipped) even if the profiler stops in between.
+            reentrant = unknown or (dispatch and (len(args) <= tf_index or _has_torch_function(args[tf_index])))
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log_once("describing a collective", exc)
+        if reentrant:
+            _more_slow()
+        thread.depth += 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            thread.depth -= 1
             if reentrant:
-                _more_slow()
-            thread.depth += 1
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                thread.depth -= 1
-                if reentrant:
-                    _less_slow()
-            if pending is not None:
-                _after(pending, result)
-            return result
+                _less_slow()
+        if pending is not None:
+            _after(pending, result)
+        return result
 
     functools.update_wrapper(wrapper, original)
+    if fast:
+        wrapper = _idle_entry(original, wrapper, name, group_index, tf_index if dispatch else None) or wrapper
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
     wrapper.__commtag_shape__ = shape  # type: ignore[attr-defined]
     return wrapper
+
+
+#: Names the idle entry's code uses: a parameter of the same name would hide one of them.
+_ENTRY_NAMES = frozenset({
+    "make", "original", "general", "defaults", "bump", "Exception", "_is_dynamo_compiling", "_compiler",
+    "_slow_reasons", "_open_captures", "_autograd_profiler", "_group_states", "_world", "_has_torch_function",
+})
+
+
+def _idle_entry(original: Callable[..., Any], general: Callable[..., Any], name: str, group_index: int,
+                tf_index: Optional[int]) -> Optional[Callable[..., Any]]:
+    """The idle fast path as a function with the original's own parameters, or None when its
+    signature is not a plain list of parameters with defaults.
+
+    Why: ``*args, **kwargs`` costs a tuple, a dict, lookups to find the group
+    and a call that unpacks both again, on every collective of the job. With
+    named parameters the group is a local and the original is called with
+    positional arguments (the defaults passed are the original's own objects).
+    Every other case goes on to ``general``, the wrapper above, unchanged.
+    """
+    try:
+        params = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if (not params or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+            or group_index >= len(params) or (tf_index is not None and tf_index >= len(params))):
+        return None
+    names = [p.name for p in params]
+    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names) or _ENTRY_NAMES.intersection(names):
+        return None
+    defaults = [p.default for p in params]
+    signature = ", ".join(n if d is inspect.Parameter.empty else f"{n}=defaults[{i}]"
+                          for i, (n, d) in enumerate(zip(names, defaults)))
+    passed = ", ".join(names)
+    group = names[group_index]
+    dispatch = (f"        if _has_torch_function({names[tf_index]}):\n"
+                f"            return general({passed})\n") if tf_index is not None else ""
+    source = (
+        f"def make(original, general, defaults):\n"
+        f"    def {name}({signature}):\n"
+        f"        if (_is_dynamo_compiling() or _compiler._is_compiling_flag or _slow_reasons or _open_captures\n"
+        f"                or _autograd_profiler._is_profiler_enabled):\n"
+        f"            return general({passed})\n"
+        f"        try:\n"
+        f"            bump = _group_states[_world._default_pg if {group} is None else {group}].bump\n"
+        f"        except Exception:\n"
+        f"            return general({passed})\n"
+        f"{dispatch}"
+        f"        bump()\n"
+        f"        return original({passed})\n"
+        f"    return {name}\n"
+    )
+    scope: dict[str, Any] = {}
+    code = compile(source, f"<commtag idle path of {name}>", "exec")  # commtag's own text, not input data
+    exec(code, globals(), scope)  # commtag's own text, not input data
+    entry = scope["make"](original, general, defaults)
+    functools.update_wrapper(entry, original)
+    return entry
 
 
 def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -528,8 +589,8 @@ def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState) -> None
 # install / uninstall.
 
 
-def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]:
-    makers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Optional[Callable[..., Any]]]]:
+    makers: dict[str, Callable[[Callable[..., Any]], Optional[Callable[..., Any]]]] = {
         name: functools.partial(_wrap_op, name=name) for name in OPS
     }
     makers["batch_isend_irecv"] = _wrap_batch
@@ -547,14 +608,14 @@ def _shape(original: Callable[..., Any], name: str) -> reentry.Shape:
         return reentry.Shape(reentry.UNKNOWN, reason=f"unreadable: {exc!r}")
 
 
-def _wrap_op(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap_op(original: Callable[..., Any], name: str) -> Optional[Callable[..., Any]]:
     return _wrap(original, name, _shape(original, name))
 
 
-#: name -> (original, describer, wrapper) of the last install: installing again over the same
-#: original and describer reuses the wrapper (no bytecode reading, no new objects), so an
-#: install costs what an uninstall does.
-_built: dict[str, tuple[Any, Any, Callable[..., Any]]] = {}
+#: name -> (original, describer, wrapper or None: left in place) of the last install: installing
+#: again over the same original and describer reuses the wrapper (no bytecode reading, no new
+#: objects), so an install costs what an uninstall does.
+_built: dict[str, tuple[Any, Any, Optional[Callable[..., Any]]]] = {}
 
 
 def install() -> None:
@@ -573,6 +634,8 @@ def install() -> None:
             else:
                 wrapper = make(original)
                 _built[name] = (original, OPS.get(name), wrapper)
+            if wrapper is None:
+                continue
             _originals[name] = (original, public)
             setattr(c10d, name, wrapper)
             if public is original:
