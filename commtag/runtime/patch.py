@@ -28,15 +28,15 @@ which torch.profiler and torch.autograd.profiler set for every session,
 not compiling, and no slow-path call in flight whose original may call a
 wrapper again (:data:`_slow_reasons`). It only numbers a plain collective on
 its group's counter (no thread-local state, no description) and calls the
-original. A profiler started from C++ alone (the legacy autograd profiler,
+original; it is a function written per op with the original's own
+parameters (:func:`_idle_entry`), so no ``*args, **kwargs`` are packed. A profiler started from C++ alone (the legacy autograd profiler,
 Kineto on-demand) is not noticed there: its trace never reaches
 :func:`commtag.trace_handler`, so nothing commtag recorded could be written.
 Everything else takes the **slow path**: per-thread depth (calls torch makes
 from inside a collective are not numbered twice), description, recording and
 capture bookkeeping. Which originals may call a wrapper again is read from
 torch's code at install (:mod:`commtag.runtime.reentry`): ops that only
-delegate to another patched op (all_gather_into_tensor -> all_gather_single)
-pass straight through and the inner wrapper numbers the call; ops whose
+delegate to another patched op are left in place (above); ops whose
 original cannot be read always take the slow path. Seq comes out the same on
 either path.
 """
