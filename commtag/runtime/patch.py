@@ -29,8 +29,9 @@ not compiling, and no slow-path call in flight whose original may call a
 wrapper again (:data:`_slow_reasons`). It only numbers a plain collective on
 its group's counter (no thread-local state, no description) and calls the
 original; it is a function written per op with the original's own
-parameters (:func:`_idle_entry`), so no ``*args, **kwargs`` are packed. A profiler started from C++ alone (the legacy autograd profiler,
-Kineto on-demand) is not noticed there: its trace never reaches
+parameters (:func:`_idle_entry`), so no ``*args, **kwargs`` are packed. A
+profiler started from C++ alone (the legacy autograd profiler, Kineto
+on-demand) is not noticed there: its trace never reaches
 :func:`commtag.trace_handler`, so nothing commtag recorded could be written.
 Everything else takes the **slow path**: per-thread depth (calls torch makes
 from inside a collective are not numbered twice), description, recording and
@@ -322,9 +323,10 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         if _is_dynamo_compiling() or _compiler._is_compiling_flag:
             return original(*args, **kwargs)
         if fast and not (_slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled):
-            # The idle fast path: the group's counter, then the original. Nothing here
-            # raises: the lookup and the dispatch test are inside try (free in CPython >=
-            # 3.11 when nothing raises), a count's __next__ cannot fail.
+            # The idle fast path of an op whose signature _idle_entry could not copy: the
+            # group's counter, then the original. Nothing here raises: the lookup and the
+            # dispatch test are inside try (free in CPython >= 3.11 when nothing raises), a
+            # count's __next__ cannot fail.
             try:
                 n = len(args)
                 group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
