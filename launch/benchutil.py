@@ -1,4 +1,4 @@
-"""Helpers the benchmarks share: child-process measurement, medians, the machine line, markdown.
+"""Helpers the launch scripts share: child-process measurement, medians, the machine line, markdown, a free port.
 
 Why peak RSS is read from /proc and not from wait4/getrusage: on Linux a
 child's ru_maxrss starts at its parent's RSS when it forks (exec keeps the

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
 import commtag
+from benchutil import free_port
 from commtag.runtime.sidecar import SIDECAR_SUFFIX, TRACE_SUFFIX, read_sidecar
 
 WORLD = 4
@@ -233,10 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _main_in_rank(out, args.steps)  # under torchrun
         return 0
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.start_processes(_spawned, args=(WORLD, port, str(out), args.steps), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_spawned, args=(WORLD, free_port(), str(out), args.steps), nprocs=WORLD, start_method="spawn")
     return 0
 
 
