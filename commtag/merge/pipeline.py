@@ -258,10 +258,29 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
         # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
         return sorted(produce(), key=lambda s: s.rank)
     mine: list[RankSummary] = []
+
+    def step() -> dict:
+        nonlocal mine
+        mine = produce()
+        return {**_to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()]}
+
+    parts = _all_done(world, step)
+    if skipped is not None:
+        every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
+        union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
+        skipped[:] = [MergeInputError(path, problem) for path, problem in union]
+    return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
+
+
+def _all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
+    """Run ``step`` on every worker and gather what each returned (None in this worker's own
+    place); an input or output error on any worker stops all of them, each naming the first."""
+    if world.size == 1:
+        step()
+        return [None]
     error: Optional[MergeInputError] = None
     try:
-        mine = produce()
-        payload = orjson.dumps({**_to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()]})
+        payload = orjson.dumps(step() or {})
     except MergeInputError as exc:
         error = exc
         payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
@@ -271,31 +290,7 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
             raise error
         if part is not None and "error" in part:
             raise MergeInputError(*part["error"])
-    if skipped is not None:
-        every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
-        union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
-        skipped[:] = [MergeInputError(path, problem) for path, problem in union]
-    return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
-
-
-def _all_done(world: World, step: Callable[[], None]) -> None:
-    """Run ``step`` on every worker; an input or output error on any of them stops all."""
-    if world.size == 1:
-        step()
-        return
-    error: Optional[MergeInputError] = None
-    try:
-        step()
-        payload = b"{}"
-    except MergeInputError as exc:
-        error = exc
-        payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
-    for i, blob in enumerate(world.all_gather_bytes(payload)):
-        if i == world.index and error is not None:
-            raise error
-        failed = orjson.loads(blob).get("error")
-        if failed:
-            raise MergeInputError(*failed)
+    return parts
 
 
 _FIELDS = [f.name for f in fields(CollectiveInstance)]
