@@ -30,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
 
 import orjson
 
@@ -162,12 +162,9 @@ def merge(
     staged: list[tuple[Path, Path]] = []
 
     def write_mine() -> list[RankSummary]:
-        try:
-            with open(shard, "wb") as stream:
-                return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
-                                    header=world.index == 0, skipped=skipped, staged=staged)
-        except OSError as exc:
-            raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+        with _output_errors(out_path), open(shard, "wb") as stream:
+            return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
+                                header=world.index == 0, skipped=skipped, staged=staged)
 
     try:
         # A bad input in any worker's ranks reaches every worker through the exchange.
@@ -181,16 +178,13 @@ def merge(
             annotations = analysis(instances) if analysis is not None else None
 
         def write_lanes() -> None:
-            try:
-                with open(shard, "ab") as stream, _collector_paused():
-                    perfetto.LanesWriter(origin, mine[0].rank if mine else 0).write(
-                        stream, _lane_layout(everyone), instances,
-                        annotations.counters if annotations else (), annotations.markers if annotations else (),
-                        {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-                        ranks={r.rank for r in mine},
-                    )
-            except OSError as exc:
-                raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+            with _output_errors(out_path), open(shard, "ab") as stream, _collector_paused():
+                perfetto.LanesWriter(origin, mine[0].rank if mine else 0).write(
+                    stream, _lane_layout(everyone), instances,
+                    annotations.counters if annotations else (), annotations.markers if annotations else (),
+                    {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
+                    ranks={r.rank for r in mine},
+                )
 
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the shards
         # once all are complete.
@@ -199,7 +193,7 @@ def merge(
             shard = None  # worker 0 appends it, then removes it
             _publish(staged)
             return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
-        try:
+        with _output_errors(out_path):
             with open(final_tmp, "ab") as stream:
                 for path in shards:
                     with open(path, "rb") as part:
@@ -208,8 +202,6 @@ def merge(
                 stream.flush()
                 os.fsync(stream.fileno())
             os.replace(final_tmp, out_path)
-        except OSError as exc:
-            raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
         _publish(staged)
         return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices)
     finally:
@@ -270,6 +262,15 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
         union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
     return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
+
+
+@contextlib.contextmanager
+def _output_errors(out_path: Path) -> Iterator[None]:
+    """An OSError while writing becomes the merge's error naming the output."""
+    try:
+        yield
+    except OSError as exc:
+        raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
 
 
 def _all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
