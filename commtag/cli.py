@@ -23,6 +23,10 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     from commtag import report
     from commtag.summary import SummaryInputError, load
 
+    if args.plot is not None and not _can_plot():
+        sys.stderr.write("commtag summary: --plot needs matplotlib, which is not installed: "
+                         "pip install 'commtag[plot]'\n")
+        return 2
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us)
     except SummaryInputError as exc:
@@ -41,6 +45,15 @@ def _cmd_summary(args: argparse.Namespace) -> int:
             sys.stderr.write(f"commtag summary: cannot write the plot {args.plot}: {exc}\n")
             return 2
     return 0
+
+
+def _can_plot() -> bool:
+    """matplotlib is an extra (``commtag[plot]``): checked before the summary's work, not after."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:

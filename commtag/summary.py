@@ -27,35 +27,41 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
          rank_pattern: Optional[str] = None) -> tuple[Analysis, Optional[KernelTables]]:
     """The analysis of ``path`` and its kernel categories (the same scopes for both inputs)."""
     path = Path(path)
-    if path.is_dir() or (path.is_file() and _is_json_trace(path)):
+    if path.is_dir():
         instances, ranks, kernels = _from_traces(path, rank_pattern)
     elif path.is_file():
-        (instances, kernels), ranks = _from_pftrace(path), None
+        from commtag.merge import readback  # protobuf: only a file needs it
+
+        try:
+            kind = readback.sniff(path)[0]
+        except OSError as exc:
+            raise SummaryInputError(f"{path}: {exc.strerror or exc}") from exc
+        if kind == readback.EMPTY:
+            raise SummaryInputError(f"{path}: empty file, neither a profiler trace nor a .pftrace")
+        if kind == readback.JSON:
+            instances, ranks, kernels = _from_traces(path, rank_pattern)
+        else:
+            (instances, kernels), ranks = _from_pftrace(path), None
     else:
         raise SummaryInputError(f"{path}: no such file or directory")
     return analyze(instances, loaded_ranks=ranks, straggler_min_skew_us=straggler_min_skew_us), kernels
 
 
 def _from_pftrace(path: Path) -> tuple[list, KernelTables]:
+    """A merged trace (gzipped or not) read back; a merge of ranks without collectives has
+    no lane slices, but its ranks' processes tell it from a trace commtag did not write."""
     from commtag.merge.readback import ReadbackError, read_merged
 
     try:
-        instances, kernels = read_merged(path)
+        instances, kernels, ranks = read_merged(path)
     except ReadbackError as exc:
         raise SummaryInputError(str(exc)) from exc
     except OSError as exc:
         raise SummaryInputError(f"{path}: {exc.strerror or exc}") from exc
-    if not instances:
-        raise SummaryInputError(f"{path}: no collective lane slices (is it a trace written by `commtag merge`?)")
+    if not instances and not ranks:
+        raise SummaryInputError(f"{path}: no rank processes or collective lane slices "
+                                "(is it a trace written by `commtag merge`?)")
     return instances, _tables(kernels)
-
-
-def _is_json_trace(path: Path) -> bool:
-    """A profiler trace (JSON, or gzipped), not a merged .pftrace: protobuf never starts
-    with ``{`` (field 1 is tag 0x0a), and merged files are not gzipped."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-    return head[:2] == b"\x1f\x8b" or head.lstrip()[:1] == b"{"
 
 
 def _tables(found: KernelTables) -> KernelTables:

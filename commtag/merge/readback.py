@@ -15,6 +15,9 @@ not available offline, so the tests and the README's timeline picture
 
 from __future__ import annotations
 
+import gzip
+import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
@@ -23,6 +26,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.constants import parse_rank_list
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
+from commtag.merge.perfetto import PID_BASE, process_uuid
 from commtag.merge.records import CollectiveInstance
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -47,58 +51,115 @@ class ReadbackError(ValueError):
     """The file is not a Perfetto trace commtag can read lane slices from."""
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+_JSON_OBJECT = re.compile(rb'\s*\{\s*["}]')
+#: What :func:`sniff` calls a file, by its first bytes (decompressed when gzipped).
+EMPTY, JSON, PFTRACE, UNKNOWN = "empty", "JSON", "pftrace", "unknown"
+
+
+def sniff(path: Path) -> tuple[str, bool]:
+    """What the file holds, and whether it is gzipped: ``(EMPTY|JSON|PFTRACE|UNKNOWN, gzipped)``.
+
+    A Perfetto trace starts with its first packet's frame (tag 0x0a); a
+    profiler trace is a JSON object (``{`` and a key, after any whitespace). The Perfetto UI opens gzipped traces, so
+    a gzipped .pftrace is one too. Raises OSError when the file cannot be read.
+    """
+    with open(path, "rb") as stream:
+        head = stream.read(4096)
+    gzipped = head[:2] == _GZIP_MAGIC
+    if gzipped:
+        try:
+            head = zlib.decompressobj(wbits=47).decompress(head, 64)
+        except zlib.error:
+            return UNKNOWN, True
+    if not head:
+        return EMPTY, gzipped
+    # JSON first: a newline is also the byte of a packet's frame tag.
+    if _JSON_OBJECT.match(head):
+        return JSON, gzipped
+    if head[:1] == b"\x0a":
+        return PFTRACE, gzipped
+    return UNKNOWN, gzipped
+
+
+def open_trace(path: Path) -> BinaryIO:
+    """A Perfetto trace for reading, decompressed on the fly when it is gzipped."""
+    with open(path, "rb") as stream:
+        gzipped = stream.read(2) == _GZIP_MAGIC
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+#: What reading a gzipped trace raises on a corrupt or cut-short stream.
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
 def read_instances(path: Path) -> list[CollectiveInstance]:
     """Every collective lane slice of a merged trace, as analysis records."""
     return read_merged(path)[0]
 
 
-def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables]:
-    """The collective lane slices and the kernel-category breakdowns of a merged trace.
+def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables, set[int]]:
+    """The collective lane slices, the kernel-category breakdowns and the ranks of a merged trace.
 
     The breakdowns are the annotations the merge wrote on graph launch slices
     and on the instants that open each GPU stream and lane row
-    (:meth:`commtag.kernels.Breakdown.annotations`); one pass reads both.
+    (:meth:`commtag.kernels.Breakdown.annotations`); one pass reads both. The
+    ranks are those with a process as the merge describes one (its uuid and
+    pid derived from the rank): what tells a merge without collectives from
+    a trace commtag did not write. A gzipped trace is read as well.
     """
+    try:
+        with open_trace(path) as stream:
+            return _read_merged(stream, path)
+    except GZIP_ERRORS as exc:
+        raise ReadbackError(f"{path}: corrupt gzip stream ({exc})") from None
+
+
+def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance], KernelTables, set[int]]:
     kernels: KernelTables = {}
+    ranks: set[int] = set()
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
     strings: dict[int, dict[int, str]] = {}
     open_slices: dict[int, list[Optional[tuple[int, dict[str, object]]]]] = {}
     out: list[CollectiveInstance] = []
     wall = 0
-    with open(path, "rb") as stream:
-        for packet in _packets(stream, path):
-            shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
-            if shift is not None:
-                wall = shift
-            seq = packet.trusted_packet_sequence_id
-            if packet.sequence_flags & _CLEARED or seq not in names:
-                names[seq], keys[seq], strings[seq] = {}, {}, {}
-            if packet.HasField("interned_data"):
-                interned = packet.interned_data
-                names[seq].update((e.iid, e.name) for e in interned.event_names)
-                keys[seq].update((e.iid, e.name) for e in interned.debug_annotation_names)
-                strings[seq].update((e.iid, e.str.decode("utf-8", "replace")) for e in interned.debug_annotation_string_values)
-            if not packet.HasField("track_event"):
-                continue
-            event = packet.track_event
-            stack = open_slices.setdefault(event.track_uuid, [])
-            if event.type == _BEGIN:
-                args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-                stack.append((packet.timestamp + wall, args) if "commtag pg uid" in args else None)
-                if ANN_SCOPE in args:
-                    _kernel_breakdown(kernels, args)
-            elif event.type == _END and stack:
-                begun = stack.pop()
-                if begun is not None:
-                    instance = _instance(begun[0], packet.timestamp + wall, begun[1])
-                    if instance is not None:
-                        out.append(instance)
-            elif event.type == _INSTANT and event.debug_annotations:
-                args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-                if ANN_SCOPE in args:
-                    _kernel_breakdown(kernels, args)
-    return out, kernels
+    for packet in _packets(stream, path):
+        shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
+        if shift is not None:
+            wall = shift
+        if packet.HasField("track_descriptor") and packet.track_descriptor.HasField("process"):
+            rank = packet.track_descriptor.process.pid - PID_BASE
+            if rank >= 0 and packet.track_descriptor.uuid == process_uuid(rank):
+                ranks.add(rank)
+        seq = packet.trusted_packet_sequence_id
+        if packet.sequence_flags & _CLEARED or seq not in names:
+            names[seq], keys[seq], strings[seq] = {}, {}, {}
+        if packet.HasField("interned_data"):
+            interned = packet.interned_data
+            names[seq].update((e.iid, e.name) for e in interned.event_names)
+            keys[seq].update((e.iid, e.name) for e in interned.debug_annotation_names)
+            strings[seq].update((e.iid, e.str.decode("utf-8", "replace")) for e in interned.debug_annotation_string_values)
+        if not packet.HasField("track_event"):
+            continue
+        event = packet.track_event
+        stack = open_slices.setdefault(event.track_uuid, [])
+        if event.type == _BEGIN:
+            args = _annotations(event.debug_annotations, keys[seq], strings[seq])
+            stack.append((packet.timestamp + wall, args) if "commtag pg uid" in args else None)
+            if ANN_SCOPE in args:
+                _kernel_breakdown(kernels, args)
+        elif event.type == _END and stack:
+            begun = stack.pop()
+            if begun is not None:
+                instance = _instance(begun[0], packet.timestamp + wall, begun[1])
+                if instance is not None:
+                    out.append(instance)
+        elif event.type == _INSTANT and event.debug_annotations:
+            args = _annotations(event.debug_annotations, keys[seq], strings[seq])
+            if ANN_SCOPE in args:
+                _kernel_breakdown(kernels, args)
+    return out, kernels, ranks
 
 
 def _kernel_breakdown(tables: KernelTables, args: dict[str, object]) -> None:
@@ -168,7 +229,7 @@ def read_trace(path: Path) -> ParsedTrace:
     events: list[tuple[int, int, pb.TrackEvent, int]] = []
     packets = 0
     wall = 0
-    with open(path, "rb") as stream:
+    with open_trace(path) as stream:
         for packets, packet in enumerate(_packets(stream, path), 1):
             shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
             if shift is not None:

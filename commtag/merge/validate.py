@@ -22,6 +22,8 @@ from typing import BinaryIO, Iterator, Optional
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from commtag.merge.readback import EMPTY, GZIP_ERRORS, JSON, open_trace, sniff
+
 MAX_DEPTH = 512
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
@@ -240,16 +242,28 @@ class _Checker:
 
 
 def validate_file(path: Path | str) -> list[Violation]:
-    """Every import-rule violation in a .pftrace (empty: it loads as written)."""
+    """Every import-rule violation in a .pftrace, gzipped or not (empty: it loads as written).
+
+    Raises :class:`TraceReadError` on a file that is no Perfetto trace at all
+    (empty, a JSON trace, not framed as one).
+    """
     checker = _Checker()
     try:
-        with open(path, "rb") as stream:
+        kind, gzipped = sniff(Path(path))
+        if kind == EMPTY:
+            raise TraceReadError(f"{'gzipped ' if gzipped else ''}empty file, not a .pftrace")
+        if kind == JSON:
+            raise TraceReadError(f"this is a {'gzipped ' if gzipped else ''}JSON file (a profiler trace?), not a "
+                                 ".pftrace: `commtag merge` turns profiler traces into one")
+        with open_trace(Path(path)) as stream:
             for idx, raw in enumerate(_frames(stream)):
                 try:
                     packet = pb.TracePacket.FromString(raw)
                 except DecodeError as exc:
                     raise TraceReadError(f"packet {idx} does not parse as a TracePacket ({exc})") from None
                 checker.packet(idx, packet)
+    except GZIP_ERRORS as exc:
+        raise TraceReadError(f"corrupt gzip stream ({exc})") from None
     except OSError as exc:
         raise TraceReadError(f"cannot read: {exc.strerror or exc}") from None
     checker.finish()

@@ -1,0 +1,118 @@
+"""What `commtag validate` and `commtag summary` say about the files users hand them.
+
+Driven through the real CLI (``python -m commtag``) on real merges of public
+traces: an empty file is an error, a gzipped .pftrace (which the Perfetto UI
+opens) is a .pftrace, a JSON trace is named as such, a merge of ranks without
+collectives summarizes as its directory does, and ``--plot`` without
+matplotlib says how to get it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+DLRM = PUBLIC / "param-dlrm-8rank"
+#: One real H100 rank with a graph-replayed kernel and no collective at all.
+NO_COLLECTIVES = PUBLIC / "edge-cases" / "kineto_h100_graph_node_id_zero.json"
+
+
+def _commtag(*args: str, probe: str = "pass") -> subprocess.CompletedProcess:
+    """``python -m commtag ARGS``; ``probe`` runs first in the same interpreter."""
+    code = f"import runpy, sys; {probe}; sys.argv = ['commtag', *sys.argv[1:]]; runpy.run_module('commtag', run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory) -> Path:
+    """A real merge of two public DLRM ranks (the traces linked, never copied into the repo)."""
+    d = tmp_path_factory.mktemp("dlrm")
+    for src in sorted(DLRM.iterdir())[:2]:
+        (d / src.name).symlink_to(src)
+    done = _commtag("merge", "--no-progress", str(d))
+    assert done.returncode == 0, done.stderr
+    return d / "merged.pftrace"
+
+
+def test_validate_refuses_an_empty_file(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.pftrace"
+    empty.touch()
+    done = _commtag("validate", str(empty))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"commtag validate: error: {empty}: empty file, not a .pftrace"]
+    assert "OK" not in done.stdout
+
+
+def test_a_gzipped_pftrace_validates_and_summarizes_like_the_plain_one(merged: Path, tmp_path: Path) -> None:
+    packed = tmp_path / "merged.pftrace.gz"
+    packed.write_bytes(gzip.compress(merged.read_bytes()))
+    done = _commtag("validate", str(packed))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{packed}: OK\n"
+    plain, zipped = _commtag("summary", str(merged)), _commtag("summary", str(packed))
+    assert plain.returncode == zipped.returncode == 0, zipped.stderr
+    assert plain.stdout.startswith("8 collectives on 2 ranks")
+    assert zipped.stdout == plain.stdout
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_validate_names_a_json_trace(tmp_path: Path, gzipped: bool) -> None:
+    source = next(DLRM.iterdir())
+    trace = tmp_path / ("rank0.json.gz" if gzipped else "rank0.json")
+    trace.write_bytes(source.read_bytes() if gzipped else gzip.decompress(source.read_bytes()))
+    done = _commtag("validate", str(trace))
+    assert done.returncode == 2
+    kind = "gzipped JSON" if gzipped else "JSON"
+    assert done.stderr.splitlines() == [
+        f"commtag validate: error: {trace}: this is a {kind} file (a profiler trace?), not a .pftrace: "
+        "`commtag merge` turns profiler traces into one"
+    ]
+
+
+def test_a_merge_without_collectives_summarizes_like_its_directory(tmp_path: Path) -> None:
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "rank0.json").symlink_to(NO_COLLECTIVES)
+    merge = _commtag("merge", "--no-progress", str(d))
+    assert merge.returncode == 0, merge.stderr
+    assert "0 collective slices" in merge.stdout
+    from_dir, from_file = _commtag("summary", str(d)), _commtag("summary", str(d / "merged.pftrace"))
+    assert from_dir.returncode == 0, from_dir.stderr
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == from_dir.stdout
+    assert "rank 0 stream 1: other 100%" in from_file.stdout  # the kernel table the merge wrote
+
+
+def test_a_perfetto_trace_commtag_did_not_write_is_still_refused(tmp_path: Path) -> None:
+    trace = pb.Trace()
+    packet = trace.packet.add(trusted_packet_sequence_id=1, timestamp=5)
+    packet.track_descriptor.uuid = 7
+    packet.track_descriptor.process.pid = 42
+    other = tmp_path / "other.pftrace"
+    other.write_bytes(trace.SerializeToString())
+    done = _commtag("summary", str(other))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"commtag summary: {other}: no rank processes or collective lane slices "
+        "(is it a trace written by `commtag merge`?)"
+    ]
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(merged: Path, tmp_path: Path) -> None:
+    png = tmp_path / "skew.png"
+    done = _commtag("summary", str(merged), "--plot", str(png), probe="sys.modules['matplotlib'] = None")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "commtag summary: --plot needs matplotlib, which is not installed: pip install 'commtag[plot]'"
+    ]
+    assert done.stdout == "" and not png.exists()
+    # With matplotlib there, the same command draws the plot.
+    drawn = _commtag("summary", str(merged), "--plot", str(png))
+    assert drawn.returncode == 0, drawn.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
