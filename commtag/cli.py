@@ -68,7 +68,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         result = merge(
             args.inputs, args.output, align=args.align, json_dir=args.json,
             rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
-            analysis=hook, skip_bad_ranks=args.skip_bad_ranks,
+            analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank,
         )
     except MergeInputError as exc:
         sys.stderr.write(f"commtag merge: error: {_one_line(exc)}\n")
@@ -137,6 +137,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-pattern", metavar="REGEX",
                         help="regex with one group giving the rank from a file name, for traces without "
                              "distributedInfo or sidecar (default rule: rank<N>, rank-<N>, rank_<N>, worker<N>)")
+    parser.add_argument("--rank", type=int, metavar="N",
+                        help="the rank of a single trace that names none (no distributedInfo, sidecar or "
+                             "rank in its file name)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--skip-bad-ranks", action="store_true",
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "

@@ -11,6 +11,11 @@ from typing import Optional
 
 SCHEMA_VERSION = 1
 SIDECAR_KIND = "commtag-sidecar"
+#: Names commtag.trace_handler gives a rank's trace and its sidecar: ``<stem>`` + suffix.
+TRACE_SUFFIX = ".pt.trace.json.gz"
+SIDECAR_SUFFIX = ".commtag.json"
+#: Endings of profiler trace names, longest first: what a sidecar's name replaces.
+TRACE_NAME_ENDINGS = (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json")
 
 #: c10 ScalarType names as the profiler prints them (``toString(ScalarType)``).
 SCALAR_TYPE_NAMES = frozenset(
@@ -50,3 +55,11 @@ def parse_rank_list(text: str) -> Optional[list[int]]:
     if text in ("", "[]") or "..." in text:
         return None
     return [int(part) for part in text[1:-1].split(", ")]
+
+
+def sidecar_name_for(trace_name: str) -> str:
+    """The name of the sidecar written beside a trace of this name (``rank2.step5.commtag.json``)."""
+    for ending in TRACE_NAME_ENDINGS:
+        if trace_name.endswith(ending):
+            return trace_name[: -len(ending)] + SIDECAR_SUFFIX
+    return trace_name + SIDECAR_SUFFIX

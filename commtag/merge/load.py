@@ -4,15 +4,20 @@ Discovery reads only each file's first bytes (a sidecar starts with its
 ``"kind": "commtag-sidecar"``, a trace's ``distributedInfo`` sits before its
 ``traceEvents``) and each sidecar's head (:func:`load_sidecar_head`). So
 ranks are known (and split between merge workers) before any trace is parsed.
+Directories are searched at any depth; a sidecar pairs with the trace its
+``trace_file`` names in the sidecar's own folder (so ``r0/trace.json.gz`` and
+``r1/trace.json.gz`` are two traces), and a trace given by path takes the
+sidecar beside it.
 
 The rank of a trace, first rule that applies:
 1. ``distributedInfo.rank`` in the trace;
 2. the ``rank`` of the sidecar that names the trace;
-3. the file name, by ``--rank-pattern`` if given, else by the default rule
+3. ``--rank N`` when a single trace is merged;
+4. the file name, by ``--rank-pattern`` if given, else by the default rule
    :data:`DEFAULT_RANK_PATTERN`: ``rank`` or ``worker``, optionally followed
    by ``-`` or ``_``, then the number (``rank3``, ``rank-3``, ``rank_3``,
    ``worker3_step_12...``), case-insensitive, not preceded by a letter;
-4. otherwise the merge stops with an error naming the file.
+5. otherwise the merge stops with an error naming the file.
 
 Several trace files may share a rank (one per profiled step): they become one
 process. Timestamps become absolute CLOCK_REALTIME ns:
@@ -23,12 +28,15 @@ microseconds and there is no ``baseTimeNanoseconds``).
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
+
+from commtag.constants import SIDECAR_SUFFIX, sidecar_name_for
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar, SidecarHead
@@ -111,80 +119,121 @@ def _looks_like_trace(head: bytes) -> bool:
     return b'"traceEvents"' in head or b'"schemaVersion"' in head
 
 
-def _candidates(inputs: Sequence[Path]) -> list[Path]:
-    files: list[Path] = []
+def _candidates(inputs: Sequence[Path], exclude: Sequence[Path]) -> list[tuple[Path, bool]]:
+    """The files to read, each once, with whether it is only a possible sidecar.
+
+    Every ``.json``/``.json.gz`` under an input directory, at any depth (hidden
+    folders and ``exclude`` left out), and each input file. Beside an input
+    file, the sidecars that may annotate it (possible: kept only if they name it).
+    """
+    skip = {_key(p) for p in exclude}
+    found: dict[Path, tuple[Path, bool]] = {}
+
+    def add(path: Path, possible: bool) -> None:
+        key = _key(path)
+        if key not in found or (found[key][1] and not possible):
+            found[key] = (path, possible)
+
     for item in inputs:
         if item.is_dir():
-            files.extend(
-                p for p in sorted(item.iterdir())
-                if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
-            )
+            for root, dirs, names in os.walk(item):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and _key(Path(root, d)) not in skip)
+                for name in sorted(names):
+                    if name.endswith((".json", ".json.gz")):
+                        add(Path(root, name), False)
         elif item.is_file():
-            files.append(item)
+            add(item, False)
         else:
             raise MergeInputError(item, "no such file or directory")
-    return files
+    for item in inputs:
+        if item.is_file() and not item.name.endswith(SIDECAR_SUFFIX):
+            own = sidecar_name_for(item.name)  # commtag's name for its sidecar: it must be good
+            for beside in sorted(item.parent.glob("*" + SIDECAR_SUFFIX)):
+                add(beside, beside.name != own)
+    return list(found.values())
+
+
+def _key(path: Path) -> Path:
+    """A file's identity among the inputs: its absolute path (symbolic links are files of their own)."""
+    return Path(os.path.abspath(path))
+
+
+def rank_regex(rank_pattern: Optional[str]) -> re.Pattern[str]:
+    """``--rank-pattern`` compiled (the default rule without one); a bad pattern is an input error."""
+    try:
+        pattern = re.compile(rank_pattern or DEFAULT_RANK_PATTERN, re.IGNORECASE)
+    except re.error as exc:
+        raise MergeInputError("--rank-pattern", f"'{rank_pattern}' is not a valid regular expression ({exc})") from None
+    if pattern.groups < 1:
+        raise MergeInputError("--rank-pattern", f"'{rank_pattern}' has no capture group for the rank")
+    return pattern
 
 
 def discover(
-    inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None
+    inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None,
+    *, rank: Optional[int] = None, exclude: Sequence[Path] = (),
 ) -> list[RankInput]:
     """Group the traces under ``inputs`` (dirs or files) by rank, in rank order.
 
+    A sidecar pairs with the trace its ``trace_file`` names in its own
+    folder. ``rank``: the rank of the one trace found, when the trace does
+    not say it. ``exclude``: folders not to search (the merge's --json output).
     A bad file stops discovery with an error naming it; with ``skipped``
     (``--skip-bad-ranks``) it is appended there instead and left out.
     """
-    pattern = re.compile(rank_pattern or DEFAULT_RANK_PATTERN, re.IGNORECASE)
-    if pattern.groups < 1:
-        raise MergeInputError(rank_pattern or "", "--rank-pattern needs one capture group for the rank")
+    pattern = rank_regex(rank_pattern)
+    if rank is not None and not 0 <= rank < MAX_RANKS:
+        raise MergeInputError("--rank", f"{rank} is not a rank (0 to {MAX_RANKS - 1})")
 
     def fail(path: Path, problem: str) -> None:
         if skipped is None:
             raise MergeInputError(path, problem)
         skipped.append(MergeInputError(path, problem))
 
-    traces: dict[str, tuple[Path, bytes]] = {}
-    sidecars: dict[str, tuple[Path, SidecarHead]] = {}
-    for path in _candidates(inputs):
+    traces: dict[Path, tuple[Path, bytes]] = {}
+    sidecars: dict[Path, tuple[Path, SidecarHead]] = {}
+    for path, possible in _candidates(inputs, exclude):
         try:
             head = _head(path)
             sidecar = load_sidecar_head(path) if _is_sidecar(head) else None
         except MergeInputError as exc:
-            fail(exc.path, exc.problem)
+            if not possible:
+                fail(exc.path, exc.problem)
             continue
+        target = _key(path.parent / sidecar.trace_file) if sidecar is not None else None
+        if possible and target not in traces:
+            continue  # beside an input trace, but not its sidecar
         if sidecar is not None:
-            other = sidecars.get(sidecar.trace_file)
+            other = sidecars.get(target)
             if other is not None:
                 fail(path, f"annotates the same trace {sidecar.trace_file!r} as {other[0]}")
             else:
-                sidecars[sidecar.trace_file] = (path, sidecar)
+                sidecars[target] = (path, sidecar)
         elif not _looks_like_trace(head):
             if path.name.endswith(_OWN_SUFFIXES):
                 fail(path, "named like a trace or sidecar but is neither (no traceEvents, no commtag kind)")
         else:
-            other = traces.get(path.name)
-            if other is not None:
-                fail(path, f"has the same file name as {other[0]} (sidecars name their trace by file name)")
-            else:
-                traces[path.name] = (path, head)
+            traces[_key(path)] = (path, head)
     _one_run(traces, sidecars, fail)
     if not traces:
         where = ", ".join(str(p) for p in inputs)
         raise MergeInputError(where, "no PyTorch profiler trace (.json or .json.gz with traceEvents) found")
-    for name, (path, _) in sidecars.items():
-        if name not in traces:
-            fail(path, f"its trace_file {name!r} is not among the input traces")
+    if rank is not None and len(traces) > 1:
+        raise MergeInputError("--rank", f"gives the rank of a single trace, but {len(traces)} traces were found")
+    for key, (path, side) in sidecars.items():
+        if key not in traces:
+            fail(path, f"its trace_file {side.trace_file!r} is not among the input traces")
     ranks: dict[int, RankInput] = {}
-    for name, (path, head) in sorted(traces.items()):
-        sidecar_path, sidecar = sidecars.get(name, (None, None))
+    for key, (path, head) in sorted(traces.items()):
+        sidecar_path, sidecar = sidecars.get(key, (None, None))
         try:
-            rank = _rank_of(path, head, sidecar, pattern)
-            if rank >= MAX_RANKS:
-                raise MergeInputError(path, f"rank {rank} is beyond the {MAX_RANKS} ranks a merge can lay out")
+            number = _rank_of(path, head, sidecar, pattern, rank_pattern, rank)
+            if number >= MAX_RANKS:
+                raise MergeInputError(path, f"rank {number} is beyond the {MAX_RANKS} ranks a merge can lay out")
         except MergeInputError as exc:
             fail(exc.path, exc.problem)
             continue
-        entry = ranks.setdefault(rank, RankInput(rank))
+        entry = ranks.setdefault(number, RankInput(number))
         base = _BASE_TIME.search(head)
         entry.files.append(TraceFile(path, sidecar_path, path.stat().st_size, int(base.group(1)) if base else 0))
     if not ranks:
@@ -202,40 +251,52 @@ def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) ->
     """Refuse files of another run: a run id or world size that differs from most files'."""
     ids = Counter(side.run_id for _, side in sidecars.values())
     common_id = ids.most_common(1)[0][0] if ids else None
-    sizes: dict[str, tuple[Path, int]] = {}
-    for name, (path, head) in traces.items():
+    sizes: dict[Path, tuple[Path, int]] = {}
+    for key, (path, head) in traces.items():
         match = _DIST_WORLD.search(head)
         if match:
-            sizes[name] = (path, int(match.group(1)))
-    for name, (path, side) in sidecars.items():
-        sizes.setdefault(name, (path, side.world_size))
+            sizes[key] = (path, int(match.group(1)))
+    for key, (path, side) in sidecars.items():
+        sizes.setdefault(key, (path, side.world_size))
     common_size = Counter(size for _, size in sizes.values()).most_common(1)[0][0] if sizes else None
-    for name, (path, side) in list(sidecars.items()):
+    for key, (path, side) in list(sidecars.items()):
         if side.run_id != common_id:
             fail(path, f"run id {side.run_id!r} differs from {common_id!r} of the other sidecars: "
                        "ranks from different runs")
-            del sidecars[name]
-            traces.pop(name, None)
-    for name, (path, size) in sizes.items():
-        if size != common_size and name in traces:
+            del sidecars[key]
+            traces.pop(key, None)
+    for key, (path, size) in sizes.items():
+        if size != common_size and key in traces:
             fail(path, f"world size {size} differs from {common_size} of the other files: ranks from different runs")
-            traces.pop(name)
-            sidecars.pop(name, None)
+            traces.pop(key)
+            sidecars.pop(key, None)
 
 
-def _rank_of(path: Path, head: bytes, sidecar: Optional[SidecarHead], pattern: re.Pattern[str]) -> int:
+def _rank_of(path: Path, head: bytes, sidecar: Optional[SidecarHead], pattern: re.Pattern[str],
+             rank_pattern: Optional[str], given: Optional[int]) -> int:
+    """The trace's rank by the rules in this module's docstring; ``given``: ``--rank``."""
     match = _DIST_RANK.search(head)
-    if match:
-        return int(match.group(1))
-    if sidecar is not None:
-        return sidecar.rank
+    said = int(match.group(1)) if match else sidecar.rank if sidecar is not None else None
+    if given is not None:
+        if said is not None and said != given:
+            raise MergeInputError(path, f"--rank {given} contradicts rank {said} that the "
+                                        f"{'trace' if match else 'sidecar'} names")
+        return given
+    if said is not None:
+        return said
     named = pattern.search(path.name)
     if named:
-        return int(named.group(1))
+        text = named.group(1) or ""
+        if not (text.isascii() and text.isdigit()):
+            raise MergeInputError(path, f"--rank-pattern '{pattern.pattern}' takes {text!r} from the file name, "
+                                        "which is not a rank number")
+        return int(text)
+    rule = (f"--rank-pattern '{rank_pattern}'" if rank_pattern else
+            "rank<N>/rank-<N>/rank_<N>/worker<N> (pass --rank-pattern REGEX with one group)")
     raise MergeInputError(
         path,
-        "cannot tell the rank: no distributedInfo.rank in the trace, no sidecar, and the file name "
-        "does not match rank<N>/rank-<N>/rank_<N>/worker<N> (pass --rank-pattern REGEX with one group)",
+        f"cannot tell the rank: no distributedInfo.rank in the trace, no sidecar, and the file name "
+        f"does not match {rule}; a single trace takes --rank N",
     )
 
 

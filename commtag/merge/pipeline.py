@@ -111,10 +111,12 @@ def merge(
     progress: Optional[bool] = None,
     world: Optional[World] = None,
     skip_bad_ranks: bool = False,
+    rank: Optional[int] = None,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
-    ``inputs``: directories and/or trace files. ``output``: default
+    ``inputs``: directories (searched at any depth) and/or trace files.
+    ``rank``: the rank of a single trace that does not name it. ``output``: default
     ``<first dir>/merged.pftrace``. ``align="collectives"`` corrects each
     host's clock from matched collectives (two passes over the inputs).
     ``json_dir``: also write each annotated trace there, as Chrome JSON.
@@ -133,7 +135,7 @@ def merge(
         raise MergeInputError(".", "no input given")
     world = world or SoloWorld()
     skipped: Optional[list[MergeInputError]] = [] if skip_bad_ranks else None
-    ranks = discover(paths, rank_pattern, skipped)
+    ranks = discover(paths, rank_pattern, skipped, rank=rank, exclude=[Path(json_dir)] if json_dir else ())
     notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
                for r in ranks for f in r.files if f.sidecar is None]
     out_path = Path(output) if output else default_output(paths)

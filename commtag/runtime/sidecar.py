@@ -26,10 +26,8 @@ from typing import Union
 import orjson
 from pydantic import ValidationError
 
+from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX, sidecar_name_for
 from commtag.schema import SCHEMA_VERSION, SIDECAR_KIND, Sidecar
-
-TRACE_SUFFIX = ".pt.trace.json.gz"
-SIDECAR_SUFFIX = ".commtag.json"
 
 
 class SidecarError(ValueError):
@@ -47,11 +45,7 @@ def sidecar_name(rank: int, step: int) -> str:
 def sidecar_path_for(trace_path: Union[str, Path]) -> Path:
     """The sidecar that sits next to a trace written by :func:`commtag.trace_handler`."""
     path = Path(trace_path)
-    name = path.name
-    for suffix in (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json"):
-        if name.endswith(suffix):
-            return path.with_name(name[: -len(suffix)] + SIDECAR_SUFFIX)
-    return path.with_name(name + SIDECAR_SUFFIX)
+    return path.with_name(sidecar_name_for(path.name))
 
 
 def dumps(sidecar: Sidecar) -> bytes:

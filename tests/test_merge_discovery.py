@@ -1,0 +1,237 @@
+"""Which files the merge reads, which rank each is, and which run they come from.
+
+The inputs are the real traces and sidecars of two 3-rank gloo runs (commtag
+installed, torch.profiler on), laid out or altered the way users meet them:
+ranks in subfolders, one trace given by path, a trace that names no rank, a
+file of another run among the rest, a clock shifted by centuries. Public
+traces written by other projects are read from ../shared. Every refusal is
+checked as a user sees it: exit code 2, one line naming the file, no output.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import orjson
+import pytest
+
+from commtag.cli import main
+from commtag.merge.validate import validate_file
+from gloo_world import run_world
+from pftrace_reader import read
+
+WORLD = 3
+OUT = "merged.pftrace"
+PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+NAMELESS = PUBLIC / "edge-cases" / "hta_no_distributed_info.json.gz"
+
+
+def _profiled(rank: int, world_size: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import commtag
+
+    commtag.install()
+    pair = dist.new_group([0, 1])
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
+        t = torch.ones(16)
+        for _ in range(3):
+            dist.all_reduce(t)
+            if rank < 2:
+                dist.all_reduce(t, group=pair)
+        dist.barrier()
+    commtag.uninstall()
+
+
+def _run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    out = tmp_path_factory.mktemp(name)
+    run_world(_profiled, WORLD, str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory, "run_a")
+
+
+@pytest.fixture
+def traces(run_a: Path, tmp_path: Path) -> Path:
+    """A fresh copy of run A's files for one case to alter."""
+    return Path(shutil.copytree(run_a, tmp_path / "traces"))
+
+
+def _trace(d: Path, rank: int) -> Path:
+    return d / f"rank{rank}.step0.pt.trace.json.gz"
+
+
+def _sidecar(d: Path, rank: int) -> Path:
+    return d / f"rank{rank}.step0.commtag.json"
+
+
+def _edit_trace(path: Path, edit: Callable[[dict], object]) -> None:
+    data = orjson.loads(gzip.decompress(path.read_bytes()))
+    edit(data)
+    path.write_bytes(gzip.compress(orjson.dumps(data)))
+
+
+def _edit_sidecar(path: Path, edit: Callable[[dict], object]) -> None:
+    data = orjson.loads(path.read_bytes())
+    edit(data)
+    path.write_bytes(orjson.dumps(data))
+
+
+def _merge(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, list[str], str]:
+    code = main(["merge", "--no-progress", *args])
+    captured = capsys.readouterr()
+    return code, [line for line in captured.err.splitlines() if line], captured.out
+
+
+def _refused(capsys: pytest.CaptureFixture, out: Path, *args: str) -> str:
+    """Run a merge that must be refused; return its one error line (after the prefix)."""
+    code, err, stdout = _merge(capsys, *args, "-o", str(out))
+    assert code == 2, (err, stdout)
+    assert len(err) == 1 and err[0].startswith("commtag merge: error: "), err
+    assert stdout == "" and not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]  # no temporary left
+    return err[0][len("commtag merge: error: "):]
+
+
+def _ranks_and_lanes(merged: Path) -> tuple[list[str], set[int]]:
+    """The merged processes, and the ranks whose commtag lane slices (from sidecars) are there."""
+    assert validate_file(merged) == []
+    parsed = read(merged)
+    procs = sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes())
+    return procs, {s.args["commtag rank"] for s in parsed.slices if "commtag rank" in s.args}
+
+
+# ---------------------------------------------------------------------------
+# Item 11: --rank-pattern errors, the rule a failed match cites, --rank N.
+
+
+@pytest.mark.parametrize("pattern, problem", [
+    ("(", "--rank-pattern: '(' is not a valid regular expression (missing ), unterminated subpattern at position 0)"),
+    ("rank", "--rank-pattern: 'rank' has no capture group for the rank"),
+    ("()", f"{NAMELESS}: --rank-pattern '()' takes '' from the file name, which is not a rank number"),
+    (r"hta_(\w+)", f"{NAMELESS}: --rank-pattern 'hta_(\\w+)' takes 'no_distributed_info' from the file name, "
+                   "which is not a rank number"),
+])
+def test_a_bad_rank_pattern_is_one_line_not_a_traceback(pattern: str, problem: str, tmp_path: Path, capsys):
+    assert _refused(capsys, tmp_path / OUT, str(NAMELESS), "--rank-pattern", pattern) == problem
+
+
+def test_a_rank_pattern_that_does_not_match_cites_itself(tmp_path: Path, capsys):
+    line = _refused(capsys, tmp_path / OUT, str(NAMELESS), "--rank-pattern", r"job-(\d+)")
+    assert line == (f"{NAMELESS}: cannot tell the rank: no distributedInfo.rank in the trace, no sidecar, and the "
+                    r"file name does not match --rank-pattern 'job-(\d+)'; a single trace takes --rank N")
+    line = _refused(capsys, tmp_path / OUT, str(NAMELESS))
+    assert "does not match rank<N>/rank-<N>/rank_<N>/worker<N>" in line and line.endswith("takes --rank N")
+
+
+def test_rank_option_merges_a_single_trace_that_names_no_rank(traces: Path, tmp_path: Path, capsys):
+    # A real trace that says no rank: distributedInfo gone, no sidecar, a plain name.
+    plain = tmp_path / "trace.json.gz"
+    shutil.copy(_trace(traces, 1), plain)
+    _edit_trace(plain, lambda t: t.pop("distributedInfo"))
+    out = tmp_path / OUT
+    assert "cannot tell the rank" in _refused(capsys, out, str(plain))
+
+    code, err, stdout = _merge(capsys, str(plain), "--rank", "2", "-o", str(out))
+    assert code == 0, err
+    assert stdout.startswith(f"{out}: 1 ranks")
+    assert _ranks_and_lanes(out) == (["rank 2"], set())
+
+    out.unlink()
+    public = tmp_path / OUT.replace(".", "-public.")
+    code, err, _ = _merge(capsys, str(NAMELESS), "--rank", "5", "-o", str(public))
+    assert code == 0, err
+    assert _ranks_and_lanes(public)[0] == ["rank 5"]
+
+
+def test_rank_option_is_refused_where_it_cannot_apply(traces: Path, tmp_path: Path, capsys):
+    out = tmp_path / OUT
+    assert _refused(capsys, out, str(traces), "--rank", "1") == \
+        "--rank: gives the rank of a single trace, but 3 traces were found"
+    assert _refused(capsys, out, str(_trace(traces, 1)), "--rank", "2") == \
+        f"{_trace(traces, 1)}: --rank 2 contradicts rank 1 that the trace names"
+    assert _refused(capsys, out, str(NAMELESS), "--rank", "-1") == "--rank: -1 is not a rank (0 to 16777215)"
+
+
+# ---------------------------------------------------------------------------
+# Item 19: ranks in subfolders; item 20: a trace given by path takes the sidecar beside it.
+
+
+def _into_subfolders(traces: Path, job: Path, sidecars: bool) -> None:
+    """Each rank's files in a folder of its own, under one name: r<R>/trace.json.gz, r<R>/commtag.json."""
+    for rank in range(WORLD):
+        folder = job / f"r{rank}"
+        folder.mkdir(parents=True)
+        shutil.copy(_trace(traces, rank), folder / "trace.json.gz")
+        if sidecars:
+            shutil.copy(_sidecar(traces, rank), folder / "commtag.json")
+            _edit_sidecar(folder / "commtag.json", lambda s: s.update(trace_file="trace.json.gz"))
+
+
+@pytest.mark.parametrize("sidecars", [False, True], ids=["traces-only", "with-sidecars"])
+def test_ranks_in_subfolders_merge_from_their_parent(sidecars: bool, traces: Path, tmp_path: Path, capsys):
+    top = tmp_path / "runs"
+    _into_subfolders(traces, top / "job", sidecars)
+    out = tmp_path / OUT
+    code, err, stdout = _merge(capsys, str(top), "-o", str(out))
+    assert code == 0, err
+    assert stdout.startswith(f"{out}: 3 ranks")
+    # Each sidecar annotated the trace in its own folder: every rank has its lanes.
+    assert _ranks_and_lanes(out) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2} if sidecars else set())
+    notices = [line for line in err if "no commtag sidecar" in line]
+    assert len(notices) == (0 if sidecars else WORLD), err
+    # The same, each folder given: three files of one name are three traces.
+    out.unlink()
+    code, err, stdout = _merge(capsys, *(str(top / "job" / f"r{r}") for r in range(WORLD)), "-o", str(out))
+    assert code == 0, err
+    assert _ranks_and_lanes(out) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2} if sidecars else set())
+
+
+def test_the_json_output_inside_an_input_folder_is_not_an_input(traces: Path, capsys):
+    for _ in range(2):  # the second merge finds the first one's --json files below its input, and leaves them
+        code, err, stdout = _merge(capsys, str(traces), "--json", str(traces / "annotated"))
+        assert code == 0, err
+        assert stdout.startswith(f"{traces / OUT}: 3 ranks")
+    assert sorted(p.name for p in (traces / "annotated").iterdir()) == sorted(_trace(traces, r).name for r in range(WORLD))
+
+
+def test_a_sidecar_pairs_with_the_trace_in_its_own_folder(traces: Path, tmp_path: Path, capsys):
+    job = tmp_path / "job"
+    _into_subfolders(traces, job, sidecars=True)
+    (job / "r2" / "commtag.json").unlink()  # rank 2 has none; r0's and r1's must not be taken for it
+    code, err, _ = _merge(capsys, str(job), "-o", str(tmp_path / OUT))
+    assert code == 0, err
+    assert err == [f"commtag merge: notice: {job / 'r2' / 'trace.json.gz'}: no commtag sidecar; merged from the "
+                   "trace alone"]
+    assert _ranks_and_lanes(tmp_path / OUT)[1] == {0, 1}
+
+
+def test_one_trace_given_by_path_takes_the_sidecar_beside_it(traces: Path, tmp_path: Path, capsys):
+    out = tmp_path / OUT
+    code, err, stdout = _merge(capsys, str(_trace(traces, 1)), "-o", str(out))
+    assert code == 0 and err == [], err
+    assert stdout.startswith(f"{out}: 1 ranks, 7 collective slices")
+    assert _ranks_and_lanes(out) == (["rank 1"], {1})
+    # The other sidecars beside it (of ranks 0 and 2) are not its own and are left alone.
+    code, err, _ = _merge(capsys, str(_trace(traces, 2)), "-o", str(out))
+    assert code == 0 and err == [], err
+    assert _ranks_and_lanes(out) == (["rank 2"], {2})
+
+
+def test_a_broken_sidecar_beside_the_trace_given_is_an_error(traces: Path, tmp_path: Path, capsys):
+    _sidecar(traces, 1).write_bytes(_sidecar(traces, 1).read_bytes()[:100])
+    line = _refused(capsys, tmp_path / OUT, str(_trace(traces, 1)))
+    assert line.startswith(f"{_sidecar(traces, 1)}: invalid sidecar"), line
+    # A broken sidecar of another rank beside it is not this trace's business.
+    shutil.copy(_sidecar(traces, 1), _sidecar(traces, 0))
+    _sidecar(traces, 1).unlink()
+    code, err, _ = _merge(capsys, str(_trace(traces, 2)), "-o", str(tmp_path / OUT))
+    assert code == 0 and err == [], err
