@@ -60,18 +60,24 @@ KERNEL_RULES: tuple[tuple[str, str, str], ...] = (
     (ELEMENTWISE, r"^triton_(poi|red|per)_",
      "Inductor pointwise / reduction / persistent-reduction kernels (their suffix names fused ops)"),
     (ATTENTION,
-     r"flash|fmha|attention|attn|sdpa|\bmha|_mha|paged_?attention|xformers|flashinfer|cutlass[FB]",
-     "FlashAttention, cuDNN/TRT fMHA, xformers, paged / unified attention (and KV-cache helpers named 'flash')"),
+     r"flash|fmha|attention|attn|sdpa|\bmha|_mha|paged_?attention|xformers|flashinfer|cutlass[FB]"
+     r"|sage_?(?:fwd|bwd)|kv_?cache",
+     "FlashAttention, cuDNN/TRT fMHA, xformers, SageAttention, paged / unified attention, and the KV-cache "
+     "writes that serve them"),
     (GEMM,
      r"gemm|gemv|cutlass|cublas|hipblas|nvjet|xmma|wgmma|matmul|bmm|Cijk_|splitkreduce|scudnn|conv(?!ert)"
-     r"|triton_tem_fused_(addmm|mm|bmm)",
+     r"|triton_tem_fused_(addmm|mm|bmm)"
+     r"|(?<![a-z])[wd]grad|winograd|fft[12]d_[rc]2[rc]|flip_filter|cask_cudnn|im2d?2?col|col2im",
      "cuBLAS(Lt)/CUTLASS/nvjet, ROCm Tensile (Cijk_) and hipBLASLt, Triton matmuls; convolutions count as "
-     "GEMM (implicit GEMM)"),
+     "GEMM: implicit GEMM, cuDNN's data/weight-gradient, Winograd and FFT engines with their offset and "
+     "filter helpers, MIOpen's im2col"),
     (ELEMENTWISE,
      r"elementwise|vectorized|unrolled|reduce|reduction|softmax|norm|\bbn_|_bn_|pool|catarray|copy|fill|index"
      r"|gather|scatter|transpose|nhwc|nchw|rotary|embedding|dropout|adam|sgd|foreach|multi_tensor|gelu|silu"
-     r"|relu|sigmoid|tanh|topk|sort|cumsum|sum|arange|where|quant|cast|convert|triton_",
-     "ATen elementwise/reduce/normalization/optimizer kernels, layout transforms, other Triton kernels"),
+     r"|relu|sigmoid|tanh|topk|sort|cumsum|sum|arange|where|quant|cast|convert|triton_"
+     r"|gammabeta|moments|fusedparams|internalgradients|criterion|scan|scale|subtensorop|optensor",
+     "ATen elementwise/reduce/normalization/optimizer/loss kernels, layout transforms, scans, cuDNN and MIOpen "
+     "tensor scaling and arithmetic, other Triton kernels"),
 )
 
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern, _ in KERNEL_RULES)

@@ -45,6 +45,72 @@ def test_rules_on_real_kernel_names(name, category):
     assert categorize(name) == category
 
 
+#: Public traces the convolution and attention names below come from (repository, path).
+_HTA_V100 = "facebookresearch/HolisticTraceAnalysis tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+_KINETO_RESNET = ("pytorch/kineto tb_plugin/samples/resnet50_autograd_api_num_workers_0/worker0.pt.trace.json.gz"
+                  " (commit 025228426e3d)")
+_TRACELENS = "AMD-AGI/TraceLens tests/traces/"
+
+
+@pytest.mark.parametrize(
+    ("name", "category", "source"),
+    [
+        # cuDNN's convolution engines and their helpers: convolutions count as GEMM.
+        ("void wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int, float const*, int, float*, "
+         "float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int)", "GEMM", _HTA_V100),
+        ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int, "
+         "float const*, int, float*, kernel_grad_params, unsigned long long, int, unsigned long long, int, float, "
+         "int, int, int)", "GEMM", _HTA_V100),
+        ("void cudnn::winograd::generateWinogradTilesKernel<0, float, float>(cudnn::winograd::"
+         "GenerateWinogradTilesParams<float, float>)", "GEMM", _HTA_V100),
+        ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::"
+         "WinogradDataParams<float, float>)", "GEMM", _HTA_V100),
+        ("cask_cudnn_train::computeWgradSplitKOffsetsKernel(cask_cudnn_train::ComputeSplitKOffsetsParams)", "GEMM",
+         _HTA_V100),
+        ("void cudnn::detail::dgrad2d_alg1_1<float, 0, 4, 6, 3, 2, 4, false, true>(int, int, int, float const*, int, "
+         "float const*, int, float*, kernel_grad_params, unsigned long long, int, unsigned long long, int, float, "
+         "int, int, int)", "GEMM", _KINETO_RESNET),
+        ("void cudnn::cnn::wgrad_alg1_engine<float, 128, 5, 5, 3, 3, 3, false, true>(int, int, int, float const*, "
+         "int, float*, float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int)", "GEMM",
+         _KINETO_RESNET),
+        ("void fft2d_r2c_16x16<float>(float2*, float const*, int, int, int, int, int, int, int, int)", "GEMM",
+         _KINETO_RESNET),
+        ("void flip_filter<float, float>(float*, float const*, int, int, int, int)", "GEMM", _KINETO_RESNET),
+        ("void cudnn::cnn::reduce_wgrad_nchw_helper<float, float>(void*, void const*, float, int, int)", "GEMM",
+         "facebookresearch/HolisticTraceAnalysis tests/data/nccl_parser_config/nccl_data.json.gz"),
+        ("Im2d2Col_v2", "GEMM", _TRACELENS + "inference/xdit_sd_3.5/profile_trace_rank_0.json.gz"),
+        # Attention beyond FlashAttention.
+        ("sage_fwd", "attention", _TRACELENS + "inference/xdit_flux.1_aiter_sage/profile_trace_rank_0.json.gz"),
+        ("void (anonymous namespace)::store_kvcache<2048l, 4, false, long>((anonymous namespace)::"
+         "StoreKVCacheParams)", "attention", _TRACELENS + "inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"),
+        # SageAttention's quantization step is not the attention itself.
+        ("sage_quant_kernel", "elementwise/reduction",
+         _TRACELENS + "inference/xdit_flux.1_aiter_sage/profile_trace_rank_0.json.gz"),
+        # Tensor arithmetic, scans, losses and normalization internals.
+        ("void cudnn::ops::scalePackedTensor_kernel<float, float>(long, float*, float)", "elementwise/reduction",
+         _HTA_V100),
+        ("SubTensorOpWithScalar1d", "elementwise/reduction", _TRACELENS + "mi210/gpu_only_trace/gpu_only_trace.json.gz"),
+        ("void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<float, float>(long, float, float const*, "
+         "float*, float*)", "elementwise/reduction",
+         "facebookresearch/HolisticTraceAnalysis tests/data/trace_filter/sampled_rank-0.json.gz"),
+        ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long, float const*, "
+         "float const*, float const*, float const*, float*, float*)", "elementwise/reduction",
+         "facebookresearch/HolisticTraceAnalysis tests/data/trace_filter/sampled_rank-0.json.gz"),
+        ("void at::native::(anonymous namespace)::ComputeFusedParamsCUDAKernel<float>(long, long, long, float const*, "
+         "float const*, float const*, float const*, float*, float*)", "elementwise/reduction",
+         _TRACELENS + "perf_model/normalization/normalization_layer_test.json.gz"),
+        ("void cunn_ClassNLLCriterion_updateOutput_kernel<float, float>(float*, float*, float*, long*, float*, int, "
+         "int, int, int, long)", "elementwise/reduction", _KINETO_RESNET),
+        ("void cub::DeviceScanInitKernel<cub::ScanTileState<int, true> >(cub::ScanTileState<int, true>, int)",
+         "elementwise/reduction", "facebookresearch/HolisticTraceAnalysis tests/data/trace_filter/sampled_rank-0.json.gz"),
+    ],
+)
+def test_convolution_attention_and_helper_kernels(name, category, source):
+    """Each name was copied from the public trace ``source``. Before these rules every one but
+    sage_quant_kernel got another category, most of them "other"."""
+    assert categorize(name) == category
+
+
 def test_every_rule_names_a_known_category_and_says_why():
     assert {c for c, _, _ in KERNEL_RULES} <= set(CATEGORIES)
     assert all(why for _, _, why in KERNEL_RULES)
