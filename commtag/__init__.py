@@ -24,18 +24,17 @@ def install() -> None:
     Call it once per process, before any CUDA-graph capture; before or after
     init_process_group both work.
     """
-    from commtag.runtime import capture, patch
+    from commtag.runtime import patch
 
     patch.install()
-    capture.install()
 
 
 def uninstall() -> None:
-    """Restore the exact original torch.distributed functions (idempotent)."""
-    from commtag.runtime import capture, patch
+    """Restore the exact original torch.distributed functions and CUDAGraph methods (idempotent,
+    thread-safe)."""
+    from commtag.runtime import patch
 
     patch.uninstall()
-    capture.uninstall()
 
 
 def is_installed() -> bool:

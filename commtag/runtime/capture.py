@@ -154,6 +154,13 @@ class CaptureTracker:
             if capture is not None:
                 _open.pop(capture.sequence_id, None)
 
+    def abandon_capture(self, capture: _OpenCapture) -> None:
+        """Forget ``capture``, still open (commtag is being uninstalled)."""
+        with self._lock:
+            if self._by_owner.get(capture.owner_key) is capture:
+                del self._by_owner[capture.owner_key]
+            _open.pop(capture.sequence_id, None)
+
     def _resolve(self, capture: _OpenCapture) -> GraphCapture:
         api = self.api
         final = api.nodes(capture.graph)
@@ -422,7 +429,10 @@ class _TrackerSink:
 
 
 def install() -> None:
-    """Wrap CUDAGraph.capture_begin/capture_end/replay (idempotent; touches no CUDA state)."""
+    """Wrap CUDAGraph.capture_begin/capture_end/replay (idempotent; touches no CUDA state).
+
+    Called by :func:`commtag.runtime.patch.install`, under its lock.
+    """
     if _originals:
         return
     try:
@@ -433,11 +443,19 @@ def install() -> None:
     for name, wrap in (("capture_begin", _wrapped_capture_begin), ("capture_end", _wrapped_capture_end), ("replay", _wrapped_replay)):
         own = CUDAGraph.__dict__.get(name)
         _originals[name] = own
-        setattr(CUDAGraph, name, wrap(own if own is not None else getattr(CUDAGraph, name)))
+        hook = wrap(own if own is not None else getattr(CUDAGraph, name))
+        hook.__commtag_original__ = own  # type: ignore[attr-defined]
+        setattr(CUDAGraph, name, hook)
 
 
 def uninstall() -> None:
-    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed)."""
+    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed).
+
+    Called by :func:`commtag.runtime.patch.uninstall`, under its lock. A
+    capture still open loses its bookkeeping: its capture_end is torch's own
+    from now on, so its operator interception is made inert here and the
+    collectives' idle path is not held back by it.
+    """
     if not _originals:
         return
     from torch.cuda.graphs import CUDAGraph
@@ -448,6 +466,13 @@ def uninstall() -> None:
         else:
             setattr(CUDAGraph, name, own)
     _originals.clear()
+    tracker = _tracker
+    for capture in list(_open.values()):
+        if capture.interceptor is not None:
+            capture.interceptor.enabled = False
+        if tracker is not None:
+            tracker.abandon_capture(capture)
+    _open.clear()
 
 
 def is_installed() -> bool:

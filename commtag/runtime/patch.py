@@ -621,7 +621,13 @@ _built: dict[str, tuple[Any, Any, Optional[Callable[..., Any]]]] = {}
 
 
 def install() -> None:
-    """Patch the collectives (idempotent, thread-safe, before or after init_process_group)."""
+    """Patch the collectives and hook CUDA-graph capture (idempotent, thread-safe, before or after
+    init_process_group).
+
+    Everything commtag patches is patched here, under one lock, and restored by
+    :func:`uninstall` under the same lock: concurrent calls cannot leave one
+    part installed and another not.
+    """
     with _install_lock:
         if _originals:
             return
@@ -642,17 +648,21 @@ def install() -> None:
             setattr(c10d, name, wrapper)
             if public is original:
                 setattr(dist, name, wrapper)
+        capture.install()
 
 
 def uninstall() -> None:
-    """Put back the exact original objects (idempotent)."""
+    """Put back the exact original objects, capture hooks included (idempotent, thread-safe)."""
     with _install_lock:
         for name, (original, public) in _originals.items():
             setattr(c10d, name, original)
             if public is original:
                 setattr(dist, name, original)
         _originals.clear()
+        capture.uninstall()
 
 
 def is_installed() -> bool:
-    return bool(_originals)
+    """True between :func:`install` and :func:`uninstall` (never while either is half done)."""
+    with _install_lock:
+        return bool(_originals)
