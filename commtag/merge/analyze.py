@@ -12,7 +12,8 @@ Matching
     so a rank that talks to two peers numbers its sends 1, 2 while each peer
     sees 1. A send is therefore matched with its receive the way MPI orders
     messages: the k-th send from a to b in a group (and graph replay) is the
-    k-th receive at b from a.
+    k-th receive at b from a. The pair is one transfer, named ``send/recv``
+    (:data:`P2P_LABEL`) whichever end arrived last.
 
 Figures (per matched instance)
     skew
@@ -52,6 +53,10 @@ from typing import Callable, Iterable, Optional
 
 from commtag.constants import SCALAR_TYPE_BYTES
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, TraceAnnotations, match_groups
+
+#: What a matched p2p instance is called: one transfer is a send and its receive, whichever
+#: end arrived last (each rank's lane slice keeps its own direction).
+P2P_LABEL = "send/recv"
 
 #: A rank arriving this much later than the first one, and later by at least the
 #: collective's own transfer time, is flagged a straggler.
@@ -329,7 +334,7 @@ def _measure(members: list[CollectiveInstance], loaded: set[int], straggler_min_
         is_p2p=last.is_p2p,
         seq=_display_seq(members, last),
         replay=last.replay,
-        collective=last.collective,
+        collective=P2P_LABEL if last.is_p2p else last.collective,
         dtype=last.dtype,
         group_size=last.group_size,
         members=by_rank,

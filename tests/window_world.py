@@ -1,0 +1,70 @@
+"""One real 4-rank gloo run profiled with a repeating schedule, shared by the analysis tests.
+
+``schedule(wait=1, warmup=1, active=2, repeat=2)`` over 8 steps: each rank
+writes two trace files (steps 2-3 and 6-7), so every group's Seq numbers jump
+between the two profiled windows, as in any scheduled job. Each step runs
+all_reduce on the default group and on the rank's pair group, one message
+each way between the pair's two ranks, and an all_to_all_single on the
+default group. The run happens once per test process; its directory is
+read-only for the tests (a test that changes files copies them first).
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from gloo_world import run_world
+
+WORLD = 4
+STEPS = 8
+#: Steps the schedule profiles, two windows of two.
+PROFILED_STEPS = 4
+WINDOWS = 2
+NUMEL = 1024
+
+
+def _body(rank: int, world_size: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    import commtag
+
+    commtag.install()
+    pairs = [dist.new_group([0, 1], group_desc="pair01"), dist.new_group([2, 3], group_desc="pair23")]
+    mine = pairs[rank // 2]
+    peer = rank ^ 1
+    t = torch.ones(NUMEL)
+    spread, gathered = torch.ones(NUMEL * world_size), torch.empty(NUMEL * world_size)
+
+    def step() -> None:
+        dist.all_reduce(t)
+        dist.all_reduce(t, group=mine)
+        if rank % 2 == 0:
+            dist.send(t, peer)
+            dist.recv(t, peer)
+        else:
+            dist.recv(t, peer)
+            dist.send(t, peer)
+        dist.all_to_all_single(gathered, spread)
+
+    step()  # connect gloo before profiling
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=WINDOWS),
+                 on_trace_ready=commtag.trace_handler(out_dir)) as prof:
+        for _ in range(STEPS):
+            step()
+            prof.step()
+
+
+@lru_cache(maxsize=1)
+def window_world() -> Path:
+    """The run's directory (two trace files + sidecars per rank), made on first use."""
+    root = Path(tempfile.mkdtemp(prefix="commtag_window_world_"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    out = root / "traces"
+    run_world(_body, WORLD, str(out))
+    return out
