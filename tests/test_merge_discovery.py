@@ -11,6 +11,7 @@ checked as a user sees it: exit code 2, one line naming the file, no output.
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -76,7 +77,7 @@ def _sidecar(d: Path, rank: int) -> Path:
 def _edit_trace(path: Path, edit: Callable[[dict], object]) -> None:
     data = orjson.loads(gzip.decompress(path.read_bytes()))
     edit(data)
-    path.write_bytes(gzip.compress(orjson.dumps(data)))
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))  # json: orjson cannot write ints above 64 bits
 
 
 def _edit_sidecar(path: Path, edit: Callable[[dict], object]) -> None:
@@ -235,3 +236,52 @@ def test_a_broken_sidecar_beside_the_trace_given_is_an_error(traces: Path, tmp_p
     _sidecar(traces, 1).unlink()
     code, err, _ = _merge(capsys, str(_trace(traces, 2)), "-o", str(tmp_path / OUT))
     assert code == 0 and err == [], err
+
+
+# ---------------------------------------------------------------------------
+# Item 12: absurd clocks are bad input.
+
+CENTURIES_NS = 5_500_000_000 * 10**9  # what once made a summary call a rank 5.5e9 s late
+
+
+@pytest.mark.parametrize("base", [2**63 + 5, 2**64 + 5, -5])
+def test_a_base_time_outside_int64_is_bad_input(base: int, traces: Path, tmp_path: Path, capsys):
+    _edit_trace(_trace(traces, 1), lambda t: t.update(baseTimeNanoseconds=base))
+    line = _refused(capsys, tmp_path / OUT, str(traces))
+    shown = base if base >= 0 else repr(str(base))
+    assert line == f"{_trace(traces, 1)}: baseTimeNanoseconds {shown} is not a time in int64 nanoseconds"
+
+    code, err, stdout = _merge(capsys, str(traces), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
+    assert code == 0, err
+    assert [line for line in err if line.startswith("commtag merge: skipped: ")] == \
+        [f"commtag merge: skipped: {_trace(traces, 1)}: baseTimeNanoseconds {shown} is not a time in int64 nanoseconds",
+         f"commtag merge: skipped: {_sidecar(traces, 1)}: its trace {_trace(traces, 1).name!r} was skipped"]
+    assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 2"], {0, 2})
+
+
+def test_a_clock_shifted_by_centuries_is_bad_input(traces: Path, tmp_path: Path, capsys):
+    _edit_trace(_trace(traces, 2), lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
+    line = _refused(capsys, tmp_path / OUT, str(traces))
+    assert line.startswith(f"{_trace(traces, 2)}: its clock is absurd: it ends on 22"), line
+    assert line.endswith("days after this machine's clock (check its baseTimeNanoseconds and ts)"), line
+    # The summary reads the same traces: the same line, not a rank 5.5e9 s late.
+    assert main(["summary", str(traces)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"commtag summary: {line}\n"
+
+    code, err, _ = _merge(capsys, str(traces), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
+    assert code == 0, err
+    skipped = [line for line in err if line.startswith("commtag merge: skipped: ")]
+    assert skipped == [f"commtag merge: skipped: {_trace(traces, 2)}: rank 2 skipped: {line.split(': ', 1)[1]}"], err
+    assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1"], {0, 1})
+
+
+def test_a_public_trace_shifted_by_centuries_is_bad_input(tmp_path: Path, capsys):
+    public = PUBLIC / "edge-cases" / "tracelens_vllm_hipgraph_replay.json.gz"
+    shifted = tmp_path / "rank0.json.gz"
+    shutil.copy(public, shifted)
+    _edit_trace(shifted, lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
+    line = _refused(capsys, tmp_path / OUT, str(shifted))
+    assert line.startswith(f"{shifted}: its clock is absurd: it ends on 22"), line
+    code, err, _ = _merge(capsys, str(public), "-o", str(tmp_path / OUT))  # as written, it merges
+    assert code == 0, err

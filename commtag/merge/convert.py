@@ -18,13 +18,15 @@ Args that only link events, which the merged trace draws as flows instead
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_table, nccl_kind
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, base_ns
+from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
@@ -32,6 +34,9 @@ from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 LINK_ARGS = frozenset({"External id", "correlation", "cbid", "Ev Idx", "Record function id"})
 #: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
 MAX_DUR_US = 86_400 * 10**6
+#: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
+#: clock is absurd (a base time shifted by years), not a real run's.
+MAX_AHEAD_NS = 86_400 * 10**9
 _MAX_NS = (1 << 63) - 1
 _INF = float("inf")
 _MISSING = object()
@@ -122,6 +127,15 @@ def _refuse(path: Path, i: int, e: dict, base: int) -> None:
     _check_ids(path, i, e)
     start = round(ts * 1000) + base
     raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
+
+
+def _check_clock(path: Path, last_ns: Optional[int]) -> None:
+    """A trace cannot end long after the merging machine's clock: such times are bad input."""
+    now = time.time_ns()
+    if last_ns is not None and last_ns > now + MAX_AHEAD_NS:
+        ends = datetime.fromtimestamp(last_ns // 10**9, timezone.utc).strftime("%Y-%m-%d")
+        raise MergeInputError(path, f"its clock is absurd: it ends on {ends}, {(last_ns - now) / 86_400e9:.0f} days "
+                                    "after this machine's clock (check its baseTimeNanoseconds and ts)")
 
 
 def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
@@ -316,15 +330,16 @@ class RankConverter:
         try:
             for batch in stream.batches():
                 if base is None:
-                    base = base_ns(header) + self.offset
+                    base = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
                 self.feed(file, batch, base)
                 del batch
         except TraceFormatError as exc:
             raise MergeInputError(path, str(exc)) from None
         check_distributed_info(path, header.get("distributedInfo"))
-        final = base_ns(header) + self.offset
+        final = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
         if base is not None and final != base:
             self._shift(file, marks, final - base)
+        _check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         fallback = graph_fallback(trace) if graph_fallback is not None else None
         self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
-from commtag.constants import SIDECAR_SUFFIX, sidecar_name_for
+from commtag.constants import SIDECAR_SUFFIX, TIME_NS_LIMIT, sidecar_name_for
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar, SidecarHead
@@ -50,7 +50,7 @@ _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 MAX_RANKS = 1 << 24
 #: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
-_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
 #: Kineto categories of device-side events (their pid is the device).
 GPU_CATEGORIES = frozenset(
@@ -230,12 +230,16 @@ def discover(
             number = _rank_of(path, head, sidecar, pattern, rank_pattern, rank)
             if number >= MAX_RANKS:
                 raise MergeInputError(path, f"rank {number} is beyond the {MAX_RANKS} ranks a merge can lay out")
+            found = _BASE_TIME.search(head)
+            text = found.group(1) if found else b"0"
+            base = checked_base_ns(path, int(text) if text.isdigit() else text.decode())
         except MergeInputError as exc:
             fail(exc.path, exc.problem)
+            if sidecar is not None:
+                fail(sidecar_path, f"its trace {sidecar.trace_file!r} was skipped")
             continue
         entry = ranks.setdefault(number, RankInput(number))
-        base = _BASE_TIME.search(head)
-        entry.files.append(TraceFile(path, sidecar_path, path.stat().st_size, int(base.group(1)) if base else 0))
+        entry.files.append(TraceFile(path, sidecar_path, path.stat().st_size, base))
     if not ranks:
         raise nothing_left(inputs, skipped or [])
     return [ranks[r] for r in sorted(ranks)]
@@ -335,6 +339,13 @@ def _validated(path: Path, model: type[_Model]) -> _Model:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise MergeInputError(path, f"invalid sidecar: {where}: {first.get('msg')}") from None
+
+
+def checked_base_ns(path: Path, base: object) -> int:
+    """A trace's baseTimeNanoseconds, which must be a time in int64 nanoseconds (an error naming the file)."""
+    if base.__class__ is not int or not 0 <= base < TIME_NS_LIMIT:
+        raise MergeInputError(path, f"baseTimeNanoseconds {base!r} is not a time in int64 nanoseconds")
+    return base
 
 
 def base_ns(trace: dict) -> int:
