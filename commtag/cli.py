@@ -181,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The shell's exit status for a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        # The merge's temporaries are gone by now (its cleanup ran on the way out); outputs
+        # appear only by an atomic rename, so the previous ones are as they were.
+        sys.stderr.write(f"commtag {args.command}: interrupted; no file was changed\n")
+        return EXIT_INTERRUPTED

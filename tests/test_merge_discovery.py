@@ -197,11 +197,17 @@ def test_ranks_in_subfolders_merge_from_their_parent(sidecars: bool, traces: Pat
 
 
 def test_the_json_output_inside_an_input_folder_is_not_an_input(traces: Path, capsys):
+    # A visible folder below the input would be read by the next merge (or summary) without --json:
+    # refused. A hidden one is never searched.
+    code, err, _ = _merge(capsys, str(traces), "--json", str(traces / "annotated"))
+    assert code == 2 and len(err) == 1 and "--json's folder lies where the merge reads its inputs" in err[0], err
+    assert not (traces / "annotated").exists()
     for _ in range(2):  # the second merge finds the first one's --json files below its input, and leaves them
-        code, err, stdout = _merge(capsys, str(traces), "--json", str(traces / "annotated"))
+        code, err, stdout = _merge(capsys, str(traces), "--json", str(traces / ".annotated"))
         assert code == 0, err
         assert stdout.startswith(f"{traces / OUT}: 3 ranks")
-    assert sorted(p.name for p in (traces / "annotated").iterdir()) == sorted(_trace(traces, r).name for r in range(WORLD))
+    assert sorted(p.name for p in (traces / ".annotated").iterdir()) == sorted(_trace(traces, r).name
+                                                                               for r in range(WORLD))
 
 
 def test_a_sidecar_pairs_with_the_trace_in_its_own_folder(traces: Path, tmp_path: Path, capsys):

@@ -119,6 +119,26 @@ def _looks_like_trace(head: bytes) -> bool:
     return b'"traceEvents"' in head or b'"schemaVersion"' in head
 
 
+def discoverable(name: str) -> bool:
+    """Whether a file of this name under an input folder is read as a trace or sidecar candidate."""
+    return name.endswith((".json", ".json.gz"))
+
+
+def would_read(inputs: Sequence[Path], path: Path) -> bool:
+    """Whether discovery of ``inputs`` (nothing excluded) reads a file at ``path``: the merge must
+    not write one there, or its next run takes it for an input."""
+    target = path.resolve()  # through links: a folder reached two ways is one folder
+    for item in inputs:
+        folder = item.resolve()
+        if item.is_dir() and target.is_relative_to(folder):
+            hidden = any(part.startswith(".") for part in target.parent.relative_to(folder).parts)
+            if not hidden and discoverable(target.name):
+                return True
+        elif item.is_file() and target.parent == folder.parent and target.name.endswith(SIDECAR_SUFFIX):
+            return True
+    return False
+
+
 def _candidates(inputs: Sequence[Path], exclude: Sequence[Path]) -> list[tuple[Path, bool]]:
     """The files to read, each once, with whether it is only a possible sidecar.
 
@@ -139,7 +159,7 @@ def _candidates(inputs: Sequence[Path], exclude: Sequence[Path]) -> list[tuple[P
             for root, dirs, names in os.walk(item):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and _key(Path(root, d)) not in skip)
                 for name in sorted(names):
-                    if name.endswith((".json", ".json.gz")):
+                    if discoverable(name):
                         add(Path(root, name), False)
         elif item.is_file():
             add(item, False)

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import orjson
 
@@ -41,6 +40,7 @@ from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
 from commtag.merge.convert import RankConverter
 from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left
+from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
 from commtag.merge.records import CollectiveInstance, TraceAnnotations
 from commtag.merge.workers import SoloWorld, World
 
@@ -139,10 +139,10 @@ def merge(
     notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
                for r in ranks for f in r.files if f.sidecar is None]
     out_path = Path(output) if output else default_output(paths)
-    if json_dir is not None:
-        for f in (f for r in ranks for f in r.files):
-            if (Path(json_dir) / f.path.name).resolve() == f.path.resolve():
-                raise MergeInputError(json_dir, f"--json would overwrite the input {f.path.name}")
+    json_dir = Path(json_dir) if json_dir is not None else None
+    check_outputs(out_path, json_dir, paths, ranks, skipped or ())
+    # A merge killed before its cleanup left its temporaries here: remove them (never a live merge's).
+    remove_stale([out_path.parent, *([json_dir] if json_dir is not None else [])])
     mine = chunks(ranks, world.size)[world.index]
     show = sys.stderr.isatty() if progress is None else progress
 
@@ -157,14 +157,15 @@ def merge(
         offsets = alignment.offsets
 
     origin = time_origin(ranks, offsets)
-    final_tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    shard = final_tmp if world.index == 0 else out_path.with_name(f".{out_path.name}.shard{world.index}")
-    shards = [out_path.with_name(f".{out_path.name}.shard{w}") for w in range(1, world.size)]
+    # Worker 0 writes its ranks into what becomes the output, each other worker into a shard of
+    # its own that worker 0 appends; all are temporaries named after their writer's pid.
+    final_tmp = shard = temporary(out_path)
+    shards: list[Path] = []
     #: --json files written under temporary names, renamed only once the merge has succeeded.
     staged: list[tuple[Path, Path]] = []
 
     def write_mine() -> list[RankSummary]:
-        with _output_errors(out_path), open(shard, "wb") as stream:
+        with output_errors(out_path), open(shard, "wb") as stream:
             return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
                                 header=world.index == 0, skipped=skipped, staged=staged)
 
@@ -179,23 +180,24 @@ def merge(
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             annotations = analysis(instances) if analysis is not None else None
 
-        def write_lanes() -> None:
-            with _output_errors(out_path), open(shard, "ab") as stream, _collector_paused():
+        def write_lanes() -> dict:
+            with output_errors(out_path), open(shard, "ab") as stream, _collector_paused():
                 perfetto.LanesWriter(origin, mine[0].rank if mine else 0).write(
                     stream, _lane_layout(everyone), instances,
                     annotations.counters if annotations else (), annotations.markers if annotations else (),
                     {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
                     ranks={r.rank for r in mine},
                 )
+            return {"shard": str(shard)}
 
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the shards
         # once all are complete.
-        _all_done(world, write_lanes)
+        shards = [Path(part["shard"]) for part in _all_done(world, write_lanes) if part is not None]
         if world.index != 0:
             shard = None  # worker 0 appends it, then removes it
-            _publish(staged)
+            publish(staged)
             return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
-        with _output_errors(out_path):
+        with output_errors(out_path):
             with open(final_tmp, "ab") as stream:
                 for path in shards:
                     with open(path, "rb") as part:
@@ -204,7 +206,7 @@ def merge(
                 stream.flush()
                 os.fsync(stream.fileno())
             os.replace(final_tmp, out_path)
-        _publish(staged)
+        publish(staged)
         return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices)
     finally:
         leftovers = [final_tmp, *shards] if world.index == 0 else [shard] if shard else []
@@ -264,15 +266,6 @@ def _exchange(world: World, produce: Callable[[], list[RankSummary]],
         union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
     return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
-
-
-@contextlib.contextmanager
-def _output_errors(out_path: Path) -> Iterator[None]:
-    """An OSError while writing becomes the merge's error naming the output."""
-    try:
-        yield
-    except OSError as exc:
-        raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
 
 
 def _all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
@@ -546,34 +539,3 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
     for rows in layout.values():
         rows.sort(key=lambda row: row[1])
     return layout
-
-
-def _publish(staged: list[tuple[Path, Path]]) -> None:
-    """Rename the staged --json files into place (the merge succeeded)."""
-    while staged:
-        tmp, path = staged.pop(0)
-        try:
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
-
-
-def stage_json(path: Path, trace: dict) -> Path:
-    """Write an annotated Chrome JSON trace (gzip if the name ends in .gz) under a temporary
-    name beside ``path``; return that name. The caller renames it once the merge succeeded."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MergeInputError(path.parent, f"cannot create: {exc.strerror or exc}") from None
-    # Indented like Kineto's own output: HTA finds a file's rank with the regex
-    # '"rank":\s+(\d+)', which compact JSON ('"rank":1') never matches.
-    data = orjson.dumps(trace, option=orjson.OPT_INDENT_2)
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=3)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
-    return tmp
