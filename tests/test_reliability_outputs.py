@@ -106,12 +106,19 @@ def _fifo(tmp: Path) -> Path:
     return tmp / "fifo"
 
 
+def _below(d: Path) -> Path:
+    (d / "out").mkdir()
+    return d / "out"
+
+
 def _device(tmp: Path) -> Path:
     (tmp / "null").symlink_to(os.devnull)  # a character device, reached through a link
     return tmp / "null"
 
 
 _REPLACED = "not a regular file: the merge would replace it"
+_READ = ("the output lies where the merge reads its inputs (a .json or .json.gz under an input folder, a sidecar "
+         "beside an input trace): the next merge would read it as one")
 
 
 @pytest.mark.parametrize("name, target, says", [
@@ -119,9 +126,8 @@ _REPLACED = "not a regular file: the merge would replace it"
     ("a sidecar", lambda d, tmp: _sidecar(d), "the output is an input of this merge: the merge would overwrite it"),
     ("a pipe", lambda d, tmp: _fifo(tmp), f"the output is a pipe (FIFO), {_REPLACED}"),
     ("a character device", lambda d, tmp: _device(tmp), f"the output is a character device, {_REPLACED}"),
-    ("a trace name in the input directory", lambda d, tmp: d / "merged.json",
-     "the output lies in an input directory with a trace's name (.json, .json.gz): the next merge would read it "
-     "as a trace"),
+    ("a trace name in the input directory", lambda d, tmp: d / "merged.json", _READ),
+    ("a trace name in a folder below the input", lambda d, tmp: _below(d) / "merged.json.gz", _READ),
 ])
 def test_an_output_that_would_harm_an_input_is_refused(gloo: Path, tmp_path: Path, name: str,
                                                          target: Callable[[Path, Path], Path], says: str) -> None:
@@ -142,8 +148,8 @@ def test_json_into_another_input_directory_is_refused(gloo: Path, tmp_path: Path
     done = _merge(str(gloo), str(second), "-o", str(tmp_path / "out.pftrace"), "--json", str(second))
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        f"commtag merge: error: {second}: --json names an input directory: the next merge would read the "
-        "annotated copies as traces too"
+        f"commtag merge: error: {second}: --json's folder lies where the merge reads its inputs (an input folder "
+        "or one under it): the next merge would read the annotated copies as traces"
     ]
     assert _snapshot(gloo, second) == before and not (tmp_path / "out.pftrace").exists()
 
