@@ -9,13 +9,18 @@ Everything here depends only on what every member rank agrees on: the group
 name (its rendezvous store is prefixed with it) and the ordered global ranks.
 
 **uid** = ``"<group_name>:<first 12 hex of sha1('_'.join(ranks))>"``, the
-name plus a hash of the ranks as Flight Recorder identifies groups.
+name plus a hash of the ranks as Flight Recorder identifies groups; from the
+second life of the world on (``destroy_process_group()`` then
+``init_process_group()`` again, see :mod:`commtag.runtime.groups`) it ends in
+``"~<generation>"``: torch gives the new groups the old names again and their
+Seq restarts at 1, so without it calls of different lives would pair up.
 
 **lane id** = ``60 + int(sha1(uid)[:8], 16) % 2**24``: a stable hash of the
 uid, at or above 60 like PyTorch's own per-group lanes. Collisions are
 possible in principle (about n^2 / 2^25 for n groups); the merger detects them.
 
-**lane name** = ``"PG <name> (<desc>) <ranks>"``.
+**lane name** = ``"PG <name> (<desc>) <ranks>"``, plus ``" gen <generation>"``
+from the second life on.
 """
 
 from __future__ import annotations
@@ -40,10 +45,10 @@ def format_list(values: Sequence[int]) -> str:
     return "[" + ", ".join(values_text) + "]"
 
 
-def group_uid(name: str, ranks: Sequence[int]) -> str:
-    """Rank-independent identity of a group (see module docstring)."""
+def group_uid(name: str, ranks: Sequence[int], generation: int = 0) -> str:
+    """Rank-independent identity of a group in its life of the world (see module docstring)."""
     digest = hashlib.sha1("_".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()
-    return f"{name}:{digest[:12]}"
+    return f"{name}:{digest[:12]}" + (f"~{generation}" if generation else "")
 
 
 def lane_id(uid: str) -> int:
@@ -52,9 +57,9 @@ def lane_id(uid: str) -> int:
     return MIN_LANE_ID + int(digest[:8], 16) % LANE_SPAN
 
 
-def lane_name(name: str, desc: str, ranks: Sequence[int]) -> str:
+def lane_name(name: str, desc: str, ranks: Sequence[int], generation: int = 0) -> str:
     """Name of a group's virtual lane, the same on every member rank."""
-    return f"PG {name} ({desc}) {format_list(ranks)}"
+    return f"PG {name} ({desc}) {format_list(ranks)}" + (f" gen {generation}" if generation else "")
 
 
 @dataclass(frozen=True)

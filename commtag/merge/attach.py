@@ -80,20 +80,29 @@ class GraphMatch(NamedTuple):
 GraphFallback = Callable[[list[dict], "Sidecar", dict[int, dict]], list[GraphMatch]]
 
 
-def group_table(trace: dict, sidecar: Optional[Sidecar]) -> dict[str, GroupRow]:
-    """Groups by pg name: the sidecar's table, else rebuilt from distributedInfo's pg_config."""
+def group_rows(trace: dict, sidecar: Optional[Sidecar]) -> list[GroupRow]:
+    """Every group of a rank: the sidecar's table, else rebuilt from distributedInfo's pg_config.
+
+    A sidecar may hold one name several times, once per life of the world
+    (a re-init names its groups again), each life with its own uid.
+    """
     if sidecar is not None:
-        return {pg.name: GroupRow(uid=pg.uid, name=pg.name, desc=pg.desc, ranks=pg.ranks, backend=pg.backend,
-                                  lane_id=pg.lane_id, lane_name=pg.lane_name)
-                for pg in sidecar.process_groups}
+        return [GroupRow(uid=pg.uid, name=pg.name, desc=pg.desc, ranks=pg.ranks, backend=pg.backend,
+                         lane_id=pg.lane_id, lane_name=pg.lane_name)
+                for pg in sidecar.process_groups]
     info = trace.get("distributedInfo") or {}
-    table = {}
+    rows = []
     for pg in info.get("pg_config") or ():
         ranks = pg.get("ranks")
         if isinstance(ranks, list) and ranks and "pg_name" in pg:
             name = str(pg["pg_name"])
-            table[name] = group_info(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", "")))
-    return table
+            rows.append(group_info(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", ""))))
+    return rows
+
+
+def group_table(rows: Sequence[GroupRow]) -> dict[str, GroupRow]:
+    """Groups by pg name, for kernels that name only that: of several lives, the latest (a sidecar lists them in order)."""
+    return {row.name: row for row in rows}
 
 
 @lru_cache(maxsize=65536)
@@ -289,8 +298,9 @@ class _RankAttacher:
         self.offset = offset_ns
         self.flows = flows
         self.fallback = fallback
-        self.groups = group_table(trace, sidecar)
-        self.by_uid = {g.uid: g for g in self.groups.values()}
+        rows = group_rows(trace, sidecar)
+        self.groups = group_table(rows)
+        self.by_uid = {g.uid: g for g in rows}
         self.instances: list[CollectiveInstance] = []
         self.taken: set[int] = set()
         self.c10d: dict[int, list[tuple[int, int, dict]]] = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
-from commtag.merge.attach import RankFlows, attach, group_table, nccl_kind
+from commtag.merge.attach import RankFlows, attach, group_rows, nccl_kind
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
@@ -344,7 +344,7 @@ class RankConverter:
         fallback = graph_fallback(trace) if graph_fallback is not None else None
         self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,
                                  annotated=self.annotated if self.encoder is not None else None)
-        for g in group_table(trace, sidecar).values():
+        for g in group_rows(trace, sidecar):
             self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
         if self.breakdowns:

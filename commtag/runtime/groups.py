@@ -13,6 +13,18 @@ communication:
 uid, lane id and lane name are computed by :mod:`commtag.identity`, which the
 merge also uses to rebuild a group from a trace's ``pg_config``.
 
+**Generation**: ``destroy_process_group()`` and a new ``init_process_group()``
+start a new life of the world whose groups get the old names again (torch
+resets its group counter) and count Seq from 1 again. Within one life a name
+is never reused (torch refuses a group name it has seen, even after that
+group is destroyed), so a group's generation is the life it was made in:
+how many default groups this process has seen initialised, less one. Every
+rank knows that locally and gets the same number, because every rank runs
+each init. commtag counts inits through c10d's ``_update_default_pg`` while
+installed (:func:`watch_lives`), and a default group already present when it
+starts watching or builds a group counts as one more life if it is new, so
+an install after init or after a re-init still agrees across ranks.
+
 **Seq** follows ProcessGroupNCCL's counters: one counter for collectives
 (barrier included; a whole coalescing block takes one number) and a separate
 one for point-to-point (a whole ``batch_isend_irecv`` takes one number). On
@@ -67,6 +79,8 @@ class GroupState:
     backend: str
     lane_id: int
     lane_name: str
+    #: The life of the world the group belongs to (0 = the first; see the module docstring).
+    generation: int
     #: The NCCL backend whose collective counter is read; None elsewhere.
     nccl: Any = None
     p2p_seq: int = 0
@@ -142,6 +156,52 @@ _states: dict[Any, GroupState] = {}
 _states_lock = threading.Lock()
 #: c10d's world; its ``_default_pg`` backs the ``default_pg`` property (a Python frame per call).
 _world = c10d._world
+#: Default groups seen initialised (the lives of the world); kept under ``_states_lock``.
+_lives = 0
+#: The default group of the current life (a strong reference: its id can never be reused).
+_life_pg: Any = None
+#: The counting wrapper over c10d's ``_update_default_pg`` while :func:`watch_lives` has it in place.
+_watcher: Optional[Callable[[Any], None]] = None
+
+
+def _note_default(pg: Any) -> None:
+    """Count ``pg`` as a new life when it is a default group not counted yet (hold ``_states_lock``)."""
+    global _lives, _life_pg
+    if isinstance(pg, c10d.ProcessGroup) and pg is not _life_pg:
+        _lives += 1
+        _life_pg = pg
+
+
+def watch_lives() -> None:
+    """Count every later init of the default group (idempotent; :func:`commtag.install` calls it).
+
+    c10d sets the default group through ``_update_default_pg`` on every init,
+    destroy and shrink; the wrapper runs it first and then only counts, so it
+    cannot change what c10d does.
+    """
+    global _watcher
+    with _states_lock:
+        _note_default(_world._default_pg)
+        original = getattr(c10d, "_update_default_pg", None)
+        if original is None or original is _watcher:
+            return
+
+        def counting_update_default_pg(pg: Any) -> None:
+            original(pg)
+            with _states_lock:
+                _note_default(pg)
+
+        counting_update_default_pg.__wrapped__ = original  # type: ignore[attr-defined]
+        _watcher = c10d._update_default_pg = counting_update_default_pg
+
+
+def unwatch_lives() -> None:
+    """Put c10d's own ``_update_default_pg`` back unless someone wrapped it since (idempotent)."""
+    global _watcher
+    with _states_lock:
+        if _watcher is not None and c10d._update_default_pg is _watcher:
+            c10d._update_default_pg = _watcher.__wrapped__  # type: ignore[attr-defined]
+        _watcher = None
 
 
 def lookup(group: Optional[Any]) -> Optional[GroupState]:
@@ -173,16 +233,16 @@ def known_groups() -> list[GroupState]:
 
 
 def table() -> list[ProcessGroupInfo]:
-    """The process-group table: all groups this rank is a member of."""
-    seen: dict[str, ProcessGroupInfo] = {}
+    """The process-group table: all groups this rank is a member of, older lives of the world first."""
+    seen: dict[str, GroupState] = {}
     if dist.is_initialized():
         for pg in list(c10d._world.pg_map):
             state = lookup(pg)
             if state is not None:
-                seen.setdefault(state.uid, state.info())
+                seen.setdefault(state.uid, state)
     for state in known_groups():
-        seen.setdefault(state.uid, state.info())
-    return list(seen.values())
+        seen.setdefault(state.uid, state)
+    return [state.info() for state in sorted(seen.values(), key=lambda state: state.generation)]
 
 
 def _build(pg: Any) -> GroupState:
@@ -193,7 +253,9 @@ def _build(pg: Any) -> GroupState:
     start, stride = _start_and_stride(ranks, is_default)
     # The profiler writes "[]" for ranks that are not an arithmetic progression.
     listed = is_default or len(ranks) == 1 or stride is not None
-    uid = group_uid(name, ranks)
+    _note_default(_world._default_pg)  # a life begun while commtag was not watching
+    generation = max(_lives - 1, 0)
+    uid = group_uid(name, ranks, generation)
     backend = str(dist.get_backend(pg))
     return GroupState(
         uid=uid,
@@ -207,7 +269,8 @@ def _build(pg: Any) -> GroupState:
         global_rank_stride=stride,
         backend=backend,
         lane_id=lane_id(uid),
-        lane_name=lane_name(name, desc, ranks),
+        lane_name=lane_name(name, desc, ranks, generation),
+        generation=generation,
         nccl=_nccl_backend(pg, backend),
     )
 

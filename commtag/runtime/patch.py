@@ -58,7 +58,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commtag.runtime import capture, recorder, reentry
 from commtag.runtime.failopen import log_once
-from commtag.runtime.groups import GroupState, lookup, state_for
+from commtag.runtime.groups import GroupState, lookup, state_for, unwatch_lives, watch_lives
 from commtag.runtime.groups import _states as _group_states
 from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS, OpCall, p2p_call
 from commtag.schema import CollectiveAnnotation
@@ -631,6 +631,7 @@ def install() -> None:
     with _install_lock:
         if _originals:
             return
+        watch_lives()
         for name, make in _wrappers().items():
             original = getattr(c10d, name, None)
             if original is None:
@@ -660,6 +661,7 @@ def uninstall() -> None:
                 setattr(dist, name, original)
         _originals.clear()
         capture.uninstall()
+        unwatch_lives()
 
 
 def is_installed() -> bool:
