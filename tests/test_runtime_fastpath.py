@@ -281,8 +281,8 @@ def test_torch_originals_are_read_as_expected():
 
 
 def test_wrappers_take_the_originals_parameters_and_raise_their_errors():
-    # The idle path is a function with the original's own parameters: a call that is wrong for
-    # the original fails the same way, before commtag counts anything.
+    # A wrapper has the original's signature, and a call that is wrong for the original fails
+    # the same way (tests/test_runtime_wrong_calls.py makes more wrong calls on real groups).
     import inspect
 
     import commtag
@@ -309,28 +309,3 @@ def test_wrappers_take_the_originals_parameters_and_raise_their_errors():
     finally:
         commtag.uninstall()
     assert all(msg != "no error" for msgs in expected.values() for msg in msgs)
-
-
-def test_the_idle_entry_leaves_what_it_cannot_copy_to_the_general_wrapper():
-    from commtag.runtime.patch import _idle_entry
-
-    def general(*args, **kwargs):
-        return "general", args
-
-    def star(*tensors, group=None): ...
-
-    def keyword_only(tensor, *, group=None): ...
-
-    def hides_a_name(tensor, original=None, group=None): ...
-
-    for func in (star, keyword_only, hides_a_name):
-        assert _idle_entry(func, general, func.__name__, 1, 0) is None, func.__name__
-
-    def plain(tensor, group=None):
-        return "original"
-
-    entry = _idle_entry(plain, general, "plain", 1, 0)
-    x, unknown = torch.ones(1), object()
-    # A group commtag has not seen: the general wrapper decides, with every argument passed on.
-    assert entry(x, group=unknown) == ("general", (x, unknown))
-    assert entry(x, unknown) == ("general", (x, unknown))

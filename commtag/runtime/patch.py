@@ -9,7 +9,9 @@ Every wrapper follows one shape::
 
 so an error inside commtag is logged once (see failopen) and the collective
 runs as if commtag were absent, while an error raised by the collective
-itself reaches the caller unchanged.
+itself reaches the caller unchanged. A call commtag could not describe is
+logged only if the original then accepts it: a call torch rejects is the
+caller's mistake, and torch's own error is all the caller sees.
 
 Patched: the functions in metadata.OPS plus ``batch_isend_irecv`` and
 ``_coalescing_manager``, in both ``torch.distributed`` and
@@ -28,8 +30,9 @@ which torch.profiler and torch.autograd.profiler set for every session,
 not compiling, and no slow-path call in flight whose original may call a
 wrapper again (:data:`_slow_reasons`). It only numbers a plain collective on
 its group's counter (no thread-local state, no description) and calls the
-original; it is a function written per op with the original's own
-parameters (:func:`_idle_entry`), so no ``*args, **kwargs`` are packed. A
+original, or rather the body inside torch's ``_exception_logger``, with the
+caller's own positional and keyword split (which that decorator reads when
+the call fails: see :func:`_logged_body`). A
 profiler started from C++ alone (the legacy autograd profiler, Kineto
 on-demand) is not noticed there: its trace never reaches
 :func:`commtag.trace_handler`, so nothing commtag recorded could be written.
@@ -46,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import threading
 import time
 from types import SimpleNamespace
@@ -55,6 +57,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
+from torch.distributed.c10d_logger import _exception_logger
 
 from commtag.runtime import capture, recorder, reentry
 from commtag.runtime.failopen import log_once
@@ -83,6 +86,8 @@ _open_captures = capture._open
 #: has_torch_function((x,)) as one C call: True when calling the original with ``x`` as its
 #: dispatch argument would go through __torch_function__ (a tensor subclass or an active mode).
 _has_torch_function: Callable[[Any], bool] = getattr(torch._C, "_has_torch_function_unary", lambda _x: True)
+#: The code of every function torch's ``_exception_logger`` returns: how its wrappers are recognized.
+_EXCEPTION_LOGGER_CODE = _exception_logger(lambda: None).__code__
 
 #: Process-wide reasons the idle fast path must not be taken now: coalescing blocks open on
 #: any thread, and slow-path calls in flight whose original may call a wrapper again
@@ -296,6 +301,36 @@ def _after(pending: Optional[_Pending], result: Any) -> None:
 # Wrappers.
 
 
+def _logged_body(original: Callable[..., Any]) -> Optional[Callable[..., Any]]:
+    """The function inside torch's ``_exception_logger`` when ``original`` is that decorator's
+    wrapper, else None.
+
+    The decorator does nothing while the call succeeds; when it raises, it
+    logs the call and re-raises, and describing the call reads the group from
+    the caller's *keyword* arguments (a bad ``group=`` then fails with
+    ValueError, a bad positional one with the original AttributeError). The
+    idle path calls the body directly (a frame and a repacking of the
+    arguments fewer) and, on an error, hands it to the decorator with the
+    caller's own arguments (:func:`_raise_as_logged`), so it fails exactly as
+    without commtag.
+    """
+    body = getattr(original, "__wrapped__", None)
+    if body is None or getattr(original, "__code__", None) is not _EXCEPTION_LOGGER_CODE:
+        return None
+    return body
+
+
+def _raise_as_logged(body: Callable[..., Any], error: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise ``error``, which ``body`` raised, the way torch's ``_exception_logger`` around it would have."""
+
+    @_exception_logger
+    @functools.wraps(body)
+    def failed(*_args: Any, **_kwargs: Any) -> None:
+        raise error
+
+    failed(*args, **kwargs)
+
+
 def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Optional[Callable[..., Any]]:
     """The wrapper of op ``name``, or None where the original is better left in place."""
     describe = OPS[name]
@@ -308,6 +343,8 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
     #: The original dispatches to __torch_function__ on its positional argument tf_index.
     tf_index = shape.tf_index if shape.tf_index is not None else 0
     dispatch = shape.tf_index is not None
+    #: What the idle path calls: the body inside torch's exception logger, when there is one.
+    body = _logged_body(original)
 
     if shape.kind == reentry.NESTING:
         # The original is one call of another patched op (all_gather_into_tensor ->
@@ -319,14 +356,14 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Runs on every collective of the job, so each bytecode counts (~5-10x its warm
         # cost right after a collective). Dynamo folds _is_dynamo_compiling() to True, so
-        # a traced call reads no other flag (each would become a guard).
+        # a traced call reads no other flag (each would become a guard). The original (or
+        # its body) is always called with the caller's own positional and keyword split.
         if _is_dynamo_compiling() or _compiler._is_compiling_flag:
             return original(*args, **kwargs)
         if fast and not (_slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled):
-            # The idle fast path of an op whose signature _idle_entry could not copy: the
-            # group's counter, then the original. Nothing here raises: the lookup and the
-            # dispatch test are inside try (free in CPython >= 3.11 when nothing raises), a
-            # count's __next__ cannot fail.
+            # The idle fast path: the group's counter, then the original. Nothing here
+            # raises: the lookup and the dispatch test are inside try (free in CPython >= 3.11
+            # when nothing raises), a count's __next__ cannot fail.
             try:
                 n = len(args)
                 group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
@@ -337,7 +374,12 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                 bump = None
             if bump is not None:
                 bump()
-                return original(*args, **kwargs)
+                if body is None:
+                    return original(*args, **kwargs)
+                try:
+                    return body(*args, **kwargs)
+                except Exception as error:  # noqa: BLE001 - the collective's own: re-raised as torch would
+                    _raise_as_logged(body, error, args, kwargs)
         # The slow path: depth, numbering, description, recording, capture bookkeeping.
         try:
             thread = _tls.state
@@ -347,6 +389,9 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             return original(*args, **kwargs)
         pending = None
         reentrant = True
+        #: What went wrong describing the call: logged only if the original accepts the call
+        #: (a call torch rejects is the caller's mistake, and torch's error says so).
+        failure = None
         try:
             if p2p or thread.blocks:
                 call = describe(*args, **kwargs)
@@ -369,7 +414,7 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             # skipped) even if the profiler stops in between.
             reentrant = unknown or (dispatch and (len(args) <= tf_index or _has_torch_function(args[tf_index])))
         except Exception as exc:  # noqa: BLE001 - fail open
-            log_once("describing a collective", exc)
+            failure = exc
         if reentrant:
             _more_slow()
         thread.depth += 1
@@ -379,74 +424,16 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             thread.depth -= 1
             if reentrant:
                 _less_slow()
+        if failure is not None:
+            log_once("describing a collective", failure)
         if pending is not None:
             _after(pending, result)
         return result
 
     functools.update_wrapper(wrapper, original)
-    if fast:
-        wrapper = _idle_entry(original, wrapper, name, group_index, tf_index if dispatch else None) or wrapper
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
     wrapper.__commtag_shape__ = shape  # type: ignore[attr-defined]
     return wrapper
-
-
-#: Names the idle entry's code uses: a parameter of the same name would hide one of them.
-_ENTRY_NAMES = frozenset({
-    "make", "original", "general", "defaults", "bump", "Exception", "_is_dynamo_compiling", "_compiler",
-    "_slow_reasons", "_open_captures", "_autograd_profiler", "_group_states", "_world", "_has_torch_function",
-})
-
-
-def _idle_entry(original: Callable[..., Any], general: Callable[..., Any], name: str, group_index: int,
-                tf_index: Optional[int]) -> Optional[Callable[..., Any]]:
-    """The idle fast path as a function with the original's own parameters, or None when its
-    signature is not a plain list of parameters with defaults.
-
-    Why: ``*args, **kwargs`` costs a tuple, a dict, lookups to find the group
-    and a call that unpacks both again, on every collective of the job. With
-    named parameters the group is a local and the original is called with
-    positional arguments (the defaults passed are the original's own objects).
-    Every other case goes on to ``general``, the wrapper above, unchanged.
-    """
-    try:
-        params = list(inspect.signature(original).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if (not params or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
-            or group_index >= len(params) or (tf_index is not None and tf_index >= len(params))):
-        return None
-    names = [p.name for p in params]
-    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names) or _ENTRY_NAMES.intersection(names):
-        return None
-    defaults = [p.default for p in params]
-    signature = ", ".join(n if d is inspect.Parameter.empty else f"{n}=defaults[{i}]"
-                          for i, (n, d) in enumerate(zip(names, defaults)))
-    passed = ", ".join(names)
-    group = names[group_index]
-    dispatch = (f"        if _has_torch_function({names[tf_index]}):\n"
-                f"            return general({passed})\n") if tf_index is not None else ""
-    source = (
-        f"def make(original, general, defaults):\n"
-        f"    def {name}({signature}):\n"
-        f"        if (_is_dynamo_compiling() or _compiler._is_compiling_flag or _slow_reasons or _open_captures\n"
-        f"                or _autograd_profiler._is_profiler_enabled):\n"
-        f"            return general({passed})\n"
-        f"        try:\n"
-        f"            bump = _group_states[_world._default_pg if {group} is None else {group}].bump\n"
-        f"        except Exception:\n"
-        f"            return general({passed})\n"
-        f"{dispatch}"
-        f"        bump()\n"
-        f"        return original({passed})\n"
-        f"    return {name}\n"
-    )
-    scope: dict[str, Any] = {}
-    code = compile(source, f"<commtag idle path of {name}>", "exec")  # commtag's own text, not input data
-    exec(code, globals(), scope)  # commtag's own text, not input data
-    entry = scope["make"](original, general, defaults)
-    functools.update_wrapper(entry, original)
-    return entry
 
 
 def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -459,12 +446,14 @@ def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
         thread = _thread_state()
         if thread.depth:
             return original(p2p_op_list, *args, **kwargs)
-        pendings = _before_batch(p2p_op_list, thread)
+        pendings, failure = _before_batch(p2p_op_list, thread)
         thread.depth += 1
         try:
             works = original(p2p_op_list, *args, **kwargs)
         finally:
             thread.depth -= 1
+        if failure is not None:  # logged only for a batch torch accepted (else the caller's mistake)
+            log_once("describing batch_isend_irecv", failure)
         _after_batch(pendings, works)
         return works
 
@@ -472,7 +461,8 @@ def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> list[_Pending]:
+def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> tuple[list[_Pending], Optional[Exception]]:
+    """The batch's pending annotations, and what failed while numbering it (None: nothing)."""
     try:
         calls = []
         for op in p2p_op_list:
@@ -482,7 +472,7 @@ def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> list[_Pending]:
                 call.async_op = True
                 calls.append(call)
         if not calls:
-            return []
+            return [], None
         batch_seq: dict[int, int] = {}
         for call in calls:
             key = id(call.state)
@@ -491,14 +481,13 @@ def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> list[_Pending]:
         pair_seqs = [_pair_seq(call.state, call) for call in calls]
         recording = _profiler_enabled()
         if not recording:
-            return []
+            return [], None
         return [
             _Pending(call, batch_seq[id(call.state)], pair, recording, None, thread)
             for call, pair in zip(calls, pair_seqs)
-        ]
+        ], None
     except Exception as exc:  # noqa: BLE001 - fail open
-        log_once("describing batch_isend_irecv", exc)
-        return []
+        return [], exc
 
 
 def _after_batch(pendings: list[_Pending], works: Any) -> None:
@@ -525,31 +514,33 @@ def _wrap_coalescing(original: Callable[..., Any]) -> Callable[..., Any]:
             with original(group, device, async_ops) as cm:
                 yield cm
             return
-        block = _push_block(group, device is not None, thread)
+        block, failure = _push_block(group, device is not None, thread)
         try:
             with original(group, device, async_ops) as cm:
                 yield cm
         finally:
             _pop_block(block, thread)
+        if failure is not None:  # logged only for a block torch ran (else the caller's mistake)
+            log_once("opening a coalescing block", failure)
         _close_block(block, cm if async_ops else None, thread)
 
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
-def _push_block(group: Any, device_given: bool, thread: _ThreadState) -> Optional[_Block]:
+def _push_block(group: Any, device_given: bool, thread: _ThreadState) -> tuple[Optional[_Block], Optional[Exception]]:
+    """The block opened for ``group``, and what failed while opening it (None: nothing)."""
     try:
         if group is not None and not isinstance(group, c10d.ProcessGroup):
-            return None
+            return None, None
         block = _Block(state_for(group), device_given)
         if thread.blocks is None:
             thread.blocks = []
         thread.blocks.append(block)
     except Exception as exc:  # noqa: BLE001 - fail open
-        log_once("opening a coalescing block", exc)
-        return None
+        return None, exc
     _more_slow()  # calls in the block are numbered by it: no fast path until it closes
-    return block
+    return block, None
 
 
 def _pop_block(block: Optional[_Block], thread: _ThreadState) -> None:
