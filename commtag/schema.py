@@ -70,6 +70,9 @@ class CollectiveAnnotation(BaseModel):
     capture_id: Optional[int] = Field(alias="commtag capture id", default=None, ge=0)
     #: Set on a replayed instance: the replay index of its graph, 0-based.
     replay: Optional[int] = Field(alias="commtag replay", default=None, ge=0)
+    #: Set when the call failed (raised, or its work completed with an error, e.g. a timeout):
+    #: the exception's type and first line. The call is still recorded: its time was spent.
+    error: Optional[str] = Field(alias="commtag error", default=None, min_length=1)
 
     @field_validator("dtype")
     @classmethod

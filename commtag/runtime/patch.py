@@ -152,7 +152,7 @@ def _thread_state() -> _ThreadState:
 class _Pending:
     """A call commtag will annotate once the original returns."""
 
-    __slots__ = ("call", "seq", "pair_seq", "recording", "token", "start_ns", "tid", "thread_name")
+    __slots__ = ("call", "seq", "pair_seq", "recording", "token", "start_ns", "tid", "thread_name", "error")
 
     def __init__(self, call: OpCall, seq: int, pair_seq: Optional[int], recording: bool, token: Any,
                  thread: _ThreadState) -> None:
@@ -164,6 +164,8 @@ class _Pending:
         self.tid = thread.tid
         self.thread_name = thread.thread_name
         self.start_ns = _now_ns()
+        #: What failed, as "commtag error" writes it; None while nothing did.
+        self.error: Optional[str] = None
 
 
 class _Block:
@@ -246,6 +248,7 @@ def _fields(pending: _Pending) -> dict[str, Any]:
         "p2p_pair_seq": pending.pair_seq,
         "async_op": call.async_op,
         "thread": pending.tid,
+        "error": pending.error,
     }
 
 
@@ -265,12 +268,34 @@ def _finish(pending: _Pending, work: Any) -> None:
     future = _future_of(work) if pending.call.async_op else None
     if future is not None:
         # The annotation covers the work until it completes, without touching the Work object.
-        def done(_fut: Any, fields=fields, pending=pending) -> None:
-            recorder.add(fields, pending, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
+        def done(fut: Any, fields=fields, pending=pending) -> None:
+            end_ns = _now_ns()
+            try:
+                fut.value()
+            except Exception as exc:  # noqa: BLE001 - the work failed (a timeout, a peer gone): say so
+                pending.error = _error_text(exc)
+            recorder.add(fields, pending, pending.start_ns, end_ns, pending.tid, pending.thread_name)
 
         future.add_done_callback(done)
     else:
         recorder.add(fields, pending, pending.start_ns, _now_ns(), pending.tid, pending.thread_name)
+
+
+def _error_text(exc: BaseException) -> str:
+    """"commtag error" of a failed call: the exception's type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _failed(pending: Optional[_Pending], exc: BaseException) -> None:
+    """Record a call whose original raised, with what failed (the caller still gets the exception)."""
+    if pending is None:
+        return
+    try:
+        pending.error = _error_text(exc)
+        _finish(pending, None)
+    except Exception as inner:  # noqa: BLE001 - fail open
+        log_once("annotating a failed collective", inner)
 
 
 def _future_of(work: Any) -> Any:
@@ -420,6 +445,9 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         thread.depth += 1
         try:
             result = original(*args, **kwargs)
+        except Exception as exc:
+            _failed(pending, exc)
+            raise
         finally:
             thread.depth -= 1
             if reentrant:
@@ -450,6 +478,10 @@ def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
         thread.depth += 1
         try:
             works = original(p2p_op_list, *args, **kwargs)
+        except Exception as exc:
+            for pending in pendings:
+                _failed(pending, exc)
+            raise
         finally:
             thread.depth -= 1
         if failure is not None:  # logged only for a batch torch accepted (else the caller's mistake)
