@@ -8,6 +8,7 @@ force thousands of cuts (and cuts that land inside strings and nested values).
 from __future__ import annotations
 
 import gzip
+import tracemalloc
 from pathlib import Path
 
 import orjson
@@ -98,3 +99,51 @@ def test_broken_text_is_refused_with_a_reason(tmp_path: Path, tiny_windows, dama
     path = _write(tmp_path, damage(_awkward_trace(1)))
     with pytest.raises(TraceFormatError, match=words):
         _streamed(path)
+
+
+def _gapped_trace(gap: bytes, name: str = "op") -> bytes:
+    """A small pretty-printed trace whose second and third events are ``gap`` apart."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"{name}{i}", "pid": 1, "tid": 1, "ts": 10.0 + i, "dur": 0.5,
+               "args": {"External id": i}} for i in range(6)]
+    text = [orjson.dumps(e, option=orjson.OPT_INDENT_2) for e in events]
+    body = b",\n".join(text[:2]) + b",\n" + gap + b",\n".join(text[2:])
+    return b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n' + body + b'\n  ],\n' + gap + b'  "baseTimeNanoseconds": 5\n}\n'
+
+
+def _peak_bytes(path: Path) -> tuple[int, list]:
+    tracemalloc.start()
+    try:
+        _, events = _streamed(path)
+        return tracemalloc.get_traced_memory()[1], events
+    finally:
+        tracemalloc.stop()
+
+
+#: 32 MB of indentation: held whole, the reader's window alone would pass 32 MB.
+_BIG_GAP = 32 << 20
+
+
+@pytest.mark.parametrize("gap", [
+    (b" " * 1023 + b"\n") * (_BIG_GAP // 1024),  # a pretty-printer's blank lines
+    b" " * _BIG_GAP,  # spaces alone: squeezed only outside strings
+], ids=["blank lines", "spaces"])
+def test_a_long_whitespace_run_between_events_is_read_in_bounded_memory(tmp_path: Path, gap: bytes) -> None:
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(_gapped_trace(gap), compresslevel=1))
+    peak, events = _peak_bytes(path)
+    assert [e["name"] for e in events] == [f"op{i}" for i in range(6)]
+    # a few read windows (1 MB each), not the gap: it used to hold the whole gap, copied at each read
+    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MB for a {_BIG_GAP >> 20} MB gap"
+
+
+def test_spaces_inside_a_string_are_kept_while_gaps_around_it_are_squeezed(tmp_path: Path, monkeypatch) -> None:
+    """A run of spaces inside a string is data; line breaks and spaces between tokens are not.
+    Reads shorter than a squeezed run make every run span several reads."""
+    monkeypatch.setattr(jsonstream, "_READ", 50_000)
+    inside = '"quoted" \\' + " " * 200_000  # escapes, then more spaces than any run the reader squeezes
+    gap = b"\n" + b" " * 150_000 + b"\n"
+    path = _write(tmp_path, _gapped_trace(gap, name=f"op{inside}").replace(b'"pid"', gap + b'"pid"'))
+    header, events = _streamed(path)
+    assert events == _whole(path)["traceEvents"]
+    assert [e["name"] for e in events] == [f"op{inside}{i}" for i in range(6)]
+    assert header == {"schemaVersion": 1, "baseTimeNanoseconds": 5}

@@ -12,6 +12,14 @@ slice does not parse (its brackets or quotes are unbalanced) and it is
 extended to the next cut. A slice that parses is therefore exactly a run of
 whole elements. The other top-level keys (``distributedInfo``,
 ``baseTimeNanoseconds``, ...) are small and parsed whole, wherever they are.
+
+Long whitespace runs (a pretty-printer's indentation gone wild: megabytes of
+blanks between two events) are squeezed to one character as they are read,
+so they never fill the window: text held and time spent stay proportional to
+the events, not to the gaps. A run inside a string is kept as it is: runs with
+a line break or tab cannot be inside a valid JSON string (squeezed to that one
+character, an invalid file stays invalid), and a run of spaces alone is kept
+when a scan of the strings before it says it is inside one.
 """
 
 from __future__ import annotations
@@ -28,6 +36,15 @@ import orjson
 _READ = 1 << 20
 #: JSON bytes per batch of events (about 1.3k Kineto events, ~2.5 MB as dicts).
 _BATCH = 1 << 18
+#: Whitespace runs this long or longer are squeezed as they are read (module docstring).
+_GAP = 1 << 16
+_BLANKS = b" \t\r\n"
+#: Blanks made spaces, so that ``bytes.find`` (far faster than a regex) finds long runs.
+_FLAT = bytes.maketrans(b"\t\r\n", b"   ")
+#: Every long run holds this many blanks in a row.
+_WIDE = b" " * 256
+_RUN = re.compile(rb"[ \t\r\n]+")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _CUT = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_END = re.compile(rb"\}\s*\]")
 _SPACE = re.compile(rb"\s*")
@@ -75,7 +92,9 @@ class TraceStream:
     def _more(self) -> bool:
         """Append the next decompressed chunk; False at the end of the file.
 
-        Offsets into the buffer stay valid: only :meth:`_compact` moves text.
+        Offsets up to :attr:`_pos` stay valid (only :meth:`_compact` moves that
+        text); squeezing whitespace may move text after it, so a later offset
+        kept across a read is only a hint where to look.
         """
         if self._eof:
             return False
@@ -90,8 +109,46 @@ class TraceStream:
         if not chunk:
             self._eof = True
             return False
+        old = len(self._buf)
         self._buf += chunk
+        self._squeeze(old)
         return True
+
+    def _squeeze(self, old: int) -> None:
+        """Squeeze the long whitespace runs of the text read after ``old`` (module docstring).
+
+        A run that reached ``old`` was shorter than :data:`_GAP` then (or kept,
+        inside a string), so it is looked at again from its start; any other
+        text is looked at once.
+        """
+        buf = self._buf
+        low = max(self._pos, old - _GAP)
+        start = at = low + len(buf[low:old].rstrip(_BLANKS))  # where the run reaching ``old`` starts
+        flat = buf[start:].translate(_FLAT)
+        parts = []
+        kept = start
+        while True:
+            wide = flat.find(_WIDE, at - start)
+            if wide < 0:
+                break
+            # The first wide place found is where its run starts (or ``at``, inside it).
+            run = _RUN.match(buf, start + wide)
+            at = run.end()
+            if at - run.start() < _GAP:
+                continue
+            breaks = run.group().lstrip(b" ")[:1]
+            if breaks:
+                replacement = breaks  # a line break or tab: never inside a valid string
+            elif not _inside_string(buf, self._pos, run.start()):
+                replacement = b" "
+            else:
+                continue
+            parts.append(buf[kept:run.start()])
+            parts.append(replacement)
+            kept = at
+        if parts:
+            parts.append(buf[kept:])
+            self._buf = buf[:start] + b"".join(parts)
 
     def _compact(self) -> None:
         """Drop the text already consumed (once it is a read's worth: each drop copies the rest)."""
@@ -215,6 +272,19 @@ class TraceStream:
             except orjson.JSONDecodeError as exc:
                 raise TraceFormatError(f"not valid JSON (in the event array: {exc})") from None
             raise TraceFormatError("not valid JSON (the event array is not closed)")
+
+
+def _inside_string(buf: bytes, start: int, at: int) -> bool:
+    """Whether offset ``at`` lies inside a JSON string, scanning from ``start`` (outside any string)."""
+    pos = start
+    while True:
+        quote = buf.find(b'"', pos, at)
+        if quote < 0:
+            return False
+        string = _STRING.match(buf, quote)
+        if string is None or string.end() > at:
+            return True  # opened before ``at`` and not closed before it
+        pos = string.end()
 
 
 def _parse_run(buf: bytes, start: int, end: int) -> Optional[list]:
