@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -60,10 +61,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge.analyze import MergeAnalysis
     from commtag.merge.load import MergeInputError
     from commtag.merge.pipeline import default_output, merge
-    from commtag.merge.workers import launcher_world
+    from commtag.merge.workers import launcher_world, settle
 
     world = launcher_world(Path(args.output) if args.output else default_output([Path(p) for p in args.inputs]))
     hook = MergeAnalysis()
+    error: Optional[MergeInputError] = None
     try:
         result = merge(
             args.inputs, args.output, align=args.align, json_dir=args.json,
@@ -71,11 +73,21 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank,
         )
     except MergeInputError as exc:
-        sys.stderr.write(f"commtag merge: error: {_one_line(exc)}\n")
+        error = exc
+    # Under torchrun every worker learns every worker's error: all exit 2, worker 0 alone says why.
+    errors = settle(world, error) if world is not None else [error] if error else []
+    if errors and world is not None:
+        # Once it failed, a worker only tidies up: torchrun stopping it (when another worker has
+        # exited first) would leave the exchange folder behind and turn its exit 2 into a signal.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if errors and (world is None or world.index == 0):
+        for failure in errors:
+            sys.stderr.write(f"commtag merge: error: {_one_line(failure)}\n")
+        sys.stderr.flush()
+    if world is not None:
+        world.close()
+    if errors:
         return 2
-    finally:
-        if world is not None:
-            world.close()
     if world is None or world.index == 0:
         for notice in result.notices:
             sys.stderr.write(f"commtag merge: notice: {notice}\n")

@@ -7,6 +7,8 @@ own, so interned ids differ. Every track, slice, arg and flow must be equal.
 from __future__ import annotations
 
 import gzip
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,9 +98,28 @@ def test_a_worker_failing_on_its_lanes_stops_every_worker(tmp_path: Path) -> Non
     out = tmp_path / "out" / "merged.pftrace"
     out.parent.mkdir()
     out.write_bytes(b"previous")
-    proc = torchrun_merge([str(DLRM), "-o", str(out), "--no-progress"], env={"PYTHONPATH": str(inject)})
+    proc = torchrun_merge([str(DLRM), "-o", str(out), "--no-progress"], env={"PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))})
     assert proc.returncode != 0
     assert f"commtag merge: error: {out}: cannot write the output: No space left on device" in proc.stderr
-    assert proc.stderr.count("commtag merge: error:") == 2  # each worker says why it stopped
+    assert proc.stderr.count("commtag merge: error:") == 1  # worker 0 says why every worker stopped
     assert out.read_bytes() == b"previous"
     assert sorted(p.name for p in out.parent.iterdir()) == ["merged.pftrace"]  # no shard or temporary left
+
+
+def test_a_bad_input_is_one_line_and_every_worker_exits_2(tmp_path: Path) -> None:
+    """What a user sees: commtag's line once (worker 0), then torchrun's own report of the failed
+    workers (each with exit code 2), and torchrun's exit status for failed workers, 1."""
+    for r in range(2):
+        (tmp_path / f"rank{r}.json.gz").symlink_to(next(DLRM.glob(f"worker{r}_*")))
+    (tmp_path / "rank2.json").write_text('{"traceEvents": 5}')
+    out = tmp_path / "out.pftrace"
+    proc = torchrun_merge([str(tmp_path), "-o", str(out), "--no-progress"])
+    seen = proc.stdout + proc.stderr
+    assert [line for line in seen.splitlines() if line.startswith("commtag merge:")] == [
+        f"commtag merge: error: {tmp_path / 'rank2.json'}: not a profiler trace: no traceEvents list"
+    ]
+    assert not re.search(r'File "[^"]*/commtag/', seen)  # no traceback from commtag's code
+    exits = dict(re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+)", proc.stderr))
+    assert exits == {"0": "2", "1": "2"}, proc.stderr[-3000:]
+    assert proc.returncode == 1  # torchrun's own status when a worker failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz", "rank1.json.gz", "rank2.json"]

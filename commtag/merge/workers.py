@@ -20,11 +20,15 @@ import time
 from pathlib import Path
 from typing import Optional, Protocol
 
+import orjson
+
 from commtag.merge.load import MergeInputError
 
 #: How long a worker waits for the others' records (they may still be merging their ranks).
 EXCHANGE_TIMEOUT_S = float(os.environ.get("COMMTAG_MERGE_EXCHANGE_TIMEOUT_S", "7200"))
 _POLL_S = 0.01
+#: How long closing waits for the other workers to finish reading.
+_CLOSE_TIMEOUT_S = 60.0
 
 
 class World(Protocol):
@@ -73,12 +77,18 @@ class FileWorld:
         return [p.read_bytes() for p in paths]
 
     def close(self) -> None:
-        """Say this worker is done; worker 0 waits for everyone's word, then removes the exchange."""
+        """Say this worker is done; worker 0 waits for everyone's word, then removes the exchange;
+        the others wait for that, so worker 0 is never stopped halfway by torchrun (which stops
+        every worker once one has exited with an error)."""
         try:
             self._publish("done", b"")
             if self.index == 0:
-                self._wait("done", timeout_s=60.0)
+                self._wait("done", timeout_s=_CLOSE_TIMEOUT_S)
                 shutil.rmtree(self._dir, ignore_errors=True)
+            else:
+                deadline = time.monotonic() + _CLOSE_TIMEOUT_S
+                while self._dir.exists() and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
         except (OSError, MergeInputError):
             pass  # leaving the hidden directory behind must not fail a merge that succeeded
 
@@ -127,6 +137,23 @@ class TorchWorld:
 
     def close(self) -> None:
         self._dist.destroy_process_group()
+
+
+def settle(world: World, error: Optional[MergeInputError]) -> list[MergeInputError]:
+    """Every worker's error, each distinct one once, in worker order (empty: all succeeded).
+
+    The last exchange of a merge under torchrun: a worker may fail where the
+    others did not (a rename of its own files), and each must exit with the
+    same status while one of them (worker 0) reports. Sent as the merge's
+    exchanges send an error, so a worker still in one of those stops too.
+    """
+    mine = {"error": [str(error.path), error.problem]} if error is not None else {}
+    try:
+        parts = [orjson.loads(blob) for blob in world.all_gather_bytes(orjson.dumps(mine))]
+    except MergeInputError as exc:  # a worker that never answered
+        parts = [mine, {"error": [str(exc.path), exc.problem]}]
+    found = dict.fromkeys(tuple(part["error"]) for part in parts if isinstance(part, dict) and "error" in part)
+    return [MergeInputError(path, problem) for path, problem in found]
 
 
 def launcher_world(output: Path) -> Optional[World]:
