@@ -46,7 +46,8 @@ def is_installed() -> bool:
 
 def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
     """A profiler ``on_trace_ready`` writing ``rank{R}.step{S}.pt.trace.json.gz`` and
-    ``rank{R}.step{S}.commtag.json`` into ``dir_name``."""
+    ``rank{R}.step{S}.commtag.json`` into ``dir_name`` (S: the profiler steps the trace
+    holds, "2-3"), never over an existing file."""
     from commtag.runtime import recorder
 
     return recorder.trace_handler(dir_name)

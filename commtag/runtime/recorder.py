@@ -15,13 +15,16 @@ import os
 import socket
 import threading
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
 from pydantic import ValidationError
+from torch.profiler import ProfilerAction
 
+from commtag.constants import sidecar_name_for
 from commtag.runtime import groups, sidecar
 from commtag.runtime.failopen import log_once
 from commtag.schema import RecordedCollective, Sidecar
@@ -175,27 +178,60 @@ def build_sidecar(trace_file: str, since_ns: Optional[int] = None, until_ns: Opt
     )
 
 
+_RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+def profiled_steps(prof: Any, again: bool = False) -> str:
+    """The ProfilerStep numbers a trace handed over now holds, as its file names give them: "2-3", "5".
+
+    A profiler without a schedule writes no step markers: its ``step_num``
+    is used. With one, the trace is handed over either by ``step()`` leaving
+    a RECORD_AND_SAVE step (the trace ends at the step before the current
+    one) or by ``stop()`` (it ends at the current step); the recorded steps
+    before the end are those the schedule says RECORD. Both are possible
+    only when the current step records and the one before saved: ``step()``
+    hands its trace over first there, so a second trace at the same step
+    (``again``) is ``stop()``'s.
+    """
+    step = int(getattr(prof, "step_num", 0))
+    schedule = getattr(prof, "schedule", None)
+    if not getattr(prof, "record_steps", False) or schedule is None:
+        return str(step)
+    saved_before = step > 0 and schedule(step - 1) == ProfilerAction.RECORD_AND_SAVE
+    last = step - 1 if saved_before and (schedule(step) not in _RECORDING or not again) else step
+    first = last
+    while first > 0 and schedule(first - 1) == ProfilerAction.RECORD:
+        first -= 1
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
     """A profiler ``on_trace_ready`` that writes this rank's trace and its sidecar into ``dir_name``.
 
     Files: ``rank{R}.step{S}.pt.trace.json.gz`` and ``rank{R}.step{S}.commtag.json``
-    (R = global rank, S = the profiler's step number). Both are written to a
-    temporary name and renamed. A failure while writing either (a full disk,
-    a directory that cannot be written) is logged once and does not stop
-    training; the trace is written first, and without it no sidecar.
+    (R = global rank, S = the profiler steps the trace holds, see
+    :func:`profiled_steps`), never over an existing file: a name already
+    taken gets ``.2``, ``.3``, ... before the suffix (see
+    :mod:`commtag.runtime.sidecar`). Both are written to a temporary name and
+    renamed. A failure while writing either (a full disk, a directory that
+    cannot be written) is logged once and does not stop training; the trace
+    is written first, and without it no sidecar.
     """
     directory = Path(dir_name)
+    #: Profiler -> the step_num of the last trace it handed this handler.
+    handed: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     def handler(prof: Any) -> None:
         rank, _ = _rank_and_world()
-        step = int(getattr(prof, "step_num", 0))
-        trace_file = sidecar.trace_name(rank, step)
         # export_chrome_trace gzips when the name ends in .gz; the temp name keeps that suffix.
-        tmp = directory / f".{trace_file}.{os.getpid()}.tmp.gz"
+        tmp = directory / f".rank{rank}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.gz"
         try:
+            step = int(getattr(prof, "step_num", 0))
+            steps = profiled_steps(prof, again=handed.get(prof) == step)
+            handed[prof] = step
             directory.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(tmp))
-            os.replace(tmp, directory / trace_file)
+            trace_file = sidecar.publish_trace(tmp, rank, steps)
         except Exception as exc:  # noqa: BLE001 - never let the trace's own write stop training
             log_once("writing the trace", exc)
             with contextlib.suppress(OSError):
@@ -205,7 +241,7 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
         try:
             since_ns = _trace_start_ns(prof)
             side = build_sidecar(trace_file, since_ns=since_ns)
-            sidecar.write_sidecar(directory / sidecar.sidecar_name(rank, step), side)
+            sidecar.write_sidecar(directory / sidecar_name_for(trace_file), side)
         except Exception as exc:  # noqa: BLE001 - never let the sidecar stop training
             log_once("writing the sidecar", exc)
 

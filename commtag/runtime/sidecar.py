@@ -2,16 +2,23 @@
 
 Naming scheme (one profiled window of one rank, in the trace directory)::
 
-    rank{R}.step{S}.pt.trace.json.gz    the Kineto trace
-    rank{R}.step{S}.commtag.json        its sidecar
+    rank{R}.step{S}[.{K}].pt.trace.json.gz    the Kineto trace
+    rank{R}.step{S}[.{K}].commtag.json        its sidecar
 
-where R is the global rank and S the profiler's step number when the trace
-was ready. The sidecar names its trace in ``trace_file`` so a renamed pair
-still matches.
+where R is the global rank and S the profiler steps the trace holds (see
+:func:`commtag.runtime.recorder.profiled_steps`): ``2-3`` for
+ProfilerStep#2 and #3, ``5`` for #5 alone; a profile without a schedule
+has no step markers and S is its ``step_num``, the number of
+``prof.step()`` calls (0 without any). A name is never reused: when a
+profile finds the name taken in the directory (an earlier profile of the
+same steps, such as one ``with profile()`` per epoch) it takes ``.2``,
+``.3``, ... as K. The sidecar names its trace in ``trace_file`` so a renamed
+pair still matches.
 
 Writing validates the exact JSON that goes to disk against the schema, writes
 a temporary file in the same directory and renames it over the target, so a
-reader never sees half a file. Reading refuses anything that is not a
+reader never sees half a file; it gets the mode any new file gets, 0666 less
+the umask, like the trace (the merge often runs as another user). Reading refuses anything that is not a
 complete sidecar of a version this commtag understands, with an error that
 names the file and the problem.
 """
@@ -19,7 +26,7 @@ names the file and the problem.
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Union
 
@@ -34,12 +41,40 @@ class SidecarError(ValueError):
     """A sidecar file that cannot be used; the message names the file."""
 
 
-def trace_name(rank: int, step: int) -> str:
-    return f"rank{rank}.step{step}{TRACE_SUFFIX}"
+def trace_name(rank: int, steps: Union[int, str], copy: int = 1) -> str:
+    """The trace's name (module docstring); ``copy`` > 1 is the K of a name already taken."""
+    return f"rank{rank}.step{steps}{f'.{copy}' if copy > 1 else ''}{TRACE_SUFFIX}"
 
 
-def sidecar_name(rank: int, step: int) -> str:
-    return f"rank{rank}.step{step}{SIDECAR_SUFFIX}"
+def sidecar_name(rank: int, steps: Union[int, str], copy: int = 1) -> str:
+    return sidecar_name_for(trace_name(rank, steps, copy))
+
+
+def publish_trace(tmp: Path, rank: int, steps: Union[int, str]) -> str:
+    """Move the finished trace ``tmp`` to the first free trace name in its directory; return that name.
+
+    Free means neither the trace nor its sidecar exists. A hard link
+    claims the name atomically (it fails on a name taken meanwhile);
+    where the file system has none, a rename after the check.
+    """
+    copy = 0
+    while True:
+        copy += 1
+        name = trace_name(rank, steps, copy)
+        target = tmp.with_name(name)
+        if tmp.with_name(sidecar_name_for(name)).exists():
+            continue
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            continue
+        except OSError:
+            if target.exists():
+                continue
+            os.replace(tmp, target)
+            return name
+        os.unlink(tmp)
+        return name
 
 
 def sidecar_path_for(trace_path: Union[str, Path]) -> Path:
@@ -59,7 +94,9 @@ def write_atomic(path: Union[str, Path], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # os.open, not mkstemp: mkstemp makes 0600 files, which a merge run by another user cannot read.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
