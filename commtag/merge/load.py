@@ -1,9 +1,12 @@
 """Find PyTorch profiler (Kineto) Chrome-JSON traces and their sidecars; tell their ranks.
 
 Discovery reads only each file's first bytes (a sidecar starts with its
-``"kind": "commtag-sidecar"``, a trace's ``distributedInfo`` sits before its
-``traceEvents``) and each sidecar's head (:func:`load_sidecar_head`). So
-ranks are known (and split between merge workers) before any trace is parsed.
+``"kind": "commtag-sidecar"``, Kineto writes a trace's ``distributedInfo``
+before its ``traceEvents``) and each sidecar's head (:func:`load_sidecar_head`).
+Some writers put ``distributedInfo`` after the events: a trace whose first
+bytes do not hold it has its last bytes read too (:func:`_tail`; a gzip file
+is decompressed to its end for that, into a bounded window, nothing parsed).
+So ranks are known (and split between merge workers) before any trace is parsed.
 Directories are searched at any depth; a sidecar pairs with the trace its
 ``trace_file`` names in the sidecar's own folder (so ``r0/trace.json.gz`` and
 ``r1/trace.json.gz`` are two traces), and a trace given by path takes the
@@ -109,6 +112,33 @@ def _head(path: Path) -> bytes:
     if len(raw) < _HEAD_BYTES and len(head) < _HEAD_BYTES and not stream.eof:
         raise MergeInputError(path, "truncated gzip file (it ends before its compressed stream does)")
     return head
+
+
+def _tail(path: Path) -> bytes:
+    """The last bytes of a file, decompressed if gzip (read through to the end: gzip cannot seek)."""
+    try:
+        with open(path, "rb") as stream:
+            if stream.read(2) != b"\x1f\x8b":
+                stream.seek(0, 2)
+                stream.seek(max(0, stream.tell() - _HEAD_BYTES))
+                return stream.read()
+            stream.seek(0)
+            tail = b""
+            with gzip.GzipFile(fileobj=stream, mode="rb") as unzipped:
+                while chunk := unzipped.read(1 << 20):
+                    tail = (tail + chunk)[-_HEAD_BYTES:]
+            return tail
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise MergeInputError(path, f"truncated or corrupt gzip ({exc})") from None
+    except OSError as exc:
+        raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _ends(path: Path, head: bytes) -> bytes:
+    """What discovery searches a trace for: its head, and its tail when ``distributedInfo`` is not in the head."""
+    if b'"distributedInfo"' in head:
+        return head
+    return head + b"\n" + _tail(path)
 
 
 def _is_sidecar(head: bytes) -> bool:
@@ -233,7 +263,10 @@ def discover(
             if path.name.endswith(_OWN_SUFFIXES):
                 fail(path, "named like a trace or sidecar but is neither (no traceEvents, no commtag kind)")
         else:
-            traces[_key(path)] = (path, head)
+            try:
+                traces[_key(path)] = (path, _ends(path, head))
+            except MergeInputError as exc:
+                fail(exc.path, exc.problem)
     _one_run(traces, sidecars, fail)
     if not traces:
         where = ", ".join(str(p) for p in inputs)
