@@ -17,6 +17,11 @@ SIDECAR_SUFFIX = ".commtag.json"
 #: Endings of profiler trace names, longest first: what a sidecar's name replaces.
 TRACE_NAME_ENDINGS = (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json")
 
+#: c10d CPU ops (as Kineto names them) whose gloo work runs on the calling thread, as
+#: ``gloo:send``/``gloo:recv`` events, instead of as one ``gloo:<collective>`` event on a worker:
+#: monitored_barrier sends to and receives from group rank 0 inside ProcessGroupGloo.
+C10D_OPS_WITHOUT_GLOO_WORK = frozenset({"c10d::monitored_barrier_"})
+
 #: c10 ScalarType names as the profiler prints them (``toString(ScalarType)``).
 SCALAR_TYPE_NAMES = frozenset(
     {

@@ -37,7 +37,7 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
-from commtag.constants import MIN_LANE_ID, parse_rank_list
+from commtag.constants import C10D_OPS_WITHOUT_GLOO_WORK, MIN_LANE_ID, parse_rank_list
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.perfetto import FLOW_LAUNCH, FLOW_SOURCE, flow_id
@@ -369,7 +369,10 @@ class _RankAttacher:
             lo, hi = rec.start_ns + self.offset, rec.end_ns + self.offset
             op = self._take_op(rec.tid, lo, hi)
             fam = family(ann.collective_name)
-            work = self._take_gloo(fam, op[0] if op else lo, hi, ann.pg_uid, thread_group)
+            if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
+                work = None  # its own work is the op's inner gloo:send/recv: a worker event is another call's
+            else:
+                work = self._take_gloo(fam, op[0] if op else lo, hi, ann.pg_uid, thread_group)
             if op is None and work is None and group is not None and "gloo" not in group.backend:
                 leftover.append(rec)
                 continue

@@ -208,6 +208,13 @@ def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
     return OpCall("barrier", state, 0, 0, "Byte", state.group_rank, async_op=bool(async_op))
 
 
+def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """gloo's barrier that names the ranks that did not arrive: a barrier on its group (one
+    collective Seq on every member). Its send/recv to and from group rank 0 run inside
+    ProcessGroupGloo, not through torch.distributed.send/recv, so they take no p2p number."""
+    return _barrier(group)
+
+
 def p2p_call(kind: str, tensor: torch.Tensor, peer: Optional[int], group: Any, group_peer: Optional[int]) -> Optional[OpCall]:
     """A send or recv; ``peer`` global or ``group_peer`` group rank (both None: recv from any)."""
     state = _state(group)
@@ -247,6 +254,7 @@ OPS: dict[str, Callable[..., Optional[OpCall]]] = {
     "gather": _gather,
     "scatter": _scatter,
     "barrier": _barrier,
+    "monitored_barrier": _monitored_barrier,
     "send": _send,
     "recv": _recv,
 }
