@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from gloo_world import run_world
 
 WORLD = 3
 
 
-def _two_lives(rank: int, world_size: int, out_dir: str, second_store: str) -> None:
+def _two_lives(rank: int, world_size: int, out_dir: str, per_life_dir: str, second_store: str) -> None:
     from datetime import timedelta
 
     import torch
@@ -28,6 +30,8 @@ def _two_lives(rank: int, world_size: int, out_dir: str, second_store: str) -> N
 
     commtag.install()
     try:
+        with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(per_life_dir)):
+            dist.all_reduce(torch.ones(4))
         with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
             pair = dist.new_group([0, 1])
             for _ in range(2):
@@ -46,17 +50,25 @@ def _two_lives(rank: int, world_size: int, out_dir: str, second_store: str) -> N
                     dist.all_reduce(torch.ones(4), group=pair)
                 if rank in (1, 2):
                     dist.all_reduce(torch.ones(4), group=tail)
+        with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(per_life_dir)):
+            dist.all_reduce(torch.ones(4))
     finally:
         commtag.uninstall()
 
 
-def test_each_life_of_the_world_pairs_only_with_itself(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def lives(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lives")
+    run_world(_two_lives, WORLD, str(out / "traces"), str(out / "per_life"), str(out / "second_store"))
+    return out
+
+
+def test_each_life_of_the_world_pairs_only_with_itself(lives: Path) -> None:
     from commtag.merge.analyze import analyze
     from commtag.merge.pipeline import merge
     from commtag.runtime.sidecar import read_sidecar
 
-    traces = tmp_path / "traces"
-    run_world(_two_lives, WORLD, str(traces), str(tmp_path / "second_store"))
+    traces = lives / "traces"
 
     sides = [read_sidecar(traces / f"rank{r}.step0.commtag.json") for r in range(WORLD)]
     rows: dict[str, set] = {}
@@ -70,6 +82,7 @@ def test_each_life_of_the_world_pairs_only_with_itself(tmp_path: Path) -> None:
     assert first | second == set(rows)
     names = {uid: next(iter(v)) for uid, v in rows.items()}
     assert sorted((names[u][0], names[u][1]) for u in first) == [("0", (0, 1, 2)), ("1", (0, 1))]
+    world = {life: next(u for u in uids if names[u][0] == "0") for life, uids in ((0, first), (1, second))}
     assert sorted((names[u][0], names[u][1]) for u in second) == [("0", (0, 1, 2)), ("1", (1, 2)), ("2", (0, 1))]
     assert all(names[u][3].endswith(" gen 1") and not names[u][3].endswith(" gen 1 gen 1") for u in second)
     assert len({row[2] for row in names.values()}) == len(names)  # a lane per group and life
@@ -83,7 +96,18 @@ def test_each_life_of_the_world_pairs_only_with_itself(tmp_path: Path) -> None:
         assert not m.missing_ranks and not m.desync, m.to_dict()
     per_uid = Counter(m.pg_uid for m in analysis.collectives)
     seqs = {uid: sorted(m.seq for m in analysis.collectives if m.pg_uid == uid) for uid in per_uid}
-    assert seqs == {**{u: [1, 2] for u in first}, **{u: [1, 2, 3] for u in second}}
+    assert seqs == {**{u: [1, 2] for u in first}, **{u: [1, 2, 3] for u in second}, world[0]: [2, 3]}
     # Every call of the second life began after every call of the first.
     last_first = max(i.start_ns for i in result.instances if i.pg_uid in first)
     assert all(i.start_ns > last_first for i in result.instances if i.pg_uid in second)
+
+
+def test_a_profile_per_life_merges_as_one_run(lives: Path) -> None:
+    """A profile before the re-init and one after, into one directory: one run, each call in its own life."""
+    from commtag.merge.analyze import analyze
+    from commtag.merge.pipeline import merge
+
+    result = merge(lives / "per_life")
+    assert not result.skipped and not result.notices
+    matched = analyze(result.instances).collectives
+    assert [(m.pg_uid.endswith("~1"), m.seq, m.ranks) for m in matched] == [(False, 1, (0, 1, 2)), (True, 4, (0, 1, 2))]

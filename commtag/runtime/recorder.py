@@ -98,7 +98,11 @@ def pending() -> int:
     return len(_buffer)
 
 
-_run_ids: dict[int, str] = {}
+#: The run id agreed through a default group's store: kept for the process's later lives of the
+#: world (destroy_process_group and init again), whose new store would agree on another one.
+_agreed_run_id: Optional[str] = None
+#: The run id chosen while no group could agree on one.
+_own_run_id: Optional[str] = None
 
 
 def run_id() -> str:
@@ -106,29 +110,32 @@ def run_id() -> str:
 
     COMMTAG_RUN_ID wins when set. Otherwise every rank proposes a random id
     with compare_set on the default process group's store: the first proposal
-    stays and every rank reads it back, with no rank waiting for another.
-    Without a process group, TORCHELASTIC_RUN_ID (unless torchrun's
-    placeholder "none") or a fresh id is used.
+    stays and every rank reads it back, with no rank waiting for another. The
+    agreed id stays for the whole process, so profiles taken before and after
+    a re-init of the world merge as one run. Without a process group,
+    TORCHELASTIC_RUN_ID (unless torchrun's placeholder "none") or a fresh id
+    is used.
     """
+    global _agreed_run_id, _own_run_id
     explicit = os.environ.get("COMMTAG_RUN_ID")
     if explicit:
         return explicit
-    key = id(dist.distributed_c10d._world.default_pg) if dist.is_initialized() else 0
-    cached = _run_ids.get(key)
-    if cached is not None:
-        return cached
-    value = None
+    if _agreed_run_id is not None:
+        return _agreed_run_id
     if dist.is_initialized():
         try:
             store = dist.distributed_c10d._get_default_store()
             value = store.compare_set("commtag/run_id", "", uuid.uuid4().hex).decode()
         except Exception as exc:  # noqa: BLE001 - any store trouble: fall back below
             log_once("agreeing on a run id through the store", exc)
-    if not value:
+        else:
+            if value:
+                _agreed_run_id = value
+                return value
+    if _own_run_id is None:
         elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        value = elastic if elastic and elastic != "none" else uuid.uuid4().hex
-    _run_ids[key] = value
-    return value
+        _own_run_id = elastic if elastic and elastic != "none" else uuid.uuid4().hex
+    return _own_run_id
 
 
 def _rank_and_world() -> tuple[int, int]:
