@@ -232,10 +232,14 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
         rank, _ = _rank_and_world()
         # export_chrome_trace gzips when the name ends in .gz; the temp name keeps that suffix.
         tmp = directory / f".rank{rank}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.gz"
+        step = int(getattr(prof, "step_num", 0))
         try:
-            step = int(getattr(prof, "step_num", 0))
             steps = profiled_steps(prof, again=handed.get(prof) == step)
             handed[prof] = step
+        except Exception as exc:  # noqa: BLE001 - a schedule we cannot ask still gets its trace written
+            log_once("telling the profiled steps", exc)
+            steps = str(step)
+        try:
             directory.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(tmp))
             trace_file = sidecar.publish_trace(tmp, rank, steps)
