@@ -21,6 +21,7 @@ import pytest
 
 from commtag.merge.validate import validate_file
 from sleep_world import sleep_world
+from torchrun_merge import torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
 DLRM = REPO.parent / "shared" / "data" / "public-traces" / "param-dlrm-8rank"
@@ -211,3 +212,33 @@ def test_ctrl_c_says_one_line_exits_130_and_keeps_the_previous_output(big: Path,
     assert err.splitlines() == ["commtag merge: interrupted; no file was changed"]
     assert out.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged.pftrace"]
+
+
+def test_the_next_merge_removes_what_a_killed_torchrun_merge_left(big: Path, dlrm: Path, tmp_path: Path) -> None:
+    """SIGKILL to torchrun and its workers while they write their ranks (the second pass of
+    --align collectives, after their first exchange): their shards and exchange folder stay, and
+    the next merge into that folder removes them."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    cmd, env = torchrun_command([str(big), "-o", str(out_dir / "merged.pftrace"), "--align", "collectives",
+                                 "--no-progress"])
+    launch = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while len(writing := [p for p in _temporaries(out_dir, "merged.pftrace") if p.stat().st_size > 0]) < 2 \
+                or not list(out_dir.glob(".commtag-merge-*")):
+            assert launch.poll() is None, "the merge ended before it was killed"
+            assert time.monotonic() < deadline, "the workers never started writing"
+            time.sleep(0.005)
+    finally:
+        launch.kill()
+    # torchrun's workers run in sessions of their own: each is killed by its pid, which its
+    # temporary's name gives.
+    for temporary in writing:
+        os.kill(int(temporary.name.rpartition("-")[2]), signal.SIGKILL)
+    launch.wait(timeout=60)
+    left = sorted(p.name for p in out_dir.iterdir())
+    assert any(name.startswith(".commtag-merge-") for name in left) and len(left) >= 2, left
+    done = _merge(str(dlrm), "-o", str(out_dir / "small.pftrace"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["small.pftrace"]

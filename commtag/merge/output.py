@@ -9,7 +9,8 @@
 * :func:`temporary` names the hidden file a process writes before its atomic
   rename, ``.NAME.tmp-HOST-PID``: :func:`remove_stale` can then tell a
   temporary left by a dead process on this host (a merge killed with SIGKILL
-  runs no cleanup) from one a merge is still writing.
+  runs no cleanup) from one a merge is still writing. The exchange folder of
+  torchrun's merge workers is named so too, after their agent's pid.
 * :func:`stage_json` and :func:`publish`: ``--json`` files appear only once
   the whole merge has succeeded.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
+import shutil
 import socket
 import stat
 from pathlib import Path
@@ -33,9 +35,10 @@ _TMP = ".tmp-"
 _HOST = socket.gethostname().replace("/", "_") or "localhost"
 
 
-def temporary(path: Path) -> Path:
-    """The hidden name beside ``path`` this process writes to before renaming it into place."""
-    return path.with_name(f".{path.name}{_TMP}{_HOST}-{os.getpid()}")
+def temporary(path: Path, pid: Optional[int] = None) -> Path:
+    """The hidden name beside ``path`` that process ``pid`` (default: this one) writes before
+    renaming it into place, or removes when done."""
+    return path.with_name(f".{path.name}{_TMP}{_HOST}-{os.getpid() if pid is None else pid}")
 
 
 def _owner(name: str) -> Optional[int]:
@@ -47,13 +50,17 @@ def _owner(name: str) -> Optional[int]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` is running: a zombie (exited, not yet reaped by its parent) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # another user's process: alive
-    return True
+        pass  # another user's process
+    try:  # Linux: the state follows the parenthesized command name
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def remove_stale(directories: Iterable[Path]) -> list[Path]:
@@ -72,9 +79,13 @@ def remove_stale(directories: Iterable[Path]) -> list[Path]:
         for name in names:
             pid = _owner(name)
             if pid is not None and pid != os.getpid() and not _alive(pid):
+                stale = directory / name
                 with contextlib.suppress(OSError):  # another merge may be removing it too
-                    (directory / name).unlink()
-                    removed.append(directory / name)
+                    if stale.is_dir() and not stale.is_symlink():  # a killed torchrun launch's exchange
+                        shutil.rmtree(stale)
+                    else:
+                        stale.unlink()
+                    removed.append(stale)
     return removed
 
 

@@ -23,6 +23,7 @@ from typing import Optional, Protocol
 import orjson
 
 from commtag.merge.load import MergeInputError
+from commtag.merge.output import temporary
 
 #: How long a worker waits for the others' records (they may still be merging their ranks).
 EXCHANGE_TIMEOUT_S = float(os.environ.get("COMMTAG_MERGE_EXCHANGE_TIMEOUT_S", "7200"))
@@ -67,7 +68,9 @@ class FileWorld:
     def __init__(self, index: int, size: int, directory: Path, launch: str) -> None:
         self.index = index
         self.size = size
-        self._dir = directory / f".commtag-merge-{launch}"
+        # Named as a temporary of the torchrun agent (every local worker's parent): a merge after a
+        # killed launch removes it (commtag.merge.output.remove_stale).
+        self._dir = temporary(directory / f"commtag-merge-{launch}", pid=os.getppid())
         self._round = 0
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
