@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch.multiprocessing as mp
 
 from gloo_world import run_world
 
@@ -111,3 +113,50 @@ def test_a_profile_per_life_merges_as_one_run(lives: Path) -> None:
     assert not result.skipped and not result.notices
     matched = analyze(result.instances).collectives
     assert [(m.pg_uid.endswith("~1"), m.seq, m.ranks) for m in matched] == [(False, 1, (0, 1, 2)), (True, 4, (0, 1, 2))]
+
+
+def _three_lives_installed_first(rank: int, world_size: int, store_dir: str, results: Any) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    import commtag
+    from commtag.runtime import groups
+
+    original = c10d._update_default_pg
+    commtag.install()  # before any init_process_group
+    seen = []
+    for life in range(3):
+        dist.init_process_group("gloo", init_method=f"file://{store_dir}/store{life}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=60))
+        pair = dist.new_group([0, 1])
+        dist.all_reduce(torch.ones(1), group=pair)
+        seen.append((groups.state_for(None).uid, groups.state_for(pair).uid, groups.state_for(pair).lane_name))
+        dist.destroy_process_group()
+    commtag.uninstall()
+    results.put((rank, seen, c10d._update_default_pg is original))
+
+
+def test_installed_before_init_every_life_counts_and_uninstall_restores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_three_lives_installed_first, args=(r, 2, str(tmp_path), results), daemon=True)
+             for r in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        got = dict((rank, (seen, restored)) for rank, seen, restored in (results.get(timeout=120) for _ in procs))
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert got[0] == got[1]
+    seen, restored = got[0]
+    assert restored
+    assert [(w.partition("~")[2], p.partition("~")[2]) for w, p, _ in seen] == [("", ""), ("1", "1"), ("2", "2")]
+    assert [lane.rpartition(" [0, 1]")[2] for _, _, lane in seen] == ["", " gen 1", " gen 2"]
