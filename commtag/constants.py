@@ -48,6 +48,16 @@ SCALAR_TYPE_BYTES: dict[str, float] = {
     "ComplexDouble": 16,
 }
 
+#: The CPU op in which ProcessGroupNCCL records each call's eager keys; Kineto copies
+#: part of them onto the call's NCCL kernel, if the kernel was profiled at all.
+COMMS_OP = "record_param_comms"
+#: "Collective name" values of COMMS_OP that are no collective: a Work's wait, a
+#: communicator's creation.
+NON_COLLECTIVE_NAMES = frozenset({"wait", "init"})
+#: Older torch wrote the group as this integer key instead of "Process Group Name":
+#: the group's "uid" in distributedInfo's pg_config, whose "pg_name" is the name.
+PG_ID_KEY = "Process Group ID"
+
 #: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
 TIME_NS_LIMIT = 1 << 63
 

@@ -18,6 +18,7 @@ import orjson
 
 from commtag.kernels import Breakdown
 from commtag.merge.analyze import Analysis, GroupSummary, summarize
+from commtag.merge.records import CPU_OP_SOURCE
 
 #: Version of the JSON report's layout (bump on an incompatible change).
 REPORT_VERSION = 1
@@ -69,6 +70,9 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         f"{len(analysis.collectives)} collectives on {len(ranks)} ranks, "
         f"{len({r.pg_uid for r in rows})} process groups, {len(analysis.desyncs)} desyncs"
     ]
+    note = cpu_op_note(analysis)
+    if note:
+        lines.append(note)
     header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers")
     by_group: dict[str, list[GroupSummary]] = {}
     for row in rows:
@@ -95,6 +99,16 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
             lines += ["", f"GPU time by kernel category, per {scope}:"]
             lines += [f"  rank {r} {scope} {i}: {b.describe()}" for (r, i), b in sorted(table.items())]
     return "\n".join(lines) + "\n"
+
+
+def cpu_op_note(analysis: Analysis) -> Optional[str]:
+    """What the report says when collectives were timed by their record_param_comms CPU op."""
+    timed = sum(1 for m in analysis.collectives if any(i.source == CPU_OP_SOURCE for i in m.members.values()))
+    if not timed:
+        return None
+    return (f"note: {timed} of {len(analysis.collectives)} collectives come from record_param_comms CPU ops: "
+            "no kernel carried collective metadata (a CPU-only profile, or a world of one rank); their times "
+            "are the host calls', so they have no bandwidth")
 
 
 def _align(table: list[tuple[str, ...]]) -> list[str]:

@@ -30,7 +30,8 @@ Figures (per matched instance)
         all_to_allv, where the busiest rank bounds the time).
     algbw / busbw
         ``algbw = bytes / transfer time`` in GB/s (1e9 bytes/s, as nccl-tests);
-        ``busbw = algbw x factor(n)`` with NCCL's factors.
+        ``busbw = algbw x factor(n)`` with NCCL's factors. None for instances
+        timed by their CPU op (:data:`~commtag.merge.records.CPU_OP_SOURCE`).
 
 Desync checks (what PyTorch's Flight Recorder analyzer checks)
     ``op_mismatch`` (Collective name differs), ``dtype_mismatch``,
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from commtag.constants import SCALAR_TYPE_BYTES
-from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, TraceAnnotations, match_groups
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, CounterSeries, Marker, TraceAnnotations, match_groups
 
 #: What a matched p2p instance is called: one transfer is a send and its receive, whichever
 #: end arrived last (each rank's lane slice keeps its own direction).
@@ -327,6 +328,8 @@ def _measure(members: list[CollectiveInstance], loaded: set[int], straggler_min_
     nbytes = max(sizes) if sizes else None
     group_size = 2 if last.is_p2p else last.group_size
     algbw, busbw = bandwidth_gbps(last.collective, nbytes, transfer / 1e9, group_size)
+    if last.source == CPU_OP_SOURCE:
+        algbw = busbw = None  # the host time of a call that only enqueued the transfer
     missing = tuple(sorted((_expected(members) & loaded) - set(by_rank)))
     return MatchedCollective(
         pg_uid=last.pg_uid,

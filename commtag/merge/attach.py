@@ -15,6 +15,11 @@ eager NCCL kernels
     collective (k-th with k-th) supplies the exact uid and Seq, else they are
     completed from distributedInfo's pg_config and the kernel order per
     group (``"commtag seq from": "kernel order"``).
+``record_param_comms`` CPU ops, when no kernel of the file carries metadata
+    (a CPU-only profile of an NCCL job; a world of one rank, where NCCL runs
+    no kernel): the same keys, taken from the op that records them, timed by
+    the op (host time: the call, not the transfer; :data:`CPU_OP_SOURCE`). An
+    older torch's integer "Process Group ID" is read through pg_config's uid.
 graph-replayed kernels, exact join by Kineto's ``"graph node id"``
     Either ``cudaGraphNodeGetToolsId`` (a sidecar node's ``tools_id``) or the
     node id packed as ``(graph id << 32) | node id`` or written as the node
@@ -37,11 +42,13 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
-from commtag.constants import C10D_OPS_WITHOUT_GLOO_WORK, MIN_LANE_ID, parse_rank_list
+from commtag.constants import (
+    C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP, MIN_LANE_ID, NON_COLLECTIVE_NAMES, PG_ID_KEY, parse_rank_list,
+)
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.perfetto import FLOW_LAUNCH, FLOW_SOURCE, flow_id
-from commtag.merge.records import CollectiveInstance
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import CollectiveAnnotation, GraphCapture, Sidecar
@@ -306,6 +313,11 @@ class _RankAttacher:
         self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
         self.gloo: list[tuple[int, int, dict, str, int]] = []
         self.kernels: list[tuple[int, int, dict]] = []
+        #: record_param_comms ops of collectives, in start order.
+        self.comms_ops: list[tuple[int, int, dict]] = []
+        #: pg_config's uid -> pg_name, for an older torch's "Process Group ID".
+        self.pg_ids = {pg["uid"]: str(pg["pg_name"]) for pg in (trace.get("distributedInfo") or {}).get("pg_config") or ()
+                       if isinstance(pg, dict) and "uid" in pg and "pg_name" in pg}
         self.launches: dict[int, dict] = {}
         for e in trace["traceEvents"]:
             # Only slices the timeline places (int pid and tid): a flow to any other would dangle.
@@ -319,11 +331,14 @@ class _RankAttacher:
                 self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))
             elif name.startswith("c10d::"):
                 self.c10d.setdefault(e.get("tid"), []).append((*event_ns(e, self.base), e))
+            elif name == COMMS_OP and (e.get("args") or {}).get("Collective name") not in (None, *NON_COLLECTIVE_NAMES):
+                self.comms_ops.append((*event_ns(e, self.base), e))
             elif cat in ("cuda_runtime", "cuda_driver") and name.startswith(_GRAPH_LAUNCH):
                 corr = (e.get("args") or {}).get("correlation")
                 if corr is not None:
                     self.launches[corr] = e
         self.kernels.sort(key=lambda k: k[0])
+        self.comms_ops.sort(key=lambda o: o[0])
         self.gloo.sort(key=lambda g: g[0])
         for ops in self.c10d.values():
             ops.sort(key=lambda o: o[0])
@@ -354,7 +369,11 @@ class _RankAttacher:
     def run(self) -> list[CollectiveInstance]:
         leftover = self._gloo() if self.sidecar else []
         self._graph_replays()
-        self._eager_kernels(leftover)
+        eager = [k for k in self.kernels if id(k[2]) not in self.taken and "Collective name" in (k[2].get("args") or {})]
+        if eager:
+            self._eager(eager, leftover, "nccl-kernel", "kernel order")
+        else:
+            self._eager(self.comms_ops, leftover, CPU_OP_SOURCE, f"{COMMS_OP} order")
         self._unattributed()
         return self.instances
 
@@ -418,34 +437,43 @@ class _RankAttacher:
             thread_group.setdefault(best[4], uid)
         return best
 
-    # -- eager NCCL kernels ----------------------------------------------
-    def _eager_kernels(self, records: list) -> None:
+    # -- eager NCCL kernels, or the CPU ops that record their keys ----------
+    def _eager(self, events: list[tuple[int, int, dict]], records: list, source: str, order: str) -> None:
+        """Instances of ``events`` (kernels or ops carrying the eager keys, in start order);
+        ``order``: what a Seq derived from their order is said to come from."""
         by_group: dict[str, list[CollectiveAnnotation]] = {}
         for rec in records:
             by_group.setdefault(rec.annotation.pg_name, []).append(rec.annotation)
         derived: dict[tuple[str, bool], int] = {}
         used: dict[str, int] = {}
-        for start, end, e in self.kernels:
+        for start, end, e in events:
             args = e.get("args") or {}
-            if id(e) in self.taken or "Collective name" not in args:
-                continue
             self.taken.add(id(e))
-            pg_name = str(args.get("Process Group Name", ""))
+            pg_name = self._pg_name(args)
             queue = by_group.get(pg_name, ())
             k = used.get(pg_name, 0)
             if k < len(queue) and queue[k].collective_name == args["Collective name"]:
                 used[pg_name] = k + 1
                 parts = (self._site(queue[k]), own_args(queue[k]))
             else:
-                parts = split_args(self._complete(args, derived))
+                parts = split_args(self._complete(args, derived, order))
             self._annotate(e, parts)
             group = self.by_uid.get(str(parts[0]["commtag pg uid"]))
-            self.instances.append(_instance(self.rank, parts, start, end, "nccl-kernel", group, self.flows.source(e)))
+            self.instances.append(_instance(self.rank, parts, start, end, source, group, self.flows.source(e)))
 
-    def _complete(self, args: dict, derived: dict) -> dict:
+    def _pg_name(self, args: dict) -> str:
+        """The group's name: "Process Group Name", else an older torch's integer "Process Group ID"."""
+        if "Process Group Name" in args or PG_ID_KEY not in args:
+            return str(args.get("Process Group Name", ""))
+        pg_id = args[PG_ID_KEY]
+        return self.pg_ids.get(pg_id, str(pg_id))
+
+    def _complete(self, args: dict, derived: dict, order: str) -> dict:
         """Kineto's eager keys, normalized and completed with lane and cross-rank key."""
         eager = {key: args[key] for key in EAGER_KEYS if key in args}
-        pg_name = str(args.get("Process Group Name", ""))
+        pg_name = self._pg_name(args)
+        if pg_name and "Process Group Name" not in eager:  # an older torch's "Process Group ID"
+            eager["Process Group Name"] = pg_name
         group = self.groups.get(pg_name)
         if group is None:
             ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
@@ -456,7 +484,7 @@ class _RankAttacher:
         if "Seq" not in eager:
             n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
             eager["Seq"] = n
-            eager["commtag seq from"] = "kernel order"
+            eager["commtag seq from"] = order
         eager.update({
             "commtag lane id": group.lane_id, "commtag lane": group.lane_name,
             "commtag pg uid": group.uid, "commtag p2p": p2p,

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
+from commtag.constants import COMMS_OP
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_rows, nccl_kind
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
@@ -142,12 +143,14 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
     """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
 
     The converter calls it only where ``cat == "kernel" or cat in LAUNCH_CATEGORIES or
-    name[:1] in "cg"`` (c10d, gloo): that first test is written inline there.
+    name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test is written inline there.
     """
     if cat == "kernel":
         return bool(args and ("Collective name" in args or args.get("graph node id"))) or nccl_kind(name) is not None
     if cat in LAUNCH_CATEGORIES:
         return name.startswith(_GRAPH_LAUNCH_PREFIXES)
+    if name == COMMS_OP:
+        return bool(args and "Collective name" in args)
     return name.startswith("c10d::") or name.startswith("gloo:")
 
 
@@ -263,7 +266,7 @@ class RankConverter:
                     row.add(start, start, body(name, cat, args))
                 continue
             # _is_candidate's cheap first test, written here because it runs per event.
-            candidate = (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cg") and _is_candidate(name, cat, args)
+            candidate = (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cgr") and _is_candidate(name, cat, args)
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))

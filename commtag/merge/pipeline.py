@@ -41,7 +41,7 @@ from commtag.merge.convert import RankConverter
 from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left
 from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
-from commtag.merge.records import CollectiveInstance, TraceAnnotations
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, TraceAnnotations
 from commtag.merge.workers import SoloWorld, World
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -177,6 +177,10 @@ def merge(
         merged = [s.rank for s in everyone]
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
+        timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
+        if timed_by_ops:
+            notices.append(f"{timed_by_ops} collective instances come from record_param_comms CPU ops "
+                           "(no kernel carried collective metadata): host times, no bandwidth")
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             annotations = analysis(instances) if analysis is not None else None
 

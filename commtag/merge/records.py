@@ -14,6 +14,12 @@ from typing import Optional, Sequence
 _ABSENT = object()
 
 
+#: The source of an instance timed by its record_param_comms CPU op, when no kernel
+#: carried the metadata: the host time of the call (NCCL only enqueues the work
+#: there), so no bandwidth is measured from it.
+CPU_OP_SOURCE = "cpu-op"
+
+
 @dataclass(slots=True)
 class CollectiveInstance:
     """One collective as it ran on one rank."""
@@ -33,7 +39,8 @@ class CollectiveInstance:
     group_ranks: tuple[int, ...]
     start_ns: int
     end_ns: int
-    #: Where the timing came from: "gloo", "nccl-kernel", "graph-replay", "cpu".
+    #: Where the timing came from: "gloo", "nccl-kernel", "graph-replay", or
+    #: :data:`CPU_OP_SOURCE`.
     source: str
     lane_name: str = ""
     #: This instance's own key/values (Seq, its rank, its wait); with ``common_args``
