@@ -49,9 +49,31 @@ def _profiled(rank: int, world_size: int, out_dir: str) -> None:
     commtag.uninstall()
 
 
-def _run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+def _profiled_steps(rank: int, world_size: int, out_dir: str) -> None:
+    """Two profiled steps, each its own trace and sidecar per rank (rank<R>.step1, rank<R>.step2)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    import commtag
+
+    commtag.install()
+    pair = dist.new_group([0, 1])
+    t = torch.ones(16)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=1, repeat=2),
+                 on_trace_ready=commtag.trace_handler(out_dir)) as prof:
+        for _ in range(2):
+            dist.all_reduce(t)
+            if rank < 2:
+                dist.all_reduce(t, group=pair)
+            dist.barrier()
+            prof.step()
+    commtag.uninstall()
+
+
+def _run(tmp_path_factory: pytest.TempPathFactory, name: str, body: Callable = _profiled) -> Path:
     out = tmp_path_factory.mktemp(name)
-    run_world(_profiled, WORLD, str(out))
+    run_world(body, WORLD, str(out))
     return out
 
 
@@ -60,18 +82,35 @@ def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _run(tmp_path_factory, "run_a")
 
 
+@pytest.fixture(scope="module")
+def steps_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory, "steps_a", _profiled_steps)
+
+
+@pytest.fixture(scope="module")
+def steps_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another run of the same program: the same file names, another run id and time."""
+    return _run(tmp_path_factory, "steps_b", _profiled_steps)
+
+
+@pytest.fixture
+def steps(steps_a: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the two-step run's files."""
+    return Path(shutil.copytree(steps_a, tmp_path / "steps"))
+
+
 @pytest.fixture
 def traces(run_a: Path, tmp_path: Path) -> Path:
     """A fresh copy of run A's files for one case to alter."""
     return Path(shutil.copytree(run_a, tmp_path / "traces"))
 
 
-def _trace(d: Path, rank: int) -> Path:
-    return d / f"rank{rank}.step0.pt.trace.json.gz"
+def _trace(d: Path, rank: int, step: int = 0) -> Path:
+    return d / f"rank{rank}.step{step}.pt.trace.json.gz"
 
 
-def _sidecar(d: Path, rank: int) -> Path:
-    return d / f"rank{rank}.step0.commtag.json"
+def _sidecar(d: Path, rank: int, step: int = 0) -> Path:
+    return d / f"rank{rank}.step{step}.commtag.json"
 
 
 def _edit_trace(path: Path, edit: Callable[[dict], object]) -> None:
@@ -268,7 +307,7 @@ def test_a_base_time_outside_int64_is_bad_input(base: int, traces: Path, tmp_pat
 def test_a_clock_shifted_by_centuries_is_bad_input(traces: Path, tmp_path: Path, capsys):
     _edit_trace(_trace(traces, 2), lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
     line = _refused(capsys, tmp_path / OUT, str(traces))
-    assert line.startswith(f"{_trace(traces, 2)}: its clock is absurd: it ends on 22"), line
+    assert line.startswith(f"{_trace(traces, 2)}: its clock is absurd: it ends at 22"), line
     assert line.endswith("days after this machine's clock (check its baseTimeNanoseconds and ts)"), line
     # The summary reads the same traces: the same line, not a rank 5.5e9 s late.
     assert main(["summary", str(traces)]) == 2
@@ -278,7 +317,8 @@ def test_a_clock_shifted_by_centuries_is_bad_input(traces: Path, tmp_path: Path,
     code, err, _ = _merge(capsys, str(traces), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
     assert code == 0, err
     skipped = [line for line in err if line.startswith("commtag merge: skipped: ")]
-    assert skipped == [f"commtag merge: skipped: {_trace(traces, 2)}: rank 2 skipped: {line.split(': ', 1)[1]}"], err
+    assert skipped == [f"commtag merge: skipped: {_trace(traces, 2)}: rank 2 skipped: {line.split(': ', 1)[1]}",
+                       f"commtag merge: skipped: {_sidecar(traces, 2)}: its trace {_trace(traces, 2).name!r} was skipped"]
     assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1"], {0, 1})
 
 
@@ -288,6 +328,105 @@ def test_a_public_trace_shifted_by_centuries_is_bad_input(tmp_path: Path, capsys
     shutil.copy(public, shifted)
     _edit_trace(shifted, lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
     line = _refused(capsys, tmp_path / OUT, str(shifted))
-    assert line.startswith(f"{shifted}: its clock is absurd: it ends on 22"), line
+    assert line.startswith(f"{shifted}: its clock is absurd: it ends at 22"), line
     code, err, _ = _merge(capsys, str(public), "-o", str(tmp_path / OUT))  # as written, it merges
     assert code == 0, err
+
+
+# ---------------------------------------------------------------------------
+# Item 8: --skip-bad-ranks skips by file, blames the right file, keeps runs apart.
+
+
+def _skipped(err: list[str]) -> list[str]:
+    return [line[len("commtag merge: skipped: "):] for line in err if line.startswith("commtag merge: skipped: ")]
+
+
+def _lane_slices(merged: Path, rank: int) -> list[tuple]:
+    """The commtag lane slices of one rank: what its sidecars annotated, in order."""
+    parsed = read(merged)
+    return sorted((s.ts, s.name, s.args.get("Seq")) for s in parsed.slices if s.args.get("commtag rank") == rank)
+
+
+def test_one_bad_step_file_leaves_out_that_file_not_its_rank(steps: Path, tmp_path: Path, capsys):
+    reference = Path(shutil.copytree(steps, tmp_path / "reference"))
+    _trace(reference, 1, 2).unlink()
+    _sidecar(reference, 1, 2).unlink()
+    code, err, _ = _merge(capsys, str(reference), "-o", str(tmp_path / "reference.pftrace"))
+    assert code == 0, err
+
+    def damage(t: dict) -> None:
+        next(e for e in t["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("gloo:"))["ts"] = -1
+    _edit_trace(_trace(steps, 1, 2), damage)
+    line = _refused(capsys, tmp_path / OUT, str(steps))
+    assert line.startswith(f"{_trace(steps, 1, 2)}: traceEvents[") and "ts -1 is not a finite" in line, line
+
+    code, err, stdout = _merge(capsys, str(steps), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
+    assert code == 0, err
+    assert _skipped(err) == [f"{_trace(steps, 1, 2)}: left out of rank 1: {line.split(': ', 1)[1]}",
+                             f"{_sidecar(steps, 1, 2)}: its trace {_trace(steps, 1, 2).name!r} was skipped"]
+    assert stdout.startswith(f"{tmp_path / OUT}: 3 ranks")
+    assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2})
+    # Rank 1 is exactly what its good step makes of it.
+    ones = _lane_slices(tmp_path / OUT, 1)
+    assert ones and ones == _lane_slices(tmp_path / "reference.pftrace", 1)
+
+
+def test_a_step_file_of_another_run_is_kept_apart(steps: Path, steps_b: Path, tmp_path: Path, capsys):
+    # Rank 1's second trace is overwritten by the same file of a later run; its sidecar is this run's.
+    shutil.copy(_trace(steps_b, 1, 2), _trace(steps, 1, 2))
+    line = _refused(capsys, tmp_path / OUT, str(steps))
+    assert line.startswith(f"{_trace(steps, 1, 2)}: its sidecar {_sidecar(steps, 1, 2)} records "), line
+    assert line.endswith(": the two come from different runs"), line
+
+    code, err, _ = _merge(capsys, str(steps), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
+    assert code == 0, err
+    assert _skipped(err) == [f"{_trace(steps, 1, 2)}: left out of rank 1: {line.split(': ', 1)[1]}",
+                             f"{_sidecar(steps, 1, 2)}: its trace {_trace(steps, 1, 2).name!r} was skipped"]
+    assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2})
+    # Nothing of the other run is in the merge: rank 1's slices (absolute ns) all end before it began.
+    later = orjson.loads(gzip.decompress(_trace(steps_b, 1, 2).read_bytes()))
+    later_start = later["baseTimeNanoseconds"] + round(
+        min(e["ts"] for e in later["traceEvents"] if e.get("ph") == "X") * 1000)
+    parsed = read(tmp_path / OUT)
+    ones = [s for s in parsed.slices if parsed.name_path(s.track)[0].split(" · ")[0] == "rank 1"]
+    assert ones and max(s.end for s in ones) < later_start
+
+
+def test_a_sidecar_naming_another_ranks_trace_is_the_one_blamed(traces: Path, tmp_path: Path, capsys):
+    _edit_sidecar(_sidecar(traces, 0), lambda s: s.update(trace_file=_trace(traces, 2).name))
+    assert _refused(capsys, tmp_path / OUT, str(traces)) == \
+        f"{_sidecar(traces, 0)}: sidecar is for rank 0 but its trace is rank 2"
+
+    code, err, stdout = _merge(capsys, str(traces), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
+    assert code == 0, err
+    assert _skipped(err) == [f"{_sidecar(traces, 0)}: sidecar is for rank 0 but its trace is rank 2"]
+    assert stdout.startswith(f"{tmp_path / OUT}: 3 ranks")
+    # Rank 2 keeps its own sidecar; rank 0, whose sidecar was the bad file, merges from its trace alone.
+    assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1", "rank 2"], {1, 2})
+    assert f"commtag merge: notice: {_trace(traces, 0)}: no commtag sidecar; merged from the trace alone" in err
+
+
+def test_public_ranks_keep_their_good_step_when_another_is_bad(tmp_path: Path, capsys):
+    dlrm = PUBLIC / "param-dlrm-8rank"
+    for src in dlrm.iterdir():
+        (tmp_path / src.name).symlink_to(src)
+    # A second step of worker 1, after the first, with one event that has no time.
+    first = next(dlrm.glob("worker1_step_12.*"))
+    trace = orjson.loads(gzip.decompress(first.read_bytes()))
+    span = max(e["ts"] + e.get("dur", 0) for e in trace["traceEvents"] if "ts" in e) - \
+        min(e["ts"] for e in trace["traceEvents"] if "ts" in e)
+    for e in trace["traceEvents"]:
+        if "ts" in e:
+            e["ts"] += span + 1000
+    bad = next(e for e in trace["traceEvents"] if e.get("ph") == "X")
+    bad.pop("ts")
+    second = tmp_path / "worker1_step_13.1694128201999.pt.trace.json.gz"
+    second.write_bytes(gzip.compress(orjson.dumps(trace)))
+    out = tmp_path.parent / f"{tmp_path.name}.pftrace"
+    code, err, stdout = _merge(capsys, str(tmp_path), "--skip-bad-ranks", "-o", str(out))
+    assert code == 0, err
+    skipped = _skipped(err)
+    assert len(skipped) == 1 and skipped[0].startswith(f"{second}: left out of rank 1: traceEvents["), skipped
+    assert "missing 'ts'" in skipped[0]
+    assert stdout.startswith(f"{out}: 8 ranks")
+    assert _ranks_and_lanes(out)[0] == [f"rank {r}" for r in range(8)]

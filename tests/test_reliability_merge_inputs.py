@@ -333,7 +333,7 @@ def _skip_case_other_run(d: Path) -> list[tuple[Path, str]]:
 
 def _skip_case_bad_event(d: Path) -> list[tuple[Path, str]]:
     _edit_trace(_trace(d, 2), lambda t: _first(t["traceEvents"]).update(ts=-1))
-    return [(_trace(d, 2), "rank 2 skipped: traceEvents")]
+    return [(_trace(d, 2), "rank 2 skipped: traceEvents"), (_sidecar(d, 2), "its trace 'rank2.step0.pt.trace.json.gz' was skipped")]
 
 
 @pytest.mark.parametrize("damage", [_skip_case_truncated, _skip_case_other_run, _skip_case_bad_event])

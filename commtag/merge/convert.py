@@ -19,7 +19,6 @@ Args that only link events, which the merged trace draws as flows instead
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
@@ -27,7 +26,7 @@ from commtag.constants import COMMS_OP
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_rows, nccl_kind
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns
+from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns, wall_clock
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
@@ -134,9 +133,9 @@ def _check_clock(path: Path, last_ns: Optional[int]) -> None:
     """A trace cannot end long after the merging machine's clock: such times are bad input."""
     now = time.time_ns()
     if last_ns is not None and last_ns > now + MAX_AHEAD_NS:
-        ends = datetime.fromtimestamp(last_ns // 10**9, timezone.utc).strftime("%Y-%m-%d")
-        raise MergeInputError(path, f"its clock is absurd: it ends on {ends}, {(last_ns - now) / 86_400e9:.0f} days "
-                                    "after this machine's clock (check its baseTimeNanoseconds and ts)")
+        raise MergeInputError(path, f"its clock is absurd: it ends at {wall_clock(last_ns)}, "
+                                    f"{(last_ns - now) / 86_400e9:.0f} days after this machine's clock "
+                                    "(check its baseTimeNanoseconds and ts)")
 
 
 def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:

@@ -36,6 +36,7 @@ import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
@@ -241,7 +242,7 @@ def discover(
         skipped.append(MergeInputError(path, problem))
 
     traces: dict[Path, tuple[Path, bytes]] = {}
-    sidecars: dict[Path, tuple[Path, SidecarHead]] = {}
+    claims: dict[Path, list[tuple[Path, SidecarHead]]] = {}
     for path, possible in _candidates(inputs, exclude):
         try:
             head = _head(path)
@@ -254,11 +255,7 @@ def discover(
         if possible and target not in traces:
             continue  # beside an input trace, but not its sidecar
         if sidecar is not None:
-            other = sidecars.get(target)
-            if other is not None:
-                fail(path, f"annotates the same trace {sidecar.trace_file!r} as {other[0]}")
-            else:
-                sidecars[target] = (path, sidecar)
+            claims.setdefault(target, []).append((path, sidecar))
         elif not _looks_like_trace(head):
             if path.name.endswith(_OWN_SUFFIXES):
                 fail(path, "named like a trace or sidecar but is neither (no traceEvents, no commtag kind)")
@@ -267,6 +264,7 @@ def discover(
                 traces[_key(path)] = (path, _ends(path, head))
             except MergeInputError as exc:
                 fail(exc.path, exc.problem)
+    sidecars = _pair(traces, claims, fail)
     _one_run(traces, sidecars, fail)
     if not traces:
         where = ", ".join(str(p) for p in inputs)
@@ -302,6 +300,28 @@ def nothing_left(inputs: Sequence[Path], skipped: Sequence[MergeInputError]) -> 
     """The error when --skip-bad-ranks left no rank: it still says what was skipped and why."""
     why = "; ".join(str(e) for e in skipped)
     return MergeInputError(", ".join(str(p) for p in inputs), "no rank left to merge" + (f" (skipped {why})" if why else ""))
+
+
+def _pair(traces: dict[Path, tuple[Path, bytes]], claims: dict[Path, list[tuple[Path, SidecarHead]]],
+          fail: Callable[[Path, str], None]) -> dict[Path, tuple[Path, SidecarHead]]:
+    """Each trace's sidecar among those that name it. A sidecar of another rank than the
+    trace's ``distributedInfo.rank``, or a second one, is the file at fault: the trace keeps
+    the sidecar of its own rank (else the one with commtag's name for it) and is merged."""
+    sidecars: dict[Path, tuple[Path, SidecarHead]] = {}
+    for target, named in claims.items():
+        trace = traces.get(target)
+        match = _DIST_RANK.search(trace[1]) if trace else None
+        said = int(match.group(1)) if match else None
+        own = sidecar_name_for(target.name)
+        ranked = sorted(named, key=lambda c: (said is not None and c[1].rank != said, c[0].name != own))
+        for path, side in ranked:
+            if said is not None and side.rank != said:
+                fail(path, f"sidecar is for rank {side.rank} but its trace is rank {said}")
+            elif target in sidecars:
+                fail(path, f"annotates the same trace {side.trace_file!r} as {sidecars[target][0]}")
+            else:
+                sidecars[target] = (path, side)
+    return sidecars
 
 
 def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) -> None:
@@ -399,6 +419,11 @@ def checked_base_ns(path: Path, base: object) -> int:
     if base.__class__ is not int or not 0 <= base < TIME_NS_LIMIT:
         raise MergeInputError(path, f"baseTimeNanoseconds {base!r} is not a time in int64 nanoseconds")
     return base
+
+
+def wall_clock(ns: int) -> str:
+    """A CLOCK_REALTIME ns time as a user reads it in a message (UTC, to the second)."""
+    return datetime.fromtimestamp(ns // 10**9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def base_ns(trace: dict) -> int:

@@ -39,7 +39,9 @@ from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
 from commtag.merge.convert import RankConverter
 from commtag.merge.jsonstream import TraceStream, WholeTrace
-from commtag.merge.load import MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left
+from commtag.merge.load import (
+    MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock,
+)
 from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, TraceAnnotations
 from commtag.merge.workers import SoloWorld, World
@@ -344,7 +346,7 @@ def _from_wire(data: dict) -> list[RankSummary]:
     return summaries
 
 
-def _sidecar_of(rank: RankInput, f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optional[Sidecar]:
+def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optional[Sidecar]:
     """The file's sidecar, validated in full (discovery read only its head). A sidecar that
     fails is an error, or with ``skipped`` left out and its trace merged alone."""
     try:
@@ -352,11 +354,8 @@ def _sidecar_of(rank: RankInput, f: TraceFile, skipped: Optional[list[MergeInput
     except MergeInputError as exc:
         if skipped is None:
             raise
-        if not any((e.path, e.problem) == (exc.path, exc.problem) for e in skipped):  # --align reads it twice
-            skipped.append(exc)
+        _note(skipped, exc.path, exc.problem)
         return None
-    if sidecar is not None and sidecar.rank != rank.rank:
-        raise MergeInputError(f.sidecar, f"sidecar is for rank {sidecar.rank} but its trace is rank {rank.rank}")
     return sidecar
 
 
@@ -374,21 +373,64 @@ def _fallback(graph_fallback: Optional[GraphFallback]) -> Callable[[dict], Graph
     return (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
 
 
-def _convert_rank(rank: RankInput, converter: RankConverter, graph_fallback: Optional[GraphFallback],
-                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream) -> bool:
-    """Feed every file of ``rank`` to ``converter``, read by ``source``; False when
-    ``skipped`` (--skip-bad-ranks) took the rank instead of the error."""
+#: How far outside its trace's time span a sidecar's recorded calls may start (rounding, the
+#: profiler starting its first event late): beyond it no call of the sidecar is in the trace.
+PAIR_SLACK_NS = 10**9
+
+
+def _check_pair(f: TraceFile, sidecar: Optional[Sidecar], first: Optional[int], last: Optional[int],
+                offset: int) -> None:
+    """A sidecar and its trace must record the same window: a sidecar none of whose calls starts
+    within its trace's span comes from another run than the trace (one of them is stale)."""
+    starts = [c.start_ns + offset for c in sidecar.collectives] if sidecar is not None else []
+    if not starts or first is None or any(first - PAIR_SLACK_NS <= t <= last + PAIR_SLACK_NS for t in starts):
+        return
+    raise MergeInputError(
+        f.path, f"its sidecar {f.sidecar} records {len(starts)} calls from {wall_clock(min(starts) - offset)} "
+                f"to {wall_clock(max(starts) - offset)}, none within this trace's {wall_clock(first - offset)} to "
+                f"{wall_clock(last - offset)}: the two come from different runs")
+
+
+def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
+    """Add a skipped file once (--align reads every file twice)."""
+    if not any((e.path, e.problem) == (path, problem) for e in skipped):
+        skipped.append(MergeInputError(path, problem))
+
+
+def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], graph_fallback: Optional[GraphFallback],
+                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream
+                  ) -> Optional[RankConverter]:
+    """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``.
+
+    With ``skipped`` (--skip-bad-ranks), a bad file and its sidecar are left out and listed
+    there, and the rank is converted again from its other files: None when none is left.
+    """
     fallback = _fallback(graph_fallback)
-    try:
-        spans = [(*converter.add_file(f.path, source(f.path), _sidecar_of(rank, f, skipped), fallback), f.path)
-                 for f in rank.files]
-        _check_spans(rank, spans)
-    except MergeInputError as exc:
-        if skipped is None:
-            raise
-        skipped.append(MergeInputError(exc.path, f"rank {rank.rank} skipped: {exc.problem}"))
-        return False
-    return True
+    files = list(rank.files)
+    while files:
+        converter = new_converter()
+        try:
+            spans = []
+            for f in files:
+                sidecar = _sidecar_of(f, skipped)
+                first, last = converter.add_file(f.path, source(f.path), sidecar, fallback)
+                _check_pair(f, sidecar, first, last, converter.offset)
+                spans.append((first, last, f.path))
+            _check_spans(rank, spans)
+            return converter
+        except MergeInputError as exc:
+            bad = next((f for f in files if exc.path in (f.path, f.sidecar)), None)
+            if skipped is None:
+                raise
+            if bad is None:  # not one file's fault: the whole rank goes
+                _note(skipped, exc.path, f"rank {rank.rank} skipped: {exc.problem}")
+                return None
+            files.remove(bad)
+            why = f"left out of rank {rank.rank}" if files else f"rank {rank.rank} skipped"
+            _note(skipped, exc.path, f"{why}: {exc.problem}")
+            if bad.sidecar is not None and exc.path == bad.path:
+                _note(skipped, bad.sidecar, f"its trace {bad.path.name!r} was skipped")
+    return None
 
 
 def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[GraphFallback]
@@ -400,7 +442,7 @@ def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[Graph
         read.append((path, WholeTrace(path)))
         return read[-1][1]
 
-    _convert_rank(rank, RankConverter(rank.rank, None, offset_ns=offset), graph_fallback, None, whole)
+    _convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset), graph_fallback, None, whole)
     return [(path, w.trace) for path, w in read]
 
 
@@ -411,9 +453,10 @@ def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallba
     like the merge itself: --align's first pass and :func:`collect`."""
     summaries = []
     for rank in ranks:
-        converter = RankConverter(rank.rank, None, breakdowns=on_rank is not None)
         with _collector_paused():
-            if _convert_rank(rank, converter, graph_fallback, skipped):
+            converter = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None),
+                                      graph_fallback, skipped)
+            if converter is not None:
                 summaries.append(_rank_summary(rank, converter, None, {}))
                 if on_rank is not None:
                     converter.categories.finish()
@@ -473,8 +516,8 @@ def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: 
     """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
     when ``skipped`` took it (interned strings its events had added are written with the next rank's)."""
     offset = offsets.get(rank.rank, 0)
-    converter = RankConverter(rank.rank, seq, offset_ns=offset)
-    if not _convert_rank(rank, converter, graph_fallback, skipped):
+    converter = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset), graph_fallback, skipped)
+    if converter is None:
         return None
     timeline = converter.timeline()
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels)
