@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from commtag.cli import main
+from commtag.constants import TRACE_SUFFIX, sidecar_name_for
 from commtag.merge.validate import validate_file
 from gloo_world import run_world
 from pftrace_reader import read
@@ -105,12 +106,18 @@ def traces(run_a: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(run_a, tmp_path / "traces"))
 
 
-def _trace(d: Path, rank: int, step: int = 0) -> Path:
-    return d / f"rank{rank}.step{step}.pt.trace.json.gz"
+def _trace(d: Path, rank: int) -> Path:
+    return d / f"rank{rank}.step0.pt.trace.json.gz"
 
 
-def _sidecar(d: Path, rank: int, step: int = 0) -> Path:
-    return d / f"rank{rank}.step{step}.commtag.json"
+def _sidecar(d: Path, rank: int) -> Path:
+    return d / f"rank{rank}.step0.commtag.json"
+
+
+def _second_step(d: Path, rank: int) -> tuple[Path, Path]:
+    """The trace and sidecar of a rank's second profiled step, whatever the step is named."""
+    first, second = sorted(d.glob(f"rank{rank}.step*{TRACE_SUFFIX}"))
+    return second, second.with_name(sidecar_name_for(second.name))
 
 
 def _edit_trace(path: Path, edit: Callable[[dict], object]) -> None:
@@ -349,21 +356,22 @@ def _lane_slices(merged: Path, rank: int) -> list[tuple]:
 
 def test_one_bad_step_file_leaves_out_that_file_not_its_rank(steps: Path, tmp_path: Path, capsys):
     reference = Path(shutil.copytree(steps, tmp_path / "reference"))
-    _trace(reference, 1, 2).unlink()
-    _sidecar(reference, 1, 2).unlink()
+    for path in _second_step(reference, 1):
+        path.unlink()
+    trace, sidecar = _second_step(steps, 1)
     code, err, _ = _merge(capsys, str(reference), "-o", str(tmp_path / "reference.pftrace"))
     assert code == 0, err
 
     def damage(t: dict) -> None:
         next(e for e in t["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("gloo:"))["ts"] = -1
-    _edit_trace(_trace(steps, 1, 2), damage)
+    _edit_trace(trace, damage)
     line = _refused(capsys, tmp_path / OUT, str(steps))
-    assert line.startswith(f"{_trace(steps, 1, 2)}: traceEvents[") and "ts -1 is not a finite" in line, line
+    assert line.startswith(f"{trace}: traceEvents[") and "ts -1 is not a finite" in line, line
 
     code, err, stdout = _merge(capsys, str(steps), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
     assert code == 0, err
-    assert _skipped(err) == [f"{_trace(steps, 1, 2)}: left out of rank 1: {line.split(': ', 1)[1]}",
-                             f"{_sidecar(steps, 1, 2)}: its trace {_trace(steps, 1, 2).name!r} was skipped"]
+    assert _skipped(err) == [f"{trace}: left out of rank 1: {line.split(': ', 1)[1]}",
+                             f"{sidecar}: its trace {trace.name!r} was skipped"]
     assert stdout.startswith(f"{tmp_path / OUT}: 3 ranks")
     assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2})
     # Rank 1 is exactly what its good step makes of it.
@@ -373,18 +381,19 @@ def test_one_bad_step_file_leaves_out_that_file_not_its_rank(steps: Path, tmp_pa
 
 def test_a_step_file_of_another_run_is_kept_apart(steps: Path, steps_b: Path, tmp_path: Path, capsys):
     # Rank 1's second trace is overwritten by the same file of a later run; its sidecar is this run's.
-    shutil.copy(_trace(steps_b, 1, 2), _trace(steps, 1, 2))
+    trace, sidecar = _second_step(steps, 1)
+    shutil.copy(steps_b / trace.name, trace)
     line = _refused(capsys, tmp_path / OUT, str(steps))
-    assert line.startswith(f"{_trace(steps, 1, 2)}: its sidecar {_sidecar(steps, 1, 2)} records "), line
+    assert line.startswith(f"{trace}: its sidecar {sidecar} records "), line
     assert line.endswith(": the two come from different runs"), line
 
     code, err, _ = _merge(capsys, str(steps), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
     assert code == 0, err
-    assert _skipped(err) == [f"{_trace(steps, 1, 2)}: left out of rank 1: {line.split(': ', 1)[1]}",
-                             f"{_sidecar(steps, 1, 2)}: its trace {_trace(steps, 1, 2).name!r} was skipped"]
+    assert _skipped(err) == [f"{trace}: left out of rank 1: {line.split(': ', 1)[1]}",
+                             f"{sidecar}: its trace {trace.name!r} was skipped"]
     assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2})
     # Nothing of the other run is in the merge: rank 1's slices (absolute ns) all end before it began.
-    later = orjson.loads(gzip.decompress(_trace(steps_b, 1, 2).read_bytes()))
+    later = orjson.loads(gzip.decompress((steps_b / trace.name).read_bytes()))
     later_start = later["baseTimeNanoseconds"] + round(
         min(e["ts"] for e in later["traceEvents"] if e.get("ph") == "X") * 1000)
     parsed = read(tmp_path / OUT)
