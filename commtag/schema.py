@@ -143,6 +143,10 @@ class RecordedCollective(BaseModel):
     end_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
     tid: int
     thread_name: str = ""
+    #: An async call whose work has a completion future: the thread its completion was seen
+    #: on, at ``end_ns``. A thread other than ``tid`` ran the work (a gloo worker), and
+    #: ``end_ns`` falls inside that work's event on it: the merge's identity for the event.
+    done_tid: Optional[int] = None
 
     @model_validator(mode="after")
     def _ordered(self) -> "RecordedCollective":

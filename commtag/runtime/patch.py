@@ -268,13 +268,16 @@ def _finish(pending: _Pending, work: Any) -> None:
     future = _future_of(work) if pending.call.async_op else None
     if future is not None:
         # The annotation covers the work until it completes, without touching the Work object.
+        # The callback runs on the thread that completed the work (a gloo worker, inside its
+        # work's event), or here if it completed already: that thread is the work's identity.
         def done(fut: Any, fields=fields, pending=pending) -> None:
             end_ns = _now_ns()
             try:
                 fut.value()
             except Exception as exc:  # noqa: BLE001 - the work failed (a timeout, a peer gone): say so
                 pending.error = _error_text(exc)
-            recorder.add(fields, pending, pending.start_ns, end_ns, pending.tid, pending.thread_name)
+            recorder.add(fields, pending, pending.start_ns, end_ns, pending.tid, pending.thread_name,
+                         threading.get_native_id())
 
         future.add_done_callback(done)
     else:
@@ -299,7 +302,10 @@ def _failed(pending: Optional[_Pending], exc: BaseException) -> None:
 
 
 def _future_of(work: Any) -> Any:
-    """The work's completion future; None where the backend has none (gloo send/recv)."""
+    """The work's completion future; None where the backend has none (gloo send/recv,
+    reduce_scatter). all_reduce_coalesced returns the future itself."""
+    if isinstance(work, torch._C.Future):
+        return work
     if work is None or not hasattr(work, "get_future"):
         return None
     try:

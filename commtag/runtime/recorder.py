@@ -43,19 +43,20 @@ def profiler_enabled() -> bool:
     """
     return _thread_profiled() or _autograd_profiler._is_profiler_enabled
 
-_buffer: list[tuple[Callable[[Any], dict[str, Any]], Any, int, int, int, str]] = []
+_buffer: list[tuple[Callable[[Any], dict[str, Any]], Any, int, int, int, str, Optional[int]]] = []
 _buffer_lock = threading.Lock()
 
 
 def add(fields: Callable[[Any], dict[str, Any]], source: Any, start_ns: int, end_ns: int, tid: int,
-        thread_name: str) -> None:
+        thread_name: str, done_tid: Optional[int] = None) -> None:
     """Keep one finished collective, times on the trace's clock.
 
     ``fields(source)`` gives its CollectiveAnnotation fields by name; it is
     called by :func:`drain`, off the collective's path. ``source`` must not
-    change after this call.
+    change after this call. ``done_tid``: the thread that saw an async work
+    complete, at ``end_ns`` (see ``RecordedCollective.done_tid``).
     """
-    _buffer.append((fields, source, start_ns, end_ns, tid, thread_name))
+    _buffer.append((fields, source, start_ns, end_ns, tid, thread_name, done_tid))
 
 
 def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
@@ -68,7 +69,7 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
     with _buffer_lock:
         taken, _buffer = _buffer, []
     recorded = []
-    for fields, source, start_ns, end_ns, tid, thread_name in taken:
+    for fields, source, start_ns, end_ns, tid, thread_name, done_tid in taken:
         if since_ns is not None and start_ns < since_ns:
             continue
         try:
@@ -85,6 +86,7 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
                         "end_ns": end_ns,
                         "tid": tid,
                         "thread_name": thread_name,
+                        "done_tid": done_tid,
                     }
                 )
             )
