@@ -218,8 +218,8 @@ def _start(call: OpCall, thread: _ThreadState) -> Optional[_Pending]:
             seq = state.next_collective_seq()
     recording = _profiler_enabled()
     token = capture.before_collective()
-    if not recording and token is None:
-        return None
+    if not recording and token is None and not (call.p2p is not None and call.peer is None):
+        return None  # (a recv from any source still counts its pair Seq once its source is known)
     return _Pending(call, seq, pair_seq, recording, token, thread)
 
 
