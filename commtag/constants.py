@@ -57,6 +57,15 @@ NON_COLLECTIVE_NAMES = frozenset({"wait", "init"})
 #: Older torch wrote the group as this integer key instead of "Process Group Name":
 #: the group's "uid" in distributedInfo's pg_config, whose "pg_name" is the name.
 PG_ID_KEY = "Process Group ID"
+#: gloo (torch 2.13) runs a collective as ``gloo:<op>`` events of another family here: both
+#: reduce_scatters run as all_reduce works (families as commtag.merge.attach.family names them).
+GLOO_WORK_FAMILY = {"reducescatter": "allreduce"}
+#: Collective names gloo runs as one work per group member (the list reduce_scatter), each
+#: on a worker thread of the group; every other collective is one work.
+GLOO_WORK_PER_MEMBER = frozenset({"reduce_scatter"})
+#: Families whose gloo work runs on the calling thread, starting inside its c10d op (p2p);
+#: the rest run on the group's own worker threads (``pt_gloo_runloop``), in queue order.
+GLOO_CALLER_FAMILIES = frozenset({"send", "recv"})
 
 #: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
 TIME_NS_LIMIT = 1 << 63

@@ -3,13 +3,15 @@
 Four sources, in this order (an event gets at most one annotation):
 
 gloo (sidecar records)
-    A recorded call is joined to the ``c10d::*`` CPU op on its thread inside
-    its recorded span, then to the ``gloo:*`` event that ran it on a gloo
-    worker thread: same collective family, starting after the op, preferring
-    one inside the call's span (a synchronous call waits for it) and a
-    worker thread already seen serving the same group (each group has its
-    own workers). The slice's time is the gloo event's, else the op's, else
-    the recorded span.
+    A recorded call is joined to the ``c10d::*`` CPU op of its family that
+    starts within it on its thread, then to the ``gloo:*`` work event(s) that
+    ran it, by identity (see :class:`_GlooCall`): p2p works start inside the
+    op on the calling thread; an async work is the event on the worker thread
+    that the runtime saw complete it, holding that moment; any other work is
+    the one of its family inside the call on a worker of its group, taken only
+    when no other event could be it. A call whose work is not identified keeps
+    its op and says ``"commtag gloo work": "not identified"``. The slice's time
+    is its works' span, else the op's, else the recorded span.
 eager NCCL kernels
     Kineto's own metadata is kept; a sidecar record of the same group and
     collective (k-th with k-th) supplies the exact uid and Seq, else they are
@@ -43,7 +45,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
 from commtag.constants import (
-    C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP, MIN_LANE_ID, NON_COLLECTIVE_NAMES, PG_ID_KEY, parse_rank_list,
+    C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
+    MIN_LANE_ID, NON_COLLECTIVE_NAMES, PG_ID_KEY, parse_rank_list,
 )
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
@@ -51,7 +54,7 @@ from commtag.merge.perfetto import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
-    from commtag.schema import CollectiveAnnotation, GraphCapture, Sidecar
+    from commtag.schema import CollectiveAnnotation, GraphCapture, RecordedCollective, Sidecar
 
 #: Eager keys in the order the profiler writes them on a kernel.
 EAGER_KEYS = (
@@ -290,6 +293,43 @@ class _ReplayLog:
         return None
 
 
+class _GlooCall:
+    """One recorded call on its way to its gloo events.
+
+    Identity, strongest first: a p2p work runs on the calling thread and starts
+    inside the call's c10d op; an async work whose completion the runtime saw on
+    a worker thread (``done_tid``) is the event there that holds that moment
+    (a worker runs one work at a time); any other work is the one of its family
+    that runs inside the call on a worker of its group (each group has its own
+    workers, learned from the matches before), taken only when that leaves no
+    choice. Time only bounds where to look: a candidate never starts before
+    its c10d op.
+    """
+
+    __slots__ = ("rec", "group", "op", "uid", "family", "need", "works", "lo", "hi", "on_caller",
+                 "done_on_worker", "bounded")
+
+    def __init__(self, rec: RecordedCollective, group: Optional[GroupRow], op: Optional[tuple], offset: int) -> None:
+        ann = rec.annotation
+        self.rec = rec
+        self.group = group
+        self.op = op
+        self.uid = ann.pg_uid
+        fam = family(ann.collective_name)
+        self.family = GLOO_WORK_FAMILY.get(fam, fam)
+        self.need = ann.group_size if ann.collective_name in GLOO_WORK_PER_MEMBER else 1
+        if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
+            self.need = 0  # its own work is the op's inner gloo:send/recv: a worker event is another call's
+        self.works: list[tuple] = []
+        #: The call on the trace's clock: from its op's start (or its recorded start) to its recorded end.
+        self.lo = op[0] if op is not None else rec.start_ns + offset
+        self.hi = rec.end_ns + offset
+        self.on_caller = self.family in GLOO_CALLER_FAMILIES
+        self.done_on_worker = rec.done_tid is not None and rec.done_tid != rec.tid
+        #: Its work ended by ``hi``: a sync call waited for it; an async one saw it complete.
+        self.bounded = not ann.async_op or rec.done_tid is not None
+
+
 class _RankAttacher:
     """Attach everything for one trace file of a rank (see module docstring)."""
 
@@ -378,64 +418,124 @@ class _RankAttacher:
         return self.instances
 
     # -- gloo --------------------------------------------------------------
-    def _gloo(self) -> list[tuple]:
-        """Join sidecar records to gloo events; return the records left for NCCL kernels."""
-        leftover = []
-        thread_group: dict[int, str] = {}
+    def _gloo(self) -> list[RecordedCollective]:
+        """Join sidecar records to their c10d ops and gloo works; return the records left for
+        NCCL kernels."""
+        calls = []
         for rec in sorted(self.sidecar.collectives, key=lambda r: r.start_ns):
-            ann = rec.annotation
-            group = self.by_uid.get(ann.pg_uid)
-            lo, hi = rec.start_ns + self.offset, rec.end_ns + self.offset
-            op = self._take_op(rec.tid, lo, hi)
-            fam = family(ann.collective_name)
-            if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
-                work = None  # its own work is the op's inner gloo:send/recv: a worker event is another call's
-            else:
-                work = self._take_gloo(fam, op[0] if op else lo, hi, ann.pg_uid, thread_group)
-            if op is None and work is None and group is not None and "gloo" not in group.backend:
-                leftover.append(rec)
+            group = self.by_uid.get(rec.annotation.pg_uid)
+            calls.append(_GlooCall(rec, group, self._take_op(rec), self.offset))
+        self._gloo_works(calls)
+        leftover = []
+        for call in calls:
+            op, works, ann = call.op, call.works, call.rec.annotation
+            if op is None and not works and call.group is not None and "gloo" not in call.group.backend:
+                leftover.append(call.rec)
                 continue
-            parts = (self._site(ann), own_args(ann))
-            timing = work or op or (lo, hi, None)
-            source = op if op is not None and op[0] <= timing[0] else work
-            for hit in (op, work):
+            site = self._site(ann)
+            if call.need and call.group is not None and "gloo" in call.group.backend:  # no guess: say so
+                site = common({**site, "commtag gloo work": "not identified"})
+            parts = (site, own_args(ann))
+            for hit in (op, *works):
                 if hit is not None:
                     self._annotate(hit[2], parts)
+            if works:
+                timing = (min(w[0] for w in works), max(w[1] for w in works))
+            else:
+                timing = op[:2] if op is not None else (call.lo, call.hi)
+            first = min(works, key=lambda w: w[0]) if works else None
+            source = op if op is not None and (first is None or op[0] <= first[0]) else first
             flow = self.flows.source(source[2]) if source is not None else None
-            self.instances.append(_instance(self.rank, parts, timing[0], timing[1], "gloo", group, flow))
+            self.instances.append(_instance(self.rank, parts, timing[0], timing[1], "gloo", call.group, flow))
         return leftover
 
-    def _take_op(self, tid: int, lo: int, hi: int) -> Optional[tuple]:
-        ops = self.c10d.get(tid, ())
-        # Ops are sorted by start: skip those starting before the span (a scan from the first was quadratic).
-        for op in ops[bisect.bisect_left(ops, lo - _TOL_NS, key=lambda o: o[0]):]:
-            if op[0] > hi + _TOL_NS:
+    def _take_op(self, rec: RecordedCollective) -> Optional[tuple]:
+        """The call's ``c10d::`` op: the first of its family on the calling thread that starts
+        within the call. (The recorded end of an async call is its completion, which can come
+        before the op returns: only the op's start is compared.)"""
+        ops = self.c10d.get(rec.tid, ())
+        fam = family(rec.annotation.collective_name)
+        lo, hi = rec.start_ns + self.offset - _TOL_NS, rec.end_ns + self.offset + _TOL_NS
+        # Ops are sorted by start: skip those starting before the call (a scan from the first was quadratic).
+        for op in ops[bisect.bisect_left(ops, lo, key=lambda o: o[0]):]:
+            if op[0] > hi:
                 break
-            if id(op[2]) not in self.taken and op[0] >= lo - _TOL_NS and op[1] <= hi + _TOL_NS:
+            if id(op[2]) not in self.taken and family(op[2].get("name", "")) == fam:
                 self.taken.add(id(op[2]))
                 return op
         return None
 
-    def _take_gloo(self, fam: str, lo: int, hi: int, uid: str, thread_group: dict[int, str]) -> Optional[tuple]:
-        best = None
-        best_rank = None
-        start_at = bisect.bisect_left(self.gloo, lo - _TOL_NS, key=lambda g: g[0])
+    def _gloo_works(self, calls: list[_GlooCall]) -> None:
+        """Find each call's ``gloo:`` work events, by identity first (see :class:`_GlooCall`)."""
+        owner: dict[int, str] = {}  # worker thread -> the group it serves (each group has its own)
+        by_tid: dict[int, list[tuple]] = {}
+        for g in self.gloo:
+            by_tid.setdefault(g[4], []).append(g)
+        for call in calls:
+            if call.on_caller and call.op is not None:
+                # p2p runs on the calling thread and starts inside its op: nesting on one thread.
+                op_start, op_end = call.op[0], call.op[1]
+                mine = by_tid.get(call.rec.tid, [])
+                for g in mine[bisect.bisect_left(mine, op_start, key=lambda g: g[0]):]:
+                    if g[0] > op_end:
+                        break
+                    if g[3] == call.family and id(g[2]) not in self.taken:
+                        self._take_work(call, g, None)
+                        break
+            elif call.done_on_worker:
+                # Its completion was seen on a worker thread, inside the work's event there: a
+                # worker runs one work at a time, so that is the last one starting before it
+                # (two looked at, for the clocks' rounding).
+                t = call.hi
+                theirs = by_tid.get(call.rec.done_tid, [])
+                last = bisect.bisect_right(theirs, t + _TOL_NS, key=lambda g: g[0])
+                near = [g for g in theirs[max(0, last - 2):last]
+                        if g[3] == call.family and id(g[2]) not in self.taken and g[0] >= call.lo
+                        and t <= g[1] + _TOL_NS]
+                if near:
+                    self._take_work(call, min(near, key=lambda g: max(g[0] - t, t - g[1], 0)), owner)
+        # The rest (sync calls, async ones completed before their callback was added, a list
+        # reduce_scatter's other works): gloo works of the call's family that run inside the
+        # call on a worker thread of its group (or of no group known yet), when unambiguous.
+        bounded = [call for call in calls if call.need and not call.on_caller and call.bounded]
+        for prefer_owned in (False, True):
+            progress = True
+            while progress and bounded:
+                progress = False
+                for call in list(bounded):
+                    found = self._inside(call, owner)
+                    if prefer_owned:
+                        owned = [g for g in found if owner.get(g[4]) == call.uid]
+                        found = owned[:call.need] if len(owned) >= call.need else found
+                    if len(found) == call.need:
+                        for g in found:
+                            self._take_work(call, g, owner)
+                        bounded.remove(call)
+                        progress = True
+        # An async call whose completion was never seen (gloo's reduce_scatter works have no
+        # future) is not bounded: its work could be any later one of its group's, so none is
+        # taken for it (the group's worker count is not known, so queue order cannot tell).
+
+    def _inside(self, call: _GlooCall, owner: dict[int, str]) -> list[tuple]:
+        """Untaken works of the call's family that start inside it (and for a sync call also
+        end inside it) on a worker thread that serves its group or no known group."""
+        found = []
+        start_at = bisect.bisect_left(self.gloo, call.lo, key=lambda g: g[0])
         for g in self.gloo[start_at:]:
-            if g[3] != fam or id(g[2]) in self.taken:
-                continue
-            owner = thread_group.get(g[4])
-            if owner is not None and owner != uid:
-                continue
-            # inside the call's span first, then a worker known to serve this group, then earliest
-            score = (g[1] > hi + _TOL_NS, owner is None)
-            if best_rank is None or score < best_rank:
-                best, best_rank = g, score
-                if score == (False, False):
-                    break
-        if best is not None:
-            self.taken.add(id(best[2]))
-            thread_group.setdefault(best[4], uid)
-        return best
+            if g[0] > call.hi + _TOL_NS:
+                break
+            if (g[3] == call.family and g[4] != call.rec.tid and id(g[2]) not in self.taken
+                    and owner.get(g[4], call.uid) == call.uid
+                    and (call.rec.annotation.async_op or g[1] <= call.hi + _TOL_NS)):
+                found.append(g)
+        return found
+
+    def _take_work(self, call: _GlooCall, work: tuple, owner: Optional[dict[int, str]]) -> None:
+        self.taken.add(id(work[2]))
+        call.works.append(work)
+        call.need -= 1
+        if owner is not None:
+            owner.setdefault(work[4], call.uid)
 
     # -- eager NCCL kernels, or the CPU ops that record their keys ----------
     def _eager(self, events: list[tuple[int, int, dict]], records: list, source: str, order: str) -> None:
