@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from commtag.merge.attach import EAGER_KEYS
 from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, base_ns, event_ns
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
@@ -108,3 +109,19 @@ def test_a_public_world_of_one_rank_with_process_group_ids(tmp_path: Path) -> No
     result = merge(found[:1], tmp_path / "one.pftrace")
     assert sorted(i.collective for i in result.instances) == ["allreduce"] * 25 + ["broadcast"] * 10
     assert {i.lane_name for i in result.instances} == {"PG 0 () [0]"}
+
+
+def test_kernels_without_the_keys_are_timed_with_their_ops_metadata(tmp_path: Path) -> None:
+    """A Kineto that did not copy the keys onto the kernel: each op lends its keys to its kernel
+    (the same "External id"), which keeps the device time; nothing is counted twice."""
+    full = merge([_write(tmp_path / "full" / "rank0.json.gz", _trace())], tmp_path / "full.pftrace")
+    bare = _trace()
+    for e in bare["traceEvents"]:
+        if e.get("cat") == "kernel":
+            for key in EAGER_KEYS:
+                (e.get("args") or {}).pop(key, None)
+    paired = merge([_write(tmp_path / "bare" / "rank0.json.gz", bare)], tmp_path / "bare.pftrace")
+    assert [_key(i) for i in paired.instances] == [_key(i) for i in full.instances]
+    assert [(i.start_ns, i.end_ns, i.source) for i in paired.instances] == \
+        [(i.start_ns, i.end_ns, i.source) for i in full.instances]  # the kernels' own times
+    assert not any("CPU ops" in n for n in paired.notices)

@@ -19,9 +19,11 @@ eager NCCL kernels
     group (``"commtag seq from": "kernel order"``).
 ``record_param_comms`` CPU ops, when no kernel of the file carries metadata
     (a CPU-only profile of an NCCL job; a world of one rank, where NCCL runs
-    no kernel): the same keys, taken from the op that records them, timed by
-    the op (host time: the call, not the transfer; :data:`CPU_OP_SOURCE`). An
-    older torch's integer "Process Group ID" is read through pg_config's uid.
+    no kernel; a Kineto that did not copy the keys): the same keys, taken
+    from the op that records them, timed by the op's NCCL kernel (the same
+    "External id") where there is one, else by the op (host time: the call,
+    not the transfer; :data:`CPU_OP_SOURCE`). An older torch's integer
+    "Process Group ID" is read through pg_config's uid.
 graph-replayed kernels, exact join by Kineto's ``"graph node id"``
     Either ``cudaGraphNodeGetToolsId`` (a sidecar node's ``tools_id``) or the
     node id packed as ``(graph id << 32) | node id`` or written as the node
@@ -409,11 +411,12 @@ class _RankAttacher:
     def run(self) -> list[CollectiveInstance]:
         leftover = self._gloo() if self.sidecar else []
         self._graph_replays()
-        eager = [k for k in self.kernels if id(k[2]) not in self.taken and "Collective name" in (k[2].get("args") or {})]
+        eager = [(start, end, k, k["args"], "nccl-kernel") for start, end, k in self.kernels
+                 if id(k) not in self.taken and "Collective name" in (k.get("args") or {})]
         if eager:
-            self._eager(eager, leftover, "nccl-kernel", "kernel order")
+            self._eager(eager, leftover, "kernel order")
         else:
-            self._eager(self.comms_ops, leftover, CPU_OP_SOURCE, f"{COMMS_OP} order")
+            self._eager(self._comms_ops(), leftover, f"{COMMS_OP} order")
         self._unattributed()
         return self.instances
 
@@ -538,16 +541,15 @@ class _RankAttacher:
             owner.setdefault(work[4], call.uid)
 
     # -- eager NCCL kernels, or the CPU ops that record their keys ----------
-    def _eager(self, events: list[tuple[int, int, dict]], records: list, source: str, order: str) -> None:
-        """Instances of ``events`` (kernels or ops carrying the eager keys, in start order);
-        ``order``: what a Seq derived from their order is said to come from."""
+    def _eager(self, calls: list[tuple[int, int, dict, dict, str]], records: list, order: str) -> None:
+        """Instances of ``calls``: (start, end, the event timing it, the eager keys, source), in
+        call order; ``order``: what a Seq derived from that order is said to come from."""
         by_group: dict[str, list[CollectiveAnnotation]] = {}
         for rec in records:
             by_group.setdefault(rec.annotation.pg_name, []).append(rec.annotation)
         derived: dict[tuple[str, bool], int] = {}
         used: dict[str, int] = {}
-        for start, end, e in events:
-            args = e.get("args") or {}
+        for start, end, e, args, source in calls:
             self.taken.add(id(e))
             pg_name = self._pg_name(args)
             queue = by_group.get(pg_name, ())
@@ -560,6 +562,21 @@ class _RankAttacher:
             self._annotate(e, parts)
             group = self.by_uid.get(str(parts[0]["commtag pg uid"]))
             self.instances.append(_instance(self.rank, parts, start, end, source, group, self.flows.source(e)))
+
+    def _comms_ops(self) -> list[tuple[int, int, dict, dict, str]]:
+        """The record_param_comms ops as calls: each timed by its NCCL kernel (the same
+        "External id") where one was profiled without the keys, else by the op itself."""
+        kernels = {}
+        for start, end, k in self.kernels:
+            external = (k.get("args") or {}).get("External id")
+            if external is not None and id(k) not in self.taken and nccl_kind(k.get("name", "")):
+                kernels.setdefault(external, (start, end, k))
+        calls = []
+        for start, end, op in self.comms_ops:
+            args = op["args"]
+            kernel = kernels.pop(args.get("External id"), None)
+            calls.append((*kernel, args, "nccl-kernel") if kernel else (start, end, op, args, CPU_OP_SOURCE))
+        return calls
 
     def _pg_name(self, args: dict) -> str:
         """The group's name: "Process Group Name", else an older torch's integer "Process Group ID"."""
