@@ -14,20 +14,22 @@ from pathlib import Path
 
 import pytest
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+#: Where public traces are kept: the shared data beside the repository, and the repository's own.
+ROOTS = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces",
+         Path(__file__).resolve().parent / "data" / "public")
 #: Larger traces are merged by the scale tests and benchmarks, not here.
 _SMALL = 2 << 20
 SMALL_TRACES = sorted(
-    p for p in PUBLIC.rglob("*")
+    p for root in ROOTS for p in root.rglob("*")
     if p.is_file() and p.name.endswith((".json", ".json.gz")) and p.stat().st_size < _SMALL
 )
 
 
 def test_there_are_public_traces_to_check() -> None:
-    assert len(SMALL_TRACES) >= 10, f"expected the public traces under {PUBLIC}"
+    assert len(SMALL_TRACES) >= 10, f"expected the public traces under {ROOTS}"
 
 
-@pytest.mark.parametrize("path", SMALL_TRACES, ids=[str(p.relative_to(PUBLIC)) for p in SMALL_TRACES])
+@pytest.mark.parametrize("path", SMALL_TRACES, ids=[f"{p.parent.name}/{p.name}" for p in SMALL_TRACES])
 def test_merges_and_validates(tmp_path: Path, path: Path) -> None:
     link = tmp_path / "in" / ("rank0." + path.name)
     link.parent.mkdir()
