@@ -1,6 +1,6 @@
 """Attach collective annotations to a rank's trace events; make CollectiveInstances.
 
-Four sources, in this order (an event gets at most one annotation):
+Five sources (an event gets at most one annotation):
 
 gloo (sidecar records)
     A recorded call is joined to the ``c10d::*`` CPU op of its family that
