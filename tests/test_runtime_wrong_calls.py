@@ -33,6 +33,10 @@ def _wrong_calls(rank: int) -> dict:
         "all_reduce of a list": lambda: dist.all_reduce([t]),
         "all_reduce of an int": lambda: dist.all_reduce(3),
         "all_reduce unknown keyword": lambda: dist.all_reduce(t, bogus=1),
+        "all_reduce no tensor, group not a group": lambda: dist.all_reduce(group="notagroup"),
+        "all_reduce too many arguments": lambda: dist.all_reduce(t, dist.ReduceOp.SUM, None, False, 5),
+        "all_reduce group twice": lambda: dist.all_reduce(t, dist.ReduceOp.SUM, None, group=None),
+        "broadcast unknown keyword, group not a group": lambda: dist.broadcast(t, 0, bogus=1, group="notagroup"),
         "all_gather_into_tensor wrong size": lambda: dist.all_gather_into_tensor(torch.ones(3), t),
         "all_to_all_single bad splits": lambda: dist.all_to_all_single(
             torch.ones(3), torch.ones(3), output_split_sizes=[5]),

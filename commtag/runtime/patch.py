@@ -30,9 +30,12 @@ which torch.profiler and torch.autograd.profiler set for every session,
 not compiling, and no slow-path call in flight whose original may call a
 wrapper again (:data:`_slow_reasons`). It only numbers a plain collective on
 its group's counter (no thread-local state, no description) and calls the
-original, or rather the body inside torch's ``_exception_logger``, with the
-caller's own positional and keyword split (which that decorator reads when
-the call fails: see :func:`_logged_body`). A
+original; it is a function written per op with the original's parameters
+(:func:`_idle_entry`), so no ``*args, **kwargs`` are packed, and it calls
+the body inside torch's ``_exception_logger`` positionally (a frame fewer).
+That decorator reads ``group=`` from the keywords when a call fails, so the
+entry keeps a group given by position apart from ``group=`` and hands every
+failing or unusual call on with the caller's own split. A
 profiler started from C++ alone (the legacy autograd profiler, Kineto
 on-demand) is not noticed there: its trace never reaches
 :func:`commtag.trace_handler`, so nothing commtag recorded could be written.
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import time
 from types import SimpleNamespace
@@ -465,9 +469,124 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         return result
 
     functools.update_wrapper(wrapper, original)
+    if fast:
+        wrapper = _idle_entry(original, body, wrapper, name, group_index, tf_index if dispatch else None) or wrapper
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
     wrapper.__commtag_shape__ = shape  # type: ignore[attr-defined]
     return wrapper
+
+
+#: A parameter of the idle entry that was not given (required ones, the group by position).
+_UNSET = object()
+#: The idle entry's parameter for a group given by position (``group=`` has its own, keyword-only).
+_GROUP_BY_POSITION = "_commtag_group_by_position"
+#: Names the idle entry's code uses: a parameter of the same name would hide one of them.
+_ENTRY_NAMES = frozenset({
+    "make", "original", "body", "general", "defaults", "U", "as_given", "more", "extra", "args", "kwargs",
+    "error", "bump", "Exception", "_commtag_group", _GROUP_BY_POSITION, "_is_dynamo_compiling", "_compiler",
+    "_slow_reasons", "_open_captures", "_autograd_profiler", "_group_states", "_world", "_has_torch_function",
+    "_raise_as_logged",
+})
+
+
+def _as_given(names: tuple[str, ...], values: tuple[Any, ...], group: Any, more: tuple[Any, ...],
+              extra: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The idle entry's arguments as the caller split them: what was given by position (the
+    parameters up to the first one not given, then ``more``) and by keyword (the rest, ``group=``
+    and unknown keywords), so the original binds and logs the call exactly as it would have."""
+    given = 0
+    while given < len(values) and values[given] is not _UNSET:
+        given += 1
+    args = values[:given] + more if given == len(values) else values[:given]
+    kwargs = {names[i]: values[i] for i in range(given, len(values)) if values[i] is not _UNSET}
+    if group is not _UNSET:
+        kwargs["group"] = group
+    kwargs.update(extra)
+    return args, kwargs
+
+
+def _idle_entry(original: Callable[..., Any], body: Optional[Callable[..., Any]], general: Callable[..., Any],
+                name: str, group_index: int, tf_index: Optional[int]) -> Optional[Callable[..., Any]]:
+    """The idle fast path as a function with the original's parameters, or None when its signature
+    is not a plain list of parameters whose group is called ``group``.
+
+    Why: ``*args, **kwargs`` costs a tuple, a dict, a search for the group and
+    a call that unpacks both again, on every collective of the job. With named
+    parameters the group is a local and the original (its body, see
+    :func:`_logged_body`) is called positionally. One difference keeps the
+    caller's split, which torch's exception logger reads when a call fails: a
+    group given by position and ``group=`` land in different parameters, and
+    required parameters, extra positional and unknown keyword arguments are
+    caught too; any call that is not plain, and any error, is handed on with
+    the arguments as the caller gave them (:func:`_as_given`).
+    """
+    try:
+        params = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if (not params or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+            or group_index >= len(params) or params[group_index].name != "group"
+            or (tf_index is not None and tf_index >= len(params))):
+        return None
+    names = tuple(p.name for p in params)
+    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names) or _ENTRY_NAMES.intersection(names):
+        return None
+    defaults = [p.default for p in params]
+    slot = _GROUP_BY_POSITION
+    locals_ = [slot if i == group_index else n for i, n in enumerate(names)]
+    required = [n for i, (n, d) in enumerate(zip(locals_, defaults)) if i != group_index and d is inspect.Parameter.empty]
+    signature = ", ".join(
+        f"{n}=U" if i == group_index or d is inspect.Parameter.empty else f"{n}=defaults[{i}]"
+        for i, (n, d) in enumerate(zip(locals_, defaults)))
+    values = "(" + "".join(f"{n}, " for n in locals_) + ")"
+    # The original called as the caller split the group: by position (or not at all: its own
+    # default, by position, which the exception logger does not read either), or as group=.
+    positional = ", ".join(locals_)
+    keyword = ", ".join([*locals_[:group_index], "group=group", *(f"{n}={n}" for n in locals_[group_index + 1:])])
+    unusual = " or ".join([f"{slot} is not U and group is not U", *(f"{n} is U" for n in required)])
+    flags = ("_is_dynamo_compiling() or _compiler._is_compiling_flag or _slow_reasons or _open_captures "
+             "or _autograd_profiler._is_profiler_enabled")
+    dispatch = f" or _has_torch_function({locals_[tf_index]})" if tf_index is not None else ""
+    passed = ", ".join("_commtag_group" if i == group_index else n for i, n in enumerate(locals_))
+    call = (f"        try:\n"
+            f"            return body({passed})\n"
+            f"        except Exception as error:\n"
+            f"            _raise_as_logged(body, error, *as_given({values}, group, more, extra))\n"
+            ) if body is not None else f"        return original({passed})\n"
+    source = (
+        f"def make(original, body, general, defaults, U, as_given):\n"
+        f"    def {name}({signature}, *more, group=U, **extra):\n"
+        f"        if more or extra or {unusual}:\n"
+        f"            args, kwargs = as_given({values}, group, more, extra)\n"
+        f"            return general(*args, **kwargs)\n"
+        f"        if group is U:\n"
+        f"            if {slot} is U:\n"
+        f"                {slot} = defaults[{group_index}]\n"
+        f"            if {flags}:\n"
+        f"                return general({positional})\n"
+        f"            _commtag_group = {slot}\n"
+        f"        else:\n"
+        f"            if {flags}:\n"
+        f"                return general({keyword})\n"
+        f"            _commtag_group = group\n"
+        f"        try:\n"
+        f"            bump = _group_states[_world._default_pg if _commtag_group is None else _commtag_group].bump\n"
+        f"        except Exception:\n"
+        f"            bump = None\n"
+        f"        if bump is None{dispatch}:\n"
+        f"            if group is U:\n"
+        f"                return general({positional})\n"
+        f"            return general({keyword})\n"
+        f"        bump()\n"
+        f"{call}"
+        f"    return {name}\n"
+    )
+    scope: dict[str, Any] = {}
+    code = compile(source, f"<commtag idle path of {name}>", "exec")  # commtag's own text, not input data
+    exec(code, globals(), scope)  # commtag's own text, not input data
+    entry = scope["make"](original, body, general, defaults, _UNSET, functools.partial(_as_given, names))
+    functools.update_wrapper(entry, original)
+    return entry
 
 
 def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
