@@ -292,3 +292,35 @@ def test_without_cuda_everything_is_a_silent_no_op() -> None:
         assert capture.captures_snapshot() == []
     finally:
         capture.use_tracker(None)
+
+
+def test_uninstall_during_a_capture_leaves_nothing_of_commtag_active() -> None:
+    """A capture still open at uninstall(): its capture_end is torch's own from then on, so commtag
+    forgets the capture and its operator interception goes inert, or every collective of the job
+    would stay off the idle path and every operator of the thread would pass through the mode."""
+    import commtag
+
+    api = FakeGraphAPI()
+    capture.use_tracker(CaptureTracker(api))
+    opened = None
+    commtag.install()
+    try:
+        owner = object()
+        api.begin(7)
+        opened = capture._tracker.begin_capture(owner, 7)
+        opened.interceptor = c10d_ops.activate(capture._TrackerSink(capture._tracker))
+        assert capture.capture_active() and c10d_ops.is_active()
+        commtag.uninstall()
+        assert not capture.capture_active()
+        assert not c10d_ops.is_active()
+        assert capture._tracker._by_owner == {}
+        # torch's own capture_end then closes the capture; commtag installed again starts clean.
+        api.end(7, 0)
+        commtag.install()
+        assert not capture.capture_active()
+    finally:
+        commtag.uninstall()
+        if opened is not None:
+            c10d_ops.deactivate(opened.interceptor)
+        capture._open.clear()
+        capture.use_tracker(None)
