@@ -2,7 +2,8 @@
 
 For each seed a 4-rank gloo job runs a random plan under the profiler (every
 covered op, sync and async, overlapping groups, uneven splits, p2p both ways,
-several profiler windows), each rank writing what it called. After the real
+several profiler windows, a re-init of the world in most seeds), each rank
+writing what it called. After the real
 merge, a user's checks must hold key by key:
 
 - every lane slice is one recorded call, with that call's op, group, nelems,
@@ -53,10 +54,16 @@ def _unidentifiable(call: dict) -> bool:
     return call["async"] and call["op"] in NO_FUTURE
 
 
-def _key(args: dict) -> tuple:
-    """What names one call on one rank: group, p2p or not, Seq, and for p2p its op and pair Seq."""
+def _life(uid: str) -> int:
+    """The life of the world a group uid belongs to (README: "~<generation>" from the first re-init on)."""
+    _, _, generation = uid.partition("~")
+    return int(generation) if generation else 0
+
+
+def _key(args: dict, life: int) -> tuple:
+    """What names one call on one rank: life, group, p2p or not, Seq, and for p2p its op and pair Seq."""
     p2p = bool(args.get("commtag p2p"))
-    return (str(args.get("Process Group Name")), p2p, args.get("Seq"),
+    return (life, str(args.get("Process Group Name")), p2p, args.get("Seq"),
             args.get("Collective name") if p2p else None, args.get("commtag p2p pair seq"))
 
 
@@ -68,7 +75,7 @@ def _truth(out: Path) -> dict[int, dict[tuple, dict]]:
         mine = calls.setdefault(data["rank"], {})
         for call in data["calls"]:
             if call["recorded"]:
-                key = _key({**call["expected"], "Process Group Name": call["pg_name"]})
+                key = _key({**call["expected"], "Process Group Name": call["pg_name"]}, call["life"])
                 assert key not in mine, f"the job itself gave two calls one key {key}"
                 mine[key] = call
     return calls
@@ -101,7 +108,7 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
         if "commtag source" not in s.args:
             continue
         rank = int(s.args["commtag rank"])
-        key = _key(s.args)
+        key = _key(s.args, _life(str(s.args["commtag pg uid"])))
         if (rank, key) in lanes:
             problems["lane slice twice"].append(f"rank {rank} {key}")
         lanes[(rank, key)] = s
@@ -116,7 +123,7 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
             problems["gloo work not identified"].append(
                 f"rank {rank} {call['op']} {key}: {s.args.get('commtag gloo work')!r}")
         lane = str(s.args.get("commtag lane", ""))
-        if not lane.endswith(truth_world._ranks_text(call["group"])):
+        if not lane.endswith(truth_world._ranks_text(call["group"]) + (f" gen {call['life']}" if call["life"] else "")):
             problems["lane slice group"].append(f"rank {rank} {key}: lane {lane!r}, group {call['group']}")
     for rank, calls in truth.items():
         for key, call in calls.items():
@@ -145,7 +152,7 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
                 if owner is None or not _unidentifiable(owner):
                     problems["event without annotation"].append(where)
                 continue
-            key = _key(args)
+            key = _key(args, _life(str(args["commtag pg uid"])))
             call = truth.get(rank, {}).get(key)
             if call is None:
                 problems["event of no call"].append(f"{where}: {key}")

@@ -6,7 +6,9 @@ reach it (every earlier step has finished on each of them), so no seed can
 deadlock; async works are waited later in the same profiler step, in a
 random order. The plan covers every op commtag patches on gloo, sync and
 async, several process groups (overlapping ones among them), uneven
-all_to_all splits, p2p in both directions and several profiler windows.
+all_to_all splits, p2p in both directions, several profiler windows and,
+in most seeds, one re-init of the world (destroy_process_group, then
+init_process_group and the subgroups again) between two windows.
 
 The ground truth is computed here from what was called, following the
 reference table (../shared/reference/eager-comm-metadata.md), not from
@@ -17,7 +19,8 @@ c10d op and the gloo events of a call show, in their "Input Dims", which
 call they belong to.
 
 Output per rank: ``truth{R}.json``, one entry per call (``window``: the
-profiler step, ``recorded``: whether that step was recorded).
+profiler step, ``recorded``: whether that step was recorded, ``life``: how
+many re-inits came before it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import os
 import random
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Optional
 
 WORLD = 4
@@ -68,6 +72,8 @@ class Step:
 class Plan:
     groups: list[list[int]]
     windows: list[list[Step]]
+    #: Windows before which every rank destroys the world and inits it again (new groups, Seq from 1).
+    reinit_before: frozenset[int] = frozenset()
 
 
 def marker(op_id: int) -> int:
@@ -117,7 +123,8 @@ def make_plan(seed: int, windows: int, ops_per_window: int) -> Plan:
         rng.shuffle(pending)
         steps.extend(Step("wait", waits=w) for w in pending)
         out.append(steps)
-    return Plan(groups, out)
+    reinit = frozenset({rng.randrange(1, windows)}) if windows > 1 and rng.random() < 0.7 else frozenset()
+    return Plan(groups, out, reinit)
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -129,10 +136,18 @@ class _Truth:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        self.life = 0
         self.coll_seq: dict[int, int] = {}
         self.p2p_seq: dict[int, int] = {}
         self.pair_seq: dict[tuple[int, int, int], int] = {}
         self.calls: list[dict[str, Any]] = []
+
+    def reinit(self) -> None:
+        """A new life of the world: its groups count from the start."""
+        self.life += 1
+        self.coll_seq.clear()
+        self.p2p_seq.clear()
+        self.pair_seq.clear()
 
     def collective(self, g: int) -> int:
         self.coll_seq[g] = self.coll_seq.get(g, 0) + 1
@@ -175,14 +190,21 @@ def run(rank: int, world_size: int, out_dir: str, seed: int, cycles: int, ops_pe
     plan = make_plan(seed, cycles * (WAIT + WARMUP + ACTIVE), ops_per_step)
     commtag.install()
     try:
-        handles = [dist.group.WORLD] + [dist.new_group(g) for g in plan.groups[1:]]
-        names = [h.group_name if rank in g else None for h, g in zip(handles, plan.groups)]
+        handles, names = _groups(rank, plan)
+        all_names = [names]
         truth = _Truth(rank)
         sched = schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=0)
         recording = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched,
                      on_trace_ready=commtag.trace_handler(out_dir)) as prof:
-            for steps in plan.windows:  # one plan window per profiler step, recorded or not
+            for index, steps in enumerate(plan.windows):  # one plan window per profiler step
+                if index in plan.reinit_before:
+                    dist.destroy_process_group()
+                    dist.init_process_group("gloo", init_method=f"file://{out_dir}.store{truth.life + 1}", rank=rank,
+                                            world_size=world_size, timeout=timedelta(seconds=120))
+                    truth.reinit()
+                    handles, names = _groups(rank, plan)
+                    all_names.append(names)
                 _run_window(rank, steps, plan, handles, names, truth, prof.step_num,
                             prof.current_action in recording)
                 prof.step()
@@ -190,10 +212,18 @@ def run(rank: int, world_size: int, out_dir: str, seed: int, cycles: int, ops_pe
         commtag.uninstall()
     path = os.path.join(out_dir, f"truth{rank}.json")
     with open(path + ".tmp", "w") as f:
-        json.dump({"rank": rank, "seed": seed, "groups": plan.groups, "group_names": names,
+        json.dump({"rank": rank, "seed": seed, "groups": plan.groups, "group_names": all_names,
                    "calls": truth.calls}, f)
     os.replace(path + ".tmp", path)
     return len(truth.calls)
+
+
+def _groups(rank: int, plan: Plan) -> tuple[list, list[Optional[str]]]:
+    """The plan's groups in this life (every rank creates each, in the same order), and their names."""
+    import torch.distributed as dist
+
+    handles = [dist.group.WORLD] + [dist.new_group(g) for g in plan.groups[1:]]
+    return handles, [h.group_name if rank in g else None for h, g in zip(handles, plan.groups)]
 
 
 def _run_window(rank: int, steps: list[Step], plan: Plan, handles: list, names: list, truth: _Truth,
@@ -222,7 +252,7 @@ def _run_window(rank: int, steps: list[Step], plan: Plan, handles: list, names: 
         def zeros(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=dtype)
 
-        record = {"window": window, "recorded": recorded, "op": step.kind, "op_id": step.op_id, "marker": m, "async": step.async_op,
+        record = {"window": window, "recorded": recorded, "life": truth.life, "op": step.kind, "op_id": step.op_id, "marker": m, "async": step.async_op,
                   "pg_name": names[step.group], "group": members}
         kind = step.kind
         a = step.async_op
