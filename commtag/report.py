@@ -17,7 +17,8 @@ from typing import Optional
 import orjson
 
 from commtag.kernels import Breakdown
-from commtag.merge.analyze import Analysis, GroupSummary, summarize
+from commtag.merge.analyze import NO_PAYLOAD, Analysis, GroupSummary, summarize
+from commtag.merge.attach import UNATTRIBUTED_UID
 from commtag.merge.records import CPU_OP_SOURCE
 
 #: Version of the JSON report's layout (bump on an incompatible change).
@@ -28,7 +29,7 @@ _MAX_FINDINGS = 30
 
 _CSV_COLUMNS = (
     "pg", "lane", "collective", "count", "bytes", "total_time_us", "skew_p50_us", "skew_max_us",
-    "busbw_p50_gbps", "busbw_p95_gbps", "stragglers", "desyncs",
+    "busbw_p50_gbps", "busbw_p95_gbps", "stragglers", "desyncs", "incomplete",
 )
 
 
@@ -37,7 +38,9 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
     doc: dict[str, object] = {
         "kind": "commtag-summary",
         "version": REPORT_VERSION,
-        "ranks": sorted({r for m in analysis.collectives for r in m.members}),
+        "ranks": analysis.coverage.ranks,
+        "world_size": analysis.coverage.world_size,
+        "absent_ranks": analysis.coverage.absent,
         "collectives": [m.to_dict() for m in analysis.collectives],
         "summary": [row.to_dict() for row in summarize(analysis)],
         "findings": [f.to_dict() for f in analysis.findings],
@@ -65,14 +68,25 @@ def to_csv(analysis: Analysis) -> str:
 def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int], Breakdown]]] = None) -> str:
     """Tables for a terminal: one per process group, then findings, then kernel categories."""
     rows = summarize(analysis)
-    ranks = sorted({r for m in analysis.collectives for r in m.members})
+    coverage = analysis.coverage
+    groups = {r.pg_uid for r in rows}
+    buckets = {pg for pg in groups if pg.startswith(UNATTRIBUTED_UID + ":")}
+    world = f" of {coverage.world_size}" if coverage.absent else ""
     lines = [
-        f"{len(analysis.collectives)} collectives on {len(ranks)} ranks, "
-        f"{len({r.pg_uid for r in rows})} process groups, {len(analysis.desyncs)} desyncs"
+        f"{len(analysis.collectives)} collectives on {len(coverage.ranks)}{world} ranks, "
+        f"{len(groups - buckets)} process groups"
+        + (f" (+ {len(buckets)} kinds of NCCL kernels without metadata)" if buckets else "")
+        + f", {len(analysis.desyncs)} desyncs"
     ]
     note = cpu_op_note(analysis)
     if note:
         lines.append(note)
+    if coverage.absent:
+        lines.append(coverage.describe_absent())
+    incomplete = sum(1 for m in analysis.collectives if not m.complete)
+    if incomplete:
+        lines.append(f"{incomplete} collectives are incomplete (a member rank did not record them): "
+                     "left out of skew and busbw")
     header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers")
     by_group: dict[str, list[GroupSummary]] = {}
     for row in rows:
@@ -82,13 +96,21 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         lines += ["", f"{lane or pg}  (uid {pg})"]
         table = [header] + [
             (
-                r.collective, str(r.count), _bytes(r.bytes), _time(r.total_time_us), _time(r.skew_p50_us),
+                r.collective, str(r.count), _bytes(r.bytes, r.collective), _time(r.total_time_us), _time(r.skew_p50_us),
                 _time(r.skew_max_us), _bw(r.busbw_p50_gbps), _bw(r.busbw_p95_gbps),
                 ", ".join(f"{rank} ({n}x)" for rank, n in sorted(r.stragglers.items(), key=lambda kv: -kv[1])) or "-",
             )
             for r in group_rows
         ]
         lines += _align(table)
+    late = sorted((m for m in analysis.collectives if m.straggler), key=lambda m: -m.skew_ns)
+    if late:
+        lines += ["", "stragglers:"] + [
+            f"  rank {m.last_rank} {_time(m.skew_ns / 1000)} late to {m.collective} Seq {m.seq}"
+            f" in {m.lane_name or m.pg_uid}" for m in late[:_MAX_FINDINGS]
+        ]
+        if len(late) > _MAX_FINDINGS:
+            lines.append(f"  ... and {len(late) - _MAX_FINDINGS} more (all of them in --format json)")
     if analysis.findings:
         shown = analysis.findings[:_MAX_FINDINGS]
         lines += ["", "findings:"] + [f"  {f.message}" for f in shown]
@@ -117,9 +139,12 @@ def _align(table: list[tuple[str, ...]]) -> list[str]:
             for row in table]
 
 
-def _bytes(n: Optional[int]) -> str:
+def _bytes(n: Optional[int], collective: str) -> str:
+    """A size, '?' when unknown, '-' for ops that move no data."""
+    if n is None:
+        return "-" if collective in NO_PAYLOAD else "?"
     if not n:
-        return "-" if n is None else "0"
+        return "0"
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -197,7 +222,7 @@ def plot(analysis: Analysis, path: Path) -> None:
             ax.scatter([j], [1.0], marker="v", color="#d62728", s=50, clip_on=False, transform=ax.get_xaxis_transform())
         for r in m.missing_ranks:
             ax.text(j, row[r], "x", ha="center", va="center", color="#d62728", fontsize=9, fontweight="bold")
-    worst = max(ms, key=lambda m: m.skew_ns, default=None)
+    worst = max((m for m in ms if m.skew_ns is not None), key=lambda m: m.skew_ns, default=None)
     title = f"{len(ms)} collectives, {len(ranks)} ranks, {len(analysis.desyncs)} desyncs"
     if worst is not None and worst.skew_ns > 0:
         title += (f"; worst skew {worst.skew_ns / 1e6:.2f} ms: rank {worst.last_rank} late to "

@@ -17,6 +17,7 @@ from typing import Optional
 
 from commtag.kernels import DeviceWork, KernelTables
 from commtag.merge.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, Analysis, analyze
+from commtag.merge.records import Coverage
 
 
 class SummaryInputError(Exception):
@@ -28,7 +29,7 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
     """The analysis of ``path`` and its kernel categories (the same scopes for both inputs)."""
     path = Path(path)
     if path.is_dir():
-        instances, ranks, kernels = _from_traces(path, rank_pattern)
+        instances, coverage, kernels = _from_traces(path, rank_pattern)
     elif path.is_file():
         from commtag.merge import readback  # protobuf: only a file needs it
 
@@ -39,29 +40,29 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
         if kind == readback.EMPTY:
             raise SummaryInputError(f"{path}: empty file, neither a profiler trace nor a .pftrace")
         if kind == readback.JSON:
-            instances, ranks, kernels = _from_traces(path, rank_pattern)
+            instances, coverage, kernels = _from_traces(path, rank_pattern)
         else:
-            (instances, kernels), ranks = _from_pftrace(path), None
+            instances, coverage, kernels = _from_pftrace(path)
     else:
         raise SummaryInputError(f"{path}: no such file or directory")
-    return analyze(instances, loaded_ranks=ranks, straggler_min_skew_us=straggler_min_skew_us), kernels
+    return analyze(instances, coverage=coverage, straggler_min_skew_us=straggler_min_skew_us), kernels
 
 
-def _from_pftrace(path: Path) -> tuple[list, KernelTables]:
+def _from_pftrace(path: Path) -> tuple[list, Coverage, KernelTables]:
     """A merged trace (gzipped or not) read back; a merge of ranks without collectives has
     no lane slices, but its ranks' processes tell it from a trace commtag did not write."""
     from commtag.merge.readback import ReadbackError, read_merged
 
     try:
-        instances, kernels, ranks = read_merged(path)
+        instances, kernels, coverage = read_merged(path)
     except ReadbackError as exc:
         raise SummaryInputError(str(exc)) from exc
     except OSError as exc:
         raise SummaryInputError(f"{path}: {exc.strerror or exc}") from exc
-    if not instances and not ranks:
+    if not instances and not coverage.windows:
         raise SummaryInputError(f"{path}: no rank processes or collective lane slices "
                                 "(is it a trace written by `commtag merge`?)")
-    return instances, _tables(kernels)
+    return instances, coverage, _tables(kernels)
 
 
 def _tables(found: KernelTables) -> KernelTables:
@@ -85,7 +86,7 @@ def _from_traces(path: Path, rank_pattern: Optional[str]):
             tables["lane"][(rank, lane)] = breakdown
 
     try:
-        ranks, instances = collect([path], rank_pattern=rank_pattern, on_rank=categorize)
+        coverage, instances = collect([path], rank_pattern=rank_pattern, on_rank=categorize)
     except MergeInputError as exc:
         raise SummaryInputError(str(exc)) from exc
-    return instances, {r.rank for r in ranks}, tables
+    return instances, coverage, tables

@@ -267,15 +267,23 @@ def test_a_sidecar_pairs_with_the_trace_in_its_own_folder(traces: Path, tmp_path
     assert _ranks_and_lanes(tmp_path / OUT)[1] == {0, 1}
 
 
+def _others_absent(merged: int) -> str:
+    """The merge's notice when one rank's trace is merged alone: the others have none."""
+    from commtag.merge.records import Coverage
+
+    alone = Coverage({merged: []}, WORLD).describe_absent()
+    return f"commtag merge: notice: {alone}"
+
+
 def test_one_trace_given_by_path_takes_the_sidecar_beside_it(traces: Path, tmp_path: Path, capsys):
     out = tmp_path / OUT
     code, err, stdout = _merge(capsys, str(_trace(traces, 1)), "-o", str(out))
-    assert code == 0 and err == [], err
+    assert code == 0 and err == [_others_absent(1)], err
     assert stdout.startswith(f"{out}: 1 ranks, 7 collective slices")
     assert _ranks_and_lanes(out) == (["rank 1"], {1})
     # The other sidecars beside it (of ranks 0 and 2) are not its own and are left alone.
     code, err, _ = _merge(capsys, str(_trace(traces, 2)), "-o", str(out))
-    assert code == 0 and err == [], err
+    assert code == 0 and err == [_others_absent(2)], err
     assert _ranks_and_lanes(out) == (["rank 2"], {2})
 
 
@@ -287,7 +295,7 @@ def test_a_broken_sidecar_beside_the_trace_given_is_an_error(traces: Path, tmp_p
     shutil.copy(_sidecar(traces, 1), _sidecar(traces, 0))
     _sidecar(traces, 1).unlink()
     code, err, _ = _merge(capsys, str(_trace(traces, 2)), "-o", str(tmp_path / OUT))
-    assert code == 0 and err == [], err
+    assert code == 0 and err == [_others_absent(2)], err
 
 
 # ---------------------------------------------------------------------------

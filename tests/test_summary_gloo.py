@@ -127,3 +127,28 @@ def test_merged_trace_carries_the_figures_and_summary_reads_it_back(traces, tmp_
     assert {i.arg("commtag last rank") for i in slept} == {SLEEPER}
     assert all(i.arg("commtag skew us") >= SLEEP_S * 0.8e6 for i in slept)
     assert all("commtag busbw GB/s" in i.args and "commtag wait us" in i.args for i in lane_slices)
+
+
+def test_the_injected_delay_is_the_one_straggler_named(traces):
+    # The README's rule: the last rank is a straggler when its lead is at least 1 ms, the
+    # collective's transfer time and 10x the run's noise; nothing else in this run may pass it.
+    import re
+
+    from commtag import report
+    from commtag.summary import load
+
+    analysis, kernels = load(traces)
+    named = [m for m in analysis.collectives if m.straggler]
+    assert [(m.last_rank, m.collective) for m in named] == [(SLEEPER, "allreduce")]
+    assert named[0] is [m for m in analysis.collectives if m.collective == "allreduce" and m.group_size == WORLD][SLEEP_BEFORE]
+    assert abs(named[0].skew_ns / 1e9 - SLEEP_S) <= 0.2 * SLEEP_S
+
+    # What the user reads: one row names the sleeper once, its skew max is the sleep; no other row names anyone.
+    text = report.to_text(analysis, kernels)
+    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()
+            if line.startswith("  ") and len(re.split(r"\s{2,}", line.strip())) == 9 and not line.strip().startswith("op ")]
+    assert [row[8] for row in rows if row[8] != "-"] == [f"{SLEEPER} (1x)"], text
+    listed = text.split("\nstragglers:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(listed) == 1, text
+    late = re.fullmatch(rf"  rank {SLEEPER} (\d+\.\d+) ms late to allreduce Seq \d+ in PG 0 \(default_pg\).*", listed[0])
+    assert late is not None and abs(float(late.group(1)) / 1e3 - SLEEP_S) <= 0.2 * SLEEP_S, text

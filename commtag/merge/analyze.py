@@ -15,7 +15,9 @@ Matching
     k-th receive at b from a. The pair is one transfer, named ``send/recv``
     (:data:`P2P_LABEL`) whichever end arrived last.
 
-Figures (per matched instance)
+Figures (per matched instance whose member ranks all recorded it; an
+instance some member lacks is incomplete: the absent rank may be the late
+one, so neither skew nor bandwidth is computed for it)
     skew
         last start minus first start; the last-arriving rank is the one that
         made the others wait, each rank's wait is ``last start - own start``.
@@ -38,30 +40,65 @@ Desync checks (what PyTorch's Flight Recorder analyzer checks)
     ``size_mismatch`` (In/Out msg nelems differ where the op requires equality,
     all_gather out != in x n, reduce_scatter in != out x n, all_to_all total in
     != total out, a send's size != its receive's), ``missing_ranks`` (a member
-    rank whose trace was loaded has no such instance; ranks not loaded are not
-    blamed, as the analyzer skips ranks without a dump) and ``seq_gap`` (a rank's
-    Seq numbers for a group jump). A gap that every loaded member shares is not
-    a desync (the ranks agree; the calls were made where commtag could not see
-    them, e.g. from C++), so it is reported as a warning only.
+    rank has no such instance although one of its trace windows covers the
+    collective's time; ranks with no trace, or not profiled then, are not
+    blamed, as the analyzer skips ranks without a dump) and ``seq_gap`` (a
+    rank's Seq numbers for a group jump inside one of its windows). Seq numbers
+    jump between a scheduled profiler's windows on every rank: that is no
+    finding. A gap is reported only where every member rank was profiled; one
+    that every member shares is not a desync (the ranks agree; the calls were
+    made where commtag could not see them, e.g. from C++), so it is a warning.
+
+Stragglers
+    The last rank to arrive is named a straggler when its lead over the first
+    is at least the largest of: ``straggler_min_skew_us`` (1 ms), the
+    collective's own transfer time, and :data:`STRAGGLER_NOISE_FACTOR` times
+    the noise. The noise is the median skew of the run's other complete
+    instances of the same kind (collectives, or p2p transfers) at which that
+    rank did not arrive last (0 when there are fewer than
+    :data:`NOISE_MIN_SAMPLES`): the skew the run shows anyway, without that
+    rank holding anyone up. A rank late to every collective is therefore still
+    named; scheduling jitter of a shared machine is not. The late rank's own
+    trace must cover the time it was late: a lead it took before its profiler
+    started (the first collective of a window) is measured, not named.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from commtag.constants import SCALAR_TYPE_BYTES
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, CounterSeries, Marker, TraceAnnotations, match_groups
+from commtag.merge.records import (
+    ALL_TIME,
+    CPU_OP_SOURCE,
+    ANN_WINDOW_NS,
+    ANN_WINDOW_RANK,
+    ANN_WORLD_SIZE,
+    WINDOW_MARKER,
+    CollectiveInstance,
+    CounterSeries,
+    Coverage,
+    Marker,
+    TraceAnnotations,
+    describe_ranks,
+    match_groups,
+)
 
 #: What a matched p2p instance is called: one transfer is a send and its receive, whichever
 #: end arrived last (each rank's lane slice keeps its own direction).
 P2P_LABEL = "send/recv"
 
 #: A rank arriving this much later than the first one, and later by at least the
-#: collective's own transfer time, is flagged a straggler.
+#: collective's own transfer time and the noise (see the module docstring), is a straggler.
 DEFAULT_STRAGGLER_MIN_SKEW_US = 1000.0
+#: How many times the run's noise a straggler's skew must be.
+STRAGGLER_NOISE_FACTOR = 10.0
+#: Fewer skews than this are no estimate of the noise.
+NOISE_MIN_SAMPLES = 3
 
 _GB = 1e9
 
@@ -101,6 +138,9 @@ BANDWIDTH_RULES: dict[str, tuple[str, Callable[[int], float]]] = {
     "send": ("in", _one),
     "recv": ("out", _one),
 }
+
+#: Ops that move no data: their size is nothing, not unknown.
+NO_PAYLOAD = frozenset({"barrier"})
 
 #: Ops whose In and Out msg nelems must agree across ranks (everything not listed
 #: in _UNEVEN_IN / _UNEVEN_OUT); the analyzer skips in sizes for scatter and
@@ -170,19 +210,23 @@ class MatchedCollective:
     group_size: int
     #: Rank -> that rank's instance (global ranks).
     members: dict[int, CollectiveInstance]
-    #: Member ranks (loaded) that have no such instance.
+    #: Member ranks that have no such instance (no trace, not profiled then, or a desync).
     missing_ranks: tuple[int, ...]
+    #: Of those, the ones whose trace covers the collective's time: a desync.
+    blamed_ranks: tuple[int, ...]
     first_rank: int
-    last_rank: int
+    #: The last arrival; None when incomplete (an absent rank may have been later).
+    last_rank: Optional[int]
     first_start_ns: int
     last_start_ns: int
-    skew_ns: int
-    #: Rank -> how long it waited for the last arrival.
+    #: None when incomplete.
+    skew_ns: Optional[int]
+    #: Rank -> how long it waited for the last arrival (empty when incomplete).
     waits_ns: dict[int, int]
-    #: First start to last end, over all members.
+    #: First start to last end, over the members that recorded it.
     span_ns: int
-    #: The last arrival's own duration (see the module docstring).
-    transfer_ns: int
+    #: The last arrival's own duration (see the module docstring); None when incomplete.
+    transfer_ns: Optional[int]
     bytes: Optional[int]
     algbw_gbps: Optional[float]
     busbw_gbps: Optional[float]
@@ -196,6 +240,11 @@ class MatchedCollective:
     @property
     def desync(self) -> bool:
         return any(f.desync for f in self.findings)
+
+    @property
+    def complete(self) -> bool:
+        """Every member rank recorded it: only then are skew and bandwidth measured."""
+        return not self.missing_ranks
 
     def to_dict(self) -> dict[str, object]:
         """The JSON record of ``commtag summary --format json``."""
@@ -213,11 +262,11 @@ class MatchedCollective:
             "first_rank": self.first_rank,
             "last_rank": self.last_rank,
             "start_ns": self.first_start_ns,
-            "skew_us": _us(self.skew_ns),
+            "skew_us": _us(self.skew_ns) if self.skew_ns is not None else None,
             "wait_us": {str(r): _us(w) for r, w in sorted(self.waits_ns.items())},
             "duration_us": {str(r): _us(i.duration_ns) for r, i in sorted(self.members.items())},
             "span_us": _us(self.span_ns),
-            "transfer_us": _us(self.transfer_ns),
+            "transfer_us": _us(self.transfer_ns) if self.transfer_ns is not None else None,
             "bytes": self.bytes,
             "algbw_gbps": self.algbw_gbps,
             "busbw_gbps": self.busbw_gbps,
@@ -237,6 +286,8 @@ class Analysis:
     busbw: dict[str, list[tuple[int, float]]]
     #: Straggler and desync instants, each on a rank's marker track.
     markers: list[Marker]
+    #: The ranks read, their profiled windows, the world size.
+    coverage: Coverage = field(default_factory=lambda: Coverage({}))
 
     @property
     def desyncs(self) -> list[Finding]:
@@ -280,32 +331,38 @@ def bandwidth_gbps(collective: str, nbytes: Optional[int], seconds: float, n: in
 def analyze(
     instances: Iterable[CollectiveInstance],
     *,
+    coverage: Optional[Coverage] = None,
     loaded_ranks: Optional[Iterable[int]] = None,
     straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
 ) -> Analysis:
     """Match, measure and check every collective instance.
 
-    ``loaded_ranks``: ranks whose traces were read (default: every rank seen);
-    a member outside it is never called missing.
+    ``coverage``: the ranks read and when each was profiled (see
+    :class:`~commtag.merge.records.Coverage`). Without it, ``loaded_ranks``
+    (default: every rank seen) are taken as profiled all the time; a rank
+    outside them is never blamed.
     """
     instances = list(instances)
-    loaded = set(loaded_ranks) if loaded_ranks is not None else {i.rank for i in instances}
+    if coverage is None:
+        coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else {i.rank for i in instances})
+    seqs = _SeqIndex(instances, coverage)
     matched = [
-        _measure(members, loaded, straggler_min_skew_us)
+        _measure(members, coverage, seqs)
         for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
     ]
     matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
+    _flag_stragglers(matched, coverage, straggler_min_skew_us)
     for m in matched:
         m.findings.extend(_check(m))
     by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
-    gaps = _seq_gaps(instances, loaded)
+    gaps = _seq_gaps(seqs, coverage)
     for gap in gaps:
         target = by_key.get((gap.pg_uid, False, gap.seq, gap.replay))
         if target is not None:
             target.findings.append(gap)
     findings = [f for m in matched for f in m.findings]
     findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
-    return Analysis(matched, findings, _busbw_series(matched), _markers(matched))
+    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage)
 
 
 def _expected(members: list[CollectiveInstance]) -> set[int]:
@@ -318,19 +375,66 @@ def _expected(members: list[CollectiveInstance]) -> set[int]:
     return ranks
 
 
-def _measure(members: list[CollectiveInstance], loaded: set[int], straggler_min_skew_us: float) -> MatchedCollective:
+class _SeqIndex:
+    """Each rank's recorded Seq numbers per group (collectives), with the window each ran in."""
+
+    def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
+        found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
+        self.groups: dict[str, CollectiveInstance] = {}
+        for inst in instances:
+            if not inst.is_p2p:
+                found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
+                self.groups.setdefault(inst.pg_uid, inst)
+        #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
+        self.by_rank = {
+            key: [(s, coverage.window_of(key[1], i.start_ns), i.start_ns, i.end_ns) for s, i in sorted(seqs.items())]
+            for key, seqs in found.items()
+        }
+
+    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
+        """(pg, Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
+        skipped between two it recorded in one window (between windows nothing is known)."""
+        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+        for (pg, rank), seqs in self.by_rank.items():
+            for (a, wa, _, end_a), (b, wb, start_b, _) in zip(seqs, seqs[1:]):
+                if wa is not None and wa == wb:
+                    for s in range(a + 1, b):
+                        out[(pg, s)][rank] = (end_a, start_b)
+        return out
+
+    def recorded(self, pg: str, rank: int, seq: int) -> bool:
+        seqs = self.by_rank.get((pg, rank), [])
+        at = bisect.bisect_left(seqs, (seq,))
+        return at < len(seqs) and seqs[at][0] == seq
+
+    def passed(self, pg: str, rank: int, seq: int) -> bool:
+        """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
+        if self.recorded(pg, rank, seq):
+            return True
+        seqs = self.by_rank.get((pg, rank), [])
+        at = bisect.bisect_left(seqs, (seq,))
+        return 0 < at < len(seqs) and seqs[at - 1][1] is not None and seqs[at - 1][1] == seqs[at][1]
+
+
+def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIndex) -> MatchedCollective:
     by_rank = {i.rank: i for i in members}
     first = min(members, key=lambda i: (i.start_ns, i.rank))
     last = max(members, key=lambda i: (i.start_ns, -i.rank))
-    skew = last.start_ns - first.start_ns
-    transfer = last.duration_ns
+    end = max(i.end_ns for i in members)
     sizes = [b for b in (message_bytes(i) for i in members) if b is not None]
     nbytes = max(sizes) if sizes else None
+    missing = tuple(sorted(_expected(members) - set(by_rank)))
+    # A missing member is a desync only where its trace shows it ran on without this collective.
+    blamed = tuple(r for r in missing if coverage.covers(r, first.start_ns, end)
+                   or (not last.is_p2p and seqs.passed(last.pg_uid, r, last.seq)))
+    complete = not missing
+    skew = last.start_ns - first.start_ns if complete else None
+    transfer = last.duration_ns if complete else None
     group_size = 2 if last.is_p2p else last.group_size
-    algbw, busbw = bandwidth_gbps(last.collective, nbytes, transfer / 1e9, group_size)
+    algbw, busbw = (bandwidth_gbps(last.collective, nbytes, transfer / 1e9, group_size)
+                    if transfer is not None else (None, None))
     if last.source == CPU_OP_SOURCE:
         algbw = busbw = None  # the host time of a call that only enqueued the transfer
-    missing = tuple(sorted((_expected(members) & loaded) - set(by_rank)))
     return MatchedCollective(
         pg_uid=last.pg_uid,
         lane_name=last.lane_name,
@@ -342,19 +446,35 @@ def _measure(members: list[CollectiveInstance], loaded: set[int], straggler_min_
         group_size=last.group_size,
         members=by_rank,
         missing_ranks=missing,
+        blamed_ranks=blamed,
         first_rank=first.rank,
-        last_rank=last.rank,
+        last_rank=last.rank if complete else None,
         first_start_ns=first.start_ns,
         last_start_ns=last.start_ns,
         skew_ns=skew,
-        waits_ns={r: last.start_ns - i.start_ns for r, i in by_rank.items()},
-        span_ns=max(i.end_ns for i in members) - first.start_ns,
+        waits_ns={r: last.start_ns - i.start_ns for r, i in by_rank.items()} if complete else {},
+        span_ns=end - first.start_ns,
         transfer_ns=transfer,
         bytes=nbytes,
         algbw_gbps=algbw,
         busbw_gbps=busbw,
-        straggler=len(by_rank) > 1 and skew >= straggler_min_skew_us * 1000 and skew >= transfer,
     )
+
+
+def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_skew_us: float) -> None:
+    """Name the late rank where its lead clears the floor, its transfer time and the noise,
+    and its own trace covers the time it was late (see the module docstring)."""
+    measured = [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
+    floor = min_skew_us * 1000
+    candidates = [m for m in measured if m.skew_ns >= max(floor, m.transfer_ns)
+                  and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)]
+    noise: dict[tuple[bool, int], float] = {}
+    for m in candidates:
+        key = (m.is_p2p, m.last_rank)
+        if key not in noise:
+            others = [o.skew_ns for o in measured if o.is_p2p == m.is_p2p and o.last_rank != m.last_rank]
+            noise[key] = statistics.median(others) if len(others) >= NOISE_MIN_SAMPLES else 0.0
+        m.straggler = m.skew_ns >= STRAGGLER_NOISE_FACTOR * noise[key]
 
 
 def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) -> int:
@@ -372,8 +492,8 @@ def _check(m: MatchedCollective) -> list[Finding]:
             Finding(kind, m.pg_uid, m.lane_name, m.seq, m.replay, m.is_p2p, tuple(sorted(ranks)), fields, detail)
         )
 
-    if m.missing_ranks:
-        add("missing_ranks", m.missing_ranks, (), f"{m.collective} ran on ranks {list(m.ranks)} only")
+    if m.blamed_ranks:
+        add("missing_ranks", m.blamed_ranks, (), f"{m.collective} ran on ranks {list(m.ranks)} only")
     insts = list(m.members.values())
     if m.is_p2p:
         _check_p2p(insts, add)
@@ -409,6 +529,8 @@ def _check(m: MatchedCollective) -> list[Finding]:
 
 
 def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
+    if any(i.collective not in ("send", "recv") for i in insts):
+        return  # e.g. NCCL SendRecv kernels without metadata: both ends send and receive
     sends = [i for i in insts if i.collective == "send"]
     recvs = [i for i in insts if i.collective == "recv"]
     if len(insts) == 2 and (len(sends), len(recvs)) != (1, 1):
@@ -443,36 +565,23 @@ def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstan
     return odd, detail
 
 
-def _seq_gaps(instances: list[CollectiveInstance], loaded: set[int]) -> list[Finding]:
-    """Seq numbers a rank skipped between two it recorded (collectives only)."""
-    seqs: dict[tuple[str, int], set[int]] = defaultdict(set)
-    info: dict[str, CollectiveInstance] = {}
-    for inst in instances:
-        if not inst.is_p2p:
-            seqs[(inst.pg_uid, inst.rank)].add(inst.seq)
-            info.setdefault(inst.pg_uid, inst)
-    holes: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for (pg, rank), values in seqs.items():
-        ordered = sorted(values)
-        for a, b in zip(ordered, ordered[1:]):
-            for s in range(a + 1, b):
-                holes[(pg, s)].append(rank)
-    recorded: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for inst in instances:
-        if not inst.is_p2p:
-            recorded[(inst.pg_uid, inst.seq)].add(inst.rank)
+def _seq_gaps(seqs: _SeqIndex, coverage: Coverage) -> list[Finding]:
+    """Seq numbers a rank skipped inside one of its windows, where every member was profiled."""
     found = []
-    for (pg, s), ranks in sorted(holes.items()):
-        ref = info[pg]
-        others = recorded.get((pg, s), set())
-        members = (set(ref.group_ranks) or {r for (p, r) in seqs if p == pg}) & loaded
-        shared = not others and set(ranks) >= {r for r in members if (pg, r) in seqs}
+    for (pg, s), gapped in sorted(seqs.holes().items()):
+        ref = seqs.groups[pg]
+        members = (set(ref.group_ranks) or {r for (p, r) in seqs.by_rank if p == pg}) & set(coverage.windows)
+        start, end = next(iter(gapped.values()))
+        if not all(r in gapped or seqs.passed(pg, r, s) or coverage.covers(r, start, end) for r in members):
+            continue  # some member was not profiled then: nothing to compare with
+        shared = not any(seqs.recorded(pg, r, s) for r in members)
+        ranks = tuple(sorted(gapped))
         detail = (
             f"no rank recorded Seq {s} (issued where commtag could not see it?)"
             if shared
-            else f"Seq {s} is missing on ranks {sorted(ranks)} between their neighbouring Seqs"
+            else f"Seq {s} is missing on {describe_ranks(ranks)} between their neighbouring Seqs"
         )
-        found.append(Finding("seq_gap", pg, ref.lane_name, s, None, False, tuple(sorted(ranks)), ("Seq",), detail, desync=not shared))
+        found.append(Finding("seq_gap", pg, ref.lane_name, s, None, False, ranks, ("Seq",), detail, desync=not shared))
     return found
 
 
@@ -526,7 +635,8 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
     """Counters and markers for the Perfetto writer.
 
     One busbw counter per process group, under the lowest member rank's lanes
-    (one track per group, not one copy per member).
+    (one track per group, not one copy per member). Each rank's profiled
+    windows become instants too, so that the merged file alone can be analyzed.
     """
     owner: dict[str, int] = {}
     names: dict[str, str] = dict(lane_names or {})
@@ -537,18 +647,31 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
         CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s")
         for pg, points in sorted(analysis.busbw.items())
     ]
-    return TraceAnnotations(counters=counters, markers=list(analysis.markers))
+    return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])
+
+
+def _window_markers(coverage: Coverage) -> list[Marker]:
+    out = []
+    for rank, windows in sorted(coverage.windows.items()):
+        for k, (first, last) in enumerate(w for w in windows if w != ALL_TIME):
+            args: dict[str, object] = {"commtag marker": WINDOW_MARKER, ANN_WINDOW_RANK: rank, ANN_WINDOW_NS: last - first}
+            if coverage.world_size:
+                args[ANN_WORLD_SIZE] = coverage.world_size
+            out.append(Marker(rank, first, f"profiled window {k + 1} of {len(windows)} ({(last - first) / 1e6:.1f} ms)",
+                              args))
+    return out
 
 
 def annotate(analysis: Analysis) -> None:
     """Write the figures into each member's annotations (its lane slice's): the collective's
     into one common dict its members share, each rank's wait into that rank's own args."""
     for m in analysis.collectives:
-        figures: dict[str, object] = {
-            "commtag ranks matched": f"[{', '.join(map(str, m.ranks))}]",
-            "commtag skew us": _us(m.skew_ns),
-            "commtag last rank": m.last_rank,
-        }
+        figures: dict[str, object] = {"commtag ranks matched": f"[{', '.join(map(str, m.ranks))}]"}
+        if m.complete:
+            figures["commtag skew us"] = _us(m.skew_ns)
+            figures["commtag last rank"] = m.last_rank
+        else:
+            figures["commtag missing ranks"] = f"[{', '.join(map(str, m.missing_ranks))}]"
         if m.bytes is not None:
             figures["commtag bytes"] = m.bytes
         if m.algbw_gbps is not None:
@@ -564,7 +687,8 @@ def annotate(analysis: Analysis) -> None:
             if both is None:
                 both = joined[id(base)] = {**base, **figures}
             inst.common_args = both
-            inst.args["commtag wait us"] = _us(m.waits_ns[rank])
+            if rank in m.waits_ns:
+                inst.args["commtag wait us"] = _us(m.waits_ns[rank])
             if m.straggler and rank == m.last_rank:
                 inst.args["commtag straggler"] = True
 
@@ -594,8 +718,8 @@ class GroupSummary:
     lane_name: str
     collective: str
     count: int
-    #: Sum of the instances' bytes (nccl-tests' S).
-    bytes: int
+    #: Sum of the instances' bytes (nccl-tests' S); None when some instance's size is unknown.
+    bytes: Optional[int]
     #: Sum over instances of the mean per-rank duration: the time a rank spends in the op, waits included.
     total_time_us: float
     skew_p50_us: Optional[float]
@@ -605,6 +729,8 @@ class GroupSummary:
     #: Global rank -> how many straggler instances it was the late rank of.
     stragglers: dict[int, int]
     desyncs: int
+    #: Instances some member rank did not record (left out of skew and busbw).
+    incomplete: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -620,6 +746,7 @@ class GroupSummary:
             "busbw_p95_gbps": self.busbw_p95_gbps,
             "stragglers": {str(r): n for r, n in sorted(self.stragglers.items())},
             "desyncs": self.desyncs,
+            "incomplete": self.incomplete,
         }
 
 
@@ -630,7 +757,7 @@ def summarize(analysis: Analysis) -> list[GroupSummary]:
         rows[(m.pg_uid, m.collective)].append(m)
     out = []
     for (pg, op), ms in rows.items():
-        skews = [m.skew_ns / 1000.0 for m in ms]
+        skews = [m.skew_ns / 1000.0 for m in ms if m.skew_ns is not None]
         bws = [m.busbw_gbps for m in ms if m.busbw_gbps is not None]
         stragglers: dict[int, int] = defaultdict(int)
         for m in ms:
@@ -642,14 +769,15 @@ def summarize(analysis: Analysis) -> list[GroupSummary]:
             lane_name=ms[0].lane_name,
             collective=op,
             count=len(ms),
-            bytes=sum(m.bytes or 0 for m in ms),
+            bytes=None if any(m.bytes is None for m in ms) else sum(m.bytes for m in ms),
             total_time_us=round(total, 3),
             skew_p50_us=_round(median(skews)),
-            skew_max_us=_round(max(skews)),
+            skew_max_us=_round(max(skews, default=None)),
             busbw_p50_gbps=_significant(percentile(bws, 50)),
             busbw_p95_gbps=_significant(percentile(bws, 95)),
             stragglers=dict(stragglers),
             desyncs=sum(1 for m in ms if m.desync),
+            incomplete=sum(1 for m in ms if not m.complete),
         ))
     out.sort(key=lambda g: (g.lane_name or g.pg_uid, -g.total_time_us, g.collective))
     return out
@@ -676,7 +804,7 @@ class MergeAnalysis:
         self.straggler_min_skew_us = straggler_min_skew_us
         self.result: Optional[Analysis] = None
 
-    def __call__(self, instances: list[CollectiveInstance]) -> TraceAnnotations:
-        self.result = analyze(instances, straggler_min_skew_us=self.straggler_min_skew_us)
+    def __call__(self, instances: list[CollectiveInstance], coverage: Optional[Coverage] = None) -> TraceAnnotations:
+        self.result = analyze(instances, coverage=coverage, straggler_min_skew_us=self.straggler_min_skew_us)
         annotate(self.result)
         return trace_annotations(self.result)

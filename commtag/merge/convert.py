@@ -197,6 +197,10 @@ class RankConverter:
         #: uid -> (lane_name, lane_id, pg_uid, member ranks) of the groups this rank knows.
         self.groups: dict[str, tuple] = {}
         self.host = ""
+        #: ``(first_ns, last_ns)`` each file covers, its collectives included: the rank's profiled windows.
+        self.windows: list[tuple[int, int]] = []
+        #: The world size its sidecar or distributedInfo claims (None: neither says).
+        self.world_size: Optional[int] = None
         #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
         self.annotated: dict[int, tuple[dict, dict]] = {}
 
@@ -344,8 +348,11 @@ class RankConverter:
         _check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         fallback = graph_fallback(trace) if graph_fallback is not None else None
-        self.instances += attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,
-                                 annotated=self.annotated if self.encoder is not None else None)
+        attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,
+                          annotated=self.annotated if self.encoder is not None else None)
+        self.instances += attached
+        claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
+        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached))
         for g in group_rows(trace, sidecar):
             self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
@@ -357,6 +364,19 @@ class RankConverter:
             self.categories.end_trace()
         file.candidates.clear()
         return file.first, file.last
+
+    def _window(self, file: _File, attached: list, world_size: Optional[int], evidence: bool) -> None:
+        """Record the time the file covers (a collective timed from the sidecar may reach past
+        its events) and the world size it claims. A file that shows no collective and has
+        no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing."""
+        self.world_size = self.world_size or world_size
+        if not evidence:
+            return
+        starts = [t for t in (file.first, *(i.start_ns for i in attached)) if t is not None]
+        ends = [t for t in (file.last, *(i.end_ns for i in attached)) if t is not None]
+        if starts and ends:
+            self.windows.append((min(starts), max(ends)))
+            self.windows.sort()
 
     def _categorize(self, file: _File) -> None:
         """Add the attached kernels to the breakdowns: only now is their lane known (from

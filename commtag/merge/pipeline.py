@@ -27,6 +27,7 @@ import contextlib
 import gc
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
@@ -43,16 +44,16 @@ from commtag.merge.load import (
     MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock,
 )
 from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, TraceAnnotations
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, TraceAnnotations
 from commtag.merge.workers import SoloWorld, World
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import Sidecar
 
-#: ``analysis(instances)`` may add figures to each instance's ``args`` and
-#: return counters and markers for the trace. Under torchrun every merge
+#: ``analysis(instances, coverage)`` may add figures to each instance's ``args``
+#: and return counters and markers for the trace. Under torchrun every merge
 #: worker calls it, over every rank's instances.
-AnalysisHook = Callable[[list[CollectiveInstance]], Optional[TraceAnnotations]]
+AnalysisHook = Callable[[list[CollectiveInstance], Coverage], Optional[TraceAnnotations]]
 DEFAULT_OUTPUT = "merged.pftrace"
 ALIGN_MODES = ("none", "collectives")
 
@@ -69,6 +70,10 @@ class RankSummary:
     instances: list[CollectiveInstance] = field(default_factory=list)
     #: Lane name -> annotations of its kernel categories (from the rank's timeline).
     lane_kernels: dict[str, dict] = field(default_factory=dict)
+    #: ``(first_ns, last_ns)`` of each of its trace files (see :class:`Coverage`).
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    #: The world size its files claim.
+    world_size: Optional[int] = None
 
 
 @dataclass(slots=True)
@@ -183,8 +188,11 @@ def merge(
         if timed_by_ops:
             notices.append(f"{timed_by_ops} collective instances come from record_param_comms CPU ops "
                            "(no kernel carried collective metadata): host times, no bandwidth")
+        covered = coverage(everyone)
+        if covered.absent:
+            notices.append(covered.describe_absent())
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
-            annotations = analysis(instances) if analysis is not None else None
+            annotations = analysis(instances, covered) if analysis is not None else None
 
         def write_lanes() -> dict:
             with output_errors(out_path), open(shard, "ab") as stream, _collector_paused():
@@ -221,6 +229,12 @@ def merge(
                 leftover.unlink(missing_ok=True)
 
 
+def coverage(summaries: Sequence[RankSummary]) -> Coverage:
+    """The ranks read, their windows, and the world size most of them claim."""
+    sizes = Counter(s.world_size for s in summaries if s.world_size)
+    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None)
+
+
 def collect(
     inputs: Sequence[Path | str] | Path | str,
     *,
@@ -228,13 +242,14 @@ def collect(
     rank_pattern: Optional[str] = None,
     graph_fallback: Optional[GraphFallback] = None,
     on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
-) -> tuple[list[RankInput], list[CollectiveInstance]]:
+) -> tuple[Coverage, list[CollectiveInstance]]:
     """The collection stage alone (discover, stream, attach, align), writing nothing.
 
-    For ``commtag summary`` on a directory: the same instances the merge
-    would analyze, without building the trace, each rank streamed as the
-    merge streams it. ``on_rank(rank, work)`` gets each rank's kernel
-    breakdowns by stream, graph launch and lane (the ones the merge writes).
+    For ``commtag summary`` on a directory: the same instances (and
+    coverage) the merge would analyze, without building the trace, each rank
+    streamed as the merge streams it. ``on_rank(rank, work)`` gets each
+    rank's kernel breakdowns by stream, graph launch and lane (the ones the
+    merge writes).
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern)
@@ -245,8 +260,11 @@ def collect(
         for inst in instances:
             inst.start_ns += offsets.get(inst.rank, 0)
             inst.end_ns += offsets.get(inst.rank, 0)
+        for s in summaries:
+            shift = offsets.get(s.rank, 0)
+            s.windows = [(first + shift, last + shift) for first, last in s.windows]
     settle_inferred(instances)
-    return ranks, instances
+    return coverage(summaries), instances
 
 
 def _exchange(world: World, produce: Callable[[], list[RankSummary]],
@@ -324,7 +342,8 @@ def _to_wire(summaries: list[RankSummary]) -> dict:
             row[_RANKS_AT] = rank_lists.setdefault(row[_RANKS_AT], len(rank_lists))
             rows.append(row)
         out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": s.groups,
-                    "lane_kernels": s.lane_kernels, "instances": rows})
+                    "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
+                    "instances": rows})
     return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
 
 
@@ -342,6 +361,7 @@ def _from_wire(data: dict) -> list[RankSummary]:
                 row[at] = texts[row[at]]
             instances.append(CollectiveInstance(*row))
         s["groups"] = [tuple(g) for g in s["groups"]]
+        s["windows"] = [tuple(w) for w in s["windows"]]
         summaries.append(RankSummary(**s, instances=instances))
     return summaries
 
@@ -507,7 +527,8 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
     groups = dict(converter.groups)
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
-    return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels)
+    return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
+                       converter.windows, converter.world_size)
 
 
 def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,

@@ -27,7 +27,15 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from commtag.constants import parse_rank_list
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
 from commtag.merge.perfetto import PID_BASE, process_uuid
-from commtag.merge.records import CollectiveInstance
+from commtag.merge.records import (
+    ALL_TIME,
+    ANN_WINDOW_NS,
+    ANN_WINDOW_RANK,
+    ANN_WORLD_SIZE,
+    WINDOW_MARKER,
+    CollectiveInstance,
+    Coverage,
+)
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
@@ -98,15 +106,17 @@ def read_instances(path: Path) -> list[CollectiveInstance]:
     return read_merged(path)[0]
 
 
-def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables, set[int]]:
-    """The collective lane slices, the kernel-category breakdowns and the ranks of a merged trace.
+def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables, Coverage]:
+    """The collective lane slices, the kernel-category breakdowns and the coverage of a merged trace.
 
     The breakdowns are the annotations the merge wrote on graph launch slices
     and on the instants that open each GPU stream and lane row
     (:meth:`commtag.kernels.Breakdown.annotations`); one pass reads both. The
     ranks are those with a process as the merge describes one (its uuid and
     pid derived from the rank): what tells a merge without collectives from
-    a trace commtag did not write. A gzipped trace is read as well.
+    a trace commtag did not write. Their windows and the world size come from
+    the window instants the analysis wrote (a rank without them is taken as
+    profiled all the time). A gzipped trace is read as well.
     """
     try:
         with open_trace(path) as stream:
@@ -115,9 +125,11 @@ def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables, set
         raise ReadbackError(f"{path}: corrupt gzip stream ({exc})") from None
 
 
-def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance], KernelTables, set[int]]:
+def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance], KernelTables, Coverage]:
     kernels: KernelTables = {}
     ranks: set[int] = set()
+    windows: dict[int, list[tuple[int, int]]] = {}
+    world_size: Optional[int] = None
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
     strings: dict[int, dict[int, str]] = {}
@@ -159,7 +171,22 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
             if ANN_SCOPE in args:
                 _kernel_breakdown(kernels, args)
-    return out, kernels, ranks
+            if args.get("commtag marker") == WINDOW_MARKER:
+                rank, length = args.get(ANN_WINDOW_RANK), args.get(ANN_WINDOW_NS)
+                if isinstance(rank, int) and isinstance(length, int):
+                    start = packet.timestamp + wall
+                    windows.setdefault(rank, []).append((start, start + length))
+                    world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
+    # A file with window instants has them for every rank whose trace showed its collectives; one
+    # written before they existed says nothing of when its ranks were profiled.
+    unknown = [] if windows else [ALL_TIME]
+    for rank in ranks | {i.rank for i in out}:
+        windows.setdefault(rank, list(unknown))
+    return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size)
+
+
+def _int_or_none(value: object) -> Optional[int]:
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _kernel_breakdown(tables: KernelTables, args: dict[str, object]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 _ABSENT = object()
 
@@ -162,3 +162,80 @@ class TraceAnnotations:
 
     counters: list[CounterSeries] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
+
+
+#: The window assumed for a rank whose trace files' time spans are not known: all time.
+ALL_TIME = (0, 1 << 63)
+#: A merged trace keeps each rank's windows as instants on its marker track (for
+#: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at the
+#: window's start, with these keys.
+WINDOW_MARKER = "window"
+ANN_WINDOW_RANK = "commtag window of rank"
+ANN_WINDOW_NS = "commtag window ns"
+ANN_WORLD_SIZE = "commtag world size"
+
+
+@dataclass(slots=True)
+class Coverage:
+    """Which ranks were read, and when each one was profiled.
+
+    A rank's window is the time span one of its trace files covers (a
+    scheduled profiler writes one file per active window). That a rank has
+    no record of a collective is only evidence against it where one of its
+    windows covers the collective's time: between windows, nothing was
+    recorded on any rank. Ranks of the world with no file at all are
+    :attr:`absent`.
+    """
+
+    #: Rank -> ``(first_ns, last_ns)`` of each of its trace files, in time order.
+    windows: dict[int, list[tuple[int, int]]]
+    #: The world size the files claim, None when none says.
+    world_size: Optional[int] = None
+
+    @classmethod
+    def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":
+        """Ranks whose windows are not known: each is taken to cover all time."""
+        return cls({r: [ALL_TIME] for r in ranks}, world_size)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.windows)
+
+    @property
+    def absent(self) -> list[int]:
+        """Ranks of the world (by its size) that no trace file was read for."""
+        return [r for r in range(self.world_size or 0) if r not in self.windows]
+
+    def window_of(self, rank: int, ts_ns: int) -> Optional[int]:
+        """Index of the window of ``rank`` that holds ``ts_ns`` (None: outside all of them)."""
+        for k, (first, last) in enumerate(self.windows.get(rank, ())):
+            if first <= ts_ns <= last:
+                return k
+        return None
+
+    def covers(self, rank: int, start_ns: int, end_ns: int) -> bool:
+        """Whether one window of ``rank`` holds all of ``[start_ns, end_ns]``."""
+        return any(first <= start_ns and end_ns <= last for first, last in self.windows.get(rank, ()))
+
+    def describe_absent(self) -> str:
+        """One line naming the absent ranks ('' when none is)."""
+        absent = self.absent
+        if not absent:
+            return ""
+        return (f"{len(absent)} of {self.world_size} ranks have no trace ({describe_ranks(absent)}): "
+                "collectives of their groups are incomplete (marked missing_ranks, no skew or bandwidth)")
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """Ranks as short runs, 'rank 3' or 'ranks 0-2, 5'."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    start = prev = None
+    for r in [*ordered, None]:
+        if r is not None and prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(runs)
