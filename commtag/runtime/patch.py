@@ -672,9 +672,16 @@ def _wrap_coalescing(original: Callable[..., Any]) -> Callable[..., Any]:
                 yield cm
             return
         block, failure = _push_block(group, device is not None, thread)
+        #: The caller's block ran: an error from here on is the fused collective's own.
+        issued = False
         try:
             with original(group, device, async_ops) as cm:
                 yield cm
+                issued = True
+        except Exception as exc:
+            if issued:
+                _close_block(block, None, thread, exc)
+            raise
         finally:
             _pop_block(block, thread)
         if failure is not None:  # logged only for a block torch ran (else the caller's mistake)
@@ -710,7 +717,8 @@ def _pop_block(block: Optional[_Block], thread: _ThreadState) -> None:
         _less_slow()
 
 
-def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState) -> None:
+def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState, error: Optional[Exception] = None) -> None:
+    """Annotate the block's fused collective (``error``: what it raised, for "commtag error")."""
     if block is None or not block.calls:
         return
     try:
@@ -729,6 +737,8 @@ def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState) -> None
             return
         pending = _Pending(call, block.block_seq(), None, recording, None, thread)
         pending.start_ns = block.start_ns
+        if error is not None:
+            pending.error = _error_text(error)
         works = list(getattr(cm, "works", []) or []) if cm is not None else []
         _finish(pending, works[-1] if works else None)
     except Exception as exc:  # noqa: BLE001 - fail open
