@@ -7,6 +7,7 @@ them, so none of those needs to know Kineto or Perfetto.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -208,10 +209,11 @@ class Coverage:
 
     def window_of(self, rank: int, ts_ns: int) -> Optional[int]:
         """Index of the window of ``rank`` that holds ``ts_ns`` (None: outside all of them)."""
-        for k, (first, last) in enumerate(self.windows.get(rank, ())):
-            if first <= ts_ns <= last:
-                return k
-        return None
+        windows = self.windows.get(rank)
+        if not windows:
+            return None
+        at = bisect.bisect_right(windows, (ts_ns, ALL_TIME[1])) - 1
+        return at if at >= 0 and windows[at][1] >= ts_ns else None
 
     def covers(self, rank: int, start_ns: int, end_ns: int) -> bool:
         """Whether one window of ``rank`` holds all of ``[start_ns, end_ns]``."""
