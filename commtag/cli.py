@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--plot", type=Path, metavar="FILE.png",
                          help="also draw the ranks x collectives skew heatmap and busbw per group")
     summary.add_argument("--straggler-skew-us", type=float, default=1000.0, metavar="US",
-                         help="flag the last rank as a straggler from this skew on (and at least the "
-                              "collective's own time; default %(default)s)")
+                         help="name the last rank a straggler from this skew on (and at least the "
+                              "collective's own time and 10x the run's noise, see README; default %(default)s)")
     summary.set_defaults(func=_cmd_summary)
     return parser
 
