@@ -287,3 +287,16 @@ def test_summary_rows_per_group_and_op():
     assert ar.busbw_p50_gbps == pytest.approx(6.291, rel=1e-3)
     assert rows[("pg0", "broadcast")].count == 1
     assert rows[("pg1", "allreduce")].busbw_p50_gbps == pytest.approx(4.194, rel=1e-3)  # n=2: factor 1
+
+
+def test_a_graph_replay_after_a_ranks_window_is_not_its_desync():
+    from commtag.merge.records import Coverage
+
+    # Replay 0 at 0 ms on all ranks; replay 1 at 50 ms, after rank 1's trace ended at 10 ms.
+    members = [inst(r, 4, replay=0, dur_us=1000) for r in range(4)]
+    members += [inst(r, 4, replay=1, start_us=50_000, dur_us=1000) for r in (0, 2, 3)]
+    windows = {r: [(T0, T0 + 100 * MS)] for r in (0, 2, 3)} | {1: [(T0, T0 + 10 * MS)]}
+    analysis = analyze(members, coverage=Coverage(windows, 4))
+    assert analysis.desyncs == []
+    late = next(m for m in analysis.collectives if m.replay == 1)
+    assert late.missing_ranks == (1,) and late.skew_ns is None and late.busbw_gbps is None

@@ -424,9 +424,10 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIn
     sizes = [b for b in (message_bytes(i) for i in members) if b is not None]
     nbytes = max(sizes) if sizes else None
     missing = tuple(sorted(_expected(members) - set(by_rank)))
-    # A missing member is a desync only where its trace shows it ran on without this collective.
+    # A missing member is a desync only where its trace shows it ran on without this collective
+    # (by time, or by its Seqs on both sides; every replay of a graph has the same Seq).
     blamed = tuple(r for r in missing if coverage.covers(r, first.start_ns, end)
-                   or (not last.is_p2p and seqs.passed(last.pg_uid, r, last.seq)))
+                   or (not last.is_p2p and last.replay is None and seqs.passed(last.pg_uid, r, last.seq)))
     complete = not missing
     skew = last.start_ns - first.start_ns if complete else None
     transfer = last.duration_ns if complete else None
