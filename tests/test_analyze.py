@@ -300,3 +300,22 @@ def test_a_graph_replay_after_a_ranks_window_is_not_its_desync():
     assert analysis.desyncs == []
     late = next(m for m in analysis.collectives if m.replay == 1)
     assert late.missing_ranks == (1,) and late.skew_ns is None and late.busbw_gbps is None
+
+
+def _late(seq: int, rank: int, skew_us: float) -> list[CollectiveInstance]:
+    """One all_reduce where ``rank`` arrives ``skew_us`` after the others and takes 0.1 ms."""
+    return [inst(r, seq, start_us=skew_us if r == rank else 0.0,
+                 dur_us=100.0 if r == rank else skew_us + 100.0) for r in range(4)]
+
+
+def test_stragglers_stand_out_of_the_runs_noise():
+    # Jitter of 1.5-2 ms, each time on another rank; then rank 1 is 5 ms late (noise) and 100 ms late.
+    members = [i for s in range(1, 21) for i in _late(s, s % 3, 1500.0 + 25 * s)]
+    members += _late(21, 1, 5000.0) + _late(22, 1, 100_000.0)
+    named = [(m.seq, m.last_rank) for m in analyze(members).collectives if m.straggler]
+    assert named == [(22, 1)]
+
+
+def test_a_rank_late_to_every_collective_is_named_every_time():
+    members = [i for s in range(1, 11) for i in _late(s, 3, 5000.0)]
+    assert all(m.straggler and m.last_rank == 3 for m in analyze(members).collectives)
