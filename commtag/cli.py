@@ -70,7 +70,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         result = merge(
             args.inputs, args.output, align=args.align, json_dir=args.json,
             rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
-            analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank,
+            analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank, list_left_out=args.verbose,
         )
     except MergeInputError as exc:
         error = exc
@@ -93,6 +93,10 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             sys.stderr.write(f"commtag merge: notice: {notice}\n")
         for skipped in result.skipped:
             sys.stderr.write(f"commtag merge: skipped: {_one_line(skipped)}\n")
+        for account in result.accounts:
+            sys.stderr.write(f"commtag merge: {account.describe()}\n")
+            for line in account.listed:
+                sys.stderr.write(f"commtag merge:   left out: {line}\n")
         if result.alignment is not None:
             sys.stderr.write(result.alignment.describe() + "\n")
         sys.stdout.write(
@@ -156,6 +160,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-bad-ranks", action="store_true",
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
                              "what was skipped and why (default: stop at the first, writing nothing)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="after each rank's line of events read, written and left out (by reason), "
+                             "list every event left out: file, index, name, reason")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when ranks disagree on a collective (op, size, dtype, missing rank, "
                              "Seq gap); the trace is still written")

@@ -1,4 +1,4 @@
-"""The sidecar format's plain values: names, sizes and limits without pydantic.
+"""Plain values without pydantic: the sidecar format's names, sizes and limits, and Kineto's own names.
 
 Split from :mod:`commtag.schema` so the merge can read a trace that has no
 sidecar without importing pydantic (a tenth of a second of start-up);
@@ -72,6 +72,26 @@ TIME_NS_LIMIT = 1 << 63
 
 #: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
 MIN_LANE_ID = 60
+
+
+#: Categories of Kineto's Chrome JSON before torch 1.11 (libkineto's output_json.cpp until
+#: the end of 2021) -> today's name for the same activity. ``gpu_user_Annotation`` is the
+#: capital-A spelling libkineto's ActivityType table had in 2021.
+KINETO_LEGACY_CATEGORIES: dict[str, str] = {
+    "Operator": "cpu_op",
+    "Runtime": "cuda_runtime",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "User": "gpu_user_annotation",
+    "gpu_user_Annotation": "gpu_user_annotation",
+}
+#: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
+KINETO_STREAM_TID_PREFIX = "stream "
+#: Categories of Kineto's flow events ("s"/"f") from a runtime launch to its device work: today
+#: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
+#: by the ``correlation`` both ends carry.
+KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
 
 
 def parse_rank_list(text: str) -> Optional[list[int]]:

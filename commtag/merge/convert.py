@@ -14,15 +14,28 @@ Flows are added to the kept bytes when a file ends (a launch may come after
 its kernels), and so are the kernel-category breakdowns of graph launches.
 Args that only link events, which the merged trace draws as flows instead
 (:data:`LINK_ARGS`), are not written.
+
+Every complete ("X") and instant ("i"/"I") event is written. Traces of
+torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream
+7"``, ``"pid": "Spans"``) and use other category names: numeric strings are
+read as numbers, ``stream N`` as GPU stream N, other strings name rows of
+their own, and old categories take today's names
+(:data:`commtag.constants.KINETO_LEGACY_CATEGORIES`). Everything else
+(metadata, flow events, other phases) is counted per reason in the rank's
+:class:`EventAccount`, the merge's receipt for what it left out.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
-from commtag.constants import COMMS_OP
+from commtag.constants import (
+    COMMS_OP, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX,
+)
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_rows, nccl_kind
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
@@ -41,6 +54,58 @@ _MAX_NS = (1 << 63) - 1
 _INF = float("inf")
 _MISSING = object()
 _GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "hipGraphLaunch")
+_NUMBER = re.compile(r"-?[0-9]+")
+#: Sibling order of rows named by a string (after the numbered threads and streams).
+_NAMED_ROW_ORDER = 1 << 62
+#: A row's pid or tid as the timeline keys it: a number, or the name Kineto gave it.
+RowId = Union[int, str]
+
+
+@dataclass(slots=True)
+class EventAccount:
+    """What became of one rank's trace events: every event read is either written (a
+    slice or an instant) or left out, counted under its reason."""
+
+    rank: int
+    read: int = 0
+    written: int = 0
+    #: reason -> how many events it left out.
+    left_out: dict[str, int] = field(default_factory=dict)
+    #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
+    listed: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line: read, written, and what was left out and why."""
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
+        return (f"rank {self.rank}: {self.read} events read, {self.written} written"
+                + (f"; left out: {why}" if why else "; nothing left out"))
+
+
+def left_out_reason(ph: str, cat: Optional[str]) -> str:
+    """Why an event of phase ``ph`` and category ``cat`` is not in the merged trace."""
+    if ph == "M":
+        return "metadata (process and thread names: they name the rows)"
+    if ph in ("s", "t", "f"):
+        if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
+            return f"launch flows {cat!r} (redrawn from correlation ids)"
+        return f"flows {cat!r} (not drawn)"
+    return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
+
+
+def _row_id(value: RowId) -> tuple[RowId, bool]:
+    """A pid or tid as the timeline keys it, and whether it names a GPU stream (``"stream 7"``)."""
+    if value.__class__ is int:
+        return value, False
+    if _NUMBER.fullmatch(value):
+        return int(value), False
+    if value.startswith(KINETO_STREAM_TID_PREFIX) and _NUMBER.fullmatch(value[len(KINETO_STREAM_TID_PREFIX):]):
+        return int(value[len(KINETO_STREAM_TID_PREFIX):]), True
+    return value, False
+
+
+def _row_order(key: tuple[RowId, RowId]) -> tuple:
+    """Sort rows numbered first, then named (pids and tids may be either)."""
+    return tuple((part.__class__ is str, part) for part in key)
 
 
 def _drop_links(args: dict) -> None:
@@ -181,7 +246,7 @@ class RankConverter:
     """
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
-                 flows: Optional[RankFlows] = None, breakdowns: bool = False) -> None:
+                 flows: Optional[RankFlows] = None, breakdowns: bool = False, list_left_out: bool = False) -> None:
         self.rank = rank
         self.encoder = encoder
         self.breakdowns = breakdowns or encoder is not None
@@ -203,6 +268,13 @@ class RankConverter:
         self.world_size: Optional[int] = None
         #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
         self.annotated: dict[int, tuple[dict, dict]] = {}
+        #: (pid, tid) as a trace wrote them, when not both ints -> the row they name.
+        self.placed: dict[tuple, tuple[RowId, RowId]] = {}
+        #: Events read from every file of the rank.
+        self.read = 0
+        #: (phase, category) -> events of that kind not written.
+        self.left_out: dict[tuple, int] = {}
+        self.listed: Optional[list[str]] = [] if list_left_out else None
 
     # -- events ------------------------------------------------------------
     def feed(self, file: _File, events: Iterable, base: int) -> None:
@@ -215,6 +287,9 @@ class RankConverter:
         inf = _INF
         breakdowns = self.breakdowns
         first, last = file.first, file.last
+        left_out = self.left_out
+        listed = self.listed
+        legacy = KINETO_LEGACY_CATEGORIES
         i = file.index - 1
         for e in events:
             i += 1
@@ -230,6 +305,13 @@ class RankConverter:
                 dur = 0
                 dc = int
             else:
+                kind = ph, e.get("cat")
+                try:
+                    left_out[kind] += 1
+                except (KeyError, TypeError):  # the first of its kind, or a phase or category that is no text
+                    kind = self._leave_out(kind)
+                if listed is not None:
+                    listed.append(f"{path}: traceEvents[{i}] {e.get('name')!r}: {left_out_reason(*kind)}")
                 if ph == "M":
                     _check_ids(path, i, e)
                     if body is not None:
@@ -249,6 +331,8 @@ class RankConverter:
                     or (pc is not int and pc is not str) or (ic is not int and ic is not str)
                     or (args is not None and args.__class__ is not dict)):
                 _refuse(path, i, e, base)
+            if cat in legacy:
+                cat = e["cat"] = legacy[cat]
             start = (ts * 1000 if tc is int else round(ts * 1000)) + base
             end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
             if start < 0 or end > _MAX_NS:
@@ -258,7 +342,7 @@ class RankConverter:
             if last is None or end > last:
                 last = end
             if pc is not int or ic is not int:
-                continue  # a row the timeline cannot place
+                pid, tid = self._place(e, pid, tid)
             if ph != "X":
                 if body is not None:
                     row = self.instants.get((pid, tid))
@@ -310,16 +394,39 @@ class RankConverter:
         file.index = i + 1
         file.first, file.last = first, last
 
+    def _leave_out(self, kind: tuple) -> tuple:
+        """Count the first event of a (phase, category) left out; a phase or category that is
+        not text is counted under its repr (phase) or no category."""
+        ph, cat = kind
+        kind = (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
+        self.left_out[kind] = self.left_out.get(kind, 0) + 1
+        return kind
+
+    def _place(self, e: dict, pid: RowId, tid: RowId) -> tuple[RowId, RowId]:
+        """The row of an event whose pid or tid is a string (torch 1.8-1.10, Kineto's own spans):
+        written back into the event, so attach and ``--json`` see the same row."""
+        placed = self.placed.get((pid, tid))
+        if placed is None:
+            row_pid = _row_id(pid)[0]
+            row_tid, stream = _row_id(tid)
+            if stream:
+                self.gpu_pids.add(row_pid)
+            placed = self.placed[(pid, tid)] = (row_pid, row_tid)
+        e["pid"], e["tid"] = placed
+        return placed
+
     def _meta(self, e: dict) -> None:
         """Take a thread's name or a process's labels from an "M" event."""
         what = e.get("name")
         args = e.get("args") or {}
+        pid, tid = e.get("pid", ""), e.get("tid", "")
         if what == "thread_name":
-            self.thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", "")).strip()
+            self.thread_names[self._place(e, pid, tid)] = str(args.get("name", "")).strip()
         elif what == "process_labels":
-            self.labels[e.get("pid")] = str(args.get("labels", ""))
+            pid = self._place(e, pid, tid)[0]
+            self.labels[pid] = str(args.get("labels", ""))
             if str(args.get("labels", "")).startswith("GPU"):
-                self.gpu_pids.add(e.get("pid"))
+                self.gpu_pids.add(pid)
 
     # -- files ---------------------------------------------------------------
     def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
@@ -341,6 +448,7 @@ class RankConverter:
                 del batch
         except TraceFormatError as exc:
             raise MergeInputError(path, str(exc)) from None
+        self.read += file.index
         check_distributed_info(path, header.get("distributedInfo"))
         final = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
         if base is not None and final != base:
@@ -449,6 +557,15 @@ class RankConverter:
         file.work.clear()
 
     # -- the rank ------------------------------------------------------------
+    def account(self) -> EventAccount:
+        """The rank's receipt: events read, written (counted on the rows), and left out by reason."""
+        written = sum(len(row) for row in self.rows.values()) + sum(len(row) for row in self.instants.values())
+        reasons: dict[str, int] = {}
+        for kind, n in self.left_out.items():
+            reason = left_out_reason(*kind)
+            reasons[reason] = reasons.get(reason, 0) + n
+        return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()))
+
     def timeline(self) -> RankTimeline:
         """The rank's rows, named and ordered, with its kernel-category summaries."""
         categories = self.categories
@@ -457,7 +574,8 @@ class RankConverter:
                      for key, b in categories.streams.items()}
         tracks = _tracks(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
         starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]
-        devices = sorted(p for p in self.gpu_pids if any(k[0] == p for k in self.rows))
+        devices = sorted((p for p in self.gpu_pids if any(k[0] == p for k in self.rows)),
+                         key=lambda p: (p.__class__ is str, p))
         device = ", ".join(self.labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
         name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"
         lanes = {lane: _kernel_args(self.rank, "lane", lane, b) for lane, b in categories.lanes.items()}
@@ -472,25 +590,31 @@ def _kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
 
 def _tracks(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,
             summaries: Optional[dict] = None) -> list[Track]:
-    """Name and order the rows: main thread first then by name; streams by id.
+    """Name and order the rows: main thread first then by name; streams by id; rows Kineto
+    named with a string (its own spans: pid "Spans") in a group of that name.
 
     ``summaries``: (pid, tid) -> (name, args) of the row's kernel-category instant.
     """
-    cpu_pids = [pid for pid, _ in rows if pid not in gpu_pids]
+    cpu_pids = [pid for pid, _ in rows if pid not in gpu_pids and pid.__class__ is int]
     main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
     tracks = []
-    for key in sorted(set(rows) | set(instants)):
+    for key in sorted(set(rows) | set(instants), key=_row_order):
         pid, tid = key
-        if pid in gpu_pids:
+        named = tid.__class__ is str
+        if pid.__class__ is str:
+            group = pid or "no pid"
+            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
+            order = _NAMED_ROW_ORDER if named else tid
+        elif pid in gpu_pids:
             group = f"GPU {pid}"
-            name = thread_names.get(key) or f"stream {tid}"
-            order = tid
+            name = thread_names.get(key) or (tid or "no tid" if named else f"stream {tid}")
+            order = _NAMED_ROW_ORDER if named else tid
         else:
             group = CPU_GROUP
-            name = thread_names.get(key) or f"thread {tid}"
+            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
             if pid != main_pid:
                 name = f"pid {pid} · {name}"
-            order = -1 if tid == pid else tid
+            order = _NAMED_ROW_ORDER if named else -1 if tid == pid else tid
         tracks.append(Track(name=name, group=group, order=order, slices=rows.get(key) or Row(),
                             instants=instants.get(key) or Row(), summary=(summaries or {}).get(key)))
     for group in {t.group for t in tracks}:

@@ -28,7 +28,7 @@ import gc
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
@@ -38,7 +38,7 @@ from commtag.kernels import DeviceWork
 from commtag.merge import graphs, perfetto
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
-from commtag.merge.convert import RankConverter
+from commtag.merge.convert import EventAccount, RankConverter
 from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import (
     MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock,
@@ -74,6 +74,8 @@ class RankSummary:
     windows: list[tuple[int, int]] = field(default_factory=list)
     #: The world size its files claim.
     world_size: Optional[int] = None
+    #: Events read, written and left out (by reason); None where nothing was written.
+    account: Optional[EventAccount] = None
 
 
 @dataclass(slots=True)
@@ -87,6 +89,8 @@ class MergeResult:
     skipped: list[MergeInputError] = field(default_factory=list)
     #: Things the user should know that did not stop the merge (a trace without sidecar).
     notices: list[str] = field(default_factory=list)
+    #: Per merged rank, in rank order: events read, written, and left out by reason.
+    accounts: list[EventAccount] = field(default_factory=list)
 
 
 def default_output(inputs: Sequence[Path]) -> Path:
@@ -119,6 +123,7 @@ def merge(
     world: Optional[World] = None,
     skip_bad_ranks: bool = False,
     rank: Optional[int] = None,
+    list_left_out: bool = False,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
@@ -134,6 +139,9 @@ def merge(
     Raises :class:`MergeInputError` on bad input, writing nothing; with
     ``skip_bad_ranks`` bad files and ranks are left out and listed in the
     result's ``skipped`` instead (an error still when nothing is left).
+    The result's ``accounts`` say, per rank, how many events were read and
+    written and why the others were left out; ``list_left_out`` also lists
+    each of those events (one line each, in ``EventAccount.listed``).
     """
     if align not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
@@ -174,7 +182,8 @@ def merge(
     def write_mine() -> list[RankSummary]:
         with output_errors(out_path), open(shard, "wb") as stream:
             return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
-                                header=world.index == 0, skipped=skipped, staged=staged)
+                                header=world.index == 0, skipped=skipped, staged=staged,
+                                list_left_out=list_left_out)
 
     try:
         # A bad input in any worker's ranks reaches every worker through the exchange.
@@ -182,6 +191,7 @@ def merge(
         if not everyone:
             raise nothing_left(paths, skipped or [])
         merged = [s.rank for s in everyone]
+        accounts = [s.account for s in everyone if s.account is not None]
         instances = [i for s in everyone for i in s.instances]
         settle_inferred(instances)
         timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
@@ -210,7 +220,8 @@ def merge(
         if world.index != 0:
             shard = None  # worker 0 appends it, then removes it
             publish(staged)
-            return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices)
+            return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices,
+                               accounts=accounts)
         with output_errors(out_path):
             with open(final_tmp, "ab") as stream:
                 for path in shards:
@@ -221,7 +232,7 @@ def merge(
                 os.fsync(stream.fileno())
             os.replace(final_tmp, out_path)
         publish(staged)
-        return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices)
+        return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices, accounts)
     finally:
         leftovers = [final_tmp, *shards] if world.index == 0 else [shard] if shard else []
         for leftover in leftovers + [tmp for tmp, _ in staged]:
@@ -343,7 +354,8 @@ def _to_wire(summaries: list[RankSummary]) -> dict:
             rows.append(row)
         out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": s.groups,
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
-                    "instances": rows})
+                    "instances": rows,
+                    "account": None if s.account is None else asdict(s.account)})
     return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
 
 
@@ -362,6 +374,7 @@ def _from_wire(data: dict) -> list[RankSummary]:
             instances.append(CollectiveInstance(*row))
         s["groups"] = [tuple(g) for g in s["groups"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
+        s["account"] = None if s["account"] is None else EventAccount(**s["account"])
         summaries.append(RankSummary(**s, instances=instances))
     return summaries
 
@@ -503,8 +516,8 @@ def _collector_paused():
 
 
 def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin: int, graph_fallback,
-                 json_dir, show: bool, header: bool,
-                 skipped: Optional[list[MergeInputError]], staged: list[tuple[Path, Path]]) -> list[RankSummary]:
+                 json_dir, show: bool, header: bool, skipped: Optional[list[MergeInputError]],
+                 staged: list[tuple[Path, Path]], list_left_out: bool = False) -> list[RankSummary]:
     ranks: Iterable[RankInput] = mine
     if show:
         from tqdm import tqdm  # only a visible progress bar needs it
@@ -515,7 +528,7 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
     for rank in ranks:
         with _collector_paused():
             summary = _write_rank(stream, rank, seq, offsets, origin, graph_fallback, json_dir, header, skipped,
-                                  staged)
+                                  staged, list_left_out)
         if summary is not None:
             header = False
             summaries.append(summary)
@@ -533,15 +546,17 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
 
 def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,
                 graph_fallback, json_dir, header: bool, skipped: Optional[list[MergeInputError]],
-                staged: list[tuple[Path, Path]]) -> Optional[RankSummary]:
+                staged: list[tuple[Path, Path]], list_left_out: bool = False) -> Optional[RankSummary]:
     """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
     when ``skipped`` took it (interned strings its events had added are written with the next rank's)."""
     offset = offsets.get(rank.rank, 0)
-    converter = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset), graph_fallback, skipped)
+    converter = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset, list_left_out=list_left_out),
+                              graph_fallback, skipped)
     if converter is None:
         return None
     timeline = converter.timeline()
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels)
+    summary.account = converter.account()
     if header:
         stream.write(perfetto.header(timeline.first_ns or origin, origin))
     perfetto.write_rank(stream, timeline, seq)

@@ -208,6 +208,7 @@ class Slice:
     flows_out: list[int] = field(default_factory=list)
     flows_in: list[int] = field(default_factory=list)
     depth: int = 0  # nesting level on its track, the row the UI draws it on
+    instant: bool = False  # an instant event (a zero-length slice has ``ts == end`` too)
 
 
 @dataclass
@@ -298,7 +299,7 @@ def read_trace(path: Path) -> ParsedTrace:
         if len(args) != len(event.debug_annotations):
             raise ReadbackError(f"{path}: packet {index} names a debug annotation twice")
         item = Slice(event.track_uuid, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
-                     depth=len(stack))
+                     depth=len(stack), instant=event.type != _BEGIN)
         slices.append(item)
         if event.type == _BEGIN:
             stack.append(item)
