@@ -13,15 +13,16 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from gloo_world import run_world
+from torch_ops import delegating_ops, has
 
-PATCHED = [
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
-    "reduce_scatter_single", "all_to_all_single", "all_to_all", "gather", "scatter", "barrier", "send", "recv",
-    "batch_isend_irecv",
+#: The collectives a user calls; those this torch has are wrapped, except the ones whose original
+#: only calls another of them (read from this torch by tests/torch_ops.py): left in place, the
+#: inner wrapper annotates them (torch 2.13: all_gather_into_tensor, reduce_scatter_tensor).
+COLLECTIVES = [
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
+    "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all_single", "all_to_all",
+    "gather", "scatter", "barrier", "send", "recv", "batch_isend_irecv",
 ]
-#: Ops whose original only calls another patched op (tests/test_runtime_fastpath.py reads which, in
-#: this torch): left in place, the inner wrapper annotates them.
-DELEGATING = ["all_gather_into_tensor", "reduce_scatter_tensor"]
 
 
 class _Collect(logging.Handler):
@@ -162,7 +163,11 @@ def test_training_is_bitwise_identical_with_commtag(tmp_path: Path):
 def test_uninstall_restores_the_exact_objects_and_leaves_isend_alone():
     import commtag
 
-    before = {name: (getattr(dist, name), getattr(c10d, name)) for name in PATCHED + DELEGATING}
+    present = [name for name in COLLECTIVES if has(name)]
+    delegating = sorted(delegating_ops(present))
+    patched = [name for name in present if name not in delegating]
+    assert "all_reduce" in patched and len(patched) >= 14, patched
+    before = {name: (getattr(dist, name), getattr(c10d, name)) for name in present}
     coalescing = c10d._coalescing_manager
     isend, irecv = dist.isend, dist.irecv
     threads = [threading.Thread(target=commtag.install) for _ in range(8)]
@@ -172,10 +177,10 @@ def test_uninstall_restores_the_exact_objects_and_leaves_isend_alone():
         for th in threads:
             th.join()
         assert commtag.is_installed()
-        for name in PATCHED:
+        for name in patched:
             assert getattr(dist, name) is getattr(c10d, name) is not before[name][0], name
             assert getattr(dist, name).__wrapped__ is not None  # functools.wraps keeps help() and signature
-        for name in DELEGATING:
+        for name in delegating:
             assert getattr(dist, name) is before[name][0] and getattr(c10d, name) is before[name][1], name
         assert dist.isend is isend and dist.irecv is irecv and c10d.isend is isend
         commtag.install()  # idempotent: still wraps the originals, not our wrappers
@@ -183,7 +188,7 @@ def test_uninstall_restores_the_exact_objects_and_leaves_isend_alone():
         commtag.uninstall()
         commtag.uninstall()
     assert not commtag.is_installed()
-    for name in PATCHED:
+    for name in patched:
         assert getattr(dist, name) is before[name][0] and getattr(c10d, name) is before[name][1], name
     assert c10d._coalescing_manager is coalescing
 

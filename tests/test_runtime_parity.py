@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from gloo_world import run_world
+from torch_ops import has
 
 WORLD = 4
 PAIRS = ([0, 2], [1, 3])  # stride-2 groups
@@ -37,7 +38,9 @@ def _ops(rank: int, world_size: int, out_dir: str) -> None:
         dist.reduce(torch.ones(4), dst=pair_ranks[1], group=pair)
         dist.all_gather([torch.zeros(3) for _ in range(world_size)], torch.ones(3))
         dist.all_gather_into_tensor(torch.zeros(3 * world_size), torch.ones(3))
-        dist.all_gather_single(torch.zeros(2 * 2), torch.ones(2), group=pair)
+        # all_gather_single from torch 2.13 on; before it, the op it replaced (same record).
+        gather_single = dist.all_gather_single if has("all_gather_single") else dist.all_gather_into_tensor
+        gather_single(torch.zeros(2 * 2), torch.ones(2), group=pair)
         dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * world_size))
         dist.all_to_all_single(torch.zeros(8), torch.ones(8))
         # Uneven: rank r sends j+1 rows of 2 to rank j, so receives r+1 rows from each.
