@@ -67,7 +67,8 @@ from commtag.runtime import capture, recorder, reentry
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import GroupState, lookup, state_for, unwatch_lives, watch_lives
 from commtag.runtime.groups import _states as _group_states
-from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS, OpCall, p2p_call
+from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS, OpCall
+from commtag.runtime.metadata import p2p_call as _p2p_call
 from commtag.schema import CollectiveAnnotation
 
 _profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
@@ -366,9 +367,26 @@ def _raise_as_logged(body: Callable[..., Any], error: Exception, args: tuple[Any
     failed(*args, **kwargs)
 
 
+def _unseen(describe: Callable[..., Optional[OpCall]]) -> Callable[..., Optional[OpCall]]:
+    """``describe`` run where no ``__torch_function__`` sees it: its reads of the caller's tensors
+    (numel, dtype, is_complex) are no calls the job made, so a user's TorchFunctionMode or tensor
+    subclass must not be handed them (a mode that acts on each call, e.g. stops the profiler,
+    would act on commtag's reads)."""
+
+    @functools.wraps(describe)
+    def unseen(*args: Any, **kwargs: Any) -> Optional[OpCall]:
+        with torch._C.DisableTorchFunction():
+            return describe(*args, **kwargs)
+
+    return unseen
+
+
+p2p_call = _unseen(_p2p_call)
+
+
 def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Optional[Callable[..., Any]]:
     """The wrapper of op ``name``, or None where the original is better left in place."""
-    describe = OPS[name]
+    describe = _unseen(OPS[name])
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
     #: May take the idle fast path (a plain collective: p2p and unreadable ops never do).
