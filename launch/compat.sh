@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The compatibility run: for each torch version (default: every one from the oldest that
+# pyproject.toml allows to the newest), a venv of its own with that torch from the package
+# registry, then the runtime, merge and analysis tests and the demo under it.
+#   bash launch/compat.sh [VERSION ...]        e.g. bash launch/compat.sh 2.11 2.15
+# The registry's torch is a CUDA build (a few GB with its nvidia packages; it runs on CPU),
+# so the venvs live outside the repository and are reused:
+#   ${COMMTAG_COMPAT_CACHE:-~/.cache/commtag-compat}/torch-X.Y
+# Not part of CI (too heavy). Results: a table on stdout and in $cache/results.md, logs
+# under $cache/logs/. Exit status: 0 when every version passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=(2.11 2.12 2.13 2.14 2.15)
+cache=${COMMTAG_COMPAT_CACHE:-$HOME/.cache/commtag-compat}
+logs="$cache/logs"
+mkdir -p "$logs"
+# The suites that exercise torch itself: the runtime patches, the profiler traces the merge
+# reads, the analysis of real gloo worlds.
+suites=(tests/test_runtime_*.py tests/test_capture_*.py tests/test_cpu_op_collectives.py
+        tests/test_gloo_world.py tests/test_merge_*.py tests/test_summary_gloo.py
+        tests/test_analyze*.py)
+
+build_venv() {  # $1: version, $2: venv path
+    # setup.sh installs torch first (pinned to this minor version), then commtag editable
+    # from this checkout with torch pinned again, so nothing moves torch.
+    COMMTAG_VENV="$2" COMMTAG_TORCH="torch==$1.*" bash launch/setup.sh
+}
+
+failed=0
+results="$cache/results.md"
+{
+    echo "| torch | tests (passed / failed / errors / skipped) | demo | gloo traces merged, every event accounted |"
+    echo "| --- | --- | --- | --- |"
+} > "$results.new"
+for v in "${versions[@]}"; do
+    venv="$cache/torch-$v"
+    log="$logs/torch-$v"
+    echo "== torch $v: $venv"
+    if ! build_venv "$v" "$venv" > "$log.setup.log" 2>&1; then
+        echo "| $v | venv could not be built (see $log.setup.log) | - | - |" >> "$results.new"
+        failed=1
+        continue
+    fi
+    py="$venv/bin/python"
+    full=$("$py" -c "import torch; print(torch.__version__)")
+    # One pytest at a time; PYTHONPATH makes this checkout win over whatever the venv has.
+    PYTHONPATH=$repo timeout 3600 "$py" -m pytest -q -p no:cacheprovider "${suites[@]}" \
+        > "$log.tests.log" 2>&1
+    tests_rc=$?
+    counts=$("$py" - "$log.tests.log" <<'EOF'
+import re, sys
+tail = open(sys.argv[1], errors="replace").read().splitlines()[-1:] or [""]
+counts = {k: 0 for k in ("passed", "failed", "error", "skipped")}
+for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[0]):
+    counts["error" if word.startswith("error") else word] += int(n)
+print(" / ".join(str(counts[k]) for k in ("passed", "failed", "error", "skipped")))
+EOF
+)
+    # The demo: a 4-rank gloo job profiled by this torch, merged, validated, summarized;
+    # its traces are kept for the test that merges every version's traces.
+    out="$cache/traces/torch-$v"
+    rm -rf "$out"
+    if COMMTAG_VENV="$venv" PYTHONPATH=$repo timeout 1200 bash launch/demo.sh "$out" \
+            > "$log.demo.log" 2>&1; then
+        demo=ok
+    else
+        demo="FAILED (see $log.demo.log)"
+        failed=1
+    fi
+    accounted=$(grep -c "^every event accounted" "$log.demo.log" 2>/dev/null)
+    [ "$accounted" -gt 0 ] 2>/dev/null && accounted=yes || accounted=no
+    [ $tests_rc -eq 0 ] || failed=1
+    echo "| $full | $counts | $demo | $accounted |" >> "$results.new"
+    tail -n 1 "$log.tests.log"
+    echo "demo: $demo"
+done
+{
+    echo "compat run of $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD), $(python3 --version)"
+    echo
+    cat "$results.new"
+} > "$results"
+rm -f "$results.new"
+echo
+cat "$results"
+exit $failed
