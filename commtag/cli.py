@@ -71,6 +71,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             args.inputs, args.output, align=args.align, json_dir=args.json,
             rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
             analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank, list_left_out=args.verbose,
+            strict=args.strict,
         )
     except MergeInputError as exc:
         error = exc
@@ -91,6 +92,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if world is None or world.index == 0:
         for notice in result.notices:
             sys.stderr.write(f"commtag merge: notice: {notice}\n")
+        for warning in result.warnings:
+            sys.stderr.write(f"commtag merge: warning: {warning}\n")
         for skipped in result.skipped:
             sys.stderr.write(f"commtag merge: skipped: {_one_line(skipped)}\n")
         for account in result.accounts:
@@ -164,8 +167,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after each rank's line of events read, written and left out (by reason), "
                              "list every event left out: file, index, name, reason")
     parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when ranks disagree on a collective (op, size, dtype, missing rank, "
-                             "Seq gap); the trace is still written")
+                        help="exit 2 writing nothing where files may be of different runs (what is otherwise "
+                             "a warning: days apart, another host); exit 1 when ranks disagree on a collective "
+                             "(op, size, dtype, missing rank, Seq gap), the trace still written")
 
 
 def build_parser() -> argparse.ArgumentParser:

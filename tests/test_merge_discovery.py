@@ -347,6 +347,7 @@ def test_a_public_trace_shifted_by_centuries_is_bad_input(tmp_path: Path, capsys
     public = PUBLIC / "edge-cases" / "tracelens_vllm_hipgraph_replay.json.gz"
     shifted = tmp_path / "rank0.json.gz"
     shutil.copy(public, shifted)
+    shutil.copy(PUBLIC / "param-dlrm-8rank" / shifted.name, shifted)
     _edit_trace(shifted, lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
     line = _refused(capsys, tmp_path / OUT, str(shifted))
     assert line.startswith(f"{shifted}: its clock is absurd: it ends at 22"), line
@@ -453,3 +454,83 @@ def test_public_ranks_keep_their_good_step_when_another_is_bad(tmp_path: Path, c
     assert "missing 'ts'" in skipped[0]
     assert stdout.startswith(f"{out}: 8 ranks")
     assert _ranks_and_lanes(out)[0] == [f"rank {r}" for r in range(8)]
+
+
+# ---------------------------------------------------------------------------
+# Item 6: files that may be of another run: a warning, and --strict refuses (exit 2).
+
+DAY_NS = 86_400 * 10**9
+
+
+def _warned(capsys: pytest.CaptureFixture, out: Path, inputs: Path, expected: list[tuple[Path, str]]) -> None:
+    """The merge writes its output with one warning line per suspect file; --strict refuses the first."""
+    code, err, stdout = _merge(capsys, str(inputs), "-o", str(out))
+    assert code == 0, err
+    warnings = [line for line in err if line.startswith("commtag merge: warning: ")]
+    assert len(warnings) == len(expected), err
+    for line, (path, words) in zip(warnings, expected):
+        assert line.startswith(f"commtag merge: warning: {path}: ") and words in line, line
+    assert stdout.startswith(f"{out}: ") and validate_file(out) == []
+    before = out.read_bytes()
+    code, err, stdout = _merge(capsys, str(inputs), "--strict", "-o", str(out))
+    assert code == 2 and stdout == "", err
+    assert err == [f"commtag merge: error: {warnings[0][len('commtag merge: warning: '):]} (--strict refuses it)"]
+    assert out.read_bytes() == before  # the earlier output is left as it was
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+
+
+def test_a_step_file_from_weeks_before_is_warned_about(steps: Path, steps_b: Path, tmp_path: Path, capsys):
+    # Rank 1's second step comes from another run, three weeks earlier, without its sidecar.
+    trace, sidecar = _second_step(steps, 1)
+    sidecar.unlink()
+    shutil.copy(steps_b / trace.name, trace)
+    _edit_trace(trace, lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] - 21 * DAY_NS))
+    _warned(capsys, tmp_path / OUT, steps, [(trace, "rank 1: its events lie 21.0 days from those of the other files")])
+
+
+def test_a_rank_days_apart_from_the_others_is_warned_about(traces: Path, tmp_path: Path, capsys):
+    for path in (_trace(traces, 2), _sidecar(traces, 2)):  # its clock three days behind, sidecar and all
+        if path.name.endswith(".gz"):
+            _edit_trace(path, lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] - 3 * DAY_NS))
+        else:
+            _edit_sidecar(path, lambda s: [c.update(start_ns=c["start_ns"] - 3 * DAY_NS, end_ns=c["end_ns"] - 3 * DAY_NS)
+                                           for c in s["collectives"]])
+    _warned(capsys, tmp_path / OUT, traces, [(_trace(traces, 2), "rank 2: its events lie 3.0 days from")])
+
+
+def test_hosts_that_differ_are_warned_about(steps: Path, tmp_path: Path, capsys):
+    # Rank 0's trace says another machine than its sidecar; rank 1's second step another machine
+    # than its first (trace and sidecar agreeing).
+    _edit_trace(_trace(steps, 0), lambda t: t.update(host_name="node-7"))
+    trace, sidecar = _second_step(steps, 1)
+    _edit_trace(trace, lambda t: t.update(host_name="node-9"))
+    _edit_sidecar(sidecar, lambda s: s.update(host="node-9"))
+    _warned(capsys, tmp_path / OUT, steps, [
+        (_trace(steps, 0), "its host_name 'node-7' differs from host"),
+        (trace, f"rank 1 ran on {orjson.loads(_sidecar(steps, 1).read_bytes())['host']!r} in {_trace(steps, 1)} but "
+                "on 'node-9' here"),
+    ])
+
+
+def test_one_profile_claimed_by_two_ranks_is_warned_about(traces: Path, tmp_path: Path, capsys):
+    # Traces named by rank (no distributedInfo, no sidecar), one of them a copy of another.
+    named = tmp_path / "named"
+    named.mkdir()
+    for rank in (0, 1):
+        shutil.copy(_trace(traces, rank), named / f"rank{rank}.json.gz")
+        _edit_trace(named / f"rank{rank}.json.gz", lambda t: t.pop("distributedInfo"))
+    shutil.copy(named / "rank0.json.gz", named / "rank2.json.gz")
+    _warned(capsys, tmp_path / OUT, named, [(named / "rank2.json.gz", "rank 2's trace is a copy of")])
+
+
+def test_a_public_rank_days_apart_is_warned_about(tmp_path: Path, capsys):
+    dlrm = tmp_path / "dlrm"
+    dlrm.mkdir()
+    for src in (PUBLIC / "param-dlrm-8rank").iterdir():
+        (dlrm / src.name).symlink_to(src)
+    shifted = next(dlrm.glob("worker3_*"))
+    shifted.unlink()
+    # Old format: absolute epoch-µs ts, no baseTimeNanoseconds. Worker 3's clock two days ahead.
+    shutil.copy(PUBLIC / "param-dlrm-8rank" / shifted.name, shifted)
+    _edit_trace(shifted, lambda t: [e.update(ts=e["ts"] + 2 * 86_400 * 10**6) for e in t["traceEvents"] if "ts" in e])
+    _warned(capsys, tmp_path / OUT, dlrm, [(shifted, "rank 3: its events lie 2.0 days from")])

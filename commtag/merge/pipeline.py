@@ -28,14 +28,14 @@ import gc
 import os
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import orjson
 
 from commtag.kernels import DeviceWork
-from commtag.merge import graphs, perfetto
+from commtag.merge import graphs, perfetto, runs
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
 from commtag.merge.convert import EventAccount, RankConverter
@@ -45,6 +45,7 @@ from commtag.merge.load import (
 )
 from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, TraceAnnotations
+from commtag.merge.runs import FileSpan
 from commtag.merge.workers import SoloWorld, World
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -76,6 +77,8 @@ class RankSummary:
     world_size: Optional[int] = None
     #: Events read, written and left out (by reason); None where nothing was written.
     account: Optional[EventAccount] = None
+    #: What each merged file of the rank says of itself, for :func:`commtag.merge.runs.warnings`.
+    files: list[FileSpan] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -91,6 +94,8 @@ class MergeResult:
     notices: list[str] = field(default_factory=list)
     #: Per merged rank, in rank order: events read, written, and left out by reason.
     accounts: list[EventAccount] = field(default_factory=list)
+    #: Files that may not be of one run with the rest (``strict`` refuses them instead).
+    warnings: list[str] = field(default_factory=list)
 
 
 def default_output(inputs: Sequence[Path]) -> Path:
@@ -124,6 +129,7 @@ def merge(
     skip_bad_ranks: bool = False,
     rank: Optional[int] = None,
     list_left_out: bool = False,
+    strict: bool = False,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
@@ -142,6 +148,8 @@ def merge(
     The result's ``accounts`` say, per rank, how many events were read and
     written and why the others were left out; ``list_left_out`` also lists
     each of those events (one line each, in ``EventAccount.listed``).
+    Files that may be of another run (:mod:`commtag.merge.runs`) are listed
+    in the result's ``warnings``; ``strict`` makes the first an error instead.
     """
     if align not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
@@ -190,6 +198,9 @@ def merge(
         everyone = _exchange(world, write_mine, skipped)
         if not everyone:
             raise nothing_left(paths, skipped or [])
+        warned = runs.warnings([f for s in everyone for f in s.files])
+        if strict and warned:
+            raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
         merged = [s.rank for s in everyone]
         accounts = [s.account for s in everyone if s.account is not None]
         instances = [i for s in everyone for i in s.instances]
@@ -232,7 +243,8 @@ def merge(
                 os.fsync(stream.fileno())
             os.replace(final_tmp, out_path)
         publish(staged)
-        return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices, accounts)
+        return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices, accounts,
+                           [f"{path}: {problem}" for path, problem in warned])
     finally:
         leftovers = [final_tmp, *shards] if world.index == 0 else [shard] if shard else []
         for leftover in leftovers + [tmp for tmp, _ in staged]:
@@ -354,7 +366,7 @@ def _to_wire(summaries: list[RankSummary]) -> dict:
             rows.append(row)
         out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": s.groups,
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
-                    "instances": rows,
+                    "files": [astuple(f) for f in s.files], "instances": rows,
                     "account": None if s.account is None else asdict(s.account)})
     return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
 
@@ -375,6 +387,7 @@ def _from_wire(data: dict) -> list[RankSummary]:
         s["groups"] = [tuple(g) for g in s["groups"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
         s["account"] = None if s["account"] is None else EventAccount(**s["account"])
+        s["files"] = [FileSpan(*f) for f in s["files"]]
         summaries.append(RankSummary(**s, instances=instances))
     return summaries
 
@@ -432,8 +445,9 @@ def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
 
 def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], graph_fallback: Optional[GraphFallback],
                   skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream
-                  ) -> Optional[RankConverter]:
-    """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``.
+                  ) -> Optional[tuple[RankConverter, list[FileSpan]]]:
+    """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``,
+    and what each file says of itself.
 
     With ``skipped`` (--skip-bad-ranks), a bad file and its sidecar are left out and listed
     there, and the rank is converted again from its other files: None when none is left.
@@ -444,13 +458,16 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], g
         converter = new_converter()
         try:
             spans = []
+            told = []
             for f in files:
                 sidecar = _sidecar_of(f, skipped)
-                first, last = converter.add_file(f.path, source(f.path), sidecar, fallback)
+                stream = source(f.path)
+                first, last = converter.add_file(f.path, stream, sidecar, fallback)
                 _check_pair(f, sidecar, first, last, converter.offset)
                 spans.append((first, last, f.path))
+                told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset))
             _check_spans(rank, spans)
-            return converter
+            return converter, told
         except MergeInputError as exc:
             bad = next((f for f in files if exc.path in (f.path, f.sidecar)), None)
             if skipped is None:
@@ -464,6 +481,15 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], g
             if bad.sidecar is not None and exc.path == bad.path:
                 _note(skipped, bad.sidecar, f"its trace {bad.path.name!r} was skipped")
     return None
+
+
+def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar], first: Optional[int],
+               last: Optional[int], offset: int) -> FileSpan:
+    """What a converted file says of itself: its own clock's span (without --align's offset), host, ids."""
+    return FileSpan(str(f.path), rank, None if first is None else first - offset,
+                    None if last is None else last - offset, str(header.get("host_name") or ""),
+                    sidecar.host if sidecar is not None else "", sidecar.run_id if sidecar is not None else "",
+                    str(header.get("trace_id") or ""))
 
 
 def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[GraphFallback]
@@ -487,10 +513,11 @@ def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallba
     summaries = []
     for rank in ranks:
         with _collector_paused():
-            converter = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None),
+            converted = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None),
                                       graph_fallback, skipped)
-            if converter is not None:
-                summaries.append(_rank_summary(rank, converter, None, {}))
+            if converted is not None:
+                converter, files = converted
+                summaries.append(_rank_summary(rank, converter, None, {}, files))
                 if on_rank is not None:
                     converter.categories.finish()
                     on_rank(rank.rank, converter.categories)
@@ -536,12 +563,12 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
 
 
 def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[int],
-                  lane_kernels: dict[str, dict]) -> RankSummary:
+                  lane_kernels: dict[str, dict], files: list[FileSpan]) -> RankSummary:
     groups = dict(converter.groups)
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
-                       converter.windows, converter.world_size)
+                       converter.windows, converter.world_size, files=files)
 
 
 def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,
@@ -550,12 +577,13 @@ def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: 
     """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
     when ``skipped`` took it (interned strings its events had added are written with the next rank's)."""
     offset = offsets.get(rank.rank, 0)
-    converter = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset, list_left_out=list_left_out),
+    converted = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset, list_left_out=list_left_out),
                               graph_fallback, skipped)
-    if converter is None:
+    if converted is None:
         return None
+    converter, files = converted
     timeline = converter.timeline()
-    summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels)
+    summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
     summary.account = converter.account()
     if header:
         stream.write(perfetto.header(timeline.first_ns or origin, origin))
