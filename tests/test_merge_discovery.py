@@ -347,7 +347,6 @@ def test_a_public_trace_shifted_by_centuries_is_bad_input(tmp_path: Path, capsys
     public = PUBLIC / "edge-cases" / "tracelens_vllm_hipgraph_replay.json.gz"
     shifted = tmp_path / "rank0.json.gz"
     shutil.copy(public, shifted)
-    shutil.copy(PUBLIC / "param-dlrm-8rank" / shifted.name, shifted)
     _edit_trace(shifted, lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
     line = _refused(capsys, tmp_path / OUT, str(shifted))
     assert line.startswith(f"{shifted}: its clock is absurd: it ends at 22"), line

@@ -156,7 +156,7 @@ def discoverable(name: str) -> bool:
 
 
 def would_read(inputs: Sequence[Path], path: Path) -> bool:
-    """Whether discovery of ``inputs`` (nothing excluded) reads a file at ``path``: the merge must
+    """Whether discovery of ``inputs`` reads a file at ``path``: the merge must
     not write one there, or its next run takes it for an input."""
     target = path.resolve()  # through links: a folder reached two ways is one folder
     for item in inputs:
@@ -170,14 +170,13 @@ def would_read(inputs: Sequence[Path], path: Path) -> bool:
     return False
 
 
-def _candidates(inputs: Sequence[Path], exclude: Sequence[Path]) -> list[tuple[Path, bool]]:
+def _candidates(inputs: Sequence[Path]) -> list[tuple[Path, bool]]:
     """The files to read, each once, with whether it is only a possible sidecar.
 
     Every ``.json``/``.json.gz`` under an input directory, at any depth (hidden
-    folders and ``exclude`` left out), and each input file. Beside an input
+    folders left out), and each input file. Beside an input
     file, the sidecars that may annotate it (possible: kept only if they name it).
     """
-    skip = {_key(p) for p in exclude}
     found: dict[Path, tuple[Path, bool]] = {}
 
     def add(path: Path, possible: bool) -> None:
@@ -188,7 +187,7 @@ def _candidates(inputs: Sequence[Path], exclude: Sequence[Path]) -> list[tuple[P
     for item in inputs:
         if item.is_dir():
             for root, dirs, names in os.walk(item):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and _key(Path(root, d)) not in skip)
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for name in sorted(names):
                     if discoverable(name):
                         add(Path(root, name), False)
@@ -222,13 +221,13 @@ def rank_regex(rank_pattern: Optional[str]) -> re.Pattern[str]:
 
 def discover(
     inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None,
-    *, rank: Optional[int] = None, exclude: Sequence[Path] = (),
+    *, rank: Optional[int] = None,
 ) -> list[RankInput]:
     """Group the traces under ``inputs`` (dirs or files) by rank, in rank order.
 
     A sidecar pairs with the trace its ``trace_file`` names in its own
     folder. ``rank``: the rank of the one trace found, when the trace does
-    not say it. ``exclude``: folders not to search (the merge's --json output).
+    not say it.
     A bad file stops discovery with an error naming it; with ``skipped``
     (``--skip-bad-ranks``) it is appended there instead and left out.
     """
@@ -243,7 +242,7 @@ def discover(
 
     traces: dict[Path, tuple[Path, bytes]] = {}
     claims: dict[Path, list[tuple[Path, SidecarHead]]] = {}
-    for path, possible in _candidates(inputs, exclude):
+    for path, possible in _candidates(inputs):
         try:
             head = _head(path)
             sidecar = load_sidecar_head(path) if _is_sidecar(head) else None

@@ -158,7 +158,7 @@ def merge(
         raise MergeInputError(".", "no input given")
     world = world or SoloWorld()
     skipped: Optional[list[MergeInputError]] = [] if skip_bad_ranks else None
-    ranks = discover(paths, rank_pattern, skipped, rank=rank, exclude=[Path(json_dir)] if json_dir else ())
+    ranks = discover(paths, rank_pattern, skipped, rank=rank)
     notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
                for r in ranks for f in r.files if f.sidecar is None]
     out_path = Path(output) if output else default_output(paths)
@@ -405,13 +405,13 @@ def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optio
     return sidecar
 
 
-def _check_spans(rank: RankInput, spans: list[tuple[Optional[int], Optional[int], Path]]) -> None:
+def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
     """Several files of one rank are steps one after another: their times must not overlap."""
-    timed = sorted((s for s in spans if s[0] is not None), key=lambda span: span[0])
-    for (_, last, before), (first, _, path) in zip(timed, timed[1:]):
-        if first < last:
-            raise MergeInputError(path, f"claims rank {rank.rank} like {before}, and their times overlap: "
-                                        "one rank cannot record two traces at once")
+    timed = sorted((f for f in files if f.first_ns is not None), key=lambda f: f.first_ns)
+    for before, after in zip(timed, timed[1:]):
+        if after.first_ns < before.last_ns:
+            raise MergeInputError(after.path, f"claims rank {rank.rank} like {before.path}, and their times overlap: "
+                                              "one rank cannot record two traces at once")
 
 
 def _fallback(graph_fallback: Optional[GraphFallback]) -> Callable[[dict], GraphFallback]:
@@ -457,16 +457,14 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], g
     while files:
         converter = new_converter()
         try:
-            spans = []
             told = []
             for f in files:
                 sidecar = _sidecar_of(f, skipped)
                 stream = source(f.path)
                 first, last = converter.add_file(f.path, stream, sidecar, fallback)
                 _check_pair(f, sidecar, first, last, converter.offset)
-                spans.append((first, last, f.path))
                 told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset))
-            _check_spans(rank, spans)
+            _check_spans(rank, told)
             return converter, told
         except MergeInputError as exc:
             bad = next((f for f in files if exc.path in (f.path, f.sidecar)), None)
