@@ -124,8 +124,9 @@ def nccl_kind(name: str) -> Optional[str]:
     return match.group(1).lower() if match else None
 
 
+@lru_cache(maxsize=4096)
 def family(name: str) -> str:
-    """Collective family of an op, c10d or gloo name: "gloo:all_reduce" -> "allreduce"."""
+    """Collective family of an op, c10d or gloo name: "gloo:all_reduce" -> "allreduce" (cached: names repeat)."""
     flat = re.sub(r"[^a-z]", "", name.lower().split("::")[-1].split(":")[-1])
     for fam in _FAMILIES:
         if fam in flat:
@@ -436,7 +437,8 @@ class _RankAttacher:
                 leftover.append(call.rec)
                 continue
             site = self._site(ann)
-            if call.need and call.group is not None and "gloo" in call.group.backend:  # no guess: say so
+            backend = call.group.backend if call.group is not None else ""
+            if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
                 site = common({**site, "commtag gloo work": "not identified"})
             parts = (site, own_args(ann))
             for hit in (op, *works):
