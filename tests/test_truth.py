@@ -17,7 +17,8 @@ merge, a user's checks must hold key by key:
 One documented exception: gloo's reduce_scatter works have no completion
 future, so an async one cannot be told from its group's later works; its
 lane slice must say ``"commtag gloo work": "not identified"`` and its gloo
-events stay unannotated (no other call may do either). A gloo event that
+events stay unannotated. A later call of its group, queued before such a
+work had started, may say the same; no other call may. A gloo event that
 shows no input (a barrier, a scatter off the root) is checked by its worker
 thread instead: the group of the calls it demonstrably ran.
 
@@ -48,6 +49,8 @@ CYCLES, OPS_PER_STEP = 2, 10
 TOL_NS = 1_000
 #: Ops whose gloo work has no completion future: async calls of them cannot be identified.
 NO_FUTURE = ("reduce_scatter", "reduce_scatter_tensor")
+#: Ops gloo runs as gloo:all_reduce works, like those.
+ALL_REDUCE_WORKS = NO_FUTURE + ("all_reduce", "all_reduce_coalesced", "coalescing_manager")
 
 
 def _unidentifiable(call: dict) -> bool:
@@ -96,11 +99,42 @@ def _flat(value: Any) -> set[int]:
     return {value} if isinstance(value, int) else set()
 
 
+def _excused(truth: dict[int, dict[tuple, dict]], traces: list[dict]) -> set[tuple[int, tuple]]:
+    """(rank, key) of the calls whose gloo work commtag cannot tell: an async call of an op whose
+    work has no future, and a later call of its group (of all_reduce works too) whose c10d op
+    began before such a work did (their works could be one another's), by what the events show."""
+    last_start: dict[tuple[int, int], float] = {}  # (rank, marker) -> latest start of its gloo events
+    op_start: dict[tuple[int, tuple], float] = {}  # (rank, key) -> start of its annotated c10d op
+    for trace in traces:
+        rank = int(trace["distributedInfo"]["rank"])
+        for e in trace["traceEvents"]:
+            name = e.get("name", "")
+            if e.get("ph") != "X":
+                continue
+            if name.startswith("gloo:") and _dims_marker(e) is not None:
+                marker = _dims_marker(e)
+                last_start[(rank, marker)] = max(last_start.get((rank, marker), e["ts"]), e["ts"])
+            elif name.startswith("c10d::") and "commtag pg uid" in (e.get("args") or {}):
+                op_start[(rank, _key(e["args"], _life(str(e["args"]["commtag pg uid"]))))] = e["ts"]
+    excused = set()
+    for rank, calls in truth.items():
+        blind = [c for c in calls.values() if _unidentifiable(c)]
+        for key, call in calls.items():
+            began = op_start.get((rank, key))
+            if _unidentifiable(call) or began is not None and call["op"] in ALL_REDUCE_WORKS and any(
+                    u["op_id"] < call["op_id"] and (u["life"], u["pg_name"]) == (call["life"], call["pg_name"])
+                    and last_start.get((rank, u["marker"]), began) > began for u in blind):
+                excused.add((rank, key))
+    return excused
+
+
 def check(out: Path, work: Path) -> dict[str, list[str]]:
     """Every disagreement with the truth, by kind (empty lists: none)."""
     truth = _truth(out)
     result = merge(out, work / "merged.pftrace", json_dir=work / "json", progress=False)
     problems: dict[str, list[str]] = defaultdict(list)
+    traces = [json.loads(gzip.decompress(path.read_bytes())) for path in sorted((work / "json").iterdir())]
+    excused = _excused(truth, traces)
 
     # 1. Lane slices: one per recorded call, its keys those of the call.
     lanes: dict[tuple[int, tuple], Any] = {}
@@ -119,7 +153,8 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
         wrong = {k: (s.args.get(k), v) for k, v in call["expected"].items() if s.args.get(k) != v}
         if wrong:
             problems["lane slice keys"].append(f"rank {rank} {call['op']} {key}: {wrong}")
-        if (s.args.get("commtag gloo work") == "not identified") != _unidentifiable(call):
+        not_identified = s.args.get("commtag gloo work") == "not identified"
+        if (not_identified and (rank, key) not in excused) or (_unidentifiable(call) and not not_identified):
             problems["gloo work not identified"].append(
                 f"rank {rank} {call['op']} {key}: {s.args.get('commtag gloo work')!r}")
         lane = str(s.args.get("commtag lane", ""))
@@ -137,8 +172,7 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
     #: (rank, worker thread) -> groups of the calls its events demonstrably ran; events to check by it.
     thread_groups: dict[tuple[int, int], set[str]] = defaultdict(set)
     blind: list[tuple[int, int, str, str]] = []
-    for path in sorted((work / "json").iterdir()):
-        trace = json.loads(gzip.decompress(path.read_bytes()))
+    for trace in traces:
         rank = int(trace["distributedInfo"]["rank"])
         base = int(trace.get("baseTimeNanoseconds", 0))
         for e in trace["traceEvents"]:
@@ -149,7 +183,8 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
             where = f"rank {rank} {name} at {e['ts']:.3f} on {e['tid']}"
             if "commtag pg uid" not in args:
                 owner = by_marker.get((rank, _dims_marker(e))) if name.startswith("gloo:") else None
-                if owner is None or not _unidentifiable(owner):
+                if owner is None or (rank, _key({**owner["expected"], "Process Group Name": owner["pg_name"]},
+                                                owner["life"])) not in excused:
                     problems["event without annotation"].append(where)
                 continue
             key = _key(args, _life(str(args["commtag pg uid"])))
@@ -180,7 +215,7 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
         for key, call in calls.items():
             if (rank, key) not in ops_of:
                 problems["call without c10d op"].append(f"rank {rank} {call['op']} {key}")
-            if (rank, key) not in events_of and not _unidentifiable(call):
+            if (rank, key) not in events_of and (rank, key) not in excused:
                 problems["call without gloo event"].append(f"rank {rank} {call['op']} {key}")
 
     # 3. A lane slice spans its own call's gloo events.

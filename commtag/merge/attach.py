@@ -305,12 +305,14 @@ class _GlooCall:
     (a worker runs one work at a time); any other work is the one of its family
     that runs inside the call on a worker of its group (each group has its own
     workers, learned from the matches before), taken only when that leaves no
-    choice. Time only bounds where to look: a candidate never starts before
+    choice and no other waiting call of the group could have run it. An async
+    work whose completion was never seen (gloo's reduce_scatter) is never
+    guessed. Time only bounds where to look: a candidate never starts before
     its c10d op.
     """
 
     __slots__ = ("rec", "group", "op", "uid", "family", "need", "works", "lo", "hi", "on_caller",
-                 "done_on_worker", "bounded")
+                 "done_on_worker", "bounded", "settled")
 
     def __init__(self, rec: RecordedCollective, group: Optional[GroupRow], op: Optional[tuple], offset: int) -> None:
         ann = rec.annotation
@@ -331,6 +333,8 @@ class _GlooCall:
         self.done_on_worker = rec.done_tid is not None and rec.done_tid != rec.tid
         #: Its work ended by ``hi``: a sync call waited for it; an async one saw it complete.
         self.bounded = not ann.async_op or rec.done_tid is not None
+        #: Unbounded only: when all its works had surely started (see _gloo_works).
+        self.settled: Optional[int] = None
 
 
 class _RankAttacher:
@@ -502,24 +506,51 @@ class _RankAttacher:
         # The rest (sync calls, async ones completed before their callback was added, a list
         # reduce_scatter's other works): gloo works of the call's family that run inside the
         # call on a worker thread of its group (or of no group known yet), when unambiguous.
+        # An async call whose completion was never seen (gloo's reduce_scatter works have no
+        # future) is not bounded: its work could be any later one of its group's, so none is
+        # taken for it (start order is not queue order when two workers dequeue at once), and
+        # no later call of its group takes a work it could have run.
+        unbounded = [call for call in calls if call.need and not call.on_caller and not call.bounded]
+        for call in unbounded:
+            # Its works were queued before any later call's: all have started by the time the
+            # next sync call of its group has returned (that call waited for its own work).
+            call.settled = next((later.hi for later in calls if later.uid == call.uid and not later.on_caller
+                                 and not later.rec.annotation.async_op and later.lo >= call.lo), None)
         bounded = [call for call in calls if call.need and not call.on_caller and call.bounded]
-        for prefer_owned in (False, True):
+        for owned_only in (False, True):
             progress = True
             while progress and bounded:
                 progress = False
                 for call in list(bounded):
                     found = self._inside(call, owner)
-                    if prefer_owned:
-                        owned = [g for g in found if owner.get(g[4]) == call.uid]
-                        found = owned[:call.need] if len(owned) >= call.need else found
-                    if len(found) == call.need:
+                    if owned_only:
+                        found = [g for g in found if owner.get(g[4]) == call.uid]
+                    if len(found) == call.need and not self._contested(call, found, bounded, unbounded, owner):
                         for g in found:
                             self._take_work(call, g, owner)
                         bounded.remove(call)
                         progress = True
-        # An async call whose completion was never seen (gloo's reduce_scatter works have no
-        # future) is not bounded: its work could be any later one of its group's, so none is
-        # taken for it (the group's worker count is not known, so queue order cannot tell).
+
+    def _contested(self, call: _GlooCall, found: list[tuple], bounded: list[_GlooCall],
+                   unbounded: list[_GlooCall], owner: dict[int, str]) -> bool:
+        """Could another call of the same group still waiting for its work have run one of these?"""
+        ids = {id(g[2]) for g in found}
+        for other in bounded:
+            if (other is not call and other.uid == call.uid and other.family == call.family
+                    and other.lo <= call.hi + _TOL_NS and other.hi + _TOL_NS >= min(g[0] for g in found)
+                    and ids & {id(g[2]) for g in self._inside(other, {})}):
+                return True
+        # Works of unbounded calls queued before this one, still unstarted when it was queued?
+        pending = [other for other in unbounded if other.uid == call.uid and other.family == call.family
+                   and other.lo < call.lo and (other.settled is None or call.lo < other.settled)]
+        if not pending:
+            return False
+        since = min(other.lo for other in pending)
+        started = sum(1 for g in self.gloo[bisect.bisect_left(self.gloo, since, key=lambda g: g[0]):
+                                           bisect.bisect_left(self.gloo, call.lo, key=lambda g: g[0])]
+                      if g[3] == call.family and id(g[2]) not in self.taken and g[4] != call.rec.tid
+                      and owner.get(g[4], call.uid) == call.uid)
+        return started < sum(other.need for other in pending)
 
     def _inside(self, call: _GlooCall, owner: dict[int, str]) -> list[tuple]:
         """Untaken works of the call's family that start inside it (and for a sync call also
