@@ -29,7 +29,8 @@ def _cmd_summary(args: argparse.Namespace) -> int:
                          "pip install 'commtag[plot]'\n")
         return 2
     try:
-        analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us)
+        analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
+                                 rank_pattern=args.rank_pattern, rank=args.rank)
     except SummaryInputError as exc:
         sys.stderr.write(f"commtag summary: {exc}\n")
         return 2
@@ -143,6 +144,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a trace that names no rank gets one: merge and summary read traces alike, and the
+    error that cites these options comes from either."""
+    parser.add_argument("--rank-pattern", metavar="REGEX",
+                        help="regex with one group giving the rank from a file name, for traces without "
+                             "distributedInfo or sidecar (default rule: rank<N>, rank-<N>, rank_<N>, worker<N>)")
+    parser.add_argument("--rank", type=int, metavar="N",
+                        help="the rank of a single trace that names none (no distributedInfo, sidecar or "
+                             "rank in its file name)")
+
+
 def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `commtag merge` (which `python -m commtag.merge` runs)."""
     parser.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_TRACE",
@@ -153,12 +165,7 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="collectives: correct each host's clock from collectives that end together")
     parser.add_argument("--json", type=Path, metavar="DIR2",
                         help="also write each rank's annotated Chrome JSON there (for HTA, TraceLens)")
-    parser.add_argument("--rank-pattern", metavar="REGEX",
-                        help="regex with one group giving the rank from a file name, for traces without "
-                             "distributedInfo or sidecar (default rule: rank<N>, rank-<N>, rank_<N>, worker<N>)")
-    parser.add_argument("--rank", type=int, metavar="N",
-                        help="the rank of a single trace that names none (no distributedInfo, sidecar or "
-                             "rank in its file name)")
+    add_rank_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--skip-bad-ranks", action="store_true",
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
@@ -200,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--straggler-skew-us", type=float, default=1000.0, metavar="US",
                          help="name the last rank a straggler from this skew on (and at least the "
                               "collective's own time and 10x the run's noise, see README; default %(default)s)")
+    add_rank_arguments(summary)
     summary.set_defaults(func=_cmd_summary)
     return parser
 

@@ -25,11 +25,13 @@ class SummaryInputError(Exception):
 
 
 def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
-         rank_pattern: Optional[str] = None) -> tuple[Analysis, Optional[KernelTables]]:
-    """The analysis of ``path`` and its kernel categories (the same scopes for both inputs)."""
+         rank_pattern: Optional[str] = None, rank: Optional[int] = None,
+         ) -> tuple[Analysis, Optional[KernelTables]]:
+    """The analysis of ``path`` and its kernel categories (the same scopes for both inputs);
+    ``rank_pattern`` and ``rank`` tell the rank of traces that name none, as for the merge."""
     path = Path(path)
     if path.is_dir():
-        instances, coverage, kernels = _from_traces(path, rank_pattern)
+        instances, coverage, kernels = _from_traces(path, rank_pattern, rank)
     elif path.is_file():
         from commtag.merge import readback  # protobuf: only a file needs it
 
@@ -40,7 +42,7 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
         if kind == readback.EMPTY:
             raise SummaryInputError(f"{path}: empty file, neither a profiler trace nor a .pftrace")
         if kind == readback.JSON:
-            instances, coverage, kernels = _from_traces(path, rank_pattern)
+            instances, coverage, kernels = _from_traces(path, rank_pattern, rank)
         else:
             instances, coverage, kernels = _from_pftrace(path)
     else:
@@ -70,7 +72,7 @@ def _tables(found: KernelTables) -> KernelTables:
     return {scope: found.get(scope, {}) for scope in ("stream", "graph launch", "lane")}
 
 
-def _from_traces(path: Path, rank_pattern: Optional[str]):
+def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int]):
     from commtag.merge.load import MergeInputError
     from commtag.merge.pipeline import collect
 
@@ -86,7 +88,7 @@ def _from_traces(path: Path, rank_pattern: Optional[str]):
             tables["lane"][(rank, lane)] = breakdown
 
     try:
-        coverage, instances = collect([path], rank_pattern=rank_pattern, on_rank=categorize)
+        coverage, instances = collect([path], rank_pattern=rank_pattern, rank=rank, on_rank=categorize)
     except MergeInputError as exc:
         raise SummaryInputError(str(exc)) from exc
     return instances, coverage, tables

@@ -214,6 +214,27 @@ def test_rank_option_is_refused_where_it_cannot_apply(traces: Path, tmp_path: Pa
     assert _refused(capsys, out, str(NAMELESS), "--rank", "-1") == "--rank: -1 is not a rank (0 to 16777215)"
 
 
+def _summary_ranks(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, list[int], str]:
+    """Exit code, the ranks `commtag summary --format json` reports, and its stderr."""
+    code = main(["summary", "--format", "json", *args])
+    captured = capsys.readouterr()
+    return code, orjson.loads(captured.out)["ranks"] if code == 0 else [], captured.err
+
+
+def test_summary_takes_the_rank_options_its_error_cites(tmp_path: Path, capsys):
+    # The error summary prints for a trace naming no rank cites --rank-pattern and --rank: a
+    # user who follows it must not get "unrecognized arguments" back.
+    code, _, err = _summary_ranks(capsys, str(NAMELESS))
+    assert code == 2 and "--rank-pattern REGEX" in err and "takes --rank N" in err
+    assert _summary_ranks(capsys, str(NAMELESS), "--rank", "5") == (0, [5], "")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(NAMELESS, folder / "node7.json.gz")
+    assert _summary_ranks(capsys, str(folder), "--rank-pattern", r"node(\d+)") == (0, [7], "")
+    code, _, err = _summary_ranks(capsys, str(folder), "--rank-pattern", "(")
+    assert code == 2 and err.startswith("commtag summary: --rank-pattern: '(' is not a valid regular expression")
+
+
 # ---------------------------------------------------------------------------
 # Item 19: ranks in subfolders; item 20: a trace given by path takes the sidecar beside it.
 

@@ -263,6 +263,7 @@ def collect(
     *,
     align: str = "none",
     rank_pattern: Optional[str] = None,
+    rank: Optional[int] = None,
     graph_fallback: Optional[GraphFallback] = None,
     on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
 ) -> tuple[Coverage, list[CollectiveInstance]]:
@@ -275,7 +276,7 @@ def collect(
     merge writes).
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
-    ranks = discover(paths, rank_pattern)
+    ranks = discover(paths, rank_pattern, rank=rank)
     summaries = _summaries_only(ranks, graph_fallback, None, on_rank)
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
