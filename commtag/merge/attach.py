@@ -337,6 +337,26 @@ class _GlooCall:
         self.settled: Optional[int] = None
 
 
+class _Peers:
+    """The bounded gloo calls of each (group, work family), by start: which could share works."""
+
+    def __init__(self, calls: list[_GlooCall]) -> None:
+        self._by_key: dict[tuple[str, str], tuple[list[int], list[_GlooCall], int]] = {}
+        grouped: dict[tuple[str, str], list[_GlooCall]] = {}
+        for call in calls:
+            grouped.setdefault((call.uid, call.family), []).append(call)
+        for key, members in grouped.items():
+            members.sort(key=lambda c: c.lo)
+            self._by_key[key] = ([c.lo for c in members], members, max(c.hi - c.lo for c in members))
+
+    def overlapping(self, call: _GlooCall, since: int) -> list[_GlooCall]:
+        """The others whose span meets [since, the call's end]."""
+        los, members, longest = self._by_key.get((call.uid, call.family), ((), (), 0))
+        last = bisect.bisect_right(los, call.hi + _TOL_NS)
+        first = bisect.bisect_left(los, since - longest - _TOL_NS)
+        return [other for other in members[first:last] if other is not call and other.hi + _TOL_NS >= since]
+
+
 class _RankAttacher:
     """Attach everything for one trace file of a rank (see module docstring)."""
 
@@ -517,6 +537,7 @@ class _RankAttacher:
             call.settled = next((later.hi for later in calls if later.uid == call.uid and not later.on_caller
                                  and not later.rec.annotation.async_op and later.lo >= call.lo), None)
         bounded = [call for call in calls if call.need and not call.on_caller and call.bounded]
+        peers = _Peers(bounded)
         for owned_only in (False, True):
             progress = True
             while progress and bounded:
@@ -525,20 +546,18 @@ class _RankAttacher:
                     found = self._inside(call, owner)
                     if owned_only:
                         found = [g for g in found if owner.get(g[4]) == call.uid]
-                    if len(found) == call.need and not self._contested(call, found, bounded, unbounded, owner):
+                    if len(found) == call.need and not self._contested(call, found, peers, unbounded, owner):
                         for g in found:
                             self._take_work(call, g, owner)
                         bounded.remove(call)
                         progress = True
 
-    def _contested(self, call: _GlooCall, found: list[tuple], bounded: list[_GlooCall],
+    def _contested(self, call: _GlooCall, found: list[tuple], peers: _Peers,
                    unbounded: list[_GlooCall], owner: dict[int, str]) -> bool:
         """Could another call of the same group still waiting for its work have run one of these?"""
         ids = {id(g[2]) for g in found}
-        for other in bounded:
-            if (other is not call and other.uid == call.uid and other.family == call.family
-                    and other.lo <= call.hi + _TOL_NS and other.hi + _TOL_NS >= min(g[0] for g in found)
-                    and ids & {id(g[2]) for g in self._inside(other, {})}):
+        for other in peers.overlapping(call, min(g[0] for g in found)):
+            if other.need and ids & {id(g[2]) for g in self._inside(other, {})}:
                 return True
         # Works of unbounded calls queued before this one, still unstarted when it was queued?
         pending = [other for other in unbounded if other.uid == call.uid and other.family == call.family
