@@ -11,8 +11,9 @@ data-parallel groups ({0,2}, {1,3}). Each step runs:
   products in forward, and the column-parallel input's gradient in backward;
 * all_to_all_single (DP, uneven splits): MoE-style routing of tokens to
   experts and back, again in backward;
-* reduce_scatter_single + all_gather_single (DP): ZeRO-style gradient
-  reduction and parameter re-assembly;
+* reduce_scatter_single + all_gather_single (DP; before torch 2.13
+  reduce_scatter_tensor + all_gather_into_tensor, the same calls): ZeRO-style
+  gradient reduction and parameter re-assembly;
 * all_gather (world): every rank's loss, for the log line.
 gloo on CPU by default; NCCL on CUDA when every rank has its own GPU.
 Afterwards ``traces/`` holds ``rank{R}.step{S}.pt.trace.json.gz`` and
@@ -128,10 +129,14 @@ def _zero_step(model: torch.nn.Module, dp_group: dist.ProcessGroup, lr: float = 
     flat_grad = torch.nn.functional.pad(flat_grad, (0, pad))
     flat_param = torch.nn.functional.pad(flat_param, (0, pad))
     shard = flat_grad.new_empty(flat_grad.numel() // size)
-    dist.reduce_scatter_single(shard, flat_grad, group=dp_group)
+    # The ``_single`` ops from torch 2.13 on; before, the ops they replaced (same positional
+    # arguments, recorded alike). Looked up per call: commtag.install() replaces them.
+    reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    reduce_scatter(shard, flat_grad, group=dp_group)
     me = dist.get_rank(dp_group)
     my_params = flat_param[me * shard.numel():(me + 1) * shard.numel()] - lr * shard / size
-    dist.all_gather_single(flat_param, my_params.contiguous(), group=dp_group)
+    all_gather(flat_param, my_params.contiguous(), group=dp_group)
     offset = 0
     with torch.no_grad():
         for p in params:
