@@ -44,7 +44,7 @@ COLLECTIVES = {
 }
 #: dtype name -> the c10 name the profiler prints.
 DTYPES = {"float32": "Float", "float64": "Double", "int32": "Int", "int64": "Long", "bfloat16": "BFloat16"}
-#: Ops whose reduction bfloat16 is not worth the risk on gloo: plain float types there.
+#: Reducing ops draw plain float and int dtypes (bfloat16 elsewhere: gloo's bfloat16 sums are not needed here).
 _REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced",
              "coalescing_manager")
 WAIT, WARMUP, ACTIVE = 1, 1, 2
@@ -63,13 +63,15 @@ class Step:
     src: int = 0  # global ranks of a p2p pair
     dst: int = 0
     any_source: bool = False
-    #: all_to_all*: elements rank i sends to rank j, by group ranks.
+    #: all_to_all_single: elements group rank i sends to group rank j.
     splits: list[list[int]] = field(default_factory=list)
     waits: int = -1  # "wait": the op_id whose work is waited
 
 
 @dataclass
 class Plan:
+    """A seed's groups (0: the world) and its steps, one list per profiler step."""
+
     groups: list[list[int]]
     windows: list[list[Step]]
     #: Windows before which every rank destroys the world and inits it again (new groups, Seq from 1).
@@ -252,8 +254,8 @@ def _run_window(rank: int, steps: list[Step], plan: Plan, handles: list, names: 
         def zeros(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=dtype)
 
-        record = {"window": window, "recorded": recorded, "life": truth.life, "op": step.kind, "op_id": step.op_id, "marker": m, "async": step.async_op,
-                  "pg_name": names[step.group], "group": members}
+        record = {"window": window, "recorded": recorded, "life": truth.life, "op": step.kind, "op_id": step.op_id,
+                  "marker": m, "async": step.async_op, "pg_name": names[step.group], "group": members}
         kind = step.kind
         a = step.async_op
         root = members[step.root]
@@ -283,7 +285,8 @@ def _run_window(rank: int, steps: list[Step], plan: Plan, handles: list, names: 
             seq = truth.p2p(step.group)
             # Both directions at once: each side sends one tensor and receives the other's.
             send_n, recv_n = (m, m + 6) if rank == step.src else (m + 6, m)
-            ops = [dist.P2POp(dist.isend, ones(send_n), peer, group), dist.P2POp(dist.irecv, zeros(recv_n), peer, group)]
+            ops = [dist.P2POp(dist.isend, ones(send_n), peer, group),
+                   dist.P2POp(dist.irecv, zeros(recv_n), peer, group)]
             works[step.op_id] = dist.batch_isend_irecv(ops)
             for p2p_kind, n, src, dst in (("send", send_n, rank, peer), ("recv", recv_n, peer, rank)):
                 exp = _expected(p2p_kind, n, n, step.dtype, members.index(peer), seq, members, True,
