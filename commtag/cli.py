@@ -28,6 +28,10 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         sys.stderr.write("commtag summary: --plot needs matplotlib, which is not installed: "
                          "pip install 'commtag[plot]'\n")
         return 2
+    problem = None if args.plot is None else report.plot_target_problem(args.plot, args.input)
+    if problem is not None:
+        sys.stderr.write(f"commtag summary: {args.plot}: {problem}\n")
+        return 2
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
                                  rank_pattern=args.rank_pattern, rank=args.rank)

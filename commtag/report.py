@@ -6,11 +6,11 @@ computes a figure of its own, so the report, the JSON and the trace agree.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +19,7 @@ import orjson
 from commtag.kernels import Breakdown
 from commtag.merge.analyze import NO_PAYLOAD, Analysis, GroupSummary, summarize
 from commtag.merge.attach import UNATTRIBUTED_UID
+from commtag.merge.output import not_regular, temporary
 from commtag.merge.records import CPU_OP_SOURCE
 
 #: Version of the JSON report's layout (bump on an incompatible change).
@@ -168,16 +169,30 @@ def _bw(gbps: Optional[float]) -> str:
     return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1e3:.2f} MB/s"
 
 
+def plot_target_problem(path: Path, source: Path) -> Optional[str]:
+    """Why the plot may not be written at ``path`` (None when it may): renaming a file over a
+    device or pipe would replace it, and over the summary's own input would destroy it."""
+    kind = not_regular(Path(path))
+    if kind is not None:
+        return f"--plot's target is {kind}, not a regular file: writing the plot would replace it"
+    with contextlib.suppress(OSError):
+        if os.path.samefile(path, source):
+            return "--plot's target is the summary's input: writing the plot would overwrite it"
+    return None
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write next to the target and rename, so a failure never leaves half a file."""
+    """Write next to the target and rename, so a failure never leaves half a file; the file
+    gets the user's umask like any other (a hidden temporary of a dead process goes at the
+    next merge into that folder)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    tmp = temporary(path)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with open(tmp, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

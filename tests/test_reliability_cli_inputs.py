@@ -10,6 +10,8 @@ matplotlib says how to get it.
 from __future__ import annotations
 
 import gzip
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +118,33 @@ def test_plot_without_matplotlib_says_how_to_get_it(merged: Path, tmp_path: Path
     drawn = _commtag("summary", str(merged), "--plot", str(png))
     assert drawn.returncode == 0, drawn.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_never_replaces_a_pipe_or_the_summarys_input(merged: Path, tmp_path: Path) -> None:
+    # Renaming the drawn PNG over a FIFO (or a device: `--plot /dev/null` run as root) would
+    # replace it with a regular file, and over the input would destroy the merge.
+    fifo = tmp_path / "skew.png"
+    os.mkfifo(fifo)
+    done = _commtag("summary", str(merged), "--plot", str(fifo))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"commtag summary: {fifo}: --plot's target is a pipe (FIFO), not a regular file: "
+        "writing the plot would replace it"
+    ]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    shared = tmp_path / "merged.png"  # a merged trace the user named .png: the plot's format
+    shared.write_bytes(merged.read_bytes())
+    done = _commtag("summary", str(shared), "--plot", str(shared))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"commtag summary: {shared}: --plot's target is the summary's input: writing the plot would overwrite it"
+    ]
+    assert shared.read_bytes() == merged.read_bytes()
+
+
+def test_the_plot_is_readable_as_any_file_the_user_writes(merged: Path, tmp_path: Path) -> None:
+    png = tmp_path / "skew.png"
+    done = _commtag("summary", str(merged), "--plot", str(png), probe="import os; os.umask(0o022)")
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(png.stat().st_mode) == 0o644  # not mkstemp's private 0600
+    assert [p.name for p in tmp_path.iterdir()] == ["skew.png"]

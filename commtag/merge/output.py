@@ -97,7 +97,7 @@ def _identity(path: Path) -> Optional[tuple[int, int]]:
     return st.st_dev, st.st_ino
 
 
-def _not_regular(path: Path) -> Optional[str]:
+def not_regular(path: Path) -> Optional[str]:
     """Why ``path`` cannot be replaced by a file: what it is when it exists and is no regular file."""
     try:
         mode = path.stat().st_mode
@@ -120,7 +120,7 @@ def check_outputs(output: Path, json_dir: Optional[Path], inputs: Sequence[Path]
     taken = {_identity(p) for p in files} - {None}
 
     def check(path: Path, what: str) -> None:
-        kind = _not_regular(path)
+        kind = not_regular(path)
         if kind is not None:
             raise MergeInputError(path, f"{what} is {kind}, not a regular file: the merge would replace it")
         if _identity(path) in taken:
