@@ -10,6 +10,7 @@ matplotlib says how to get it.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import stat
 import subprocess
@@ -148,3 +149,26 @@ def test_the_plot_is_readable_as_any_file_the_user_writes(merged: Path, tmp_path
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(png.stat().st_mode) == 0o644  # not mkstemp's private 0600
     assert [p.name for p in tmp_path.iterdir()] == ["skew.png"]
+
+
+def test_one_traced_rank_of_a_larger_world_gets_no_skew_for_kernels_without_metadata(tmp_path: Path) -> None:
+    # A real A100 rank 0 of 16 (distributedInfo world_size 16) whose NCCL kernels carry no
+    # metadata: each send/recv has a peer that was not traced, so a skew over the one rank
+    # present ("0.0 us", on time) would be a wrong answer; it is incomplete, as a named
+    # missing rank makes it. The merged trace summarizes the same.
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "rank0.json.gz").symlink_to(PUBLIC / "single-rank-scale" / "hta_a100_rank0_of16.json.gz")
+    from_dir = _commtag("summary", "--format", "json", str(job))
+    assert from_dir.returncode == 0, from_dir.stderr
+    summary = json.loads(from_dir.stdout)
+    assert summary["ranks"] == [0] and summary["world_size"] == 16
+    assert len(summary["collectives"]) == 80
+    for c in summary["collectives"]:
+        assert (c["ranks"], c["skew_us"], c["last_rank"], c.get("unnamed_missing")) == ([0], None, None, 1), c
+    assert [(g["count"], g["incomplete"], g["skew_p50_us"]) for g in summary["summary"]] == [(80, 80, None)]
+    merged = _commtag("merge", "--no-progress", str(job))
+    assert merged.returncode == 0, merged.stderr
+    from_merge = _commtag("summary", "--format", "json", str(job / "merged.pftrace"))
+    assert from_merge.returncode == 0, from_merge.stderr
+    assert json.loads(from_merge.stdout)["collectives"] == summary["collectives"]

@@ -232,6 +232,9 @@ class MatchedCollective:
     busbw_gbps: Optional[float]
     straggler: bool = False
     findings: list[Finding] = field(default_factory=list)
+    #: Members of an unknown group (an NCCL kernel without metadata) that no rank's trace
+    #: matched: there are this many, but which ranks is not known (so not in missing_ranks).
+    unnamed_missing: int = 0
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -244,7 +247,7 @@ class MatchedCollective:
     @property
     def complete(self) -> bool:
         """Every member rank recorded it: only then are skew and bandwidth measured."""
-        return not self.missing_ranks
+        return not self.missing_ranks and not self.unnamed_missing
 
     def to_dict(self) -> dict[str, object]:
         """The JSON record of ``commtag summary --format json``."""
@@ -259,6 +262,7 @@ class MatchedCollective:
             "group_size": self.group_size,
             "ranks": list(self.ranks),
             "missing_ranks": list(self.missing_ranks),
+            "unnamed_missing": self.unnamed_missing,
             "first_rank": self.first_rank,
             "last_rank": self.last_rank,
             "start_ns": self.first_start_ns,
@@ -375,6 +379,20 @@ def _expected(members: list[CollectiveInstance]) -> set[int]:
     return ranks
 
 
+def _unnamed_missing(members: list[CollectiveInstance]) -> int:
+    """How many members an instance of an unknown group lacks (0 for a known group).
+
+    An NCCL kernel without metadata names no group: a collective's spans the
+    world (``group_size``, from distributedInfo), a transfer's two ranks. Seen
+    on fewer ranks (one rank of a larger world traced), it is measured only as
+    far as it is known: a skew over the ranks present would call it on time.
+    """
+    first = members[0]
+    if first.group_ranks or (first.is_p2p and first.p2p_ends):
+        return 0
+    return max(0, (2 if first.is_p2p else first.group_size) - len({i.rank for i in members}))
+
+
 class _SeqIndex:
     """Each rank's recorded Seq numbers per group (collectives), with the window each ran in."""
 
@@ -428,7 +446,8 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIn
     # (by time, or by its Seqs on both sides; every replay of a graph has the same Seq).
     blamed = tuple(r for r in missing if coverage.covers(r, first.start_ns, end)
                    or (not last.is_p2p and last.replay is None and seqs.passed(last.pg_uid, r, last.seq)))
-    complete = not missing
+    unnamed = _unnamed_missing(members)
+    complete = not missing and not unnamed
     skew = last.start_ns - first.start_ns if complete else None
     transfer = last.duration_ns if complete else None
     group_size = 2 if last.is_p2p else last.group_size
@@ -447,6 +466,7 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIn
         group_size=last.group_size,
         members=by_rank,
         missing_ranks=missing,
+        unnamed_missing=unnamed,
         blamed_ranks=blamed,
         first_rank=first.rank,
         last_rank=last.rank if complete else None,
@@ -673,6 +693,8 @@ def annotate(analysis: Analysis) -> None:
             figures["commtag last rank"] = m.last_rank
         else:
             figures["commtag missing ranks"] = f"[{', '.join(map(str, m.missing_ranks))}]"
+            if m.unnamed_missing:
+                figures["commtag members not found"] = m.unnamed_missing
         if m.bytes is not None:
             figures["commtag bytes"] = m.bytes
         if m.algbw_gbps is not None:

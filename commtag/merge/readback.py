@@ -26,6 +26,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.constants import parse_rank_list
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
+from commtag.merge.attach import UNATTRIBUTED_UID
 from commtag.merge.perfetto import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
@@ -182,6 +183,9 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     unknown = [] if windows else [ALL_TIME]
     for rank in ranks | {i.rank for i in out}:
         windows.setdefault(rank, list(unknown))
+    for instance in out:  # an NCCL kernel without metadata: the merge took its group as the world
+        if world_size and instance.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
+            instance.group_size = world_size
     return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size)
 
 
@@ -380,7 +384,7 @@ def _instance(start_ns: int, end_ns: int, args: dict[str, object]) -> Optional[C
             collective=str(args["Collective name"]),
             in_nelems=int(args.get("In msg nelems", 0)),  # type: ignore[arg-type]
             out_nelems=int(args.get("Out msg nelems", 0)),  # type: ignore[arg-type]
-            dtype=str(args.get("dtype", "")),
+            dtype=str(args.get("dtype", "Undefined")),  # as attach reads a kernel without one
             group_size=int(args.get("Group size", len(ranks) or 1)),  # type: ignore[arg-type]
             group_ranks=tuple(ranks),
             start_ns=start_ns,
