@@ -92,6 +92,12 @@ def left_out_reason(ph: str, cat: Optional[str]) -> str:
     return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
 
 
+def _kind(ph: object, cat: object) -> tuple[str, Optional[str]]:
+    """An event's (phase, category) as counted: a phase that is not text by its repr, a
+    category that is not text as none."""
+    return (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
+
+
 def _row_id(value: RowId) -> tuple[RowId, bool]:
     """A pid or tid as the timeline keys it, and whether it names a GPU stream (``"stream 7"``)."""
     if value.__class__ is int:
@@ -272,8 +278,8 @@ class RankConverter:
         self.placed: dict[tuple, tuple[RowId, RowId]] = {}
         #: Events read from every file of the rank.
         self.read = 0
-        #: (phase, category) -> events of that kind not written.
-        self.left_out: dict[tuple, int] = {}
+        #: phase -> category -> events of that kind not written.
+        self.left_out: dict[str, dict[Optional[str], int]] = {}
         self.listed: Optional[list[str]] = [] if list_left_out else None
 
     # -- events ------------------------------------------------------------
@@ -305,13 +311,13 @@ class RankConverter:
                 dur = 0
                 dc = int
             else:
-                kind = ph, e.get("cat")
-                try:
-                    left_out[kind] += 1
-                except (KeyError, TypeError):  # the first of its kind, or a phase or category that is no text
-                    kind = self._leave_out(kind)
+                try:  # by phase, then category: two lookups of cached str hashes, no tuple, no call
+                    left_out[ph][e["cat"]] += 1
+                except (KeyError, TypeError):  # the first of its kind, no category ("M"), or not text
+                    self._leave_out(ph, e.get("cat"))
                 if listed is not None:
-                    listed.append(f"{path}: traceEvents[{i}] {e.get('name')!r}: {left_out_reason(*kind)}")
+                    listed.append(f"{path}: traceEvents[{i}] {e.get('name')!r}: "
+                                  f"{left_out_reason(*_kind(ph, e.get('cat')))}")
                 if ph == "M":
                     _check_ids(path, i, e)
                     if body is not None:
@@ -394,13 +400,11 @@ class RankConverter:
         file.index = i + 1
         file.first, file.last = first, last
 
-    def _leave_out(self, kind: tuple) -> tuple:
-        """Count the first event of a (phase, category) left out; a phase or category that is
-        not text is counted under its repr (phase) or no category."""
-        ph, cat = kind
-        kind = (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
-        self.left_out[kind] = self.left_out.get(kind, 0) + 1
-        return kind
+    def _leave_out(self, ph: object, cat: object) -> None:
+        """Count an event left out whose kind the loop's counter has not seen (see :func:`_kind`)."""
+        ph, cat = _kind(ph, cat)
+        by_cat = self.left_out.setdefault(ph, {})
+        by_cat[cat] = by_cat.get(cat, 0) + 1
 
     def _place(self, e: dict, pid: RowId, tid: RowId) -> tuple[RowId, RowId]:
         """The row of an event whose pid or tid is a string (torch 1.8-1.10, Kineto's own spans):
@@ -561,9 +565,10 @@ class RankConverter:
         """The rank's receipt: events read, written (counted on the rows), and left out by reason."""
         written = sum(len(row) for row in self.rows.values()) + sum(len(row) for row in self.instants.values())
         reasons: dict[str, int] = {}
-        for kind, n in self.left_out.items():
-            reason = left_out_reason(*kind)
-            reasons[reason] = reasons.get(reason, 0) + n
+        for ph, by_cat in self.left_out.items():
+            for cat, n in by_cat.items():
+                reason = left_out_reason(ph, cat)
+                reasons[reason] = reasons.get(reason, 0) + n
         return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()))
 
     def timeline(self) -> RankTimeline:
