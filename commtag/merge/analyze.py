@@ -60,7 +60,10 @@ Stragglers
     rank holding anyone up. A rank late to every collective is therefore still
     named; scheduling jitter of a shared machine is not. The late rank's own
     trace must cover the time it was late: a lead it took before its profiler
-    started (the first collective of a window) is measured, not named.
+    started (the first collective of a window) is measured, not named. Nor is
+    a lead between NCCL kernels that carried no metadata: they are paired
+    across ranks by their order on each rank (``commtag inferred``), which is
+    a guess, not the identity a straggler claim needs.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from commtag.constants import SCALAR_TYPE_BYTES
 from commtag.merge.records import (
     ALL_TIME,
     CPU_OP_SOURCE,
+    INFERRED_KEY,
     ANN_WINDOW_NS,
     ANN_WINDOW_RANK,
     ANN_WORLD_SIZE,
@@ -488,7 +492,8 @@ def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_s
     measured = [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
     floor = min_skew_us * 1000
     candidates = [m for m in measured if m.skew_ns >= max(floor, m.transfer_ns)
-                  and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)]
+                  and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)
+                  and not any(i.arg(INFERRED_KEY) for i in m.members.values())]
     noise: dict[tuple[bool, int], float] = {}
     for m in candidates:
         key = (m.is_p2p, m.last_rank)

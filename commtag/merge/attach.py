@@ -53,7 +53,7 @@ from commtag.constants import (
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.perfetto import FLOW_LAUNCH, FLOW_SOURCE, flow_id
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance
+from commtag.merge.records import CPU_OP_SOURCE, INFERRED_KEY, CollectiveInstance
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import CollectiveAnnotation, GraphCapture, RecordedCollective, Sidecar
@@ -767,7 +767,7 @@ class _RankAttacher:
                 "Collective name": kind, "Seq": n,
                 "commtag lane id": UNATTRIBUTED_LANE_ID, "commtag lane": UNATTRIBUTED_LANE,
                 "commtag pg uid": f"{UNATTRIBUTED_UID}:{kind}", "commtag p2p": kind in ("sendrecv", "send", "recv"),
-                "commtag inferred": "collective from the kernel name; group unknown; Seq = order on this rank",
+                INFERRED_KEY: "collective from the kernel name; group unknown; Seq = order on this rank",
             }
             inst = _instance(self.rank, split_args(eager), start, end, "nccl-kernel", None, self.flows.source(e))
             inst.group_size = int(world)

@@ -19,6 +19,10 @@ _ABSENT = object()
 #: carried the metadata: the host time of the call (NCCL only enqueues the work
 #: there), so no bandwidth is measured from it.
 CPU_OP_SOURCE = "cpu-op"
+#: Set on an instance made from an NCCL kernel that carried no metadata: its group and Seq
+#: are guessed from the kernel name and its order on the rank, so it is never evidence enough
+#: to name a straggler.
+INFERRED_KEY = "commtag inferred"
 
 
 @dataclass(slots=True)
