@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-#: Where public traces are kept: the shared data beside the repository, and the repository's own.
-ROOTS = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces",
-         Path(__file__).resolve().parent / "data" / "public")
+#: Where public traces are kept: the shared data beside the repository (the repository keeps
+#: no third-party data; docs/public-traces.md lists those found for it).
+ROOTS = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces",)
 #: Larger traces are merged by the scale tests and benchmarks, not here.
 _SMALL = 2 << 20
 SMALL_TRACES = sorted(
