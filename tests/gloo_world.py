@@ -165,3 +165,24 @@ def _describe_failures(failures: list[tuple[int, str]], results: Any) -> str:
     peer_error = ("Connection reset", "Connection closed", "Broken pipe")
     failures.sort(key=lambda f: any(marker in f[1] for marker in peer_error))
     return "\n".join(f"rank {rank} raised:\n{tb}" for rank, tb in failures)
+
+
+def profiled_pair_job(rank: int, world_size: int, out_dir: str) -> None:
+    """A small commtag-profiled job (the world and a group of ranks 0 and 1), one trace per rank:
+    the real input the merge's input and discovery tests alter."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import commtag
+
+    commtag.install()
+    pair = dist.new_group([0, 1])
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
+        t = torch.ones(16)
+        for _ in range(3):
+            dist.all_reduce(t)
+            if rank < 2:
+                dist.all_reduce(t, group=pair)
+        dist.barrier()
+    commtag.uninstall()

@@ -23,32 +23,13 @@ import pytest
 from commtag.cli import main
 from commtag.constants import TRACE_SUFFIX, sidecar_name_for
 from commtag.merge.validate import validate_file
-from gloo_world import run_world
+from gloo_world import profiled_pair_job, run_world
 from pftrace_reader import read
 
 WORLD = 3
 OUT = "merged.pftrace"
 PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 NAMELESS = PUBLIC / "edge-cases" / "hta_no_distributed_info.json.gz"
-
-
-def _profiled(rank: int, world_size: int, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
-
-    import commtag
-
-    commtag.install()
-    pair = dist.new_group([0, 1])
-    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
-        t = torch.ones(16)
-        for _ in range(3):
-            dist.all_reduce(t)
-            if rank < 2:
-                dist.all_reduce(t, group=pair)
-        dist.barrier()
-    commtag.uninstall()
 
 
 def _profiled_steps(rank: int, world_size: int, out_dir: str) -> None:
@@ -73,7 +54,7 @@ def _profiled_steps(rank: int, world_size: int, out_dir: str) -> None:
     commtag.uninstall()
 
 
-def _run(tmp_path_factory: pytest.TempPathFactory, name: str, body: Callable = _profiled) -> Path:
+def _run(tmp_path_factory: pytest.TempPathFactory, name: str, body: Callable = profiled_pair_job) -> Path:
     out = tmp_path_factory.mktemp(name)
     run_world(body, WORLD, str(out))
     return out

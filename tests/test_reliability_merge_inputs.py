@@ -25,36 +25,17 @@ import pytest
 from commtag.cli import main
 from commtag.merge.timeline import LANE_GROUP
 from commtag.merge.validate import validate_file
-from gloo_world import run_world
+from gloo_world import profiled_pair_job, run_world
 from pftrace_reader import read
 
 WORLD = 3
 OUT = "merged.pftrace"
 
 
-def _profiled(rank: int, world_size: int, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
-
-    import commtag
-
-    commtag.install()
-    pair = dist.new_group([0, 1])
-    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
-        t = torch.ones(16)
-        for _ in range(3):
-            dist.all_reduce(t)
-            if rank < 2:
-                dist.all_reduce(t, group=pair)
-        dist.barrier()
-    commtag.uninstall()
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gloo_run")
-    run_world(_profiled, WORLD, str(out))
+    run_world(profiled_pair_job, WORLD, str(out))
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"rank{r}.step0.pt.trace.json.gz" for r in range(WORLD)] + [f"rank{r}.step0.commtag.json" for r in range(WORLD)]
     )

