@@ -73,11 +73,12 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
     groups = {r.pg_uid for r in rows}
     buckets = {pg for pg in groups if pg.startswith(UNATTRIBUTED_UID + ":")}
     world = f" of {coverage.world_size}" if coverage.absent else ""
+    ranks = len(coverage.ranks)
     lines = [
-        f"{len(analysis.collectives)} collectives on {len(coverage.ranks)}{world} ranks, "
-        f"{len(groups - buckets)} process groups"
-        + (f" (+ {len(buckets)} kinds of NCCL kernels without metadata)" if buckets else "")
-        + f", {len(analysis.desyncs)} desyncs"
+        f"{_many(len(analysis.collectives), 'collective')} on {ranks}{world} {'rank' if ranks == 1 and not world else 'ranks'}, "
+        f"{_many(len(groups - buckets), 'process group')}"
+        + (f" (+ {_many(len(buckets), 'kind')} of NCCL kernels without metadata)" if buckets else "")
+        + f", {_many(len(analysis.desyncs), 'desync')}"
     ]
     note = cpu_op_note(analysis)
     if note:
@@ -132,6 +133,11 @@ def cpu_op_note(analysis: Analysis) -> Optional[str]:
     return (f"note: {timed} of {len(analysis.collectives)} collectives come from record_param_comms CPU ops: "
             "no kernel carried collective metadata (a CPU-only profile, or a world of one rank); their times "
             "are the host calls', so they have no bandwidth")
+
+
+def _many(n: int, noun: str) -> str:
+    """``1 collective``, ``2 collectives``: the header reads as a sentence."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _align(table: list[tuple[str, ...]]) -> list[str]:

@@ -331,3 +331,12 @@ def test_kernels_paired_only_by_their_order_never_name_a_straggler():
     matched = analyze(members).collectives
     assert [m.skew_ns for m in matched] == [5_000_000] * 10
     assert not any(m.straggler for m in matched)
+
+
+def test_the_summary_header_reads_as_a_sentence():
+    from commtag import report
+
+    one = report.to_text(analyze([inst(0, 1, ranks=(0,))]))
+    assert one.splitlines()[0] == "1 collective on 1 rank, 1 process group, 0 desyncs"
+    two = report.to_text(analyze(world(1) + world(2, pg="pg1")))
+    assert two.splitlines()[0] == "2 collectives on 4 ranks, 2 process groups, 0 desyncs"

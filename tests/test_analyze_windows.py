@@ -162,7 +162,7 @@ def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(tmp_path):
     idle = idle_rank_world()
     merge(idle, tmp_path / "idle.pftrace", analysis=MergeAnalysis(), progress=False)
     for source in (idle, tmp_path / "idle.pftrace"):
-        assert _summary(source).startswith("1 collectives on 2 ranks, 1 process groups, 0 desyncs")
+        assert _summary(source).startswith("1 collective on 2 ranks, 1 process group, 0 desyncs")
 
     # NCCL kernels without metadata (a public 8-rank trace) are no process groups, and their size is unknown.
     dlrm = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces" / "param-dlrm-8rank"

@@ -78,7 +78,7 @@ def test_ranks_of_a_cpu_only_run_are_matched_and_the_summary_says_how(tmp_path: 
                              capture_output=True, text=True, timeout=300)
     assert summary.returncode == 0, summary.stderr
     lines = summary.stdout.splitlines()
-    assert lines[0] == "21 collectives on 2 ranks, 1 process groups, 0 desyncs"
+    assert lines[0] == "21 collectives on 2 ranks, 1 process group, 0 desyncs"
     assert lines[1].startswith("note: 21 of 21 collectives come from record_param_comms CPU ops")
     allreduce = next(line.split() for line in lines if line.strip().startswith("allreduce"))
     assert allreduce[1] == "15" and allreduce[-3:-1] == ["-", "-"]  # no bandwidth from host times
