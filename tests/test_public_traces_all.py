@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 #: Where public traces are kept: the shared data beside the repository (the repository keeps
-#: no third-party data; docs/public-traces.md lists those found for it).
+#: no third-party data; docs/found-traces.md lists those found for it).
 ROOTS = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces",)
 #: Larger traces are merged by the scale tests and benchmarks, not here.
 _SMALL = 2 << 20
