@@ -28,7 +28,7 @@ import gzip
 import re
 import zlib
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import BinaryIO, Iterator, Optional
 
 import orjson
 
@@ -52,6 +52,19 @@ _KEY = re.compile(rb'"((?:[^"\\]|\\.)*)"\s*:\s*')
 #: Tokens that matter when finding where a small top-level value ends.
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|[,}\]]')
 _SCALAR = re.compile(rb'[^,}\]\s]+')
+
+
+#: The first bytes of every gzip stream: traces, sidecars and .pftrace files come both ways.
+GZIP_MAGIC = b"\x1f\x8b"
+#: What reading a gzip stream raises when it is corrupt or cut short.
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def open_decompressed(path: Path) -> BinaryIO:
+    """``path`` for reading, decompressed on the fly when it is gzip. Raises OSError."""
+    with open(path, "rb") as stream:
+        gzipped = stream.read(2) == GZIP_MAGIC
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
 class TraceFormatError(Exception):
@@ -79,15 +92,9 @@ class TraceStream:
     # -- input -------------------------------------------------------------
     def _open(self) -> None:
         try:
-            stream = open(self.path, "rb")
+            self._raw = open_decompressed(self.path)
         except OSError as exc:
             raise TraceFormatError(f"cannot read: {exc.strerror or exc}") from None
-        if stream.read(2) == b"\x1f\x8b":
-            stream.seek(0)
-            self._raw = gzip.GzipFile(fileobj=stream, mode="rb")
-        else:
-            stream.seek(0)
-            self._raw = stream
 
     def _more(self) -> bool:
         """Append the next decompressed chunk; False at the end of the file.

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 from commtag.constants import SIDECAR_SUFFIX, TIME_NS_LIMIT, sidecar_name_for
+from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar, SidecarHead
@@ -103,7 +104,7 @@ def _head(path: Path) -> bytes:
             raw = stream.read(_HEAD_BYTES)
     except OSError as exc:
         raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if raw[:2] != b"\x1f\x8b":
+    if raw[:2] != GZIP_MAGIC:
         return raw
     stream = zlib.decompressobj(wbits=47)
     try:
@@ -118,18 +119,16 @@ def _head(path: Path) -> bytes:
 def _tail(path: Path) -> bytes:
     """The last bytes of a file, decompressed if gzip (read through to the end: gzip cannot seek)."""
     try:
-        with open(path, "rb") as stream:
-            if stream.read(2) != b"\x1f\x8b":
+        with open_decompressed(path) as stream:
+            if not isinstance(stream, gzip.GzipFile):
                 stream.seek(0, 2)
                 stream.seek(max(0, stream.tell() - _HEAD_BYTES))
                 return stream.read()
-            stream.seek(0)
             tail = b""
-            with gzip.GzipFile(fileobj=stream, mode="rb") as unzipped:
-                while chunk := unzipped.read(1 << 20):
-                    tail = (tail + chunk)[-_HEAD_BYTES:]
+            while chunk := stream.read(1 << 20):
+                tail = (tail + chunk)[-_HEAD_BYTES:]
             return tail
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+    except GZIP_ERRORS as exc:
         raise MergeInputError(path, f"truncated or corrupt gzip ({exc})") from None
     except OSError as exc:
         raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
@@ -402,7 +401,7 @@ def _validated(path: Path, model: type[_Model]) -> _Model:
 
     try:
         raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
+        if raw[:2] == GZIP_MAGIC:
             raw = gzip.decompress(raw)
         return model.model_validate_json(raw)
     except OSError as exc:

@@ -15,7 +15,6 @@ not available offline, so the tests and the README's timeline picture
 
 from __future__ import annotations
 
-import gzip
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from commtag.constants import parse_rank_list
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
 from commtag.merge.attach import UNATTRIBUTED_UID
+from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.perfetto import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
@@ -60,7 +60,6 @@ class ReadbackError(ValueError):
     """The file is not a Perfetto trace commtag can read lane slices from."""
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _JSON_OBJECT = re.compile(rb'\s*\{\s*["}]')
 #: What :func:`sniff` calls a file, by its first bytes (decompressed when gzipped).
 EMPTY, JSON, PFTRACE, UNKNOWN = "empty", "JSON", "pftrace", "unknown"
@@ -75,7 +74,7 @@ def sniff(path: Path) -> tuple[str, bool]:
     """
     with open(path, "rb") as stream:
         head = stream.read(4096)
-    gzipped = head[:2] == _GZIP_MAGIC
+    gzipped = head[:2] == GZIP_MAGIC
     if gzipped:
         try:
             head = zlib.decompressobj(wbits=47).decompress(head, 64)
@@ -89,17 +88,6 @@ def sniff(path: Path) -> tuple[str, bool]:
     if head[:1] == b"\x0a":
         return PFTRACE, gzipped
     return UNKNOWN, gzipped
-
-
-def open_trace(path: Path) -> BinaryIO:
-    """A Perfetto trace for reading, decompressed on the fly when it is gzipped."""
-    with open(path, "rb") as stream:
-        gzipped = stream.read(2) == _GZIP_MAGIC
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
-
-
-#: What reading a gzipped trace raises on a corrupt or cut-short stream.
-GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 
 
 def read_instances(path: Path) -> list[CollectiveInstance]:
@@ -120,7 +108,7 @@ def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables, Cov
     profiled all the time). A gzipped trace is read as well.
     """
     try:
-        with open_trace(path) as stream:
+        with open_decompressed(path) as stream:
             return _read_merged(stream, path)
     except GZIP_ERRORS as exc:
         raise ReadbackError(f"{path}: corrupt gzip stream ({exc})") from None
@@ -261,7 +249,7 @@ def read_trace(path: Path) -> ParsedTrace:
     events: list[tuple[int, int, pb.TrackEvent, int]] = []
     packets = 0
     wall = 0
-    with open_trace(path) as stream:
+    with open_decompressed(path) as stream:
         for packets, packet in enumerate(_packets(stream, path), 1):
             shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
             if shift is not None:

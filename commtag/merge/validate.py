@@ -22,7 +22,8 @@ from typing import BinaryIO, Iterator, Optional
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from commtag.merge.readback import EMPTY, GZIP_ERRORS, JSON, open_trace, sniff
+from commtag.merge.jsonstream import GZIP_ERRORS, open_decompressed
+from commtag.merge.readback import EMPTY, JSON, sniff
 
 MAX_DEPTH = 512
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
@@ -255,7 +256,7 @@ def validate_file(path: Path | str) -> list[Violation]:
         if kind == JSON:
             raise TraceReadError(f"this is a {'gzipped ' if gzipped else ''}JSON file (a profiler trace?), not a "
                                  ".pftrace: `commtag merge` turns profiler traces into one")
-        with open_trace(Path(path)) as stream:
+        with open_decompressed(Path(path)) as stream:
             for idx, raw in enumerate(_frames(stream)):
                 try:
                     packet = pb.TracePacket.FromString(raw)
