@@ -147,13 +147,6 @@ class CaptureTracker:
             self._owner_capture[id(owner)] = record.capture_id
         return record
 
-    def abandon(self, owner: object) -> None:
-        """Forget the open capture of ``owner`` (its capture_begin failed or it was reset)."""
-        with self._lock:
-            capture = self._by_owner.pop(id(owner), None)
-            if capture is not None:
-                _open.pop(capture.sequence_id, None)
-
     def abandon_capture(self, capture: _OpenCapture) -> None:
         """Forget ``capture``, still open (commtag is being uninstalled)."""
         with self._lock:
