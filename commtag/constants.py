@@ -22,32 +22,6 @@ TRACE_NAME_ENDINGS = (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json")
 #: monitored_barrier sends to and receives from group rank 0 inside ProcessGroupGloo.
 C10D_OPS_WITHOUT_GLOO_WORK = frozenset({"c10d::monitored_barrier_"})
 
-#: c10 ScalarType names as the profiler prints them (``toString(ScalarType)``).
-SCALAR_TYPE_NAMES = frozenset(
-    {
-        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double",
-        "ComplexHalf", "ComplexFloat", "ComplexDouble", "Bool", "QInt8",
-        "QUInt8", "QInt32", "BFloat16", "QUInt4x2", "QUInt2x4", "Bits1x8",
-        "Bits2x4", "Bits4x2", "Bits8", "Bits16", "Float8_e5m2",
-        "Float8_e4m3fn", "Float8_e5m2fnuz", "Float8_e4m3fnuz", "UInt16",
-        "UInt32", "UInt64", "UInt1", "UInt2", "UInt3", "UInt4", "UInt5",
-        "UInt6", "UInt7", "Int1", "Int2", "Int3", "Int4", "Int5", "Int6",
-        "Int7", "Float8_e8m0fnu", "Float4_e2m1fn_x2", "Undefined",
-    }
-)
-
-#: Byte size of one element per ScalarType name; used for bandwidth.
-SCALAR_TYPE_BYTES: dict[str, float] = {
-    "Byte": 1, "Char": 1, "Bool": 1, "QInt8": 1, "QUInt8": 1, "Bits8": 1,
-    "Float8_e5m2": 1, "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1,
-    "Float8_e4m3fnuz": 1, "Float8_e8m0fnu": 1, "Float4_e2m1fn_x2": 1,
-    "QUInt4x2": 1, "QUInt2x4": 1, "Bits1x8": 1, "Bits2x4": 1, "Bits4x2": 1,
-    "Short": 2, "Half": 2, "BFloat16": 2, "UInt16": 2, "Bits16": 2,
-    "Int": 4, "Float": 4, "QInt32": 4, "UInt32": 4, "ComplexHalf": 4,
-    "Long": 8, "Double": 8, "UInt64": 8, "ComplexFloat": 8,
-    "ComplexDouble": 16,
-}
-
 #: The CPU op in which ProcessGroupNCCL records each call's eager keys; Kineto copies
 #: part of them onto the call's NCCL kernel, if the kernel was profiled at all.
 COMMS_OP = "record_param_comms"

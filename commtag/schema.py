@@ -19,8 +19,9 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MIN_LANE_ID, SCALAR_TYPE_BYTES, SCALAR_TYPE_NAMES, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, parse_rank_list,
+    MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, parse_rank_list,
 )
+from commtag.vocab import EAGER_KEYS, SCALAR_TYPE_NAMES
 
 _RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
 
@@ -110,6 +111,13 @@ class CollectiveAnnotation(BaseModel):
     def cross_rank_key(self) -> tuple[str, bool, int, Optional[int]]:
         """What identifies this collective instance on every member rank."""
         return (self.pg_uid, self.is_p2p, self.seq, self.replay)
+
+
+# The eager fields are exactly the profiler's keys, in its order (commtag.vocab writes them once);
+# checked at import (not an assert, which -O strips).
+if tuple(f.alias for f in CollectiveAnnotation.model_fields.values()
+         if f.alias and not f.alias.startswith("commtag ")) != EAGER_KEYS:
+    raise ImportError("commtag.schema: CollectiveAnnotation's eager aliases differ from commtag.vocab.EAGER_KEYS")
 
 
 class ProcessGroupInfo(BaseModel):

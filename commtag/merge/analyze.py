@@ -26,7 +26,7 @@ one, so neither skew nor bandwidth is computed for it)
         it is measured on one clock, so cross-host clock error cannot distort it.
         Bandwidth uses this time.
     bytes
-        ``S x element size`` (``constants.SCALAR_TYPE_BYTES``), ``S`` chosen as
+        ``S x element size`` (``vocab.SCALAR_TYPE_BYTES``), ``S`` chosen as
         nccl-tests does (see :data:`BANDWIDTH_RULES`), the largest over the
         matched ranks (they agree unless the instance is a desync or an uneven
         all_to_allv, where the busiest rank bounds the time).
@@ -74,7 +74,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from commtag.constants import SCALAR_TYPE_BYTES
+from commtag.vocab import SCALAR_TYPE_BYTES
 from commtag.merge.records import (
     ALL_TIME,
     CPU_OP_SOURCE,
