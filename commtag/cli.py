@@ -56,7 +56,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 def _can_plot() -> bool:
     """matplotlib is an extra (``commtag[plot]``): checked before the summary's work, not after."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - imported only to learn whether it is installed
     except ImportError:
         return False
     return True

@@ -55,8 +55,8 @@ def unavailable() -> Optional[str]:
     if not torch.distributed.is_nccl_available():
         return "this torch has no NCCL backend"
     try:
-        from cuda.bindings import runtime  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
+        from cuda.bindings import runtime  # noqa: F401 - only whether it imports matters
+    except Exception as exc:  # noqa: BLE001 - any import failure (absent, broken driver) means not measured
         return f"cuda-python (cuda.bindings) is not importable ({exc}); commtag records nothing at capture without it"
     return None
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from typing import Optional, Sequence
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, markdown_table, median, run_child, verdict  # noqa: E402
+from benchutil import machine, markdown_table, median, run_child, verdict
 
 HERE = Path(__file__).resolve()
 TARGET_VS_FLOOR = 2.0

@@ -66,7 +66,7 @@ from typing import Callable, Optional, Sequence
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, markdown_table, median, verdict  # noqa: E402
+from benchutil import machine, markdown_table, median, verdict
 
 #: Pair kind -> (variant A, variant B); the figure is built from tB - tA per pair (see balanced()).
 PAIRS = {

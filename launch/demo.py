@@ -35,7 +35,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 import commtag
 from benchutil import free_port
-from commtag.runtime.sidecar import SIDECAR_SUFFIX, TRACE_SUFFIX, read_sidecar
+from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
+from commtag.runtime.sidecar import read_sidecar
 
 WORLD = 4
 TP = 2

@@ -299,7 +299,8 @@ def analyse(out: Path, checks: Checks) -> None:
             allowed: Optional[set[int]] = None
             for cc in c.collectives:
                 for n in cc.nodes:
-                    key = base_name(n.kernel_name) if n.node_type == "kernel" else {"memcpy": "gpu_memcpy", "memset": "gpu_memset"}.get(n.node_type, "")
+                    kineto_name = {"memcpy": "gpu_memcpy", "memset": "gpu_memset"}.get(n.node_type, "")
+                    key = base_name(n.kernel_name) if n.node_type == "kernel" else kineto_name
                     here = {nid - n.index for nid in ids_by_key.get(key, set())}
                     allowed = here if allowed is None else allowed & here
             if allowed:
@@ -387,13 +388,13 @@ def provenance(out: Path, argv: list[str], checks: Checks) -> None:
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a missing nvidia-smi is written down, not fatal
         smi = f"nvidia-smi unavailable ({exc})"
     try:
         from cuda.bindings import runtime
 
         cuda_driver = str(runtime.cudaDriverGetVersion()[1])
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a driver we cannot ask is written down, not fatal
         cuda_driver = f"unknown ({exc})"
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "unknown"
     info = {
@@ -438,8 +439,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.distributed.is_nccl_available():
         return fail_setup("this torch has no NCCL backend")
     try:
-        from cuda.bindings import runtime  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
+        from cuda.bindings import runtime  # noqa: F401 - only whether it imports matters
+    except Exception as exc:  # noqa: BLE001 - any import failure (absent, broken driver) is a setup error
         return fail_setup(f"cuda-python (cuda.bindings) is not importable ({exc}); pip install cuda-bindings")
     sys.path.insert(0, str(REPO))
     out = args.out.resolve()
@@ -457,7 +458,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         checks.check(False, f"workload ran to the end ({type(exc).__name__}: {exc})")
     try:
         analyse(out, checks)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a crash is a failed check, printed with its traceback
         import traceback
 
         traceback.print_exc()

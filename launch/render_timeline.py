@@ -23,11 +23,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
-from matplotlib.transforms import blended_transform_factory  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
+from matplotlib.transforms import blended_transform_factory
 
-from commtag.merge.readback import ParsedTrace, ReadbackError, Slice, read_trace  # noqa: E402
+from commtag.merge.readback import ParsedTrace, ReadbackError, Slice, read_trace
 
 ROW_H = 0.2  # inches per slice row
 FONT = 7.5
@@ -148,7 +148,10 @@ def _draw(rows: list[Row], chosen: list[Slice], t0: int, start: int, end: int, a
     height = ROW_H * len(rows) + 1.0  # rows, plus the title and the time axis above them
     fig = plt.figure(figsize=(args.width, height), dpi=DPI)
     ax = fig.add_axes((GUTTER, 0.1 / height, 1 - GUTTER - 0.01, ROW_H * len(rows) / height))
-    ms = lambda ns: (ns - t0) / 1e6  # noqa: E731
+
+    def ms(ns: int) -> float:
+        return (ns - t0) / 1e6
+
     ax.set_xlim(ms(start), ms(end))
     ax.set_ylim(len(rows), 0)
     ax.xaxis.tick_top()

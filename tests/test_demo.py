@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from commtag.constants import SIDECAR_SUFFIX
 from commtag.merge.readback import read_trace
-from commtag.runtime.sidecar import SIDECAR_SUFFIX, read_sidecar
+from commtag.runtime.sidecar import read_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
 # The demo's 2x2 mesh, as its docstring describes it: group name (creation order), desc, ranks.

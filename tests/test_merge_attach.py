@@ -100,7 +100,7 @@ def test_a_wrong_graph_id_matches_nothing() -> None:
     for e in trace["traceEvents"]:
         if e["cat"] == "kernel":
             e["args"]["graph id"] = 3
-    instances = attach(0, trace, _sidecar([]), RankFlows(0), graph_fallback=lambda k, s, l: [])
+    instances = attach(0, trace, _sidecar([]), RankFlows(0), graph_fallback=lambda kernels, sidecar, launches: [])
     assert {i.source for i in instances} == {"nccl-kernel"}  # shown, but only as unattributed kernels
     assert all(i.arg("commtag inferred") for i in instances)
 

@@ -76,7 +76,9 @@ def test_eager_metadata_is_kept_and_completed(tmp_path: Path) -> None:
     assert [i.seq for i in result.instances] == list(range(1, 22))
     assert inst.arg("commtag seq from") == "kernel order"
     annotated = (tmp_path / "json" / src.name)
-    import gzip, orjson
+    import gzip
+
+    import orjson
     events = orjson.loads(gzip.decompress(annotated.read_bytes()))["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel" and "Collective name" in e["args"]]
     assert len(kernels) == 21 and all("commtag pg uid" in k["args"] and "Seq" in k["args"] for k in kernels)

@@ -98,7 +98,8 @@ def test_a_worker_failing_on_its_lanes_stops_every_worker(tmp_path: Path) -> Non
     out = tmp_path / "out" / "merged.pftrace"
     out.parent.mkdir()
     out.write_bytes(b"previous")
-    proc = torchrun_merge([str(DLRM), "-o", str(out), "--no-progress"], env={"PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))})
+    pythonpath = os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
+    proc = torchrun_merge([str(DLRM), "-o", str(out), "--no-progress"], env={"PYTHONPATH": pythonpath})
     assert proc.returncode != 0
     assert f"commtag merge: error: {out}: cannot write the output: No space left on device" in proc.stderr
     assert proc.stderr.count("commtag merge: error:") == 1  # worker 0 says why every worker stopped

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commtag.merge import perfetto
-from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
+from commtag.merge.timeline import RankTimeline, Row, Track
 from commtag.merge.validate import validate_file
 from pftrace_reader import read
 

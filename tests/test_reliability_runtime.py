@@ -126,7 +126,6 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag
     import commtag.runtime.capture as capture
     import commtag.runtime.failopen as failopen
-    import commtag.runtime.graph_api as graph_api
     import commtag.runtime.groups as groups
     import commtag.runtime.metadata as metadata
     import commtag.runtime.patch as patch

@@ -195,7 +195,7 @@ def test_profiler_switched_between_a_call_and_torch_calling_back_in_counts_once(
 # Install-time reading of the originals (toy functions: names are looked up as globals).
 
 
-def all_gather_single(output, input, group=None, async_op=False):  # noqa: A002 - torch's own names
+def all_gather_single(output, input, group=None, async_op=False):  # torch's own parameter names
     return None
 
 

@@ -182,7 +182,6 @@ def _expected(name: str, n_in: int, n_out: int, dtype: str, rank_key: int, seq: 
 
 def run(rank: int, world_size: int, out_dir: str, seed: int, cycles: int, ops_per_step: int) -> int:
     """One rank of the workload (a gloo_world body): run the plan under the profiler, write the truth."""
-    import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 

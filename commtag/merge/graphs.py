@@ -122,7 +122,10 @@ class NcclKernel:
     dtype: Optional[str]
 
 
-_NEW = re.compile(r"^ncclDevKernel_([A-Za-z]+?)(?:_(Sum|Prod|MinMax|Max|Min|PreMulSum|SumPostDiv))?(?:_([a-z]+[0-9a-z]*))?(?:_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_(LL128|LL|SIMPLE))?$")
+_NEW = re.compile(
+    r"^ncclDevKernel_([A-Za-z]+?)(?:_(Sum|Prod|MinMax|Max|Min|PreMulSum|SumPostDiv))?(?:_([a-z]+[0-9a-z]*))?"
+    r"(?:_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_(LL128|LL|SIMPLE))?$"
+)
 _OLD = re.compile(r"^ncclKernel_([A-Za-z]+)_(?:[A-Z_]+?)_(LL128|LL|SIMPLE)_(Sum|Prod|Max|Min|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+)$")
 _NCCL_TYPES = {
     "f32": "Float", "float": "Float", "f16": "Half", "half": "Half", "bf16": "BFloat16", "__nv_bfloat16": "BFloat16",
@@ -415,7 +418,8 @@ def _match_replay(events: Sequence[dict], replay: _Replay, capture: GraphCapture
     _emit(pairs, method, capture, index, result)
 
 
-def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[GraphCapture], relative: dict[int, int], result: GraphMatchResult) -> None:
+def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[GraphCapture], relative: dict[int, int],
+                      result: GraphMatchResult) -> None:
     """No id and no log says which capture this is: accept it only if exactly one capture fits."""
     fits = []
     for capture in captures:
@@ -465,7 +469,8 @@ def _pair_nodes(events: Sequence[dict], replay: _Replay, capture: GraphCapture) 
     return pairs, "order", reason
 
 
-def _join(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]], key) -> tuple[Optional[list[_Pair]], str]:
+def _join(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]],
+          key) -> tuple[Optional[list[_Pair]], str]:
     by_id = {_node_id(events[i]): i for i in replay.events}
     pairs = []
     for cc, node in wanted:

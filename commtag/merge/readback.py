@@ -320,7 +320,7 @@ def _packets(stream: BinaryIO, path: Path) -> Iterator[pb.TracePacket]:
         packet = pb.TracePacket()
         try:
             packet.ParseFromString(data)
-        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        except Exception as exc:  # protobuf's DecodeError and friends
             raise ReadbackError(f"{path}: corrupt packet ({exc})") from exc
         yield packet
 

@@ -312,7 +312,7 @@ class _CaptureOpMode(TorchDispatchMode):
         if token is not None:
             try:
                 self.sink.end(token, annotation, call.reduce_op)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - fail open: the op has run; recording it must not fail it
                 log_once(f"recording {func}", exc)
         return result
 
@@ -323,7 +323,7 @@ def activate(sink: OpSink) -> Optional[_CaptureOpMode]:
         mode = _CaptureOpMode(sink)
         mode.__enter__()
         return mode
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fail open: no interception, the capture goes on unannotated
         log_once("activating c10d operator interception", exc)
         return None
 
@@ -338,7 +338,7 @@ def deactivate(mode: Optional[_CaptureOpMode]) -> None:
             mode.__exit__(None, None, None)
         else:
             log.warning("commtag: another dispatch mode sits above commtag's; leaving an inert one on the stack")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fail open: uninstalling must not raise into the job
         log_once("deactivating c10d operator interception", exc)
 
 

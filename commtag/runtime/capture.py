@@ -138,7 +138,7 @@ class CaptureTracker:
             return None
         try:
             exec_id = self.api.exec_graph_id(exec_handle())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - fail open: the replay stays unlinked, the job runs on
             log_once("reading the exec graph id", exc)
             exec_id = None
         record = resolved.model_copy(update={"exec_graph_id": exec_id, "end_ns": max(self.clock(), resolved.start_ns)})
@@ -305,7 +305,7 @@ def before_collective() -> Optional[CollectiveToken]:
         return None
     try:
         token = tracker.begin_collective(_current_stream())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fail open: this collective goes unrecorded, the capture proceeds
         log_once("snapshotting a capture graph", exc)
         return None
     if token is not None:
@@ -323,7 +323,7 @@ def after_collective(token: Optional[CollectiveToken], annotation: CollectiveAnn
     tracker.set_wrapper_token(None)
     try:
         tracker.end_collective(token, annotation)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fail open: this collective goes unrecorded, the capture proceeds
         log_once("recording a captured collective", exc)
 
 
@@ -334,7 +334,7 @@ def captures_snapshot(since_ns: Optional[int] = None, until_ns: Optional[int] = 
         return []
     try:
         return tracker.captures(since_ns, until_ns)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fail open: the sidecar goes without captures
         log_once("listing CUDA-graph captures", exc)
         return []
 
@@ -352,7 +352,7 @@ def _wrapped_capture_begin(original: Callable[..., Any]) -> Callable[..., Any]:
                     from commtag.runtime import c10d_ops
 
                     capture.interceptor = c10d_ops.activate(_TrackerSink(tracker))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - fail open: capture proceeds without bookkeeping
             log_once("starting capture bookkeeping", exc)
         return result
 
@@ -393,7 +393,7 @@ def _wrapped_replay(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             try:
                 tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - fail open: the replay ran; only its log entry is lost
                 log_once("logging a graph replay", exc)
 
     return replay
@@ -430,7 +430,7 @@ def install() -> None:
         return
     try:
         from torch.cuda.graphs import CUDAGraph
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fail open: a torch without CUDAGraph leaves graphs unhooked
         log_once("hooking torch.cuda.CUDAGraph", exc)
         return
     for name, wrap in (("capture_begin", _wrapped_capture_begin), ("capture_end", _wrapped_capture_end), ("replay", _wrapped_replay)):

@@ -164,7 +164,7 @@ def _captures(since_ns: Optional[int], until_ns: Optional[int]) -> list[Any]:
         return []
     try:
         return list(snapshot(since_ns, until_ns))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - never let the sidecar stop training
         log_once("collecting CUDA-graph captures", exc)
         return []
 

@@ -33,7 +33,7 @@ from typing import Union
 import orjson
 from pydantic import ValidationError
 
-from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX, sidecar_name_for
+from commtag.constants import TRACE_SUFFIX, sidecar_name_for
 from commtag.schema import SCHEMA_VERSION, SIDECAR_KIND, Sidecar
 
 
