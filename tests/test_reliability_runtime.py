@@ -130,6 +130,7 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag.runtime.metadata as metadata
     import commtag.runtime.patch as patch
     import commtag.runtime.sidecar as sidecar
+    from commtag.runtime.calls import CallRecord
 
     root = Path(out_dir)
     pair = dist.new_group([0, 1])
@@ -177,12 +178,12 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
         commtag.install()
 
     # Validation: what was recorded does not validate (a real ValidationError at sidecar time).
-    saved_fields = patch._fields
-    patch._fields = lambda pending: {**saved_fields(pending), "dtype": "float32-not-a-c10-name"}
+    saved_fields = CallRecord.annotation_fields
+    CallRecord.annotation_fields = lambda record: {**saved_fields(record), "dtype": "float32-not-a-c10-name"}
     try:
         run("validation")
     finally:
-        patch._fields = saved_fields
+        CallRecord.annotation_fields = saved_fields
 
     # Sidecar write to a full disk: ENOSPC half-way through the write.
     sidecar.os = _FullDisk()

@@ -16,8 +16,6 @@ wrapper's record, which the wrapper does not know in operator form.
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -25,58 +23,18 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from commtag.identity import format_list
+from commtag.runtime.calls import OpCall, dtype_name, nelems, numbered_now
 from commtag.runtime.failopen import log_once
+from commtag.runtime.groups import GroupState, state_for
 from commtag.schema import CollectiveAnnotation
 
 log = logging.getLogger("commtag.capture")
 
 _NAMESPACES = frozenset({"c10d", "_c10d_functional"})
 
-#: torch dtype -> c10 ScalarType name, as the profiler prints it.
-_DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
-    torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bool: "Bool",
-    torch.bfloat16: "BFloat16", torch.complex32: "ComplexHalf", torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble", torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
-}
-for _name, _c10 in (
-    ("float8_e5m2", "Float8_e5m2"), ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
-    ("float8_e4m3fnuz", "Float8_e4m3fnuz"), ("float8_e8m0fnu", "Float8_e8m0fnu"),
-):
-    if hasattr(torch, _name):
-        _DTYPE_NAMES[getattr(torch, _name)] = _c10
-_REAL_OF_COMPLEX = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
-
-
-@dataclass(frozen=True)
-class OpCall:
-    """One c10d operator call in eager-profiler terms (before group identity is added)."""
-
-    collective: str
-    in_nelems: int
-    out_nelems: int
-    dtype: str
-    group: Any
-    #: "own" (this rank's group rank) or "root" (``root`` is the group rank recorded as "Rank").
-    rank_kind: str = "own"
-    root: int = 0
-    in_splits: tuple[int, ...] = ()
-    out_splits: tuple[int, ...] = ()
-    reduce_op: Optional[str] = None
-    async_op: bool = False
-
-
-def _dtype(tensor: torch.Tensor) -> tuple[str, int]:
-    """(c10 name, element factor): complex tensors count as their real view, like the profiler."""
-    name = _DTYPE_NAMES.get(tensor.dtype, "Undefined")
-    if name in _REAL_OF_COMPLEX:
-        return _REAL_OF_COMPLEX[name], 2
-    return name, 1
-
-
 def _numel(tensors: Any) -> int:
     if isinstance(tensors, torch.Tensor):
-        return tensors.numel() * _dtype(tensors)[1]
+        return nelems(tensors)
     return sum(_numel(t) for t in tensors)
 
 
@@ -86,13 +44,13 @@ def _first(tensors: Any) -> torch.Tensor:
     return tensors
 
 
-def _group(value: Any) -> Any:
-    """A ProcessGroup from what an operator carries: a ScriptObject, a group name, or the group."""
+def _group(value: Any) -> GroupState:
+    """The state of the group an operator carries: a ScriptObject, a group name, or the group."""
     if isinstance(value, torch.ScriptObject):
-        return dist.ProcessGroup.unbox(value)
-    if isinstance(value, str):
-        return dist.distributed_c10d._resolve_process_group(value)
-    return value
+        value = dist.ProcessGroup.unbox(value)
+    elif isinstance(value, str):
+        value = dist.distributed_c10d._resolve_process_group(value)
+    return state_for(value)
 
 
 def _reduce_name(value: Any) -> Optional[str]:
@@ -130,9 +88,9 @@ def _same(name: str, tensors_key: str, *, reduce: bool = False, root_key: Option
     def describe(a: dict) -> OpCall:
         tensors = a[tensors_key]
         n = _numel(tensors)
+        state = _group(a.get("process_group", a.get("group_name")))
         return OpCall(
-            name, n, n, _dtype(_first(tensors))[0], _group(a.get("process_group", a.get("group_name"))),
-            rank_kind="root" if root_key else "own", root=int(a[root_key]) if root_key else 0,
+            name, state, n, n, dtype_name(_first(tensors)), int(a[root_key]) if root_key else state.group_rank,
             reduce_op=_reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
         )
 
@@ -143,8 +101,8 @@ def _io(name: str, in_key: str, out_key: Optional[str], dtype_of: str, *, reduce
     """Ops with distinct input and output. ``gather``: +1 output = input x size, -1 output = input / size."""
 
     def describe(a: dict) -> OpCall:
-        group = _group(a.get("process_group", a.get("group_name")))
-        size = int(a.get("group_size") or group.size())
+        state = _group(a.get("process_group", a.get("group_name")))
+        size = int(a.get("group_size") or state.size)
         n_in = _numel(a[in_key])
         if out_key is not None:
             n_out = _numel(a[out_key])
@@ -152,17 +110,22 @@ def _io(name: str, in_key: str, out_key: Optional[str], dtype_of: str, *, reduce
             n_out = n_in * size if gather > 0 else n_in // size
         source = a[in_key] if dtype_of == "input" or out_key is None else a[out_key]
         return OpCall(
-            name, n_in, n_out, _dtype(_first(source))[0], group,
+            name, state, n_in, n_out, dtype_name(_first(source)), state.group_rank,
             reduce_op=_reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
         )
 
     return describe
 
 
+def _splits(sizes: Any) -> str:
+    return format_list([int(s) for s in sizes or ()])
+
+
 def _alltoall_base(a: dict) -> OpCall:
     out, inp = a["output"], a["input"]
-    return OpCall("all_to_allv", _numel(inp), _numel(out), _dtype(inp)[0], _group(a["process_group"]),
-                  in_splits=tuple(a.get("input_split_sizes") or ()), out_splits=tuple(a.get("output_split_sizes") or ()),
+    state = _group(a["process_group"])
+    return OpCall("all_to_allv", state, _numel(inp), _numel(out), dtype_name(inp), state.group_rank,
+                  in_split=_splits(a.get("input_split_sizes")), out_split=_splits(a.get("output_split_sizes")),
                   async_op=bool(a.get("async_op", False)))
 
 
@@ -172,33 +135,35 @@ def _alltoall_single_functional(a: dict) -> OpCall:
     in_splits = tuple(int(s) for s in a["input_split_sizes"])
     row = inp[0].numel() if inp.dim() and inp.shape[0] else 0
     n_out = sum(out_splits) * row if out_splits else inp.numel()
-    return OpCall("all_to_allv", inp.numel(), n_out, _dtype(inp)[0], _group(a["group_name"]),
-                  in_splits=in_splits, out_splits=out_splits)
+    state = _group(a["group_name"])
+    return OpCall("all_to_allv", state, inp.numel(), n_out, dtype_name(inp), state.group_rank,
+                  in_split=format_list(list(in_splits)), out_split=format_list(list(out_splits)))
 
 
 def _alltoall(a: dict) -> OpCall:
     ins, outs = a["input_tensors"], a["output_tensors"]
-    return OpCall("all_to_all", _numel(ins), _numel(outs), _dtype(_first(ins))[0], _group(a["process_group"]),
-                  in_splits=tuple(t.numel() for t in ins), out_splits=tuple(t.numel() for t in outs),
+    state = _group(a["process_group"])
+    return OpCall("all_to_all", state, _numel(ins), _numel(outs), dtype_name(_first(ins)), state.group_rank,
+                  in_split=format_list([t.numel() for t in ins]), out_split=format_list([t.numel() for t in outs]),
                   async_op=bool(a.get("async_op", False)))
 
 
 def _rooted(name: str, in_key: str, out_key: str, dtype_of: str, gather: bool) -> Callable[[dict], OpCall]:
     def describe(a: dict) -> OpCall:
-        group = _group(a["process_group"])
-        size = group.size()
+        state = _group(a["process_group"])
         small = a[in_key] if gather else a[out_key]
         n = _numel(small)
-        n_in, n_out = (n, n * size) if gather else (n * size, n)
+        n_in, n_out = (n, n * state.size) if gather else (n * state.size, n)
         source = a[in_key] if dtype_of == "input" else a[out_key]
-        return OpCall(name, n_in, n_out, _dtype(_first(source))[0], group, rank_kind="root",
-                      root=int(a["root_rank"]), async_op=bool(a.get("async_op", False)))
+        return OpCall(name, state, n_in, n_out, dtype_name(_first(source)), int(a["root_rank"]),
+                      async_op=bool(a.get("async_op", False)))
 
     return describe
 
 
 def _barrier(a: dict) -> OpCall:
-    return OpCall("barrier", 0, 0, "Byte", _group(a["process_group"]), async_op=bool(a.get("async_op", False)))
+    state = _group(a["process_group"])
+    return OpCall("barrier", state, 0, 0, "Byte", state.group_rank, async_op=bool(a.get("async_op", False)))
 
 
 #: (namespace, op name without overload) -> how to describe a call. p2p ops are not
@@ -245,23 +210,8 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> O
 
 
 def annotate(call: OpCall) -> CollectiveAnnotation:
-    """Add the group's identity, lane and Seq (this consumes a Seq number: call once, before the op runs)."""
-    from commtag.runtime import groups
-
-    state = groups.state_for(call.group)
-    return CollectiveAnnotation(
-        **state.annotation_fields,
-        collective_name=call.collective,
-        in_msg_nelems=call.in_nelems,
-        out_msg_nelems=call.out_nelems,
-        dtype=call.dtype,
-        in_split_size=format_list(list(call.in_splits)),
-        out_split_size=format_list(list(call.out_splits)),
-        rank=call.root if call.rank_kind == "root" else state.group_rank,
-        seq=state.next_collective_seq(),
-        async_op=call.async_op,
-        thread=threading.get_native_id(),
-    )
+    """The call's annotation, numbered now (this consumes a Seq number: call once, before the op runs)."""
+    return CollectiveAnnotation(**numbered_now(call).annotation_fields())
 
 
 class OpSink(Protocol):

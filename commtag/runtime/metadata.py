@@ -3,7 +3,7 @@
 Each entry of :data:`OPS` is a function with the same parameters as the
 torch.distributed function it describes, so Python itself binds the user's
 positional and keyword arguments exactly as the real call does. It returns an
-:class:`OpCall` (names, sizes, dtype, whose rank goes into "Rank") or None
+:class:`~commtag.runtime.calls.OpCall` (names, sizes, dtype, whose rank goes into "Rank") or None
 when the call will not run a collective on this rank (not a member).
 
 The table follows ../shared/reference/eager-comm-metadata.md: "Collective
@@ -14,70 +14,14 @@ and "Rank" is the root for rooted ops and the peer for send/recv.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
-
 import inspect
+from typing import Any, Callable, Optional
 
 import torch
 
 from commtag.identity import format_list
+from commtag.runtime.calls import OpCall, dtype_name, nelems
 from commtag.runtime.groups import GroupState, lookup
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-for _attr, _name in (
-    ("uint8", "Byte"), ("int8", "Char"), ("int16", "Short"), ("int32", "Int"), ("int64", "Long"),
-    ("float16", "Half"), ("float32", "Float"), ("float64", "Double"), ("complex32", "ComplexHalf"),
-    ("complex64", "ComplexFloat"), ("complex128", "ComplexDouble"), ("bool", "Bool"),
-    ("qint8", "QInt8"), ("quint8", "QUInt8"), ("qint32", "QInt32"), ("bfloat16", "BFloat16"),
-    ("quint4x2", "QUInt4x2"), ("quint2x4", "QUInt2x4"), ("bits1x8", "Bits1x8"), ("bits2x4", "Bits2x4"),
-    ("bits4x2", "Bits4x2"), ("bits8", "Bits8"), ("bits16", "Bits16"), ("float8_e5m2", "Float8_e5m2"),
-    ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
-    ("float8_e4m3fnuz", "Float8_e4m3fnuz"), ("uint16", "UInt16"), ("uint32", "UInt32"),
-    ("uint64", "UInt64"), ("float8_e8m0fnu", "Float8_e8m0fnu"), ("float4_e2m1fn_x2", "Float4_e2m1fn_x2"),
-):
-    if isinstance(getattr(torch, _attr, None), torch.dtype):
-        _DTYPE_NAMES[getattr(torch, _attr)] = _name
-
-#: The real dtype a complex tensor is recorded as (the profiler sees view_as_real).
-_COMPLEX_REAL = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
-
-
-#: dtype -> the name recorded for it, complex already as its real view (one lookup per call).
-_RECORDED_NAMES = {dtype: _COMPLEX_REAL.get(name, name) for dtype, name in _DTYPE_NAMES.items()}
-
-
-def dtype_name(tensor: torch.Tensor) -> str:
-    """c10 ScalarType name of a tensor as recorded ("Float", not "float32"); complex as real."""
-    return _RECORDED_NAMES[tensor.dtype]
-
-
-def nelems(tensor: torch.Tensor) -> int:
-    """Element count as recorded: complex tensors count their real view (2x)."""
-    return tensor.numel() * (2 if tensor.is_complex() else 1)
-
-
-@dataclass(slots=True)
-class OpCall:
-    """What one call will run, in the profiler's terms."""
-
-    collective: str
-    state: GroupState
-    in_nelems: int
-    out_nelems: int
-    dtype: str
-    #: Group rank written as "Rank" (own rank, root, or peer).
-    rank: int
-    in_split: str = "[]"
-    out_split: str = "[]"
-    #: "send" or "recv" for point-to-point, else None.
-    p2p: Optional[str] = None
-    #: Global rank of the p2p peer; None for a recv from any source (filled from its result).
-    peer: Optional[int] = None
-    async_op: bool = False
-    #: Ops the coalescing manager can fuse into one "<x>_coalesced" collective.
-    fusable: bool = False
-
 
 #: The group's state, or None when this rank does not take part (lookup itself: no extra frame per call).
 _state = lookup

@@ -2,10 +2,10 @@
 
 The wrappers append one entry per collective only while the autograd
 profiler is enabled (the active steps of a schedule; not wait or warmup), so
-a job that is not being profiled accumulates nothing. Entries hold what
-the wrapper already had plus the function that turns it into the
-annotation's fields (cheap on the hot path); the fields are built and
-validated once, when :func:`trace_handler` writes the sidecar.
+a job that is not being profiled accumulates nothing. An entry is the
+wrapper's own record of the call (cheap on the hot path), which builds the
+annotation's fields itself; they are built and validated once, when
+:func:`trace_handler` writes the sidecar.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import uuid
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from torch.profiler import ProfilerAction
 
 from commtag.constants import sidecar_name_for
-from commtag.runtime import groups, sidecar
+from commtag.runtime import capture, groups, sidecar
 from commtag.runtime.failopen import log_once
 from commtag.schema import RecordedCollective, Sidecar
 
@@ -43,20 +43,30 @@ def profiler_enabled() -> bool:
     """
     return _thread_profiled() or _autograd_profiler._is_profiler_enabled
 
-_buffer: list[tuple[Callable[[Any], dict[str, Any]], Any, int, int, int, str, Optional[int]]] = []
+
+class Entry(Protocol):
+    """A finished call as the recorder keeps it (:class:`commtag.runtime.calls.CallRecord`)."""
+
+    start_ns: int
+    tid: int
+    thread_name: str
+
+    def annotation_fields(self) -> dict[str, Any]:
+        """Its CollectiveAnnotation fields by name; asked once, by :func:`drain`."""
+
+
+_buffer: list[tuple[Entry, int, Optional[int]]] = []
 _buffer_lock = threading.Lock()
 
 
-def add(fields: Callable[[Any], dict[str, Any]], source: Any, start_ns: int, end_ns: int, tid: int,
-        thread_name: str, done_tid: Optional[int] = None) -> None:
-    """Keep one finished collective, times on the trace's clock.
+def add(entry: Entry, end_ns: int, done_tid: Optional[int] = None) -> None:
+    """Keep one finished call, ending at ``end_ns`` on the trace's clock.
 
-    ``fields(source)`` gives its CollectiveAnnotation fields by name; it is
-    called by :func:`drain`, off the collective's path. ``source`` must not
-    change after this call. ``done_tid``: the thread that saw an async work
-    complete, at ``end_ns`` (see ``RecordedCollective.done_tid``).
+    ``entry`` must not change after this call; its fields are built by
+    :func:`drain`, off the collective's path. ``done_tid``: the thread that
+    saw an async work complete, at ``end_ns`` (see ``RecordedCollective.done_tid``).
     """
-    _buffer.append((fields, source, start_ns, end_ns, tid, thread_name, done_tid))
+    _buffer.append((entry, end_ns, done_tid))
 
 
 def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
@@ -69,11 +79,11 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
     with _buffer_lock:
         taken, _buffer = _buffer, []
     recorded = []
-    for fields, source, start_ns, end_ns, tid, thread_name, done_tid in taken:
-        if since_ns is not None and start_ns < since_ns:
+    for entry, end_ns, done_tid in taken:
+        if since_ns is not None and entry.start_ns < since_ns:
             continue
         try:
-            annotation = fields(source)
+            annotation = entry.annotation_fields()
         except Exception as exc:  # noqa: BLE001 - one bad entry must not cost the sidecar
             log_once("building a recorded collective's annotation", exc)
             continue
@@ -82,10 +92,10 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
                 RecordedCollective.model_validate(
                     {
                         "annotation": annotation,
-                        "start_ns": start_ns,
+                        "start_ns": entry.start_ns,
                         "end_ns": end_ns,
-                        "tid": tid,
-                        "thread_name": thread_name,
+                        "tid": entry.tid,
+                        "thread_name": entry.thread_name,
                         "done_tid": done_tid,
                     }
                 )
@@ -156,19 +166,6 @@ def _nccl_version() -> Optional[str]:
         return None
 
 
-def _captures(since_ns: Optional[int], until_ns: Optional[int]) -> list[Any]:
-    from commtag.runtime import capture
-
-    snapshot = getattr(capture, "captures_snapshot", None)
-    if snapshot is None:
-        return []
-    try:
-        return list(snapshot(since_ns, until_ns))
-    except Exception as exc:  # noqa: BLE001 - never let the sidecar stop training
-        log_once("collecting CUDA-graph captures", exc)
-        return []
-
-
 def build_sidecar(trace_file: str, since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> Sidecar:
     """This rank's sidecar for one trace: drains the kept collectives."""
     rank, world_size = _rank_and_world()
@@ -183,7 +180,7 @@ def build_sidecar(trace_file: str, since_ns: Optional[int] = None, until_ns: Opt
         trace_file=trace_file,
         process_groups=groups.table(),
         collectives=drain(since_ns),
-        captures=_captures(since_ns, until_ns),
+        captures=capture.captures_snapshot(since_ns, until_ns),
     )
 
 

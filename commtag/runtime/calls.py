@@ -1,0 +1,130 @@
+"""One collective call in the eager profiler's terms, and the one way it becomes an annotation.
+
+Both ways a call reaches commtag describe it as an :class:`OpCall`: the
+patched ``torch.distributed`` functions (:mod:`commtag.runtime.metadata`)
+and, while a CUDA graph is captured, the c10d operators that bypass them
+(:mod:`commtag.runtime.c10d_ops`). A :class:`CallRecord` adds what only the
+moment of the call knows (its Seq, its thread, whether it failed) and
+builds the annotation's fields (:meth:`CallRecord.annotation_fields`), so
+the two paths cannot describe the same call differently.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from commtag.runtime.groups import GroupState
+
+_now_ns = time.time_ns
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+for _attr, _name in (
+    ("uint8", "Byte"), ("int8", "Char"), ("int16", "Short"), ("int32", "Int"), ("int64", "Long"),
+    ("float16", "Half"), ("float32", "Float"), ("float64", "Double"), ("complex32", "ComplexHalf"),
+    ("complex64", "ComplexFloat"), ("complex128", "ComplexDouble"), ("bool", "Bool"),
+    ("qint8", "QInt8"), ("quint8", "QUInt8"), ("qint32", "QInt32"), ("bfloat16", "BFloat16"),
+    ("quint4x2", "QUInt4x2"), ("quint2x4", "QUInt2x4"), ("bits1x8", "Bits1x8"), ("bits2x4", "Bits2x4"),
+    ("bits4x2", "Bits4x2"), ("bits8", "Bits8"), ("bits16", "Bits16"), ("float8_e5m2", "Float8_e5m2"),
+    ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
+    ("float8_e4m3fnuz", "Float8_e4m3fnuz"), ("uint16", "UInt16"), ("uint32", "UInt32"),
+    ("uint64", "UInt64"), ("float8_e8m0fnu", "Float8_e8m0fnu"), ("float4_e2m1fn_x2", "Float4_e2m1fn_x2"),
+):
+    if isinstance(getattr(torch, _attr, None), torch.dtype):
+        _DTYPE_NAMES[getattr(torch, _attr)] = _name
+
+#: The real dtype a complex tensor is recorded as (the profiler sees view_as_real).
+_COMPLEX_REAL = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
+
+#: dtype -> the name recorded for it, complex already as its real view (one lookup per call).
+_RECORDED_NAMES = {dtype: _COMPLEX_REAL.get(name, name) for dtype, name in _DTYPE_NAMES.items()}
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    """c10 ScalarType name of a tensor as recorded ("Float", not "float32"); complex as real.
+
+    A dtype the table does not know raises KeyError: the call is then left
+    unannotated and the failure logged once, rather than recorded under a
+    name the profiler would not write.
+    """
+    return _RECORDED_NAMES[tensor.dtype]
+
+
+def nelems(tensor: torch.Tensor) -> int:
+    """Element count as recorded: complex tensors count their real view (2x)."""
+    return tensor.numel() * (2 if tensor.is_complex() else 1)
+
+
+@dataclass(slots=True)
+class OpCall:
+    """What one call will run, in the profiler's terms."""
+
+    collective: str
+    state: GroupState
+    in_nelems: int
+    out_nelems: int
+    dtype: str
+    #: Group rank written as "Rank" (own rank, root, or peer).
+    rank: int
+    in_split: str = "[]"
+    out_split: str = "[]"
+    #: "send" or "recv" for point-to-point, else None.
+    p2p: Optional[str] = None
+    #: Global rank of the p2p peer; None for a recv from any source (filled from its result).
+    peer: Optional[int] = None
+    async_op: bool = False
+    #: Ops the coalescing manager can fuse into one "<x>_coalesced" collective.
+    fusable: bool = False
+    #: The reduction ("sum", "avg", ...) where the operator form names it (capture bookkeeping).
+    reduce_op: Optional[str] = None
+
+
+class CallRecord:
+    """One numbered call on its way to an annotation: the recorder keeps it as it is and asks
+    for its fields only when the sidecar is written (a dict of two dozen fields per call cost
+    more than the rest of the recording path)."""
+
+    __slots__ = ("call", "seq", "pair_seq", "start_ns", "tid", "thread_name", "error")
+
+    def __init__(self, call: OpCall, seq: int, pair_seq: Optional[int], tid: int, thread_name: str) -> None:
+        self.call = call
+        self.seq = seq
+        self.pair_seq = pair_seq
+        self.tid = tid
+        self.thread_name = thread_name
+        self.start_ns = _now_ns()
+        #: What failed, as "commtag error" writes it; None while nothing did.
+        self.error: Optional[str] = None
+
+    def annotation_fields(self) -> dict[str, Any]:
+        """The annotation's fields by name (validated by whoever builds the model)."""
+        call = self.call
+        return {
+            **call.state.annotation_fields,
+            "collective_name": call.collective,
+            "in_msg_nelems": call.in_nelems,
+            "out_msg_nelems": call.out_nelems,
+            "dtype": call.dtype,
+            "in_split_size": call.in_split,
+            "out_split_size": call.out_split,
+            "rank": call.rank,
+            "dst_rank": call.peer if call.p2p == "send" else None,
+            "src_rank": call.peer if call.p2p == "recv" else None,
+            "seq": self.seq,
+            "is_p2p": call.p2p is not None,
+            "p2p_pair_seq": self.pair_seq,
+            "async_op": call.async_op,
+            "thread": self.tid,
+            "error": self.error,
+        }
+
+
+def numbered_now(call: OpCall) -> CallRecord:
+    """A plain collective numbered now, on the calling thread (this consumes a Seq: call once,
+    before the op runs)."""
+    thread = threading.current_thread()
+    return CallRecord(call, call.state.next_collective_seq(), None, threading.get_native_id(), thread.name)
