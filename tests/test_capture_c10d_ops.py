@@ -127,3 +127,62 @@ def test_ddp_reducer_allreduce_is_intercepted_and_wrapped_calls_are_left_to_the_
         assert res["outer_op"] == "max"
     # DDP averaged the gradients: both ranks hold the same values.
     assert results[0]["grad"] == results[1]["grad"]
+
+
+class _Stop(Exception):
+    """Raised where the c10d operator would run: the call has been seen, the backend need not run it."""
+
+
+def _dtype_body(rank: int, world_size: int) -> dict[str, tuple[str, str]]:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from commtag import vocab
+    from commtag.runtime import c10d_ops, metadata
+
+    class Seen(TorchDispatchMode):
+        """Keeps the c10d operator call a torch.distributed function makes, then stops it."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "c10d":
+                self.call = (func, args, kwargs or {})
+                raise _Stop
+            return func(*args, **(kwargs or {}))
+
+    warnings.simplefilter("ignore")  # quantized tensors are deprecated
+    names = {}
+    for row in vocab.DTYPES:
+        dtype = getattr(torch, row.attr, None)
+        if not isinstance(dtype, torch.dtype):
+            continue
+        if dtype.is_quantized if hasattr(dtype, "is_quantized") else row.attr.startswith("q"):
+            tensor = torch._empty_affine_quantized([4], scale=0.1, zero_point=0, dtype=dtype)
+        else:
+            tensor = torch.zeros(4, dtype=dtype)
+        seen = Seen()
+        try:
+            with seen:
+                dist.all_reduce(tensor)
+        except _Stop:
+            pass
+        func, args, kwargs = seen.call
+        # Each path describes the call as it would before annotating it (the Python wrapper's
+        # describer with the caller's arguments, the dispatch mode's with the operator's).
+        names[row.attr] = (metadata.OPS["all_reduce"](tensor).dtype, c10d_ops.describe_call(func, args, kwargs).dtype)
+    return names
+
+
+def test_every_dtype_is_named_alike_by_the_python_wrapper_and_at_operator_level() -> None:
+    """A qint8 tensor was "QInt8" through the Python wrapper and "Undefined" at operator level."""
+    from commtag import vocab
+
+    (names,) = run_world(_dtype_body, 1)
+    assert names["qint8"] == ("QInt8", "QInt8")
+    assert names["complex64"] == ("Float", "Float")  # recorded as its real view, on both paths
+    assert len(names) > 30
+    for attr, (python_path, operator_path) in names.items():
+        expected = vocab.SCALAR_TYPE_OF[attr]
+        assert python_path == operator_path == vocab.RECORDED_AS_REAL.get(expected, expected), attr

@@ -19,29 +19,17 @@ from typing import Any, Optional
 import torch
 
 from commtag.runtime.groups import GroupState
+from commtag.vocab import DTYPES, RECORDED_AS_REAL
 
 _now_ns = time.time_ns
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-for _attr, _name in (
-    ("uint8", "Byte"), ("int8", "Char"), ("int16", "Short"), ("int32", "Int"), ("int64", "Long"),
-    ("float16", "Half"), ("float32", "Float"), ("float64", "Double"), ("complex32", "ComplexHalf"),
-    ("complex64", "ComplexFloat"), ("complex128", "ComplexDouble"), ("bool", "Bool"),
-    ("qint8", "QInt8"), ("quint8", "QUInt8"), ("qint32", "QInt32"), ("bfloat16", "BFloat16"),
-    ("quint4x2", "QUInt4x2"), ("quint2x4", "QUInt2x4"), ("bits1x8", "Bits1x8"), ("bits2x4", "Bits2x4"),
-    ("bits4x2", "Bits4x2"), ("bits8", "Bits8"), ("bits16", "Bits16"), ("float8_e5m2", "Float8_e5m2"),
-    ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
-    ("float8_e4m3fnuz", "Float8_e4m3fnuz"), ("uint16", "UInt16"), ("uint32", "UInt32"),
-    ("uint64", "UInt64"), ("float8_e8m0fnu", "Float8_e8m0fnu"), ("float4_e2m1fn_x2", "Float4_e2m1fn_x2"),
-):
-    if isinstance(getattr(torch, _attr, None), torch.dtype):
-        _DTYPE_NAMES[getattr(torch, _attr)] = _name
-
-#: The real dtype a complex tensor is recorded as (the profiler sees view_as_real).
-_COMPLEX_REAL = {"ComplexHalf": "Half", "ComplexFloat": "Float", "ComplexDouble": "Double"}
-
-#: dtype -> the name recorded for it, complex already as its real view (one lookup per call).
-_RECORDED_NAMES = {dtype: _COMPLEX_REAL.get(name, name) for dtype, name in _DTYPE_NAMES.items()}
+#: torch dtype -> the name recorded for it, complex already as its real view: built once from
+#: :data:`commtag.vocab.DTYPES` (the dtypes this torch has), one lookup per call.
+_RECORDED_NAMES: dict[torch.dtype, str] = {
+    getattr(torch, d.attr): RECORDED_AS_REAL.get(d.scalar_type, d.scalar_type)
+    for d in DTYPES
+    if isinstance(getattr(torch, d.attr, None), torch.dtype)
+}
 
 
 def dtype_name(tensor: torch.Tensor) -> str:
