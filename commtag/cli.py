@@ -68,6 +68,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge.pipeline import default_output, merge
     from commtag.merge.workers import launcher_world, settle
 
+    try:
+        selection = _selection(args)
+    except ValueError as exc:
+        sys.stderr.write(f"commtag merge: error: {exc}\n")
+        return 2
     world = launcher_world(Path(args.output) if args.output else default_output([Path(p) for p in args.inputs]))
     hook = MergeAnalysis()
     error: Optional[MergeInputError] = None
@@ -76,7 +81,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             args.inputs, args.output, align=args.align, json_dir=args.json,
             rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
             analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank, list_left_out=args.verbose,
-            strict=args.strict,
+            strict=args.strict, selection=selection,
         )
     except MergeInputError as exc:
         error = exc
@@ -114,6 +119,19 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     # Every worker ran the analysis (each wrote its ranks' lanes); worker 0 speaks for them.
     lead = world is None or world.index == 0
     return _report_desyncs([f.message for f in hook.result.desyncs] if hook.result and lead else [], args.strict)
+
+
+def _selection(args: argparse.Namespace):
+    """The --steps/--window/--detail choice, or None for the whole job (ValueError: a bad spec)."""
+    from commtag.merge.selection import Selection, parse_detail, parse_numbers, parse_window
+
+    if args.steps is None and args.window is None and getattr(args, "detail", None) is None:
+        return None
+    return Selection(
+        steps=parse_numbers(args.steps, "--steps") if args.steps is not None else None,
+        window=parse_window(args.window) if args.window is not None else None,
+        detail=parse_detail(args.detail) if getattr(args, "detail", None) is not None else None,
+    )
 
 
 def _one_line(exc: Exception) -> str:
@@ -171,6 +189,12 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write each rank's annotated Chrome JSON there (for HTA, TraceLens)")
     add_rank_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--steps", metavar="SPEC",
+                        help="keep only these profiler steps (ProfilerStep#N) on every rank, lanes included: "
+                             "a list or ranges, e.g. 3 or 2,5-7; what is left out is counted per rank")
+    parser.add_argument("--window", metavar="START_MS:END_MS",
+                        help="keep only events starting in this window, in ms from the earliest rank's trace "
+                             "start, on every rank, lanes included")
     parser.add_argument("--skip-bad-ranks", action="store_true",
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
                              "what was skipped and why (default: stop at the first, writing nothing)")

@@ -62,6 +62,8 @@ KINETO_LEGACY_CATEGORIES: dict[str, str] = {
 }
 #: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
 KINETO_STREAM_TID_PREFIX = "stream "
+#: The name of the slice torch's profiler writes around each ``prof.step()``: ``ProfilerStep#<N>``.
+PROFILER_STEP_PREFIX = "ProfilerStep#"
 #: Categories of Kineto's flow events ("s"/"f") from a runtime launch to its device work: today
 #: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
 #: by the ``correlation`` both ends carry.

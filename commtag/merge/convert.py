@@ -40,6 +40,7 @@ from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, Device
 from commtag.merge.attach import RankFlows, attach, group_rows, nccl_kind
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns, wall_clock
+from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
@@ -57,6 +58,8 @@ _GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "hipGraphLaunch")
 _NUMBER = re.compile(r"-?[0-9]+")
 #: Sibling order of rows named by a string (after the numbered threads and streams).
 _NAMED_ROW_ORDER = 1 << 62
+#: The index of a candidate event a --steps/--window selection left out (seen by attach, not written).
+_OUTSIDE = -2
 #: A row's pid or tid as the timeline keys it: a number, or the name Kineto gave it.
 RowId = Union[int, str]
 
@@ -227,10 +230,12 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
 class _File:
     """Per-file state: correlation ids are per file, so launch flows are settled per file."""
 
-    __slots__ = ("path", "index", "first", "last", "candidates", "launches", "work")
+    __slots__ = ("path", "keep", "index", "first", "last", "candidates", "launches", "work")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None) -> None:
         self.path = path
+        #: --steps/--window: whether an event starting at a time (ns) is kept; None keeps all.
+        self.keep = keep
         self.index = 0
         self.first: Optional[int] = None
         self.last: Optional[int] = None
@@ -281,6 +286,8 @@ class RankConverter:
         #: phase -> category -> events of that kind not written.
         self.left_out: dict[str, dict[Optional[str], int]] = {}
         self.listed: Optional[list[str]] = [] if list_left_out else None
+        #: Timed events a --steps/--window selection left out.
+        self.outside = 0
 
     # -- events ------------------------------------------------------------
     def feed(self, file: _File, events: Iterable, base: int) -> None:
@@ -296,6 +303,7 @@ class RankConverter:
         left_out = self.left_out
         listed = self.listed
         legacy = KINETO_LEGACY_CATEGORIES
+        keep = file.keep
         i = file.index - 1
         for e in events:
             i += 1
@@ -343,6 +351,16 @@ class RankConverter:
             end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
             if start < 0 or end > _MAX_NS:
                 _refuse(path, i, e, base)
+            if keep is not None and not keep(start):
+                self.outside += 1
+                if listed is not None:
+                    listed.append(f"{path}: traceEvents[{i}] {name!r}: {OUTSIDE_SELECTION}")
+                if ph == "X" and _is_candidate(name, cat, args):
+                    # attach still sees it, so the kept collectives are joined as in a whole merge
+                    if pc is not int or ic is not int:
+                        self._place(e, pid, tid)
+                    file.candidates.append((e, None, _OUTSIDE))
+                continue
             if first is None or start < first:
                 first = start
             if last is None or end > last:
@@ -434,13 +452,17 @@ class RankConverter:
 
     # -- files ---------------------------------------------------------------
     def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
-                 graph_fallback: Optional[Callable[[dict], object]] = None) -> tuple[Optional[int], Optional[int]]:
+                 graph_fallback: Optional[Callable[[dict], object]] = None,
+                 spans: Optional[Spans] = None) -> tuple[Optional[int], Optional[int]]:
         """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.jsonstream.TraceStream`).
 
         ``graph_fallback(trace)`` gives the attach fallback for this file.
+        ``spans``: the times (ns) in which an event or a collective must start to be
+        kept (--steps/--window); the others are counted as left out.
         Returns the file's first and last ns (None without timed events).
         """
-        file = _File(path)
+        keep = keeper(spans) if spans is not None else None
+        file = _File(path, keep)
         header = stream.header
         base = None
         marks = {key: len(row) for key, row in [*self.rows.items(), *(((k, "i"), r) for k, r in self.instants.items())]}
@@ -462,9 +484,11 @@ class RankConverter:
         fallback = graph_fallback(trace) if graph_fallback is not None else None
         attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,
                           annotated=self.annotated if self.encoder is not None else None)
+        if keep is not None:
+            attached = self._selected(file, attached, keep)
         self.instances += attached
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
-        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached))
+        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
         for g in group_rows(trace, sidecar):
             self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
@@ -477,17 +501,46 @@ class RankConverter:
         file.candidates.clear()
         return file.first, file.last
 
-    def _window(self, file: _File, attached: list, world_size: Optional[int], evidence: bool) -> None:
+    def _selected(self, file: _File, attached: list, keep: Callable[[int], bool]) -> list:
+        """The instances a --steps/--window selection keeps (those starting in it, as events),
+        joined as a whole merge joins them; a flow between a kept and a left-out one goes."""
+        kept = [inst for inst in attached if keep(inst.start_ns)]
+        gone = {inst.source_flow for inst in attached if inst.source_flow is not None and not keep(inst.start_ns)}
+        outside = [e for e, _, index in file.candidates if index == _OUTSIDE]
+        for e in outside:
+            gone.update(self.flows.out.pop(id(e), ()))
+            self.annotated.pop(id(e), None)
+        if gone:
+            for ref, fids in list(self.flows.out.items()):
+                fids[:] = [fid for fid in fids if fid not in gone]
+                if not fids:
+                    del self.flows.out[ref]
+            for inst in kept:
+                if inst.source_flow in gone:
+                    inst.source_flow = None
+        if outside:
+            file.candidates = [c for c in file.candidates if c[2] != _OUTSIDE]
+        return kept
+
+    def _window(self, file: _File, attached: list, world_size: Optional[int], evidence: bool,
+                spans: Optional[Spans] = None) -> None:
         """Record the time the file covers (a collective timed from the sidecar may reach past
         its events) and the world size it claims. A file that shows no collective and has
-        no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing."""
+        no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing.
+        With ``spans`` (--steps/--window) it covers what it kept of each span, one window each:
+        collectives of steps left out between them are not missing."""
         self.world_size = self.world_size or world_size
         if not evidence:
             return
         starts = [t for t in (file.first, *(i.start_ns for i in attached)) if t is not None]
         ends = [t for t in (file.last, *(i.end_ns for i in attached)) if t is not None]
         if starts and ends:
-            self.windows.append((min(starts), max(ends)))
+            first, last = min(starts), max(ends)
+            if spans is None:
+                self.windows.append((first, last))
+            else:
+                self.windows += [(max(low, first), min(high, last)) for low, high in spans
+                                 if max(low, first) < min(high, last)]
             self.windows.sort()
 
     def _categorize(self, file: _File) -> None:
@@ -569,6 +622,12 @@ class RankConverter:
             for cat, n in by_cat.items():
                 reason = left_out_reason(ph, cat)
                 reasons[reason] = reasons.get(reason, 0) + n
+        if self.outside:
+            reasons[OUTSIDE_SELECTION] = self.outside
+        if self.encoder is None:  # --detail: the rank's events were read and checked, not written
+            timed = self.read - sum(reasons.values())
+            if timed:
+                reasons[NOT_IN_DETAIL] = timed
         return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()))
 
     def timeline(self) -> RankTimeline:

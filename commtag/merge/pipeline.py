@@ -46,6 +46,7 @@ from commtag.merge.load import (
 from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, TraceAnnotations
 from commtag.merge.runs import FileSpan
+from commtag.merge.selection import FileSpans, Selection, file_spans
 from commtag.merge.workers import SoloWorld, World
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -130,6 +131,7 @@ def merge(
     rank: Optional[int] = None,
     list_left_out: bool = False,
     strict: bool = False,
+    selection: Optional[Selection] = None,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
@@ -150,6 +152,8 @@ def merge(
     each of those events (one line each, in ``EventAccount.listed``).
     Files that may be of another run (:mod:`commtag.merge.runs`) are listed
     in the result's ``warnings``; ``strict`` makes the first an error instead.
+    ``selection``: the steps or time window kept, and the ranks written in detail
+    (:mod:`commtag.merge.selection`; default: everything).
     """
     if align not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
@@ -180,6 +184,9 @@ def merge(
         offsets = alignment.offsets
 
     origin = time_origin(ranks, offsets)
+    spans_of = None if selection is None else file_spans(
+        selection, [(f.path, f.base_ns + offsets.get(r.rank, 0) if f.base_ns > 0 else 0) for r in ranks for f in r.files],
+        notices)
     # Worker 0 writes its ranks into what becomes the output, each other worker into a shard of
     # its own that worker 0 appends; all are temporaries named after their writer's pid.
     final_tmp = shard = temporary(out_path)
@@ -191,7 +198,7 @@ def merge(
         with output_errors(out_path), open(shard, "wb") as stream:
             return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
                                 header=world.index == 0, skipped=skipped, staged=staged,
-                                list_left_out=list_left_out)
+                                list_left_out=list_left_out, spans_of=spans_of)
 
     try:
         # A bad input in any worker's ranks reaches every worker through the exchange.
@@ -445,10 +452,10 @@ def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
 
 
 def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], graph_fallback: Optional[GraphFallback],
-                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream
-                  ) -> Optional[tuple[RankConverter, list[FileSpan]]]:
+                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream,
+                  spans_of: Optional[FileSpans] = None) -> Optional[tuple[RankConverter, list[FileSpan]]]:
     """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``,
-    and what each file says of itself.
+    and what each file says of itself; ``spans_of`` gives the times each file keeps (--steps/--window).
 
     With ``skipped`` (--skip-bad-ranks), a bad file and its sidecar are left out and listed
     there, and the rank is converted again from its other files: None when none is left.
@@ -462,7 +469,8 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], g
             for f in files:
                 sidecar = _sidecar_of(f, skipped)
                 stream = source(f.path)
-                first, last = converter.add_file(f.path, stream, sidecar, fallback)
+                spans = spans_of(f.path, converter.offset) if spans_of is not None else None
+                first, last = converter.add_file(f.path, stream, sidecar, fallback, spans)
                 _check_pair(f, sidecar, first, last, converter.offset)
                 told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset))
             _check_spans(rank, told)
@@ -543,7 +551,8 @@ def _collector_paused():
 
 def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin: int, graph_fallback,
                  json_dir, show: bool, header: bool, skipped: Optional[list[MergeInputError]],
-                 staged: list[tuple[Path, Path]], list_left_out: bool = False) -> list[RankSummary]:
+                 staged: list[tuple[Path, Path]], list_left_out: bool = False,
+                 spans_of: Optional[FileSpans] = None) -> list[RankSummary]:
     ranks: Iterable[RankInput] = mine
     if show:
         from tqdm import tqdm  # only a visible progress bar needs it
@@ -554,7 +563,7 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
     for rank in ranks:
         with _collector_paused():
             summary = _write_rank(stream, rank, seq, offsets, origin, graph_fallback, json_dir, header, skipped,
-                                  staged, list_left_out)
+                                  staged, list_left_out, spans_of)
         if summary is not None:
             header = False
             summaries.append(summary)
@@ -572,12 +581,13 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
 
 def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,
                 graph_fallback, json_dir, header: bool, skipped: Optional[list[MergeInputError]],
-                staged: list[tuple[Path, Path]], list_left_out: bool = False) -> Optional[RankSummary]:
+                staged: list[tuple[Path, Path]], list_left_out: bool = False,
+                spans_of: Optional[FileSpans] = None) -> Optional[RankSummary]:
     """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
     when ``skipped`` took it (interned strings its events had added are written with the next rank's)."""
     offset = offsets.get(rank.rank, 0)
     converted = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset, list_left_out=list_left_out),
-                              graph_fallback, skipped)
+                              graph_fallback, skipped, spans_of=spans_of)
     if converted is None:
         return None
     converter, files = converted

@@ -1,0 +1,157 @@
+"""The merge's views on real gloo traces: --steps, --window.
+
+A 4-rank gloo job (tests/views_world.py) profiled over steps 1-3 with
+several process groups, merged whole and with a selection; what a user
+checks in the file: the chosen steps and nothing else, on every rank, lanes
+included, and every event read either written or counted as left out.
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commtag.merge.analyze import MergeAnalysis
+from commtag.merge.pipeline import merge
+from commtag.merge.selection import OUTSIDE_SELECTION, Selection, parse_numbers, parse_window
+from commtag.merge.validate import validate_file
+from gloo_world import run_world
+from pftrace_reader import read
+from views_world import PROFILED_STEPS, calls_per_step, profiled_steps
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("views4")
+    run_world(profiled_steps, 4, str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def whole(traces: Path, tmp_path_factory: pytest.TempPathFactory):
+    result = merge(traces, tmp_path_factory.mktemp("whole") / "all.pftrace", progress=False, analysis=MergeAnalysis())
+    return result, read(result.output)
+
+
+def _merge(traces: Path, out: Path, selection: Selection):
+    hook = MergeAnalysis()
+    result = merge(traces, out, progress=False, selection=selection, analysis=hook)
+    assert validate_file(out) == []
+    return result, read(out), hook
+
+
+def _rank_of(parsed, slice_) -> int:
+    return int(parsed.process_of(slice_.track).process.process_name.split(" ")[1])
+
+
+def _owner(parsed, slice_):
+    """The rank a slice belongs to: its lane slice's "commtag rank", else its process's; None for neither."""
+    if "commtag rank" in slice_.args and "commtag pg uid" in slice_.args:
+        return int(slice_.args["commtag rank"])
+    return _rank_of(parsed, slice_) if parsed.process_of(slice_.track) is not None else None
+
+
+def _steps_by_rank(parsed) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for s in parsed.slices:
+        if s.name.startswith("ProfilerStep#"):
+            out.setdefault(_rank_of(parsed, s), set()).add(int(s.name.split("#")[1]))
+    return out
+
+
+def _lane_counts(parsed) -> Counter:
+    """(rank, lane-name kind) -> lane slices, kind as views_world.calls_per_step names it."""
+    counts: Counter = Counter()
+    for s in parsed.slices:
+        if "commtag pg uid" in s.args and "commtag rank" in s.args and not s.instant:
+            lane = str(s.args["commtag lane"])
+            kind = next(k for k in calls_per_step(1) if k in lane)
+            counts[(int(s.args["commtag rank"]), kind)] += 1
+    return counts
+
+
+def _step_spans(parsed) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, step) -> (start, start of the rank's next step or its last event's end)."""
+    marks: dict[int, list[tuple[int, int]]] = {}
+    last: dict[int, int] = {}
+    for s in parsed.slices:
+        rank = _rank_of(parsed, s) if parsed.process_of(s.track) is not None else None
+        if rank is None:
+            continue
+        last[rank] = max(last.get(rank, 0), s.end)
+        if s.name.startswith("ProfilerStep#"):
+            marks.setdefault(rank, []).append((s.ts, int(s.name.split("#")[1])))
+    out = {}
+    for rank, found in marks.items():
+        found.sort()
+        for k, (ts, step) in enumerate(found):
+            out[(rank, step)] = (ts, found[k + 1][0] if k + 1 < len(found) else last[rank] + 1)
+    return out
+
+
+def test_the_job_recorded_three_steps_on_every_rank(whole) -> None:
+    _, parsed = whole
+    assert _steps_by_rank(parsed) == {r: set(PROFILED_STEPS) for r in range(4)}
+    expected = {(r, kind): sum(calls_per_step(s)[kind] for s in PROFILED_STEPS)
+                for r in range(4) for kind in calls_per_step(1)}
+    assert _lane_counts(parsed) == expected
+
+
+@pytest.mark.parametrize("spec", ["2", "1,3"])
+def test_steps_keep_exactly_the_chosen_steps_lanes_included(traces: Path, whole, tmp_path: Path, spec: str) -> None:
+    chosen = parse_numbers(spec, "--steps")
+    result, parsed, hook = _merge(traces, tmp_path / "steps.pftrace", Selection(steps=chosen))
+    assert _steps_by_rank(parsed) == {r: set(chosen) for r in range(4)}
+    assert _lane_counts(parsed) == {(r, kind): sum(calls_per_step(s)[kind] for s in chosen)
+                                    for r in range(4) for kind in calls_per_step(1)}
+    # every slice of a rank starts inside one of its chosen steps, and nothing of those steps is lost
+    spans = _step_spans(whole[1])
+
+    def in_chosen(parsed_, s) -> bool:
+        rank = _owner(parsed_, s)
+        return any(spans[(rank, n)][0] <= s.ts < spans[(rank, n)][1] for n in chosen)
+
+    assert all(in_chosen(parsed, s) for s in parsed.slices if _owner(parsed, s) is not None)
+    assert (sorted((s.name, s.ts) for s in whole[1].slices
+                   if _owner(whole[1], s) is not None and not s.instant and in_chosen(whole[1], s))
+            == sorted((s.name, s.ts) for s in parsed.slices if _owner(parsed, s) is not None and not s.instant))
+    # what was left out is counted, per rank
+    for account in result.accounts:
+        assert account.left_out[OUTSIDE_SELECTION] > 0
+        assert account.read == account.written + sum(account.left_out.values())
+    # the steps left out between 1 and 3 are not taken for missing collectives
+    assert not hook.result.desyncs
+
+
+def test_window_keeps_what_starts_in_it_on_every_rank(traces: Path, whole, tmp_path: Path) -> None:
+    earliest = min(orjson.loads(gzip.decompress(p.read_bytes()))["baseTimeNanoseconds"]
+                   for p in traces.glob("*.pt.trace.json.gz"))
+    spans = _step_spans(whole[1])
+    start = min(spans[(r, 2)][0] for r in range(4))
+    end = max(spans[(r, 2)][1] for r in range(4))
+    window = parse_window(f"{(start - earliest) / 1e6}:{(end - earliest) / 1e6}")
+    low, high = earliest + window[0], earliest + window[1]
+    result, parsed, _ = _merge(traces, tmp_path / "window.pftrace", Selection(window=window))
+    expected = sorted((i.rank, i.pg_uid, i.seq) for i in whole[0].instances if low <= i.start_ns < high)
+    assert sorted((i.rank, i.pg_uid, i.seq) for i in result.instances) == expected
+    assert len(expected) >= 4 * sum(calls_per_step(2).values())
+    assert all(low <= s.ts < high for s in parsed.slices)
+    assert sorted(s.name for s in whole[1].slices if low <= s.ts < high and not s.instant) == sorted(
+        s.name for s in parsed.slices if not s.instant)
+    assert sum(1 for s in parsed.slices if s.name == "ProfilerStep#2") == 4
+
+
+def test_a_bad_spec_is_one_line_and_exit_2(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bad.pftrace"
+    for option in (["--steps", "2-x"], ["--window", "5"], ["--window", "9:3"], ["--steps", "1", "--window", "0:5"]):
+        proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), *option],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (option, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert not out.exists()
