@@ -125,12 +125,12 @@ def _selection(args: argparse.Namespace):
     """The --steps/--window/--detail choice, or None for the whole job (ValueError: a bad spec)."""
     from commtag.merge.selection import Selection, parse_detail, parse_numbers, parse_window
 
-    if args.steps is None and args.window is None and getattr(args, "detail", None) is None:
+    if args.steps is None and args.window is None and args.detail is None:
         return None
     return Selection(
         steps=parse_numbers(args.steps, "--steps") if args.steps is not None else None,
         window=parse_window(args.window) if args.window is not None else None,
-        detail=parse_detail(args.detail) if getattr(args, "detail", None) is not None else None,
+        detail=parse_detail(args.detail) if args.detail is not None else None,
     )
 
 
@@ -195,6 +195,10 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", metavar="START_MS:END_MS",
                         help="keep only events starting in this window, in ms from the earliest rank's trace "
                              "start, on every rank, lanes included")
+    parser.add_argument("--detail", metavar="SPEC",
+                        help="ranks whose full timelines (CPU threads, GPU streams, launches, flows) are written: "
+                             "all (default), none (the comm view of the whole job) or a list like 0,8-15; "
+                             "every rank still gives its lanes and analysis")
     parser.add_argument("--skip-bad-ranks", action="store_true",
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
                              "what was skipped and why (default: stop at the first, writing nothing)")

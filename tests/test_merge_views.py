@@ -19,7 +19,7 @@ import pytest
 
 from commtag.merge.analyze import MergeAnalysis
 from commtag.merge.pipeline import merge
-from commtag.merge.selection import OUTSIDE_SELECTION, Selection, parse_numbers, parse_window
+from commtag.merge.selection import OUTSIDE_SELECTION, Selection, parse_detail, parse_numbers, parse_window
 from commtag.merge.validate import validate_file
 from gloo_world import run_world
 from pftrace_reader import read
@@ -149,9 +149,45 @@ def test_window_keeps_what_starts_in_it_on_every_rank(traces: Path, whole, tmp_p
 
 def test_a_bad_spec_is_one_line_and_exit_2(traces: Path, tmp_path: Path) -> None:
     out = tmp_path / "bad.pftrace"
-    for option in (["--steps", "2-x"], ["--window", "5"], ["--window", "9:3"], ["--steps", "1", "--window", "0:5"]):
+    for option in (["--steps", "2-x"], ["--window", "5"], ["--window", "9:3"], ["--steps", "1", "--window", "0:5"],
+                   ["--detail", "0,x"]):
         proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), *option],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (option, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert not out.exists()
+
+
+def _timeline_slices(parsed) -> Counter:
+    """rank -> slices on its CPU threads and GPU streams (not lanes, not commtag's own tracks)."""
+    counts: Counter = Counter()
+    for s in parsed.slices:
+        if parsed.process_of(s.track) is not None and "commtag rank" not in s.args and not s.instant:
+            counts[_rank_of(parsed, s)] += 1
+    return counts
+
+
+def test_detail_0_writes_threads_of_rank_0_only_and_every_rank_lanes(traces: Path, whole, tmp_path: Path) -> None:
+    result, parsed, _ = _merge(traces, tmp_path / "detail0.pftrace", Selection(detail=parse_detail("0")))
+    full = _timeline_slices(whole[1])
+    assert _timeline_slices(parsed) == {0: full[0]}
+    thread_rows = {_rank_of(parsed, s) for s in parsed.slices if "CPU threads" in parsed.name_path(s.track)}
+    assert thread_rows == {0}
+    assert _lane_counts(parsed) == _lane_counts(whole[1])
+    assert sorted(p.process.process_name.split(" ")[1] for p in parsed.processes()) == ["0", "1", "2", "3"]
+    for account in result.accounts:
+        assert account.read == account.written + sum(account.left_out.values())
+        assert (account.written > 0) == (account.rank == 0)
+
+
+def test_detail_none_writes_every_lane_slice_and_no_op(traces: Path, whole, tmp_path: Path) -> None:
+    result, parsed, _ = _merge(traces, tmp_path / "none.pftrace", Selection(detail=parse_detail("none")))
+    assert not _timeline_slices(parsed)
+    names = {s.name for s in parsed.slices}
+    assert not any(n.startswith(("c10d::", "gloo:", "aten::", "ProfilerStep")) for n in names)
+    assert _lane_counts(parsed) == _lane_counts(whole[1])
+    lanes = [(s.args["commtag rank"], s.args["commtag pg uid"], s.args["Seq"], s.ts) for s in parsed.slices
+             if "commtag rank" in s.args and "commtag pg uid" in s.args]
+    assert sorted(lanes) == sorted((s.args["commtag rank"], s.args["commtag pg uid"], s.args["Seq"], s.ts)
+                                   for s in whole[1].slices if "commtag rank" in s.args and "commtag pg uid" in s.args)
+    assert all(a.written == 0 and a.left_out["timeline not written (--detail)"] > 0 for a in result.accounts)

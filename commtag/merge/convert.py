@@ -486,6 +486,9 @@ class RankConverter:
                           annotated=self.annotated if self.encoder is not None else None)
         if keep is not None:
             attached = self._selected(file, attached, keep)
+        if self.encoder is None:  # no event is written, so no flow may end on one
+            for inst in attached:
+                inst.source_flow = None
         self.instances += attached
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
         self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
@@ -641,6 +644,8 @@ class RankConverter:
         devices = sorted((p for p in self.gpu_pids if any(k[0] == p for k in self.rows)),
                          key=lambda p: (p.__class__ is str, p))
         device = ", ".join(self.labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
+        if self.encoder is None:
+            device = "lanes only (--detail)"
         name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"
         lanes = {lane: _kernel_args(self.rank, "lane", lane, b) for lane, b in categories.lanes.items()}
         return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,

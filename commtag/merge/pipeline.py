@@ -198,7 +198,8 @@ def merge(
         with output_errors(out_path), open(shard, "wb") as stream:
             return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
                                 header=world.index == 0, skipped=skipped, staged=staged,
-                                list_left_out=list_left_out, spans_of=spans_of)
+                                list_left_out=list_left_out, spans_of=spans_of,
+                                detailed=selection.detailed if selection is not None else None)
 
     try:
         # A bad input in any worker's ranks reaches every worker through the exchange.
@@ -552,7 +553,8 @@ def _collector_paused():
 def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin: int, graph_fallback,
                  json_dir, show: bool, header: bool, skipped: Optional[list[MergeInputError]],
                  staged: list[tuple[Path, Path]], list_left_out: bool = False,
-                 spans_of: Optional[FileSpans] = None) -> list[RankSummary]:
+                 spans_of: Optional[FileSpans] = None,
+                 detailed: Optional[Callable[[int], bool]] = None) -> list[RankSummary]:
     ranks: Iterable[RankInput] = mine
     if show:
         from tqdm import tqdm  # only a visible progress bar needs it
@@ -563,7 +565,7 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
     for rank in ranks:
         with _collector_paused():
             summary = _write_rank(stream, rank, seq, offsets, origin, graph_fallback, json_dir, header, skipped,
-                                  staged, list_left_out, spans_of)
+                                  staged, list_left_out, spans_of, detailed is None or detailed(rank.rank))
         if summary is not None:
             header = False
             summaries.append(summary)
@@ -582,11 +584,14 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
 def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,
                 graph_fallback, json_dir, header: bool, skipped: Optional[list[MergeInputError]],
                 staged: list[tuple[Path, Path]], list_left_out: bool = False,
-                spans_of: Optional[FileSpans] = None) -> Optional[RankSummary]:
+                spans_of: Optional[FileSpans] = None, detailed: bool = True) -> Optional[RankSummary]:
     """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
-    when ``skipped`` took it (interned strings its events had added are written with the next rank's)."""
+    when ``skipped`` took it (interned strings its events had added are written with the next rank's).
+    A rank not ``detailed`` (--detail) is read and attached but only its process is written: its
+    lanes come with everyone's."""
     offset = offsets.get(rank.rank, 0)
-    converted = _convert_rank(rank, lambda: RankConverter(rank.rank, seq, offset_ns=offset, list_left_out=list_left_out),
+    converted = _convert_rank(rank, lambda: RankConverter(rank.rank, seq if detailed else None, offset_ns=offset,
+                                                          list_left_out=list_left_out, breakdowns=True),
                               graph_fallback, skipped, spans_of=spans_of)
     if converted is None:
         return None
