@@ -89,11 +89,11 @@ def test_a_worker_failing_on_its_lanes_stops_every_worker(tmp_path: Path) -> Non
     (inject / "sitecustomize.py").write_text(
         "import errno, os\n"
         "if os.environ.get('RANK') == '1':\n"
-        "    from commtag.merge import perfetto\n"
+        "    from commtag.merge import lanes\n"
         "    def write(self, stream, *args, **kwargs):\n"
         "        stream.write(b'\\x0a\\x05half')\n"
         "        raise OSError(errno.ENOSPC, 'No space left on device')\n"
-        "    perfetto.LanesWriter.write = write\n"
+        "    lanes.LanesWriter.write = write\n"
     )
     out = tmp_path / "out" / "merged.pftrace"
     out.parent.mkdir()

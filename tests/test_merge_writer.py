@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commtag.merge import perfetto
+from commtag.merge import ids, trace_writer, wire
 from commtag.merge.timeline import RankTimeline, Row, Track
 from commtag.merge.validate import validate_file
 from pftrace_reader import read
@@ -21,14 +21,14 @@ intervals = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), min_size
 @settings(max_examples=60, deadline=None)
 @given(intervals)
 def test_any_overlap_is_kept_on_backing_tracks(tmp_path_factory, spans) -> None:
-    seq = perfetto.rank_sequence(3)
+    seq = trace_writer.rank_sequence(3)
     row = Row()
     for i, (a, d) in enumerate(spans):
         row.add(T0 + a * 10, T0 + (a + d) * 10, seq.body(f"s{i}", "cat", {"i": i}))
     timeline = RankTimeline(rank=3, process_name="rank 3", tracks=[Track("stream 7", "GPU 0", 0, row)])
     buf = io.BytesIO()
-    buf.write(perfetto.header(T0))
-    perfetto.write_rank(buf, timeline, seq)
+    buf.write(trace_writer.header(T0))
+    trace_writer.write_rank(buf, timeline, seq)
     path = Path(tmp_path_factory.mktemp("w")) / "t.pftrace"
     path.write_bytes(buf.getvalue())
     assert validate_file(path) == []
@@ -51,20 +51,20 @@ def test_varint_matches_protobuf() -> None:
             if not n:
                 break
         value = sum((b & 0x7F) << (7 * i) for i, b in enumerate(out))
-        assert perfetto.varint(value) == bytes(out)
+        assert wire.varint(value) == bytes(out)
 
 
 def test_a_long_repeated_value_is_written_once(tmp_path: Path) -> None:
     # A 1024-rank group's rank list (~6 KB) repeats on every slice of its lane: the file
     # must hold it once and every slice must still read it back whole.
     ranks = f"[{', '.join(map(str, range(1024)))}]"
-    seq = perfetto.rank_sequence(0)
+    seq = trace_writer.rank_sequence(0)
     row = Row()
     for i in range(50):
         row.add(T0 + i * 10, T0 + i * 10 + 5, seq.body("allreduce", "collective", {"Process Group Ranks": ranks, "Seq": i}))
     buf = io.BytesIO()
-    buf.write(perfetto.header(T0))
-    perfetto.write_rank(buf, RankTimeline(rank=0, process_name="rank 0", tracks=[Track("lane", "Comm lanes", 0, row)]), seq)
+    buf.write(trace_writer.header(T0))
+    trace_writer.write_rank(buf, RankTimeline(rank=0, process_name="rank 0", tracks=[Track("lane", "Comm lanes", 0, row)]), seq)
     path = tmp_path / "t.pftrace"
     path.write_bytes(buf.getvalue())
     assert buf.getvalue().count(ranks.encode()) == 1
@@ -75,11 +75,11 @@ def test_a_long_repeated_value_is_written_once(tmp_path: Path) -> None:
 
 def test_track_uuids_are_unique_and_short() -> None:
     ranks = [*range(130), 1000, (1 << 24) - 1]
-    locals_ = [*range(130), perfetto.LANE_LOCAL, perfetto.LANE_LOCAL + 1, (1 << perfetto.LOCAL_BITS) - 1]
-    uuids = {perfetto.track_uuid(r, n) for r in ranks for n in locals_}
+    locals_ = [*range(130), ids.LANE_LOCAL, ids.LANE_LOCAL + 1, (1 << ids.LOCAL_BITS) - 1]
+    uuids = {ids.track_uuid(r, n) for r in ranks for n in locals_}
     assert len(uuids) == len(ranks) * len(locals_) and 0 not in uuids
     # every event packet names its track: the common ones must stay 2-byte varints
-    assert max(len(perfetto.varint(perfetto.track_uuid(r, n))) for r in range(127) for n in range(127)) == 2
+    assert max(len(wire.varint(ids.track_uuid(r, n))) for r in range(127) for n in range(127)) == 2
 
 
 def test_link_only_args_are_left_to_flows_and_the_rest_is_written(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from commtag.cli import main
-from commtag.merge import perfetto
+from commtag.merge import lanes, trace_writer
 from commtag.merge.validate import validate_file
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -93,11 +93,11 @@ def test_disk_full_mid_write_keeps_the_previous_output(stage: str, traces: Path,
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if stage == "rank":
-        real = perfetto.write_rank
-        monkeypatch.setattr(perfetto, "write_rank", full_disk)
+        real = trace_writer.write_rank
+        monkeypatch.setattr(trace_writer, "write_rank", full_disk)
     else:
-        real = perfetto.LanesWriter.write
-        monkeypatch.setattr(perfetto.LanesWriter, "write", lambda self, stream, *a, **kw: full_disk(stream, *a, **kw))
+        real = lanes.LanesWriter.write
+        monkeypatch.setattr(lanes.LanesWriter, "write", lambda self, stream, *a, **kw: full_disk(stream, *a, **kw))
     code = main(["merge", "--no-progress", str(traces), "-o", str(out), "--json", str(json_dir)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
@@ -122,8 +122,8 @@ def test_killed_mid_write_leaves_the_previous_output(traces: Path, tmp_path: Pat
     good = _good_outputs(traces, out, json_dir, capsys)
     script = textwrap.dedent(f"""
         import os, signal, sys
-        from commtag.merge import perfetto
-        real, calls = perfetto.write_rank, []
+        from commtag.merge import trace_writer
+        real, calls = trace_writer.write_rank, []
         def write_rank(stream, *args, **kwargs):
             calls.append(1)
             if len(calls) == 3:
@@ -131,7 +131,7 @@ def test_killed_mid_write_leaves_the_previous_output(traces: Path, tmp_path: Pat
                 stream.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(stream, *args, **kwargs)
-        perfetto.write_rank = write_rank
+        trace_writer.write_rank = write_rank
         from commtag.cli import main
         sys.exit(main(["merge", "--no-progress", {str(traces)!r}, "-o", {str(out)!r}, "--json", {str(json_dir)!r}]))
     """)

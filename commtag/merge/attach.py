@@ -52,7 +52,7 @@ from commtag.constants import (
 )
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
-from commtag.merge.perfetto import FLOW_LAUNCH, FLOW_SOURCE, flow_id
+from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.records import CPU_OP_SOURCE, INFERRED_KEY, CollectiveInstance
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read

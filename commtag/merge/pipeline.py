@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 import orjson
 
 from commtag.kernels import DeviceWork
-from commtag.merge import graphs, perfetto, runs
+from commtag.merge import graphs, lanes, runs, trace_writer
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
 from commtag.merge.convert import EventAccount, RankConverter
@@ -225,7 +225,7 @@ def merge(
 
         def write_lanes() -> dict:
             with output_errors(out_path), open(shard, "ab") as stream, _collector_paused():
-                perfetto.LanesWriter(origin, mine[0].rank if mine else 0).write(
+                lanes.LanesWriter(origin, mine[0].rank if mine else 0).write(
                     stream, _lane_layout(everyone), instances,
                     annotations.counters if annotations else (), annotations.markers if annotations else (),
                     {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
@@ -561,7 +561,7 @@ def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin:
 
         ranks = tqdm(mine, desc="commtag merge", unit="rank")
     summaries = []
-    seq = perfetto.rank_sequence(mine[0].rank, origin) if mine else None
+    seq = trace_writer.rank_sequence(mine[0].rank, origin) if mine else None
     for rank in ranks:
         with _collector_paused():
             summary = _write_rank(stream, rank, seq, offsets, origin, graph_fallback, json_dir, header, skipped,
@@ -581,7 +581,7 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
                        converter.windows, converter.world_size, files=files)
 
 
-def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: dict[int, int], origin: int,
+def _write_rank(stream, rank: RankInput, seq: trace_writer.SequenceWriter, offsets: dict[int, int], origin: int,
                 graph_fallback, json_dir, header: bool, skipped: Optional[list[MergeInputError]],
                 staged: list[tuple[Path, Path]], list_left_out: bool = False,
                 spans_of: Optional[FileSpans] = None, detailed: bool = True) -> Optional[RankSummary]:
@@ -600,8 +600,8 @@ def _write_rank(stream, rank: RankInput, seq: perfetto.SequenceWriter, offsets: 
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
     summary.account = converter.account()
     if header:
-        stream.write(perfetto.header(timeline.first_ns or origin, origin))
-    perfetto.write_rank(stream, timeline, seq)
+        stream.write(trace_writer.header(timeline.first_ns or origin, origin))
+    trace_writer.write_rank(stream, timeline, seq)
     if json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
         for path, trace in _attached_whole(rank, offset, graph_fallback):

@@ -27,7 +27,7 @@ from commtag.constants import parse_rank_list
 from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
 from commtag.merge.attach import UNATTRIBUTED_UID
 from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
-from commtag.merge.perfetto import PID_BASE, process_uuid
+from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
     ANN_WINDOW_NS,
@@ -37,6 +37,7 @@ from commtag.merge.records import (
     CollectiveInstance,
     Coverage,
 )
+from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
@@ -49,7 +50,7 @@ _REALTIME = 1
 def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
     """REALTIME minus BOOTTIME from a packet's clock snapshot (the caller checks it has one):
     what turns the file's timestamps (which count from an origin, see
-    commtag.merge.perfetto.header) into wall-clock ns."""
+    commtag.merge.trace_writer.header) into wall-clock ns."""
     clocks = {c.clock_id: c.timestamp for c in packet.clock_snapshot.clocks}
     if _BOOTTIME in clocks and _REALTIME in clocks:
         return clocks[_REALTIME] - clocks[_BOOTTIME]
@@ -85,7 +86,7 @@ def sniff(path: Path) -> tuple[str, bool]:
     # JSON first: a newline is also the byte of a packet's frame tag.
     if _JSON_OBJECT.match(head):
         return JSON, gzipped
-    if head[:1] == b"\x0a":
+    if head[:1] == TRACE_PACKET:
         return PFTRACE, gzipped
     return UNKNOWN, gzipped
 
@@ -306,37 +307,17 @@ def _strict_value(item: pb.DebugAnnotation, strings: dict[int, str]) -> object:
 
 
 def _packets(stream: BinaryIO, path: Path) -> Iterator[pb.TracePacket]:
-    """TracePackets of a serialized Trace: ``0x0A varint(len) packet`` frames."""
-    while True:
-        tag = stream.read(1)
-        if not tag:
-            return
-        if tag != b"\x0a":
-            raise ReadbackError(f"{path}: not a Perfetto protobuf trace (unexpected field tag {tag!r})")
-        size = _varint(stream, path)
-        data = stream.read(size)
-        if len(data) != size:
-            raise ReadbackError(f"{path}: truncated trace (a packet is cut short)")
-        packet = pb.TracePacket()
-        try:
-            packet.ParseFromString(data)
-        except Exception as exc:  # protobuf's DecodeError and friends
-            raise ReadbackError(f"{path}: corrupt packet ({exc})") from exc
-        yield packet
-
-
-def _varint(stream: BinaryIO, path: Path) -> int:
-    value = shift = 0
-    while True:
-        byte = stream.read(1)
-        if not byte:
-            raise ReadbackError(f"{path}: truncated trace (a frame length is cut short)")
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return value
-        shift += 7
-        if shift > 63:
-            raise ReadbackError(f"{path}: not a Perfetto protobuf trace (bad frame length)")
+    """The TracePackets of a serialized Trace, one frame at a time."""
+    try:
+        for data in iter_frames(stream):
+            packet = pb.TracePacket()
+            try:
+                packet.ParseFromString(data)
+            except Exception as exc:  # protobuf's DecodeError and friends
+                raise ReadbackError(f"{path}: corrupt packet ({exc})") from exc
+            yield packet
+    except FrameError as exc:
+        raise ReadbackError(f"{path}: {exc}") from None
 
 
 def _annotations(items, keys: dict[int, str], strings: dict[int, str]) -> dict[str, object]:

@@ -79,7 +79,7 @@ class Track:
     #: Explicit order within the group (lower first).
     order: int
     #: Slices: (start, end, payload); the payload holds name, category, args
-    #: and flows, encoded (commtag.merge.perfetto.SequenceWriter.body).
+    #: and flows, encoded (commtag.merge.trace_writer.SequenceWriter.body).
     slices: Row = field(default_factory=Row)
     #: Instants: start == end.
     instants: Row = field(default_factory=Row)

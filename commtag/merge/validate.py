@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional
+from typing import Optional
 
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.merge.jsonstream import GZIP_ERRORS, open_decompressed
 from commtag.merge.readback import EMPTY, JSON, sniff
+from commtag.merge.wire import FrameError, iter_frames
 
 MAX_DEPTH = 512
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
@@ -48,31 +49,6 @@ class Violation:
     def __str__(self) -> str:
         where = f"packet {self.packet}" if self.packet >= 0 else "trace"
         return f"{where}: {self.code}: {self.message}"
-
-
-def _frames(stream: BinaryIO) -> Iterator[bytes]:
-    """The packets of a Trace (field 1 frames), without parsing the whole file at once."""
-    data = stream.read()
-    pos, end = 0, len(data)
-    while pos < end:
-        tag = data[pos]
-        pos += 1
-        length, shift = 0, 0
-        while True:
-            if pos >= end:
-                raise TraceReadError(f"truncated frame at byte {pos}")
-            b = data[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        if tag != 0x0A:
-            raise TraceReadError(f"byte {pos}: expected a Trace.packet frame (0x0a), found tag 0x{tag:02x}")
-        if pos + length > end:
-            raise TraceReadError(f"truncated packet at byte {pos}")
-        yield data[pos:pos + length]
-        pos += length
 
 
 class _Checker:
@@ -257,12 +233,14 @@ def validate_file(path: Path | str) -> list[Violation]:
             raise TraceReadError(f"this is a {'gzipped ' if gzipped else ''}JSON file (a profiler trace?), not a "
                                  ".pftrace: `commtag merge` turns profiler traces into one")
         with open_decompressed(Path(path)) as stream:
-            for idx, raw in enumerate(_frames(stream)):
+            for idx, raw in enumerate(iter_frames(stream)):
                 try:
                     packet = pb.TracePacket.FromString(raw)
                 except DecodeError as exc:
                     raise TraceReadError(f"packet {idx} does not parse as a TracePacket ({exc})") from None
                 checker.packet(idx, packet)
+    except FrameError as exc:
+        raise TraceReadError(str(exc)) from None
     except GZIP_ERRORS as exc:
         raise TraceReadError(f"corrupt gzip stream ({exc})") from None
     except OSError as exc:

@@ -1,0 +1,160 @@
+"""The lanes block of the merged trace: process-group lanes, cross-rank flows, counters, markers.
+
+Written by each merge worker after its ranks' blocks (see
+:mod:`commtag.merge.trace_writer`), on its own packet sequence. Which members
+of a collective get a flow between them is decided here
+(:func:`cross_rank_flows`), from what :func:`commtag.merge.records.match_groups`
+calls one collective.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Collection, Optional, Sequence
+
+from commtag.kernels import ANN_DESCRIBE
+from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
+from commtag.merge.timeline import LANE_GROUP, Row
+from commtag.merge.trace_writer import SequenceWriter, emit_rows, track_descriptor, track_field
+from commtag.merge.wire import CHILD_ORDERING_EXPLICIT
+
+#: Groups up to this size get a flow between every pair of members, so that
+#: selecting any member shows all others; bigger groups get a star.
+FULL_MESH_MAX = 8
+#: Sibling order of a rank's counter and marker tracks: after every lane.
+_AFTER_LANES = 1 << 20
+
+#: Flows of one instance, by ``id(instance)``: (flow ids it starts, flow ids it terminates), None for none.
+InstanceFlows = dict[int, tuple[Optional[tuple[int, ...]], Optional[tuple[int, ...]]]]
+
+
+def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0) -> tuple[InstanceFlows, int]:
+    """Flows linking the members of each matched instance, numbered in the order of ``instances``
+    after the ``numbered`` flows written before; and the count with these.
+
+    Members are what :func:`~commtag.merge.records.match_groups` (the
+    analysis's rule too) calls one collective. The earlier starting slice
+    of a pair starts the flow (ties: lower rank, which a lanes block writes
+    first): trace_processor drops a terminating id it has not seen start.
+    """
+    flows: dict[int, tuple[list, list]] = {}
+    counter = numbered
+    for members in match_groups(instances):
+        if len(members) < 2 or len({m.rank for m in members}) != len(members):
+            continue
+        members.sort(key=lambda m: (m.start_ns, m.rank))
+        pairs = (
+            [(i, j) for i in range(len(members)) for j in range(i + 1, len(members))]
+            if len(members) <= FULL_MESH_MAX
+            else [(0, j) for j in range(1, len(members))]
+        )
+        for i, j in pairs:
+            counter += 1
+            fid = flow_id(FLOW_CROSS_RANK, 0, counter)
+            flows.setdefault(id(members[i]), ([], []))[0].append(fid)
+            flows.setdefault(id(members[j]), ([], []))[1].append(fid)
+    return {key: (tuple(a) or None, tuple(b) or None) for key, (a, b) in flows.items()}, counter
+
+
+class LanesWriter:
+    """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
+
+    ``first_rank``: the first rank of the worker's chunk, which names its sequence.
+    """
+
+    def __init__(self, origin: int = 0, first_rank: int = 0) -> None:
+        self.seq = SequenceWriter(lanes_sequence_id(first_rank), origin)
+        self._ids: dict[int, LocalIds] = {}
+        self._groups: dict[int, int] = {}
+        #: Cross-rank flows numbered so far (a second write goes on from there).
+        self._flows_numbered = 0
+
+    def _rank_ids(self, rank: int) -> LocalIds:
+        ids = self._ids.get(rank)
+        if ids is None:
+            ids = self._ids[rank] = LocalIds(rank, LANE_LOCAL, 1 << LOCAL_BITS)
+        return ids
+
+    def _lane_group(self, rank: int) -> int:
+        uuid = self._groups.get(rank)
+        if uuid is None:
+            uuid = self._groups[rank] = self._rank_ids(rank)()
+            self.seq.descriptor(track_descriptor(uuid, LANE_GROUP, parent=process_uuid(rank),
+                                                 child_ordering=CHILD_ORDERING_EXPLICIT))
+        return uuid
+
+    def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
+              instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
+              markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
+              ranks: Optional[Collection[int]] = None) -> None:
+        """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
+        (default: every rank).
+
+        ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
+        being the lane's position in the one global lane order, so a group's
+        lane sits at the same place on every member rank. ``instances``:
+        every rank's, as the cross-rank flows are numbered over all of them
+        (so workers writing different ranks agree on them); each goes to the
+        lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
+        -> annotations of the lane's kernel categories, an instant at its first slice.
+        """
+        flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered)
+        wanted = None if ranks is None else set(ranks)
+        by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
+        for inst in instances:
+            if wanted is None or inst.rank in wanted:
+                by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+        for rank in sorted(lanes if wanted is None else wanted.intersection(lanes)):
+            parent = self._lane_group(rank)
+            for lane_name, order in lanes[rank]:
+                # Encoded one lane at a time: all lanes' slices at once grew with the rank count.
+                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows)
+                kernels = (lane_kernels or {}).get((rank, lane_name))
+                summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
+                emit_rows(stream, self.seq, slices, parent, lane_name, order,
+                          f"r{rank}:lane:{lane_name}", self._rank_ids(rank), summary=summary)
+        if by_lane:
+            raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
+        for series in counters:
+            if wanted is None or series.rank in wanted:
+                self._counter(series)
+        self._markers([m for m in markers if wanted is None or m.rank in wanted])
+        stream.write(self.seq.out)
+        self.seq.out.clear()
+
+    def _slices(self, instances: Sequence[CollectiveInstance], flows: InstanceFlows) -> Row:
+        """One lane's slices, encoded, with their cross-rank and source flows (the common
+        args of a call site's steps and replays are encoded once)."""
+        seq = self.seq
+        row = Row()
+        for inst in instances:
+            fout, fin = flows.get(id(inst), (None, None))
+            if inst.source_flow is not None:
+                fin = (fin or ()) + (inst.source_flow,)
+            data = seq.body(inst.collective, "collective", None)
+            common, own = inst.common_args, inst.args
+            if own.keys().isdisjoint(common):  # then all_args() encodes as common, then own
+                data += seq.shared_annotations(common) + seq.annotations(own)
+            else:
+                data += seq.annotations(inst.all_args())
+            row.add(inst.start_ns, inst.end_ns, data + seq.flows(fout, fin) if fout or fin else data)
+        return row
+
+    def _counter(self, series: CounterSeries) -> None:
+        uuid = self._rank_ids(series.rank)()
+        self.seq.descriptor(track_descriptor(uuid, series.track, parent=self._lane_group(series.rank),
+                                             sibling_order_rank=_AFTER_LANES, counter_unit=series.unit))
+        track = track_field(uuid)
+        for ts, value in sorted(series.points):
+            self.seq.counter(ts, track, float(value))
+
+    def _markers(self, markers: Sequence[Marker]) -> None:
+        tracks: dict[int, bytes] = {}
+        for marker in sorted(markers, key=lambda m: (m.rank, m.ts_ns)):
+            track = tracks.get(marker.rank)
+            if track is None:
+                uuid = self._rank_ids(marker.rank)()
+                self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=self._lane_group(marker.rank),
+                                                     sibling_order_rank=_AFTER_LANES + 1))
+                track = tracks[marker.rank] = track_field(uuid)
+            self.seq.instant(marker.ts_ns, track, self.seq.body(marker.name, "commtag", marker.args))

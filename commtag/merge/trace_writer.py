@@ -1,0 +1,564 @@
+"""The merged trace's writer: a header, then each rank's process, groups and rows.
+
+Usage (what :mod:`commtag.merge.pipeline` does, one worker writing ranks 0 and 1)::
+
+    with open("merged.pftrace", "wb") as out:
+        out.write(header(first_ns, origin))
+        seq = rank_sequence(0, origin)        # encodes each rank's events while they are read
+        for timeline in (rank0, rank1):       # RankTimeline, from commtag.merge.convert
+            write_rank(out, timeline, seq)
+        LanesWriter(origin, 0).write(out, lanes, instances, counters, markers)  # commtag.merge.lanes
+
+Two encodings. The per-event packets (slice BEGIN and END, instants, two or
+three per source event) are framed by hand from precomputed byte fragments
+(:mod:`commtag.merge.wire`): building a generated message per packet costs
+more than the rest of the write (measured on the 8-rank bench set with the
+upb backend: see the commit that split this module). Everything written a
+few thousand times per merge (the header and its clock snapshot, track
+descriptors, counters, interned data) is built with Perfetto's generated
+protos. The rules this writer follows are those trace_processor applies at
+import (see the project's reference perfetto-import-rules.md), and
+``commtag validate`` checks them.
+
+Layout of the file: a header (ClockSnapshot, root descriptor ordering the
+processes), then per merge worker one block per rank of its chunk, then the
+lanes block of those ranks (process-group lanes, cross-rank flows, the
+analysis's counters and markers). Ids come from :mod:`commtag.merge.ids`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import BinaryIO, Iterable, Optional, Sequence
+
+import orjson
+
+from commtag.merge.ids import (
+    HEADER_SEQ,
+    LANE_LOCAL,
+    ROOT_UUID,
+    LocalIds,
+    process_uuid,
+    rank_sequence_id,
+    synthetic_pid,
+)
+from commtag.merge.timeline import RankTimeline, Row
+from commtag.merge.wire import (
+    ANNOTATION_BOOL,
+    ANNOTATION_DOUBLE,
+    ANNOTATION_INT,
+    ANNOTATION_NAME_IID,
+    ANNOTATION_STRING,
+    ANNOTATION_STRING_IID,
+    BUILTIN_CLOCK_BOOTTIME,
+    BUILTIN_CLOCK_REALTIME,
+    CHILD_ORDERING_EXPLICIT,
+    CLOCK_ID,
+    CLOCK_SNAPSHOT_CLOCK,
+    CLOCK_TIMESTAMP,
+    COUNTER_UNIT_NAME,
+    DESCRIPTOR_CHILD_ORDERING,
+    DESCRIPTOR_COUNTER,
+    DESCRIPTOR_MERGE_BEHAVIOR,
+    DESCRIPTOR_MERGE_KEY,
+    DESCRIPTOR_NAME,
+    DESCRIPTOR_PARENT,
+    DESCRIPTOR_PROCESS,
+    DESCRIPTOR_PROCESS_ORDERING,
+    DESCRIPTOR_SIBLING_ORDER,
+    DESCRIPTOR_UUID,
+    EVENT_CATEGORY_IID,
+    EVENT_COUNTER_VALUE,
+    EVENT_DEBUG_ANNOTATION,
+    EVENT_FLOW_ID,
+    EVENT_NAME_IID,
+    EVENT_TERMINATING_FLOW_ID,
+    EVENT_TRACK_UUID,
+    EVENT_TYPE,
+    INTERNED_ANNOTATION_NAMES,
+    INTERNED_CATEGORIES,
+    INTERNED_IID,
+    INTERNED_NAMES,
+    INTERNED_STRINGS,
+    INTERNED_TEXT,
+    LOW14,
+    MASK14,
+    PACKET_CLOCK_SNAPSHOT,
+    PACKET_INTERNED_DATA,
+    PACKET_SEQUENCE_FLAGS,
+    PACKET_SEQUENCE_ID,
+    PACKET_TIMESTAMP,
+    PACKET_TRACK_DESCRIPTOR,
+    PACKET_TRACK_EVENT,
+    PROCESS_LABEL,
+    PROCESS_NAME,
+    PROCESS_ORDERING_EXPLICIT,
+    PROCESS_PID,
+    SEQ_INCREMENTAL_STATE_CLEARED,
+    SEQ_NEEDS_INCREMENTAL_STATE,
+    SIBLING_MERGE_BY_KEY,
+    SMALL_VARINTS,
+    TRACE_PACKET,
+    TYPE_COUNTER,
+    TYPE_INSTANT,
+    TYPE_SLICE_BEGIN,
+    TYPE_SLICE_END,
+    frame,
+    length_delimited,
+    timestamp_encoder,
+    varint,
+    varint_field,
+)
+
+
+#: The fields that open a TrackEvent of each type.
+BEGIN = varint_field(EVENT_TYPE, TYPE_SLICE_BEGIN)
+END = varint_field(EVENT_TYPE, TYPE_SLICE_END)
+INSTANT = varint_field(EVENT_TYPE, TYPE_INSTANT)
+COUNTER = varint_field(EVENT_TYPE, TYPE_COUNTER)
+#: The sequence flags of a sequence's first packet, and of every event packet after it.
+_FIRST = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE)
+_NEEDS = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
+
+_INT63 = 1 << 63
+#: Longest string value written once and then referenced by id. Rank lists repeat on
+#: every lane slice of their group and pass 512 chars at ~120 ranks (6 KB at 1024).
+_MAX_INTERNED = 16_384
+#: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
+_MAX_BLOCKS = 20_000
+_pack_double = struct.Struct("<d").pack
+
+
+def track_field(uuid: int) -> bytes:
+    """The TrackEvent field that puts an event on track ``uuid``."""
+    return EVENT_TRACK_UUID + varint(uuid)
+
+
+def track_descriptor(
+    uuid: int,
+    name: Optional[str] = None,
+    *,
+    parent: Optional[int] = None,
+    pid: Optional[int] = None,
+    process_name: Optional[str] = None,
+    labels: Sequence[str] = (),
+    child_ordering: Optional[int] = None,
+    sibling_order_rank: Optional[int] = None,
+    merge_key: Optional[str] = None,
+    counter_unit: Optional[str] = None,
+    process_ordering: Optional[int] = None,
+) -> bytes:
+    """A serialized TrackDescriptor with the fields this writer uses (``counter_unit``: a counter
+    track, ``""`` for one without a unit; ``merge_key``: merged with its siblings of that key)."""
+    out = bytearray(varint_field(DESCRIPTOR_UUID, uuid))
+    if name is not None:
+        out += length_delimited(DESCRIPTOR_NAME, name.encode())
+    if pid is not None:
+        proc = bytearray(varint_field(PROCESS_PID, pid))
+        if process_name is not None:
+            proc += length_delimited(PROCESS_NAME, process_name.encode())
+        for label in labels:
+            proc += length_delimited(PROCESS_LABEL, label.encode())
+        out += length_delimited(DESCRIPTOR_PROCESS, bytes(proc))
+    if parent is not None:
+        out += varint_field(DESCRIPTOR_PARENT, parent)
+    if counter_unit is not None:
+        unit = length_delimited(COUNTER_UNIT_NAME, counter_unit.encode()) if counter_unit else b""
+        out += length_delimited(DESCRIPTOR_COUNTER, unit)
+    if child_ordering is not None:
+        out += varint_field(DESCRIPTOR_CHILD_ORDERING, child_ordering)
+    if sibling_order_rank is not None:
+        out += varint_field(DESCRIPTOR_SIBLING_ORDER, sibling_order_rank)
+    if merge_key is not None:
+        out += varint_field(DESCRIPTOR_MERGE_BEHAVIOR, SIBLING_MERGE_BY_KEY)
+        out += length_delimited(DESCRIPTOR_MERGE_KEY, merge_key.encode())
+    if process_ordering is not None:
+        out += varint_field(DESCRIPTOR_PROCESS_ORDERING, process_ordering)
+    return bytes(out)
+
+
+def header(first_ns: int, origin: int = 0) -> bytes:
+    """The clock snapshot and the root.
+
+    Timestamps in the file count ns from ``origin`` (a wall-clock ns shortly
+    before the first event): 5-6 byte varints instead of 9. The snapshot maps
+    that clock (BOOTTIME, the trace's default) to REALTIME, so the UI and
+    :mod:`commtag.merge.readback` show and give wall-clock time.
+    """
+    first = max(first_ns, origin)
+    clocks = b"".join(
+        length_delimited(CLOCK_SNAPSHOT_CLOCK, varint_field(CLOCK_ID, clock) + varint_field(CLOCK_TIMESTAMP, value))
+        for clock, value in ((BUILTIN_CLOCK_BOOTTIME, first - origin), (BUILTIN_CLOCK_REALTIME, first))
+    )
+    seq = varint_field(PACKET_SEQUENCE_ID, HEADER_SEQ)
+    snapshot = length_delimited(PACKET_CLOCK_SNAPSHOT, clocks) + varint_field(PACKET_TIMESTAMP, first - origin) + seq
+    root = seq + length_delimited(PACKET_TRACK_DESCRIPTOR,
+                                  track_descriptor(ROOT_UUID, process_ordering=PROCESS_ORDERING_EXPLICIT))
+    return frame(snapshot) + frame(root)
+
+
+class SequenceWriter:
+    """Packets of one sequence: interning tables, flags, slice/instant/counter events.
+
+    The per-event packets are framed by hand; :func:`emit_rows`, the loop that
+    writes every slice, builds the common packet itself from the public
+    attributes below (read there, never rebound outside this class).
+    """
+
+    def __init__(self, seq_id: int, origin: int = 0) -> None:
+        self.out = bytearray()
+        #: Timestamps are written relative to this.
+        self.origin = origin
+        #: Varints of timestamps' bits above the low 28, by value (see wire.timestamp_encoder).
+        self.timestamp_highs: dict[int, bytes] = {}
+        #: A timestamp's varint, relative to ``origin``.
+        self.encode_timestamp = timestamp_encoder(origin, self.timestamp_highs)
+        self._seq = PACKET_SEQUENCE_ID + varint(seq_id)
+        #: What follows the timestamp in a plain event packet, up to the event's length.
+        self.after_timestamp = self._seq + _NEEDS + PACKET_TRACK_EVENT
+        #: True when the next event packet may be plain: the sequence has started and no
+        #: interned data waits to go out with it (else write it with :meth:`event`).
+        self.plain = False
+        self._started = False
+        #: Interned entries to go out with the next event packet, by InternedData field, in field order.
+        self._interned = {field: bytearray() for field in
+                          (INTERNED_CATEGORIES, INTERNED_NAMES, INTERNED_ANNOTATION_NAMES, INTERNED_STRINGS)}
+        self._float_keys: dict[str, bytes] = {}
+        self._names: dict[str, bytes] = {}
+        self._cats: dict[str, bytes] = {}
+        self._keys: dict[str, int] = {}
+        self._strings: dict[str, int] = {}
+        self._ann_cache: dict[tuple, bytes] = {}
+        self._int_keys: dict[str, tuple[bytes, ...]] = {}
+        #: Encoded annotations by the args' JSON: most events repeat an earlier event's args.
+        self._blocks: dict[bytes, bytes] = {}
+        #: id(args) -> (encoded, args) of shared_annotations.
+        self._shared: dict[int, tuple[bytes, dict]] = {}
+
+    # -- packets ---------------------------------------------------------
+    def descriptor(self, desc: bytes) -> None:
+        """A TrackDescriptor packet (:func:`track_descriptor`); the first packet also clears the sequence's state."""
+        packet = self._seq
+        if not self._started:
+            packet += _FIRST
+            self._started = True
+            self.plain = not any(self._interned.values())
+        self.out += frame(packet + length_delimited(PACKET_TRACK_DESCRIPTOR, desc))
+
+    def event(self, ts: int, event: bytes, out: bytearray) -> None:
+        """An event packet of TrackEvent bytes ``event``, with the interned data it needs."""
+        n = len(event)
+        size = SMALL_VARINTS[n] if n < 0x4000 else varint(n)
+        if self.plain:
+            # The common case, as few copies of the event's bytes as possible.
+            head = PACKET_TIMESTAMP + self.encode_timestamp(ts) + self.after_timestamp + size
+            out += TRACE_PACKET + varint(len(head) + n) + head
+            out += event
+            return
+        body = PACKET_TIMESTAMP + self.encode_timestamp(ts) + self._seq
+        interned = b"".join(self._interned.values())
+        if interned:
+            body += length_delimited(PACKET_INTERNED_DATA, interned)
+            for entries in self._interned.values():
+                entries.clear()
+        if self._started:
+            body += _NEEDS
+        else:
+            body += _FIRST
+            self._started = True
+        body += PACKET_TRACK_EVENT + size + event
+        self.plain = True
+        out += TRACE_PACKET
+        out += varint(len(body))
+        out += body
+
+    def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes:
+        """A TrackEvent's name, category and debug annotations, to be written later by
+        :func:`emit_rows` (slices) or :meth:`instant` (interned strings go out with the next packet written)."""
+        data = self._names.get(name) or self._name(name)
+        if cat:
+            data += self._cats.get(cat) or self._cat(cat)
+        if args:
+            try:
+                key = orjson.dumps(args)
+            except TypeError:  # a value JSON cannot hold as such (an int beyond 64 bits)
+                return data + self.annotations(args)
+            block = self._blocks.get(key)
+            if block is None:
+                block = self.annotations(args)
+                if len(self._blocks) < _MAX_BLOCKS:
+                    # A copy: orjson's own bytes carry kilobytes of spare capacity.
+                    self._blocks[bytes(memoryview(key))] = block
+            data += block
+        return data
+
+    @staticmethod
+    def flows(flows_out: Optional[Iterable[int]], flows_in: Optional[Iterable[int]]) -> bytes:
+        """Payload bytes that start (continue) ``flows_out`` and terminate ``flows_in``; appended
+        to a :meth:`body` (fields may come in any order)."""
+        flow_fields = SequenceWriter.flow_fields
+        return b"".join([flow_fields(fid)[0] for fid in flows_out or ()] + [flow_fields(fid)[1] for fid in flows_in or ()])
+
+    @staticmethod
+    def flow_fields(fid: int) -> tuple[bytes, bytes]:
+        """The payload bytes that start flow ``fid`` and those that terminate it."""
+        le = fid.to_bytes(8, "little")
+        return EVENT_FLOW_ID + le, EVENT_TERMINATING_FLOW_ID + le
+
+    def shared_annotations(self, args: dict) -> bytes:
+        """:meth:`annotations` of a dict that many events carry (a call site's common args),
+        encoded once per sequence. The dict must not change; it is held, so its id stays its own."""
+        found = self._shared.get(id(args))
+        if found is None:
+            found = self._shared[id(args)] = (self.annotations(args), args)
+        return found[0]
+
+    def instant(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
+        """An instant on ``track`` (:func:`track_field`) with ``body`` (:meth:`body`)."""
+        self.event(ts, INSTANT + track + body, self.out if out is None else out)
+
+    def end_tail(self, track: bytes) -> bytes:
+        """Everything after the timestamp of an END on ``track`` (no interning, no flags)."""
+        return self._seq + PACKET_TRACK_EVENT + varint(len(END) + len(track)) + END + track
+
+    def end(self, ts: int, tail: bytes, out: Optional[bytearray] = None) -> None:
+        """An END packet: ``tail`` is :meth:`end_tail`'s."""
+        ts_b = self.encode_timestamp(ts)
+        (self.out if out is None else out).extend(
+            TRACE_PACKET + varint(len(PACKET_TIMESTAMP) + len(ts_b) + len(tail)) + PACKET_TIMESTAMP + ts_b + tail)
+
+    def counter(self, ts: int, track: bytes, value: float) -> None:
+        """A counter value on counter track ``track`` (:func:`track_field`)."""
+        event = COUNTER + track + EVENT_COUNTER_VALUE + _pack_double(value)
+        self.out += frame(PACKET_TIMESTAMP + self.encode_timestamp(ts) + self._seq
+                          + length_delimited(PACKET_TRACK_EVENT, event))
+
+    # -- interning -------------------------------------------------------
+    def _intern(self, table: dict, field: bytes, text: str) -> int:
+        """The next iid of ``table`` (the caller stores it), its entry added to the next event packet's InternedData."""
+        iid = len(table) + 1
+        self._interned[field] += length_delimited(
+            field, varint_field(INTERNED_IID, iid) + length_delimited(INTERNED_TEXT, text.encode()))
+        self.plain = False
+        return iid
+
+    def _name(self, name: str) -> bytes:
+        part = self._names.get(name)
+        if part is None:
+            part = self._names[name] = varint_field(EVENT_NAME_IID, self._intern(self._names, INTERNED_NAMES, name))
+        return part
+
+    def _cat(self, cat: str) -> bytes:
+        part = self._cats.get(cat)
+        if part is None:
+            part = self._cats[cat] = varint_field(EVENT_CATEGORY_IID, self._intern(self._cats, INTERNED_CATEGORIES, cat))
+        return part
+
+    def _key(self, key: str) -> int:
+        iid = self._keys.get(key)
+        if iid is None:
+            iid = self._keys[key] = self._intern(self._keys, INTERNED_ANNOTATION_NAMES, key)
+        return iid
+
+    def _string(self, text: str) -> bytes:
+        iid = self._strings.get(text)
+        if iid is None:
+            iid = self._strings[text] = self._intern(self._strings, INTERNED_STRINGS, text)
+        return varint_field(ANNOTATION_STRING_IID, iid)
+
+    def annotations(self, args: dict) -> bytes:
+        """Payload bytes of debug annotations of ``args`` (a repeated field: appending adds more):
+        per key, the bytes before the value are made once.
+
+        Non-negative ints and floats (most Kineto args: ids, sizes,
+        occupancy) are the key's prefix plus the value; other values are
+        cached whole by (key, value).
+        """
+        cache = self._ann_cache
+        int_keys = self._int_keys
+        float_keys = self._float_keys
+        parts = []
+        for key, value in args.items():
+            cls = value.__class__
+            if cls is int and 0 <= value < _INT63:
+                heads = int_keys.get(key)
+                if heads is None:
+                    heads = int_keys[key] = self._int_heads(key)
+                if value < 0x4000:
+                    val = SMALL_VARINTS[value]
+                elif value < 0x10000000:
+                    val = LOW14[value & MASK14] + SMALL_VARINTS[value >> 14]
+                else:
+                    val = varint(value)
+                parts.append(heads[len(val)] + val)
+                continue
+            if cls is float:
+                head = float_keys.get(key)
+                if head is None:
+                    kb = ANNOTATION_NAME_IID + varint(self._key(key))
+                    head = float_keys[key] = (EVENT_DEBUG_ANNOTATION + varint(len(kb) + len(ANNOTATION_DOUBLE) + 8)
+                                              + kb + ANNOTATION_DOUBLE)
+                parts.append(head + _pack_double(value))
+                continue
+            if cls is list or cls is dict:
+                value = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+                cls = str
+            if cls is str or cls is bool or cls is int:
+                ck = (key, value, cls)
+                enc = cache.get(ck)
+                if enc is None:
+                    enc = self._annotation(key, value)
+                    if len(cache) < 200_000:
+                        cache[ck] = enc
+                parts.append(enc)
+            else:
+                parts.append(self._annotation(key, value))
+        return b"".join(parts)
+
+    def _int_heads(self, key: str) -> tuple[bytes, ...]:
+        """An int annotation's bytes before its value, by the value's varint length (1 to 9)."""
+        head = ANNOTATION_NAME_IID + varint(self._key(key)) + ANNOTATION_INT
+        return tuple(EVENT_DEBUG_ANNOTATION + varint(len(head) + n) + head for n in range(10))
+
+    def _annotation(self, key: str, value: object) -> bytes:
+        body = ANNOTATION_NAME_IID + varint(self._key(key))
+        cls = value.__class__
+        if cls is bool:
+            body += ANNOTATION_BOOL + varint(int(value))
+        elif cls is int:
+            if 0 <= value < _INT63:
+                body += ANNOTATION_INT + varint(value)
+            elif -_INT63 <= value < 0:
+                body += ANNOTATION_INT + varint(value + (1 << 64))
+            else:
+                body += self._string(str(value))
+        elif cls is float:
+            body += ANNOTATION_DOUBLE + _pack_double(value)
+        elif cls is str:
+            body += self._string(value) if len(value) <= _MAX_INTERNED else length_delimited(ANNOTATION_STRING, value.encode())
+        elif value is None:
+            body += self._string("null")
+        else:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+            body += self._string(text) if len(text) <= _MAX_INTERNED else length_delimited(ANNOTATION_STRING, text.encode())
+        return length_delimited(EVENT_DEBUG_ANNOTATION, body)
+
+
+def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, name: str, order: int,
+              merge_key: str, ids: LocalIds, instants: Optional[Row] = None,
+              summary: Optional[tuple[str, dict]] = None) -> None:
+    """Write the slices of one source row on as few backing tracks as proper nesting allows.
+
+    Each backing track gets the slices that nest properly on it; a slice that
+    would cross one goes to the next. All backing tracks share parent, name
+    and sibling_merge_key, so the UI shows them as one row with the
+    overlapping slices stacked, and no timestamp changes. ``summary`` (name,
+    args): an instant at the row's first slice that describes the whole row
+    (its kernel categories), clickable where the row starts.
+    """
+    order_ = slices.in_start_order()
+    starts, ends, offsets, data, extra = slices.starts, slices.ends, slices.offsets, slices.data, slices.extra
+    body = bytearray()
+    stacks: list[list[int]] = []
+    tails: list[bytes] = []
+    tracks: list[bytes] = []
+    uuids: list[int] = []
+    # BEGIN and END packets (SequenceWriter.event and .end), inlined for the plain case: this loop runs twice
+    # per slice of the whole merge. So is the timestamp's varint where its high bits are cached: 28 low bits
+    # by table and the cached rest.
+    ts_bytes, after_ts = seq.encode_timestamp, seq.after_timestamp
+    origin, highs, low, mask, small = seq.origin, seq.timestamp_highs, LOW14, MASK14, SMALL_VARINTS
+    packet_tag, ts_tag, begin = TRACE_PACKET, PACKET_TIMESTAMP, BEGIN
+    ts_tag_len = len(ts_tag)
+    for i in order_:
+        start, stop = starts[i], ends[i]
+        k = 0
+        for stack in stacks:
+            while stack and stack[-1] <= start:
+                n = stack.pop() - origin
+                tail = highs.get(n >> 28) if n >= 0x10000000 else None
+                ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(n + origin)
+                body += packet_tag + small[ts_tag_len + len(ts_b) + len(tails[k])] + ts_tag + ts_b + tails[k]
+            if not stack or stop <= stack[-1]:
+                break
+            k += 1
+        else:
+            uuid = ids()
+            uuids.append(uuid)
+            track = track_field(uuid)
+            tracks.append(track)
+            tails.append(seq.end_tail(track))
+            stacks.append([])
+        stacks[k].append(stop)
+        more = extra.get(i)
+        event = begin + tracks[k] + data[offsets[i]:offsets[i + 1]]
+        if more:
+            event += more
+        if not seq.plain:
+            seq.event(start, event, body)
+            continue
+        n = start - origin
+        tail = highs.get(n >> 28) if n >= 0x10000000 else None
+        ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(start)
+        n = len(event)
+        head = ts_tag + ts_b + after_ts + (small[n] if n < 0x4000 else varint(n))
+        size = len(head) + n
+        body += packet_tag + (small[size] if size < 0x4000 else varint(size)) + head
+        body += event
+    for k, stack in enumerate(stacks):
+        while stack:
+            seq.end(stack.pop(), tails[k], body)
+    if not tracks:  # a row with only instants, or an empty lane: still one track
+        uuid = ids()
+        uuids.append(uuid)
+        tracks.append(track_field(uuid))
+    if instants is not None:
+        instant, payload = seq.instant, instants.payload
+        for i, ts in enumerate(instants.starts):
+            instant(ts, tracks[0], payload(i), body)
+    if summary is not None and order_:
+        seq.instant(starts[order_[0]], tracks[0], seq.body(summary[0], "commtag", summary[1]), body)
+    for uuid in uuids:
+        seq.descriptor(track_descriptor(
+            uuid, name, parent=parent, sibling_order_rank=order,
+            merge_key=merge_key if len(uuids) > 1 else None,
+        ))
+    # The sequence's packets so far (descriptors last), then the row's: written, not
+    # appended to seq.out, which would copy the row's packets (megabytes) once more.
+    stream.write(seq.out)
+    seq.out.clear()
+    stream.write(body)
+
+
+def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
+    """The sequence rank blocks are written on, one per merge worker, named after the first rank
+    it writes; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
+    (see commtag.merge.convert). One sequence for all of a worker's ranks: their interning
+    tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
+    other's names and args."""
+    return SequenceWriter(rank_sequence_id(first_rank), origin)
+
+
+def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceWriter] = None) -> None:
+    """Write one rank's process, groups and rows (slices already encoded by ``seq``, which may go
+    on to the worker's next rank)."""
+    rank = timeline.rank
+    seq = seq or rank_sequence(rank)
+    proc = process_uuid(rank)
+    seq.descriptor(track_descriptor(
+        proc, timeline.process_name, pid=synthetic_pid(rank), process_name=timeline.process_name,
+        labels=timeline.labels, sibling_order_rank=rank,
+    ))
+    ids = LocalIds(rank, 2, LANE_LOCAL)
+    groups: dict[str, int] = {}
+    for track in sorted(timeline.tracks, key=lambda t: (t.group, t.order, t.name)):
+        parent = groups.get(track.group)
+        if parent is None:
+            parent = groups[track.group] = ids()
+            seq.descriptor(track_descriptor(parent, track.group, parent=proc,
+                                            child_ordering=CHILD_ORDERING_EXPLICIT))
+        key = f"r{rank}:{track.group}:{track.name}"
+        emit_rows(stream, seq, track.slices, parent, track.name, track.order, key, ids, track.instants,
+                  track.summary)
+    stream.write(seq.out)
+    seq.out.clear()
