@@ -41,6 +41,15 @@ GLOO_WORK_PER_MEMBER = frozenset({"reduce_scatter"})
 #: the rest run on the group's own worker threads (``pt_gloo_runloop``), in queue order.
 GLOO_CALLER_FAMILIES = frozenset({"send", "recv"})
 
+#: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured
+#: collective (where the user turned torch's graph annotations on): ``"<capture id>.<n>"``, the
+#: n-th collective commtag saw in that capture. torch's exporter bakes it into the replayed
+#: events' args; the sidecar's captured collective carries the same value (``torch_mark``).
+TORCH_MARK_KEY = "commtag graph mark"
+#: Arg of a graphed event the merge put back on the stream it ran on: the lane torch had moved
+#: it to (a process group's lane, which commtag's own lane of that group replaces).
+TORCH_LANE_ARG = "commtag torch lane"
+
 #: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
 TIME_NS_LIMIT = 1 << 63
 

@@ -78,3 +78,29 @@ KERNEL_EAGER_KEYS: tuple[str, ...] = (
 )
 #: Eager keys only a point-to-point call carries (its peer's group rank).
 P2P_PEER_KEYS: tuple[str, ...] = ("Dst Rank", "Src Rank")
+
+
+# ---------------------------------------------------------------------------- torch's CUDA-graph annotations
+
+#: torch 2.14+ public module for annotating captured graph nodes (``mark_kernels``,
+#: ``get_kernel_annotations``, ``is_available``); it records by the driver's tools id, so it
+#: needs cuda-bindings and a CUDA 13.1+ driver (``cudaGraphNodeGetToolsId``), else it is a no-op.
+#: Torch 2.12 and 2.13 hold the same code privately (``torch.cuda._graph_annotations``).
+TORCH_GRAPH_ANNOTATIONS_MODULE = "torch.cuda.graph_annotations"
+#: Its registry's keys and Kineto's "graph node id" of a replayed node are one number:
+#: ``(exec graph id << TOOLS_ID_GRAPH_SHIFT) | node id``.
+TOOLS_ID_GRAPH_SHIFT = 32
+#: Top-level key (before ``traceEvents``) of a trace torch 2.15+'s ``export_chrome_trace(...,
+#: cuda_graph_annotations=...)`` wrote with annotations baked into graphed events' args.
+TORCH_INLINE_ANNOTATED_KEY = "cudaGraphInlineAnnotated"
+#: Annotation key whose value names the lane torch moves an annotated graphed event to, with
+#: ``graph_lanes="all"``: the lane (a tid on the GPU's pid, from the annotation's ``"stream"``)
+#: is named by it. The key is spliced into the event's args with the rest of the annotation.
+TORCH_LANE_NAME_KEY = "Process Group Description"
+#: Arg of an event torch moved onto a lane: the stream it ran on (its ``tid`` and ``args.stream``
+#: then name the lane).
+TORCH_ORIGINAL_STREAM_KEY = "original_stream"
+#: Annotation key torch reserves for the lane (an int) an annotated node's events move to.
+TORCH_LANE_KEY = "stream"
+#: Device work categories torch's annotation pass reads and moves (not gpu_user_annotation).
+TORCH_ANNOTATED_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

@@ -24,6 +24,17 @@ eager NCCL kernels
     "External id") where there is one, else by the op (host time: the call,
     not the transfer; :data:`CPU_OP_SOURCE`). An older torch's integer
     "Process Group ID" is read through pg_config's uid.
+graph-replayed kernels, by torch's own annotation first
+    Where torch's graph annotations recorded the capture (torch 2.14+, driver
+    13.1+), commtag marked each captured collective through torch's
+    ``mark_kernels``: a kernel whose args carry that mark (baked in by torch
+    2.15+'s exporter, :data:`~commtag.constants.TORCH_MARK_KEY`) is that
+    collective (``"commtag match": "torch-annotation"``); else a kernel whose
+    ``"graph node id"`` is one of the tools ids torch's registry held for the
+    mark (``"torch-tools-id"``); both for NCCL kernels only (torch marks every
+    node of the call's scope; its NCCL kernels carry the call). A graphed kernel is never taken for an eager
+    one, even with eager keys torch baked into it: its Seq is its capture's,
+    the same on every replay.
 graph-replayed kernels, exact join by Kineto's ``"graph node id"``
     Either ``cudaGraphNodeGetToolsId`` (a sidecar node's ``tools_id``) or the
     node id packed as ``(graph id << 32) | node id`` or written as the node
@@ -48,7 +59,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
 from commtag.constants import (
     C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
-    MIN_LANE_ID, NON_COLLECTIVE_NAMES, PG_ID_KEY, parse_rank_list,
+    MIN_LANE_ID, NON_COLLECTIVE_NAMES, PG_ID_KEY, TORCH_MARK_KEY, parse_rank_list,
 )
 from commtag.identity import GroupRow, group_info
 from commtag.merge.load import base_ns, event_ns
@@ -83,7 +94,8 @@ class GraphMatch(NamedTuple):
     #: Index into ``GraphCapture.collectives``.
     collective: int
     replay: int
-    #: How it was matched, written as "commtag match": "tools-id", "node-id" or "order".
+    #: How it was matched, written as "commtag match": "torch-annotation", "torch-tools-id",
+    #: "tools-id", "node-id" or "order".
     method: str = "node-id"
 
 
@@ -437,7 +449,8 @@ class _RankAttacher:
         leftover = self._gloo() if self.sidecar else []
         self._graph_replays()
         eager = [(start, end, k, k["args"], "nccl-kernel") for start, end, k in self.kernels
-                 if id(k) not in self.taken and "Collective name" in (k.get("args") or {})]
+                 if id(k) not in self.taken and "Collective name" in (k.get("args") or {})
+                 and not k["args"].get("graph node id")]
         if eager:
             self._eager(eager, leftover, "kernel order")
         else:
@@ -668,11 +681,17 @@ class _RankAttacher:
         by_graph: dict[int, GraphCapture] = {}
         by_tools: dict[int, tuple[int, int]] = {}
         by_node: dict[tuple[int, int], tuple[int, int]] = {}
+        by_mark: dict[str, tuple[int, int]] = {}
+        by_torch_tools: dict[int, tuple[int, int]] = {}
         for cap in captures:
             for gid in (cap.graph_id, cap.exec_graph_id):
                 if gid is not None:
                     by_graph[gid] = cap
             for ci, captured in enumerate(cap.collectives):
+                if captured.torch_mark is not None:
+                    by_mark[captured.torch_mark] = (cap.capture_id, ci)
+                for tools_id in captured.torch_tools_ids or ():
+                    by_torch_tools[tools_id] = (cap.capture_id, ci)
                 for node in captured.nodes:
                     if node.tools_id is not None:
                         by_tools[node.tools_id] = (cap.capture_id, ci)
@@ -684,8 +703,14 @@ class _RankAttacher:
             args = e.get("args") or {}
             raw = args.get("graph node id") or 0
             hit = None
-            method = "tools-id"
-            if raw:
+            if raw and nccl_kind(e.get("name", "")):  # torch marks all the scope's nodes; NCCL's carry the call
+                hit = by_mark.get(str(args.get(TORCH_MARK_KEY)))
+                method = "torch-annotation"
+                if hit is None:
+                    hit = by_torch_tools.get(raw)
+                    method = "torch-tools-id"
+            if raw and hit is None:
+                method = "tools-id"
                 hit = by_tools.get(raw)
                 if hit is None:
                     method = "node-id"

@@ -42,6 +42,7 @@ from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns, wall_clock
 from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
+from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
 #: flows instead) or bookkeeping with no meaning to a reader.
@@ -288,6 +289,9 @@ class RankConverter:
         self.listed: Optional[list[str]] = [] if list_left_out else None
         #: Timed events a --steps/--window selection left out.
         self.outside = 0
+        #: Graphed events torch had moved onto a process group's lane, written on their stream
+        #: again (commtag's lane is the group's lane: :mod:`commtag.merge.torchlanes`).
+        self.torch_lane_events = 0
 
     # -- events ------------------------------------------------------------
     def feed(self, file: _File, events: Iterable, base: int) -> None:
@@ -470,6 +474,8 @@ class RankConverter:
             for batch in stream.batches():
                 if base is None:
                     base = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
+                if has_torch_lanes(header):  # torch writes the flag before traceEvents
+                    self.torch_lane_events += restore_group_lanes(batch)
                 self.feed(file, batch, base)
                 del batch
         except TraceFormatError as exc:

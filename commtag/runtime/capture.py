@@ -32,8 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from commtag.constants import TORCH_MARK_KEY
 from commtag.runtime.failopen import log_once
 from commtag.runtime.graph_api import GraphAPI, load_cuda_graph_api
+from commtag.runtime.torch_marks import TorchMarks, load_torch_marks
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,
@@ -57,6 +59,8 @@ class _PendingCollective:
     tid: int
     reduce_op: Optional[str]
     source: str
+    #: Its mark in torch's annotation registry, where torch recorded the capture.
+    torch_mark: Optional[str] = None
 
 
 @dataclass
@@ -68,6 +72,10 @@ class _OpenCapture:
     owner_key: int
     collectives: list[_PendingCollective] = field(default_factory=list)
     interceptor: Any = None
+    #: Collectives handed to torch's mark_kernels so far (numbers their marks).
+    marked: int = 0
+    #: torch scopes still open, by id of their token (closed at capture end if a call raised).
+    scopes: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +86,8 @@ class CollectiveToken:
     known: set[int]
     reduce_op: Optional[str] = None
     source: str = "python"
+    #: The annotation handed to torch's mark_kernels for this call, if any.
+    torch_annotation: Optional[dict] = None
 
 
 @dataclass
@@ -90,9 +100,12 @@ class _Finished:
 class CaptureTracker:
     """Capture bookkeeping over a :class:`GraphAPI`; one per process in production, one per test in tests."""
 
-    def __init__(self, api: GraphAPI, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, api: GraphAPI, clock: Callable[[], int] = time.time_ns,
+                 marks: Optional[TorchMarks] = None) -> None:
         self.api = api
         self.clock = clock
+        #: torch's own graph annotations (torch 2.14+), or None: see commtag.runtime.torch_marks.
+        self.marks = marks
         self._lock = threading.Lock()
         self._next_id = 0
         self._by_owner: dict[int, _OpenCapture] = {}
@@ -128,6 +141,7 @@ class CaptureTracker:
         if capture is None:
             finish()
             return None
+        self._close_scopes(capture)
         try:
             resolved = self._resolve(capture)
         except Exception as exc:  # noqa: BLE001 - fail open: capture proceeds, this graph stays unannotated
@@ -153,6 +167,12 @@ class CaptureTracker:
             if self._by_owner.get(capture.owner_key) is capture:
                 del self._by_owner[capture.owner_key]
             _open.pop(capture.sequence_id, None)
+        self._close_scopes(capture)
+
+    def _close_scopes(self, capture: _OpenCapture) -> None:
+        """Leave torch scopes of calls that raised before their end (torch keeps a region per thread)."""
+        while capture.scopes and self.marks is not None:
+            self.marks.close(capture.scopes.popitem()[1])
 
     def _resolve(self, capture: _OpenCapture) -> GraphCapture:
         api = self.api
@@ -183,6 +203,7 @@ class CaptureTracker:
                     tid=pending.tid,
                     reduce_op=pending.reduce_op,
                     source=pending.source,
+                    torch_mark=pending.torch_mark,
                 )
             )
         return GraphCapture(
@@ -204,16 +225,40 @@ class CaptureTracker:
         capture = _open.get(info[0])
         if capture is None:
             return None
-        return CollectiveToken(capture, {int(node) for node in self.api.nodes(capture.graph)}, source=source)
+        token = CollectiveToken(capture, {int(node) for node in self.api.nodes(capture.graph)}, source=source)
+        if self.marks is not None:
+            self._open_scope(token)
+        return token
+
+    def _open_scope(self, token: CollectiveToken) -> None:
+        """Hand the call to torch's mark_kernels, last before it runs (see commtag.runtime.torch_marks)."""
+        capture = token.capture
+        with self._lock:
+            mark = f"{capture.capture_id}.{capture.marked}"
+            capture.marked += 1
+        annotation = self.marks.annotation(mark)
+        scope = self.marks.open(annotation)
+        if scope is not None:
+            token.torch_annotation = annotation
+            capture.scopes[id(token)] = scope
 
     def end_collective(self, token: CollectiveToken, annotation: CollectiveAnnotation) -> None:
         """Keep the nodes added since ``token`` was taken, with the collective's annotation."""
         capture = token.capture
+        mark = None
+        scope = capture.scopes.pop(id(token), None)
+        if scope is not None:
+            mark = token.torch_annotation[TORCH_MARK_KEY]
+            try:
+                self.marks.name_group(token.torch_annotation, annotation.pg_name, annotation.pg_desc, annotation.lane_id)
+            except Exception as exc:  # noqa: BLE001 - the mark alone still joins the call
+                log_once("naming a collective's group for torch", exc)
+            self.marks.close(scope)
         if _open.get(capture.sequence_id) is not capture:
             return  # the capture ended (or failed) in between
         added = [node for node in self.api.nodes(capture.graph) if int(node) not in token.known]
         capture.collectives.append(
-            _PendingCollective(annotation, added, threading.get_native_id(), token.reduce_op, token.source)
+            _PendingCollective(annotation, added, threading.get_native_id(), token.reduce_op, token.source, mark)
         )
 
     # ------------------------------------------------------------------ wrapper nesting (read by c10d_ops)
@@ -246,6 +291,7 @@ class CaptureTracker:
         """Every finished capture, with its replays that overlap [since_ns, until_ns]."""
         with self._lock:
             finished = list(self._finished.values())
+        torch_ids = self._torch_tools_ids(finished)
         result = []
         for item in finished:
             replays = [
@@ -253,8 +299,24 @@ class CaptureTracker:
                 for r in list(item.replays)
                 if (since_ns is None or r.end_ns >= since_ns) and (until_ns is None or r.start_ns <= until_ns)
             ]
-            result.append(item.record.model_copy(update={"replays": replays}))
+            record = item.record
+            if torch_ids:
+                record = record.model_copy(update={"collectives": [
+                    c.model_copy(update={"torch_tools_ids": torch_ids[c.torch_mark]}) if c.torch_mark in torch_ids else c
+                    for c in record.collectives]})
+            result.append(record.model_copy(update={"replays": replays}))
         return result
+
+    def _torch_tools_ids(self, finished: list[_Finished]) -> dict[str, list[int]]:
+        """The tools ids torch's registry holds now for each commtag mark (exec-graph keyed once
+        the graphs are instantiated); {} where no capture was marked."""
+        if self.marks is None or not any(c.torch_mark for f in finished for c in f.record.collectives):
+            return {}
+        try:
+            return self.marks.tools_ids()
+        except Exception as exc:  # noqa: BLE001
+            log_once("reading torch's CUDA-graph annotations", exc)
+            return {}
 
 
 # ---------------------------------------------------------------------- process-wide hooks
@@ -271,7 +333,7 @@ def _get_tracker() -> Optional[CaptureTracker]:
         _tracker_loaded = True
         api = load_cuda_graph_api()
         if api is not None:
-            _tracker = CaptureTracker(api)
+            _tracker = CaptureTracker(api, marks=load_torch_marks())
     return _tracker
 
 
