@@ -20,7 +20,7 @@ from commtag.merge.pipeline import merge
 from test_merge_accounting import _assert_accounted
 
 DATA = Path(__file__).resolve().parent / "data" / "torch-traces"
-SETS = sorted(p for p in DATA.iterdir() if p.is_dir())
+SETS = sorted(p for p in DATA.glob("torch-*") if p.is_dir())
 
 
 def test_the_newer_torch_traces_are_there() -> None:
