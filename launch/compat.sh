@@ -21,7 +21,7 @@ mkdir -p "$logs"
 # reads, the analysis of real gloo worlds.
 suites=(tests/test_runtime_*.py tests/test_capture_*.py tests/test_cpu_op_collectives.py
         tests/test_gloo_world.py tests/test_merge_*.py tests/test_summary_gloo.py
-        tests/test_analyze*.py tests/test_compat_traces.py)
+        tests/test_analyze*.py tests/test_compat_traces.py tests/test_torch_graph_annotations.py)
 
 build_venv() {  # $1: version, $2: venv path
     # setup.sh installs torch first (pinned to this minor version), then commtag editable
@@ -87,6 +87,13 @@ EOF
     # belong under tests/data/torch-traces/ (see its PROVENANCE.md).
     PYTHONPATH=$repo timeout 600 "$py" launch/compat_traces.py "$cache/traces/small-torch-$v" \
         > "$log.small.log" 2>&1 || { demo="$demo; launch/compat_traces.py FAILED"; failed=1; }
+    # Graphed traces through this torch's own annotating exporter, where it has one (2.15+):
+    # tests/data/torch-traces/graphs-torch-2.15 came from here (see its PROVENANCE.md).
+    if "$py" -c "from torch.profiler import _chrome_trace_export as e; import sys; sys.exit('graph_lanes' not in e.export_chrome_trace.__code__.co_varnames)" 2>/dev/null; then
+        rm -rf "$cache/traces/graphs-torch-$v"
+        PYTHONPATH=$repo timeout 600 "$py" launch/torch_graph_traces.py "$cache/traces/graphs-torch-$v" \
+            > "$log.graphs.log" 2>&1 || { demo="$demo; launch/torch_graph_traces.py FAILED"; failed=1; }
+    fi
     [ $tests_rc -eq 0 ] || failed=1
     echo "| $full | $counts | $demo | $accounted |" >> "$results.new"
     tail -n 1 "$log.tests.log"

@@ -200,3 +200,25 @@ def test_a_torch_that_refuses_the_scope_leaves_capture_bookkeeping_as_it_was() -
     assert [(c.annotation.seq, c.torch_mark, c.torch_tools_ids) for c in record.collectives] == [
         (5, None, None), (6, None, None)]
     assert [n.index for n in record.collectives[1].nodes] == [2, 3]
+
+
+def test_torchs_own_module_takes_commtags_scope_and_its_registry_gives_the_marks_back() -> None:
+    """Over the installed torch's real graph_annotations (2.14+; the compat run has them):
+    its mark_kernels accepts commtag's scope (a no-op here: no capture records), and its
+    registry, whatever its shape in that torch, gives back each mark's tools ids."""
+    module = pytest.importorskip("torch.cuda.graph_annotations", reason="torch before 2.14 has no public module")
+    private = pytest.importorskip("torch.cuda._graph_annotations")
+    marks = TorchMarks(module.mark_kernels, module.get_kernel_annotations)
+    assert marks._kwargs == {"backward": False}
+    scope = marks.open(TorchMarks.annotation("3.0"))
+    assert scope is not None
+    TorchMarks.close(scope)
+    tools_id = (41 << 32) | 7
+    if hasattr(private, "record_node_annotation"):  # 2.15: one merged dict per node
+        private.record_node_annotation(tools_id, {"commtag graph mark": "3.0", "name": "fwd"})
+    else:  # 2.14: a list of dicts per node
+        private._kernel_annotations[tools_id].append({"commtag graph mark": "3.0"})
+    try:
+        assert marks.tools_ids() == {"3.0": [tools_id]}
+    finally:
+        (getattr(private, "_reset_kernel_annotations", None) or private.clear_kernel_annotations)()
