@@ -289,9 +289,6 @@ class RankConverter:
         self.listed: Optional[list[str]] = [] if list_left_out else None
         #: Timed events a --steps/--window selection left out.
         self.outside = 0
-        #: Graphed events torch had moved onto a process group's lane, written on their stream
-        #: again (commtag's lane is the group's lane: :mod:`commtag.merge.torchlanes`).
-        self.torch_lane_events = 0
 
     # -- events ------------------------------------------------------------
     def feed(self, file: _File, events: Iterable, base: int) -> None:
@@ -475,7 +472,7 @@ class RankConverter:
                 if base is None:
                     base = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
                 if has_torch_lanes(header):  # torch writes the flag before traceEvents
-                    self.torch_lane_events += restore_group_lanes(batch)
+                    restore_group_lanes(batch)  # one lane per group: commtag's (see torchlanes)
                 self.feed(file, batch, base)
                 del batch
         except TraceFormatError as exc:

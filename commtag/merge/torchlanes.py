@@ -33,13 +33,12 @@ def has_torch_lanes(header: dict) -> bool:
     return header.get(TORCH_INLINE_ANNOTATED_KEY) is True
 
 
-def restore_group_lanes(events: Iterable) -> int:
-    """Put every event torch moved onto a process group's lane back on its stream; return how many.
+def restore_group_lanes(events: Iterable) -> None:
+    """Put every event torch moved onto a process group's lane back on its stream (in place).
 
     Only torch moves an event and says where from (``original_stream``); a Kineto eager
     kernel carries "Process Group Description" too, but never that key, so it stays put.
     """
-    restored = 0
     for e in events:
         if e.__class__ is not dict or e.get("cat") not in TORCH_ANNOTATED_CATEGORIES:
             continue
@@ -53,5 +52,3 @@ def restore_group_lanes(events: Iterable) -> int:
         args[TORCH_LANE_ARG] = lane
         args[TORCH_LANE_KEY] = stream
         e["tid"] = stream
-        restored += 1
-    return restored
