@@ -87,9 +87,9 @@ EOF
     # belong under tests/data/torch-traces/ (see its PROVENANCE.md).
     PYTHONPATH=$repo timeout 600 "$py" launch/compat_traces.py "$cache/traces/small-torch-$v" \
         > "$log.small.log" 2>&1 || { demo="$demo; launch/compat_traces.py FAILED"; failed=1; }
-    # Graphed traces through this torch's own annotating exporter, where it has one (2.15+):
-    # tests/data/torch-traces/graphs-torch-2.15 came from here (see its PROVENANCE.md).
-    if "$py" -c "from torch.profiler import _chrome_trace_export as e; import sys; sys.exit('graph_lanes' not in e.export_chrome_trace.__code__.co_varnames)" 2>/dev/null; then
+    # Graphed traces through this torch's own annotating exporter (2.15+) or post-processor
+    # (2.14): tests/data/torch-traces/graphs-torch-* came from here (see its PROVENANCE.md).
+    if "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch.cuda.graph_annotations') is None)" 2>/dev/null; then
         rm -rf "$cache/traces/graphs-torch-$v"
         PYTHONPATH=$repo timeout 600 "$py" launch/torch_graph_traces.py "$cache/traces/graphs-torch-$v" \
             > "$log.graphs.log" 2>&1 || { demo="$demo; launch/torch_graph_traces.py FAILED"; failed=1; }

@@ -1,10 +1,10 @@
 """Traces of a graphed 2-rank NCCL job written by torch's own exporter, with torch's graph annotations.
 
-    python launch/torch_graph_traces.py OUT_DIR      # under torch 2.15+ (its CUDA build runs on CPU)
+    python launch/torch_graph_traces.py OUT_DIR      # under torch 2.14 or 2.15+ (CUDA builds run on CPU)
 
 No machine here has a GPU with a CUDA 13.1+ driver, which torch's graph annotations need
 (tools ids), so nothing real is replayed. What is real is torch's exporter: the events
-are handed to ``torch.profiler._chrome_trace_export.export_chrome_trace`` (torch 2.15+),
+are handed to ``torch.profiler._chrome_trace_export.export_chrome_trace`` (torch 2.14+),
 the function ``prof.export_chrome_trace(path, cuda_graph_annotations=...,
 graph_lanes=...)`` calls, as activity objects shaped like the profiler's (the methods it
 reads: device and resource ids, times, category, name, Kineto's metadata fragment,
@@ -19,7 +19,7 @@ the compute on 22. Its sidecar, beside each trace, is what commtag's runtime wri
 such a capture on a 13.1 driver: nodes with tools and local ids, the exec graph id, the
 replay log, each collective's torch mark and the tools ids torch held for it.
 
-Three folders, the same job exported three ways:
+Under torch 2.15+, four folders, the same job exported four ways:
 
 ``graph-lanes-all``   ``cuda_graph_annotations=..., graph_lanes="all"``: annotations baked
                       in, graphed work moved onto lanes ("Process Group Description" lanes
@@ -31,10 +31,16 @@ Three folders, the same job exported three ways:
                       keys ("Collective name", "Seq", ...) and lane: torch merges the two,
                       the inner scope (commtag's) winning shared keys, so replayed kernels
                       carry eager keys, the same Seq on every replay
+
+Under torch 2.14, whose exporter does not annotate, one folder, ``annotate-tool``: its plain
+export post-processed by the passes of torch 2.14's ``torch.cuda._annotate_cuda_graph_trace``
+(annotations joined on, every graphed event moved to its annotation's ``"stream"`` or to 7,
+the stream it ran on not kept).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -243,12 +249,36 @@ def write(out: Path, lanes: str, annotated: bool, wrapper: bool) -> None:
         write_sidecar(out / f"rank{rank}.step0.commtag.json", _sidecar(rank, trace.name, replays, True))
 
 
+def write_post_processed(out: Path) -> None:
+    """torch 2.14: its exporter writes the plain trace, then its post-processor's passes (what
+    ``python -m torch.cuda._annotate_cuda_graph_trace`` runs on a trace and a pickle of the
+    annotations) join the annotations on and move graphed events, the file rewritten as it does."""
+    from torch.cuda import _annotate_cuda_graph_trace as tool
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time_ns()
+    for rank in range(WORLD):
+        activities, replays = _job(rank, t0)
+        trace = out / f"rank{rank}.step0.pt.trace.json.gz"
+        _chrome_trace_export.export_chrome_trace(Results(activities), str(trace),
+                                                 {"distributedInfo": _distributed_info(rank)})
+        data = tool.load_trace(trace)
+        tool.annotate_trace(data, _torch_annotations(rank, False))
+        tool._move_overlapping_to_stream(data)
+        tool._fix_overlapping_timestamps(data)
+        tool.save_trace(data, trace)
+        write_sidecar(out / f"rank{rank}.step0.commtag.json", _sidecar(rank, trace.name, replays, True))
+
+
 def main() -> None:
-    if "graph_lanes" not in _chrome_trace_export.export_chrome_trace.__code__.co_varnames:
-        sys.exit(f"torch {torch.__version__}: its exporter has no graph_lanes (torch 2.15+ has)")
     root = Path(sys.argv[1])
-    for folder, (lanes, annotated, wrapper) in VARIANTS.items():
-        write(root / folder, lanes, annotated, wrapper)
+    if "graph_lanes" in _chrome_trace_export.export_chrome_trace.__code__.co_varnames:
+        for folder, (lanes, annotated, wrapper) in VARIANTS.items():
+            write(root / folder, lanes, annotated, wrapper)
+    elif importlib.util.find_spec("torch.cuda._annotate_cuda_graph_trace") is not None:
+        write_post_processed(root / "annotate-tool")
+    else:
+        sys.exit(f"torch {torch.__version__}: no annotating exporter (2.15+) and no post-processor (2.14)")
     print(f"torch {torch.__version__}: {sorted(p.name for p in root.iterdir())}")
 
 
