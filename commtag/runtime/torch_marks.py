@@ -55,7 +55,9 @@ class TorchMarks:
 
     @staticmethod
     def name_group(annotation: dict[str, Any], pg_name: str, pg_desc: str, lane_id: int) -> None:
-        """Add the call's group once it is known (torch reads the dict when it resolves the scope)."""
+        """Add the call's group once it is known. torch's default (edge-walk) backend reads the
+        dict when it resolves the scope, after the call; its CUPTI backend copies it as the
+        scope opens, so there only the mark reaches the trace (which is all the merge needs)."""
         annotation.update({"Process Group Name": pg_name, TORCH_LANE_NAME_KEY: pg_desc, TORCH_LANE_KEY: lane_id})
 
     def open(self, annotation: dict[str, Any]) -> Optional[Any]:
