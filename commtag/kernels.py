@@ -36,6 +36,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Mapping, Optional
 
+from commtag.vocab import (
+    ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_ID, ANN_KERNELS_PREFIX, ANN_KERNELS_SCOPE, ANN_LANE,
+    COMMUNICATION_KERNELS, is_graph_launch,
+)
+
 GEMM = "GEMM"
 ATTENTION = "attention"
 COMMUNICATION = "communication"
@@ -51,10 +56,7 @@ CATEGORIES = (GEMM, ATTENTION, COMMUNICATION, MEMORY, ELEMENTWISE, OTHER)
 #: cuBLAS' split-K reduction belongs to its GEMM.
 KERNEL_RULES: tuple[tuple[str, str, str], ...] = (
     # (category, pattern, why)
-    (COMMUNICATION,
-     r"nccl|rccl|msccl|nvshmem|deep_?ep|multimem|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter"
-     r"|all_?to_?all|sendrecv",
-     "NCCL/RCCL device kernels and custom all-reduce kernels"),
+    (COMMUNICATION, COMMUNICATION_KERNELS, "NCCL/RCCL device kernels and custom all-reduce kernels (commtag.vocab)"),
     (MEMORY, r"^memcpy|^memset|memcpy|memset",
      "Kineto's 'Memcpy DtoD (Device -> Device)', 'Memset (Device)' and kernels named for them"),
     (ELEMENTWISE, r"^triton_(poi|red|per)_",
@@ -84,8 +86,6 @@ _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, p
 
 #: Kineto categories of GPU activity this module reads, with the category fixed by the Kineto one.
 WORK_CATEGORIES: dict[str, Optional[str]] = {"kernel": None, "gpu_memcpy": MEMORY, "gpu_memset": MEMORY}
-#: Runtime calls that launch a whole graph (their correlation is the replay's).
-GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
 
 
 @lru_cache(maxsize=65536)
@@ -165,16 +165,14 @@ class Breakdown:
         return out
 
 
-#: Annotation keys of a breakdown in the merged trace (see :meth:`Breakdown.annotations`).
-ANN_DESCRIBE = "commtag kernels"
-ANN_DOMINANT = "commtag dominant"
-ANN_PREFIX = "commtag kernels "
-#: Which breakdown an annotated slice or instant carries: scope ("stream",
-#: "graph launch", "lane"), its id (stream id, launch correlation id, lane
-#: name) and the rank.
-ANN_SCOPE = "commtag kernels scope"
-ANN_ID = "commtag kernels id"
-ANN_RANK = "commtag rank"
+#: Annotation keys of a breakdown in the merged trace (see :meth:`Breakdown.annotations`):
+#: the one-line answer, the dominant category, the per-category prefix, and which
+#: breakdown an annotated slice or instant carries: scope ("stream", "graph launch",
+#: "lane"), its id (stream id, launch correlation id, lane name) and the rank.
+ANN_DESCRIBE = ANN_KERNELS
+ANN_PREFIX = ANN_KERNELS_PREFIX
+ANN_SCOPE = ANN_KERNELS_SCOPE
+ANN_ID = ANN_KERNELS_ID
 
 
 #: Breakdowns by scope ("stream", "graph launch", "lane") -> (rank, id) -> breakdown
@@ -229,11 +227,11 @@ class DeviceWork:
         self._corr.append(correlation if correlation.__class__ is int else None)
         self._cat.append(category)
         self._dur.append(dur_us)
-        self._lane.append(args.get("commtag lane") if lane is None else lane)
+        self._lane.append(args.get(ANN_LANE) if lane is None else lane)
 
     def launch(self, name: str, correlation: object) -> None:
         """A runtime call; graph launches tie the kernels of their correlation id to them."""
-        if name in GRAPH_LAUNCHES and correlation.__class__ is int:
+        if correlation.__class__ is int and is_graph_launch(name):
             self._graphs.add(correlation)  # type: ignore[arg-type]
 
     def end_trace(self) -> list[int]:

@@ -9,7 +9,9 @@ the sidecar format's own names and limits are in :mod:`commtag.constants`.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import re
+from functools import lru_cache
+from typing import Callable, NamedTuple, Optional
 
 
 # ---------------------------------------------------------------------------- dtypes
@@ -104,3 +106,365 @@ TORCH_ORIGINAL_STREAM_KEY = "original_stream"
 TORCH_LANE_KEY = "stream"
 #: Device work categories torch's annotation pass reads and moves (not gpu_user_annotation).
 TORCH_ANNOTATED_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+# ---------------------------------------------------------------------------- Kineto
+
+#: The CPU op in which ProcessGroupNCCL records each call's eager keys; Kineto copies
+#: part of them (:data:`KERNEL_EAGER_KEYS`) onto the call's NCCL kernel, if it was profiled.
+COMMS_OP = "record_param_comms"
+#: "Collective name" values of COMMS_OP that are no collective: a Work's wait, a
+#: communicator's creation.
+NON_COLLECTIVE_NAMES = frozenset({"wait", "init"})
+#: Older torch wrote the group as this integer key instead of "Process Group Name":
+#: the group's "uid" in distributedInfo's pg_config, whose "pg_name" is the name.
+PG_ID_KEY = "Process Group ID"
+#: Kineto categories of device-side events (their pid is the device).
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"})
+#: Host-side events that launch device work (same "correlation" as the work); HIP's
+#: runtime calls are filed under the same names.
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+#: Categories of device work a graph node can be, and the node type the runtime records
+#: for it (``GraphNodeRecord.node_type``).
+DEVICE_WORK_NODE_TYPES: dict[str, str] = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+#: Categories of Kineto's Chrome JSON before torch 1.11 (libkineto's output_json.cpp until
+#: the end of 2021) -> today's name for the same activity. ``gpu_user_Annotation`` is the
+#: capital-A spelling libkineto's ActivityType table had in 2021.
+KINETO_LEGACY_CATEGORIES: dict[str, str] = {
+    "Operator": "cpu_op",
+    "Runtime": "cuda_runtime",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "User": "gpu_user_annotation",
+    "gpu_user_Annotation": "gpu_user_annotation",
+}
+#: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
+KINETO_STREAM_TID_PREFIX = "stream "
+#: The name of the slice torch's profiler writes around each ``prof.step()``: ``ProfilerStep#<N>``.
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+#: Categories of Kineto's flow events ("s"/"f") from a runtime launch to its device work: today
+#: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
+#: by the ``correlation`` both ends carry.
+KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
+
+
+# ---------------------------------------------------------------------------- CUDA / HIP graphs
+
+#: Runtime and driver calls that replay a whole graph, by the start of their name: the
+#: CUDA runtime (``cudaGraphLaunch``, versioned ``cudaGraphLaunch_v10000``, per-thread
+#: ``_ptsz``), the driver (``cuGraphLaunch``) and HIP (``hipGraphLaunch``). The replayed
+#: kernels share the launch's correlation id. Test names with :func:`is_graph_launch`.
+GRAPH_LAUNCH_PREFIXES: tuple[str, ...] = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+#: How far (ns) a graph launch may sit outside the ``CUDAGraph.replay()`` call the sidecar logged
+#: around it and still be that replay: the profiler's and Python's clocks are converted
+#: separately, and the trace rounds to µs, so they disagree by a few µs.
+LAUNCH_TOLERANCE_NS = 20_000
+#: A "graph node id" written whole is ``(graph id << 32) | node id``; this takes the node id.
+NODE_ID_MASK = 0xFFFFFFFF
+
+
+def is_graph_launch(name: str) -> bool:
+    """Does a runtime or driver call of this name replay a graph (see :data:`GRAPH_LAUNCH_PREFIXES`)?"""
+    return name.startswith(GRAPH_LAUNCH_PREFIXES)
+
+
+# ---------------------------------------------------------------------------- NCCL / RCCL kernels
+
+#: A kernel NCCL or RCCL launched for a collective, and the collective its name gives:
+#: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` (NCCL 2.19+), ``ncclKernel_AllReduce_RING_LL_Sum_float``
+#: (older), ``ncclDevKernel_Generic`` (NCCL and RCCL: the collective is in the args only).
+#: The one recogniser: :func:`nccl_kind` and :func:`parse_nccl_kernel` read it.
+NCCL_KERNEL = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+#: Kernel names that are communication for the kernel breakdown: NCCL's and RCCL's (as
+#: :data:`NCCL_KERNEL` and beyond: MSCCL, NVSHMEM, DeepEP) and custom all-reduce kernels.
+COMMUNICATION_KERNELS = (
+    r"nccl|rccl|msccl|nvshmem|deep_?ep|multimem|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter"
+    r"|all_?to_?all|sendrecv"
+)
+_NCCL_NEW = re.compile(
+    r"^ncclDevKernel_([A-Za-z]+?)(?:_(Sum|Prod|MinMax|Max|Min|PreMulSum|SumPostDiv))?(?:_([a-z]+[0-9a-z]*))?"
+    r"(?:_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_(LL128|LL|SIMPLE))?$")
+_NCCL_OLD = re.compile(
+    r"^ncclKernel_([A-Za-z]+)_(?:[A-Z_]+?)_(LL128|LL|SIMPLE)_(Sum|Prod|Max|Min|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+)$")
+#: NCCL's element type in a kernel name (new and old spelling) -> ScalarType name.
+NCCL_KERNEL_TYPES: dict[str, str] = {
+    "f32": "Float", "float": "Float", "f16": "Half", "half": "Half", "bf16": "BFloat16", "__nv_bfloat16": "BFloat16",
+    "bfloat16": "BFloat16", "f64": "Double", "double": "Double", "i8": "Char", "int8_t": "Char", "u8": "Byte",
+    "uint8_t": "Byte", "i32": "Int", "int32_t": "Int", "u32": "UInt32", "uint32_t": "UInt32", "i64": "Long",
+    "int64_t": "Long", "u64": "UInt64", "uint64_t": "UInt64", "f8e4m3": "Float8_e4m3fn", "f8e5m2": "Float8_e5m2",
+    "__nv_fp8_e4m3": "Float8_e4m3fn", "__nv_fp8_e5m2": "Float8_e5m2",
+}
+#: NCCL's reduction op in a kernel name -> the op's name as commtag records it.
+NCCL_KERNEL_OPS: dict[str, str] = {
+    "Sum": "sum", "Prod": "product", "Max": "max", "Min": "min", "PreMulSum": "premul_sum", "SumPostDiv": "sum_post_div",
+}
+#: NCCL kernel collectives whose names' element type is the data's (the others move bytes).
+NCCL_REDUCING = frozenset({"AllReduce", "ReduceScatter", "Reduce"})
+#: A user reduction op -> the NCCL kernel ops that may carry it out (avg is a premul or a
+#: post-divided sum, bitwise ops run as min/max/product/sum on booleans).
+NCCL_OPS_FOR: dict[str, frozenset[str]] = {
+    "sum": frozenset({"sum"}), "product": frozenset({"product"}), "max": frozenset({"max"}),
+    "min": frozenset({"min"}), "avg": frozenset({"premul_sum", "sum_post_div", "sum"}),
+    "premul_sum": frozenset({"premul_sum"}), "band": frozenset({"min", "product"}),
+    "bor": frozenset({"max", "sum"}), "bxor": frozenset({"sum"}),
+}
+
+
+@lru_cache(maxsize=65536)
+def nccl_kind(name: str) -> Optional[str]:
+    """The collective of an NCCL/RCCL kernel name ("allreduce"), None for other kernels (cached: names repeat)."""
+    match = NCCL_KERNEL.search(name)
+    return match.group(1).lower() if match else None
+
+
+class NcclKernel(NamedTuple):
+    """What an NCCL kernel name says; None = the name does not say."""
+
+    #: NCCL's spelling ("AllReduce", "SendRecv"); "Generic" when the name does not say.
+    collective: str
+    op: Optional[str]
+    dtype: Optional[str]
+
+
+@lru_cache(maxsize=65536)
+def parse_nccl_kernel(name: str) -> Optional[NcclKernel]:
+    """Collective, reduction op and dtype from an NCCL/RCCL kernel name (Kineto's or a mangled
+    symbol), old or new style; None if :data:`NCCL_KERNEL` does not recognise it."""
+    if nccl_kind(name) is None:
+        return None
+    base = base_name(name)
+    new = _NCCL_NEW.match(base)
+    if new:
+        coll, op, ty = new.group(1), new.group(2), new.group(3)
+        if coll not in NCCL_REDUCING:
+            return NcclKernel(coll, None, None)
+        return NcclKernel(coll, NCCL_KERNEL_OPS.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""))
+    old = _NCCL_OLD.match(base)
+    if old:
+        coll, op, ty = old.group(1), old.group(3), old.group(4)
+        if coll not in NCCL_REDUCING:
+            return NcclKernel(coll, None, None)
+        return NcclKernel(coll, NCCL_KERNEL_OPS.get(op), NCCL_KERNEL_TYPES.get(ty))
+    return NcclKernel("Generic", None, None)
+
+
+def base_name(name: str) -> str:
+    """A kernel's qualified name without return type, template and call arguments.
+
+    Accepts what Kineto writes (demangled, with arguments) and what
+    cuFuncGetName returns (often Itanium-mangled), so both compare equal:
+    ``"void ns::k<4>(int)"`` and ``"_ZN2ns1kILi4EEEvi"`` both give ``"ns::k"``.
+    """
+    name = name.strip()
+    if name.startswith("_Z"):
+        demangled = _mangled_base(name)
+        if demangled:
+            return demangled
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            cut = i
+            break
+    out, depth = [], 0
+    for ch in name[:cut]:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    tokens = "".join(out).split()
+    return tokens[-1] if tokens else name
+
+
+def _mangled_base(name: str) -> str:
+    """Qualified name of an Itanium-mangled symbol (enough for kernels; "" if unparsable)."""
+    i = 2
+    if name.startswith("L", i):
+        i += 1
+    nested = name.startswith("N", i)
+    if nested:
+        i += 1
+    parts: list[str] = []
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        length = int(name[i:j])
+        parts.append(name[j : j + length])
+        i = j + length
+        if not nested:
+            break
+        if i < len(name) and name[i] in "EI":
+            break
+    return "::".join(parts)
+
+
+# ---------------------------------------------------------------------------- collectives
+
+#: Collective families, tried in order on a name with everything but letters removed
+#: ("gloo:all_reduce" -> "allreduce"); the order matters ("sendrecv" before "send").
+FAMILIES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "barrier",
+                             "gather", "scatter", "reduce", "sendrecv", "send", "recv")
+
+
+@lru_cache(maxsize=4096)
+def family(name: str) -> str:
+    """Collective family of an eager, c10d, gloo or NCCL-kernel name: "gloo:all_reduce" -> "allreduce"
+    (cached: names repeat)."""
+    flat = re.sub(r"[^a-z]", "", name.lower().split("::")[-1].split(":")[-1])
+    for fam in FAMILIES:
+        if fam in flat:
+            return fam
+    return flat
+
+
+#: nccl-tests' bus-bandwidth factors of a group of n ranks, by name (see :class:`Collective`).
+BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
+    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
+    "(n-1)/n": lambda n: (n - 1) / n,
+    "1": lambda n: 1.0,
+}
+
+
+class Collective(NamedTuple):
+    """What commtag knows of one eager "Collective name"."""
+
+    name: str
+    #: :func:`family` of the name (what its gloo works and NCCL kernels are called).
+    family: str
+    #: No member can end it before the last has joined, so its ends are one instant
+    #: on every clock (clock alignment reads only these).
+    synchronizing: bool
+    #: The NCCL kernel collective that carries it out (a replayed kernel must say this).
+    nccl_kernel: str
+    #: nccl-tests' size S: "in" or "out" msg nelems; None: it moves no data (no bandwidth).
+    busbw_size: Optional[str]
+    #: nccl-tests' bus-bandwidth factor (a key of :data:`BUSBW_FACTORS`).
+    busbw_factor: Optional[str]
+    #: Whether every member's In / Out msg nelems must be equal (a difference is a desync).
+    equal_in: bool
+    equal_out: bool
+    #: How one rank's in and out sizes relate on n ranks: "out = in x n" (gathers into
+    #: all), "in = out x n" (reduce-scatters), "sum in = sum out" (all-to-all), or None.
+    shape: Optional[str]
+    #: "all" (every member contributes alike), "rooted" (Rank is the root) or "p2p" (Rank is the peer).
+    kind: str
+    #: The name the coalescing manager gives a fused block of this op (None: not fusable).
+    coalesced: Optional[str] = None
+
+
+def _row(name: str, fam: str, sync: bool, kernel: str, size: Optional[str], factor: Optional[str],
+         equal: str, shape: Optional[str], kind: str, coalesced: Optional[str] = None) -> Collective:
+    return Collective(name, fam, sync, kernel, size, factor, "i" in equal, "o" in equal, shape, kind, coalesced)
+
+
+#: One row per eager "Collective name" (see :class:`Collective`). Sizes follow nccl-tests:
+#: all_reduce/broadcast/reduce/send/recv use the buffer (in == out); all_gather and gather
+#: the gathered total (out); reduce_scatter and scatter the total before splitting (in);
+#: all_to_all a rank's whole send buffer (in). Rooted gathers and scatters and all-to-all
+#: move their data as NCCL SendRecv kernels; a barrier is a one-element all-reduce.
+COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
+    _row("allreduce", "allreduce", True, "AllReduce", "in", "2(n-1)/n", "io", None, "all", "allreduce_coalesced"),
+    _row("allreduce_coalesced", "allreduce", True, "AllReduce", "in", "2(n-1)/n", "io", None, "all"),
+    _row("broadcast", "broadcast", False, "Broadcast", "in", "1", "io", None, "rooted"),
+    _row("reduce", "reduce", False, "Reduce", "in", "1", "io", None, "rooted"),
+    _row("all_gather", "allgather", True, "AllGather", "out", "(n-1)/n", "io", "out = in x n", "all"),
+    _row("_allgather_base", "allgather", True, "AllGather", "out", "(n-1)/n", "io", "out = in x n", "all",
+         "allgather_into_tensor_coalesced"),
+    _row("allgather_coalesced", "allgather", True, "AllGather", "out", "(n-1)/n", "io", "out = in x n", "all"),
+    _row("allgather_into_tensor_coalesced", "allgather", True, "AllGather", "out", "(n-1)/n", "io", "out = in x n",
+         "all"),
+    _row("reduce_scatter", "reducescatter", True, "ReduceScatter", "in", "(n-1)/n", "io", "in = out x n", "all"),
+    _row("_reduce_scatter_base", "reducescatter", True, "ReduceScatter", "in", "(n-1)/n", "io", "in = out x n", "all",
+         "reduce_scatter_tensor_coalesced"),
+    _row("reduce_scatter_tensor_coalesced", "reducescatter", True, "ReduceScatter", "in", "(n-1)/n", "io",
+         "in = out x n", "all"),
+    _row("all_to_all", "alltoall", True, "SendRecv", "in", "(n-1)/n", "", "sum in = sum out", "all"),
+    _row("all_to_allv", "alltoall", True, "SendRecv", "in", "(n-1)/n", "", "sum in = sum out", "all"),
+    _row("gather", "gather", False, "SendRecv", "out", "(n-1)/n", "i", None, "rooted"),
+    _row("scatter", "scatter", False, "SendRecv", "in", "(n-1)/n", "o", None, "rooted"),
+    _row("barrier", "barrier", True, "AllReduce", None, None, "io", None, "all"),
+    _row("send", "send", False, "SendRecv", "in", "1", "io", None, "p2p"),
+    _row("recv", "recv", False, "SendRecv", "out", "1", "io", None, "p2p"),
+)}
+#: Families whose collectives synchronise their members (see :attr:`Collective.synchronizing`).
+SYNCHRONIZING_FAMILIES = frozenset(row.family for row in COLLECTIVES.values() if row.synchronizing)
+#: Eager names numbered on a group's point-to-point Seq counter.
+P2P_COLLECTIVES = frozenset(row.name for row in COLLECTIVES.values() if row.kind == "p2p")
+#: Op -> the name of its fused block under the coalescing manager.
+COALESCED_NAMES: dict[str, str] = {row.name: row.coalesced for row in COLLECTIVES.values() if row.coalesced}
+
+
+# ---------------------------------------------------------------------------- gloo
+
+#: c10d CPU ops (as Kineto names them) whose gloo work runs on the calling thread, as
+#: ``gloo:send``/``gloo:recv`` events, instead of as one ``gloo:<collective>`` event on a worker:
+#: monitored_barrier sends to and receives from group rank 0 inside ProcessGroupGloo.
+C10D_OPS_WITHOUT_GLOO_WORK = frozenset({"c10d::monitored_barrier_"})
+#: gloo (torch 2.13) runs a collective as ``gloo:<op>`` events of another family here: both
+#: reduce_scatters run as all_reduce works (families as :func:`family` names them).
+GLOO_WORK_FAMILY = {"reducescatter": "allreduce"}
+#: Collective names gloo runs as one work per group member (the list reduce_scatter), each
+#: on a worker thread of the group; every other collective is one work.
+GLOO_WORK_PER_MEMBER = frozenset({"reduce_scatter"})
+#: Families whose gloo work runs on the calling thread, starting inside its c10d op (p2p);
+#: the rest run on the group's own worker threads (``pt_gloo_runloop``), in queue order.
+GLOO_CALLER_FAMILIES = frozenset({"send", "recv"})
+
+
+# ---------------------------------------------------------------------------- commtag's own keys
+
+# Every key commtag adds is spelled "commtag ..." so that it never collides with Kineto's.
+# On an annotation (sidecar and merged trace; the aliases of CollectiveAnnotation's own fields):
+ANN_LANE_ID = "commtag lane id"
+ANN_LANE = "commtag lane"
+ANN_PG_UID = "commtag pg uid"
+ANN_P2P = "commtag p2p"
+ANN_P2P_PAIR_SEQ = "commtag p2p pair seq"
+ANN_ASYNC = "commtag async"
+ANN_THREAD = "commtag thread"
+ANN_CAPTURE_ID = "commtag capture id"
+ANN_REPLAY = "commtag replay"
+ANN_ERROR = "commtag error"
+# Added by the merge to a slice: whose it is, where it came from, how it was joined.
+ANN_RANK = "commtag rank"
+ANN_SOURCE = "commtag source"
+#: How a replayed kernel was matched: "tools-id", "node-id" or "order".
+ANN_MATCH = "commtag match"
+#: What a Seq the trace did not carry was derived from ("kernel order", ...).
+ANN_SEQ_FROM = "commtag seq from"
+#: False where an instance must not be matched across ranks.
+ANN_CROSS_RANK = "commtag cross-rank"
+#: What the merge guessed, and why (metadata-less NCCL kernels).
+ANN_INFERRED = "commtag inferred"
+#: "not identified" where a gloo call's work event could not be told apart.
+ANN_GLOO_WORK = "commtag gloo work"
+# Written by the analysis on a matched instance's slices and markers.
+ANN_RANKS_MATCHED = "commtag ranks matched"
+ANN_SKEW_US = "commtag skew us"
+ANN_LAST_RANK = "commtag last rank"
+ANN_MISSING_RANKS = "commtag missing ranks"
+ANN_MEMBERS_NOT_FOUND = "commtag members not found"
+ANN_BYTES = "commtag bytes"
+ANN_ALGBW = "commtag algbw GB/s"
+ANN_BUSBW = "commtag busbw GB/s"
+ANN_DESYNC = "commtag desync"
+ANN_WAIT_US = "commtag wait us"
+ANN_STRAGGLER = "commtag straggler"
+#: A marker's kind ("straggler", "desync", a trace window).
+ANN_MARKER = "commtag marker"
+ANN_WINDOW_RANK = "commtag window of rank"
+ANN_WINDOW_NS = "commtag window ns"
+ANN_WORLD_SIZE = "commtag world size"
+# The kernel breakdown (commtag.kernels.Breakdown.annotations).
+ANN_KERNELS = "commtag kernels"
+ANN_KERNELS_PREFIX = "commtag kernels "
+ANN_DOMINANT = "commtag dominant"
+ANN_KERNELS_SCOPE = "commtag kernels scope"
+ANN_KERNELS_ID = "commtag kernels id"

@@ -37,6 +37,7 @@ import orjson
 
 from commtag import identity
 from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
+from commtag.vocab import KERNEL_EAGER_KEYS
 from commtag.runtime.sidecar import dumps, sidecar_name, trace_name, write_atomic
 from commtag.schema import (
     CapturedCollective,
@@ -342,12 +343,6 @@ def annotation(
     )
 
 
-#: Kernel-eager keys, in the order the profiler copies them onto the kernel.
-_KERNEL_KEYS = (
-    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-    "In split size", "Out split size", "Process Group Name", "Process Group Description",
-    "Process Group Ranks", "Seq",
-)
 
 
 @dataclass(frozen=True)
@@ -572,8 +567,9 @@ def _kernel_args(kernel: dict, ann: CollectiveAnnotation, device: int) -> dict:
     args = dict(kernel.get("args", {}))
     args["device"] = device
     eager = ann.eager_dict()
-    for key in _KERNEL_KEYS:
-        args[key] = eager[key]
+    for key in KERNEL_EAGER_KEYS:  # in the order the profiler copies them onto the kernel
+        if key in eager:
+            args[key] = eager[key]
     return args
 
 

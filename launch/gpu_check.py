@@ -51,13 +51,9 @@ from typing import Any, Optional
 
 from benchutil import free_port
 
+from commtag.vocab import KERNEL_EAGER_KEYS
+
 REPO = Path(__file__).resolve().parents[1]
-#: Keys the eager profiler copies onto a collective's kernel (shared/reference/eager-comm-metadata.md).
-KERNEL_KEYS = (
-    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "In split size",
-    "Out split size", "Process Group Name", "Process Group Description", "Process Group Ranks",
-    "Dst Rank", "Src Rank", "Seq",
-)
 #: Documented exceptions to key-by-key equality.
 EXCEPTIONS = {
     "Seq": "a replay carries the capture-time Seq (the counter does not advance at replay); checked against commtag's capture record",
@@ -219,7 +215,8 @@ def _device_events(trace: dict) -> list[dict]:
 
 
 def analyse(out: Path, checks: Checks) -> None:
-    from commtag.merge.graphs import LOW32, base_name, comm_nodes, match_graph_replays, parse_nccl_kernel
+    from commtag.merge.graphs import comm_nodes, match_graph_replays
+    from commtag.vocab import NODE_ID_MASK, base_name, parse_nccl_kernel
     from commtag.merge.load import base_ns
     from commtag.schema import Sidecar
 
@@ -232,7 +229,7 @@ def analyse(out: Path, checks: Checks) -> None:
     # -- what the profiler attached eagerly --------------------------------
     eager = [e for e in _device_events(eager_trace) if "Collective name" in e.get("args", {})]
     findings["eager_annotated_device_events"] = [
-        {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_KEYS or k == "Comms Id"}}
+        {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_EAGER_KEYS or k == "Comms Id"}}
         for e in eager
     ]
     eager_by_name: dict[str, list[dict]] = {}
@@ -247,7 +244,7 @@ def analyse(out: Path, checks: Checks) -> None:
             checks.check(False, f"eager {name}: commtag's sidecar has no record")
             continue
         mine = ours.eager_dict()
-        diff = {k: (events[0]["args"][k], mine.get(k)) for k in KERNEL_KEYS if k in events[0]["args"] and events[0]["args"][k] != mine.get(k)}
+        diff = {k: (events[0]["args"][k], mine.get(k)) for k in KERNEL_EAGER_KEYS if k in events[0]["args"] and events[0]["args"][k] != mine.get(k)}
         checks.check(not diff, f"eager {name}: commtag's sidecar record equals the profiler's kernel metadata {diff or ''}")
 
     # -- the graph trace -----------------------------------------------------
@@ -292,7 +289,7 @@ def analyse(out: Path, checks: Checks) -> None:
         ids_by_key: dict[str, set[int]] = {}
         for e in events:
             key = base_name(e["name"]) if e["cat"] == "kernel" else e["cat"]
-            ids_by_key.setdefault(key, set()).add(int(e["args"]["graph node id"]) & LOW32)
+            ids_by_key.setdefault(key, set()).add(int(e["args"]["graph node id"]) & NODE_ID_MASK)
         for c in captures:
             if corr in capture_of and capture_of[corr] != c.capture_id:
                 continue
@@ -345,7 +342,7 @@ def analyse(out: Path, checks: Checks) -> None:
         diffs, seq_wrong = [], []
         for m in got:
             mine = m.args()
-            diff = {k: (expected.get(k), mine.get(k)) for k in KERNEL_KEYS
+            diff = {k: (expected.get(k), mine.get(k)) for k in KERNEL_EAGER_KEYS
                     if k != "Seq" and (k in expected or k in mine) and expected.get(k) != mine.get(k)}
             if diff:
                 diffs.append((m.annotation.replay, m.method, diff))

@@ -8,7 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from commtag.kernels import GRAPH_LAUNCHES, WORK_CATEGORIES, Breakdown, categorize
+from commtag.kernels import WORK_CATEGORIES, Breakdown, categorize
+from commtag.vocab import LAUNCH_CATEGORIES, is_graph_launch
 
 
 @dataclass(slots=True)
@@ -37,7 +38,7 @@ def kernels_from_events(events: Iterable[Mapping[str, object]], rank: int) -> li
         cat = event.get("cat")
         if cat in WORK_CATEGORIES and event.get("ph") == "X":
             gpu.append(event)
-        elif cat in ("cuda_runtime", "cuda_driver") and event.get("name") in GRAPH_LAUNCHES:
+        elif cat in LAUNCH_CATEGORIES and is_graph_launch(str(event.get("name"))):
             correlation = _arg(event, "correlation")
             if correlation is not None:
                 launches.add(correlation)

@@ -18,10 +18,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.attach import EAGER_KEYS
-from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, base_ns, event_ns
+from commtag.merge.load import base_ns, event_ns
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.vocab import GPU_CATEGORIES, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES
 
 PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 A100 = PUBLIC / "eager-nccl-metadata" / "hta_a100_nccl_data.json.gz"
@@ -118,7 +118,7 @@ def test_kernels_without_the_keys_are_timed_with_their_ops_metadata(tmp_path: Pa
     bare = _trace()
     for e in bare["traceEvents"]:
         if e.get("cat") == "kernel":
-            for key in EAGER_KEYS:
+            for key in KERNEL_EAGER_KEYS:
                 (e.get("args") or {}).pop(key, None)
     paired = merge([_write(tmp_path / "bare" / "rank0.json.gz", bare)], tmp_path / "bare.pftrace")
     assert [_key(i) for i in paired.instances] == [_key(i) for i in full.instances]

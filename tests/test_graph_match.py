@@ -13,12 +13,7 @@ from typing import Optional
 
 import pytest
 
-from commtag.merge.graphs import (
-    base_name,
-    computed_node_ids,
-    match_graph_replays,
-    parse_nccl_kernel,
-)
+from commtag.merge.graphs import computed_node_ids, match_graph_replays
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,
@@ -26,6 +21,7 @@ from commtag.schema import (
     GraphNodeRecord,
     GraphReplay,
 )
+from commtag.vocab import base_name, parse_nccl_kernel
 
 BASE_NS = 1_775_078_550_000_000_000
 TID = 514683
@@ -74,9 +70,10 @@ class Trace:
         ]
         self._corr = itertools.count(5000)
 
-    def replay(self, ts: float, graph_id: int, nodes: list[tuple[str, int]], packed: bool = False, tid: int = TID) -> int:
+    def replay(self, ts: float, graph_id: int, nodes: list[tuple[str, int]], packed: bool = False, tid: int = TID,
+               launch: str = "cudaGraphLaunch", launch_cat: str = "cuda_runtime") -> int:
         corr = next(self._corr)
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": TID, "tid": tid,
+        self.events.append({"ph": "X", "cat": launch_cat, "name": launch, "pid": TID, "tid": tid,
                             "ts": ts, "dur": 12.5, "args": {"External id": corr, "cbid": 311, "correlation": corr}})
         start = ts + 20.0
         for name, node_id in nodes:
@@ -298,3 +295,72 @@ def test_attach_uses_the_fallback_and_every_annotated_kernel_says_how_it_was_mat
     kernels = [e for e in trace.events if e.get("cat") == "kernel" and "Collective name" in e["args"]]
     assert {e["args"]["commtag match"] for e in kernels} == {"node-id", "order"}
     assert [u.reason for u in unmatched] == ["3 NCCL kernels in the replay, 2 captured"]
+
+
+# ---------------------------------------------------------------------------- through the merge
+
+
+def _sidecar(captures: list[GraphCapture]):
+    from commtag.schema import ProcessGroupInfo, Sidecar
+
+    return Sidecar(
+        run_id="r", rank=0, world_size=2, host="h", pid=1, torch_version="2.11", trace_file="rank0.pt.trace.json",
+        process_groups=[ProcessGroupInfo(uid=f"{pg}:abc", name=pg, desc="d", ranks=[0, 1], lane_id=60 + int(pg),
+                                         lane_name=f"PG {pg}") for pg in ("0", "1")],
+        collectives=[], captures=captures,
+    )
+
+
+def _merged_replays(tmp_path, trace: Trace, captures: list[GraphCapture]) -> list[tuple]:
+    """Merge one rank's trace and sidecar as a user would; (replay, collective, Seq, how matched)
+    of every graph-replayed instance, and the instances from metadata-less NCCL kernels."""
+    import orjson
+
+    from commtag.merge.pipeline import merge
+
+    (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps({"baseTimeNanoseconds": BASE_NS,
+                                                                  "traceEvents": trace.events}))
+    (tmp_path / "rank0.commtag.json").write_text(_sidecar(captures).model_dump_json(by_alias=True))
+    result = merge([tmp_path], tmp_path / "merged.pftrace")
+    return sorted((i.replay, i.collective, i.seq, i.arg("commtag match") or i.source) for i in result.instances)
+
+
+@pytest.mark.parametrize("launch, category", [("hipGraphLaunch", "cuda_runtime"), ("cuGraphLaunch", "cuda_driver"),
+                                              ("cudaGraphLaunch_v10000", "cuda_runtime")])
+def test_every_graph_launch_name_reaches_order_matching(tmp_path, launch: str, category: str) -> None:
+    """HIP's and the driver's graph launches are graph launches too (commtag.vocab): a replay
+    without node ids is matched by order whatever launched it, not left as unattributed kernels."""
+    trace = Trace()
+    trace.replay(1000.0, 0, [(n, 0) for n, _ in FULL_REPLAY], launch=launch, launch_cat=category)
+    assert _merged_replays(tmp_path, trace, [_capture(replays=((2, 1000.0),))]) == [
+        (2, "_reduce_scatter_base", 3, "order"), (2, "allreduce", 7, "order")]
+
+
+def test_a_launch_at_the_tolerance_from_its_logged_replay_is_that_replay_on_both_joins(tmp_path) -> None:
+    """One tolerance for launch vs logged replay() (vocab.LAUNCH_TOLERANCE_NS), whether the kernels
+    are joined by node id or by order: a launch exactly that far before its logged call is that
+    replay (5, 6), not the first replay of the trace."""
+    from commtag.vocab import LAUNCH_TOLERANCE_NS
+
+    trace = Trace()
+    trace.replay(1000.0, 21, FULL_REPLAY)                       # node ids: the exact join
+    trace.replay(2000.0, 21, [(n, 0) for n, _ in FULL_REPLAY])  # none: order
+    capture = _capture().model_copy(update={"graph_id": 21, "replays": [
+        GraphReplay(index=5, start_ns=BASE_NS + 1_000_000 + LAUNCH_TOLERANCE_NS, end_ns=BASE_NS + 1_100_000, tid=TID),
+        GraphReplay(index=6, start_ns=BASE_NS + 1_900_000, end_ns=BASE_NS + 2_000_000 - LAUNCH_TOLERANCE_NS, tid=TID),
+    ]})
+    assert _merged_replays(tmp_path, trace, [capture]) == [
+        (5, "_reduce_scatter_base", 3, "node-id"), (5, "allreduce", 7, "node-id"),
+        (6, "_reduce_scatter_base", 3, "order"), (6, "allreduce", 7, "order")]
+
+
+def test_a_launch_just_beyond_the_tolerance_is_not_taken_for_the_logged_replay() -> None:
+    from commtag.vocab import LAUNCH_TOLERANCE_NS
+
+    trace = Trace()
+    trace.replay(1000.0, 0, [(n, 0) for n, _ in FULL_REPLAY])
+    capture = _capture().model_copy(update={"replays": [GraphReplay(
+        index=5, start_ns=BASE_NS + 1_000_000 + LAUNCH_TOLERANCE_NS + 1, end_ns=BASE_NS + 1_100_000, tid=TID)]})
+    result = match_graph_replays(trace.events, [capture], BASE_NS)
+    assert result.matches == [] and [u.reason for u in result.unmatched] == [
+        "NCCL kernels in a replay that matches no capture"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.attach import RankFlows, attach, common, family
+from commtag.merge.attach import RankFlows, attach, common
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
     Sidecar,
 )
+from commtag.vocab import family
 
 BASE = 1_700_000_000_000_000_000
 GRAPH, EXEC = 7, 9

@@ -18,11 +18,12 @@ import pytest
 
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.vocab import KERNEL_EAGER_KEYS, P2P_PEER_KEYS
 from gloo_world import run_world
 from pftrace_reader import read
 
-EAGER = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "In split size",
-         "Out split size", "Process Group Name", "Process Group Description", "Process Group Ranks", "Seq")
+#: The keys every collective's slice carries (all but a p2p call's peer).
+EAGER = [key for key in KERNEL_EAGER_KEYS if key not in P2P_PEER_KEYS]
 
 
 def _profiled_run(rank: int, world_size: int, out_dir: str) -> None:

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from gloo_world import run_world
 from torch_ops import has
 
+from commtag.vocab import EAGER_KEYS
+
 WORLD = 4
 PAIRS = ([0, 2], [1, 3])  # stride-2 groups
 ODD = [0, 1, 3]  # not an arithmetic progression; rank 2 is not a member
@@ -154,11 +156,6 @@ def _expected(rank: int) -> list[dict]:
     return recs
 
 
-EAGER_KEYS = (
-    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "In split size",
-    "Out split size", "Global rank start", "Global rank stride", "Process Group Name",
-    "Process Group Description", "Process Group Ranks", "Rank", "Dst Rank", "Src Rank", "Seq",
-)
 
 
 @pytest.fixture(scope="module")

@@ -210,8 +210,8 @@ def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: P
         logged = {(c.collectives[0].annotation.pg_uid, r.index) for c in sidecar.captures for r in c.replays}
         assert logged <= {(i.pg_uid, i.replay) for i in mine["graph-replay"]}, "replay indices from the log"
     # each lane slice says what the kernel it came from says (flow from kernel to lane)
-    from commtag.merge.attach import EAGER_KEYS
     from commtag.merge.readback import read_trace
+    from commtag.vocab import KERNEL_EAGER_KEYS
 
     slices = read_trace(result.output).slices
     source_of = {f: s for s in slices if s.name.startswith("nccl") for f in s.flows_out}
@@ -219,7 +219,7 @@ def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: P
     assert {s.args["commtag source"] for s in lanes} == {"nccl-kernel", "graph-replay"}
     for lane in lanes:
         (kernel,) = [source_of[f] for f in lane.flows_in if f in source_of]
-        said = {k: v for k, v in kernel.args.items() if k in EAGER_KEYS or k.startswith("commtag ") or k == "Rank"}
+        said = {k: v for k, v in kernel.args.items() if k in KERNEL_EAGER_KEYS or k.startswith("commtag ") or k == "Rank"}
         assert "Seq" in said and {k: lane.args[k] for k in said} == said
     truth = _manifest(scaleset)["clock_offset_us"]
     found = result.alignment.offsets

@@ -29,3 +29,36 @@ def test_the_annotation_serializes_exactly_the_eager_keys_in_the_profilers_order
     eager = [key for key in annotation.eager_dict() if not key.startswith("commtag ")]
     assert tuple(eager) == vocab.EAGER_KEYS
     assert set(vocab.KERNEL_EAGER_KEYS) <= set(vocab.EAGER_KEYS)
+
+
+def test_each_catalogue_row_is_named_for_its_family_and_its_kernel() -> None:
+    """A row's family is what the family rule reads from its name (the gloo works and NCCL kernels
+    of that name are found by it), and its NCCL kernel collective is one the recogniser knows."""
+    for name, row in vocab.COLLECTIVES.items():
+        assert vocab.family(name) == row.family, name
+        kernel = f"ncclDevKernel_{row.nccl_kernel}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+        assert vocab.parse_nccl_kernel(kernel).collective == row.nccl_kernel
+        assert (row.busbw_size is None) == (row.busbw_factor is None), name
+    assert vocab.SYNCHRONIZING_FAMILIES == {"allreduce", "allgather", "reducescatter", "alltoall", "barrier"}
+    assert vocab.COALESCED_NAMES["_allgather_base"] == "allgather_into_tensor_coalesced"
+
+
+def test_one_recogniser_says_which_kernels_are_nccl_or_rccl() -> None:
+    names = {
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "allreduce",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)": "sendrecv",
+        "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)": "generic",  # RCCL on MI300 too
+        "_Z31ncclDevKernel_AllGather_RING_LL24ncclDevKernelArgsStorageILm4096EE": "allgather",  # mangled
+        "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float>>(int, float)": None,
+    }
+    for name, kind in names.items():
+        assert vocab.nccl_kind(name) == kind, name
+        assert (vocab.parse_nccl_kernel(name) is None) == (kind is None), name
+    assert vocab.parse_nccl_kernel("_Z31ncclDevKernel_AllGather_RING_LL24ncclDevKernelArgsStorageILm4096EE") == (
+        "AllGather", None, None)
+
+
+def test_graph_launches_of_cuda_the_driver_and_hip_are_one_rule() -> None:
+    launches = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cudaGraphLaunch_ptsz", "cuGraphLaunch", "hipGraphLaunch")
+    assert all(vocab.is_graph_launch(name) for name in launches)
+    assert not any(vocab.is_graph_launch(name) for name in ("cudaLaunchKernel", "cudaGraphInstantiate", "hipLaunchKernel"))

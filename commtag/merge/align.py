@@ -18,10 +18,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from commtag.merge.attach import family
 from commtag.merge.records import CollectiveInstance, match_groups
+from commtag.vocab import SYNCHRONIZING_FAMILIES, family
 
-SYNCHRONIZING = frozenset({"allreduce", "allgather", "reducescatter", "alltoall", "barrier"})
 _ROUNDS = 30
 
 
@@ -56,7 +55,7 @@ def estimate_offsets(instances: Sequence[CollectiveInstance], hosts: Mapping[int
     ranks = sorted({i.rank for i in instances} | set(hosts))
     by_host = bool(ranks) and all(hosts.get(r) for r in ranks)
     unit_of = {r: (hosts[r] if by_host else str(r)) for r in ranks}
-    synchronizing = [i for i in instances if family(i.collective) in SYNCHRONIZING]
+    synchronizing = [i for i in instances if family(i.collective) in SYNCHRONIZING_FAMILIES]
     matched = [g for g in match_groups(synchronizing) if len({unit_of[i.rank] for i in g}) > 1]
     alignment = Alignment(unit="host" if by_host else "rank", matched=len(matched),
                           clocks=len(set(unit_of.values())))

@@ -27,7 +27,7 @@ one, so neither skew nor bandwidth is computed for it)
         Bandwidth uses this time.
     bytes
         ``S x element size`` (``vocab.SCALAR_TYPE_BYTES``), ``S`` chosen as
-        nccl-tests does (see :data:`BANDWIDTH_RULES`), the largest over the
+        nccl-tests does (``busbw_size`` in :data:`commtag.vocab.COLLECTIVES`), the largest over the
         matched ranks (they agree unless the instance is a desync or an uneven
         all_to_allv, where the busiest rank bounds the time).
     algbw / busbw
@@ -74,14 +74,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from commtag.vocab import SCALAR_TYPE_BYTES
 from commtag.merge.records import (
     ALL_TIME,
     CPU_OP_SOURCE,
-    INFERRED_KEY,
-    ANN_WINDOW_NS,
-    ANN_WINDOW_RANK,
-    ANN_WORLD_SIZE,
     WINDOW_MARKER,
     CollectiveInstance,
     CounterSeries,
@@ -90,6 +85,12 @@ from commtag.merge.records import (
     TraceAnnotations,
     describe_ranks,
     match_groups,
+)
+from commtag.vocab import (
+    ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_LAST_RANK, ANN_MARKER,
+    ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_PG_UID, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
+    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, BUSBW_FACTORS, COLLECTIVES, P2P_COLLECTIVES,
+    SCALAR_TYPE_BYTES,
 )
 
 #: What a matched p2p instance is called: one transfer is a send and its receive, whichever
@@ -107,53 +108,8 @@ NOISE_MIN_SAMPLES = 3
 _GB = 1e9
 
 
-def _ring(n: int) -> float:
-    return (n - 1) / n
-
-
-def _allreduce(n: int) -> float:
-    return 2 * (n - 1) / n
-
-
-def _one(n: int) -> float:
-    return 1.0
-
-
-#: Collective name -> (which nelems is nccl-tests' size S, busbw factor of the group size n).
-#: nccl-tests: all_reduce/broadcast/reduce/send/recv use the buffer (in == out);
-#: all_gather and gather the gathered total (out); reduce_scatter and scatter the
-#: total before splitting (in); all_to_all a rank's whole send buffer (in).
-BANDWIDTH_RULES: dict[str, tuple[str, Callable[[int], float]]] = {
-    "allreduce": ("in", _allreduce),
-    "allreduce_coalesced": ("in", _allreduce),
-    "broadcast": ("in", _one),
-    "reduce": ("in", _one),
-    "all_gather": ("out", _ring),
-    "_allgather_base": ("out", _ring),
-    "allgather_coalesced": ("out", _ring),
-    "allgather_into_tensor_coalesced": ("out", _ring),
-    "reduce_scatter": ("in", _ring),
-    "_reduce_scatter_base": ("in", _ring),
-    "reduce_scatter_tensor_coalesced": ("in", _ring),
-    "all_to_all": ("in", _ring),
-    "all_to_allv": ("in", _ring),
-    "gather": ("out", _ring),
-    "scatter": ("in", _ring),
-    "send": ("in", _one),
-    "recv": ("out", _one),
-}
-
-#: Ops that move no data: their size is nothing, not unknown.
-NO_PAYLOAD = frozenset({"barrier"})
-
-#: Ops whose In and Out msg nelems must agree across ranks (everything not listed
-#: in _UNEVEN_IN / _UNEVEN_OUT); the analyzer skips in sizes for scatter and
-#: all_to_all, out sizes for gather and all_to_all.
-_UNEVEN_IN = frozenset({"scatter", "all_to_all", "all_to_allv"})
-_UNEVEN_OUT = frozenset({"gather", "all_to_all", "all_to_allv"})
-_ALL_TO_ALL = frozenset({"all_to_all", "all_to_allv"})
-_GATHERS = frozenset({"all_gather", "_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced"})
-_SCATTERS = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"})
+#: Ops that move no data: their size is nothing, not unknown (catalogue rows with no busbw size).
+NO_PAYLOAD = frozenset(row.name for row in COLLECTIVES.values() if row.busbw_size is None)
 
 
 @dataclass(slots=True)
@@ -313,17 +269,17 @@ def element_bytes(dtype: str) -> Optional[float]:
 
 def busbw_factor(collective: str, n: int) -> Optional[float]:
     """NCCL's bus-bandwidth factor for ``collective`` on ``n`` ranks (None: not a data op)."""
-    rule = BANDWIDTH_RULES.get(collective)
-    return rule[1](n) if rule and n >= 1 else None
+    row = COLLECTIVES.get(collective)
+    return BUSBW_FACTORS[row.busbw_factor](n) if row and row.busbw_factor and n >= 1 else None
 
 
 def message_bytes(inst: CollectiveInstance) -> Optional[int]:
     """nccl-tests' size S in bytes for one rank's instance (None for barrier/unknown dtype)."""
     size = element_bytes(inst.dtype)
-    rule = BANDWIDTH_RULES.get(inst.collective)
-    if size is None or rule is None:
+    row = COLLECTIVES.get(inst.collective)
+    if size is None or row is None or row.busbw_size is None:
         return None
-    nelems = inst.in_nelems if rule[0] == "in" else inst.out_nelems
+    nelems = inst.in_nelems if row.busbw_size == "in" else inst.out_nelems
     return int(nelems * size)
 
 
@@ -493,7 +449,7 @@ def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_s
     floor = min_skew_us * 1000
     candidates = [m for m in measured if m.skew_ns >= max(floor, m.transfer_ns)
                   and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)
-                  and not any(i.arg(INFERRED_KEY) for i in m.members.values())]
+                  and not any(i.arg(ANN_INFERRED) for i in m.members.values())]
     noise: dict[tuple[bool, int], float] = {}
     for m in candidates:
         key = (m.is_p2p, m.last_rank)
@@ -531,22 +487,25 @@ def _check(m: MatchedCollective) -> list[Finding]:
     if any(f.kind == "op_mismatch" for f in found):
         return found  # sizes of different ops are not comparable
     op = m.collective
-    checked = [(key, attr) for key, attr, uneven in (
-        ("In msg nelems", "in_nelems", _UNEVEN_IN), ("Out msg nelems", "out_nelems", _UNEVEN_OUT),
-    ) if op not in uneven]
+    row = COLLECTIVES.get(op)
+    shape = row.shape if row else None
+    checked = [(key, attr) for key, attr, equal in (
+        ("In msg nelems", "in_nelems", row.equal_in if row else True),
+        ("Out msg nelems", "out_nelems", row.equal_out if row else True),
+    ) if equal]
     differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
     if differing:
         odd, detail = _odd_ones(insts, lambda i: _show(getattr(i, attr) for _, attr in differing))
         add("size_mismatch", odd, tuple(key for key, _ in differing), detail)
     n = m.group_size
     for inst in insts:
-        if op in _GATHERS and inst.out_nelems != inst.in_nelems * n:
+        if shape == "out = in x n" and inst.out_nelems != inst.in_nelems * n:
             add("size_mismatch", [inst.rank], ("In msg nelems", "Out msg nelems"),
                 f"rank {inst.rank} gathers {inst.in_nelems} x {n} ranks into {inst.out_nelems}")
-        if op in _SCATTERS and inst.in_nelems != inst.out_nelems * n:
+        if shape == "in = out x n" and inst.in_nelems != inst.out_nelems * n:
             add("size_mismatch", [inst.rank], ("In msg nelems", "Out msg nelems"),
                 f"rank {inst.rank} scatters {inst.in_nelems} over {n} ranks into {inst.out_nelems}")
-    if op in _ALL_TO_ALL and not m.missing_ranks:
+    if shape == "sum in = sum out" and not m.missing_ranks:
         total_in, total_out = sum(i.in_nelems for i in insts), sum(i.out_nelems for i in insts)
         if total_in != total_out:
             add("size_mismatch", m.ranks, ("In msg nelems", "Out msg nelems"),
@@ -555,7 +514,7 @@ def _check(m: MatchedCollective) -> list[Finding]:
 
 
 def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
-    if any(i.collective not in ("send", "recv") for i in insts):
+    if any(i.collective not in P2P_COLLECTIVES for i in insts):
         return  # e.g. NCCL SendRecv kernels without metadata: both ends send and receive
     sends = [i for i in insts if i.collective == "send"]
     recvs = [i for i in insts if i.collective == "recv"]
@@ -638,12 +597,12 @@ def _markers(matched: list[MatchedCollective]) -> list[Marker]:
     """A straggler marker on the late rank; a desync marker on every member rank."""
     out: list[Marker] = []
     for m in matched:
-        where = {"commtag pg uid": m.pg_uid, "commtag lane": m.lane_name, "Collective name": m.collective, "Seq": m.seq}
+        where = {ANN_PG_UID: m.pg_uid, ANN_LANE: m.lane_name, "Collective name": m.collective, "Seq": m.seq}
         if m.straggler:
             out.append(Marker(
                 m.last_rank, m.members[m.last_rank].start_ns,
                 f"straggler: rank {m.last_rank} {m.skew_ns / 1e6:.3f} ms late ({m.collective} Seq {m.seq})",
-                {**where, "commtag marker": "straggler", "commtag skew us": _us(m.skew_ns)},
+                {**where, ANN_MARKER: "straggler", ANN_SKEW_US: _us(m.skew_ns)},
             ))
         desyncs = [f for f in m.findings if f.desync]
         if desyncs:
@@ -651,7 +610,7 @@ def _markers(matched: list[MatchedCollective]) -> list[Marker]:
             for rank, inst in sorted(m.members.items()):
                 out.append(Marker(
                     rank, inst.start_ns, f"desync: {kinds} ({m.collective} Seq {m.seq})",
-                    {**where, "commtag marker": "desync", "commtag desync": "\n".join(f.message for f in desyncs)},
+                    {**where, ANN_MARKER: "desync", ANN_DESYNC: "\n".join(f.message for f in desyncs)},
                 ))
     out.sort(key=lambda mk: (mk.ts_ns, mk.rank))
     return out
@@ -680,7 +639,7 @@ def _window_markers(coverage: Coverage) -> list[Marker]:
     out = []
     for rank, windows in sorted(coverage.windows.items()):
         for k, (first, last) in enumerate(w for w in windows if w != ALL_TIME):
-            args: dict[str, object] = {"commtag marker": WINDOW_MARKER, ANN_WINDOW_RANK: rank, ANN_WINDOW_NS: last - first}
+            args: dict[str, object] = {ANN_MARKER: WINDOW_MARKER, ANN_WINDOW_RANK: rank, ANN_WINDOW_NS: last - first}
             if coverage.world_size:
                 args[ANN_WORLD_SIZE] = coverage.world_size
             out.append(Marker(rank, first, f"profiled window {k + 1} of {len(windows)} ({(last - first) / 1e6:.1f} ms)",
@@ -692,22 +651,22 @@ def annotate(analysis: Analysis) -> None:
     """Write the figures into each member's annotations (its lane slice's): the collective's
     into one common dict its members share, each rank's wait into that rank's own args."""
     for m in analysis.collectives:
-        figures: dict[str, object] = {"commtag ranks matched": f"[{', '.join(map(str, m.ranks))}]"}
+        figures: dict[str, object] = {ANN_RANKS_MATCHED: f"[{', '.join(map(str, m.ranks))}]"}
         if m.complete:
-            figures["commtag skew us"] = _us(m.skew_ns)
-            figures["commtag last rank"] = m.last_rank
+            figures[ANN_SKEW_US] = _us(m.skew_ns)
+            figures[ANN_LAST_RANK] = m.last_rank
         else:
-            figures["commtag missing ranks"] = f"[{', '.join(map(str, m.missing_ranks))}]"
+            figures[ANN_MISSING_RANKS] = f"[{', '.join(map(str, m.missing_ranks))}]"
             if m.unnamed_missing:
-                figures["commtag members not found"] = m.unnamed_missing
+                figures[ANN_MEMBERS_NOT_FOUND] = m.unnamed_missing
         if m.bytes is not None:
-            figures["commtag bytes"] = m.bytes
+            figures[ANN_BYTES] = m.bytes
         if m.algbw_gbps is not None:
-            figures["commtag algbw GB/s"] = round(m.algbw_gbps, 6)
+            figures[ANN_ALGBW] = round(m.algbw_gbps, 6)
         if m.busbw_gbps is not None:
-            figures["commtag busbw GB/s"] = round(m.busbw_gbps, 6)
+            figures[ANN_BUSBW] = round(m.busbw_gbps, 6)
         if m.findings:
-            figures["commtag desync"] = "\n".join(f.message for f in m.findings)
+            figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
         joined: dict[int, dict] = {}
         for rank, inst in m.members.items():
             base = inst.common_args
@@ -716,9 +675,9 @@ def annotate(analysis: Analysis) -> None:
                 both = joined[id(base)] = {**base, **figures}
             inst.common_args = both
             if rank in m.waits_ns:
-                inst.args["commtag wait us"] = _us(m.waits_ns[rank])
+                inst.args[ANN_WAIT_US] = _us(m.waits_ns[rank])
             if m.straggler and rank == m.last_rank:
-                inst.args["commtag straggler"] = True
+                inst.args[ANN_STRAGGLER] = True
 
 
 def percentile(values: list[float], q: float) -> Optional[float]:

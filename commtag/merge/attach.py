@@ -53,36 +53,28 @@ NCCL kernels with no metadata at all (old traces)
 from __future__ import annotations
 
 import bisect
-import re
-from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
-from commtag.constants import (
-    C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
-    MIN_LANE_ID, NON_COLLECTIVE_NAMES, PG_ID_KEY, TORCH_MARK_KEY, parse_rank_list,
-)
+from commtag.constants import MIN_LANE_ID, TORCH_MARK_KEY, parse_rank_list
 from commtag.identity import GroupRow, group_info
+from commtag.merge.graphs import ReplayLog, logged_replay
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
-from commtag.merge.records import CPU_OP_SOURCE, INFERRED_KEY, CollectiveInstance
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance
+from commtag.vocab import (
+    ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
+    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, ANN_SOURCE, C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP,
+    GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
+    NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, PG_ID_KEY, family, is_graph_launch, nccl_kind,
+)
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import CollectiveAnnotation, GraphCapture, RecordedCollective, Sidecar
 
-#: Eager keys in the order the profiler writes them on a kernel.
-EAGER_KEYS = (
-    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-    "In split size", "Out split size", "Process Group Name", "Process Group Description",
-    "Process Group Ranks", "Dst Rank", "Src Rank", "Seq",
-)
 UNATTRIBUTED_UID = "unattributed"
 UNATTRIBUTED_LANE = "NCCL kernels (no metadata)"
 UNATTRIBUTED_LANE_ID = MIN_LANE_ID + (1 << 30)
-_FAMILIES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "barrier",
-             "gather", "scatter", "reduce", "sendrecv", "send", "recv")
-_NCCL_KERNEL = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
-_GRAPH_LAUNCH = ("cudaGraphLaunch", "hipGraphLaunch")
-#: Tolerance when comparing a sidecar's clock with the trace's (rounding to µs).
+#: Tolerance when comparing a recorded call's span with its gloo events (the trace rounds to µs).
 _TOL_NS = 2_000
 
 
@@ -129,23 +121,6 @@ def group_table(rows: Sequence[GroupRow]) -> dict[str, GroupRow]:
     return {row.name: row for row in rows}
 
 
-@lru_cache(maxsize=65536)
-def nccl_kind(name: str) -> Optional[str]:
-    """The collective of an NCCL/RCCL kernel name ("allreduce"), None for other kernels (cached: names repeat)."""
-    match = _NCCL_KERNEL.search(name)
-    return match.group(1).lower() if match else None
-
-
-@lru_cache(maxsize=4096)
-def family(name: str) -> str:
-    """Collective family of an op, c10d or gloo name: "gloo:all_reduce" -> "allreduce" (cached: names repeat)."""
-    flat = re.sub(r"[^a-z]", "", name.lower().split("::")[-1].split(":")[-1])
-    for fam in _FAMILIES:
-        if fam in flat:
-            return fam
-    return flat
-
-
 class RankFlows:
     """Flow ids of one rank's block (deterministic: derived from the rank and a counter)."""
 
@@ -188,10 +163,10 @@ def shared(value):
 #: Keys whose values differ between the instances of one call site (steps, replays,
 #: ranks), in the order they are written: an instance's own ``args``. The rest are its
 #: ``common_args`` (see :func:`split_args`).
-OWN_ORDER = ("Rank", "Seq", "commtag p2p pair seq", "commtag replay", "commtag rank")
+OWN_ORDER = ("Rank", "Seq", ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
 OWN_KEYS = frozenset(OWN_ORDER)
 #: CollectiveAnnotation fields behind OWN_ORDER's eager keys (an annotation has no "commtag rank").
-_OWN_FIELDS = (("rank", "Rank"), ("seq", "Seq"), ("p2p_pair_seq", "commtag p2p pair seq"), ("replay", "commtag replay"))
+_OWN_FIELDS = (("rank", "Rank"), ("seq", "Seq"), ("p2p_pair_seq", ANN_P2P_PAIR_SEQ), ("replay", ANN_REPLAY))
 _OWN_FIELD_NAMES = frozenset(name for name, _ in _OWN_FIELDS)
 _COMMON: dict[tuple, dict] = {}
 
@@ -240,10 +215,10 @@ def _instance(rank: int, parts: tuple[dict, dict], start: int, end: int, source:
     ranks = shared(ranks)
     return CollectiveInstance(
         rank=rank,
-        pg_uid=str(common_args["commtag pg uid"]),
-        is_p2p=bool(get("commtag p2p", False)),
+        pg_uid=str(common_args[ANN_PG_UID]),
+        is_p2p=bool(get(ANN_P2P, False)),
         seq=_whole(own.get("Seq"), 0),
-        replay=own.get("commtag replay"),
+        replay=own.get(ANN_REPLAY),
         collective=str(get("Collective name", "")),
         in_nelems=_whole(get("In msg nelems"), 0),
         out_nelems=_whole(get("Out msg nelems"), 0),
@@ -253,9 +228,9 @@ def _instance(rank: int, parts: tuple[dict, dict], start: int, end: int, source:
         start_ns=start,
         end_ns=end,
         source=source,
-        lane_name=str(common_args["commtag lane"]),
-        args={**own, "commtag rank": rank},
-        lane_id=int(get("commtag lane id", 0)),
+        lane_name=str(common_args[ANN_LANE]),
+        args={**own, ANN_RANK: rank},
+        lane_id=int(get(ANN_LANE_ID, 0)),
         source_flow=flow,
         common_args=common_args,
     )
@@ -271,7 +246,7 @@ def _with_source(event_common: dict, source: str) -> dict:
     found = _SOURCED.get(key)
     if found is not None:
         return found[1]
-    sourced = common({**event_common, "commtag source": source})
+    sourced = common({**event_common, ANN_SOURCE: source})
     if len(_SOURCED) < 100_000:
         _SOURCED[key] = (event_common, sourced)  # holding the args keeps their id unique
     return sourced
@@ -285,27 +260,6 @@ def _whole(value: object, default: int) -> int:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
         return default
-
-
-class _ReplayLog:
-    """A capture's logged replays, searchable by time (a linear scan per launch was quadratic)."""
-
-    def __init__(self, replays: Sequence, offset: int) -> None:
-        ordered = sorted(replays, key=lambda r: r.start_ns)
-        self._starts = [r.start_ns + offset - _TOL_NS for r in ordered]
-        self._index = [r.index for r in ordered]
-        #: Latest end (with tolerance) among the replays up to each one: ascending, so bisectable.
-        self._reach: list[int] = []
-        for r in ordered:
-            end = r.end_ns + offset + _TOL_NS
-            self._reach.append(max(self._reach[-1], end) if self._reach else end)
-
-    def holding(self, t: int) -> Optional[int]:
-        """Index of the earliest-starting replay whose span (with tolerance) holds ``t``, if any."""
-        first = bisect.bisect_left(self._reach, t)
-        if first < len(self._starts) and self._starts[first] <= t:
-            return self._index[first]
-        return None
 
 
 class _GlooCall:
@@ -412,7 +366,7 @@ class _RankAttacher:
                 self.c10d.setdefault(e.get("tid"), []).append((*event_ns(e, self.base), e))
             elif name == COMMS_OP and (e.get("args") or {}).get("Collective name") not in (None, *NON_COLLECTIVE_NAMES):
                 self.comms_ops.append((*event_ns(e, self.base), e))
-            elif cat in ("cuda_runtime", "cuda_driver") and name.startswith(_GRAPH_LAUNCH):
+            elif cat in LAUNCH_CATEGORIES and is_graph_launch(name):
                 corr = (e.get("args") or {}).get("correlation")
                 if corr is not None:
                     self.launches[corr] = e
@@ -476,7 +430,7 @@ class _RankAttacher:
             site = self._site(ann)
             backend = call.group.backend if call.group is not None else ""
             if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
-                site = common({**site, "commtag gloo work": "not identified"})
+                site = common({**site, ANN_GLOO_WORK: "not identified"})
             parts = (site, own_args(ann))
             for hit in (op, *works):
                 if hit is not None:
@@ -625,7 +579,7 @@ class _RankAttacher:
             else:
                 parts = split_args(self._complete(args, derived, order))
             self._annotate(e, parts)
-            group = self.by_uid.get(str(parts[0]["commtag pg uid"]))
+            group = self.by_uid.get(str(parts[0][ANN_PG_UID]))
             self.instances.append(_instance(self.rank, parts, start, end, source, group, self.flows.source(e)))
 
     def _comms_ops(self) -> list[tuple[int, int, dict, dict, str]]:
@@ -652,7 +606,7 @@ class _RankAttacher:
 
     def _complete(self, args: dict, derived: dict, order: str) -> dict:
         """Kineto's eager keys, normalized and completed with lane and cross-rank key."""
-        eager = {key: args[key] for key in EAGER_KEYS if key in args}
+        eager = {key: args[key] for key in KERNEL_EAGER_KEYS if key in args}
         pg_name = self._pg_name(args)
         if pg_name and "Process Group Name" not in eager:  # an older torch's "Process Group ID"
             eager["Process Group Name"] = pg_name
@@ -662,14 +616,14 @@ class _RankAttacher:
             group = group_info(pg_name, str(args.get("Process Group Description", "")), ranks, "nccl")
             self.groups[pg_name] = group
             self.by_uid[group.uid] = group
-        p2p = eager["Collective name"] in ("send", "recv") or "Dst Rank" in eager or "Src Rank" in eager
+        p2p = eager["Collective name"] in P2P_COLLECTIVES or "Dst Rank" in eager or "Src Rank" in eager
         if "Seq" not in eager:
             n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
             eager["Seq"] = n
-            eager["commtag seq from"] = order
+            eager[ANN_SEQ_FROM] = order
         eager.update({
-            "commtag lane id": group.lane_id, "commtag lane": group.lane_name,
-            "commtag pg uid": group.uid, "commtag p2p": p2p,
+            ANN_LANE_ID: group.lane_id, ANN_LANE: group.lane_name,
+            ANN_PG_UID: group.uid, ANN_P2P: p2p,
         })
         return eager
 
@@ -729,7 +683,7 @@ class _RankAttacher:
 
     def _replay_indices(self, matched: list[tuple[dict, int, int, str]], captures: list[GraphCapture]) -> list[int]:
         """Replay index per matched kernel: the sidecar's replay log, else launch order."""
-        logs = {c.capture_id: _ReplayLog(c.replays, self.offset) for c in captures}
+        logs = {c.capture_id: ReplayLog(c, self.offset) for c in captures}
         #: capture -> launch correlation -> its position in launch order (first seen first).
         order: dict[int, dict] = {}
         for e, cap_id, *_ in matched:
@@ -745,7 +699,8 @@ class _RankAttacher:
             if replay is None:
                 launch = self.launches.get(corr)
                 if launch is not None:
-                    replay = logs[cap_id].holding(event_ns(launch, self.base)[0])
+                    found = logged_replay([logs[cap_id]], event_ns(launch, self.base)[0], launch.get("tid"))
+                    replay = found[1] if isinstance(found, tuple) else None
                 if replay is None:
                     replay = order[cap_id][corr]
                 replays[(cap_id, corr)] = replay
@@ -760,14 +715,14 @@ class _RankAttacher:
         sites: dict[tuple[int, int, str], dict] = {}
         for (cap_id, ci, replay), events in sorted(grouped.items()):
             annotation = captures[cap_id].collectives[ci].annotation
-            own = own_args(annotation, **{"commtag replay": replay})
+            own = own_args(annotation, **{ANN_REPLAY: replay})
             spans = [event_ns(e, self.base) for e in events]
             for e in events:
                 self.taken.add(id(e))
                 site = sites.get((cap_id, ci, methods[id(e)]))
                 if site is None:
                     site = sites[(cap_id, ci, methods[id(e)])] = split_args(
-                        {**annotation.eager_dict(), "commtag match": methods[id(e)]})[0]
+                        {**annotation.eager_dict(), ANN_MATCH: methods[id(e)]})[0]
                 self._annotate(e, (site, own))
             first = min(zip(spans, range(len(events))))[1]
             self.instances.append(_instance(
@@ -790,9 +745,9 @@ class _RankAttacher:
             n = counts[kind] = counts.get(kind, 0) + 1
             eager = {
                 "Collective name": kind, "Seq": n,
-                "commtag lane id": UNATTRIBUTED_LANE_ID, "commtag lane": UNATTRIBUTED_LANE,
-                "commtag pg uid": f"{UNATTRIBUTED_UID}:{kind}", "commtag p2p": kind in ("sendrecv", "send", "recv"),
-                INFERRED_KEY: "collective from the kernel name; group unknown; Seq = order on this rank",
+                ANN_LANE_ID: UNATTRIBUTED_LANE_ID, ANN_LANE: UNATTRIBUTED_LANE,
+                ANN_PG_UID: f"{UNATTRIBUTED_UID}:{kind}", ANN_P2P: kind in ("sendrecv", "send", "recv"),
+                ANN_INFERRED: "collective from the kernel name; group unknown; Seq = order on this rank",
             }
             inst = _instance(self.rank, split_args(eager), start, end, "nccl-kernel", None, self.flows.source(e))
             inst.group_size = int(world)
@@ -828,5 +783,5 @@ def settle_inferred(instances: Sequence[CollectiveInstance]) -> None:
     for inst in instances:
         if inst.pg_uid in seqs and inst.pg_uid not in agreed:
             inst.pg_uid = f"{inst.pg_uid}:rank{inst.rank}"
-            inst.args["commtag pg uid"] = inst.pg_uid
-            inst.args["commtag cross-rank"] = False
+            inst.args[ANN_PG_UID] = inst.pg_uid
+            inst.args[ANN_CROSS_RANK] = False

@@ -20,7 +20,7 @@ torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream
 7"``, ``"pid": "Spans"``) and use other category names: numeric strings are
 read as numbers, ``stream N`` as GPU stream N, other strings name rows of
 their own, and old categories take today's names
-(:data:`commtag.constants.KINETO_LEGACY_CATEGORIES`). Everything else
+(:data:`commtag.vocab.KINETO_LEGACY_CATEGORIES`). Everything else
 (metadata, flow events, other phases) is counted per reason in the rank's
 :class:`EventAccount`, the merge's receipt for what it left out.
 """
@@ -33,16 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
-from commtag.constants import (
-    COMMS_OP, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX,
-)
-from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, WORK_CATEGORIES, DeviceWork
-from commtag.merge.attach import RankFlows, attach, group_rows, nccl_kind
+from commtag.kernels import WORK_CATEGORIES, DeviceWork
+from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.load import GPU_CATEGORIES, LAUNCH_CATEGORIES, MergeInputError, checked_base_ns, wall_clock
+from commtag.merge.load import MergeInputError, checked_base_ns, wall_clock
 from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
+from commtag.vocab import (
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, COMMS_OP, GPU_CATEGORIES, KINETO_LAUNCH_FLOW_CATEGORIES,
+    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, is_graph_launch, nccl_kind,
+)
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
 #: flows instead) or bookkeeping with no meaning to a reader.
@@ -55,7 +56,6 @@ MAX_AHEAD_NS = 86_400 * 10**9
 _MAX_NS = (1 << 63) - 1
 _INF = float("inf")
 _MISSING = object()
-_GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "hipGraphLaunch")
 _NUMBER = re.compile(r"-?[0-9]+")
 #: Sibling order of rows named by a string (after the numbered threads and streams).
 _NAMED_ROW_ORDER = 1 << 62
@@ -222,7 +222,7 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
     if cat == "kernel":
         return bool(args and ("Collective name" in args or args.get("graph node id"))) or nccl_kind(name) is not None
     if cat in LAUNCH_CATEGORIES:
-        return name.startswith(_GRAPH_LAUNCH_PREFIXES)
+        return is_graph_launch(name)
     if name == COMMS_OP:
         return bool(args and "Collective name" in args)
     return name.startswith("c10d::") or name.startswith("gloo:")
@@ -559,7 +559,7 @@ class RankConverter:
             if cat in WORK_CATEGORIES:
                 parts = annotated.get(id(e))
                 args = e.get("args") or {}
-                lane = parts[0].get("commtag lane") if parts is not None else args.get("commtag lane")
+                lane = parts[0].get(ANN_LANE) if parts is not None else args.get(ANN_LANE)
                 if args or parts is not None:
                     categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args, lane)
 
@@ -657,7 +657,7 @@ class RankConverter:
 
 def _kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
     """Debug annotations naming a breakdown's scope and carrying its figures."""
-    return {ANN_RANK: rank, ANN_SCOPE: scope, ANN_ID: ident, **breakdown.annotations()}
+    return {ANN_RANK: rank, ANN_KERNELS_SCOPE: scope, ANN_KERNELS_ID: ident, **breakdown.annotations()}
 
 
 def _tracks(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,

@@ -35,146 +35,70 @@ Everything here is a pure function of plain data: Kineto event dicts and
 
 from __future__ import annotations
 
-import re
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+from commtag.vocab import (
+    ANN_MATCH, COLLECTIVES, DEVICE_WORK_NODE_TYPES, LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR,
+    NODE_ID_MASK, base_name, is_graph_launch, parse_nccl_kernel,
+)
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
     from commtag.schema import CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord
 
 #: Lower 32 bits of a "graph node id" minus this = the node's creation index (hypothesis 1).
 NODE_ID_BASE = 0
-#: How far (ns) a cudaGraphLaunch may sit outside the replay() call logged around it (clock jitter).
-LAUNCH_TOLERANCE_NS = 20_000
-LOW32 = 0xFFFFFFFF
-
-_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
-_DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 
 
-# ---------------------------------------------------------------------------- kernel names
+class ReplayLog:
+    """One capture's logged ``CUDAGraph.replay()`` calls on the trace's clock, searchable by time.
 
-
-def base_name(name: str) -> str:
-    """A kernel's qualified name without return type, template and call arguments.
-
-    Accepts what Kineto writes (demangled, with arguments) and what
-    cuFuncGetName returns (often Itanium-mangled), so both compare equal:
-    ``"void ns::k<4>(int)"`` and ``"_ZN2ns1kILi4EEEvi"`` both give ``"ns::k"``.
+    Both joins ask it which replay a graph launch belongs to: the closest logged
+    call on the launch's thread, at most :data:`~commtag.vocab.LAUNCH_TOLERANCE_NS`
+    outside it (a linear scan per launch was quadratic).
     """
-    name = name.strip()
-    if name.startswith("_Z"):
-        demangled = _mangled_base(name)
-        if demangled:
-            return demangled
-    depth, cut = 0, len(name)
-    for i, ch in enumerate(name):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0:
-            cut = i
-            break
-    head = name[:cut]
-    out, depth = [], 0
-    for ch in head:
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth = max(depth - 1, 0)
-        elif depth == 0:
-            out.append(ch)
-    tokens = "".join(out).split()
-    return tokens[-1] if tokens else name
+
+    def __init__(self, capture: GraphCapture, offset_ns: int = 0) -> None:
+        self.capture = capture
+        ordered = sorted(capture.replays, key=lambda r: r.start_ns)
+        self._starts = [r.start_ns + offset_ns for r in ordered]
+        self._ends = [r.end_ns + offset_ns for r in ordered]
+        self._tids = [r.tid for r in ordered]
+        self._index = [r.index for r in ordered]
+        #: Latest end among the replays up to each one: ascending, so bisectable.
+        self._reach: list[int] = []
+        for end in self._ends:
+            self._reach.append(max(self._reach[-1], end) if self._reach else end)
+
+    def near(self, at_ns: int, tid: object) -> list[tuple[int, int]]:
+        """(distance in ns, replay index) of each logged replay within tolerance of a launch
+        at ``at_ns`` on thread ``tid`` (a replay logged on another thread is not it)."""
+        first = bisect.bisect_left(self._reach, at_ns - LAUNCH_TOLERANCE_NS)
+        last = bisect.bisect_right(self._starts, at_ns + LAUNCH_TOLERANCE_NS)
+        found = []
+        for j in range(first, last):
+            if self._tids[j] and tid.__class__ is int and tid != self._tids[j]:
+                continue
+            distance = max(self._starts[j] - at_ns, at_ns - self._ends[j], 0)
+            if distance <= LAUNCH_TOLERANCE_NS:
+                found.append((distance, self._index[j]))
+        return found
 
 
-def _mangled_base(name: str) -> str:
-    """Qualified name of an Itanium-mangled symbol (enough for kernels; "" if unparsable)."""
-    i = 2
-    if name.startswith("L", i):
-        i += 1
-    nested = name.startswith("N", i)
-    if nested:
-        i += 1
-    parts: list[str] = []
-    while i < len(name) and name[i].isdigit():
-        j = i
-        while j < len(name) and name[j].isdigit():
-            j += 1
-        length = int(name[i:j])
-        parts.append(name[j : j + length])
-        i = j + length
-        if not nested:
-            break
-        if i < len(name) and name[i] in "EI":
-            break
-    return "::".join(parts)
-
-
-@dataclass(frozen=True)
-class NcclKernel:
-    """What an NCCL kernel name says; None = the name does not say."""
-
-    collective: str
-    op: Optional[str]
-    dtype: Optional[str]
-
-
-_NEW = re.compile(
-    r"^ncclDevKernel_([A-Za-z]+?)(?:_(Sum|Prod|MinMax|Max|Min|PreMulSum|SumPostDiv))?(?:_([a-z]+[0-9a-z]*))?"
-    r"(?:_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_(LL128|LL|SIMPLE))?$"
-)
-_OLD = re.compile(r"^ncclKernel_([A-Za-z]+)_(?:[A-Z_]+?)_(LL128|LL|SIMPLE)_(Sum|Prod|Max|Min|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+)$")
-_NCCL_TYPES = {
-    "f32": "Float", "float": "Float", "f16": "Half", "half": "Half", "bf16": "BFloat16", "__nv_bfloat16": "BFloat16",
-    "bfloat16": "BFloat16", "f64": "Double", "double": "Double", "i8": "Char", "int8_t": "Char", "u8": "Byte",
-    "uint8_t": "Byte", "i32": "Int", "int32_t": "Int", "u32": "UInt32", "uint32_t": "UInt32", "i64": "Long",
-    "int64_t": "Long", "u64": "UInt64", "uint64_t": "UInt64", "f8e4m3": "Float8_e4m3fn", "f8e5m2": "Float8_e5m2",
-    "__nv_fp8_e4m3": "Float8_e4m3fn", "__nv_fp8_e5m2": "Float8_e5m2",
-}
-_NCCL_OPS = {"Sum": "sum", "Prod": "product", "Max": "max", "Min": "min", "PreMulSum": "premul_sum", "SumPostDiv": "sum_post_div"}
-#: NCCL collectives whose kernels' element type is the data's (the others move bytes).
-_REDUCING = {"AllReduce", "ReduceScatter", "Reduce"}
-
-
-def parse_nccl_kernel(name: str) -> Optional[NcclKernel]:
-    """Collective, op and dtype from an NCCL kernel name, old or new style; None if not NCCL."""
-    base = base_name(name)
-    new = _NEW.match(base)
-    if new:
-        coll, op, ty = new.group(1), new.group(2), new.group(3)
-        dtype = _NCCL_TYPES.get(ty or "") if coll in _REDUCING else None
-        return NcclKernel(coll, _NCCL_OPS.get(op or "") if coll in _REDUCING else None, dtype)
-    old = _OLD.match(base)
-    if old:
-        coll, op, ty = old.group(1), old.group(3), old.group(4)
-        if coll not in _REDUCING:
-            return NcclKernel(coll, None, None)
-        return NcclKernel(coll, _NCCL_OPS.get(op), _NCCL_TYPES.get(ty))
-    if base.startswith(("ncclKernel", "ncclDevKernel", "ncclDev")):
-        return NcclKernel("Generic", None, None)
-    return None
-
-
-#: Eager "Collective name" -> the NCCL kernel collective that carries it out.
-_NCCL_COLLECTIVE = {
-    "allreduce": "AllReduce", "allreduce_coalesced": "AllReduce", "barrier": "AllReduce",
-    "broadcast": "Broadcast", "reduce": "Reduce",
-    "all_gather": "AllGather", "_allgather_base": "AllGather", "allgather_into_tensor_coalesced": "AllGather",
-    "allgather_coalesced": "AllGather",
-    "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
-    "reduce_scatter_tensor_coalesced": "ReduceScatter",
-    "all_to_all": "SendRecv", "all_to_allv": "SendRecv", "send": "SendRecv", "recv": "SendRecv",
-    "gather": "SendRecv", "scatter": "SendRecv",
-}
-#: A user reduction op -> the NCCL kernel ops that may carry it out.
-_OP_KERNELS = {
-    "sum": {"sum"}, "product": {"product"}, "max": {"max"}, "min": {"min"},
-    "avg": {"premul_sum", "sum_post_div", "sum"}, "premul_sum": {"premul_sum"},
-    "band": {"min", "product"}, "bor": {"max", "sum"}, "bxor": {"sum"},
-}
+def logged_replay(logs: Iterable[ReplayLog], at_ns: int, tid: object) -> tuple[GraphCapture, int] | str | None:
+    """The logged replay() call a launch at ``at_ns`` on ``tid`` ran in: (capture, replay index);
+    a reason when several fit equally well; None when none is near."""
+    best: list[tuple[int, GraphCapture, int]] = [
+        (distance, log.capture, index) for log in logs for distance, index in log.near(at_ns, tid)]
+    if not best:
+        return None
+    nearest = min(distance for distance, _, _ in best)
+    closest = {(c.capture_id, i): (c, i) for d, c, i in best if d == nearest}
+    if len(closest) > 1:
+        return f"the launch fits {len(closest)} logged replays equally"
+    return next(iter(closest.values()))
 
 
 def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) -> Optional[str]:
@@ -186,7 +110,7 @@ def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) ->
     (where the name carries them). Copies and memsets have no name to
     check: they are only ever matched by an exact id.
     """
-    kind = _DEVICE_KINDS.get(event.get("cat", ""))
+    kind = DEVICE_WORK_NODE_TYPES.get(event.get("cat", ""))
     if kind != node.node_type:
         return f"a {kind or event.get('cat')} event where a {node.node_type} node was captured"
     if kind != "kernel":
@@ -198,12 +122,13 @@ def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) ->
     if parsed is None:
         return None if node.kernel_name else f"kernel {base_name(name)!r} is not an NCCL kernel"
     ann = captured.annotation
-    expected = _NCCL_COLLECTIVE.get(ann.collective_name)
+    row = COLLECTIVES.get(ann.collective_name)
+    expected = row.nccl_kernel if row else None
     if parsed.collective != "Generic" and expected is not None and parsed.collective != expected:
         return f"{parsed.collective} kernel for a {ann.collective_name!r} collective"
     if node.kernel_name:
         return None  # the very kernel captured: its op/type specialisation is NCCL's choice, not the user's
-    if parsed.op and captured.reduce_op and parsed.op not in _OP_KERNELS.get(captured.reduce_op, {captured.reduce_op}):
+    if parsed.op and captured.reduce_op and parsed.op not in NCCL_OPS_FOR.get(captured.reduce_op, {captured.reduce_op}):
         return f"{parsed.op} kernel for a {captured.reduce_op} reduction"
     if parsed.dtype and parsed.dtype != ann.dtype:
         return f"{parsed.dtype} kernel for {ann.dtype} data"
@@ -246,7 +171,7 @@ class ReplayMatch:
 
     def args(self) -> dict[str, object]:
         """What to add to the event's args: the eager keys, commtag's, and how it was matched."""
-        return {**self.annotation.eager_dict(), "commtag match": self.method}
+        return {**self.annotation.eager_dict(), ANN_MATCH: self.method}
 
 
 @dataclass(frozen=True)
@@ -284,13 +209,13 @@ class _Replay:
 def _replays(events: Sequence[dict]) -> list[_Replay]:
     launches: dict[int, dict] = {}
     for event in events:
-        if event.get("cat") in ("cuda_runtime", "cuda_driver") and str(event.get("name", "")).startswith(_LAUNCH_NAMES):
+        if event.get("cat") in LAUNCH_CATEGORIES and is_graph_launch(str(event.get("name", ""))):
             corr = event.get("args", {}).get("correlation")
             if corr is not None:
                 launches[corr] = event
     members: dict[int, list[int]] = defaultdict(list)
     for i, event in enumerate(events):
-        if event.get("cat") in _DEVICE_KINDS:
+        if event.get("cat") in DEVICE_WORK_NODE_TYPES:
             corr = event.get("args", {}).get("correlation")
             if corr in launches:
                 members[corr].append(i)
@@ -305,7 +230,7 @@ def _replays(events: Sequence[dict]) -> list[_Replay]:
 
 def _node_id(event: dict) -> Optional[int]:
     value = event.get("args", {}).get("graph node id")
-    return None if value is None else int(value) & LOW32
+    return None if value is None else int(value) & NODE_ID_MASK
 
 
 def _ns(ts: float, base_ns: int) -> int:
@@ -326,14 +251,16 @@ def match_graph_replays(events: Sequence[dict], captures: Sequence[GraphCapture]
     if not replays:
         return result
     by_exec = {c.exec_graph_id: c for c in with_collectives if c.exec_graph_id}
+    logs = {c.capture_id: ReplayLog(c) for c in with_collectives}
     assigned: dict[int, tuple[GraphCapture, Optional[int]]] = {}
     pending: list[_Replay] = []
     for replay in replays:
         if replay.graph_id and replay.graph_id in by_exec:
             capture = by_exec[replay.graph_id]
-            assigned[replay.correlation] = (capture, _logged_index(replay, capture, base_ns))
+            found = _from_log(replay, [logs[capture.capture_id]], base_ns)
+            assigned[replay.correlation] = (capture, found[1] if isinstance(found, tuple) else None)
             continue
-        found = _from_log(replay, with_collectives, base_ns)
+        found = _from_log(replay, logs.values(), base_ns)
         if isinstance(found, str):
             result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), None, found))
         elif found is not None:
@@ -363,31 +290,11 @@ def _relative_index(capture: GraphCapture, relative: dict[int, int], result: Gra
     return index
 
 
-def _logged_index(replay: _Replay, capture: GraphCapture, base_ns: int) -> Optional[int]:
-    found = _from_log(replay, [capture], base_ns)
-    return found[1] if isinstance(found, tuple) else None
-
-
-def _from_log(replay: _Replay, captures: Iterable[GraphCapture], base_ns: int) -> tuple[GraphCapture, int] | str | None:
+def _from_log(replay: _Replay, logs: Iterable[ReplayLog], base_ns: int) -> tuple[GraphCapture, int] | str | None:
     """The logged replay() call around this launch: (capture, replay index), a reason, or None."""
     launch = replay.launch
-    at = _ns(launch.get("ts", 0), base_ns)
-    tid = launch.get("tid")
-    best: list[tuple[int, GraphCapture, int]] = []
-    for capture in captures:
-        for logged in capture.replays:
-            if logged.tid and tid is not None and isinstance(tid, int) and tid != logged.tid:
-                continue
-            distance = max(logged.start_ns - at, at - logged.end_ns, 0)
-            if distance <= LAUNCH_TOLERANCE_NS:
-                best.append((distance, capture, logged.index))
-    if not best:
-        return None
-    best.sort(key=lambda item: item[0])
-    closest = [item for item in best if item[0] == best[0][0]]
-    if len({(c.capture_id, i) for _, c, i in closest}) > 1:
-        return f"launch at {launch.get('ts')} fits {len(closest)} logged replays equally"
-    return closest[0][1], closest[0][2]
+    found = logged_replay(logs, _ns(launch.get("ts", 0), base_ns), launch.get("tid"))
+    return f"launch at {launch.get('ts')}: {found}" if isinstance(found, str) else found
 
 
 def _check_graph_ids(replays: list[_Replay], assigned: dict, result: GraphMatchResult) -> None:
@@ -457,7 +364,7 @@ def _pair_nodes(events: Sequence[dict], replay: _Replay, capture: GraphCapture) 
     distinct = [n for n in node_ids if n is not None]
     usable_ids = len(distinct) == len(replay.events) and len(set(distinct)) == len(distinct) and len(distinct) > 1
     if usable_ids and all(node.tools_id is not None for _, node in wanted):
-        pairs, reason = _join(events, replay, wanted, lambda node: node.tools_id & LOW32)
+        pairs, reason = _join(events, replay, wanted, lambda node: node.tools_id & NODE_ID_MASK)
         if pairs is not None:
             return pairs, "tools-id", ""
     if usable_ids and any(node.node_type == "kernel" for _, node in wanted):

@@ -57,12 +57,6 @@ MAX_RANKS = 1 << 24
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
-#: Kineto categories of device-side events (their pid is the device).
-GPU_CATEGORIES = frozenset(
-    {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"}
-)
-#: Host-side events that launch device work (same "correlation" as the work).
-LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 
 
 class MergeInputError(Exception):

@@ -24,20 +24,18 @@ from typing import BinaryIO, Iterator, Optional
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.constants import parse_rank_list
-from commtag.kernels import ANN_ID, ANN_RANK, ANN_SCOPE, Breakdown, KernelTables
+from commtag.kernels import ANN_ID, ANN_SCOPE, Breakdown, KernelTables
 from commtag.merge.attach import UNATTRIBUTED_UID
 from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
-    ANN_WINDOW_NS,
-    ANN_WINDOW_RANK,
-    ANN_WORLD_SIZE,
     WINDOW_MARKER,
     CollectiveInstance,
     Coverage,
 )
 from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
+from commtag.vocab import ANN_RANK, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END

@@ -12,6 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
+from commtag.vocab import ANN_CROSS_RANK
+
 _ABSENT = object()
 
 
@@ -19,10 +21,6 @@ _ABSENT = object()
 #: carried the metadata: the host time of the call (NCCL only enqueues the work
 #: there), so no bandwidth is measured from it.
 CPU_OP_SOURCE = "cpu-op"
-#: Set on an instance made from an NCCL kernel that carried no metadata: its group and Seq
-#: are guessed from the kernel name and its order on the rank, so it is never evidence enough
-#: to name a straggler.
-INFERRED_KEY = "commtag inferred"
 
 
 @dataclass(slots=True)
@@ -127,7 +125,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
     groups: dict[tuple, list[CollectiveInstance]] = {}
     for inst in instances:
         ends = inst.p2p_ends if inst.is_p2p else None
-        if inst.arg("commtag cross-rank") is False:
+        if inst.arg(ANN_CROSS_RANK) is False:
             key: tuple = ("alone", id(inst))
         elif ends is not None:
             pair_seq = inst.arg("commtag p2p pair seq")
@@ -173,11 +171,8 @@ class TraceAnnotations:
 ALL_TIME = (0, 1 << 63)
 #: A merged trace keeps each rank's windows as instants on its marker track (for
 #: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at the
-#: window's start, with these keys.
+#: window's start, with ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS`` and ``ANN_WORLD_SIZE``.
 WINDOW_MARKER = "window"
-ANN_WINDOW_RANK = "commtag window of rank"
-ANN_WINDOW_NS = "commtag window ns"
-ANN_WORLD_SIZE = "commtag world size"
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ import torch
 from commtag.identity import format_list
 from commtag.runtime.calls import OpCall, dtype_name, nelems
 from commtag.runtime.groups import GroupState, lookup
+from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by patch
 
 #: The group's state, or None when this rank does not take part (lookup itself: no extra frame per call).
 _state = lookup
@@ -201,13 +202,6 @@ OPS: dict[str, Callable[..., Optional[OpCall]]] = {
     "monitored_barrier": _monitored_barrier,
     "send": _send,
     "recv": _recv,
-}
-
-#: Name the coalescing manager gives a fused block of each fusable op.
-COALESCED_NAMES = {
-    "allreduce": "allreduce_coalesced",
-    "_allgather_base": "allgather_into_tensor_coalesced",
-    "_reduce_scatter_base": "reduce_scatter_tensor_coalesced",
 }
 
 #: Position of the ``group`` parameter of each op, for the hot path that needs only the group.
