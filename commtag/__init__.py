@@ -24,24 +24,24 @@ def install() -> None:
     Call it once per process, before any CUDA-graph capture; before or after
     init_process_group both work.
     """
-    from commtag.runtime import patch
+    from commtag.runtime import hooks
 
-    patch.install()
+    hooks.install()
 
 
 def uninstall() -> None:
     """Restore the exact original torch.distributed functions and CUDAGraph methods (idempotent,
     thread-safe)."""
-    from commtag.runtime import patch
+    from commtag.runtime import hooks
 
-    patch.uninstall()
+    hooks.uninstall()
 
 
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
-    from commtag.runtime import patch
+    from commtag.runtime import hooks
 
-    return patch.is_installed()
+    return hooks.is_installed()
 
 
 def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:

@@ -103,10 +103,10 @@ def _swap_toggles(commtag, dist) -> tuple[Callable[[], None], Callable[[], None]
     (and the idempotent calls too), which leaves different caches behind for the two variants' calls."""
     from torch.distributed import distributed_c10d as c10d
 
-    from commtag.runtime import patch
+    from commtag.runtime import hooks
 
     commtag.install()
-    names = sorted(patch._originals)
+    names = hooks.patched_names()
     wrappers = {name: getattr(c10d, name) for name in names}
     public = {name: dist.__dict__.get(name) is wrappers[name] for name in names}
     commtag.uninstall()

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from commtag.runtime import c10d_ops, capture
+from commtag.runtime import c10d_ops, capture, hooks
 from commtag.runtime.capture import CaptureTracker
 from commtag.schema import CollectiveAnnotation, GraphCapture
 
@@ -200,7 +200,7 @@ def test_a_capture_that_fails_to_end_leaves_no_record_and_the_error_propagates()
 
     with pytest.raises(RuntimeError, match="not permitted"):
         tracker.end_capture(owner, failing_end, lambda: 0)
-    assert tracker.captures() == [] and not capture._open
+    assert tracker.captures() == [] and not capture.OPEN_CAPTURES
 
 
 def test_bookkeeping_errors_never_reach_the_collective(caplog: pytest.LogCaptureFixture) -> None:
@@ -214,16 +214,16 @@ def test_bookkeeping_errors_never_reach_the_collective(caplog: pytest.LogCapture
     try:
         api.begin(MAIN)
         tracker.begin_capture(object(), MAIN)
-        original = capture._current_stream
-        capture._current_stream = lambda: MAIN  # type: ignore[assignment]
+        original = capture.current_stream
+        capture.current_stream = lambda: MAIN  # type: ignore[assignment]
         try:
             assert capture.before_collective() is None  # the snapshot failed: logged, not raised
             capture.after_collective(None, _ann())
         finally:
-            capture._current_stream = original  # type: ignore[assignment]
+            capture.current_stream = original  # type: ignore[assignment]
         assert "driver exploded" in caplog.text
     finally:
-        capture._open.clear()
+        capture.OPEN_CAPTURES.clear()
         capture.use_tracker(None)
 
 
@@ -238,11 +238,11 @@ def test_hooks_open_and_close_a_capture_and_push_operator_interception_only_mean
     api = FakeGraphAPI()
     tracker = CaptureTracker(api)
     capture.use_tracker(tracker)
-    monkeypatch.setattr(capture, "_current_stream", lambda: MAIN)
+    monkeypatch.setattr(capture, "current_stream", lambda: MAIN)
     owner = _Owner()
-    begin = capture._wrapped_capture_begin(lambda self: api.begin(MAIN))
-    end = capture._wrapped_capture_end(lambda self: api.end(MAIN, 0xE1))
-    replay = capture._wrapped_replay(lambda self: "replayed")
+    begin = hooks.capture_begin_hook(lambda self: api.begin(MAIN))
+    end = hooks.capture_end_hook(lambda self: api.end(MAIN, 0xE1))
+    replay = hooks.replay_hook(lambda self: "replayed")
     try:
         assert not capture.capture_active() and not c10d_ops.is_active()
         begin(owner)
@@ -262,7 +262,7 @@ def test_hooks_open_and_close_a_capture_and_push_operator_interception_only_mean
         assert [r.index for r in record.replays] == [0, 1]
         assert all(r.tid == threading.get_native_id() for r in record.replays)
     finally:
-        capture._open.clear()
+        capture.OPEN_CAPTURES.clear()
         capture.use_tracker(None)
 
 
@@ -270,24 +270,23 @@ def test_install_wraps_and_uninstall_restores_cudagraph_methods() -> None:
     from torch.cuda.graphs import CUDAGraph
 
     before = {name: CUDAGraph.__dict__.get(name) for name in ("capture_begin", "capture_end", "replay")}
-    capture.install()
+    hooks.install()
     try:
-        assert capture.is_installed()
+        assert hooks.is_installed()
         assert all(CUDAGraph.__dict__.get(name) is not before[name] for name in before)
-        capture.install()  # idempotent
+        hooks.install()  # idempotent
     finally:
-        capture.uninstall()
+        hooks.uninstall()
     assert {name: CUDAGraph.__dict__.get(name) for name in before} == before
-    assert not capture.is_installed()
+    assert not hooks.is_installed()
 
 
 def test_without_cuda_everything_is_a_silent_no_op() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    capture.use_tracker(None)
-    capture._tracker_loaded = False
+    capture.reset_tracker()
     try:
-        assert capture._get_tracker() is None
+        assert capture.get_tracker() is None
         assert capture.before_collective() is None
         assert capture.captures_snapshot() == []
     finally:
@@ -307,13 +306,13 @@ def test_uninstall_during_a_capture_leaves_nothing_of_commtag_active() -> None:
     try:
         owner = object()
         api.begin(7)
-        opened = capture._tracker.begin_capture(owner, 7)
-        opened.interceptor = c10d_ops.activate(capture._TrackerSink(capture._tracker))
+        opened = capture.tracker().begin_capture(owner, 7)
+        opened.interceptor = c10d_ops.activate(hooks.TrackerSink(capture.tracker()))
         assert capture.capture_active() and c10d_ops.is_active()
         commtag.uninstall()
         assert not capture.capture_active()
         assert not c10d_ops.is_active()
-        assert capture._tracker._by_owner == {}
+        assert capture.tracker().open_capture(owner) is None
         # torch's own capture_end then closes the capture; commtag installed again starts clean.
         api.end(7, 0)
         commtag.install()
@@ -322,5 +321,5 @@ def test_uninstall_during_a_capture_leaves_nothing_of_commtag_active() -> None:
         commtag.uninstall()
         if opened is not None:
             c10d_ops.deactivate(opened.interceptor)
-        capture._open.clear()
+        capture.OPEN_CAPTURES.clear()
         capture.use_tracker(None)

@@ -127,6 +127,7 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag.runtime.capture as capture
     import commtag.runtime.failopen as failopen
     import commtag.runtime.groups as groups
+    import commtag.runtime.hooks as hooks
     import commtag.runtime.metadata as metadata
     import commtag.runtime.patch as patch
     import commtag.runtime.sidecar as sidecar
@@ -152,14 +153,14 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
         results[name + "_files"] = sorted(p.name for p in where.iterdir()) if where.is_dir() else None
 
     # Lane lookup: building a group's state (uid, lane) fails on first use.
-    saved_build, saved_states = groups._build, dict(groups._states)
-    groups._states.clear()
-    groups._build = lambda pg: (_ for _ in ()).throw(RuntimeError("injected: lane lookup"))
+    saved_build, saved_states = groups.build_state, dict(groups.GROUP_STATES)
+    groups.GROUP_STATES.clear()
+    groups.build_state = lambda pg: (_ for _ in ()).throw(RuntimeError("injected: lane lookup"))
     try:
         run("lane_lookup")
     finally:
-        groups._build = saved_build
-        groups._states.update(saved_states)
+        groups.build_state = saved_build
+        groups.GROUP_STATES.update(saved_states)
 
     # Metadata extraction: every op's describer raises (as after a torch signature change).
     commtag.uninstall()
@@ -209,12 +210,11 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
             sys.modules["cuda.bindings"] = module
             failopen.reset()
             handler.messages = []
-            capture.use_tracker(None)
-            capture._tracker_loaded = False  # the next capture loads the graph API again
+            capture.reset_tracker()  # the next capture loads the graph API again
             graph = types.SimpleNamespace()
-            begin = capture._wrapped_capture_begin(lambda self, *a, **k: ("captured", a))
+            begin = hooks.capture_begin_hook(lambda self, *a, **k: ("captured", a))
             results[label + "_begin"] = begin(graph, "pool")
-            results[label + "_tracker"] = capture._tracker is None
+            results[label + "_tracker"] = capture.tracker() is None
             rounds = [_round(rank, world_size, pair)]
             results[label] = rounds
             results[label + "_logs"] = list(handler.messages)
@@ -229,11 +229,11 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     # cuda-python failing while a capture is open: every graph query raises mid-job.
     tracker = capture.CaptureTracker(_FailingGraphAPI())
     capture.use_tracker(tracker)
-    capture._open[7] = capture._OpenCapture(0, 7, object(), 0, 0)
+    capture.OPEN_CAPTURES[7] = capture.OpenCapture(0, 7, object(), 0, 0)
     try:
         run("cuda_calls_failing")
     finally:
-        capture._open.clear()
+        capture.OPEN_CAPTURES.clear()
         capture.use_tracker(None)
 
     commtag.uninstall()

@@ -208,7 +208,8 @@ def _compiled(rank: int, world_size: int) -> tuple[list[float], int, bool]:
     compiled = torch.compile(step, backend="eager")
     out = compiled(torch.ones(2))
     dist.all_reduce(torch.ones(1))  # eager: counted
-    return out.tolist(), state_for(None).coll_seq, commtag.is_installed()
+    # The Seq the next collective would take, less one: how many took a Seq.
+    return out.tolist(), state_for(None).next_collective_seq() - 1, commtag.is_installed()
 
 
 def test_torch_compile_traces_through_the_wrappers():

@@ -112,7 +112,8 @@ def _seqs(rank: int, world: int, out_dir: str) -> dict:
                 for rc in sorted(side.collectives, key=lambda rc: rc.start_ns)
                 if rc.annotation.pg_uid == state.uid and not rc.annotation.is_p2p
             ]
-        results[mode] = {"final": state.coll_seq, "recorded": recorded, "p2p": state.p2p_seq}
+        # The Seq the next collective would take, less one (taking it: the group is not used again).
+        results[mode] = {"final": state.next_collective_seq() - 1, "recorded": recorded, "p2p": state.p2p_seq}
     return results
 
 
@@ -168,22 +169,32 @@ def _toggle_inside(rank: int, world: int) -> list[int]:
     commtag.install()
     x, out = torch.ones(2), torch.empty(2 * world)
     steps = []
+    def numbered(call) -> int:
+        """Seq numbers ``call`` took (each reading of the next Seq takes one as well, on every rank)."""
+        before = state_for(None).next_collective_seq()
+        call()
+        return state_for(None).next_collective_seq() - before - 1
+
     for op in (lambda: dist.all_reduce(x), lambda: dist.all_gather_into_tensor(out, x)):
         op()  # the group is known: the next calls can take the fast path
-        before = state_for(None).coll_seq
         mode = _Toggle(start=True)
-        with mode:
-            op()  # idle when called, profiled when torch calls back in
+
+        def started_inside(mode=mode, op=op) -> None:
+            with mode:
+                op()  # idle when called, profiled when torch calls back in
+
+        steps.append(numbered(started_inside))
         mode.prof.__exit__(None, None, None)
-        steps.append(state_for(None).coll_seq - before)
-        before = state_for(None).coll_seq
         mode = _Toggle(start=False)
         mode.prof = profile(activities=[ProfilerActivity.CPU])
         mode.prof.__enter__()
-        with mode:
-            op()  # profiled when called, idle when torch calls back in
-        steps.append(state_for(None).coll_seq - before)
-    steps.append(patch._slow_reasons)
+
+        def stopped_inside(mode=mode, op=op) -> None:
+            with mode:
+                op()  # profiled when called, idle when torch calls back in
+
+        steps.append(numbered(stopped_inside))
+    steps.append(patch.slow_reasons())
     return steps
 
 
@@ -272,7 +283,7 @@ def test_torch_originals_are_read_as_expected():
     from commtag.runtime.metadata import OPS
 
     originals = {name: getattr(c10d, name) for name in OPS if hasattr(c10d, name)}
-    shapes = {name: patch._shape(original, name) for name, original in originals.items()}
+    shapes = {name: patch.shape_of(original, name) for name, original in originals.items()}
     commtag.install()
     try:
         replaced = {name for name, original in originals.items() if getattr(c10d, name) is not original}
@@ -321,3 +332,39 @@ def test_wrappers_take_the_originals_parameters_and_raise_their_errors():
     finally:
         commtag.uninstall()
     assert all(msg != "no error" for msgs in expected.values() for msg in msgs)
+
+
+def _keyword_only(rank: int, world: int, where: str) -> tuple:
+    """all_reduce replaced, before install, by a function with keyword-only parameters."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import commtag
+    from commtag.runtime.sidecar import read_sidecar
+
+    real = c10d.all_reduce
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, *, group=None, async_op=False):
+        return real(tensor, op, group=group, async_op=async_op)
+
+    c10d.all_reduce = dist.all_reduce = all_reduce
+    commtag.install()
+    try:
+        entry = dist.all_reduce.__code__.co_filename
+        x = torch.ones(2)
+        for _ in range(3):
+            dist.all_reduce(x)  # idle (the first one meets a group not seen yet: the slow path)
+        with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(where)):
+            dist.all_reduce(x, group=dist.group.WORLD)
+    finally:
+        commtag.uninstall()
+        c10d.all_reduce = dist.all_reduce = real
+    side = read_sidecar(Path(where) / f"rank{rank}.step0.commtag.json")
+    return entry, [(c.annotation.collective_name, c.annotation.seq) for c in side.collectives], x.tolist()
+
+
+def test_an_original_whose_parameters_cannot_be_copied_gets_the_same_idle_gate(tmp_path: Path):
+    """Its idle entry takes ``*args, **kwargs`` and is made from the same template: numbered alike."""
+    for entry, recorded, values in run_world(_keyword_only, WORLD, str(tmp_path)):
+        assert entry == "<commtag idle path of all_reduce>"
+        assert recorded == [("allreduce", 4)]
+        assert values == [float(WORLD ** 4)] * 2

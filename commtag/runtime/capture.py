@@ -8,17 +8,14 @@ kernel name, and the driver's tools id where it has one (13.1+). Replays
 of the graph are logged (time, thread, replay index) so the merge can tell
 which ``cudaGraphLaunch`` in a trace replayed which capture.
 
-Hooks: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``/``replay`` are
-wrapped by :func:`install` (restored by :func:`uninstall`); every way of
-capturing that torch offers (``torch.cuda.graph``, ``make_graphed_callables``,
-Inductor's CUDA-graph trees) goes through them. While a capture is open,
-collectives that never pass through the Python wrappers are caught at the
-c10d operator level (:mod:`commtag.runtime.c10d_ops`).
+``torch.cuda.CUDAGraph.capture_begin``/``capture_end``/``replay`` are
+hooked by :mod:`commtag.runtime.hooks`, which calls the tracker here. While
+a capture is open, collectives that never pass through the Python wrappers
+are caught at the c10d operator level (:mod:`commtag.runtime.c10d_ops`).
 
 The collective wrappers call :func:`before_collective` and
 :func:`after_collective` around every call made while a capture is open;
-the idle path only tests ``_open`` (a module-level dict, mutated in place and
-never rebound, which the wrappers hold). Nothing here raises into
+the idle path only tests :data:`OPEN_CAPTURES`. Nothing here raises into
 the caller: without a GPU, a driver or cuda-python, everything is a no-op
 (logged once).
 """
@@ -26,7 +23,6 @@ the caller: without a GPU, a driver or cuda-python, everything is a no-op
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,9 +43,9 @@ from commtag.schema import (
 #: Replays kept per capture (newest win); the sidecar writer keeps those in the profiled window.
 MAX_REPLAYS_PER_CAPTURE = 65536
 
-#: Open captures by CUDA capture sequence id. Module-level so the no-capture
-#: fast path of before_collective is a single truthiness test.
-_open: dict[int, "_OpenCapture"] = {}
+#: Open captures by CUDA capture sequence id: mutated in place, never rebound; read by the
+#: collectives' idle path (empty: no capture can be active) and by before_collective.
+OPEN_CAPTURES: dict[int, "OpenCapture"] = {}
 
 @dataclass
 class _PendingCollective:
@@ -64,7 +60,7 @@ class _PendingCollective:
 
 
 @dataclass
-class _OpenCapture:
+class OpenCapture:
     capture_id: int
     sequence_id: int
     graph: Any
@@ -82,7 +78,7 @@ class _OpenCapture:
 class CollectiveToken:
     """What :func:`before_collective` hands the wrapper while a capture is open."""
 
-    capture: _OpenCapture
+    capture: OpenCapture
     known: set[int]
     reduce_op: Optional[str] = None
     source: str = "python"
@@ -108,24 +104,26 @@ class CaptureTracker:
         self.marks = marks
         self._lock = threading.Lock()
         self._next_id = 0
-        self._by_owner: dict[int, _OpenCapture] = {}
+        self._by_owner: dict[int, OpenCapture] = {}
         self._finished: dict[int, _Finished] = {}
-        self._owner_capture: dict[int, int] = {}
+        #: id(CUDAGraph) -> capture id of its last finished capture: read without the lock by
+        #: the replay hook on every replay, written under it.
+        self.owner_captures: dict[int, int] = {}
         self._tls = threading.local()
 
     # ------------------------------------------------------------------ capture lifetime
 
-    def begin_capture(self, owner: object, stream: int) -> Optional[_OpenCapture]:
+    def begin_capture(self, owner: object, stream: int) -> Optional[OpenCapture]:
         """Register the capture ``owner`` (a CUDAGraph) just began on ``stream``."""
         info = self.api.capture_info(stream)
         if info is None:
             return None
         sequence_id, graph = info
         with self._lock:
-            capture = _OpenCapture(self._next_id, sequence_id, graph, self.clock(), id(owner))
+            capture = OpenCapture(self._next_id, sequence_id, graph, self.clock(), id(owner))
             self._next_id += 1
             self._by_owner[id(owner)] = capture
-            _open[sequence_id] = capture
+            OPEN_CAPTURES[sequence_id] = capture
         return capture
 
     def end_capture(self, owner: object, finish: Callable[[], None], exec_handle: Callable[[], int]) -> Optional[GraphCapture]:
@@ -137,7 +135,7 @@ class CaptureTracker:
         with self._lock:
             capture = self._by_owner.pop(id(owner), None)
             if capture is not None:
-                _open.pop(capture.sequence_id, None)
+                OPEN_CAPTURES.pop(capture.sequence_id, None)
         if capture is None:
             finish()
             return None
@@ -158,23 +156,27 @@ class CaptureTracker:
         record = resolved.model_copy(update={"exec_graph_id": exec_id, "end_ns": max(self.clock(), resolved.start_ns)})
         with self._lock:
             self._finished[record.capture_id] = _Finished(record)
-            self._owner_capture[id(owner)] = record.capture_id
+            self.owner_captures[id(owner)] = record.capture_id
         return record
 
-    def abandon_capture(self, capture: _OpenCapture) -> None:
+    def open_capture(self, owner: object) -> Optional[OpenCapture]:
+        """The capture ``owner`` (a CUDAGraph) has open, if commtag tracks one."""
+        return self._by_owner.get(id(owner))
+
+    def abandon_capture(self, capture: OpenCapture) -> None:
         """Forget ``capture``, still open (commtag is being uninstalled)."""
         with self._lock:
             if self._by_owner.get(capture.owner_key) is capture:
                 del self._by_owner[capture.owner_key]
-            _open.pop(capture.sequence_id, None)
+            OPEN_CAPTURES.pop(capture.sequence_id, None)
         self._close_scopes(capture)
 
-    def _close_scopes(self, capture: _OpenCapture) -> None:
+    def _close_scopes(self, capture: OpenCapture) -> None:
         """Leave torch scopes of calls that raised before their end (torch keeps a region per thread)."""
         while capture.scopes and self.marks is not None:
             self.marks.close(capture.scopes.popitem()[1])
 
-    def _resolve(self, capture: _OpenCapture) -> GraphCapture:
+    def _resolve(self, capture: OpenCapture) -> GraphCapture:
         api = self.api
         final = api.nodes(capture.graph)
         index_of = {int(node): i for i, node in enumerate(final)}
@@ -222,7 +224,7 @@ class CaptureTracker:
         info = self.api.capture_info(stream)
         if info is None:
             return None
-        capture = _open.get(info[0])
+        capture = OPEN_CAPTURES.get(info[0])
         if capture is None:
             return None
         token = CollectiveToken(capture, {int(node) for node in self.api.nodes(capture.graph)}, source=source)
@@ -254,7 +256,7 @@ class CaptureTracker:
             except Exception as exc:  # noqa: BLE001 - the mark alone still joins the call
                 log_once("naming a collective's group for torch", exc)
             self.marks.close(scope)
-        if _open.get(capture.sequence_id) is not capture:
+        if OPEN_CAPTURES.get(capture.sequence_id) is not capture:
             return  # the capture ended (or failed) in between
         added = [node for node in self.api.nodes(capture.graph) if int(node) not in token.known]
         capture.collectives.append(
@@ -275,7 +277,7 @@ class CaptureTracker:
 
     def record_replay(self, owner: object, start_ns: int, end_ns: int, tid: int) -> None:
         """Log one replay of ``owner``'s graph (index = replays since its capture)."""
-        capture_id = self._owner_capture.get(id(owner))
+        capture_id = self.owner_captures.get(id(owner))
         if capture_id is None:
             return
         finished = self._finished[capture_id]
@@ -285,7 +287,7 @@ class CaptureTracker:
     def forget_owner(self, owner: object) -> None:
         """``owner`` was reset: its next replays belong to whatever it captures next."""
         with self._lock:
-            self._owner_capture.pop(id(owner), None)
+            self.owner_captures.pop(id(owner), None)
 
     def captures(self, since_ns: Optional[int] = None, until_ns: Optional[int] = None) -> list[GraphCapture]:
         """Every finished capture, with its replays that overlap [since_ns, until_ns]."""
@@ -323,10 +325,9 @@ class CaptureTracker:
 
 _tracker: Optional[CaptureTracker] = None
 _tracker_loaded = False
-_originals: dict[str, Callable[..., Any]] = {}
 
 
-def _get_tracker() -> Optional[CaptureTracker]:
+def get_tracker() -> Optional[CaptureTracker]:
     """The process's tracker, created on first capture (so install never touches CUDA)."""
     global _tracker, _tracker_loaded
     if not _tracker_loaded:
@@ -337,13 +338,35 @@ def _get_tracker() -> Optional[CaptureTracker]:
     return _tracker
 
 
+def tracker() -> Optional[CaptureTracker]:
+    """The process's tracker if one was made (no loading: the hooks after the first capture)."""
+    return _tracker
+
+
 def use_tracker(tracker: Optional[CaptureTracker]) -> None:
     """Replace the process's tracker (tests inject one over a fake graph API)."""
     global _tracker, _tracker_loaded
     _tracker, _tracker_loaded = tracker, True
 
 
-def _current_stream() -> int:
+def reset_tracker() -> None:
+    """Forget the tracker: the next capture loads the graph API again (tests)."""
+    global _tracker, _tracker_loaded
+    _tracker, _tracker_loaded = None, False
+
+
+def abandon_all() -> list[OpenCapture]:
+    """Forget every capture still open (commtag is being uninstalled); the captures forgotten."""
+    opened = list(OPEN_CAPTURES.values())
+    for capture in opened:
+        if _tracker is not None:
+            _tracker.abandon_capture(capture)
+    OPEN_CAPTURES.clear()
+    return opened
+
+
+def current_stream() -> int:
+    """The current CUDA stream as a cudaStream_t value."""
     import torch
 
     return int(torch.cuda.current_stream().cuda_stream)
@@ -351,7 +374,7 @@ def _current_stream() -> int:
 
 def capture_active() -> bool:
     """True while a capture commtag tracks is open in this process."""
-    return bool(_open)
+    return bool(OPEN_CAPTURES)
 
 
 def before_collective() -> Optional[CollectiveToken]:
@@ -360,13 +383,13 @@ def before_collective() -> Optional[CollectiveToken]:
     The wrapper must pass the result to :func:`after_collective`. A non-None
     token means the call is being captured, not executed.
     """
-    if not _open:
+    if not OPEN_CAPTURES:
         return None
     tracker = _tracker
     if tracker is None:
         return None
     try:
-        token = tracker.begin_collective(_current_stream())
+        token = tracker.begin_collective(current_stream())
     except Exception as exc:  # noqa: BLE001 - fail open: this collective goes unrecorded, the capture proceeds
         log_once("snapshotting a capture graph", exc)
         return None
@@ -399,136 +422,3 @@ def captures_snapshot(since_ns: Optional[int] = None, until_ns: Optional[int] = 
     except Exception as exc:  # noqa: BLE001 - fail open: the sidecar goes without captures
         log_once("listing CUDA-graph captures", exc)
         return []
-
-
-def _wrapped_capture_begin(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        try:
-            tracker = _get_tracker()
-            if tracker is not None:
-                tracker.forget_owner(self)
-                capture = tracker.begin_capture(self, _current_stream())
-                if capture is not None:
-                    from commtag.runtime import c10d_ops
-
-                    capture.interceptor = c10d_ops.activate(_TrackerSink(tracker))
-        except Exception as exc:  # noqa: BLE001 - fail open: capture proceeds without bookkeeping
-            log_once("starting capture bookkeeping", exc)
-        return result
-
-    return capture_begin
-
-
-def _wrapped_capture_end(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker = _tracker
-        capture = tracker._by_owner.get(id(self)) if tracker is not None else None
-        if capture is None:
-            return original(self, *args, **kwargs)
-        if capture.interceptor is not None:
-            from commtag.runtime import c10d_ops
-
-            c10d_ops.deactivate(capture.interceptor)
-        results: list[Any] = []
-        tracker.end_capture(
-            self,
-            lambda: results.append(original(self, *args, **kwargs)),
-            lambda: _exec_handle(self),
-        )
-        return results[0] if results else None
-
-    return capture_end
-
-
-def _wrapped_replay(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker = _tracker
-        if tracker is None or id(self) not in tracker._owner_capture:
-            return original(self, *args, **kwargs)
-        start = time.time_ns()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            try:
-                tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())
-            except Exception as exc:  # noqa: BLE001 - fail open: the replay ran; only its log entry is lost
-                log_once("logging a graph replay", exc)
-
-    return replay
-
-
-def _exec_handle(graph: Any) -> int:
-    getter = getattr(graph, "raw_cuda_graph_exec", None)
-    return int(getter()) if getter is not None else 0
-
-
-class _TrackerSink:
-    """Connects operator-level interception to the tracker (see c10d_ops.OpSink)."""
-
-    def __init__(self, tracker: CaptureTracker) -> None:
-        self.tracker = tracker
-
-    def wrapper_token(self) -> Optional[CollectiveToken]:
-        return self.tracker.wrapper_token
-
-    def begin(self) -> Optional[CollectiveToken]:
-        return self.tracker.begin_collective(_current_stream(), source="c10d-op")
-
-    def end(self, token: CollectiveToken, annotation: CollectiveAnnotation, reduce_op: Optional[str]) -> None:
-        token.reduce_op = reduce_op
-        self.tracker.end_collective(token, annotation)
-
-
-def install() -> None:
-    """Wrap CUDAGraph.capture_begin/capture_end/replay (idempotent; touches no CUDA state).
-
-    Called by :func:`commtag.runtime.patch.install`, under its lock.
-    """
-    if _originals:
-        return
-    try:
-        from torch.cuda.graphs import CUDAGraph
-    except Exception as exc:  # noqa: BLE001 - fail open: a torch without CUDAGraph leaves graphs unhooked
-        log_once("hooking torch.cuda.CUDAGraph", exc)
-        return
-    for name, wrap in (("capture_begin", _wrapped_capture_begin), ("capture_end", _wrapped_capture_end), ("replay", _wrapped_replay)):
-        own = CUDAGraph.__dict__.get(name)
-        _originals[name] = own
-        hook = wrap(own if own is not None else getattr(CUDAGraph, name))
-        hook.__commtag_original__ = own  # type: ignore[attr-defined]
-        setattr(CUDAGraph, name, hook)
-
-
-def uninstall() -> None:
-    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed).
-
-    Called by :func:`commtag.runtime.patch.uninstall`, under its lock. A
-    capture still open loses its bookkeeping: its capture_end is torch's own
-    from now on, so its operator interception is made inert here and the
-    collectives' idle path is not held back by it.
-    """
-    if not _originals:
-        return
-    from torch.cuda.graphs import CUDAGraph
-
-    for name, own in _originals.items():
-        if own is None:
-            delattr(CUDAGraph, name)
-        else:
-            setattr(CUDAGraph, name, own)
-    _originals.clear()
-    tracker = _tracker
-    for capture in list(_open.values()):
-        if capture.interceptor is not None:
-            capture.interceptor.enabled = False
-        if tracker is not None:
-            tracker.abandon_capture(capture)
-    _open.clear()
-
-
-def is_installed() -> bool:
-    return bool(_originals)

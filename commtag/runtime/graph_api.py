@@ -85,10 +85,6 @@ class CudaBindingsGraphAPI:
         )
         self._active = runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive
 
-    @property
-    def has_tools_ids(self) -> bool:
-        return self._has_ids
-
     def _check(self, result: tuple[Any, ...]) -> tuple[Any, ...]:
         if result[0] != self._ok:
             raise RuntimeError(f"CUDA call failed: {result[0]}")

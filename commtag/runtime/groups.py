@@ -119,13 +119,6 @@ class GroupState:
             return value if already_bumped else value + 1
         return self.bump()
 
-    @property
-    def coll_seq(self) -> int:
-        """Seq of the latest collective numbered on this group (0 before the first); not for the hot path."""
-        if self.nccl is not None:
-            return int(self.nccl._get_sequence_number_for_group())
-        return int(repr(self._coll_counter)[len("count("):-1]) - 1  # a count shows its next value
-
     def next_p2p_seq(self) -> int:
         with self.lock:
             self.p2p_seq += 1
@@ -150,9 +143,10 @@ class GroupState:
         )
 
 
-#: ProcessGroup -> state. Plain dict (not weak): a weak lookup costs a
-#: weakref per call on the hot path, and groups are few and long-lived.
-_states: dict[Any, GroupState] = {}
+#: ProcessGroup -> state: mutated in place (under ``_states_lock``), never rebound; read without
+#: the lock by the collectives' idle path. Plain dict (not weak): a weak lookup costs a weakref
+#: per call on the hot path, and groups are few and long-lived.
+GROUP_STATES: dict[Any, GroupState] = {}
 _states_lock = threading.Lock()
 #: c10d's world; its ``_default_pg`` backs the ``default_pg`` property (a Python frame per call).
 _world = c10d._world
@@ -207,14 +201,14 @@ def unwatch_lives() -> None:
 def lookup(group: Optional[Any]) -> Optional[GroupState]:
     """The cached state of ``group`` (None = the default group); None when this rank is not a member."""
     pg = _world._default_pg if group is None else group
-    state = _states.get(pg)
+    state = GROUP_STATES.get(pg)
     if state is None:
         if not isinstance(pg, c10d.ProcessGroup):
             return None  # GroupMember.NON_GROUP_MEMBER, or no default group yet
         with _states_lock:
-            state = _states.get(pg)
+            state = GROUP_STATES.get(pg)
             if state is None:
-                state = _states[pg] = _build(pg)
+                state = GROUP_STATES[pg] = build_state(pg)
     return state
 
 
@@ -229,7 +223,7 @@ def state_for(group: Optional[Any]) -> GroupState:
 def known_groups() -> list[GroupState]:
     """Every group this process has seen a collective on, in first-use order."""
     with _states_lock:
-        return list(_states.values())
+        return list(GROUP_STATES.values())
 
 
 def table() -> list[ProcessGroupInfo]:
@@ -245,7 +239,8 @@ def table() -> list[ProcessGroupInfo]:
     return [state.info() for state in sorted(seen.values(), key=lambda state: state.generation)]
 
 
-def _build(pg: Any) -> GroupState:
+def build_state(pg: Any) -> GroupState:
+    """The state of a group seen for the first time (tests inject failures here)."""
     ranks = list(dist.get_process_group_ranks(pg))
     name = str(pg.group_name)
     desc = str(getattr(pg, "group_desc", "undefined"))

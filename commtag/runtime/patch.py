@@ -1,4 +1,4 @@
-"""Symmetric install/uninstall of the collective wrappers.
+"""The collective wrappers (installed and removed by :mod:`commtag.runtime.hooks`).
 
 Every wrapper follows one shape::
 
@@ -20,19 +20,21 @@ original only calls another patched op with the same describer
 (``all_gather_into_tensor`` -> ``all_gather_single``): it stays as it is,
 and the inner wrapper numbers and annotates the call. ``isend`` and
 ``irecv`` are never replaced: ``P2POp`` checks them by identity. Code that
-imported a function by name before :func:`install` keeps the original and is
-not annotated.
+imported a function by name before :func:`commtag.install` keeps the original
+and is not annotated.
 
 Two paths. The **idle fast path** runs while nothing could record: no
 Python-started profiler (``torch.autograd.profiler._is_profiler_enabled``,
 which torch.profiler and torch.autograd.profiler set for every session,
 ``profile_all_threads`` included), no capture open, no coalescing block open,
 not compiling, and no slow-path call in flight whose original may call a
-wrapper again (:data:`_slow_reasons`). It only numbers a plain collective on
-its group's counter (no thread-local state, no description) and calls the
-original; it is a function written per op with the original's parameters
-(:func:`_idle_entry`), so no ``*args, **kwargs`` are packed, and it calls
-the body inside torch's ``_exception_logger`` positionally (a frame fewer).
+wrapper again (:data:`_slow_reasons`); that test is :data:`_IDLE_GATE`,
+written once. It only numbers a plain collective on its group's counter (no
+thread-local state, no description) and calls the original; it is a
+function generated per op from one template (:func:`_idle_entry`), with the
+original's parameters where they can be copied, so no ``*args, **kwargs``
+are packed, and it calls the body inside torch's ``_exception_logger``
+positionally (a frame fewer).
 That decorator reads ``group=`` from the keywords when a call fails, so the
 entry keeps a group given by position apart from ``group=`` and hands every
 failing or unusual call on with the caller's own split. A
@@ -59,15 +61,14 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.c10d_logger import _exception_logger
 
 from commtag.runtime import capture, recorder, reentry
 from commtag.runtime.failopen import log_once
-from commtag.runtime.groups import GroupState, lookup, state_for, unwatch_lives, watch_lives
-from commtag.runtime.groups import _states as _group_states
 from commtag.runtime.calls import CallRecord, OpCall
+from commtag.runtime.capture import OPEN_CAPTURES
+from commtag.runtime.groups import GROUP_STATES, GroupState, lookup, state_for
 from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS
 from commtag.runtime.metadata import p2p_call as _p2p_call
 from commtag.schema import CollectiveAnnotation
@@ -83,12 +84,10 @@ _is_dynamo_compiling: Callable[[], bool] = torch.compiler.is_dynamo_compiling
 #: (Dynamo tracing is still caught by is_dynamo_compiling()).
 _compiler = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else SimpleNamespace(_is_compiling_flag=False)
 #: recorder.profiler_enabled(), inlined: the thread's C check, then torch's process-wide flag.
-_thread_profiled = recorder._thread_profiled
-_autograd_profiler = recorder._autograd_profiler
+thread_profiled = recorder.thread_profiled
+autograd_profiler = recorder.autograd_profiler
 #: c10d's world: its ``_default_pg`` backs the ``default_pg`` property (a frame per call).
 _world = c10d._world
-#: capture's open captures (mutated in place, never rebound): empty means no capture can be active.
-_open_captures = capture._open
 #: has_torch_function((x,)) as one C call: True when calling the original with ``x`` as its
 #: dispatch argument would go through __torch_function__ (a tensor subclass or an active mode).
 _has_torch_function: Callable[[Any], bool] = getattr(torch._C, "_has_torch_function_unary", lambda _x: True)
@@ -101,7 +100,7 @@ _EXCEPTION_LOGGER_CODE = _exception_logger(lambda: None).__code__
 #: takes the slow path too and is skipped by its thread's depth, even if the profiler
 #: stopped in between. A module global, so the fast path reads it with one LOAD_GLOBAL;
 #: changed only on the slow path, under _slow_lock. (Open CUDA-graph captures are the
-#: gate's own test of capture._open, which cannot go stale.)
+#: gate's own test of capture.OPEN_CAPTURES, which cannot go stale.)
 _slow_reasons = 0
 _slow_lock = threading.Lock()
 
@@ -118,10 +117,9 @@ def _less_slow() -> None:
         _slow_reasons -= 1
 
 
-_install_lock = threading.RLock()
-#: name -> (object in distributed_c10d, object in torch.distributed or _MISSING) before install.
-_originals: dict[str, tuple[Any, Any]] = {}
-_MISSING = object()
+def slow_reasons() -> int:
+    """How many reasons hold every collective off the idle path now (0 when none: tests)."""
+    return _slow_reasons
 
 
 class _ThreadState:
@@ -379,33 +377,12 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         return None
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # Runs on every collective of the job, so each bytecode counts (~5-10x its warm
-        # cost right after a collective). Dynamo folds _is_dynamo_compiling() to True, so
-        # a traced call reads no other flag (each would become a guard). The original (or
-        # its body) is always called with the caller's own positional and keyword split.
+        # The slow path (an op's idle entry hands every call here that it does not run itself):
+        # depth, numbering, description, recording, capture bookkeeping. Dynamo folds
+        # _is_dynamo_compiling() to True, so a traced call reads no other flag (each would
+        # become a guard). The original is always called with the caller's own split.
         if _is_dynamo_compiling() or _compiler._is_compiling_flag:
             return original(*args, **kwargs)
-        if fast and not (_slow_reasons or _open_captures or _autograd_profiler._is_profiler_enabled):
-            # The idle fast path: the group's counter, then the original. Nothing here
-            # raises: the lookup and the dispatch test are inside try (free in CPython >= 3.11
-            # when nothing raises), a count's __next__ cannot fail.
-            try:
-                n = len(args)
-                group = kwargs["group"] if "group" in kwargs else (args[group_index] if n > group_index else None)
-                bump = _group_states[_world._default_pg if group is None else group].bump
-                if dispatch and (n <= tf_index or _has_torch_function(args[tf_index])):
-                    bump = None  # __torch_function__ would call this wrapper again: slow path
-            except Exception:  # noqa: BLE001 - a group not seen yet (or not ours): the slow path decides
-                bump = None
-            if bump is not None:
-                bump()
-                if body is None:
-                    return original(*args, **kwargs)
-                try:
-                    return body(*args, **kwargs)
-                except Exception as error:  # noqa: BLE001 - the collective's own: re-raised as torch would
-                    _raise_as_logged(body, error, args, kwargs)
-        # The slow path: depth, numbering, description, recording, capture bookkeeping.
         try:
             thread = _tls.state
         except AttributeError:
@@ -425,11 +402,11 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                 # A plain collective needs only its group to be numbered; it is described
                 # only when it will be annotated.
                 group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
-                state = _group_states.get(_world._default_pg if group is None else group) or lookup(group)
+                state = GROUP_STATES.get(_world._default_pg if group is None else group) or lookup(group)
                 if state is not None:
                     seq = state.next_collective_seq()
-                    recording = _thread_profiled() or _autograd_profiler._is_profiler_enabled
-                    token = capture.before_collective() if _open_captures else None
+                    recording = thread_profiled() or autograd_profiler._is_profiler_enabled
+                    token = capture.before_collective() if OPEN_CAPTURES else None
                     if recording or token is not None:
                         call = describe(*args, **kwargs)
                         if call is not None:
@@ -460,23 +437,44 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
 
     functools.update_wrapper(wrapper, original)
     if fast:
-        wrapper = _idle_entry(original, body, wrapper, name, group_index, tf_index if dispatch else None) or wrapper
+        wrapper = _idle_entry(original, body, wrapper, name, group_index, tf_index if dispatch else None)
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
     wrapper.__commtag_shape__ = shape  # type: ignore[attr-defined]
     return wrapper
 
 
+#: The idle gate, written once: while it is false nothing could record, so a plain collective
+#: only takes its group's Seq and runs (see the module docstring). Every idle entry is made
+#: from :data:`_ENTRY_TEMPLATE` with it; a name added here must be a global of this module.
+_IDLE_GATE = ("_is_dynamo_compiling() or _compiler._is_compiling_flag or _slow_reasons or OPEN_CAPTURES "
+              "or autograd_profiler._is_profiler_enabled")
+
+#: The idle entry of one op. Its prologue finds the group (a local, not searched for), and
+#: ``handoff`` gives the call to the slow path exactly as the caller split it. Nothing in it
+#: raises: the lookup and the dispatch test are inside try (free in CPython >= 3.11 when
+#: nothing raises), a count's __next__ cannot fail, and an error of the collective itself is
+#: re-raised as torch's exception logger would.
+_ENTRY_TEMPLATE = """\
+def make(original, body, general, defaults, U, as_given):
+    def {name}({signature}):
+{prologue}\
+        if {gate}:
+            {handoff}
+        try:
+            bump = GROUP_STATES[_world._default_pg if _commtag_group is None else _commtag_group].bump
+        except Exception:
+            bump = None
+        if bump is None{dispatch}:
+            {handoff}
+        bump()
+{call}\
+    return {name}
+"""
+
 #: A parameter of the idle entry that was not given (required ones, the group by position).
 _UNSET = object()
 #: The idle entry's parameter for a group given by position (``group=`` has its own, keyword-only).
 _GROUP_BY_POSITION = "_commtag_group_by_position"
-#: Names the idle entry's code uses: a parameter of the same name would hide one of them.
-_ENTRY_NAMES = frozenset({
-    "make", "original", "body", "general", "defaults", "U", "as_given", "more", "extra", "args", "kwargs",
-    "error", "bump", "Exception", "_commtag_group", _GROUP_BY_POSITION, "_is_dynamo_compiling", "_compiler",
-    "_slow_reasons", "_open_captures", "_autograd_profiler", "_group_states", "_world", "_has_torch_function",
-    "_raise_as_logged",
-})
 
 
 def _as_given(names: tuple[str, ...], values: tuple[Any, ...], group: Any, more: tuple[Any, ...],
@@ -495,33 +493,9 @@ def _as_given(names: tuple[str, ...], values: tuple[Any, ...], group: Any, more:
     return args, kwargs
 
 
-def _idle_entry(original: Callable[..., Any], body: Optional[Callable[..., Any]], general: Callable[..., Any],
-                name: str, group_index: int, tf_index: Optional[int]) -> Optional[Callable[..., Any]]:
-    """The idle fast path as a function with the original's parameters, or None when its signature
-    is not a plain list of parameters whose group is called ``group``.
-
-    Why: ``*args, **kwargs`` costs a tuple, a dict, a search for the group and
-    a call that unpacks both again, on every collective of the job. With named
-    parameters the group is a local and the original (its body, see
-    :func:`_logged_body`) is called positionally. One difference keeps the
-    caller's split, which torch's exception logger reads when a call fails: a
-    group given by position and ``group=`` land in different parameters, and
-    required parameters, extra positional and unknown keyword arguments are
-    caught too; any call that is not plain, and any error, is handed on with
-    the arguments as the caller gave them (:func:`_as_given`).
-    """
-    try:
-        params = list(inspect.signature(original).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if (not params or any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
-            or group_index >= len(params) or params[group_index].name != "group"
-            or (tf_index is not None and tf_index >= len(params))):
-        return None
-    names = tuple(p.name for p in params)
-    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names) or _ENTRY_NAMES.intersection(names):
-        return None
-    defaults = [p.default for p in params]
+def _plain_source(name: str, names: tuple[str, ...], defaults: list[Any], group_index: int,
+                  tf_index: Optional[int], logged: bool) -> str:
+    """The entry with the original's own parameters (no ``*args, **kwargs`` packed per call)."""
     slot = _GROUP_BY_POSITION
     locals_ = [slot if i == group_index else n for i, n in enumerate(names)]
     required = [n for i, (n, d) in enumerate(zip(locals_, defaults)) if i != group_index and d is inspect.Parameter.empty]
@@ -534,47 +508,96 @@ def _idle_entry(original: Callable[..., Any], body: Optional[Callable[..., Any]]
     positional = ", ".join(locals_)
     keyword = ", ".join([*locals_[:group_index], "group=group", *(f"{n}={n}" for n in locals_[group_index + 1:])])
     unusual = " or ".join([f"{slot} is not U and group is not U", *(f"{n} is U" for n in required)])
-    flags = ("_is_dynamo_compiling() or _compiler._is_compiling_flag or _slow_reasons or _open_captures "
-             "or _autograd_profiler._is_profiler_enabled")
-    dispatch = f" or _has_torch_function({locals_[tf_index]})" if tf_index is not None else ""
     passed = ", ".join("_commtag_group" if i == group_index else n for i, n in enumerate(locals_))
+    prologue = (f"        if more or extra or {unusual}:\n"
+                f"            args, kwargs = as_given({values}, group, more, extra)\n"
+                f"            return general(*args, **kwargs)\n"
+                f"        if group is U:\n"
+                f"            if {slot} is U:\n"
+                f"                {slot} = defaults[{group_index}]\n"
+                f"            _commtag_group = {slot}\n"
+                f"        else:\n"
+                f"            _commtag_group = group\n")
     call = (f"        try:\n"
             f"            return body({passed})\n"
             f"        except Exception as error:\n"
             f"            _raise_as_logged(body, error, *as_given({values}, group, more, extra))\n"
-            ) if body is not None else f"        return original({passed})\n"
-    source = (
-        f"def make(original, body, general, defaults, U, as_given):\n"
-        f"    def {name}({signature}, *more, group=U, **extra):\n"
-        f"        if more or extra or {unusual}:\n"
-        f"            args, kwargs = as_given({values}, group, more, extra)\n"
-        f"            return general(*args, **kwargs)\n"
-        f"        if group is U:\n"
-        f"            if {slot} is U:\n"
-        f"                {slot} = defaults[{group_index}]\n"
-        f"            if {flags}:\n"
-        f"                return general({positional})\n"
-        f"            _commtag_group = {slot}\n"
-        f"        else:\n"
-        f"            if {flags}:\n"
-        f"                return general({keyword})\n"
-        f"            _commtag_group = group\n"
-        f"        try:\n"
-        f"            bump = _group_states[_world._default_pg if _commtag_group is None else _commtag_group].bump\n"
-        f"        except Exception:\n"
-        f"            bump = None\n"
-        f"        if bump is None{dispatch}:\n"
-        f"            if group is U:\n"
-        f"                return general({positional})\n"
-        f"            return general({keyword})\n"
-        f"        bump()\n"
-        f"{call}"
-        f"    return {name}\n"
-    )
+            ) if logged else f"        return original({passed})\n"
+    return _ENTRY_TEMPLATE.format(
+        name=name, signature=f"{signature}, *more, group=U, **extra", prologue=prologue, gate=_IDLE_GATE,
+        handoff=f"return general({positional}) if group is U else general({keyword})",
+        dispatch=f" or _has_torch_function({locals_[tf_index]})" if tf_index is not None else "", call=call)
+
+
+def _packed_source(name: str, group_index: int, tf_index: Optional[int], logged: bool) -> str:
+    """The entry for an original whose parameters cannot be copied: ``*args, **kwargs``."""
+    prologue = (f'        _commtag_group = kwargs["group"] if "group" in kwargs else '
+                f'(args[{group_index}] if len(args) > {group_index} else None)\n')
+    call = ("        try:\n"
+            "            return body(*args, **kwargs)\n"
+            "        except Exception as error:\n"
+            "            _raise_as_logged(body, error, args, kwargs)\n"
+            ) if logged else "        return original(*args, **kwargs)\n"
+    dispatch = (f" or len(args) <= {tf_index} or _has_torch_function(args[{tf_index}])"
+                if tf_index is not None else "")
+    return _ENTRY_TEMPLATE.format(name=name, signature="*args, **kwargs", prologue=prologue, gate=_IDLE_GATE,
+                                  handoff="return general(*args, **kwargs)", dispatch=dispatch, call=call)
+
+
+def _names_in(code: Any) -> set[str]:
+    """Every name a code object and the code nested in it use (globals, locals, attributes)."""
+    names = {*code.co_names, *code.co_varnames, *code.co_cellvars, *code.co_freevars}
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names_in(const)
+    return names
+
+
+#: Names the entry's own code uses, read from the template itself: a parameter of the same name
+#: would hide one of them, so such an op takes the packed entry. ("group" is the entry's own.)
+_ENTRY_NAMES = frozenset(
+    _names_in(compile(_plain_source("_commtag_op", ("_commtag_parameter", "group"), [inspect.Parameter.empty, None],
+                                    1, 0, logged=True), "<commtag idle path>", "exec"))
+    - {"_commtag_op", "_commtag_parameter", "group"})
+
+
+def _idle_entry(original: Callable[..., Any], body: Optional[Callable[..., Any]], general: Callable[..., Any],
+                name: str, group_index: int, tf_index: Optional[int]) -> Callable[..., Any]:
+    """The idle fast path of op ``name`` in front of ``general`` (its slow path).
+
+    Why generated: ``*args, **kwargs`` costs a tuple, a dict, a search for the
+    group and a call that unpacks both again, on every collective of the job.
+    With named parameters the group is a local and the original (its body, see
+    :func:`_logged_body`) is called positionally. One difference keeps the
+    caller's split, which torch's exception logger reads when a call fails: a
+    group given by position and ``group=`` land in different parameters, and
+    required parameters, extra positional and unknown keyword arguments are
+    caught too; any call that is not plain, and any error, is handed on with
+    the arguments as the caller gave them (:func:`_as_given`). An original
+    whose signature is not a plain list of parameters with its group called
+    ``group`` gets the same entry over ``*args, **kwargs``.
+    """
+    names: Optional[tuple[str, ...]] = None
+    try:
+        params = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if (params and all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+            and group_index < len(params) and params[group_index].name == "group"
+            and (tf_index is None or tf_index < len(params))):
+        names = tuple(p.name for p in params)
+        if len(set(names)) != len(names) or not all(n.isidentifier() for n in names) or _ENTRY_NAMES.intersection(names):
+            names = None
+    if names is None:
+        source, defaults, as_given = _packed_source(name, group_index, tf_index, body is not None), None, None
+    else:
+        defaults = [p.default for p in params]
+        source = _plain_source(name, names, defaults, group_index, tf_index, body is not None)
+        as_given = functools.partial(_as_given, names)
     scope: dict[str, Any] = {}
     code = compile(source, f"<commtag idle path of {name}>", "exec")  # commtag's own text, not input data
     exec(code, globals(), scope)  # commtag's own text, not input data
-    entry = scope["make"](original, body, general, defaults, _UNSET, functools.partial(_as_given, names))
+    entry = scope["make"](original, body, general, defaults, _UNSET, as_given)
     functools.update_wrapper(entry, original)
     return entry
 
@@ -739,7 +762,9 @@ def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState, error: 
 # install / uninstall.
 
 
-def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Optional[Callable[..., Any]]]]:
+def wrapper_makers() -> dict[str, Callable[[Callable[..., Any]], Optional[Callable[..., Any]]]]:
+    """torch.distributed function name -> what makes its wrapper from the original (None: the
+    original is better left in place); :mod:`commtag.runtime.hooks` installs them."""
     makers: dict[str, Callable[[Callable[..., Any]], Optional[Callable[..., Any]]]] = {
         name: functools.partial(_wrap_op, name=name) for name in OPS
     }
@@ -748,9 +773,9 @@ def _wrappers() -> dict[str, Callable[[Callable[..., Any]], Optional[Callable[..
     return makers
 
 
-def _shape(original: Callable[..., Any], name: str) -> reentry.Shape:
+def shape_of(original: Callable[..., Any], name: str) -> reentry.Shape:
     """How ``name``'s original may call wrappers again (UNKNOWN, the always-correct slow path, if unreadable)."""
-    present = {n for n in _wrappers() if getattr(c10d, n, None) is not None}
+    present = {n for n in wrapper_makers() if getattr(c10d, n, None) is not None}
     try:
         return reentry.classify(original, name, present, present & (set(OPS) - P2P_OPS))
     except Exception as exc:  # noqa: BLE001 - a bytecode we cannot read costs speed, not correctness
@@ -759,60 +784,4 @@ def _shape(original: Callable[..., Any], name: str) -> reentry.Shape:
 
 
 def _wrap_op(original: Callable[..., Any], name: str) -> Optional[Callable[..., Any]]:
-    return _wrap(original, name, _shape(original, name))
-
-
-#: name -> (original, describer, wrapper or None: left in place) of the last install: installing
-#: again over the same original and describer reuses the wrapper (no bytecode reading, no new
-#: objects), so an install costs what an uninstall does.
-_built: dict[str, tuple[Any, Any, Optional[Callable[..., Any]]]] = {}
-
-
-def install() -> None:
-    """Patch the collectives and hook CUDA-graph capture (idempotent, thread-safe, before or after
-    init_process_group).
-
-    Everything commtag patches is patched here, under one lock, and restored by
-    :func:`uninstall` under the same lock: concurrent calls cannot leave one
-    part installed and another not.
-    """
-    with _install_lock:
-        if _originals:
-            return
-        watch_lives()
-        for name, make in _wrappers().items():
-            original = getattr(c10d, name, None)
-            if original is None:
-                continue
-            public = dist.__dict__.get(name, _MISSING)
-            built = _built.get(name)
-            if built is not None and built[0] is original and built[1] is OPS.get(name):
-                wrapper = built[2]
-            else:
-                wrapper = make(original)
-                _built[name] = (original, OPS.get(name), wrapper)
-            if wrapper is None:
-                continue
-            _originals[name] = (original, public)
-            setattr(c10d, name, wrapper)
-            if public is original:
-                setattr(dist, name, wrapper)
-        capture.install()
-
-
-def uninstall() -> None:
-    """Put back the exact original objects, capture hooks included (idempotent, thread-safe)."""
-    with _install_lock:
-        for name, (original, public) in _originals.items():
-            setattr(c10d, name, original)
-            if public is original:
-                setattr(dist, name, original)
-        _originals.clear()
-        capture.uninstall()
-        unwatch_lives()
-
-
-def is_installed() -> bool:
-    """True between :func:`install` and :func:`uninstall` (never while either is half done)."""
-    with _install_lock:
-        return bool(_originals)
+    return _wrap(original, name, shape_of(original, name))

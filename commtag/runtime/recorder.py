@@ -29,8 +29,10 @@ from commtag.runtime import capture, groups, sidecar
 from commtag.runtime.failopen import log_once
 from commtag.schema import RecordedCollective, Sidecar
 
-_thread_profiled: Callable[[], bool] = torch._C._autograd._profiler_enabled
-_autograd_profiler = torch.autograd.profiler
+#: The calling thread's profiler check (a C call) and the module holding torch's process-wide
+#: flag, bound once: the collectives' idle path reads them on every call.
+thread_profiled: Callable[[], bool] = torch._C._autograd._profiler_enabled
+autograd_profiler = torch.autograd.profiler
 
 
 def profiler_enabled() -> bool:
@@ -41,7 +43,7 @@ def profiler_enabled() -> bool:
     every thread's ops while reporting itself disabled on each of them; torch
     sets its process-wide Python flag for every profiler start, so read both.
     """
-    return _thread_profiled() or _autograd_profiler._is_profiler_enabled
+    return thread_profiled() or autograd_profiler._is_profiler_enabled
 
 
 class Entry(Protocol):

@@ -1,0 +1,247 @@
+"""Everything commtag patches in torch, behind one install/uninstall pair and one lock.
+
+Every hook is installed and removed together, under :data:`_lock`, so that
+concurrent calls can never leave one part installed and another not:
+
+* the ``torch.distributed`` collectives (both ``torch.distributed`` and
+  ``distributed_c10d``, the same objects), wrapped by
+  :func:`commtag.runtime.patch.wrapper_makers`;
+* ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``/``replay``, which
+  open and close capture bookkeeping (:mod:`commtag.runtime.capture`) and log
+  replays; every way of capturing that torch offers (``torch.cuda.graph``,
+  ``make_graphed_callables``, Inductor's CUDA-graph trees) goes through them;
+* while a capture is open, the dispatch mode that sees c10d operators called
+  from C++ (:mod:`commtag.runtime.c10d_ops`), pushed by the capture_begin
+  hook and popped by the capture_end hook;
+* c10d's ``_update_default_pg``, to count the lives of the world
+  (:func:`commtag.runtime.groups.watch_lives`).
+
+Originals are kept here and put back exactly (an inherited method is
+un-shadowed); every replacement carries ``__commtag_original__``. Nothing
+here touches CUDA at install: the capture tracker is made on the first
+capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from commtag.runtime import c10d_ops, capture, patch
+from commtag.runtime.capture import CaptureTracker, CollectiveToken
+from commtag.runtime.failopen import log_once
+from commtag.runtime.groups import unwatch_lives, watch_lives
+from commtag.runtime.metadata import OPS
+from commtag.schema import CollectiveAnnotation
+
+#: Held by install and uninstall for their whole work (re-entrant: is_installed may be asked inside).
+_lock = threading.RLock()
+_installed = False
+_MISSING = object()
+#: name -> (object in distributed_c10d, object in torch.distributed or _MISSING) before install.
+_functions: dict[str, tuple[Any, Any]] = {}
+#: name -> (original, describer, wrapper or None: left in place) of the last install: installing
+#: again over the same original and describer reuses the wrapper (no bytecode reading, no new
+#: objects), so an install costs what an uninstall does.
+_built: dict[str, tuple[Any, Any, Optional[Callable[..., Any]]]] = {}
+#: CUDAGraph method name -> its own entry in the class dict before install (None: inherited).
+_graph_methods: dict[str, Any] = {}
+_GRAPH_HOOKS = ("capture_begin", "capture_end", "replay")
+
+
+def install() -> None:
+    """Patch the collectives and hook CUDA-graph capture (idempotent, thread-safe, before or after
+    init_process_group)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        watch_lives()
+        _patch_functions()
+        _hook_cuda_graph()
+        _installed = True
+
+
+def uninstall() -> None:
+    """Put back the exact original objects (idempotent, thread-safe).
+
+    A capture still open loses its bookkeeping: its capture_end is torch's
+    own from now on, so its operator interception is made inert here and
+    the collectives' idle path is not held back by it.
+    """
+    global _installed
+    with _lock:
+        _restore_functions()
+        _unhook_cuda_graph()
+        unwatch_lives()
+        _installed = False
+
+
+def is_installed() -> bool:
+    """True between :func:`install` and :func:`uninstall` (never while either is half done)."""
+    with _lock:
+        return _installed
+
+
+def patched_names() -> list[str]:
+    """The torch.distributed functions the current install replaced (benchmarks swap them)."""
+    with _lock:
+        return sorted(_functions)
+
+
+# ---------------------------------------------------------------------- collectives
+
+
+def _patch_functions() -> None:
+    for name, make in patch.wrapper_makers().items():
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        public = dist.__dict__.get(name, _MISSING)
+        built = _built.get(name)
+        if built is not None and built[0] is original and built[1] is OPS.get(name):
+            wrapper = built[2]
+        else:
+            wrapper = make(original)
+            _built[name] = (original, OPS.get(name), wrapper)
+        if wrapper is None:
+            continue
+        _functions[name] = (original, public)
+        setattr(c10d, name, wrapper)
+        if public is original:
+            setattr(dist, name, wrapper)
+
+
+def _restore_functions() -> None:
+    for name, (original, public) in _functions.items():
+        setattr(c10d, name, original)
+        if public is original:
+            setattr(dist, name, original)
+    _functions.clear()
+
+
+# ---------------------------------------------------------------------- CUDA graphs
+
+
+def _hook_cuda_graph() -> None:
+    try:
+        from torch.cuda.graphs import CUDAGraph
+    except Exception as exc:  # noqa: BLE001 - fail open: no CUDAGraph to hook, collectives still annotated
+        log_once("hooking torch.cuda.CUDAGraph", exc)
+        return
+    for name, wrap in (("capture_begin", capture_begin_hook), ("capture_end", capture_end_hook),
+                       ("replay", replay_hook)):
+        own = CUDAGraph.__dict__.get(name)
+        _graph_methods[name] = own
+        hook = wrap(own if own is not None else getattr(CUDAGraph, name))
+        hook.__commtag_original__ = own  # type: ignore[attr-defined]
+        setattr(CUDAGraph, name, hook)
+
+
+def _unhook_cuda_graph() -> None:
+    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed), and
+    forget captures still open, their operator interception made inert."""
+    if not _graph_methods:
+        return
+    from torch.cuda.graphs import CUDAGraph
+
+    for name, own in _graph_methods.items():
+        if own is None:
+            delattr(CUDAGraph, name)
+        else:
+            setattr(CUDAGraph, name, own)
+    _graph_methods.clear()
+    for opened in capture.abandon_all():
+        if opened.interceptor is not None:
+            opened.interceptor.enabled = False
+
+
+def capture_begin_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """CUDAGraph.capture_begin: after torch's own, open the capture's bookkeeping and push the
+    c10d operator interception on this thread."""
+
+    @functools.wraps(original)
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            tracker = capture.get_tracker()
+            if tracker is not None:
+                tracker.forget_owner(self)
+                opened = tracker.begin_capture(self, capture.current_stream())
+                if opened is not None:
+                    opened.interceptor = c10d_ops.activate(TrackerSink(tracker))
+        except Exception as exc:  # noqa: BLE001 - fail open: the capture goes on unannotated
+            log_once("starting capture bookkeeping", exc)
+        return result
+
+    return capture_begin
+
+
+def capture_end_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """CUDAGraph.capture_end: pop the interception, resolve the capture's nodes around torch's own
+    capture_end (whose errors reach the caller unchanged)."""
+
+    @functools.wraps(original)
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = capture.tracker()
+        opened = tracker.open_capture(self) if tracker is not None else None
+        if opened is None:
+            return original(self, *args, **kwargs)
+        if opened.interceptor is not None:
+            c10d_ops.deactivate(opened.interceptor)
+        results: list[Any] = []
+        tracker.end_capture(
+            self,
+            lambda: results.append(original(self, *args, **kwargs)),
+            lambda: _exec_handle(self),
+        )
+        return results[0] if results else None
+
+    return capture_end
+
+
+def replay_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """CUDAGraph.replay: log the replay (time, thread) of a graph whose capture commtag recorded."""
+
+    @functools.wraps(original)
+    def replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = capture.tracker()
+        if tracker is None or id(self) not in tracker.owner_captures:
+            return original(self, *args, **kwargs)
+        start = time.time_ns()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())
+            except Exception as exc:  # noqa: BLE001 - fail open: this replay stays unlogged
+                log_once("logging a graph replay", exc)
+
+    return replay
+
+
+def _exec_handle(graph: Any) -> int:
+    getter = getattr(graph, "raw_cuda_graph_exec", None)
+    return int(getter()) if getter is not None else 0
+
+
+class TrackerSink:
+    """Connects operator-level interception to the tracker (see c10d_ops.OpSink)."""
+
+    def __init__(self, tracker: CaptureTracker) -> None:
+        self.tracker = tracker
+
+    def wrapper_token(self) -> Optional[CollectiveToken]:
+        return self.tracker.wrapper_token
+
+    def begin(self) -> Optional[CollectiveToken]:
+        return self.tracker.begin_collective(capture.current_stream(), source="c10d-op")
+
+    def end(self, token: CollectiveToken, annotation: CollectiveAnnotation, reduce_op: Optional[str]) -> None:
+        token.reduce_op = reduce_op
+        self.tracker.end_collective(token, annotation)
