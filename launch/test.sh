@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set up .venv if needed, lint, then run the whole suite.
 #   bash launch/test.sh           everything CI runs (what .ci/run runs)
-#   bash launch/test.sh --fast    lint, then the tests that start no process (-m "not slow")
+#   bash launch/test.sh --fast    lint, then the tests that start no process (-m "not slow and not soak")
 # Other arguments go to pytest. Marker meanings are in pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,6 @@ py="${COMMTAG_VENV:-.venv}/bin/python"
 "$py" -m ruff check .
 if [ "${1:-}" = "--fast" ]; then
     shift
-    exec "$py" -m pytest -q -m "not slow" "$@"
+    exec "$py" -m pytest -q -m "not slow and not soak" "$@"
 fi
 exec "$py" -m pytest -q "$@"

@@ -169,7 +169,7 @@ def _describe_failures(failures: list[tuple[int, str]], results: Any) -> str:
 
 def profiled_pair_job(rank: int, world_size: int, out_dir: str) -> None:
     """A small commtag-profiled job (the world and a group of ranks 0 and 1), one trace per rank:
-    the real input the merge's input and discovery tests alter."""
+    the real input the merge's discovery tests lay out and alter."""
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -186,3 +186,44 @@ def profiled_pair_job(rank: int, world_size: int, out_dir: str) -> None:
                 dist.all_reduce(t, group=pair)
         dist.barrier()
     commtag.uninstall()
+
+
+#: The world size ``profiled_groups_job`` is written for (tests/conftest.py's ``gloo_run``).
+PROFILED_GROUPS_WORLD = 4
+
+
+def profiled_groups_job(rank: int, world_size: int, out_dir: str) -> None:
+    """A commtag-profiled job on several process groups, one trace and sidecar per rank: the world,
+    even/odd pairs, the pair (0, 1); sync, async and p2p calls and a barrier. The real input the
+    merge tests read and the input tests damage (conftest's shared ``gloo_run``)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import commtag
+
+    commtag.install()
+    try:
+        even = dist.new_group([0, 2])
+        odd = dist.new_group([1, 3])
+        pair = dist.new_group([0, 1])
+        mine = even if rank % 2 == 0 else odd
+        with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
+            t = torch.ones(1000)
+            for _ in range(2):
+                dist.all_reduce(t)
+                dist.all_reduce(t, group=mine)
+            dist.broadcast(t, src=0)
+            out = torch.empty(1000 * world_size)
+            dist.all_gather_into_tensor(out, t)
+            work = dist.all_reduce(t, group=mine, async_op=True)
+            work.wait()
+            if rank < 2:
+                dist.all_reduce(t, group=pair)
+            if rank == 0:
+                dist.send(t, 1)
+            elif rank == 1:
+                dist.recv(t, 0)
+            dist.barrier()
+    finally:
+        commtag.uninstall()

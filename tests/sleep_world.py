@@ -1,18 +1,14 @@
 """One real 4-rank gloo run, profiled with commtag, shared by the analysis/summary/HTA tests.
 
 One rank sleeps before a chosen all_reduce. The run happens once per test
-process (it costs seconds on the 2-core CI machines) and its directory of
-traces and sidecars is read-only for the tests: a test that needs to change
-files copies them first.
+session (tests/conftest.py's ``sleep_run``: it costs seconds on the 2-core CI
+machines) and its directory of traces and sidecars is read-only for the tests:
+a test that needs to change files copies them first.
 """
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 import time
-from functools import lru_cache
 from pathlib import Path
 
 from gloo_world import run_world
@@ -53,11 +49,7 @@ def _body(rank: int, world_size: int, out_dir: str) -> None:
         dist.broadcast(t, src=2 * (rank // 2), group=mine)
 
 
-@lru_cache(maxsize=1)
-def sleep_world() -> Path:
-    """The run's directory (rank traces + sidecars), made on first use."""
-    root = Path(tempfile.mkdtemp(prefix="commtag_sleep_world_"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    out = root / "traces"
+def run_sleep_world(out: Path) -> Path:
+    """Run the world, writing its rank traces and sidecars into ``out``."""
     run_world(_body, WORLD, str(out))
     return out

@@ -1,6 +1,6 @@
 """Desyncs in real traces: sidecars of a real gloo run, edited the way a desync would show.
 
-Starting from the clean run (tests/sleep_world.py), the test rewrites a copy
+Starting from the clean run (tests/sleep_world.py, conftest's ``sleep_run``), the test rewrites a copy
 of some ranks' sidecars: one rank reports a different size, one a different
 dtype, one a different op, and one never ran a collective. Each must be
 detected and named (group, Seq, ranks, fields); ``merge --strict`` must fail
@@ -18,7 +18,8 @@ import orjson
 import pytest
 
 from commtag.schema import Sidecar
-from sleep_world import sleep_world
+
+pytestmark = pytest.mark.slow
 
 DEFAULT_PG = "default_pg"
 
@@ -64,9 +65,9 @@ def _edit(src: Path, dst: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def desynced(tmp_path_factory) -> tuple[Path, dict[str, tuple[int, int]]]:
+def desynced(sleep_run: Path, tmp_path_factory) -> tuple[Path, dict[str, tuple[int, int]]]:
     dst = tmp_path_factory.mktemp("desync") / "traces"
-    return dst, _edit(sleep_world(), dst)
+    return dst, _edit(sleep_run, dst)
 
 
 def test_each_planted_desync_is_detected_and_named(desynced):
@@ -105,8 +106,8 @@ def test_strict_merge_fails_on_the_desyncs_and_names_them(desynced, tmp_path):
     assert "[In msg nelems, Out msg nelems]" in done.stderr and "[dtype]" in done.stderr
 
 
-def test_strict_merge_passes_on_the_clean_run(tmp_path):
-    done = _merge(str(sleep_world()), "-o", str(tmp_path / "out.pftrace"), "--strict")
+def test_strict_merge_passes_on_the_clean_run(sleep_run, tmp_path):
+    done = _merge(str(sleep_run), "-o", str(tmp_path / "out.pftrace"), "--strict")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out.pftrace").stat().st_size > 0
     assert "desync" not in done.stderr

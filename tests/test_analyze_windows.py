@@ -15,6 +15,8 @@ import pytest
 
 from window_world import PROFILED_STEPS, WINDOWS, WORLD, idle_rank_world, window_world
 
+pytestmark = pytest.mark.slow
+
 #: Per profiled step, one message each way in each of the two pairs.
 TRANSFERS = PROFILED_STEPS * 2 * 2
 
@@ -154,7 +156,7 @@ def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces
         assert f"rank {absent}" in text.splitlines()[1] and "desync" not in text.split("\n", 1)[1]
 
 
-def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(tmp_path):
+def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(public_traces, tmp_path):
     from commtag.merge.analyze import MergeAnalysis
     from commtag.merge.pipeline import merge
 
@@ -165,7 +167,7 @@ def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(tmp_path):
         assert _summary(source).startswith("1 collective on 2 ranks, 1 process group, 0 desyncs")
 
     # NCCL kernels without metadata (a public 8-rank trace) are no process groups, and their size is unknown.
-    dlrm = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces" / "param-dlrm-8rank"
+    dlrm = public_traces / "param-dlrm-8rank"
     text = _summary(dlrm)
     assert text.startswith("8 collectives on 8 ranks, 0 process groups (+ 2 kinds of NCCL kernels without metadata)")
     rows = _rows(text)

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import pytest
+
 from gloo_world import run_world
+
+pytestmark = pytest.mark.slow
 
 
 class _ListSink:

@@ -21,9 +21,9 @@ import pytest
 from commtag.merge.load import base_ns, event_ns
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from commtag.vocab import GPU_CATEGORIES, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 A100 = PUBLIC / "eager-nccl-metadata" / "hta_a100_nccl_data.json.gz"
 
 
@@ -65,6 +65,7 @@ def test_a_cpu_only_profile_gives_the_collectives_its_kernels_gave(tmp_path: Pat
     assert any("record_param_comms CPU ops" in n for n in cpu.notices)
 
 
+@pytest.mark.slow
 def test_ranks_of_a_cpu_only_run_are_matched_and_the_summary_says_how(tmp_path: Path) -> None:
     """Rank 1 is rank 0's CPU-only trace relabelled: the op-made instances pair up across ranks."""
     rank0 = _cpu_only(_trace())

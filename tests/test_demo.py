@@ -23,6 +23,8 @@ from commtag.constants import SIDECAR_SUFFIX
 from commtag.merge.readback import read_trace
 from commtag.runtime.sidecar import read_sidecar
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 # The demo's 2x2 mesh, as its docstring describes it: group name (creation order), desc, ranks.
 LANES = {

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from commtag.merge.load import discover
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import read
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 TWO_RANKS = PUBLIC / "hta-sampled-2rank"
 
 
@@ -40,6 +41,7 @@ def test_ranks_come_from_distributed_info_after_the_events(tmp_path: Path) -> No
     assert [(r.rank, [f.path.name for f in r.files]) for r in found] == [(0, ["trace_a.json.gz"]), (1, ["trace_b.json"])]
 
 
+@pytest.mark.slow
 def test_such_traces_merge_like_any_other(tmp_path: Path) -> None:
     _nameless_pair(tmp_path / "in")
     out = tmp_path / "merged.pftrace"
@@ -50,6 +52,7 @@ def test_such_traces_merge_like_any_other(tmp_path: Path) -> None:
     assert names == ["rank 0", "rank 1"]
 
 
+@pytest.mark.slow
 def test_a_truncated_gzip_read_for_its_tail_is_one_clear_error(tmp_path: Path) -> None:
     folder = tmp_path / "in"
     folder.mkdir()

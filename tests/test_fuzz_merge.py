@@ -30,10 +30,11 @@ from hypothesis import strategies as st
 from commtag.merge.load import MergeInputError
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from gloo_world import run_world
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-PUBLIC = SHARED / "data" / "public-traces"
+pytestmark = pytest.mark.slow
+
 #: (public files, as ranks) each base is made of.
 PUBLIC_BASES = {
     "dlrm-2rank": ["param-dlrm-8rank/worker0_step_12.1694128201545.pt.trace.json.gz",
@@ -48,8 +49,9 @@ PUBLIC_BASES = {
 }
 #: Events kept per rank: enough for every kind of event, small enough for many examples.
 KEEP = 400
-#: Examples per property; COMMTAG_FUZZ_EXAMPLES raises it for a long hunt.
-SETTINGS = settings(max_examples=int(os.environ.get("COMMTAG_FUZZ_EXAMPLES", "300")), deadline=None, derandomize=False,
+#: Examples per property; COMMTAG_FUZZ_EXAMPLES raises it for a long hunt. Random or derandomized
+#: comes from the hypothesis profile (tests/conftest.py: derandomized in CI).
+SETTINGS = settings(max_examples=int(os.environ.get("COMMTAG_FUZZ_EXAMPLES", "300")), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 EVENT_KEYS = ["ts", "dur", "pid", "tid", "ph", "name", "cat", "args", "s", "id"]

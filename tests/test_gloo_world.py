@@ -6,6 +6,8 @@ import torch.distributed as dist
 
 from gloo_world import WorkerError, WorkerTimeout, run_world
 
+pytestmark = pytest.mark.slow
+
 
 def _sum(rank: int, world_size: int, scale: int) -> float:
     t = torch.ones(1) * (rank + 1) * scale

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sleep_world import DEFAULT_ALLREDUCES, NUMEL, WORLD, sleep_world
+from sleep_world import DEFAULT_ALLREDUCES, NUMEL, WORLD
+
+pytestmark = pytest.mark.slow
 
 hta = pytest.importorskip(
     "hta.trace_analysis",
@@ -24,10 +26,10 @@ hta = pytest.importorskip(
 
 
 @pytest.fixture(scope="module")
-def annotated(tmp_path_factory) -> Path:
+def annotated(sleep_run: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hta")
     done = subprocess.run(
-        [sys.executable, "-m", "commtag", "merge", str(sleep_world()), "-o", str(out / "merged.pftrace"),
+        [sys.executable, "-m", "commtag", "merge", str(sleep_run), "-o", str(out / "merged.pftrace"),
          "--json", str(out / "json")],
         capture_output=True, text=True, timeout=300,
     )

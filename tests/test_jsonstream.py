@@ -17,9 +17,9 @@ import pytest
 from commtag.merge import jsonstream
 from commtag.merge.jsonstream import TraceFormatError, TraceStream
 from commtag.merge.pipeline import merge
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import read
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 FILES = sorted(p for p in PUBLIC.rglob("*") if p.name.endswith((".json", ".json.gz")))
 
 

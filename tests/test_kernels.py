@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 
 import orjson
 import pytest
 
 from commtag.kernels import CATEGORIES, KERNEL_RULES, Breakdown, categorize
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from kernel_reference import Kernel, add_kernel, by_graph_launch, by_stream, kernels_from_events
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import pytest
 from commtag.kernels import Breakdown, categorize
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from kernel_reference import by_graph_launch, by_stream, kernels_from_events
 from pftrace_reader import read
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 SCOPE = "commtag kernels scope"
 
 
@@ -99,6 +99,7 @@ def test_graph_launches_and_streams_carry_their_breakdown(relpath, merged):
         _check_slice(s, streams[(rank, stream)])
 
 
+@pytest.mark.slow  # merges a large public trace (conftest.LARGE_TRACE_BYTES)
 def test_real_graph_replay_is_gemm_bound_and_real_streams_split_nccl_from_compute(merged):
     """What a user reads off the annotations of real traces."""
     parsed, _, _ = merged("edge-cases/tracelens_vllm_hipgraph_replay.json.gz")

@@ -28,11 +28,11 @@ from commtag.merge.convert import left_out_reason
 from commtag.merge.load import discover
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES as SHARED_PUBLIC
 from gloo_world import run_world
 from pftrace_reader import read
 from torchrun_merge import torchrun_merge
 
-SHARED_PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 
 
 def _load(path: Path) -> dict:
@@ -164,6 +164,7 @@ def gloo_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_every_gloo_event_is_written_or_accounted_for(gloo_traces: Path, tmp_path: Path) -> None:
     out = tmp_path / "merged.pftrace"
     result = merge(gloo_traces, out, progress=False)
@@ -177,6 +178,7 @@ def _account_lines(stderr: str) -> dict[int, str]:
     return {int(ln.split()[3].rstrip(":")): ln for ln in lines}
 
 
+@pytest.mark.slow
 def test_the_cli_says_per_rank_what_it_read_wrote_and_left_out(gloo_traces: Path, tmp_path: Path) -> None:
     result = merge(gloo_traces, tmp_path / "api.pftrace", progress=False)
     plain = subprocess.run([sys.executable, "-m", "commtag", "merge", str(gloo_traces), "-o", str(tmp_path / "a"),
@@ -206,6 +208,7 @@ def test_the_cli_says_per_rank_what_it_read_wrote_and_left_out(gloo_traces: Path
         assert where.group(4) == left_out_reason(event.get("ph"), event.get("cat"))
 
 
+@pytest.mark.slow
 def test_torchrun_workers_report_the_same_accounts(gloo_traces: Path, tmp_path: Path) -> None:
     single = subprocess.run([sys.executable, "-m", "commtag", "merge", str(gloo_traces), "-o", str(tmp_path / "one"),
                              "--no-progress"], capture_output=True, text=True, timeout=300)
@@ -230,6 +233,7 @@ def _spans(files: list[Path]) -> list[tuple[str, int, int]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["gloo", "dlrm"])
 def test_the_profilers_own_span_is_a_row_of_its_rank(gloo_traces: Path, tmp_path: Path, source: str) -> None:
     inputs = gloo_traces if source == "gloo" else SHARED_PUBLIC / "param-dlrm-8rank"

@@ -23,12 +23,12 @@ import pytest
 from commtag.cli import main
 from commtag.constants import TRACE_SUFFIX, sidecar_name_for
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from gloo_world import profiled_pair_job, run_world
 from pftrace_reader import read
 
 WORLD = 3
 OUT = "merged.pftrace"
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
 NAMELESS = PUBLIC / "edge-cases" / "hta_no_distributed_info.json.gz"
 
 
@@ -166,6 +166,7 @@ def test_a_rank_pattern_that_does_not_match_cites_itself(tmp_path: Path, capsys)
     assert "does not match rank<N>/rank-<N>/rank_<N>/worker<N>" in line and line.endswith("takes --rank N")
 
 
+@pytest.mark.slow
 def test_rank_option_merges_a_single_trace_that_names_no_rank(traces: Path, tmp_path: Path, capsys):
     # A real trace that says no rank: distributedInfo gone, no sidecar, a plain name.
     plain = tmp_path / "trace.json.gz"
@@ -186,6 +187,7 @@ def test_rank_option_merges_a_single_trace_that_names_no_rank(traces: Path, tmp_
     assert _ranks_and_lanes(public)[0] == ["rank 5"]
 
 
+@pytest.mark.slow
 def test_rank_option_is_refused_where_it_cannot_apply(traces: Path, tmp_path: Path, capsys):
     out = tmp_path / OUT
     assert _refused(capsys, out, str(traces), "--rank", "1") == \
@@ -231,6 +233,7 @@ def _into_subfolders(traces: Path, job: Path, sidecars: bool) -> None:
             _edit_sidecar(folder / "commtag.json", lambda s: s.update(trace_file="trace.json.gz"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sidecars", [False, True], ids=["traces-only", "with-sidecars"])
 def test_ranks_in_subfolders_merge_from_their_parent(sidecars: bool, traces: Path, tmp_path: Path, capsys):
     top = tmp_path / "runs"
@@ -250,6 +253,7 @@ def test_ranks_in_subfolders_merge_from_their_parent(sidecars: bool, traces: Pat
     assert _ranks_and_lanes(out) == (["rank 0", "rank 1", "rank 2"], {0, 1, 2} if sidecars else set())
 
 
+@pytest.mark.slow
 def test_the_json_output_inside_an_input_folder_is_not_an_input(traces: Path, capsys):
     # A visible folder below the input would be read by the next merge (or summary) without --json:
     # refused. A hidden one is never searched.
@@ -264,6 +268,7 @@ def test_the_json_output_inside_an_input_folder_is_not_an_input(traces: Path, ca
                                                                                for r in range(WORLD))
 
 
+@pytest.mark.slow
 def test_a_sidecar_pairs_with_the_trace_in_its_own_folder(traces: Path, tmp_path: Path, capsys):
     job = tmp_path / "job"
     _into_subfolders(traces, job, sidecars=True)
@@ -283,6 +288,7 @@ def _others_absent(merged: int) -> str:
     return f"commtag merge: notice: {alone}"
 
 
+@pytest.mark.slow
 def test_one_trace_given_by_path_takes_the_sidecar_beside_it(traces: Path, tmp_path: Path, capsys):
     out = tmp_path / OUT
     code, err, stdout = _merge(capsys, str(_trace(traces, 1)), "-o", str(out))
@@ -295,6 +301,7 @@ def test_one_trace_given_by_path_takes_the_sidecar_beside_it(traces: Path, tmp_p
     assert _ranks_and_lanes(out) == (["rank 2"], {2})
 
 
+@pytest.mark.slow
 def test_a_broken_sidecar_beside_the_trace_given_is_an_error(traces: Path, tmp_path: Path, capsys):
     _sidecar(traces, 1).write_bytes(_sidecar(traces, 1).read_bytes()[:100])
     line = _refused(capsys, tmp_path / OUT, str(_trace(traces, 1)))
@@ -312,6 +319,7 @@ def test_a_broken_sidecar_beside_the_trace_given_is_an_error(traces: Path, tmp_p
 CENTURIES_NS = 5_500_000_000 * 10**9  # what once made a summary call a rank 5.5e9 s late
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base", [2**63 + 5, 2**64 + 5, -5])
 def test_a_base_time_outside_int64_is_bad_input(base: int, traces: Path, tmp_path: Path, capsys):
     _edit_trace(_trace(traces, 1), lambda t: t.update(baseTimeNanoseconds=base))
@@ -327,6 +335,7 @@ def test_a_base_time_outside_int64_is_bad_input(base: int, traces: Path, tmp_pat
     assert _ranks_and_lanes(tmp_path / OUT) == (["rank 0", "rank 2"], {0, 2})
 
 
+@pytest.mark.slow
 def test_a_clock_shifted_by_centuries_is_bad_input(traces: Path, tmp_path: Path, capsys):
     _edit_trace(_trace(traces, 2), lambda t: t.update(baseTimeNanoseconds=t["baseTimeNanoseconds"] + CENTURIES_NS))
     line = _refused(capsys, tmp_path / OUT, str(traces))
@@ -370,6 +379,7 @@ def _lane_slices(merged: Path, rank: int) -> list[tuple]:
     return sorted((s.ts, s.name, s.args.get("Seq")) for s in parsed.slices if s.args.get("commtag rank") == rank)
 
 
+@pytest.mark.slow
 def test_one_bad_step_file_leaves_out_that_file_not_its_rank(steps: Path, tmp_path: Path, capsys):
     reference = Path(shutil.copytree(steps, tmp_path / "reference"))
     for path in _second_step(reference, 1):
@@ -395,6 +405,7 @@ def test_one_bad_step_file_leaves_out_that_file_not_its_rank(steps: Path, tmp_pa
     assert ones and ones == _lane_slices(tmp_path / "reference.pftrace", 1)
 
 
+@pytest.mark.slow
 def test_a_step_file_of_another_run_is_kept_apart(steps: Path, steps_b: Path, tmp_path: Path, capsys):
     # Rank 1's second trace is overwritten by the same file of a later run; its sidecar is this run's.
     trace, sidecar = _second_step(steps, 1)
@@ -417,6 +428,7 @@ def test_a_step_file_of_another_run_is_kept_apart(steps: Path, steps_b: Path, tm
     assert ones and max(s.end for s in ones) < later_start
 
 
+@pytest.mark.slow
 def test_a_sidecar_naming_another_ranks_trace_is_the_one_blamed(traces: Path, tmp_path: Path, capsys):
     _edit_sidecar(_sidecar(traces, 0), lambda s: s.update(trace_file=_trace(traces, 2).name))
     assert _refused(capsys, tmp_path / OUT, str(traces)) == \
@@ -480,6 +492,7 @@ def _warned(capsys: pytest.CaptureFixture, out: Path, inputs: Path, expected: li
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
 
 
+@pytest.mark.slow
 def test_a_step_file_from_weeks_before_is_warned_about(steps: Path, steps_b: Path, tmp_path: Path, capsys):
     # Rank 1's second step comes from another run, three weeks earlier, without its sidecar.
     trace, sidecar = _second_step(steps, 1)
@@ -489,6 +502,7 @@ def test_a_step_file_from_weeks_before_is_warned_about(steps: Path, steps_b: Pat
     _warned(capsys, tmp_path / OUT, steps, [(trace, "rank 1: its events lie 21.0 days from those of the other files")])
 
 
+@pytest.mark.slow
 def test_a_rank_days_apart_from_the_others_is_warned_about(traces: Path, tmp_path: Path, capsys):
     for path in (_trace(traces, 2), _sidecar(traces, 2)):  # its clock three days behind, sidecar and all
         if path.name.endswith(".gz"):
@@ -499,6 +513,7 @@ def test_a_rank_days_apart_from_the_others_is_warned_about(traces: Path, tmp_pat
     _warned(capsys, tmp_path / OUT, traces, [(_trace(traces, 2), "rank 2: its events lie 3.0 days from")])
 
 
+@pytest.mark.slow
 def test_hosts_that_differ_are_warned_about(steps: Path, tmp_path: Path, capsys):
     # Rank 0's trace says another machine than its sidecar; rank 1's second step another machine
     # than its first (trace and sidecar agreeing).
@@ -513,6 +528,7 @@ def test_hosts_that_differ_are_warned_about(steps: Path, tmp_path: Path, capsys)
     ])
 
 
+@pytest.mark.slow
 def test_one_profile_claimed_by_two_ranks_is_warned_about(traces: Path, tmp_path: Path, capsys):
     # Traces named by rank (no distributedInfo, no sidecar), one of them a copy of another.
     named = tmp_path / "named"

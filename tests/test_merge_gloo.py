@@ -1,4 +1,4 @@
-"""A 4-rank gloo run with commtag installed and profiled, merged.
+"""A 4-rank gloo run with commtag installed and profiled (conftest's shared ``gloo_run``), merged.
 
 Real ranks, real torch.profiler traces, real sidecars from commtag's trace
 handler. Checks what a user opening the merged file would check: each group
@@ -10,6 +10,7 @@ on all members; the gloo ops in the trace carry the keys too (--json).
 from __future__ import annotations
 
 import gzip
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,52 +20,18 @@ import pytest
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
 from commtag.vocab import KERNEL_EAGER_KEYS, P2P_PEER_KEYS
-from gloo_world import run_world
 from pftrace_reader import read
+
+pytestmark = pytest.mark.slow
 
 #: The keys every collective's slice carries (all but a p2p call's peer).
 EAGER = [key for key in KERNEL_EAGER_KEYS if key not in P2P_PEER_KEYS]
 
 
-def _profiled_run(rank: int, world_size: int, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
-
-    import commtag
-
-    commtag.install()
-    try:
-        even = dist.new_group([0, 2])
-        odd = dist.new_group([1, 3])
-        pair = dist.new_group([0, 1])
-        mine = even if rank % 2 == 0 else odd
-        with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
-            t = torch.ones(1000)
-            for _ in range(2):
-                dist.all_reduce(t)
-                dist.all_reduce(t, group=mine)
-            dist.broadcast(t, src=0)
-            out = torch.empty(1000 * world_size)
-            dist.all_gather_into_tensor(out, t)
-            work = dist.all_reduce(t, group=mine, async_op=True)
-            work.wait()
-            if rank < 2:
-                dist.all_reduce(t, group=pair)
-            if rank == 0:
-                dist.send(t, 1)
-            elif rank == 1:
-                dist.recv(t, 0)
-            dist.barrier()
-    finally:
-        commtag.uninstall()
-
-
 @pytest.fixture(scope="module")
-def gloo_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("gloo4")
-    run_world(_profiled_run, 4, str(out))
-    return out
+def gloo_traces(gloo_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's copy of the shared run: the merge writes its default output beside the inputs."""
+    return Path(shutil.copytree(gloo_run, tmp_path_factory.mktemp("gloo4") / "traces"))
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
-TRACE = PUBLIC / "single-rank-scale" / "hta_a100_rank0_of16.json.gz"
+import pytest
+
+from commtag.testing import PUBLIC_TRACES
+
+TRACE = PUBLIC_TRACES / "single-rank-scale" / "hta_a100_rank0_of16.json.gz"
 
 _HEAVY = ("pydantic", "tqdm", "torch", "matplotlib", "numpy")
 
@@ -40,6 +43,7 @@ def _merge_loads(tmp_path: Path, inputs: Path) -> set[str]:
     return set(filter(None, line.split(" ", 1)[1].split(",")))
 
 
+@pytest.mark.slow
 def test_import_commtag_leaves_pydantic_and_torch_unloaded() -> None:
     code = "import sys, commtag; print(sorted({m.split('.')[0] for m in sys.modules} & set(%r)))" % (_HEAVY,)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -54,6 +58,7 @@ def test_models_still_reachable_from_the_package() -> None:
     assert commtag.CollectiveAnnotation is CollectiveAnnotation
 
 
+@pytest.mark.slow
 def test_merge_without_sidecar_loads_nothing_heavy(tmp_path: Path) -> None:
     inputs = tmp_path / "traces"
     inputs.mkdir()

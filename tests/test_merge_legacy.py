@@ -22,11 +22,11 @@ import pytest
 from commtag.merge.pipeline import merge
 from commtag.merge.readback import read_trace
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES
 
-SHARED_PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
-TORCH19 = SHARED_PUBLIC / "finders" / "kineto_torch19_resnet50_worker0.pt.trace.json.gz"
-METRICS = SHARED_PUBLIC / "finders" / "kineto_torch18_gpu_metrics_input.json"
-DLRM = SHARED_PUBLIC / "param-dlrm-8rank"
+TORCH19 = PUBLIC_TRACES / "finders" / "kineto_torch19_resnet50_worker0.pt.trace.json.gz"
+METRICS = PUBLIC_TRACES / "finders" / "kineto_torch18_gpu_metrics_input.json"
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 
 #: Today's category -> the one 2021 Kineto wrote (libkineto output_json.cpp before its late-2021 refactor).
 OLD_NAMES = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel", "gpu_memcpy": "Memcpy",
@@ -101,6 +101,7 @@ def _as_2021(trace: dict) -> dict:
     return {**trace, "traceEvents": events}
 
 
+@pytest.mark.slow
 def test_a_2021_format_set_merges_into_the_same_trace(tmp_path: Path) -> None:
     old = tmp_path / "old"
     old.mkdir()

@@ -13,10 +13,9 @@ from commtag.merge.convert import LINK_ARGS
 from commtag.merge.load import MergeInputError, discover
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import read
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-PUBLIC = SHARED / "data" / "public-traces"
 
 
 def _nccl_kernels(parsed, rank: int) -> list:
@@ -65,6 +64,7 @@ def test_hta_2_ranks_keep_their_streams(tmp_path: Path) -> None:
         assert d.sibling_merge_behavior == d.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
 
 
+@pytest.mark.slow  # merges a large public trace (conftest.LARGE_TRACE_BYTES)
 def test_eager_metadata_is_kept_and_completed(tmp_path: Path) -> None:
     src = PUBLIC / "eager-nccl-metadata" / "hta_a100_nccl_data.json.gz"
     out = tmp_path / "eager.pftrace"
@@ -107,6 +107,7 @@ def test_every_public_format_merges_and_validates(tmp_path: Path, name: str) -> 
     assert read(out).slices
 
 
+@pytest.mark.slow
 def test_rank_from_file_name_or_a_clear_error(tmp_path: Path) -> None:
     nameless = PUBLIC / "edge-cases" / "hta_no_distributed_info.json.gz"
     with pytest.raises(MergeInputError, match=re.escape(str(nameless)) + ".*cannot tell the rank"):
@@ -123,6 +124,7 @@ def test_rank_from_file_name_or_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "x.pftrace").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_writes_nothing_and_keeps_the_old_output(tmp_path: Path) -> None:
     good = tmp_path / "rank0.json"
     good.write_text('{"traceEvents": [')

@@ -14,13 +14,16 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from commtag.merge.readback import read_trace
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES
 from torchrun_merge import torchrun_merge
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-DLRM = SHARED / "data" / "public-traces" / "param-dlrm-8rank"
+pytestmark = pytest.mark.slow
+
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 
 
 def _assert_same_trace(got: Path, expected: Path) -> None:

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from commtag.testing import PUBLIC_TRACES
+
+pytestmark = pytest.mark.slow
+
 #: Where public traces are kept: the shared data beside the repository (the repository keeps
 #: no third-party data; docs/found-traces.md lists those found for it).
-ROOTS = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces",)
+ROOTS = (PUBLIC_TRACES,)
 #: Larger traces are merged by the scale tests and benchmarks, not here.
 _SMALL = 2 << 20
 SMALL_TRACES = sorted(

@@ -23,9 +23,9 @@ import pytest
 from commtag.cli import main
 from commtag.merge import lanes, trace_writer
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-DLRM = SHARED / "data" / "public-traces" / "param-dlrm-8rank"
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 
 
 @pytest.fixture
@@ -115,6 +115,7 @@ def test_no_partial_file_when_the_output_is_new(traces: Path, tmp_path: Path, ca
     assert not (tmp_path / "json").exists() or list((tmp_path / "json").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_killed_mid_write_leaves_the_previous_output(traces: Path, tmp_path: Path, capsys):
     """SIGKILL while the third rank is written: no cleanup runs, the old output is still whole."""
     out, json_dir = tmp_path / "out" / "merged.pftrace", tmp_path / "json"

@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-PUBLIC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces"
+from commtag.testing import PUBLIC_TRACES as PUBLIC
+
+pytestmark = pytest.mark.slow
+
 DLRM = PUBLIC / "param-dlrm-8rank"
 #: One real H100 rank with a graph-replayed kernel and no collective at all.
 NO_COLLECTIVES = PUBLIC / "edge-cases" / "kineto_h100_graph_node_id_zero.json"

@@ -21,10 +21,10 @@ import pytest
 import commtag
 from commtag.cli import main
 from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES
 
 PACKAGE = Path(commtag.__file__).resolve().parent
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-HTA = SHARED / "data" / "public-traces" / "hta-sampled-2rank"
+HTA = PUBLIC_TRACES / "hta-sampled-2rank"
 
 #: Modules whose loading runs code from the data.
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib", "yaml"}

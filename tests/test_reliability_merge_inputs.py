@@ -1,7 +1,7 @@
 """Bad merge inputs: one clear line naming the file and the problem, exit code 2, nothing written.
 
-Every case starts from the real traces and sidecars of a 3-rank gloo run
-(commtag installed, torch.profiler on), damages one thing the way it happens
+Every case starts from the real traces and sidecars of a 4-rank gloo run
+(conftest's shared ``gloo_run``: commtag installed, torch.profiler on), damages one thing the way it happens
 to users (a copy cut short, a file from another run, a hand edit), and runs
 ``commtag merge`` as a user would. A trace whose sidecar is missing merges
 with a notice; ``--skip-bad-ranks`` merges what is left and says what it
@@ -25,17 +25,21 @@ import pytest
 from commtag.cli import main
 from commtag.merge.timeline import LANE_GROUP
 from commtag.merge.validate import validate_file
-from gloo_world import profiled_pair_job, run_world
+from gloo_world import PROFILED_GROUPS_WORLD
 from pftrace_reader import read
 
-WORLD = 3
+pytestmark = pytest.mark.slow
+
+WORLD = PROFILED_GROUPS_WORLD
+#: The rank most cases damage, and every rank but it.
+DAMAGED = 2
+OTHERS = [r for r in range(WORLD) if r != DAMAGED]
 OUT = "merged.pftrace"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("gloo_run")
-    run_world(profiled_pair_job, WORLD, str(out))
+def run_dir(gloo_run: Path) -> Path:
+    out = gloo_run
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"rank{r}.step0.pt.trace.json.gz" for r in range(WORLD)] + [f"rank{r}.step0.commtag.json" for r in range(WORLD)]
     )
@@ -166,7 +170,7 @@ def _other_run_id(d: Path) -> tuple[Path, str]:
 
 def _other_world_size(d: Path) -> tuple[Path, str]:
     _edit_trace(_trace(d, 1), lambda t: t["distributedInfo"].update(world_size=8))
-    return _trace(d, 1), "world size 8 differs from 3"
+    return _trace(d, 1), f"world size 8 differs from {WORLD}"
 
 
 def _newer_schema(d: Path) -> tuple[Path, str]:
@@ -290,17 +294,17 @@ def test_trace_without_sidecar_merges_with_a_notice(traces: Path, capsys):
     assert code == 0, err
     notices = [line for line in err if not line.startswith("commtag merge: rank ")]  # not the per-rank accounts
     assert notices == [f"commtag merge: notice: {_trace(traces, 2)}: no commtag sidecar; merged from the trace alone"]
-    assert len(err) == len(notices) + 3
+    assert len(err) == len(notices) + WORLD
     merged = traces / OUT
-    assert out.startswith(f"{merged}: 3 ranks") and validate_file(merged) == []
+    assert out.startswith(f"{merged}: {WORLD} ranks") and validate_file(merged) == []
     parsed = read(merged)
     procs = sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes())
-    assert procs == ["rank 0", "rank 1", "rank 2"]
+    assert procs == [f"rank {r}" for r in range(WORLD)]
     # Rank 2 keeps its own events (gloo work included); only commtag's lane slices need the sidecar.
     gloo = {parsed.name_path(s.track)[0].split(" · ")[0] for s in parsed.slices if s.name.startswith("gloo:")}
-    assert gloo == {"rank 0", "rank 1", "rank 2"}
+    assert gloo == {f"rank {r}" for r in range(WORLD)}
     lanes = {s.args["commtag rank"] for s in parsed.slices if "commtag rank" in s.args}
-    assert lanes == {0, 1}
+    assert lanes == set(OTHERS)
 
 
 def _skip_case_truncated(d: Path) -> list[tuple[Path, str]]:
@@ -332,13 +336,13 @@ def test_skip_bad_ranks_merges_the_rest_and_says_why(damage, traces: Path, capsy
     for line, (path, why) in zip(skipped, expected):
         assert line.startswith(f"commtag merge: skipped: {path}: ") and why in line, line
     merged = traces / OUT
-    assert out.startswith(f"{merged}: 2 ranks") and validate_file(merged) == []
+    assert out.startswith(f"{merged}: {WORLD - 1} ranks") and validate_file(merged) == []
     parsed = read(merged)
     procs = sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes())
-    assert procs == ["rank 0", "rank 1"]
-    # Ranks 0 and 1 still meet on both their groups, linked by flows.
+    assert procs == [f"rank {r}" for r in OTHERS]
+    # The ranks left still meet on their groups, linked by flows.
     lanes = [s for s in parsed.slices if "commtag rank" in s.args]
-    assert {s.args["commtag rank"] for s in lanes} == {0, 1}
+    assert {s.args["commtag rank"] for s in lanes} == set(OTHERS)
     assert {f for s in lanes for f in s.flows_out} & {f for s in lanes for f in s.flows_in}
 
 
@@ -356,22 +360,22 @@ def test_skip_bad_ranks_merges_a_trace_whose_sidecar_fails_alone(align: str, tra
     skipped = [line for line in err if line.startswith("commtag merge: skipped: ")]
     assert skipped == [f"commtag merge: skipped: {_sidecar(traces, 2)}: invalid sidecar: collectives.0.start_ns: "
                        "Input should be greater than or equal to 0"]  # once, though --align reads it twice
-    assert out.startswith(f"{traces / OUT}: 3 ranks")
+    assert out.startswith(f"{traces / OUT}: {WORLD} ranks")
     parsed = read(traces / OUT)
-    assert sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes()) == ["rank 0", "rank 1", "rank 2"]
+    assert sorted(d.process.process_name.split(" · ")[0] for d in parsed.processes()) == [f"rank {r}" for r in range(WORLD)]
     # rank 2's trace is there, without the annotations only its sidecar had
-    assert {s.args["commtag rank"] for s in parsed.slices if "commtag rank" in s.args} == {0, 1}
+    assert {s.args["commtag rank"] for s in parsed.slices if "commtag rank" in s.args} == set(OTHERS)
 
 
 def test_a_rank_skipped_at_its_last_event_leaves_the_next_ranks_intact(traces: Path, capsys):
     # The ranks a worker merges share one packet sequence: the names rank 0 interned before
-    # failing must not be lost to, or misread by, ranks 1 and 2.
+    # failing must not be lost to, or misread by, the ranks after it.
     def own_slices(merged: Path) -> list[tuple]:
         parsed = read(merged)  # strict: a dangling interned id raises
         rows = []
         for s in parsed.slices:
             path = parsed.name_path(s.track)
-            if path[0].split(" · ")[0] in ("rank 1", "rank 2") and path[1] != LANE_GROUP:
+            if path[0].split(" · ")[0] in [f"rank {r}" for r in range(1, WORLD)] and path[1] != LANE_GROUP:
                 rows.append((tuple(path), s.ts, s.end, s.name, sorted(s.args.items(), key=str), s.depth))
         return rows
 
@@ -382,7 +386,7 @@ def test_a_rank_skipped_at_its_last_event_leaves_the_next_ranks_intact(traces: P
     _edit_trace(_trace(traces, 0), lambda t: [e for e in t["traceEvents"] if e.get("ph") == "X"][-1].update(ts=-1))
     code, err, out = _merge(capsys, str(traces), "--skip-bad-ranks")
     assert code == 0, err
-    assert out.startswith(f"{traces / OUT}: 2 ranks") and validate_file(traces / OUT) == []
+    assert out.startswith(f"{traces / OUT}: {WORLD - 1} ranks") and validate_file(traces / OUT) == []
     rest = own_slices(traces / OUT)
     assert len(rest) >= 20 and rest == whole
 

@@ -20,11 +20,13 @@ from typing import Callable
 import pytest
 
 from commtag.merge.validate import validate_file
-from sleep_world import sleep_world
+from commtag.testing import PUBLIC_TRACES
 from torchrun_merge import torchrun_command
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
-DLRM = REPO.parent / "shared" / "data" / "public-traces" / "param-dlrm-8rank"
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 GENERATOR = REPO / "launch" / "gen_scaleset.py"
 
 
@@ -69,10 +71,10 @@ def _snapshot(*dirs: Path) -> dict[str, tuple[str, bytes]]:
 
 
 @pytest.fixture
-def gloo(tmp_path: Path) -> Path:
+def gloo(sleep_run: Path, tmp_path: Path) -> Path:
     """A copy of a real 4-rank gloo run (traces and sidecars) the test may change."""
     d = tmp_path / "traces"
-    shutil.copytree(sleep_world(), d)
+    shutil.copytree(sleep_run, d)
     return d
 
 

@@ -33,6 +33,8 @@ import torch.distributed as dist
 
 from gloo_world import run_world
 
+pytestmark = pytest.mark.slow
+
 WORLD = 3
 #: A directory nobody may create files in, root included (sysfs).
 UNWRITABLE = Path("/sys/kernel/commtag-trace")

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for folder in ("commtag", "tests", "launch") for p in (ROOT / folder).rglob("*.py"))
@@ -18,3 +24,17 @@ def test_every_noqa_says_why():
             for number, line in enumerate(path.read_text().splitlines(), 1)
             if _BARE_NOQA.search(line)]
     assert not bare, "a noqa without its reason (write `# noqa: CODE - why`):\n" + "\n".join(bare)
+
+
+def test_a_test_not_marked_slow_cannot_start_a_process():
+    """conftest's guard: the fast subset (launch/test.sh --fast) stays free of processes."""
+    with pytest.raises(RuntimeError, match="not marked slow"):
+        subprocess.run(["true"], check=True, timeout=10)
+    with pytest.raises(RuntimeError, match="not marked slow"):
+        multiprocessing.get_context("spawn").Process(target=print).start()
+
+
+def test_hypothesis_is_derandomized_exactly_in_ci():
+    """CI (.ci/run) selects the derandomized profile; elsewhere examples are random."""
+    assert "COMMTAG_HYPOTHESIS_PROFILE=ci" in (ROOT / ".ci" / "run").read_text()
+    assert settings().derandomize is (os.environ.get("COMMTAG_HYPOTHESIS_PROFILE") == "ci")

@@ -14,11 +14,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import orjson
+import pytest
 
 from commtag.merge.pipeline import merge
 from commtag.schema import Sidecar
 from gloo_world import run_world
 from pftrace_reader import read
+
+pytestmark = pytest.mark.slow
 
 
 def _timeouts(rank: int, world_size: int, out_dir: str) -> list[tuple[str, str]]:

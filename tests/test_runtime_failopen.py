@@ -15,6 +15,8 @@ import torch.distributed.distributed_c10d as c10d
 from gloo_world import run_world
 from torch_ops import delegating_ops, has
 
+pytestmark = pytest.mark.slow
+
 #: The collectives a user calls; those this torch has are wrapped, except the ones whose original
 #: only calls another of them (read from this torch by tests/torch_ops.py): left in place, the
 #: inner wrapper annotates them (torch 2.13: all_gather_into_tensor, reduce_scatter_tensor).

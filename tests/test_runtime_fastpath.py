@@ -122,10 +122,12 @@ def seqs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return run_world(_seqs, WORLD, str(tmp_path_factory.mktemp("fastpath")))
 
 
+@pytest.mark.slow
 def test_seq_is_the_same_on_every_rank(seqs: list[dict]):
     assert all(ranks == seqs[0] for ranks in seqs[1:])
 
 
+@pytest.mark.slow
 def test_idle_midway_and_profiled_runs_number_alike(seqs: list[dict]):
     for res in seqs:
         throughout, midway, idle = res["throughout"], res["midway"], res["idle"]
@@ -198,6 +200,7 @@ def _toggle_inside(rank: int, world: int) -> list[int]:
     return steps
 
 
+@pytest.mark.slow
 def test_profiler_switched_between_a_call_and_torch_calling_back_in_counts_once():
     assert run_world(_toggle_inside, WORLD) == [[1, 1, 1, 1, 0]] * WORLD
 
@@ -276,6 +279,7 @@ def test_install_reads_which_originals_call_a_wrapper_again(func, kind, tf_index
     assert (shape.kind, shape.tf_index, shape.inner) == (kind, tf_index, inner), shape
 
 
+@pytest.mark.slow
 def test_torch_originals_are_read_as_expected():
     """In this torch, which wrappers take the fast path (a newer torch may legitimately differ)."""
     import commtag

@@ -21,6 +21,8 @@ import pytest
 
 from gloo_world import run_world
 
+pytestmark = pytest.mark.slow
+
 WORLD = 2
 UMASK = 0o002
 EPOCH_CALLS = (2, 3)

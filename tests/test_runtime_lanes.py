@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from gloo_world import run_world
+
+pytestmark = pytest.mark.slow
 
 WORLD = 4
 

@@ -18,6 +18,8 @@ import torch.multiprocessing as mp
 
 from gloo_world import run_world
 
+pytestmark = pytest.mark.slow
+
 WORLD = 3
 
 

@@ -25,6 +25,8 @@ from commtag.schema import Sidecar
 from gloo_world import run_world
 from pftrace_reader import read
 
+pytestmark = pytest.mark.slow
+
 
 def _run(rank: int, world_size: int, out_dir: str) -> None:
     import torch

@@ -17,6 +17,8 @@ from torch_ops import has
 
 from commtag.vocab import EAGER_KEYS
 
+pytestmark = pytest.mark.slow
+
 WORLD = 4
 PAIRS = ([0, 2], [1, 3])  # stride-2 groups
 ODD = [0, 1, 3]  # not an arithmetic progression; rank 2 is not a member

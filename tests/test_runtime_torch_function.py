@@ -11,11 +11,14 @@ profiler when it's not running" there, 2.13 warns.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 from gloo_world import run_world
+
+pytestmark = pytest.mark.slow
 
 
 class _Seen(TorchFunctionMode):

@@ -15,10 +15,13 @@ import logging
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from gloo_world import run_world
+
+pytestmark = pytest.mark.slow
 
 
 def _wrong_calls(rank: int) -> dict:

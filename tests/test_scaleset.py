@@ -21,6 +21,8 @@ import pytest
 
 from commtag.schema import Sidecar, parse_rank_list
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 GENERATOR = REPO / "launch" / "gen_scaleset.py"
 RANKS = 4

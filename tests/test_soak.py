@@ -14,7 +14,11 @@ import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pytest
+
 from gloo_world import run_world
+
+pytestmark = pytest.mark.slow
 
 WORLD = 4
 #: Collective calls per rank: half unprofiled, half profiled.

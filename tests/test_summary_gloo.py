@@ -16,12 +16,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sleep_world import DEFAULT_ALLREDUCES, NUMEL, SLEEP_BEFORE, SLEEP_S, SLEEPER, WORLD, sleep_world
+from sleep_world import DEFAULT_ALLREDUCES, NUMEL, SLEEP_BEFORE, SLEEP_S, SLEEPER, WORLD
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def traces() -> Path:
-    return sleep_world()
+def traces(sleep_run: Path) -> Path:
+    return sleep_run
 
 
 def _slept(collectives: list[dict]) -> dict:

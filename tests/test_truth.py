@@ -22,7 +22,7 @@ work had started, may say the same; no other call may. A gloo event that
 shows no input (a barrier, a scatter off the root) is checked by its worker
 thread instead: the group of the calls it demonstrably ran.
 
-A few seeds run in CI; more under ``-m slow``.
+A few seeds run in CI; more under ``-m soak``.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ from commtag.merge.pipeline import merge
 from gloo_world import run_world
 from pftrace_reader import read
 
+pytestmark = pytest.mark.slow
+
 CI_SEEDS = (1, 2)
-SLOW_SEEDS = tuple(range(3, 15))
+SOAK_SEEDS = tuple(range(3, 15))
 #: Profiler cycles (each writes a trace of ACTIVE steps) and plan steps per profiler step.
 CYCLES, OPS_PER_STEP = 2, 10
 #: Rounding of a trace's microsecond timestamps to the merged trace's nanoseconds.
@@ -244,8 +246,8 @@ def test_annotations_equal_the_truth(seed: int, tmp_path: Path) -> None:
     _run(seed, tmp_path)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", SLOW_SEEDS)
+@pytest.mark.soak
+@pytest.mark.parametrize("seed", SOAK_SEEDS)
 def test_annotations_equal_the_truth_more_seeds(seed: int, tmp_path: Path) -> None:
     _run(seed, tmp_path)
 

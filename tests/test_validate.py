@@ -109,6 +109,7 @@ def test_more_rules(tmp_path: Path) -> None:
     assert "no-sequence-id" in _codes(tmp_path, _trace(no_seq))
 
 
+@pytest.mark.slow
 def test_cli_lists_violations_and_exits_nonzero(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pftrace"
     bad.write_bytes(_trace(_undefined_iid).SerializeToString())
