@@ -3,8 +3,8 @@
 Markers (registered in pyproject.toml):
 
 - ``slow``: the test starts processes (gloo worlds, torchrun, the CLI in a subprocess) or runs
-  long. CI runs it; ``bash launch/test.sh --fast`` leaves it out. A test without the marker that
-  starts a process fails and says so, so the fast subset stays fast. A test parametrized with a
+  long. CI runs it; ``bash launch/test.sh --fast`` leaves it out. In such a run a test without the
+  marker that starts a process fails and says so, so the fast subset stays fast. A test parametrized with a
   public trace of LARGE_TRACE_BYTES or more is marked slow here (those take seconds each).
 - ``soak``: extra seeds and long repeats beyond what CI runs; deselected by default
   (``pytest -m soak`` runs them).
@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing.process
 import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -100,8 +101,19 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
-#: The test now running when it may not start processes (it is not marked slow), else None.
+#: The test now running when it may not start processes, else None.
 _forbidden_in: Optional[str] = None
+
+
+@contextmanager
+def processes_refused(nodeid: str) -> Iterator[None]:
+    """Inside, starting a process (subprocess, multiprocessing, torch's spawn) raises, naming ``nodeid``."""
+    global _forbidden_in
+    _forbidden_in = nodeid
+    try:
+        yield
+    finally:
+        _forbidden_in = None
 
 
 def _refuse_processes(start):
@@ -128,11 +140,12 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def _guarded(item: pytest.Item) -> Iterator[None]:
-    """Setup and call of a test not marked slow may not start a process (session fixtures are set
-    up inside the first test that asks for them, so they count for that test)."""
-    global _forbidden_in
-    _forbidden_in = None if item.get_closest_marker("slow") else item.nodeid
-    try:
+    """In a run that leaves slow tests out (``-m "not slow"``: launch/test.sh --fast), the setup and
+    call of each test may not start a process (session fixtures are set up inside the first test
+    that asks for them, so they count for it). Full runs are not policed: an unmarked test there
+    costs time, not correctness."""
+    if "not slow" in (item.config.getoption("markexpr") or "") and not item.get_closest_marker("slow"):
+        with processes_refused(item.nodeid):
+            yield
+    else:
         yield
-    finally:
-        _forbidden_in = None

@@ -25,6 +25,8 @@ from gloo_world import run_world
 from pftrace_reader import read
 from views_world import PROFILED_STEPS, calls_per_step, profiled_steps
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -28,10 +28,13 @@ def test_every_noqa_says_why():
 
 def test_a_test_not_marked_slow_cannot_start_a_process():
     """conftest's guard: the fast subset (launch/test.sh --fast) stays free of processes."""
-    with pytest.raises(RuntimeError, match="not marked slow"):
-        subprocess.run(["true"], check=True, timeout=10)
-    with pytest.raises(RuntimeError, match="not marked slow"):
-        multiprocessing.get_context("spawn").Process(target=print).start()
+    from conftest import processes_refused
+
+    with processes_refused("this test"):
+        with pytest.raises(RuntimeError, match="this test starts a process but is not marked slow"):
+            subprocess.run(["true"], check=True, timeout=10)
+        with pytest.raises(RuntimeError, match="not marked slow"):
+            multiprocessing.get_context("spawn").Process(target=print).start()
 
 
 def test_hypothesis_is_derandomized_exactly_in_ci():

@@ -316,7 +316,7 @@ class CaptureTracker:
             return {}
         try:
             return self.marks.tools_ids()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - fail open: the sidecar goes without torch's tools ids
             log_once("reading torch's CUDA-graph annotations", exc)
             return {}
 

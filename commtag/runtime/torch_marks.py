@@ -75,7 +75,7 @@ class TorchMarks:
         """Leave a scope :meth:`open` entered."""
         try:
             scope.__exit__(None, None, None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - fail open: the capture goes on; only the scope is left
             log_once("closing torch's mark_kernels scope", exc)
 
     def tools_ids(self) -> dict[str, list[int]]:
