@@ -366,6 +366,7 @@ def _keyword_only(rank: int, world: int, where: str) -> tuple:
     return entry, [(c.annotation.collective_name, c.annotation.seq) for c in side.collectives], x.tolist()
 
 
+@pytest.mark.slow
 def test_an_original_whose_parameters_cannot_be_copied_gets_the_same_idle_gate(tmp_path: Path):
     """Its idle entry takes ``*args, **kwargs`` and is made from the same template: numbered alike."""
     for entry, recorded, values in run_world(_keyword_only, WORLD, str(tmp_path)):
