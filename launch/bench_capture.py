@@ -23,7 +23,9 @@ cost per collective, (median installed - median absent) / C. Every
 installed capture must have recorded its C collectives with their nodes,
 or the run fails (exit 1): otherwise it would time nothing.
 
-Usage: ``python launch/bench_capture.py [--shapes 8x1,64x8,256x32] [--reps 15] [--json F]``.
+Usage: ``python launch/bench_capture.py [--shapes 8x1,64x8,256x32] [--reps 15] [--json F]`` with
+commtag installed (launch/setup.sh), or ``python -m launch.bench_capture ...`` from the repository
+root of a checkout that is not installed.
 """
 
 from __future__ import annotations
@@ -37,9 +39,8 @@ from typing import Any, Optional, Sequence
 
 import orjson
 
-from benchutil import free_port, machine, markdown_table, median
+from commtag.testing.bench import free_port, machine, markdown_table, median
 
-REPO = Path(__file__).resolve().parents[1]
 #: Elements of the all_reduce buffer (fp32) and of the compute kernels' tensor.
 NELEMS = 1 << 16
 
@@ -208,7 +209,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.json.write_bytes(orjson.dumps({"skipped": reason}))
         return 2
     shapes, reps = ([(8, 1)], 5) if args.quick else (args.shapes, args.reps)
-    sys.path.insert(0, str(REPO))
     info = machine()
     try:
         rows, first = measure(shapes, reps)

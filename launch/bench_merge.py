@@ -34,8 +34,7 @@ from typing import Optional, Sequence
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, markdown_table, median, run_child, verdict
+from commtag.testing.bench import machine, markdown_table, median, run_child, verdict
 
 HERE = Path(__file__).resolve()
 TARGET_VS_FLOOR = 2.0
@@ -141,7 +140,7 @@ def _ensure_set(workdir: Path, ranks: int, events: int) -> dict:
     directory = workdir / f"scale-{ranks}"
     print(f"scale set: {ranks} ranks, {events} events in {directory}", file=sys.stderr, flush=True)
     done = subprocess.run(
-        [sys.executable, str(HERE.parent / "gen_scaleset.py"), "--ranks", str(ranks), "--events", str(events),
+        [sys.executable, "-m", "commtag.testing.scaleset", "--ranks", str(ranks), "--events", str(events),
          "-o", str(directory), "--reuse"],
         capture_output=True, text=True, check=False,
     )

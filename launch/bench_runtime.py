@@ -65,8 +65,7 @@ from typing import Callable, Optional, Sequence
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import machine, markdown_table, median, verdict
+from commtag.testing.bench import machine, markdown_table, median, verdict
 
 #: Pair kind -> (variant A, variant B); the figure is built from tB - tA per pair (see balanced()).
 PAIRS = {

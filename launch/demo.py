@@ -34,9 +34,9 @@ import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile, schedule
 
 import commtag
-from benchutil import free_port
 from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
 from commtag.runtime.sidecar import read_sidecar
+from commtag.testing.bench import free_port
 
 WORLD = 4
 TP = 2

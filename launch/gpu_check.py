@@ -4,6 +4,9 @@ Run on a machine with one CUDA GPU, NCCL and cuda-python (world size 1)::
 
     python launch/gpu_check.py [--out tests/fixtures/gpu_graphs]
 
+with commtag installed (launch/setup.sh), or ``python -m launch.gpu_check ...`` from the repository
+root of a checkout that is not installed (the working directory then supplies commtag).
+
 What it does, with ``commtag.install()`` active throughout:
 
 1. eager: all_reduce(AVG), out-of-place all_gather_into_tensor, broadcast,
@@ -49,7 +52,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from benchutil import free_port
+from commtag.testing.bench import free_port
 
 from commtag.vocab import KERNEL_EAGER_KEYS
 
@@ -439,7 +442,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         from cuda.bindings import runtime  # noqa: F401 - only whether it imports matters
     except Exception as exc:  # noqa: BLE001 - any import failure (absent, broken driver) is a setup error
         return fail_setup(f"cuda-python (cuda.bindings) is not importable ({exc}); pip install cuda-bindings")
-    sys.path.insert(0, str(REPO))
     out = args.out.resolve()
     for sub in ("eager", "graph", "compiled"):
         for stale in (out / sub).glob("*") if (out / sub).exists() else ():

@@ -2,7 +2,7 @@
 
 Driven through ``python -m commtag.merge`` on real traces: a 4-rank gloo run
 with sidecars, public DLRM traces, and a scale set made by
-launch/gen_scaleset.py, large enough that a merge of it is still writing
+commtag.testing.scaleset, large enough that a merge of it is still writing
 when the test signals it (the test waits for its temporary file to appear).
 """
 
@@ -25,9 +25,7 @@ from torchrun_merge import torchrun_command
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
-GENERATOR = REPO / "launch" / "gen_scaleset.py"
 
 
 def _merge(*args: str) -> subprocess.CompletedProcess:
@@ -90,7 +88,7 @@ def dlrm(tmp_path_factory) -> Path:
 def big(tmp_path_factory) -> Path:
     """A generated 4-rank scale set: a few seconds to merge on the CI machines."""
     out = tmp_path_factory.mktemp("scale") / "set"
-    done = subprocess.run([sys.executable, str(GENERATOR), "--ranks", "4", "--events", "200000",
+    done = subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "4", "--events", "200000",
                            "--ranks-per-node", "1", "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return out

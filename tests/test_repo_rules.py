@@ -41,3 +41,10 @@ def test_hypothesis_is_derandomized_exactly_in_ci():
     """CI (.ci/run) selects the derandomized profile; elsewhere examples are random."""
     assert "COMMTAG_HYPOTHESIS_PROFILE=ci" in (ROOT / ".ci" / "run").read_text()
     assert settings().derandomize is (os.environ.get("COMMTAG_HYPOTHESIS_PROFILE") == "ci")
+
+
+def test_launch_scripts_import_without_editing_sys_path():
+    """launch/ imports its helpers from commtag.testing (installed, or the checkout under ``python -m``)."""
+    edits = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "launch").glob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if "sys.path" in line]
+    assert edits == []

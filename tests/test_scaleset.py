@@ -1,4 +1,4 @@
-"""The scale-set generator (launch/gen_scaleset.py) writes a set the merge can trust.
+"""The scale-set generator (commtag.testing.scaleset) writes a set the merge can trust.
 
 Runs the generator as a user would (a subprocess, small N and event budget) and
 checks what the benchmark and the merge rely on: every sidecar validates and
@@ -23,15 +23,15 @@ from commtag.schema import Sidecar, parse_rank_list
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-GENERATOR = REPO / "launch" / "gen_scaleset.py"
+#: The generator's command line, as a user and launch/bench_merge.py run it.
+GENERATOR = (sys.executable, "-m", "commtag.testing.scaleset")
 RANKS = 4
 EVENTS = 24_000
 
 
 def _generate(out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(GENERATOR), "--ranks", str(RANKS), "--events", str(EVENTS), "--ranks-per-node", "1",
+        [*GENERATOR, "--ranks", str(RANKS), "--events", str(EVENTS), "--ranks-per-node", "1",
          "-o", str(out), *extra],
         capture_output=True,
         text=True,
@@ -232,7 +232,7 @@ def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: P
 
 def test_regenerating_replaces_the_old_set_and_reuse_keeps_a_matching_one(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(GENERATOR), "--events", "4000", "-o", str(tmp_path), *args],
+        return subprocess.run([*GENERATOR, "--events", "4000", "-o", str(tmp_path), *args],
                               capture_output=True, text=True, timeout=120)
 
     assert run("--ranks", "4").returncode == 0

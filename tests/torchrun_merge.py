@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from typing import Optional
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from commtag.testing.bench import free_port
 
 
 def torchrun_command(args: list[str], workers: int = 2,
@@ -20,7 +15,7 @@ def torchrun_command(args: list[str], workers: int = 2,
     """The command line and environment that run the merge CLI with ``workers`` torchrun workers."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **(env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={workers}", "--master-addr=127.0.0.1",
-           f"--master-port={_free_port()}", "-m", "commtag.merge", *args]
+           f"--master-port={free_port()}", "-m", "commtag.merge", *args]
     return cmd, env
 
 

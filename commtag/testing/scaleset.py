@@ -17,7 +17,8 @@ would contain:
 * a per-node clock offset and per-rank arrival jitter; collectives end
   together in true time, as they do on real hardware.
 
-Usage: ``python launch/gen_scaleset.py --ranks 32 -o /tmp/commtag-scale-32``.
+Usage: ``python -m commtag.testing.scaleset --ranks 32 -o /tmp/commtag-scale-32`` (or
+``python launch/gen_scaleset.py ...``); tests and ``launch/bench_merge.py`` call it so.
 The ground truth (clock offsets, counts) goes to ``scaleset.manifest.json``.
 """
 
@@ -37,7 +38,6 @@ import orjson
 
 from commtag import identity
 from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
-from commtag.vocab import KERNEL_EAGER_KEYS
 from commtag.runtime.sidecar import dumps, sidecar_name, trace_name, write_atomic
 from commtag.schema import (
     CapturedCollective,
@@ -49,8 +49,10 @@ from commtag.schema import (
     RecordedCollective,
     Sidecar,
 )
+from commtag.testing import PUBLIC_TRACES
+from commtag.vocab import KERNEL_EAGER_KEYS
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces" / "single-rank-scale"
+TEMPLATE_DIR = PUBLIC_TRACES / "single-rank-scale"
 TEMPLATES = {
     "v100": "hta_v100_df_index_resolver.json.gz",
     "a100": "hta_a100_rank0_of16.json.gz",
@@ -451,60 +453,93 @@ def _jitter(seed: int, rank: int, key: int, limit: float) -> float:
     return random.Random((seed * 1_000_003 + key) * 65_537 + rank).uniform(0.0, limit)
 
 
-def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
-    """One rank's trace (as a dict), its sidecar and its event count."""
-    tpl = plan.template
-    mine = groups_of(rank, plan.groups)
-    offset = plan.clock_offset_us[rank]
-    pid = _pid(rank)
-    device = rank % plan.ranks_per_node
-    name = trace_name(rank, STEP)
-    launcher_tid = _launcher_tid(rank)
+@dataclass(frozen=True)
+class RankLayout:
+    """Where one rank's events go: its process and device ids, graph-launcher thread, clock and file."""
 
-    def remap_pid(p: object) -> object:
-        if p == tpl.cpu_pid:
-            return pid
-        if p == tpl.gpu_pid:
-            return device
-        if p == device:
-            return tpl.gpu_pid
+    rank: int
+    #: The template's CPU and GPU pids, which become this rank's ``pid`` and ``device``.
+    template_cpu_pid: int
+    template_gpu_pid: int
+    pid: int
+    device: int
+    launcher_tid: int
+    offset_us: float
+    trace_name: str
+
+    @classmethod
+    def of(cls, plan: SetPlan, rank: int) -> RankLayout:
+        return cls(rank=rank, template_cpu_pid=plan.template.cpu_pid, template_gpu_pid=plan.template.gpu_pid,
+                   pid=_pid(rank), device=rank % plan.ranks_per_node, launcher_tid=_launcher_tid(rank),
+                   offset_us=plan.clock_offset_us[rank], trace_name=trace_name(rank, STEP))
+
+    def remap_pid(self, p: object) -> object:
+        """The template's CPU pid becomes the rank's, its GPU pid the rank's device (and back)."""
+        if p == self.template_cpu_pid:
+            return self.pid
+        if p == self.template_gpu_pid:
+            return self.device
+        if p == self.device:
+            return self.template_gpu_pid
         return p
 
+
+def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
+    """One rank's trace (as a dict), its sidecar and its event count."""
+    layout = RankLayout.of(plan, rank)
+    mine = groups_of(rank, plan.groups)
+    body, eager = _template_events(plan, layout, mine)
+    events = _meta_events(plan.template, layout) + body
+    events += _replays(plan, rank, mine, layout.pid, layout.device, layout.launcher_tid, layout.offset_us)
+    trace = _rank_trace(plan, layout, mine, events)
+    sidecar = _rank_sidecar(plan, layout, mine, eager, _captures(plan, rank, mine))
+    return trace, sidecar, sum(1 for e in events if e.get("ph") != "M")
+
+
+def _meta_events(tpl: Template, layout: RankLayout) -> list[dict]:
+    """The template's metadata events on this rank's ids, and names for the graph launcher and stream."""
     events: list[dict] = []
     for e in tpl.meta:
         m = dict(e)
-        m["pid"] = remap_pid(m.get("pid"))
+        m["pid"] = layout.remap_pid(m.get("pid"))
         if m.get("tid") == tpl.cpu_pid:
-            m["tid"] = pid
+            m["tid"] = layout.pid
         if "ts" in m:
             m["ts"] = 0.0
         events.append(m)
     events += [
-        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": pid, "tid": launcher_tid,
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": layout.pid, "tid": layout.launcher_tid,
          "args": {"name": "graph launcher"}},
-        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": device, "tid": GRAPH_STREAM,
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": layout.device, "tid": GRAPH_STREAM,
          "args": {"name": f"stream {GRAPH_STREAM}"}},
     ]
+    return events
 
+
+def _template_events(plan: SetPlan, layout: RankLayout, mine: dict[str, Group]) -> tuple[list[dict], list[RecordedCollective]]:
+    """The template's events in this rank's clock and ids: its NCCL kernels become eager collectives
+    (kernel keys and a recorded call each, arrivals jittered), its own graph kernels get graph ids."""
+    tpl = plan.template
     nccl_at = {i: (role, jitter, k) for k, (i, role, jitter) in enumerate(tpl.nccl)}
+    events: list[dict] = []
     eager: list[RecordedCollective] = []
     for i, src in enumerate(tpl.events):
         e = dict(src)
         if "ts" in e:
-            e["ts"] = round(e["ts"] + offset, 3)
+            e["ts"] = round(e["ts"] + layout.offset_us, 3)
         if "pid" in e:
-            e["pid"] = remap_pid(e["pid"])
+            e["pid"] = layout.remap_pid(e["pid"])
         if e.get("tid") == tpl.cpu_pid:
-            e["tid"] = pid
+            e["tid"] = layout.pid
         if i in nccl_at:
             role, limit, k = nccl_at[i]
             op, dtype = _kernel_op(e["name"])
-            ann = annotation(op, dtype, 1 << (10 + k % 12), mine[role], rank, plan.eager_seq[k])
-            late = _jitter(plan.seed, rank, k, limit)
+            ann = annotation(op, dtype, 1 << (10 + k % 12), mine[role], layout.rank, plan.eager_seq[k])
+            late = _jitter(plan.seed, layout.rank, k, limit)
             e["ts"] = round(e["ts"] - limit + late, 3)
             e["dur"] = round(float(e.get("dur", 0.0)) + limit - late, 3)
-            e["args"] = _kernel_args(e, ann, device)
-            eager.append(_recorded(ann, tpl, e, offset, pid))
+            e["args"] = _kernel_args(e, ann, layout.device)
+            eager.append(_recorded(ann, tpl, e, layout.offset_us, layout.pid))
         elif i in tpl.template_graph_nodes:
             graph, node = tpl.template_graph_nodes[i]
             args = dict(e["args"])
@@ -512,14 +547,16 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
             args["graph node id"] = _node_id(graph, node, plan.node_id_format)
             e["args"] = args
         elif _is_gpu(e) and "device" in e.get("args", {}):
-            e["args"] = {**e["args"], "device": device}
+            e["args"] = {**e["args"], "device": layout.device}
         events.append(e)
+    return events, eager
 
-    captures = _captures(plan, rank, mine)
-    events += _replays(plan, rank, mine, pid, device, launcher_tid, offset)
+
+def _rank_trace(plan: SetPlan, layout: RankLayout, mine: dict[str, Group], events: list[dict]) -> dict:
+    """The Kineto trace around ``events``: the template's top-level fields, this rank's distributedInfo."""
     dist = {
         "backend": "nccl",
-        "rank": rank,
+        "rank": layout.rank,
         "world_size": plan.world,
         "pg_count": len(mine),
         "pg_config": [
@@ -529,25 +566,31 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
         ],
         "nccl_version": NCCL_VERSION,
     }
-    trace = {k: v for k, v in tpl.top.items() if k not in ("traceName", "trace_id", "distributedInfo")}
+    trace = {k: v for k, v in plan.template.top.items() if k not in ("traceName", "trace_id", "distributedInfo")}
     trace.update(
         {
             "distributedInfo": dist,
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": BASE_TIME_NS,
-            "traceName": name,
+            "traceName": layout.trace_name,
             "traceEvents": events,
         }
     )
-    sidecar = Sidecar(
+    return trace
+
+
+def _rank_sidecar(plan: SetPlan, layout: RankLayout, mine: dict[str, Group], eager: list[RecordedCollective],
+                  captures: list[GraphCapture]) -> Sidecar:
+    """The sidecar commtag's trace handler would have written beside the rank's trace."""
+    return Sidecar(
         run_id=f"scaleset-{plan.world}-{plan.seed}",
-        rank=rank,
+        rank=layout.rank,
         world_size=plan.world,
-        host=f"node{rank // plan.ranks_per_node:03d}",
-        pid=pid,
+        host=f"node{layout.rank // plan.ranks_per_node:03d}",
+        pid=layout.pid,
         torch_version=TORCH_VERSION,
         nccl_version=NCCL_VERSION,
-        trace_file=name,
+        trace_file=layout.trace_name,
         process_groups=[
             ProcessGroupInfo(uid=g.uid, name=g.name, desc=g.desc, ranks=list(g.ranks), backend="nccl",
                              lane_id=g.lane_id, lane_name=g.lane_name)
@@ -556,7 +599,6 @@ def build_rank(plan: SetPlan, rank: int) -> tuple[dict, Sidecar, int]:
         collectives=eager,
         captures=captures,
     )
-    return trace, sidecar, sum(1 for e in events if e.get("ph") != "M")
 
 
 def _node_id(graph: int, node: int, form: str) -> int:
