@@ -147,6 +147,9 @@ PROFILER_STEP_PREFIX = "ProfilerStep#"
 #: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
 #: by the ``correlation`` both ends carry.
 KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
+#: Args that number events within one trace: the op/launch links and the Python tracer's ids
+#: (a copy of a trace's events, as the scale-set generator tiles them, offsets these).
+KINETO_ID_ARGS: tuple[str, ...] = ("External id", "correlation", "Python id", "Python parent id", "Ev Idx")
 
 
 # ---------------------------------------------------------------------------- CUDA / HIP graphs

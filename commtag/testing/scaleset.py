@@ -28,7 +28,6 @@ import argparse
 import gzip
 import math
 import random
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,10 @@ from commtag.schema import (
     Sidecar,
 )
 from commtag.testing import PUBLIC_TRACES
-from commtag.vocab import KERNEL_EAGER_KEYS
+from commtag.vocab import (
+    DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, is_graph_launch,
+    nccl_kind, parse_nccl_kernel,
+)
 
 TEMPLATE_DIR = PUBLIC_TRACES / "single-rank-scale"
 TEMPLATES = {
@@ -60,13 +62,11 @@ TEMPLATES = {
 }
 MANIFEST_NAME = "scaleset.manifest.json"
 #: Bumped whenever the generated content changes, so benchmarks regenerate stale sets.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 #: realtime ns of ts == 0 on every rank (floored, as Kineto's baseTimeNanoseconds is).
 BASE_TIME_NS = 1_767_000_000_000_000_000
 TORCH_VERSION = "2.13.0"
 NCCL_VERSION = "2.27.5"
-#: Args keys that hold ids which must stay unique when the template is tiled.
-ID_KEYS = ("External id", "correlation", "Python id", "Python parent id", "Ev Idx")
 GRAPH_STREAM = 4242
 LAUNCHER_TID_OFFSET = 1_000_000
 #: cudaGraphLaunch precedes its first kernel by this much, µs.
@@ -155,7 +155,7 @@ class Template:
 
 
 def _is_gpu(event: dict) -> bool:
-    return event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    return event.get("cat") in DEVICE_WORK_NODE_TYPES
 
 
 def _ts(event: dict) -> float:
@@ -172,7 +172,7 @@ def load_template(path: Path, per_rank_events: int) -> Template:
     if not body:
         raise ValueError(f"{path}: template has no events")
     id_ceiling = 1 + max(
-        (int(v) for e in body for k, v in e.get("args", {}).items() if k in ID_KEYS and isinstance(v, int)),
+        (int(v) for e in body for k, v in e.get("args", {}).items() if k in KINETO_ID_ARGS and isinstance(v, int)),
         default=0,
     )
     id_ceiling = max(id_ceiling, 1 + max((int(e["id"]) for e in body if isinstance(e.get("id"), int)), default=0))
@@ -202,7 +202,7 @@ def load_template(path: Path, per_rank_events: int) -> Template:
     launches = {
         e["args"]["correlation"]: i
         for i, e in enumerate(events)
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
     }
     return Template(
         name=path.name,
@@ -220,7 +220,7 @@ def load_template(path: Path, per_rank_events: int) -> Template:
 
 
 def _is_nccl(event: dict) -> bool:
-    return event.get("cat") == "kernel" and "nccl" in event.get("name", "").lower()
+    return event.get("cat") == "kernel" and nccl_kind(event.get("name", "")) is not None
 
 
 def _densest_window(body: list[dict], size: int) -> list[dict]:
@@ -243,9 +243,9 @@ def _rebase(event: dict, shift: float, id_offset: int) -> dict:
         if isinstance(out.get("id"), int):
             out["id"] += id_offset
         args = out.get("args")
-        if args and any(k in args for k in ID_KEYS):
+        if args and any(k in args for k in KINETO_ID_ARGS):
             args = dict(args)
-            for key in ID_KEYS:
+            for key in KINETO_ID_ARGS:
                 if isinstance(args.get(key), int) and args[key] >= 0:
                     args[key] += id_offset
             out["args"] = args
@@ -272,7 +272,7 @@ def _find_nccl(events: list[dict]) -> list[tuple[int, str, float]]:
 
 def _template_graph_nodes(events: list[dict], launches: dict[int, int]) -> dict[int, tuple[int, int]]:
     """GPU events launched by the template's own cudaGraphLaunch: one graph per kernel-name sequence."""
-    graph_corrs = {c for c, i in launches.items() if events[i]["name"] == "cudaGraphLaunch"}
+    graph_corrs = {c for c, i in launches.items() if is_graph_launch(events[i]["name"])}
     by_corr: dict[int, list[int]] = {}
     for i, e in enumerate(events):
         if _is_gpu(e) and e.get("args", {}).get("correlation") in graph_corrs:
@@ -290,27 +290,19 @@ def _template_graph_nodes(events: list[dict], launches: dict[int, int]) -> dict[
 # --------------------------------------------------------------------------- collectives
 
 
-_KERNEL_OPS = (
-    ("allreduce", "allreduce"),
-    ("allgather", "_allgather_base"),
-    ("reducescatter", "_reduce_scatter_base"),
-    ("broadcast", "broadcast"),
-    ("sendrecv", "all_to_allv"),
-)
-_KERNEL_DTYPES = (
-    ("bf16", "BFloat16"), ("bfloat16", "BFloat16"), ("half", "Half"), ("f16", "Half"),
-    ("f32", "Float"), ("float", "Float"), ("int8", "Char"), ("i8", "Char"),
-    ("u8", "Byte"), ("double", "Double"), ("f64", "Double"), ("int64", "Long"),
-)
+#: The eager call a template's NCCL kernel stands for, by the kernel's collective (vocab's
+#: parse_nccl_kernel); any other kernel stands for an allreduce.
+_EAGER_OP_OF_KERNEL = {
+    "AllReduce": "allreduce", "AllGather": "_allgather_base", "ReduceScatter": "_reduce_scatter_base",
+    "Broadcast": "broadcast", "SendRecv": "all_to_allv",
+}
 
 
 def _kernel_op(kernel: str) -> tuple[str, str]:
-    """Collective name and dtype an NCCL kernel name implies."""
-    lower = kernel.lower().replace("_", "")
-    op = next((name for key, name in _KERNEL_OPS if key in lower), "allreduce")
-    tail = kernel.lower().split("(")[0]
-    dtype = next((name for key, name in _KERNEL_DTYPES if re.search(rf"(^|_){key}($|_)", tail)), "Float")
-    return op, dtype
+    """Collective name and dtype an NCCL kernel name implies (Float where the name gives no data type)."""
+    parsed = parse_nccl_kernel(kernel)
+    op = _EAGER_OP_OF_KERNEL.get(parsed.collective if parsed else "", "allreduce")
+    return op, (parsed.dtype if parsed and parsed.dtype else "Float")
 
 
 def annotation(
@@ -362,7 +354,9 @@ _COMPUTE_NODES = (
     ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", 55.0),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", 12.0),
 )
-_NCCL_KERNEL = {
+#: The NCCL kernel each captured collective replays as (names as NCCL 2.19+ writes them; their
+#: collective is the one vocab.COLLECTIVES gives the op, tests/test_scaleset.py checks it).
+NCCL_KERNEL_OF = {
     "allreduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
     "_allgather_base": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
     "_reduce_scatter_base": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
@@ -645,7 +639,7 @@ def _captures(plan: SetPlan, rank: int, mine: dict[str, Group]) -> list[GraphCap
             collectives.append(
                 CapturedCollective(
                     annotation=ann,
-                    nodes=[GraphNodeRecord(index=node, node_type="kernel", kernel_name=_NCCL_KERNEL[op])],
+                    nodes=[GraphNodeRecord(index=node, node_type="kernel", kernel_name=NCCL_KERNEL_OF[op])],
                     reduce_op=None if op == "_allgather_base" else "sum",
                 )
             )
@@ -697,7 +691,7 @@ def _replays(
                 role, op, _ = kind
                 start = t + _jitter(plan.seed, rank, 1_000_000 + j * 16 + node, MAX_JITTER_US)
                 end = t + MAX_JITTER_US + 35.0
-                name = _NCCL_KERNEL[op]
+                name = NCCL_KERNEL_OF[op]
             else:
                 name, dur = _COMPUTE_NODES[kind]
                 start, end = t, t + dur
