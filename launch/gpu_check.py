@@ -218,8 +218,8 @@ def _device_events(trace: dict) -> list[dict]:
 
 
 def analyse(out: Path, checks: Checks) -> None:
-    from commtag.merge.graphs import comm_nodes, match_graph_replays
-    from commtag.vocab import NODE_ID_MASK, base_name, parse_nccl_kernel
+    """The five checks of the module docstring on the traces and sidecars ``run_workload`` wrote."""
+    from commtag.merge.graphs import match_graph_replays
     from commtag.merge.load import base_ns
     from commtag.schema import Sidecar
 
@@ -229,7 +229,28 @@ def analyse(out: Path, checks: Checks) -> None:
     eager_side = Sidecar.model_validate_json(_one(out / "eager", ".commtag.json").read_text())
     findings = checks.findings
 
-    # -- what the profiler attached eagerly --------------------------------
+    eager_by_name = _check_eager(eager_trace, eager_side, checks)
+    graphed = _check_graph_sidecar(graph_trace, graph_side, checks)
+    captures = graph_side.captures
+
+    # -- matching, as the merge does it ---------------------------------------
+    base = base_ns(graph_trace)
+    result = match_graph_replays(graph_trace["traceEvents"], captures, base)
+    findings["match_methods"] = sorted({m.method for m in result.matches})
+    findings["unmatched_replays"] = [u.__dict__ for u in result.unmatched]
+    findings["notes"] = result.notes
+    checks.check(not result.unmatched, f"every replay carrying captured collectives matched ({len(result.unmatched)} not)")
+
+    _check_hypothesis1(graph_trace, graphed, captures, result, checks)
+    _check_hypothesis2(graph_trace, captures, base, checks)
+    _check_replayed_keys(graph_trace, captures, result, eager_by_name, checks)
+    findings["exceptions"] = EXCEPTIONS
+    _check_compiled(out, checks)
+
+
+def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[str, list[dict]]:
+    """Step 1: what the profiler attached eagerly equals commtag's own record; the events by collective."""
+    findings = checks.findings
     eager = [e for e in _device_events(eager_trace) if "Collective name" in e.get("args", {})]
     findings["eager_annotated_device_events"] = [
         {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_EAGER_KEYS or k == "Comms Id"}}
@@ -249,8 +270,12 @@ def analyse(out: Path, checks: Checks) -> None:
         mine = ours.eager_dict()
         diff = {k: (events[0]["args"][k], mine.get(k)) for k in KERNEL_EAGER_KEYS if k in events[0]["args"] and events[0]["args"][k] != mine.get(k)}
         checks.check(not diff, f"eager {name}: commtag's sidecar record equals the profiler's kernel metadata {diff or ''}")
+    return eager_by_name
 
-    # -- the graph trace -----------------------------------------------------
+
+def _check_graph_sidecar(graph_trace: dict, graph_side: Any, checks: Checks) -> list[dict]:
+    """Step 2: the graph trace carries node ids and the sidecar its captures; the replayed device events."""
+    findings = checks.findings
     graphed = [e for e in _device_events(graph_trace) if e.get("args", {}).get("graph id")]
     node_ids = [int(e["args"].get("graph node id", 0)) for e in graphed]
     findings["graph_node_ids_written"] = any(node_ids)
@@ -271,17 +296,18 @@ def analyse(out: Path, checks: Checks) -> None:
     checks.check(all(n.kernel_name for n in kernel_nodes), "cuFuncGetName gave a name for every captured kernel node")
     funcol_seen = any(cc.source == "c10d-op" for c in captures for cc in c.collectives)
     checks.check(funcol_seen, "the functional all_reduce was caught at the c10d operator level during capture")
+    return graphed
 
-    # -- matching, as the merge does it ---------------------------------------
-    base = base_ns(graph_trace)
-    result = match_graph_replays(graph_trace["traceEvents"], captures, base)
-    findings["match_methods"] = sorted({m.method for m in result.matches})
-    findings["unmatched_replays"] = [u.__dict__ for u in result.unmatched]
-    findings["notes"] = result.notes
-    checks.check(not result.unmatched, f"every replay carrying captured collectives matched ({len(result.unmatched)} not)")
-    # -- hypothesis 1: lower 32 bits of "graph node id" == creation index ----
-    # Per replay and its capture (from the replay log), the offsets (node id - index) every named
-    # captured node allows; hypothesis 1 holds if {0} is what remains.
+
+def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, result: Any, checks: Checks) -> None:
+    """Hypothesis 1: the lower 32 bits of "graph node id" are the node's creation index.
+
+    Per replay and its capture (from the replay log), the offsets (node id - index) every named
+    captured node allows; the hypothesis holds if {0} is what remains."""
+    from commtag.vocab import DEVICE_WORK_NODE_TYPES, NODE_ID_MASK, base_name
+
+    findings = checks.findings
+    category_of_node = {node: category for category, node in DEVICE_WORK_NODE_TYPES.items()}
     by_corr: dict[int, list[dict]] = {}
     for e in graphed:
         by_corr.setdefault(e["args"]["correlation"], []).append(e)
@@ -299,8 +325,7 @@ def analyse(out: Path, checks: Checks) -> None:
             allowed: Optional[set[int]] = None
             for cc in c.collectives:
                 for n in cc.nodes:
-                    kineto_name = {"memcpy": "gpu_memcpy", "memset": "gpu_memset"}.get(n.node_type, "")
-                    key = base_name(n.kernel_name) if n.node_type == "kernel" else kineto_name
+                    key = base_name(n.kernel_name) if n.node_type == "kernel" else category_of_node.get(n.node_type, "")
                     here = {nid - n.index for nid in ids_by_key.get(key, set())}
                     allowed = here if allowed is None else allowed & here
             if allowed:
@@ -312,7 +337,12 @@ def analyse(out: Path, checks: Checks) -> None:
     findings["hypothesis1"] = "holds" if offsets == {0} else ("refuted" if offsets else "not measurable")
     checks.check(offsets == {0}, f"hypothesis 1: node id (lower 32 bits) - creation index, consistent over each replay = {sorted(offsets)}")
 
-    # Hypothesis 2: the same replays, node ids erased, must match by order alone.
+
+def _check_hypothesis2(graph_trace: dict, captures: list, base: int, checks: Checks) -> None:
+    """Hypothesis 2: the same replays, node ids erased, match by order alone."""
+    from commtag.merge.graphs import comm_nodes, match_graph_replays
+
+    findings = checks.findings
     stripped = json.loads(json.dumps(graph_trace["traceEvents"]))
     for e in stripped:
         if "graph node id" in e.get("args", {}):
@@ -321,17 +351,19 @@ def analyse(out: Path, checks: Checks) -> None:
     expected_kernels = sum(
         1 for c in captures for cc in c.collectives for n in comm_nodes(cc) if n.node_type == "kernel"
     )
-    per_replay_kernels = {}
-    for m in by_order.matches:
-        per_replay_kernels.setdefault((m.capture_id, m.annotation.replay), 0)
-        per_replay_kernels[(m.capture_id, m.annotation.replay)] += 1
     findings["hypothesis2_unmatched"] = [u.__dict__ for u in by_order.unmatched]
     findings["hypothesis2"] = "holds" if not [u for u in by_order.unmatched if "copy/memset" not in u.reason] else "refuted"
     checks.check(findings["hypothesis2"] == "holds",
                  f"hypothesis 2: NCCL kernels of each replay, by start time, pair with capture order and names confirm "
                  f"({len(by_order.matches)} kernels matched by order; {expected_kernels} captured NCCL kernel nodes per full set of replays)")
 
-    # -- key-by-key: replay annotations vs eager profiler metadata ------------
+
+def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_by_name: dict[str, list[dict]],
+                         checks: Checks) -> None:
+    """Step 3: key by key, every replay's annotation equals the eager profiler's metadata."""
+    from commtag.vocab import parse_nccl_kernel
+
+    findings = checks.findings
     replays_seen: dict[tuple[int, int], list] = {}
     for m in result.matches:
         replays_seen.setdefault((m.capture_id, m.annotation.replay), []).append(m)
@@ -359,8 +391,15 @@ def analyse(out: Path, checks: Checks) -> None:
         checks.check(bool(got) and not diffs, f"graph {name}: every replayed event's eager keys equal the eager profiler's {diffs[:2] or ''}")
         checks.check(bool(got) and not seq_wrong, f"graph {name}: Seq is the capture-time Seq and the replay index is set {seq_wrong or ''}")
         findings.setdefault("graph_match_methods", {})[name] = sorted({m.method for m in got})
-    findings["exceptions"] = EXCEPTIONS
 
+
+def _check_compiled(out: Path, checks: Checks) -> None:
+    """Step 5 (optional): torch.compile(mode="reduce-overhead")'s graphs, matched as the merge would."""
+    from commtag.merge.graphs import match_graph_replays
+    from commtag.merge.load import base_ns
+    from commtag.schema import Sidecar
+
+    findings = checks.findings
     compiled_dir = out / "compiled"
     if compiled_dir.exists() and list(compiled_dir.glob("*.commtag.json")):
         side = Sidecar.model_validate_json(_one(compiled_dir, ".commtag.json").read_text())
