@@ -82,8 +82,8 @@ def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str,
     return bound
 
 
-def _same(name: str, tensors_key: str, *, reduce: bool = False, root_key: Optional[str] = None) -> Callable[[dict], OpCall]:
-    """Ops whose input and output are the same tensors (allreduce, broadcast, reduce)."""
+def _same_size(name: str, tensors_key: str, *, reduce: bool = False, root_key: Optional[str] = None) -> Callable[[dict], OpCall]:
+    """Ops whose output is as large as their input (allreduce, broadcast, reduce), in place or not."""
 
     def describe(a: dict) -> OpCall:
         tensors = a[tensors_key]
@@ -161,7 +161,7 @@ def _rooted(name: str, in_key: str, out_key: str, dtype_of: str, gather: bool) -
     return describe
 
 
-def _barrier(a: dict) -> OpCall:
+def _barrier_op(a: dict) -> OpCall:
     state = _group(a["process_group"])
     return OpCall("barrier", state, 0, 0, "Byte", state.group_rank, async_op=bool(a.get("async_op", False)))
 
@@ -169,10 +169,10 @@ def _barrier(a: dict) -> OpCall:
 #: (namespace, op name without overload) -> how to describe a call. p2p ops are not
 #: intercepted: a p2p capture is always issued through the patched Python functions.
 _TABLE: dict[tuple[str, str], Callable[[dict], OpCall]] = {
-    ("c10d", "allreduce_"): _same("allreduce", "tensors", reduce=True),
-    ("c10d", "allreduce_coalesced_"): _same("allreduce_coalesced", "tensors", reduce=True),
-    ("c10d", "broadcast_"): _same("broadcast", "tensors", root_key="root_rank"),
-    ("c10d", "reduce_"): _same("reduce", "tensors", reduce=True, root_key="root_rank"),
+    ("c10d", "allreduce_"): _same_size("allreduce", "tensors", reduce=True),
+    ("c10d", "allreduce_coalesced_"): _same_size("allreduce_coalesced", "tensors", reduce=True),
+    ("c10d", "broadcast_"): _same_size("broadcast", "tensors", root_key="root_rank"),
+    ("c10d", "reduce_"): _same_size("reduce", "tensors", reduce=True, root_key="root_rank"),
     ("c10d", "allgather_"): _io("all_gather", "input_tensors", "output_tensors", "input"),
     ("c10d", "_allgather_base_"): _io("_allgather_base", "input_tensor", "output_tensor", "output"),
     ("c10d", "allgather_into_tensor_coalesced_"): _io("allgather_into_tensor_coalesced", "inputs", "outputs", "output"),
@@ -184,11 +184,11 @@ _TABLE: dict[tuple[str, str], Callable[[dict], OpCall]] = {
     ("c10d", "alltoall_"): _alltoall,
     ("c10d", "gather_"): _rooted("gather", "input_tensors", "output_tensors", "input", gather=True),
     ("c10d", "scatter_"): _rooted("scatter", "input_tensors", "output_tensors", "output", gather=False),
-    ("c10d", "barrier"): _barrier,
-    ("_c10d_functional", "all_reduce"): _same("allreduce", "input", reduce=True),
-    ("_c10d_functional", "all_reduce_"): _same("allreduce", "input", reduce=True),
-    ("_c10d_functional", "all_reduce_coalesced"): _same("allreduce_coalesced", "inputs", reduce=True),
-    ("_c10d_functional", "all_reduce_coalesced_"): _same("allreduce_coalesced", "inputs", reduce=True),
+    ("c10d", "barrier"): _barrier_op,
+    ("_c10d_functional", "all_reduce"): _same_size("allreduce", "input", reduce=True),
+    ("_c10d_functional", "all_reduce_"): _same_size("allreduce", "input", reduce=True),
+    ("_c10d_functional", "all_reduce_coalesced"): _same_size("allreduce_coalesced", "inputs", reduce=True),
+    ("_c10d_functional", "all_reduce_coalesced_"): _same_size("allreduce_coalesced", "inputs", reduce=True),
     ("_c10d_functional", "all_gather_into_tensor"): _io("_allgather_base", "input", None, "input", gather=1),
     ("_c10d_functional", "all_gather_into_tensor_out"): _io("_allgather_base", "input", "out", "output"),
     ("_c10d_functional", "all_gather_into_tensor_coalesced"): _io("allgather_into_tensor_coalesced", "inputs", None, "input", gather=1),
@@ -196,8 +196,8 @@ _TABLE: dict[tuple[str, str], Callable[[dict], OpCall]] = {
     ("_c10d_functional", "reduce_scatter_tensor_out"): _io("_reduce_scatter_base", "input", "out", "output", reduce=True),
     ("_c10d_functional", "reduce_scatter_tensor_coalesced"): _io("reduce_scatter_tensor_coalesced", "inputs", None, "input", reduce=True, gather=-1),
     ("_c10d_functional", "all_to_all_single"): _alltoall_single_functional,
-    ("_c10d_functional", "broadcast"): _same("broadcast", "input", root_key="src"),
-    ("_c10d_functional", "broadcast_"): _same("broadcast", "input", root_key="src"),
+    ("_c10d_functional", "broadcast"): _same_size("broadcast", "input", root_key="src"),
+    ("_c10d_functional", "broadcast_"): _same_size("broadcast", "input", root_key="src"),
 }
 
 

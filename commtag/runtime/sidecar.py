@@ -77,12 +77,6 @@ def publish_trace(tmp: Path, rank: int, steps: Union[int, str]) -> str:
         return name
 
 
-def sidecar_path_for(trace_path: Union[str, Path]) -> Path:
-    """The sidecar that sits next to a trace written by :func:`commtag.trace_handler`."""
-    path = Path(trace_path)
-    return path.with_name(sidecar_name_for(path.name))
-
-
 def dumps(sidecar: Sidecar) -> bytes:
     """The sidecar's JSON, validated again from the bytes themselves (what is written is what is checked)."""
     data = orjson.dumps(sidecar.model_dump(mode="json", by_alias=True, exclude_none=True))
