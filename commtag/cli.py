@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -63,62 +62,37 @@ def _can_plot() -> bool:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.load import MergeInputError
-    from commtag.merge.pipeline import default_output, merge
-    from commtag.merge.workers import launcher_world, settle
+    from commtag.merge import MergeFailed, merge
 
     try:
         selection = _selection(args)
     except ValueError as exc:
         sys.stderr.write(f"commtag merge: error: {exc}\n")
         return 2
-    world = launcher_world(Path(args.output) if args.output else default_output([Path(p) for p in args.inputs]))
-    hook = MergeAnalysis()
-    error: Optional[MergeInputError] = None
     try:
-        result = merge(
-            args.inputs, args.output, align=args.align, json_dir=args.json,
-            rank_pattern=args.rank_pattern, progress=False if args.no_progress else None, world=world,
-            analysis=hook, skip_bad_ranks=args.skip_bad_ranks, rank=args.rank, list_left_out=args.verbose,
-            strict=args.strict, selection=selection,
-        )
-    except MergeInputError as exc:
-        error = exc
-    # Under torchrun every worker learns every worker's error: all exit 2, worker 0 alone says why.
-    errors = settle(world, error) if world is not None else [error] if error else []
-    if errors and world is not None:
-        # Once it failed, a worker only tidies up: torchrun stopping it (when another worker has
-        # exited first) would leave the exchange folder behind and turn its exit 2 into a signal.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if errors and (world is None or world.index == 0):
-        for failure in errors:
-            sys.stderr.write(f"commtag merge: error: {_one_line(failure)}\n")
-        sys.stderr.flush()
-    if world is not None:
-        world.close()
-    if errors:
+        result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
+                       rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
+                       list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection)
+    except MergeFailed as exc:  # under torchrun every worker fails alike; worker 0 says why
+        _say([f"error: {_one_line(e)}" for e in exc.errors] if exc.lead else [])
         return 2
-    if world is None or world.index == 0:
-        for notice in result.notices:
-            sys.stderr.write(f"commtag merge: notice: {notice}\n")
-        for warning in result.warnings:
-            sys.stderr.write(f"commtag merge: warning: {warning}\n")
-        for skipped in result.skipped:
-            sys.stderr.write(f"commtag merge: skipped: {_one_line(skipped)}\n")
-        for account in result.accounts:
-            sys.stderr.write(f"commtag merge: {account.describe()}\n")
-            for line in account.listed:
-                sys.stderr.write(f"commtag merge:   left out: {line}\n")
-        if result.alignment is not None:
-            sys.stderr.write(result.alignment.describe() + "\n")
-        sys.stdout.write(
-            f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
-            " (open it in https://ui.perfetto.dev)\n"
-        )
-    # Every worker ran the analysis (each wrote its ranks' lanes); worker 0 speaks for them.
-    lead = world is None or world.index == 0
-    return _report_desyncs([f.message for f in hook.result.desyncs] if hook.result and lead else [], args.strict)
+    if not result.lead:
+        return 0
+    _say([*(f"notice: {n}" for n in result.notices), *(f"warning: {w}" for w in result.warnings),
+          *(f"skipped: {_one_line(e)}" for e in result.skipped),
+          *(line for a in result.accounts for line in [a.describe(), *(f"  left out: {x}" for x in a.listed)])])
+    if result.alignment is not None:
+        sys.stderr.write(result.alignment.describe() + "\n")
+    sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
+                     " (open it in https://ui.perfetto.dev)\n")
+    return _report_desyncs([f.message for f in result.analysis.desyncs] if result.analysis else [], args.strict)
+
+
+def _say(lines: list[str]) -> None:
+    """Lines for the user on stderr, each as ``commtag merge: LINE``."""
+    for line in lines:
+        sys.stderr.write(f"commtag merge: {line}\n")
+    sys.stderr.flush()
 
 
 def _selection(args: argparse.Namespace):
@@ -141,10 +115,9 @@ def _one_line(exc: Exception) -> str:
 
 def _report_desyncs(desyncs: list[str], strict: bool) -> int:
     """Desyncs go to stderr, one line each (group, Seq, ranks, fields); --strict makes them fatal."""
-    for message in desyncs:
-        sys.stderr.write(f"commtag merge: {message}\n")
+    _say(desyncs)
     if desyncs and strict:
-        sys.stderr.write(f"commtag merge: --strict: {len(desyncs)} desync(s) between ranks\n")
+        _say([f"--strict: {len(desyncs)} desync(s) between ranks"])
         return 1
     return 0
 

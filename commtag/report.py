@@ -16,10 +16,11 @@ from typing import Optional
 
 import orjson
 
+from commtag.atomic import write_atomic
 from commtag.kernels import Breakdown
 from commtag.merge.analyze import NO_PAYLOAD, Analysis, GroupSummary, summarize
 from commtag.merge.attach import UNATTRIBUTED_UID
-from commtag.merge.output import not_regular, temporary
+from commtag.merge.output import not_regular
 from commtag.merge.records import CPU_OP_SOURCE
 
 #: Version of the JSON report's layout (bump on an incompatible change).
@@ -185,21 +186,6 @@ def plot_target_problem(path: Path, source: Path) -> Optional[str]:
         if os.path.samefile(path, source):
             return "--plot's target is the summary's input: writing the plot would overwrite it"
     return None
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write next to the target and rename, so a failure never leaves half a file; the file
-    gets the user's umask like any other (a hidden temporary of a dead process goes at the
-    next merge into that folder)."""
-    path = Path(path)
-    tmp = temporary(path)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def plot(analysis: Analysis, path: Path) -> None:

@@ -73,7 +73,7 @@ def _tables(found: KernelTables) -> KernelTables:
 
 
 def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int]):
-    from commtag.merge.load import MergeInputError
+    from commtag.merge.errors import MergeInputError
     from commtag.merge.pipeline import collect
 
     tables: KernelTables = {"stream": {}, "graph launch": {}, "lane": {}}

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from commtag.merge.load import MergeInputError
+from commtag.merge.errors import MergeInputError
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC

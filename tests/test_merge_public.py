@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from commtag.merge.convert import LINK_ARGS
-from commtag.merge.load import MergeInputError, discover
+from commtag.merge.errors import MergeInputError
+from commtag.merge.load import discover
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC

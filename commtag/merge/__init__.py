@@ -1,1 +1,102 @@
-"""The offline wing: load rank traces and sidecars, attach, analyze, write Perfetto."""
+"""The offline wing: load rank traces and sidecars, attach, analyze, write Perfetto.
+
+:func:`merge` is the library call behind ``commtag merge``::
+
+    from commtag.merge import merge
+
+    result = merge("traces/")          # writes traces/merged.pftrace
+    print(result.output, len(result.instances))
+
+The stages themselves are in :mod:`commtag.merge.pipeline`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+from commtag.merge.errors import MergeFailed, MergeInputError
+
+if TYPE_CHECKING:  # the engine loads on the first merge, not with the package
+    from commtag.merge.attach import GraphFallback
+    from commtag.merge.pipeline import AnalysisHook, MergeResult
+    from commtag.merge.selection import Selection
+
+__all__ = ["MergeFailed", "MergeInputError", "merge"]
+
+
+def merge(
+    inputs: Union[Sequence[Union[Path, str]], Path, str],
+    output: Optional[Union[Path, str]] = None,
+    *,
+    align: str = "none",
+    json_dir: Optional[Union[Path, str]] = None,
+    rank_pattern: Optional[str] = None,
+    rank: Optional[int] = None,
+    skip_bad_ranks: bool = False,
+    strict: bool = False,
+    list_left_out: bool = False,
+    progress: Optional[bool] = None,
+    analysis: Union[bool, AnalysisHook] = True,
+    graph_fallback: Optional[GraphFallback] = None,
+    selection: Optional[Selection] = None,
+) -> MergeResult:
+    """Merge every rank's trace (and sidecar) into one Perfetto file, as ``commtag merge`` does.
+
+    Run under ``torchrun --nproc-per-node=N``, each process is one merge
+    worker: they share the ranks, and this call forms and closes their group.
+
+    Args:
+        inputs: Directories (searched at any depth) and/or trace files.
+        output: The ``.pftrace`` to write; default ``<first dir>/merged.pftrace``.
+            It appears by an atomic rename: a failed merge leaves the old one.
+        align: ``"collectives"`` corrects each host's clock from matched
+            collectives (two passes over the inputs); ``"none"`` keeps them.
+        json_dir: Also write each rank's annotated Chrome JSON into this folder.
+        rank_pattern: A regex with one group giving the rank from a file name,
+            for traces that name none.
+        rank: The rank of a single trace that names none.
+        skip_bad_ranks: Leave out bad files and ranks and list them in the
+            result's ``skipped`` instead of stopping at the first.
+        strict: Refuse files that may be of another run (else ``warnings``).
+        list_left_out: List every event left out in the result's accounts.
+        progress: Show a progress bar; None shows one when stderr is a terminal.
+        analysis: True runs the skew, busbw and desync analysis
+            (:class:`commtag.merge.analyze.MergeAnalysis`) and writes its
+            figures, counters and markers into the trace; False writes the
+            trace alone; a callable is used as the hook (see
+            :data:`commtag.merge.pipeline.AnalysisHook`).
+        graph_fallback: How to match graph-replayed kernels that carry no ids
+            (default: commtag.merge.graphs' order and kernel-name matching).
+        selection: The profiler steps or time window kept, and the ranks whose
+            whole timelines are written (:class:`commtag.merge.selection.Selection`,
+            what ``--steps``, ``--window`` and ``--detail`` build; default: everything).
+
+    Returns:
+        A :class:`commtag.merge.pipeline.MergeResult`: the output, the ranks
+        merged, every collective instance, what was skipped, notices,
+        warnings and per-rank event accounts, and with ``analysis=True`` the
+        :class:`commtag.merge.analyze.Analysis` (``result.analysis``). Under
+        torchrun only worker 0's (``result.lead``) holds the instances.
+
+    Raises:
+        MergeFailed: Bad input or an output that cannot be written, nothing
+            written; under torchrun every worker raises every worker's errors.
+    """
+    from commtag.merge import pipeline, workers
+    from commtag.merge.analyze import MergeAnalysis
+
+    paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    hook = MergeAnalysis() if analysis is True else analysis or None
+    where = Path(output) if output else pipeline.default_output(paths) if paths else Path(pipeline.DEFAULT_OUTPUT)
+
+    def run(world: Optional[workers.World]) -> MergeResult:
+        result = pipeline.merge(paths, output, align=align, json_dir=json_dir, rank_pattern=rank_pattern,
+                                analysis=hook, graph_fallback=graph_fallback, progress=progress, world=world,
+                                skip_bad_ranks=skip_bad_ranks, rank=rank, list_left_out=list_left_out,
+                                strict=strict, selection=selection)
+        if isinstance(hook, MergeAnalysis) and result.lead:
+            result.analysis = hook.result
+        return result
+
+    return workers.launched(where, run)

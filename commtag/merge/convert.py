@@ -35,8 +35,10 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 from commtag.kernels import WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_rows
+from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.load import MergeInputError, checked_base_ns, wall_clock
+from commtag.merge.load import checked_base_ns, wall_clock
+from commtag.merge.records import GroupLane
 from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
@@ -271,8 +273,8 @@ class RankConverter:
         self.gpu_pids: set = set()
         self.categories = DeviceWork()
         self.instances: list = []
-        #: uid -> (lane_name, lane_id, pg_uid, member ranks) of the groups this rank knows.
-        self.groups: dict[str, tuple] = {}
+        #: uid -> the groups this rank knows.
+        self.groups: dict[str, GroupLane] = {}
         self.host = ""
         #: ``(first_ns, last_ns)`` each file covers, its collectives included: the rank's profiled windows.
         self.windows: list[tuple[int, int]] = []
@@ -496,7 +498,7 @@ class RankConverter:
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
         self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
         for g in group_rows(trace, sidecar):
-            self.groups[g.uid] = (g.lane_name, g.lane_id, g.uid, list(g.ranks))
+            self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, list(g.ranks))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
         if self.breakdowns:
             self._categorize(file)

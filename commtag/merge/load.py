@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 from commtag.constants import SIDECAR_SUFFIX, TIME_NS_LIMIT, sidecar_name_for
+from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 
 if TYPE_CHECKING:
@@ -57,15 +58,6 @@ MAX_RANKS = 1 << 24
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
-
-
-class MergeInputError(Exception):
-    """Bad input: the message names the file and the problem."""
-
-    def __init__(self, path: Path | str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = Path(path)
-        self.problem = problem
 
 
 @dataclass(slots=True)

@@ -6,13 +6,14 @@
   merge of the same inputs would read it (:func:`commtag.merge.load.would_read`:
   a ``.json``/``.json.gz`` under an input folder, a sidecar beside an input
   trace); the same for ``--json``'s folder and files.
-* :func:`temporary` names the hidden file a process writes before its atomic
-  rename, ``.NAME.tmp-HOST-PID``: :func:`remove_stale` can then tell a
-  temporary left by a dead process on this host (a merge killed with SIGKILL
-  runs no cleanup) from one a merge is still writing. The exchange folder of
-  torchrun's merge workers is named so too, after their agent's pid.
-* :func:`stage_json` and :func:`publish`: ``--json`` files appear only once
-  the whole merge has succeeded.
+* :class:`MergeOutput` owns what one merge worker writes: its part (worker 0's
+  becomes the output, the others' are shards worker 0 appends), the staged
+  ``--json`` files (they appear only once the whole merge has succeeded),
+  their removal when it fails, and OSError as the error naming the file.
+* :func:`remove_stale` removes what a merge killed with SIGKILL (no cleanup)
+  left: temporaries are named by :func:`commtag.atomic.temporary` after their
+  writer's host and pid, so one a live merge is still writing stays. The
+  exchange folder of merge workers is named so too, after their launcher's pid.
 """
 
 from __future__ import annotations
@@ -21,33 +22,15 @@ import contextlib
 import gzip
 import os
 import shutil
-import socket
 import stat
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import BinaryIO, Iterable, Iterator, Optional, Sequence
 
 import orjson
 
-from commtag.merge.load import MergeInputError, RankInput, would_read
-
-_TMP = ".tmp-"
-#: This host, as it appears in temporaries' names (no "/": it is part of a file name).
-_HOST = socket.gethostname().replace("/", "_") or "localhost"
-
-
-def temporary(path: Path, pid: Optional[int] = None) -> Path:
-    """The hidden name beside ``path`` that process ``pid`` (default: this one) writes before
-    renaming it into place, or removes when done."""
-    return path.with_name(f".{path.name}{_TMP}{_HOST}-{os.getpid() if pid is None else pid}")
-
-
-def _owner(name: str) -> Optional[int]:
-    """The pid in a temporary's name when a process of this host wrote it, else None."""
-    head, _, pid = name.rpartition("-")
-    if not (name.startswith(".") and pid.isdigit() and head.endswith(f"{_TMP}{_HOST}")):
-        return None
-    return int(pid)
-
+from commtag.atomic import commit, temporary, temporary_owner
+from commtag.merge.errors import MergeInputError
+from commtag.merge.load import RankInput, would_read
 
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` is running: a zombie (exited, not yet reaped by its parent) is not."""
@@ -77,7 +60,7 @@ def remove_stale(directories: Iterable[Path]) -> list[Path]:
         except OSError:
             continue  # not there yet: nothing stale in it
         for name in names:
-            pid = _owner(name)
+            pid = temporary_owner(name)
             if pid is not None and pid != os.getpid() and not _alive(pid):
                 stale = directory / name
                 with contextlib.suppress(OSError):  # another merge may be removing it too
@@ -146,40 +129,94 @@ def check_outputs(output: Path, json_dir: Optional[Path], inputs: Sequence[Path]
 
 
 @contextlib.contextmanager
-def output_errors(out_path: Path) -> Iterator[None]:
-    """An OSError while writing becomes the merge's error naming the output."""
+def output_errors(path: Path, what: str = "") -> Iterator[None]:
+    """An OSError while writing becomes the merge's error naming ``path`` (and ``what`` it is)."""
     try:
         yield
     except OSError as exc:
-        raise MergeInputError(out_path, f"cannot write the output: {exc.strerror or exc}") from None
+        raise MergeInputError(path, f"cannot write{what}: {exc.strerror or exc}") from None
 
 
-def publish(staged: list[tuple[Path, Path]]) -> None:
-    """Rename the staged --json files into place (the merge succeeded)."""
-    while staged:
-        tmp, path = staged.pop(0)
+class MergeOutput:
+    """The files one merge worker writes, from its first byte to their publication or removal.
+
+    ``part`` is the temporary this worker writes its ranks and lanes into:
+    worker 0's becomes the output once the other workers' parts (shards) are
+    appended to it; ``--json`` copies are staged under temporary names and
+    renamed with it. Used as a context manager: on the way out whatever is
+    still a temporary is removed, so a failed merge leaves only what was there.
+    """
+
+    def __init__(self, path: Path, json_dir: Optional[Path], lead: bool) -> None:
+        self.path = path
+        self.json_dir = json_dir
+        self.lead = lead
+        self.part = temporary(path)
+        self._shards: list[Path] = []
+        self._staged: list[tuple[Path, Path]] = []
+        self._own_part = True
+
+    def check(self, inputs: Sequence[Path], ranks: Sequence[RankInput],
+              skipped: Sequence[MergeInputError] = ()) -> None:
+        """Refuse outputs that would harm the inputs (:func:`check_outputs`), then remove the
+        temporaries of killed merges from the folders this merge writes into."""
+        check_outputs(self.path, self.json_dir, inputs, ranks, skipped)
+        remove_stale([self.path.parent, *([self.json_dir] if self.json_dir is not None else [])])
+
+    @contextlib.contextmanager
+    def open_part(self, mode: str = "wb") -> Iterator[BinaryIO]:
+        """This worker's part, open for writing (``"ab"`` appends); OSError names the output."""
+        with self.errors(), open(self.part, mode) as stream:
+            yield stream
+
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        """An OSError while writing becomes the merge's error naming the output."""
+        return output_errors(self.path, " the output")
+
+    def stage_json(self, name: str, trace: dict) -> None:
+        """Write an annotated Chrome JSON trace as ``json_dir/name`` (gzip if the name ends
+        in .gz) under a temporary name, renamed by :meth:`publish`."""
+        assert self.json_dir is not None
+        target = self.json_dir / name
         try:
-            os.replace(tmp, path)
+            target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
+            raise MergeInputError(target.parent, f"cannot create: {exc.strerror or exc}") from None
+        # Indented like Kineto's own output: HTA finds a file's rank with the regex
+        # '"rank":\s+(\d+)', which compact JSON ('"rank":1') never matches.
+        data = orjson.dumps(trace, option=orjson.OPT_INDENT_2)
+        if target.name.endswith(".gz"):
+            data = gzip.compress(data, compresslevel=3)
+        tmp = temporary(target)
+        self._staged.append((tmp, target))
+        with output_errors(target):
+            tmp.write_bytes(data)
 
+    def publish(self, shards: Sequence[Path]) -> None:
+        """The merge succeeded: worker 0 appends the other workers' ``shards`` (each then
+        removed) to its part and renames it over the output; every worker renames its
+        staged --json files into place. Another worker's part is worker 0's to remove now."""
+        if self.lead:
+            self._shards = [s for s in shards if s != self.part]
+            with self.open_part("ab") as stream:
+                for shard in self._shards:
+                    with open(shard, "rb") as part:
+                        while block := part.read(16 << 20):
+                            stream.write(block)
+            with self.errors():
+                commit(self.part, self.path)
+        else:
+            self._own_part = False
+        while self._staged:
+            tmp, target = self._staged.pop(0)
+            with output_errors(target):
+                commit(tmp, target)
 
-def stage_json(path: Path, trace: dict) -> Path:
-    """Write an annotated Chrome JSON trace (gzip if the name ends in .gz) under a temporary
-    name beside ``path``; return that name. The caller renames it once the merge succeeded."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MergeInputError(path.parent, f"cannot create: {exc.strerror or exc}") from None
-    # Indented like Kineto's own output: HTA finds a file's rank with the regex
-    # '"rank":\s+(\d+)', which compact JSON ('"rank":1') never matches.
-    data = orjson.dumps(trace, option=orjson.OPT_INDENT_2)
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=3)
-    tmp = temporary(path)
-    try:
-        tmp.write_bytes(data)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise MergeInputError(path, f"cannot write: {exc.strerror or exc}") from None
-    return tmp
+    def __enter__(self) -> MergeOutput:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        leftovers = [*([self.part] if self._own_part else []), *self._shards, *(tmp for tmp, _ in self._staged)]
+        for leftover in leftovers:
+            with contextlib.suppress(OSError):  # e.g. ENOTDIR: the output's directory is a file
+                leftover.unlink(missing_ok=True)

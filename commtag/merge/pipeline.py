@@ -1,18 +1,22 @@
-"""The merge, rank by rank: stream, attach, write, free; then lanes once.
+"""The merge, stage by stage: discover, plan, (align), write ranks, exchange, analyze,
+write lanes, publish.
 
-Memory stays near one rank's encoded events: a rank is read in batches
-(commtag.merge.convert), written once its files are read, and only its
-CollectiveInstance records are kept. After the last rank the analysis hook
-sees every instance, and the lanes block (process-group lanes, cross-rank
-flows, counters, markers) is written. The output appears atomically (a
-temporary file renamed over it); a failed merge leaves any previous output
-untouched.
+:func:`merge` reads as that list; each stage is a function below taking the
+:class:`MergePlan`, which holds what the merge decided before reading any
+event (inputs, options, ranks, this worker's share, alignment, time origin,
+output). Memory stays near one rank's encoded events: a rank is read in
+batches (commtag.merge.convert), written once its files are read, and only
+its CollectiveInstance records are kept. After the last rank the analysis
+hook sees every instance, and the lanes block (process-group lanes,
+cross-rank flows, counters, markers) is written. The output appears
+atomically (:class:`commtag.merge.output.MergeOutput`); a failed merge leaves
+any previous output untouched.
 
 Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a
-contiguous chunk of ranks and writes them to a shard; workers exchange
-their records as JSON, each runs the analysis over all of them and writes
+contiguous chunk of ranks and writes them to a part of its own; workers
+exchange their records, each runs the analysis over all of them and writes
 the lanes of its own ranks after them, and worker 0 appends the others'
-shards after its own. Blocks only use ids derived from their rank, so the
+parts after its own. Blocks only use ids derived from their rank, so the
 file shows exactly what the single-process one shows (each worker's
 packet sequences and interned ids are its own).
 
@@ -25,31 +29,30 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 from collections import Counter
-from dataclasses import asdict, astuple, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
-
-import orjson
 
 from commtag.kernels import DeviceWork
 from commtag.merge import graphs, lanes, runs, trace_writer
 from commtag.merge.align import Alignment, estimate_offsets
-from commtag.merge.attach import GraphFallback, common, settle_inferred, shared
+from commtag.merge.attach import GraphFallback, settle_inferred
 from commtag.merge.convert import EventAccount, RankConverter
+from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceStream, WholeTrace
-from commtag.merge.load import (
-    MergeInputError, RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock,
+from commtag.merge.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
+from commtag.merge.output import MergeOutput
+from commtag.merge.records import (
+    CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, RankSummary, TraceAnnotations,
 )
-from commtag.merge.output import check_outputs, output_errors, publish, remove_stale, stage_json, temporary
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, TraceAnnotations
 from commtag.merge.runs import FileSpan
 from commtag.merge.selection import FileSpans, Selection, file_spans
-from commtag.merge.workers import SoloWorld, World
+from commtag.merge.workers import SoloWorld, World, all_done, exchange
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
+    from commtag.merge.analyze import Analysis
     from commtag.schema import Sidecar
 
 #: ``analysis(instances, coverage)`` may add figures to each instance's ``args``
@@ -60,26 +63,73 @@ DEFAULT_OUTPUT = "merged.pftrace"
 ALIGN_MODES = ("none", "collectives")
 
 
-@dataclass(slots=True)
-class RankSummary:
-    """What the lanes stage needs of a rank once its events are written."""
+@dataclass(frozen=True)
+class MergeOptions:
+    """How to merge: the options of ``commtag merge`` (see :func:`merge` for each)."""
 
-    rank: int
-    host: str
-    first_ns: Optional[int]
-    #: ``(lane_name, lane_id, pg_uid, member ranks)`` of the groups this rank knows.
-    groups: list[tuple[str, int, str, list[int]]]
-    instances: list[CollectiveInstance] = field(default_factory=list)
-    #: Lane name -> annotations of its kernel categories (from the rank's timeline).
-    lane_kernels: dict[str, dict] = field(default_factory=dict)
-    #: ``(first_ns, last_ns)`` of each of its trace files (see :class:`Coverage`).
-    windows: list[tuple[int, int]] = field(default_factory=list)
-    #: The world size its files claim.
-    world_size: Optional[int] = None
-    #: Events read, written and left out (by reason); None where nothing was written.
-    account: Optional[EventAccount] = None
-    #: What each merged file of the rank says of itself, for :func:`commtag.merge.runs.warnings`.
-    files: list[FileSpan] = field(default_factory=list)
+    align: str = "none"
+    json_dir: Optional[Path] = None
+    rank_pattern: Optional[str] = None
+    rank: Optional[int] = None
+    graph_fallback: Optional[GraphFallback] = None
+    #: None: a progress bar when stderr is a terminal.
+    progress: Optional[bool] = None
+    skip_bad_ranks: bool = False
+    list_left_out: bool = False
+    strict: bool = False
+    #: The steps or time window kept, and the ranks written in detail (default: everything).
+    selection: Optional[Selection] = None
+
+    def __post_init__(self) -> None:
+        if self.align not in ALIGN_MODES:
+            raise ValueError(f"align must be one of {ALIGN_MODES}, got {self.align!r}")
+
+
+@dataclass
+class MergePlan:
+    """One merge as decided before any event is read; every stage reads it.
+
+    The same on every merge worker except ``mine`` and ``output`` (each
+    worker's own share and files), so that what the workers write fits together.
+    """
+
+    inputs: list[Path]
+    options: MergeOptions
+    world: World
+    #: Every rank discovery found, in rank order.
+    ranks: list[RankInput]
+    #: This worker's contiguous chunk of ``ranks`` (:func:`chunks`).
+    mine: list[RankInput]
+    output: MergeOutput
+    #: With ``skip_bad_ranks``, the files left out so far, each with why; else None (the first error stops).
+    skipped: Optional[list[MergeInputError]]
+    #: Things the user should know that do not stop the merge.
+    notices: list[str] = field(default_factory=list)
+    #: ``align="collectives"``: each rank's clock correction and how it was estimated.
+    alignment: Optional[Alignment] = None
+    #: The wall-clock ns every timestamp of the merged file counts from (:func:`time_origin`).
+    origin: int = 0
+    #: With a selection, the times each file keeps (known once the clocks are aligned).
+    spans_of: Optional[FileSpans] = None
+
+    def offset(self, rank: int) -> int:
+        """The clock correction (ns) added to every time of ``rank``."""
+        return self.alignment.offsets.get(rank, 0) if self.alignment is not None else 0
+
+    @property
+    def fallback_for(self) -> FallbackFor:
+        """Per trace file, the graph-replay fallback: the caller's, else commtag.merge.graphs'."""
+        return _fallback(self.options.graph_fallback)
+
+    def detailed(self, rank: int) -> bool:
+        """Whether ``rank``'s whole timeline is written (--detail), not only its process and lanes."""
+        selection = self.options.selection
+        return selection is None or selection.detailed is None or selection.detailed(rank)
+
+    @property
+    def lead(self) -> bool:
+        """Whether this worker writes the output (and the header, and reports)."""
+        return self.world.index == 0
 
 
 @dataclass(slots=True)
@@ -97,6 +147,11 @@ class MergeResult:
     accounts: list[EventAccount] = field(default_factory=list)
     #: Files that may not be of one run with the rest (``strict`` refuses them instead).
     warnings: list[str] = field(default_factory=list)
+    #: Whether this process is the merge worker that wrote the output (always, without torchrun);
+    #: another worker's result has no instances and is not the one to report.
+    lead: bool = True
+    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker.
+    analysis: Optional[Analysis] = None
 
 
 def default_output(inputs: Sequence[Path]) -> Path:
@@ -135,6 +190,10 @@ def merge(
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
+    The engine under :func:`commtag.merge.merge` (which runs the analysis by
+    default and owns the torchrun workers): here ``analysis`` is only what
+    the caller passes and ``world`` the caller's.
+
     ``inputs``: directories (searched at any depth) and/or trace files.
     ``rank``: the rank of a single trace that does not name it. ``output``: default
     ``<first dir>/merged.pftrace``. ``align="collectives"`` corrects each
@@ -155,109 +214,96 @@ def merge(
     ``selection``: the steps or time window kept, and the ranks written in detail
     (:mod:`commtag.merge.selection`; default: everything).
     """
-    if align not in ALIGN_MODES:
-        raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
+                           rank_pattern=rank_pattern, rank=rank, graph_fallback=graph_fallback, progress=progress,
+                           skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
+                           selection=selection)
+    plan = make_plan(inputs, output, options, world or SoloWorld())
+    with plan.output:
+        if options.align == "collectives":
+            align_clocks(plan)
+        place_in_time(plan)
+        # A bad input in any worker's ranks reaches every worker through the exchange.
+        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.skipped)
+        instances, warned = gather(plan, everyone)
+        with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
+            annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
+        # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
+        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations))
+        plan.output.publish([Path(part["shard"]) for part in shards if part is not None])
+    lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
+    return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [],
+                       alignment=plan.alignment, annotations=annotations if lead else None,
+                       skipped=plan.skipped or [], notices=plan.notices,
+                       accounts=[s.account for s in everyone if s.account is not None],
+                       warnings=[f"{path}: {problem}" for path, problem in warned] if lead else [], lead=lead)
+
+
+def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path | str], options: MergeOptions,
+              world: World) -> MergePlan:
+    """Discover the ranks, check the outputs, and take this worker's share."""
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     if not paths:
         raise MergeInputError(".", "no input given")
-    world = world or SoloWorld()
-    skipped: Optional[list[MergeInputError]] = [] if skip_bad_ranks else None
-    ranks = discover(paths, rank_pattern, skipped, rank=rank)
+    skipped: Optional[list[MergeInputError]] = [] if options.skip_bad_ranks else None
+    ranks = discover(paths, options.rank_pattern, skipped, rank=options.rank)
+    out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0)
+    out.check(paths, ranks, skipped or ())
     notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
                for r in ranks for f in r.files if f.sidecar is None]
-    out_path = Path(output) if output else default_output(paths)
-    json_dir = Path(json_dir) if json_dir is not None else None
-    check_outputs(out_path, json_dir, paths, ranks, skipped or ())
-    # A merge killed before its cleanup left its temporaries here: remove them (never a live merge's).
-    remove_stale([out_path.parent, *([json_dir] if json_dir is not None else [])])
-    mine = chunks(ranks, world.size)[world.index]
-    show = sys.stderr.isatty() if progress is None else progress
+    return MergePlan(paths, options, world, ranks, chunks(ranks, world.size)[world.index], out, skipped, notices)
 
-    alignment = None
-    offsets: dict[int, int] = {}
-    if align == "collectives":
-        everyone = _exchange(world, lambda: _summaries_only(mine, graph_fallback, skipped), skipped)
-        mine = [r for r in mine if r.rank in {s.rank for s in everyone}]
-        alignment = estimate_offsets(
-            [i for s in everyone for i in s.instances], {s.rank: s.host for s in everyone}
+
+def align_clocks(plan: MergePlan) -> None:
+    """--align collectives: a first pass over every rank's collectives estimates each host's
+    clock offset; ranks the pass left out (skipped) are not written."""
+    everyone = exchange(plan.world, lambda: _summaries_only(plan.mine, plan.fallback_for, plan.skipped),
+                        plan.skipped)
+    kept = {s.rank for s in everyone}
+    plan.mine = [r for r in plan.mine if r.rank in kept]
+    plan.alignment = estimate_offsets([i for s in everyone for i in s.instances], {s.rank: s.host for s in everyone})
+
+
+def place_in_time(plan: MergePlan) -> None:
+    """The time origin every worker writes from and, with a selection, the times each file keeps."""
+    offsets = plan.alignment.offsets if plan.alignment else {}
+    plan.origin = time_origin(plan.ranks, offsets)
+    if plan.options.selection is not None:
+        bases = [(f.path, f.base_ns + offsets.get(r.rank, 0) if f.base_ns > 0 else 0) for r in plan.ranks for f in r.files]
+        plan.spans_of = file_spans(plan.options.selection, bases, plan.notices)
+
+
+def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
+    """Every rank's instances, in rank order, and the files that may be of another run;
+    what the user should know about them goes to the plan's notices."""
+    if not everyone:
+        raise nothing_left(plan.inputs, plan.skipped or [])
+    warned = runs.warnings([f for s in everyone for f in s.files])
+    if plan.options.strict and warned:
+        raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
+    instances = [i for s in everyone for i in s.instances]
+    settle_inferred(instances)
+    timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
+    if timed_by_ops:
+        plan.notices.append(f"{timed_by_ops} collective instances come from record_param_comms CPU ops "
+                            "(no kernel carried collective metadata): host times, no bandwidth")
+    covered = coverage(everyone)
+    if covered.absent:
+        plan.notices.append(covered.describe_absent())
+    return instances, warned
+
+
+def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
+                annotations: Optional[TraceAnnotations]) -> dict:
+    """The lanes block of this worker's ranks, after them in its part; where the part is."""
+    with plan.output.open_part("ab") as stream, _collector_paused():
+        lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
+            stream, _lane_layout(everyone), instances,
+            annotations.counters if annotations else (), annotations.markers if annotations else (),
+            {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
+            ranks={r.rank for r in plan.mine},
         )
-        offsets = alignment.offsets
-
-    origin = time_origin(ranks, offsets)
-    spans_of = None if selection is None else file_spans(
-        selection, [(f.path, f.base_ns + offsets.get(r.rank, 0) if f.base_ns > 0 else 0) for r in ranks for f in r.files],
-        notices)
-    # Worker 0 writes its ranks into what becomes the output, each other worker into a shard of
-    # its own that worker 0 appends; all are temporaries named after their writer's pid.
-    final_tmp = shard = temporary(out_path)
-    shards: list[Path] = []
-    #: --json files written under temporary names, renamed only once the merge has succeeded.
-    staged: list[tuple[Path, Path]] = []
-
-    def write_mine() -> list[RankSummary]:
-        with output_errors(out_path), open(shard, "wb") as stream:
-            return _write_ranks(stream, mine, offsets, origin, graph_fallback, json_dir, show,
-                                header=world.index == 0, skipped=skipped, staged=staged,
-                                list_left_out=list_left_out, spans_of=spans_of,
-                                detailed=selection.detailed if selection is not None else None)
-
-    try:
-        # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = _exchange(world, write_mine, skipped)
-        if not everyone:
-            raise nothing_left(paths, skipped or [])
-        warned = runs.warnings([f for s in everyone for f in s.files])
-        if strict and warned:
-            raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
-        merged = [s.rank for s in everyone]
-        accounts = [s.account for s in everyone if s.account is not None]
-        instances = [i for s in everyone for i in s.instances]
-        settle_inferred(instances)
-        timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
-        if timed_by_ops:
-            notices.append(f"{timed_by_ops} collective instances come from record_param_comms CPU ops "
-                           "(no kernel carried collective metadata): host times, no bandwidth")
-        covered = coverage(everyone)
-        if covered.absent:
-            notices.append(covered.describe_absent())
-        with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
-            annotations = analysis(instances, covered) if analysis is not None else None
-
-        def write_lanes() -> dict:
-            with output_errors(out_path), open(shard, "ab") as stream, _collector_paused():
-                lanes.LanesWriter(origin, mine[0].rank if mine else 0).write(
-                    stream, _lane_layout(everyone), instances,
-                    annotations.counters if annotations else (), annotations.markers if annotations else (),
-                    {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-                    ranks={r.rank for r in mine},
-                )
-            return {"shard": str(shard)}
-
-        # Every worker writes the lanes of its own ranks after them; worker 0 appends the shards
-        # once all are complete.
-        shards = [Path(part["shard"]) for part in _all_done(world, write_lanes) if part is not None]
-        if world.index != 0:
-            shard = None  # worker 0 appends it, then removes it
-            publish(staged)
-            return MergeResult(out_path, merged, [], alignment, skipped=skipped or [], notices=notices,
-                               accounts=accounts)
-        with output_errors(out_path):
-            with open(final_tmp, "ab") as stream:
-                for path in shards:
-                    with open(path, "rb") as part:
-                        while block := part.read(16 << 20):
-                            stream.write(block)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(final_tmp, out_path)
-        publish(staged)
-        return MergeResult(out_path, merged, instances, alignment, annotations, skipped or [], notices, accounts,
-                           [f"{path}: {problem}" for path, problem in warned])
-    finally:
-        leftovers = [final_tmp, *shards] if world.index == 0 else [shard] if shard else []
-        for leftover in leftovers + [tmp for tmp, _ in staged]:
-            with contextlib.suppress(OSError):  # e.g. ENOTDIR: the output's directory is a file
-                leftover.unlink(missing_ok=True)
+    return {"shard": str(plan.output.part)}
 
 
 def coverage(summaries: Sequence[RankSummary]) -> Coverage:
@@ -285,7 +331,7 @@ def collect(
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern, rank=rank)
-    summaries = _summaries_only(ranks, graph_fallback, None, on_rank)
+    summaries = _summaries_only(ranks, _fallback(graph_fallback), None, on_rank)
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
@@ -297,108 +343,6 @@ def collect(
             s.windows = [(first + shift, last + shift) for first, last in s.windows]
     settle_inferred(instances)
     return coverage(summaries), instances
-
-
-def _exchange(world: World, produce: Callable[[], list[RankSummary]],
-              skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
-    """Every worker's summaries, in rank order; an input error anywhere stops all workers.
-
-    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files. A
-    worker keeps its own summaries as they are and decodes only the others'.
-    """
-    if world.size == 1:
-        # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
-        return sorted(produce(), key=lambda s: s.rank)
-    mine: list[RankSummary] = []
-
-    def step() -> dict:
-        nonlocal mine
-        mine = produce()
-        return {**_to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()]}
-
-    parts = _all_done(world, step)
-    if skipped is not None:
-        every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
-        union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
-        skipped[:] = [MergeInputError(path, problem) for path, problem in union]
-    return sorted((s for part in parts for s in (mine if part is None else _from_wire(part))), key=lambda s: s.rank)
-
-
-def _all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
-    """Run ``step`` on every worker and gather what each returned (None in this worker's own
-    place); an input or output error on any worker stops all of them, each naming the first."""
-    if world.size == 1:
-        step()
-        return [None]
-    error: Optional[MergeInputError] = None
-    try:
-        payload = orjson.dumps(step() or {})
-    except MergeInputError as exc:
-        error = exc
-        payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
-    parts = [None if i == world.index else orjson.loads(blob) for i, blob in enumerate(world.all_gather_bytes(payload))]
-    for part in parts:
-        if part is None and error is not None:
-            raise error
-        if part is not None and "error" in part:
-            raise MergeInputError(*part["error"])
-    return parts
-
-
-_FIELDS = [f.name for f in fields(CollectiveInstance)]
-_COMMON_AT = _FIELDS.index("common_args")
-_RANKS_AT = _FIELDS.index("group_ranks")
-#: Fields sent as an index into a table of texts: a lane name holds the group's ranks.
-_TEXTS_AT = [_FIELDS.index(name) for name in ("pg_uid", "collective", "dtype", "source", "lane_name")]
-
-
-def _to_wire(summaries: list[RankSummary]) -> dict:
-    """Summaries as JSON data: each instance a list of its fields, its ``common_args``, texts
-    and member ranks indexes into tables, so that what many instances share travels once."""
-    index: dict[int, int] = {}
-    table: list[dict] = []
-    texts: dict[str, int] = {}
-    rank_lists: dict[tuple, int] = {}
-    out = []
-    for s in summaries:
-        rows = []
-        for inst in s.instances:
-            row = [getattr(inst, name) for name in _FIELDS]
-            ref = index.get(id(inst.common_args))
-            if ref is None:
-                ref = index[id(inst.common_args)] = len(table)
-                table.append(inst.common_args)
-            row[_COMMON_AT] = ref
-            for at in _TEXTS_AT:
-                row[at] = texts.setdefault(row[at], len(texts))
-            row[_RANKS_AT] = rank_lists.setdefault(row[_RANKS_AT], len(rank_lists))
-            rows.append(row)
-        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": s.groups,
-                    "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
-                    "files": [astuple(f) for f in s.files], "instances": rows,
-                    "account": None if s.account is None else asdict(s.account)})
-    return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
-
-
-def _from_wire(data: dict) -> list[RankSummary]:
-    table = [common(args) for args in data["common"]]
-    texts = data["texts"]
-    rank_lists = [shared(tuple(ranks)) for ranks in data["ranks"]]
-    summaries = []
-    for s in data["summaries"]:
-        instances = []
-        for row in s.pop("instances"):
-            row[_COMMON_AT] = table[row[_COMMON_AT]]
-            row[_RANKS_AT] = rank_lists[row[_RANKS_AT]]
-            for at in _TEXTS_AT:
-                row[at] = texts[row[at]]
-            instances.append(CollectiveInstance(*row))
-        s["groups"] = [tuple(g) for g in s["groups"]]
-        s["windows"] = [tuple(w) for w in s["windows"]]
-        s["account"] = None if s["account"] is None else EventAccount(**s["account"])
-        s["files"] = [FileSpan(*f) for f in s["files"]]
-        summaries.append(RankSummary(**s, instances=instances))
-    return summaries
 
 
 def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optional[Sidecar]:
@@ -423,7 +367,11 @@ def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
                                               "one rank cannot record two traces at once")
 
 
-def _fallback(graph_fallback: Optional[GraphFallback]) -> Callable[[dict], GraphFallback]:
+#: Per trace file (its header and events), the graph-replay fallback to use on it.
+FallbackFor = Callable[[dict], Optional[GraphFallback]]
+
+
+def _fallback(graph_fallback: Optional[GraphFallback]) -> FallbackFor:
     """Per trace file, the graph-replay fallback: the caller's, else commtag.merge.graphs'."""
     return (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
 
@@ -452,7 +400,7 @@ def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
         skipped.append(MergeInputError(path, problem))
 
 
-def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], graph_fallback: Optional[GraphFallback],
+def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], fallback: FallbackFor,
                   skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream,
                   spans_of: Optional[FileSpans] = None) -> Optional[tuple[RankConverter, list[FileSpan]]]:
     """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``,
@@ -461,7 +409,6 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], g
     With ``skipped`` (--skip-bad-ranks), a bad file and its sidecar are left out and listed
     there, and the rank is converted again from its other files: None when none is left.
     """
-    fallback = _fallback(graph_fallback)
     files = list(rank.files)
     while files:
         converter = new_converter()
@@ -500,8 +447,7 @@ def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar]
                     str(header.get("trace_id") or ""))
 
 
-def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[GraphFallback]
-                    ) -> list[tuple[Path, dict]]:
+def _attached_whole(rank: RankInput, offset: int, fallback: FallbackFor) -> list[tuple[Path, dict]]:
     """The rank's files read whole, their events annotated in place as the merge annotates them."""
     read: list[tuple[Path, WholeTrace]] = []
 
@@ -509,11 +455,11 @@ def _attached_whole(rank: RankInput, offset: int, graph_fallback: Optional[Graph
         read.append((path, WholeTrace(path)))
         return read[-1][1]
 
-    _convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset), graph_fallback, None, whole)
+    _convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset), fallback, None, whole)
     return [(path, w.trace) for path, w in read]
 
 
-def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallback],
+def _summaries_only(ranks: list[RankInput], fallback: FallbackFor,
                     skipped: Optional[list[MergeInputError]],
                     on_rank: Optional[Callable[[int, DeviceWork], None]] = None) -> list[RankSummary]:
     """Each rank's collective instances (and kernel breakdowns, to ``on_rank``), streamed
@@ -522,7 +468,7 @@ def _summaries_only(ranks: list[RankInput], graph_fallback: Optional[GraphFallba
     for rank in ranks:
         with _collector_paused():
             converted = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None),
-                                      graph_fallback, skipped)
+                                      fallback, skipped)
             if converted is not None:
                 converter, files = converted
                 summaries.append(_rank_summary(rank, converter, None, {}, files))
@@ -550,25 +496,25 @@ def _collector_paused():
             gc.enable()
 
 
-def _write_ranks(stream, mine: list[RankInput], offsets: dict[int, int], origin: int, graph_fallback,
-                 json_dir, show: bool, header: bool, skipped: Optional[list[MergeInputError]],
-                 staged: list[tuple[Path, Path]], list_left_out: bool = False,
-                 spans_of: Optional[FileSpans] = None,
-                 detailed: Optional[Callable[[int], bool]] = None) -> list[RankSummary]:
-    ranks: Iterable[RankInput] = mine
+def write_ranks(plan: MergePlan) -> list[RankSummary]:
+    """Stream, attach and write this worker's ranks into its part, one sequence for all;
+    worker 0's part starts with the trace's header. What is kept of each rank."""
+    ranks: Iterable[RankInput] = plan.mine
+    show = sys.stderr.isatty() if plan.options.progress is None else plan.options.progress
     if show:
         from tqdm import tqdm  # only a visible progress bar needs it
 
-        ranks = tqdm(mine, desc="commtag merge", unit="rank")
+        ranks = tqdm(plan.mine, desc="commtag merge", unit="rank")
     summaries = []
-    seq = trace_writer.rank_sequence(mine[0].rank, origin) if mine else None
-    for rank in ranks:
-        with _collector_paused():
-            summary = _write_rank(stream, rank, seq, offsets, origin, graph_fallback, json_dir, header, skipped,
-                                  staged, list_left_out, spans_of, detailed is None or detailed(rank.rank))
-        if summary is not None:
-            header = False
-            summaries.append(summary)
+    header = plan.lead
+    seq = trace_writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
+    with plan.output.open_part() as stream:
+        for rank in ranks:
+            with _collector_paused():
+                summary = _write_rank(plan, stream, seq, rank, header)
+            if summary is not None:
+                header = False
+                summaries.append(summary)
     return summaries
 
 
@@ -576,23 +522,24 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
                   lane_kernels: dict[str, dict], files: list[FileSpan]) -> RankSummary:
     groups = dict(converter.groups)
     for inst in converter.instances:
-        groups.setdefault(inst.pg_uid, (inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
+        groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
                        converter.windows, converter.world_size, files=files)
 
 
-def _write_rank(stream, rank: RankInput, seq: trace_writer.SequenceWriter, offsets: dict[int, int], origin: int,
-                graph_fallback, json_dir, header: bool, skipped: Optional[list[MergeInputError]],
-                staged: list[tuple[Path, Path]], list_left_out: bool = False,
-                spans_of: Optional[FileSpans] = None, detailed: bool = True) -> Optional[RankSummary]:
-    """Stream, attach and write one rank on the worker's sequence ``seq``; its summary, or None
-    when ``skipped`` took it (interned strings its events had added are written with the next rank's).
-    A rank not ``detailed`` (--detail) is read and attached but only its process is written: its
+def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank: RankInput,
+                header: bool) -> Optional[RankSummary]:
+    """Stream, attach and write one rank on the worker's sequence ``seq`` (after the trace's
+    header when ``header``); its summary, or None when the plan's ``skipped`` took it
+    (interned strings its events had added are written with the next rank's).
+    A rank not detailed (--detail) is read and attached but only its process is written: its
     lanes come with everyone's."""
-    offset = offsets.get(rank.rank, 0)
-    converted = _convert_rank(rank, lambda: RankConverter(rank.rank, seq if detailed else None, offset_ns=offset,
-                                                          list_left_out=list_left_out, breakdowns=True),
-                              graph_fallback, skipped, spans_of=spans_of)
+    offset = plan.offset(rank.rank)
+    encoder = seq if plan.detailed(rank.rank) else None
+    converted = _convert_rank(
+        rank, lambda: RankConverter(rank.rank, encoder, offset_ns=offset, list_left_out=plan.options.list_left_out,
+                                    breakdowns=True),
+        plan.fallback_for, plan.skipped, spans_of=plan.spans_of)
     if converted is None:
         return None
     converter, files = converted
@@ -600,13 +547,12 @@ def _write_rank(stream, rank: RankInput, seq: trace_writer.SequenceWriter, offse
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
     summary.account = converter.account()
     if header:
-        stream.write(trace_writer.header(timeline.first_ns or origin, origin))
+        stream.write(trace_writer.header(timeline.first_ns or plan.origin, plan.origin))
     trace_writer.write_rank(stream, timeline, seq)
-    if json_dir is not None:
+    if plan.options.json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
-        for path, trace in _attached_whole(rank, offset, graph_fallback):
-            target = Path(json_dir) / path.name
-            staged.append((stage_json(target, trace), target))
+        for path, trace in _attached_whole(rank, offset, plan.fallback_for):
+            plan.output.stage_json(path.name, trace)
     return summary
 
 
@@ -649,10 +595,10 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
         sort_keys.setdefault(name, (-size, numbered, name))
 
     for s in summaries:
-        for lane_name, _, pg_uid, ranks in s.groups:
-            if lane_name in used:
-                lane(lane_name, pg_uid, len(ranks))
-                members.setdefault(lane_name, set()).update(r for r in ranks if r in loaded)
+        for group in s.groups:
+            if group.lane_name in used:
+                lane(group.lane_name, group.pg_uid, len(group.ranks))
+                members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
         for inst in s.instances:
             lane(inst.lane_name, inst.pg_uid, inst.group_size)
             members.setdefault(inst.lane_name, set()).add(s.rank)

@@ -10,7 +10,11 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Sequence
+
+if TYPE_CHECKING:  # the converter and run checks build these; records import neither
+    from commtag.merge.convert import EventAccount
+    from commtag.merge.runs import FileSpan
 
 from commtag.vocab import ANN_CROSS_RANK
 
@@ -92,6 +96,44 @@ class CollectiveInstance:
         if peer is None:
             return None
         return (peer, self.rank) if self.collective == "recv" else (self.rank, peer)
+
+
+class GroupLane(NamedTuple):
+    """A process group as the lanes stage needs it: its lane and its member ranks.
+
+    Not :class:`commtag.identity.GroupRow`: a group known only from a rank's
+    instances has no description or backend, and this travels between merge
+    workers as a JSON list.
+    """
+
+    lane_name: str
+    lane_id: int
+    pg_uid: str
+    #: Global ranks in group-rank order (empty if unknown).
+    ranks: list[int]
+
+
+@dataclass(slots=True)
+class RankSummary:
+    """What the merge keeps of a rank once its events are written: what the analysis and the
+    lanes stage need (and what merge workers exchange)."""
+
+    rank: int
+    host: str
+    first_ns: Optional[int]
+    #: The groups this rank knows (its group table, and those its instances name).
+    groups: list[GroupLane]
+    instances: list[CollectiveInstance] = field(default_factory=list)
+    #: Lane name -> annotations of its kernel categories (from the rank's timeline).
+    lane_kernels: dict[str, dict] = field(default_factory=dict)
+    #: ``(first_ns, last_ns)`` of each of its trace files (see :class:`Coverage`).
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    #: The world size its files claim.
+    world_size: Optional[int] = None
+    #: Events read, written and left out (by reason); None where nothing was written.
+    account: Optional[EventAccount] = None
+    #: What each merged file of the rank says of itself, for :func:`commtag.merge.runs.warnings`.
+    files: list[FileSpan] = field(default_factory=list)
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:

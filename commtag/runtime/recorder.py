@@ -24,7 +24,8 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch.profiler import ProfilerAction
 
-from commtag.constants import sidecar_name_for
+from commtag.atomic import temporary
+from commtag.constants import TRACE_SUFFIX, sidecar_name_for
 from commtag.runtime import capture, groups, sidecar
 from commtag.runtime.failopen import log_once
 from commtag.schema import RecordedCollective, Sidecar
@@ -231,8 +232,8 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
 
     def handler(prof: Any) -> None:
         rank, _ = _rank_and_world()
-        # export_chrome_trace gzips when the name ends in .gz; the temp name keeps that suffix.
-        tmp = directory / f".rank{rank}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.gz"
+        # export_chrome_trace gzips when the name ends in .gz; the temporary's name keeps that suffix.
+        tmp = temporary(directory / f"rank{rank}{TRACE_SUFFIX}")
         step = int(getattr(prof, "step_num", 0))
         try:
             steps = profiled_steps(prof, again=handed.get(prof) == step)

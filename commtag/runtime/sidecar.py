@@ -15,24 +15,22 @@ same steps, such as one ``with profile()`` per epoch) it takes ``.2``,
 ``.3``, ... as K. The sidecar names its trace in ``trace_file`` so a renamed
 pair still matches.
 
-Writing validates the exact JSON that goes to disk against the schema, writes
-a temporary file in the same directory and renames it over the target, so a
-reader never sees half a file; it gets the mode any new file gets, 0666 less
-the umask, like the trace (the merge often runs as another user). Reading refuses anything that is not a
+Writing validates the exact JSON that goes to disk against the schema and
+writes it with :func:`commtag.atomic.write_atomic`, so a reader never sees half
+a file. Reading refuses anything that is not a
 complete sidecar of a version this commtag understands, with an error that
 names the file and the problem.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 from typing import Union
 
 import orjson
 from pydantic import ValidationError
 
+from commtag.atomic import claim, write_atomic
 from commtag.constants import TRACE_SUFFIX, sidecar_name_for
 from commtag.schema import SCHEMA_VERSION, SIDECAR_KIND, Sidecar
 
@@ -53,28 +51,17 @@ def sidecar_name(rank: int, steps: Union[int, str], copy: int = 1) -> str:
 def publish_trace(tmp: Path, rank: int, steps: Union[int, str]) -> str:
     """Move the finished trace ``tmp`` to the first free trace name in its directory; return that name.
 
-    Free means neither the trace nor its sidecar exists. A hard link
-    claims the name atomically (it fails on a name taken meanwhile);
-    where the file system has none, a rename after the check.
+    Free means neither the trace nor its sidecar exists; :func:`commtag.atomic.claim`
+    takes a name only if it is still free.
     """
     copy = 0
     while True:
         copy += 1
         name = trace_name(rank, steps, copy)
-        target = tmp.with_name(name)
         if tmp.with_name(sidecar_name_for(name)).exists():
             continue
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            continue
-        except OSError:
-            if target.exists():
-                continue
-            os.replace(tmp, target)
+        if claim(tmp, tmp.with_name(name)):
             return name
-        os.unlink(tmp)
-        return name
 
 
 def dumps(sidecar: Sidecar) -> bytes:
@@ -84,30 +71,9 @@ def dumps(sidecar: Sidecar) -> bytes:
     return data
 
 
-def write_atomic(path: Union[str, Path], data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    # os.open, not mkstemp: mkstemp makes 0600 files, which a merge run by another user cannot read.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
 def write_sidecar(path: Union[str, Path], sidecar: Sidecar) -> Path:
     """Validate and atomically write one sidecar."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, dumps(sidecar))
 
 

@@ -36,8 +36,9 @@ from typing import Iterator, Optional, Sequence
 import orjson
 
 from commtag import identity
+from commtag.atomic import write_atomic
 from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
-from commtag.runtime.sidecar import dumps, sidecar_name, trace_name, write_atomic
+from commtag.runtime.sidecar import dumps, sidecar_name, trace_name
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,

@@ -1,0 +1,29 @@
+"""The merge's one error type: bad input (or an output it cannot write), named by its file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+
+class MergeInputError(Exception):
+    """Bad input: the message names the file and the problem."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+class MergeFailed(MergeInputError):
+    """A merge that stopped: every distinct error of its workers, in worker order.
+
+    One error for a single process. Under torchrun every worker raises the
+    same list (each exits with the same status); ``lead`` is true on the one
+    worker that should report them (worker 0).
+    """
+
+    def __init__(self, errors: Sequence[MergeInputError], lead: bool = True) -> None:
+        super().__init__(errors[0].path, errors[0].problem)
+        self.errors = list(errors)
+        self.lead = lead

@@ -1,0 +1,54 @@
+"""``commtag.merge.merge()``: the library call is what ``commtag merge`` does, analysis included.
+
+A library user who calls it with the defaults gets the same file as the
+console script, byte for byte (skew, busbw and desync figures on the lane
+slices, counters and markers), and bad input as one error type naming the file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commtag.merge import MergeFailed, MergeInputError, merge
+from commtag.merge.readback import read_trace
+
+DLRM = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces" / "param-dlrm-8rank"
+
+
+def _figures(path: Path) -> set[str]:
+    """The analysis keys the merged trace carries on its slices."""
+    return {key for s in read_trace(path).slices for key in s.args
+            if key in ("commtag skew us", "commtag ranks matched")}
+
+
+def test_library_call_writes_what_the_console_script_writes(tmp_path: Path) -> None:
+    by_cli = tmp_path / "cli.pftrace"
+    done = subprocess.run([sys.executable, "-m", "commtag", "merge", str(DLRM), "-o", str(by_cli), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    result = merge(DLRM, tmp_path / "lib.pftrace", progress=False)
+
+    assert result.output.read_bytes() == by_cli.read_bytes()
+    assert result.lead and len(result.ranks) == 8 and result.instances
+    assert result.analysis is not None and result.analysis.collectives
+    assert _figures(result.output) == {"commtag skew us", "commtag ranks matched"}
+
+
+def test_analysis_false_writes_the_trace_alone(tmp_path: Path) -> None:
+    result = merge(DLRM, tmp_path / "bare.pftrace", progress=False, analysis=False)
+    assert result.analysis is None and result.instances
+    assert _figures(result.output) == set()
+
+
+def test_bad_input_raises_one_error_naming_the_file_and_writes_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-traces"
+    with pytest.raises(MergeFailed) as failed:
+        merge(missing, tmp_path / "out.pftrace", progress=False)
+    assert isinstance(failed.value, MergeInputError)
+    assert [str(e) for e in failed.value.errors] == [f"{missing}: no such file or directory"]
+    assert list(tmp_path.iterdir()) == []
