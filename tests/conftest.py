@@ -91,7 +91,7 @@ def _large_public_trace(value: object) -> bool:
     path = PUBLIC_TRACES / value
     try:
         return path.resolve().is_relative_to(PUBLIC_TRACES.resolve()) and path.stat().st_size >= LARGE_TRACE_BYTES
-    except OSError:
+    except (OSError, ValueError):  # not a path on this system (a NUL byte, a name too long)
         return False
 
 
