@@ -25,6 +25,7 @@ def _figures(path: Path) -> set[str]:
             if key in ("commtag skew us", "commtag ranks matched")}
 
 
+@pytest.mark.slow
 def test_library_call_writes_what_the_console_script_writes(tmp_path: Path) -> None:
     by_cli = tmp_path / "cli.pftrace"
     done = subprocess.run([sys.executable, "-m", "commtag", "merge", str(DLRM), "-o", str(by_cli), "--no-progress"],
