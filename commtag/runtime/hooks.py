@@ -16,10 +16,11 @@ concurrent calls can never leave one part installed and another not:
 * c10d's ``_update_default_pg``, to count the lives of the world
   (:func:`commtag.runtime.groups.watch_lives`).
 
-Originals are kept here and put back exactly (an inherited method is
-un-shadowed); every replacement carries ``__commtag_original__``. Nothing
-here touches CUDA at install: the capture tracker is made on the first
-capture.
+The originals of the functions and CUDAGraph methods are kept here and put
+back exactly (an inherited method is un-shadowed), and each replacement
+carries ``__commtag_original__``; the default-group watcher keeps its own
+(``__wrapped__``). Nothing here touches CUDA at install: the capture tracker
+is made on the first capture.
 """
 
 from __future__ import annotations
