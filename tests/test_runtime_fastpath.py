@@ -164,7 +164,7 @@ def _toggle_inside(rank: int, world: int) -> list[int]:
     import commtag
     from torch.profiler import ProfilerActivity, profile
 
-    from commtag.runtime import patch
+    from commtag.runtime import idle
     from commtag.runtime.groups import state_for
 
     warnings.simplefilter("ignore", FutureWarning)
@@ -196,7 +196,7 @@ def _toggle_inside(rank: int, world: int) -> list[int]:
                 op()  # profiled when called, idle when torch calls back in
 
         steps.append(numbered(stopped_inside))
-    steps.append(patch.slow_reasons())
+    steps.append(idle.slow_reasons())
     return steps
 
 
