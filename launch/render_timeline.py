@@ -4,8 +4,9 @@
     python launch/render_timeline.py traces/merged.pftrace -o w.png --window 10 8 --ranks 0,2
 
 The README needs a picture of the merged timeline and ui.perfetto.dev is not
-reachable offline, so this redraws one: a band per rank with its thread rows,
-its process-group lanes and GPU streams (nested slices one row per depth),
+reachable offline, so this redraws one: the process-group view on top (a band
+per group, a row per member rank), then a band per rank with its thread rows
+and GPU streams (nested slices one row per depth),
 slices coloured by name, commtag's straggler markers, and the cross-rank flows
 of a few chosen collectives. It reads the file with commtag's own reader.
 """
@@ -28,6 +29,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 from matplotlib.transforms import blended_transform_factory
 
 from commtag.merge.readback import ParsedTrace, ReadbackError, Slice, read_trace
+from commtag.merge.selection import parse_numbers
 
 ROW_H = 0.2  # inches per slice row
 FONT = 7.5
@@ -40,7 +42,7 @@ class Row:
     """One horizontal row of the picture: a header, or a track at one depth."""
 
     label: str
-    kind: str  # "process", "group" or "track"
+    kind: str  # "view" (a process group), "process", "group" or "track"
     slices: list[Slice]
 
 
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", nargs=2, type=float, metavar=("START_MS", "DURATION_MS"),
                         help="time window relative to the first collective (default: one step, up to the "
                              "end of the first all-rank collective after it)")
-    parser.add_argument("--ranks", help="comma-separated ranks to show (default: all)")
+    parser.add_argument("--ranks", help="ranks to show, e.g. 0,2 or 0-7 (default: all)")
+    parser.add_argument("--groups-only", action="store_true", help="only the process-group view, no rank processes")
     parser.add_argument("--flows", default="all_gather,allreduce",
                         help="collective names whose first instance in the window gets its cross-rank flows drawn")
     parser.add_argument("--max-depth", type=int, default=2, help="slice rows per thread (default: 2)")
@@ -68,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = min(s.ts for s in lanes)
     start, end = _window(lanes, t0, args.window)
-    ranks = {int(r) for r in args.ranks.split(",")} if args.ranks else None
-    rows = _rows(trace, start, end, ranks, args.max_depth)
+    ranks = set(parse_numbers(args.ranks, "--ranks")) if args.ranks else None
+    rows = _rows(trace, start, end, ranks, args.max_depth, not args.groups_only)
     chosen = _chosen(lanes, start, end, [n for n in args.flows.split(",") if n])
     _draw(rows, chosen, t0, start, end, args)
     print(f"{args.output}: {len(rows)} rows, {(end - start) / 1e6:.1f} ms")
@@ -88,8 +91,10 @@ def _window(lanes: list[Slice], t0: int, window: list[float] | None) -> tuple[in
     return t0 - pad, end + pad
 
 
-def _rows(trace: ParsedTrace, start: int, end: int, ranks: set[int] | None, max_depth: int) -> list[Row]:
-    """Rows in the UI's order: process, then its track tree depth-first, one row per slice depth."""
+def _rows(trace: ParsedTrace, start: int, end: int, ranks: set[int] | None, max_depth: int,
+          processes: bool = True) -> list[Row]:
+    """Rows in the UI's order: the process-group view's groups, then each process, each with
+    its track tree depth-first, one row per slice depth."""
     children: dict[int, list] = {}
     for desc in trace.tracks.values():
         if desc.HasField("parent_uuid"):
@@ -110,7 +115,17 @@ def _rows(trace: ParsedTrace, start: int, end: int, ranks: set[int] | None, max_
         below = [r for kid in kids for r in walk(kid)]
         return [Row(desc.name, "group", [])] + below if below else []
 
+    heads = [d for d in trace.tracks.values() if not d.HasField("parent_uuid") and not d.HasField("process")
+             and d.uuid in children]
+    for head in sorted(heads, key=lambda d: (d.sibling_order_rank, d.name)):
+        kids = [d for d in sorted(children[head.uuid], key=lambda d: (d.sibling_order_rank, d.name))
+                if ranks is None or not d.name.startswith("rank ") or int(d.name.split(" ")[1]) in ranks]
+        below = [r for kid in kids for r in walk(kid)]
+        if any(r.label.startswith("rank ") for r in below):
+            rows += [Row(head.name, "view", [])] + below
     for proc in sorted(trace.processes(), key=lambda d: (d.sibling_order_rank, d.process.process_name)):
+        if not processes:
+            break
         match = re.match(r"rank (\d+)", proc.process.process_name)
         if ranks is not None and (match is None or int(match.group(1)) not in ranks):
             continue
@@ -168,9 +183,10 @@ def _draw(rows: list[Row], chosen: list[Slice], t0: int, start: int, end: int, a
     where: dict[int, float] = {}
     colours = _colours(rows)
     for y, row in enumerate(rows):
-        if row.kind == "process":
+        if row.kind in ("process", "view"):
             ax.add_patch(Rectangle((0.005, y + 0.08), 0.985, 0.84, transform=gutter, clip_on=False,
-                                   facecolor="#e8eaf0", edgecolor="none", zorder=0))
+                                   facecolor="#e8eaf0" if row.kind == "process" else "#fff3d6", edgecolor="none",
+                                   zorder=0))
             ax.text(0.01, y + 0.5, row.label, transform=gutter, va="center", fontsize=FONT + 1.5, weight="bold")
             continue
         indent = 0.02 if row.kind == "group" else 0.03
@@ -196,7 +212,7 @@ def _draw(rows: list[Row], chosen: list[Slice], t0: int, start: int, end: int, a
     _flows(ax, chosen, where, ms)
     names = " and ".join(sorted({f"{s.name} Seq {s.args['Seq']} on {s.args['commtag lane'].split(' [')[0]}"
                                  for s in chosen}))
-    shown = sum(row.kind == "process" for row in rows)
+    shown = sum(row.kind == "process" for row in rows) or len({r.label for r in rows if r.label.startswith("rank ")})
     fig.text(0.01, 1 - 0.08 / height, f"commtag merged timeline · {args.input.name}: {shown} ranks, {ms(start):.1f} to {ms(end):.1f} ms "
              "after the first collective", va="top", fontsize=FONT + 3.5, weight="bold")
     if names:

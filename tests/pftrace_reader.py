@@ -9,4 +9,16 @@ from commtag.merge.readback import ParsedTrace as Parsed
 from commtag.merge.readback import Slice
 from commtag.merge.readback import read_trace as read
 
-__all__ = ["Parsed", "Slice", "read"]
+__all__ = ["Parsed", "Slice", "lane_of", "read"]
+
+
+def lane_of(parsed: Parsed, slice_: Slice) -> "tuple[int, str] | None":
+    """(rank, lane name) of a slice on a member row of the process-group view, None for any other.
+
+    The view: a top-level track group per process group, named as its lane, with a row
+    ``rank R`` per member rank (commtag.merge.views).
+    """
+    path = parsed.name_path(slice_.track)
+    if len(path) == 2 and parsed.process_of(slice_.track) is None and path[1].startswith("rank "):
+        return int(path[1].split(" ")[1]), path[0]
+    return None

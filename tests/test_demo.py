@@ -21,6 +21,7 @@ import pytest
 
 from commtag.constants import SIDECAR_SUFFIX
 from commtag.merge.readback import read_trace
+from pftrace_reader import lane_of
 from commtag.runtime.sidecar import read_sidecar
 
 pytestmark = pytest.mark.slow
@@ -69,9 +70,9 @@ def test_merged_file_has_a_process_per_rank_and_a_lane_per_process_group(demo) -
     assert procs == ["rank 0", "rank 1", "rank 2", "rank 3"]
     lanes_by_rank: dict[int, set[str]] = defaultdict(set)
     for slice_ in trace.slices:
-        path = trace.name_path(slice_.track)
-        if path[1:2] == ["Comm lanes"] and "commtag rank" in slice_.args:
-            lanes_by_rank[int(path[0].split(" ")[1])].add(path[-1])
+        where = lane_of(trace, slice_)
+        if where is not None and "commtag rank" in slice_.args:
+            lanes_by_rank[where[0]].add(where[1])
     assert set().union(*lanes_by_rank.values()) == set(LANES)
     for rank in range(4):
         assert lanes_by_rank[rank] == {name for name, members in LANES.items() if rank in members}, rank

@@ -123,7 +123,7 @@ def test_lane_breakdown_is_the_device_work_of_its_collectives(merged):
                      if "commtag pg uid" in s.args and "Process Group Name" in s.args}
     lanes = _annotated(parsed, "lane")
     assert lanes and set(lanes) == {(0, lane) for lane in group_of_lane}
-    for (_, lane), s in lanes.items():
+    for (rank, lane), s in lanes.items():
         expected = Breakdown()
         for e in events:
             args = e.get("args") or {}
@@ -132,7 +132,7 @@ def test_lane_breakdown_is_the_device_work_of_its_collectives(merged):
                 expected.count[categorize(e["name"])] += 1
         assert set(expected.time_us) == {"communication"}
         _check_slice(s, expected)
-        assert parsed.name_path(s.track)[1:] == ["Comm lanes", lane]
+        assert parsed.name_path(s.track) == [lane, f"rank {rank}"]
 
 
 @pytest.mark.parametrize("relpath", [

@@ -30,7 +30,7 @@ from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as SHARED_PUBLIC
 from gloo_world import run_world
-from pftrace_reader import read
+from pftrace_reader import lane_of, read
 from torchrun_merge import torchrun_merge
 
 
@@ -83,7 +83,7 @@ def _written(out: Path) -> dict[int, tuple[Counter, Counter]]:
     found: dict[int, tuple[Counter, Counter]] = {}
     for s in parsed.slices:
         path = parsed.name_path(s.track)
-        if path[1] == "Comm lanes" or (s.instant and ANN_SCOPE in s.args):
+        if lane_of(parsed, s) is not None or path[1] == "commtag markers" or (s.instant and ANN_SCOPE in s.args):
             continue
         rank = int(re.match(r"rank (\d+) ", path[0]).group(1))
         slices, instants = found.setdefault(rank, (Counter(), Counter()))

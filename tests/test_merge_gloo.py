@@ -42,12 +42,13 @@ def merged(gloo_traces: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def _lanes(parsed) -> dict[int, list[tuple[int, str]]]:
-    """rank -> [(sibling order, lane name)] of the tracks under its "Comm lanes"."""
+    """rank -> [(sibling order, lane name)] of the process-group view's groups it has a row in."""
     out = defaultdict(set)
     for d in parsed.tracks.values():
-        if d.HasField("parent_uuid") and parsed.tracks.get(d.parent_uuid, d).name == "Comm lanes":
-            rank = int(parsed.process_of(d.uuid).process.process_name.split(" ")[1])
-            out[rank].add((d.sibling_order_rank, d.name))
+        head = parsed.tracks.get(d.parent_uuid) if d.HasField("parent_uuid") else None
+        if head is not None and not head.HasField("parent_uuid") and not head.HasField("process") \
+                and d.name.startswith("rank "):
+            out[int(d.name.split(" ")[1])].add((head.sibling_order_rank, head.name))
     return {r: sorted(v) for r, v in out.items()}
 
 

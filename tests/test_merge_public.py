@@ -15,7 +15,7 @@ from commtag.merge.load import discover
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
-from pftrace_reader import read
+from pftrace_reader import lane_of, read
 
 
 
@@ -38,8 +38,7 @@ def test_param_dlrm_8_ranks(tmp_path: Path) -> None:
         # 5 SendRecv + 3 AllReduce per rank, on their real stream 84 of the rank's GPU
         assert sorted(k.name.split("_")[1] for k in kernels) == ["AllReduce"] * 3 + ["SendRecv"] * 5
         assert {tuple(parsed.name_path(k.track)[1:]) for k in kernels} == {(f"GPU {rank}", "stream 84")}
-        lane = [s for s in parsed.slices if parsed.name_path(s.track)[1:2] == ["Comm lanes"]
-                and parsed.name_path(s.track)[0].startswith(f"rank {rank} ")]
+        lane = [s for s in parsed.slices if (lane_of(parsed, s) or (None,))[0] == rank]
         assert len(lane) == 8 and {s.args["commtag lane"] for s in lane} == {"NCCL kernels (no metadata)"}
     # every rank saw the same kernels, so the inferred instances are linked across ranks
     lanes = [s for s in parsed.slices if s.args.get("commtag lane")]

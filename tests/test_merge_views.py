@@ -8,7 +8,9 @@ included, and every event read either written or counted as left out.
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import subprocess
 import sys
 from collections import Counter
@@ -19,10 +21,12 @@ import pytest
 
 from commtag.merge.analyze import MergeAnalysis
 from commtag.merge.pipeline import merge
+from commtag.merge.readback import read_instances
 from commtag.merge.selection import OUTSIDE_SELECTION, Selection, parse_detail, parse_numbers, parse_window
 from commtag.merge.validate import validate_file
 from gloo_world import run_world
-from pftrace_reader import read
+from pftrace_reader import lane_of, read
+from torchrun_merge import torchrun_merge
 from views_world import PROFILED_STEPS, calls_per_step, profiled_steps
 
 pytestmark = pytest.mark.slow
@@ -193,3 +197,79 @@ def test_detail_none_writes_every_lane_slice_and_no_op(traces: Path, whole, tmp_
     assert sorted(lanes) == sorted((s.args["commtag rank"], s.args["commtag pg uid"], s.args["Seq"], s.ts)
                                    for s in whole[1].slices if "commtag rank" in s.args and "commtag pg uid" in s.args)
     assert all(a.written == 0 and a.left_out["timeline not written (--detail)"] > 0 for a in result.accounts)
+
+
+def _heads(parsed) -> list:
+    """The process-group view's groups: top-level tracks outside every process, in their order."""
+    heads = [d for d in parsed.tracks.values() if not d.HasField("parent_uuid") and not d.HasField("process")
+             and any(c.parent_uuid == d.uuid for c in parsed.tracks.values() if c.HasField("parent_uuid"))]
+    return sorted(heads, key=lambda d: d.sibling_order_rank)
+
+
+def test_group_view_has_a_row_per_member_holding_its_lane_slices_and_flows(whole) -> None:
+    result, parsed = whole
+    heads = _heads(parsed)
+    names = [h.name for h in heads]
+    assert names[0] == "PG 0 (default_pg) [0, 1, 2, 3]"
+    assert names == ["PG 0 (default_pg) [0, 1, 2, 3]", "PG 1 (tp) [0, 1]", "PG 2 (tp) [2, 3]", "PG 3 (dp) [0, 2]",
+                     "PG 4 (dp) [1, 3]"]
+    assert max(h.sibling_order_rank for h in heads) < min(p.sibling_order_rank for p in parsed.processes())
+    by_row: dict[tuple[int, str], list] = {}
+    for s in parsed.slices:
+        where = lane_of(parsed, s)
+        if where is not None and not s.instant:
+            by_row.setdefault(where, []).append(s)
+    for head in heads:
+        members = [int(r) for r in head.name.split("[")[1].rstrip("]").split(",")]
+        rows = sorted((d for d in parsed.tracks.values() if d.parent_uuid == head.uuid and d.HasField("parent_uuid")),
+                      key=lambda d: d.sibling_order_rank)
+        assert [d.name for d in rows] == [f"rank {r}" for r in members] + [f"busbw {head.name} (GB/s)"]
+        kind = next(k for k in calls_per_step(1) if k in head.name)
+        for rank in members:
+            slices = by_row[(rank, head.name)]
+            # as many slices as the rank made calls on the group, each its own with its lane's args
+            assert len(slices) == sum(calls_per_step(s)[kind] for s in PROFILED_STEPS)
+            assert len(slices) == sum(1 for i in result.instances if i.rank == rank and i.lane_name == head.name)
+            assert all(s.args["commtag rank"] == rank and s.args["commtag lane"] == head.name for s in slices)
+    # flows: every member of a collective is linked to the others, and each slice to its rank's c10d op
+    op_flows = {(f, _rank_of(parsed, s)) for s in parsed.slices if s.name.startswith("c10d::")
+                and parsed.process_of(s.track) is not None for f in s.flows_out}
+    view = [s for rows in by_row.values() for s in rows]
+    assert all(any((f, s.args["commtag rank"]) in op_flows for f in s.flows_in) for s in view)
+    for s in view:
+        peers = [p for p in view if p is not s and p.args["commtag pg uid"] == s.args["commtag pg uid"]
+                 and p.args["Seq"] == s.args["Seq"]]
+        linked = set(s.flows_out) | set(s.flows_in)
+        assert all(linked & (set(p.flows_out) | set(p.flows_in)) for p in peers)
+    # nothing is drawn twice: no lane slices inside the processes
+    assert not [s for s in parsed.slices if parsed.process_of(s.track) is not None and "commtag rank" in s.args
+                and "commtag pg uid" in s.args]
+
+
+def test_summary_and_readback_count_each_collective_once(traces: Path, whole) -> None:
+    result, _ = whole
+    assert len(read_instances(result.output)) == len(result.instances) == 4 * 12
+    merged, directory = (
+        subprocess.run([sys.executable, "-m", "commtag", "summary", str(source), "--format", "csv"],
+                       capture_output=True, text=True, timeout=300)
+        for source in (result.output, traces))
+    assert merged.returncode == directory.returncode == 0, merged.stderr + directory.stderr
+    assert merged.stdout == directory.stdout
+    counts = {row["lane"]: int(row["count"]) for row in csv.DictReader(io.StringIO(merged.stdout))}
+    assert counts == {"PG 0 (default_pg) [0, 1, 2, 3]": 6, "PG 1 (tp) [0, 1]": 3, "PG 2 (tp) [2, 3]": 3,
+                      "PG 3 (dp) [0, 2]": 3, "PG 4 (dp) [1, 3]": 3}
+
+
+@pytest.mark.parametrize("options", [[], ["--steps", "2,3", "--detail", "0,3"], ["--detail", "none"]])
+def test_torchrun_writes_the_same_views(traces: Path, tmp_path: Path, options: list[str]) -> None:
+    single, double = tmp_path / "single.pftrace", tmp_path / "double.pftrace"
+    one = subprocess.run([sys.executable, "-m", "commtag.merge", str(traces), "-o", str(single), "--no-progress",
+                          *options], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = torchrun_merge([str(traces), "-o", str(double), "--no-progress", *options])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert validate_file(double) == []
+    first, second = read(single), read(double)
+    assert second.tracks == first.tracks
+    assert second.slices == first.slices
+    assert len(_heads(second)) == 5

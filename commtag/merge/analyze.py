@@ -629,7 +629,7 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
         owner[m.pg_uid] = min(owner.get(m.pg_uid, m.first_rank), *m.members)
         names.setdefault(m.pg_uid, m.lane_name or m.pg_uid)
     counters = [
-        CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s")
+        CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s", lane=names[pg])
         for pg, points in sorted(analysis.busbw.items())
     ]
     return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])

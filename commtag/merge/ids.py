@@ -56,6 +56,12 @@ def _spread(n: int) -> int:
     return out | (n >> LOCAL_BITS) << (2 * LOCAL_BITS)
 
 
+def group_uuid(order: int) -> int:
+    """The track group of the process-group view at place ``order`` of the lane order: the
+    locals of "rank -1", which no rank's tracks use (see :mod:`commtag.merge.views`)."""
+    return track_uuid(-1, order + 1)
+
+
 def process_uuid(rank: int) -> int:
     return track_uuid(rank, 1)
 

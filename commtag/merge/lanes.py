@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import BinaryIO, Collection, Optional, Sequence
 
-from commtag.kernels import ANN_DESCRIBE
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
-from commtag.merge.timeline import LANE_GROUP, Row
-from commtag.merge.trace_writer import SequenceWriter, emit_rows, track_descriptor, track_field
-from commtag.merge.wire import CHILD_ORDERING_EXPLICIT
+from commtag.merge.timeline import Row
+from commtag.merge.trace_writer import SequenceWriter, track_descriptor, track_field
+from commtag.merge.views import write_group_view
 
 #: Groups up to this size get a flow between every pair of members, so that
 #: selecting any member shows all others; bigger groups get a star.
@@ -65,7 +64,6 @@ class LanesWriter:
     def __init__(self, origin: int = 0, first_rank: int = 0) -> None:
         self.seq = SequenceWriter(lanes_sequence_id(first_rank), origin)
         self._ids: dict[int, LocalIds] = {}
-        self._groups: dict[int, int] = {}
         #: Cross-rank flows numbered so far (a second write goes on from there).
         self._flows_numbered = 0
 
@@ -74,14 +72,6 @@ class LanesWriter:
         if ids is None:
             ids = self._ids[rank] = LocalIds(rank, LANE_LOCAL, 1 << LOCAL_BITS)
         return ids
-
-    def _lane_group(self, rank: int) -> int:
-        uuid = self._groups.get(rank)
-        if uuid is None:
-            uuid = self._groups[rank] = self._rank_ids(rank)()
-            self.seq.descriptor(track_descriptor(uuid, LANE_GROUP, parent=process_uuid(rank),
-                                                 child_ordering=CHILD_ORDERING_EXPLICIT))
-        return uuid
 
     def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
               instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
@@ -104,21 +94,13 @@ class LanesWriter:
         for inst in instances:
             if wanted is None or inst.rank in wanted:
                 by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
-        for rank in sorted(lanes if wanted is None else wanted.intersection(lanes)):
-            parent = self._lane_group(rank)
-            for lane_name, order in lanes[rank]:
-                # Encoded one lane at a time: all lanes' slices at once grew with the rank count.
-                slices = self._slices(by_lane.pop((rank, lane_name), ()), flows)
-                kernels = (lane_kernels or {}).get((rank, lane_name))
-                summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
-                emit_rows(stream, self.seq, slices, parent, lane_name, order,
-                          f"r{rank}:lane:{lane_name}", self._rank_ids(rank), summary=summary)
+        counters, markers = write_group_view(self, stream, lanes, by_lane, flows, lane_kernels or {}, counters,
+                                             markers, wanted)
         if by_lane:
             raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
         for series in counters:
-            if wanted is None or series.rank in wanted:
-                self._counter(series)
-        self._markers([m for m in markers if wanted is None or m.rank in wanted])
+            self._counter(series)
+        self._markers(markers)
         stream.write(self.seq.out)
         self.seq.out.clear()
 
@@ -142,7 +124,7 @@ class LanesWriter:
 
     def _counter(self, series: CounterSeries) -> None:
         uuid = self._rank_ids(series.rank)()
-        self.seq.descriptor(track_descriptor(uuid, series.track, parent=self._lane_group(series.rank),
+        self.seq.descriptor(track_descriptor(uuid, series.track, parent=process_uuid(series.rank),
                                              sibling_order_rank=_AFTER_LANES, counter_unit=series.unit))
         track = track_field(uuid)
         for ts, value in sorted(series.points):
@@ -154,7 +136,7 @@ class LanesWriter:
             track = tracks.get(marker.rank)
             if track is None:
                 uuid = self._rank_ids(marker.rank)()
-                self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=self._lane_group(marker.rank),
+                self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=process_uuid(marker.rank),
                                                      sibling_order_rank=_AFTER_LANES + 1))
                 track = tracks[marker.rank] = track_field(uuid)
             self.seq.instant(marker.ts_ns, track, self.seq.body(marker.name, "commtag", marker.args))

@@ -181,7 +181,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
 
 @dataclass(slots=True)
 class CounterSeries:
-    """A counter track under one rank's lanes (e.g. bus bandwidth of a group)."""
+    """A counter track of one rank, in its group's view when it names a lane (e.g. bus bandwidth of a group)."""
 
     rank: int
     #: Track name, unique per rank (e.g. "busbw pg 0 (GB/s)").
@@ -189,6 +189,8 @@ class CounterSeries:
     #: ``(ts_ns, value)`` points, any order.
     points: list[tuple[int, float]]
     unit: str = ""
+    #: The lane (process group) it describes: the counter sits in that group's view.
+    lane: str = ""
 
 
 @dataclass(slots=True)

@@ -63,10 +63,10 @@ class Row:
         return order
 
 
-#: Names of the track groups directly under a rank's process. Perfetto orders a
-#: process's direct children by name, so these read CPU, lanes, then GPUs.
+#: The track group of a rank's CPU threads, directly under its process. Perfetto orders a
+#: process's direct children by name: CPU threads, then GPUs, then commtag's markers.
+#: (The process-group lanes are not in the process: see commtag.merge.views.)
 CPU_GROUP = "CPU threads"
-LANE_GROUP = "Comm lanes"
 
 
 @dataclass(slots=True)
