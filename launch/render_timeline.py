@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ReadbackError) as exc:
         print(f"render_timeline: {exc}", file=sys.stderr)
         return 2
-    lanes = [s for s in trace.slices if "commtag rank" in s.args]
+    lanes = [s for s in trace.slices if "commtag rank" in s.args and "commtag pg uid" in s.args and not s.instant]
     if not lanes:
         print(f"render_timeline: {args.input}: no commtag lane slices (not a merged trace?)", file=sys.stderr)
         return 2
