@@ -25,7 +25,7 @@ import pytest
 from commtag.merge.pipeline import merge
 from commtag.runtime.capture import CaptureTracker
 from commtag.runtime.torch_marks import TorchMarks
-from pftrace_reader import read
+from pftrace_reader import lane_of, read
 from test_capture_bookkeeping import AG, AR, MAIN, NCCL, FakeGraphAPI, _ann
 from test_merge_accounting import _assert_accounted
 
@@ -75,12 +75,16 @@ def test_graphed_collectives_are_one_slice_per_call_rank_and_replay_on_one_lane_
     rows: dict[int, set[tuple[str, str]]] = {0: set(), 1: set()}
     nccl = []
     for s in parsed.slices:
+        where = lane_of(parsed, s)
+        if where is not None:  # a member row of the process-group view
+            rows[where[0]].add(("group view", where[1]))
+            continue
         path = parsed.name_path(s.track)
         rows[int(path[0].split()[1])].add((path[1], path[2]))
         if s.name.startswith("nccl"):
             nccl.append((path, s.args))
     for rank, seen in rows.items():
-        assert {lane for group, lane in seen if group == "Comm lanes"} >= COMMTAG_LANES, (rank, seen)
+        assert {lane for group, lane in seen if group == "group view"} >= COMMTAG_LANES, (rank, seen)
         assert not {lane for _, lane in seen} & TORCH_GROUP_LANES, (rank, seen)  # no second lane of a group
     # The NCCL kernels ran on streams 20 and 21 and are drawn there, each matched by torch's annotation
     # where torch baked it in, else by the tools ids torch's registry held.
