@@ -64,15 +64,19 @@ def _can_plot() -> bool:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge import MergeFailed, merge
 
+    from commtag.merge.budget import parse_size
+
     try:
         selection = _selection(args)
+        max_output = None if args.max_output.strip().lower() == "none" else parse_size(args.max_output)
     except ValueError as exc:
         sys.stderr.write(f"commtag merge: error: {exc}\n")
         return 2
     try:
         result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
                        rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
-                       list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection)
+                       list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
+                       max_output=max_output)
     except MergeFailed as exc:  # under torchrun every worker fails alike; worker 0 says why
         _say([f"error: {_one_line(e)}" for e in exc.errors] if exc.lead else [])
         return 2
@@ -172,6 +176,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks whose full timelines (CPU threads, GPU streams, launches, flows) are written: "
                              "all (default), none (the comm view of the whole job) or a list like 0,8-15; "
                              "every rank still gives its lanes and analysis")
+    parser.add_argument("--max-output", default="1.5G", metavar="SIZE",
+                        help="stop before writing (exit 2) when the merged trace is estimated above SIZE, "
+                             "saying which --detail or --steps would fit (default %(default)s; none: no limit)")
     parser.add_argument("--skip-bad-ranks", action="store_true",
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
                              "what was skipped and why (default: stop at the first, writing nothing)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -20,9 +21,13 @@ import orjson
 import pytest
 
 from commtag.merge.analyze import MergeAnalysis
+from commtag.merge.budget import estimate
+from commtag.merge.load import discover
 from commtag.merge.pipeline import merge
 from commtag.merge.readback import read_instances
-from commtag.merge.selection import OUTSIDE_SELECTION, Selection, parse_detail, parse_numbers, parse_window
+from commtag.merge.selection import (
+    OUTSIDE_SELECTION, Selection, file_spans, parse_detail, parse_numbers, parse_window,
+)
 from commtag.merge.validate import validate_file
 from gloo_world import run_world
 from pftrace_reader import lane_of, read
@@ -273,3 +278,33 @@ def test_torchrun_writes_the_same_views(traces: Path, tmp_path: Path, options: l
     assert second.tracks == first.tracks
     assert second.slices == first.slices
     assert len(_heads(second)) == 5
+
+
+@pytest.mark.parametrize("selection", [None, Selection(detail=frozenset()), Selection(steps=frozenset({2})),
+                                       Selection(detail=frozenset({0}), steps=frozenset({1, 3}))])
+def test_size_estimate_is_within_a_quarter_with_each_view(traces: Path, tmp_path: Path, selection) -> None:
+    ranks = discover([traces], None)
+    spans = file_spans(selection, [(f.path, f.base_ns) for r in ranks for f in r.files], []) if selection else None
+    guess = estimate(ranks, selection, spans).total(selection)
+    _, parsed, _ = _merge(traces, tmp_path / "sized.pftrace", selection or Selection())
+    real = (tmp_path / "sized.pftrace").stat().st_size
+    assert 0.75 * real <= guess <= 1.25 * real, (guess, real)
+
+
+def test_max_output_stops_before_writing_and_names_what_fits(traces: Path, whole, tmp_path: Path) -> None:
+    out = tmp_path / "merged.pftrace"
+    out.write_bytes(b"an earlier merge")
+    limit = whole[0].output.stat().st_size // 2
+    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
+                           str(limit)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"commtag merge: error: {out}: the merged trace would take about ")
+    assert f"above --max-output {limit / 1e3:.2f} kB" in line
+    assert out.read_bytes() == b"an earlier merge" and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    advice = re.search(r"(--detail \S+) \(about", line)
+    assert advice, line
+    fitted = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
+                             str(limit), *advice.group(1).split()], capture_output=True, text=True, timeout=300)
+    assert fitted.returncode == 0, fitted.stderr
+    assert out.stat().st_size <= limit

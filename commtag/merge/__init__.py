@@ -22,7 +22,10 @@ if TYPE_CHECKING:  # the engine loads on the first merge, not with the package
     from commtag.merge.pipeline import AnalysisHook, MergeResult
     from commtag.merge.selection import Selection
 
-__all__ = ["MergeFailed", "MergeInputError", "merge"]
+__all__ = ["DEFAULT_MAX_OUTPUT", "MergeFailed", "MergeInputError", "merge"]
+
+#: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.
+DEFAULT_MAX_OUTPUT = 1_500_000_000
 
 
 def merge(
@@ -40,6 +43,7 @@ def merge(
     analysis: Union[bool, AnalysisHook] = True,
     graph_fallback: Optional[GraphFallback] = None,
     selection: Optional[Selection] = None,
+    max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) into one Perfetto file, as ``commtag merge`` does.
 
@@ -71,6 +75,9 @@ def merge(
         selection: The profiler steps or time window kept, and the ranks whose
             whole timelines are written (:class:`commtag.merge.selection.Selection`,
             what ``--steps``, ``--window`` and ``--detail`` build; default: everything).
+        max_output: The bytes the trace may take: a merge whose estimated size
+            (:mod:`commtag.merge.budget`) is above it stops before writing,
+            saying which ``--detail`` or ``--steps`` would fit; None: no limit.
 
     Returns:
         A :class:`commtag.merge.pipeline.MergeResult`: the output, the ranks
@@ -94,7 +101,7 @@ def merge(
         result = pipeline.merge(paths, output, align=align, json_dir=json_dir, rank_pattern=rank_pattern,
                                 analysis=hook, graph_fallback=graph_fallback, progress=progress, world=world,
                                 skip_bad_ranks=skip_bad_ranks, rank=rank, list_left_out=list_left_out,
-                                strict=strict, selection=selection)
+                                strict=strict, selection=selection, max_output=max_output)
         if isinstance(hook, MergeAnalysis) and result.lead:
             result.analysis = hook.result
         return result

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
-from commtag.merge import graphs, lanes, runs, trace_writer
+from commtag.merge import DEFAULT_MAX_OUTPUT, budget, graphs, lanes, runs, trace_writer
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import GraphFallback, settle_inferred
 from commtag.merge.convert import EventAccount, RankConverter
@@ -79,6 +79,8 @@ class MergeOptions:
     strict: bool = False
     #: The steps or time window kept, and the ranks written in detail (default: everything).
     selection: Optional[Selection] = None
+    #: Bytes the merged trace may take (its size is estimated before it is written); None: any.
+    max_output: Optional[int] = DEFAULT_MAX_OUTPUT
 
     def __post_init__(self) -> None:
         if self.align not in ALIGN_MODES:
@@ -187,6 +189,7 @@ def merge(
     list_left_out: bool = False,
     strict: bool = False,
     selection: Optional[Selection] = None,
+    max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
@@ -212,17 +215,20 @@ def merge(
     Files that may be of another run (:mod:`commtag.merge.runs`) are listed
     in the result's ``warnings``; ``strict`` makes the first an error instead.
     ``selection``: the steps or time window kept, and the ranks written in detail
-    (:mod:`commtag.merge.selection`; default: everything).
+    (:mod:`commtag.merge.selection`; default: everything). ``max_output``: the
+    bytes the output may take; a merge estimated above it stops before writing
+    (:mod:`commtag.merge.budget`; None: no limit).
     """
     options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
                            rank_pattern=rank_pattern, rank=rank, graph_fallback=graph_fallback, progress=progress,
                            skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
-                           selection=selection)
+                           selection=selection, max_output=max_output)
     plan = make_plan(inputs, output, options, world or SoloWorld())
     with plan.output:
         if options.align == "collectives":
             align_clocks(plan)
         place_in_time(plan)
+        check_size(plan)
         # A bad input in any worker's ranks reaches every worker through the exchange.
         everyone = exchange(plan.world, lambda: write_ranks(plan), plan.skipped)
         instances, warned = gather(plan, everyone)
@@ -271,6 +277,24 @@ def place_in_time(plan: MergePlan) -> None:
     if plan.options.selection is not None:
         bases = [(f.path, f.base_ns + offsets.get(r.rank, 0) if f.base_ns > 0 else 0) for r in plan.ranks for f in r.files]
         plan.spans_of = file_spans(plan.options.selection, bases, plan.notices)
+
+
+def check_size(plan: MergePlan) -> None:
+    """Stop before writing a trace estimated above ``max_output``, saying what would fit.
+    Every worker estimates alike (the same sampled ranks), so all stop together."""
+    limit = plan.options.max_output
+    if limit is None or budget.upper_bound(plan.ranks) <= limit:
+        return
+    selection = plan.options.selection
+    found = budget.estimate(plan.ranks, selection, plan.spans_of,
+                            plan.alignment.offsets if plan.alignment else None)
+    total = found.total(selection)
+    if total <= limit:
+        return
+    fits = found.fits(limit, selection)
+    advice = f"{' or '.join(fits)} would fit" if fits else "no --detail or --steps fits: raise --max-output"
+    raise MergeInputError(plan.output.path, f"the merged trace would take about {budget.describe_size(total)}, "
+                                            f"above --max-output {budget.describe_size(limit)}; {advice}")
 
 
 def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
