@@ -67,7 +67,8 @@ class LanesWriter:
         #: Cross-rank flows numbered so far (a second write goes on from there).
         self._flows_numbered = 0
 
-    def _rank_ids(self, rank: int) -> LocalIds:
+    def rank_ids(self, rank: int) -> LocalIds:
+        """``rank``'s track uuids in the lanes block (the process-group view takes its rows from them too)."""
         ids = self._ids.get(rank)
         if ids is None:
             ids = self._ids[rank] = LocalIds(rank, LANE_LOCAL, 1 << LOCAL_BITS)
@@ -104,9 +105,9 @@ class LanesWriter:
         stream.write(self.seq.out)
         self.seq.out.clear()
 
-    def _slices(self, instances: Sequence[CollectiveInstance], flows: InstanceFlows) -> Row:
-        """One lane's slices, encoded, with their cross-rank and source flows (the common
-        args of a call site's steps and replays are encoded once)."""
+    def lane_slices(self, instances: Sequence[CollectiveInstance], flows: InstanceFlows) -> Row:
+        """One lane's slices, encoded on this writer's sequence, with their cross-rank and source
+        flows (the common args of a call site's steps and replays are encoded once)."""
         seq = self.seq
         row = Row()
         for inst in instances:
@@ -123,7 +124,7 @@ class LanesWriter:
         return row
 
     def _counter(self, series: CounterSeries) -> None:
-        uuid = self._rank_ids(series.rank)()
+        uuid = self.rank_ids(series.rank)()
         self.seq.descriptor(track_descriptor(uuid, series.track, parent=process_uuid(series.rank),
                                              sibling_order_rank=_AFTER_LANES, counter_unit=series.unit))
         track = track_field(uuid)
@@ -135,7 +136,7 @@ class LanesWriter:
         for marker in sorted(markers, key=lambda m: (m.rank, m.ts_ns)):
             track = tracks.get(marker.rank)
             if track is None:
-                uuid = self._rank_ids(marker.rank)()
+                uuid = self.rank_ids(marker.rank)()
                 self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=process_uuid(marker.rank),
                                                      sibling_order_rank=_AFTER_LANES + 1))
                 track = tracks[marker.rank] = track_field(uuid)

@@ -99,16 +99,16 @@ def write_group_view(writer, stream: BinaryIO, layout: dict[int, list[tuple[str,
                                             sibling_order_rank=GROUP_ORDER_BASE + group.order))
         for rank in mine:
             # Encoded one row at a time: all rows' slices at once grew with the rank count.
-            slices = writer._slices(by_lane.pop((rank, group.lane_name), ()), flows)
+            slices = writer.lane_slices(by_lane.pop((rank, group.lane_name), ()), flows)
             kernels = lane_kernels.get((rank, group.lane_name))
             summary = (f"commtag kernels: {kernels[ANN_DESCRIBE]}", kernels) if kernels else None
             instants = Row()
             for marker in sorted(lane_markers.pop((rank, group.lane_name), ()), key=lambda m: m.ts_ns):
                 instants.add(marker.ts_ns, marker.ts_ns, seq.body(marker.name, "commtag", marker.args))
             emit_rows(stream, seq, slices, head, member_row_name(rank), rank, f"g{group.order}:r{rank}",
-                      writer._rank_ids(rank), instants=instants, summary=summary)
+                      writer.rank_ids(rank), instants=instants, summary=summary)
         for series in lane_counters.pop(group.lane_name, ()):
-            uuid = writer._rank_ids(series.rank)()
+            uuid = writer.rank_ids(series.rank)()
             seq.descriptor(track_descriptor(uuid, series.track, parent=head, sibling_order_rank=_AFTER_MEMBERS,
                                             counter_unit=series.unit))
             track = track_field(uuid)
