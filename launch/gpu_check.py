@@ -311,7 +311,7 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
     by_corr: dict[int, list[dict]] = {}
     for e in graphed:
         by_corr.setdefault(e["args"]["correlation"], []).append(e)
-    capture_of = {graph_trace["traceEvents"][m.event_index]["args"]["correlation"]: m.capture_id for m in result.matches}
+    capture_of = {m.event["args"]["correlation"]: m.capture_id for m in result.matches}
     offsets: set[int] = set()
     h1_detail = []
     for corr, events in by_corr.items():
@@ -381,10 +381,10 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_b
                     if k != "Seq" and (k in expected or k in mine) and expected.get(k) != mine.get(k)}
             if diff:
                 diffs.append((m.annotation.replay, m.method, diff))
-            captured = main.collectives[m.collective_index]
+            captured = main.collectives[m.collective]
             if mine["Seq"] != captured.annotation.seq or mine.get("commtag replay") != m.annotation.replay:
                 seq_wrong.append(m.annotation.replay)
-            event = graph_trace["traceEvents"][m.event_index]
+            event = m.event
             findings.setdefault("replayed_event_names", {}).setdefault(name, sorted({event["name"]}))
             parsed = parse_nccl_kernel(event["name"]) if event.get("cat") == "kernel" else None
             findings.setdefault("parsed_kernel_names", {})[name] = parsed.__dict__ if parsed else None

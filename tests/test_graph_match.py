@@ -98,7 +98,7 @@ def _annotated(events: list[dict], result) -> list[tuple]:
     def name(event: dict) -> str:
         return base_name(event["name"]) if event["cat"] == "kernel" else event["name"]
 
-    return [(name(events[m.event_index]), m.annotation.seq, m.annotation.replay, m.annotation.capture_id, m.method)
+    return [(name(m.event), m.annotation.seq, m.annotation.replay, m.annotation.capture_id, m.method)
             for m in result.matches]
 
 
@@ -155,7 +155,7 @@ def test_a_replay_with_an_uncaptured_nccl_kernel_is_reported_and_left_unannotate
     good = trace.replay(1000.0, 0, [(n, 0) for n, _ in FULL_REPLAY])
     bad = trace.replay(2000.0, 0, [(n, 0) for n, _ in FULL_REPLAY] + [(AG, 0)])
     result = match_graph_replays(trace.events, [_capture(replays=((0, 1000.0), (1, 2000.0)))], BASE_NS)
-    assert {trace.events[m.event_index]["args"]["correlation"] for m in result.matches} == {good}
+    assert {m.event["args"]["correlation"] for m in result.matches} == {good}
     (unmatched,) = result.unmatched
     assert unmatched.correlation == bad and unmatched.capture_id == 0
     assert "3 NCCL kernels in the replay, 2 captured" in unmatched.reason
@@ -224,8 +224,8 @@ def test_old_nccl_kernel_names_confirm_too() -> None:
     capture.collectives.pop()  # only the allreduce was captured
     result = match_graph_replays(trace.events, [capture], BASE_NS)
     (match,) = result.matches
-    assert trace.events[match.event_index]["name"] == old_ar and match.method == "order"
-    assert trace.events[match.event_index]["args"]["correlation"] == corr
+    assert match.event["name"] == old_ar and match.method == "order"
+    assert match.event["args"]["correlation"] == corr
 
 
 def test_a_collective_that_only_copies_is_matched_by_node_id_never_by_order() -> None:
@@ -270,9 +270,9 @@ def test_computed_node_ids_index_the_collective_nodes() -> None:
     assert {k: (cc.annotation.seq, n.kernel_name) for k, (cc, n) in ids.items()} == {1: (7, AR), 3: (3, RS)}
 
 
-def test_attach_uses_the_fallback_and_every_annotated_kernel_says_how_it_was_matched() -> None:
+def test_attach_matches_exactly_then_replay_by_replay_and_every_annotated_kernel_says_how() -> None:
     from commtag.merge.attach import RankFlows, attach
-    from commtag.merge.graphs import fallback_for
+    from commtag.merge.graphs import match
     from commtag.schema import ProcessGroupInfo, Sidecar
 
     trace = Trace()
@@ -287,8 +287,10 @@ def test_attach_uses_the_fallback_and_every_annotated_kernel_says_how_it_was_mat
         captures=[_capture(replays=((0, 1000.0), (1, 2000.0), (2, 3000.0)))],  # driver 13.0: no exec graph id
     )
     doc = {"baseTimeNanoseconds": BASE_NS, "traceEvents": trace.events}
-    unmatched: list = []
-    instances = attach(0, doc, sidecar, RankFlows(0), graph_fallback=fallback_for(doc, unmatched))
+    kernels = [e for e in trace.events if e.get("cat") == "kernel"]
+    launches = {e["args"]["correlation"]: e for e in trace.events if e.get("cat") == "cuda_runtime"}
+    unmatched = match(kernels, launches, sidecar.captures, BASE_NS).unmatched
+    instances = attach(0, doc, sidecar, RankFlows(0))
     graphed = sorted((i.replay, i.collective, i.seq, i.arg("commtag match")) for i in instances if i.source == "graph-replay")
     assert graphed == [(0, "_reduce_scatter_base", 3, "node-id"), (0, "allreduce", 7, "node-id"),
                        (1, "_reduce_scatter_base", 3, "order"), (1, "allreduce", 7, "order")]

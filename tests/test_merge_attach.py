@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.attach import RankFlows, attach, common
+from commtag.merge.attach import RankFlows, attach
+from commtag.merge.records import Interner
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
     Sidecar,
@@ -101,7 +102,7 @@ def test_a_wrong_graph_id_matches_nothing() -> None:
     for e in trace["traceEvents"]:
         if e["cat"] == "kernel":
             e["args"]["graph id"] = 3
-    instances = attach(0, trace, _sidecar([]), RankFlows(0), graph_fallback=lambda kernels, sidecar, launches: [])
+    instances = attach(0, trace, _sidecar([]), RankFlows(0))
     assert {i.source for i in instances} == {"nccl-kernel"}  # shown, but only as unattributed kernels
     assert all(i.arg("commtag inferred") for i in instances)
 
@@ -115,8 +116,43 @@ def test_collective_families() -> None:
 
 def test_shared_common_args_keep_their_types() -> None:
     # equal dicts are shared, but 1, 1.0 and True are equal in Python and not in a trace
-    first = common({"In msg nelems": 1024, "commtag p2p": False})
-    assert common({"In msg nelems": 1024, "commtag p2p": False}) is first
-    other = common({"In msg nelems": 1024.0, "commtag p2p": 0})
+    interner = Interner()
+    first = interner.common({"In msg nelems": 1024, "commtag p2p": False})
+    assert interner.common({"In msg nelems": 1024, "commtag p2p": False}) is first
+    other = interner.common({"In msg nelems": 1024.0, "commtag p2p": 0})
     assert other is not first
     assert (type(other["In msg nelems"]), type(other["commtag p2p"])) == (float, int)
+
+
+def test_a_merge_shares_its_values_within_itself_and_with_no_other_merge(tmp_path) -> None:
+    """Instances of one call site share one dict of common args within a merge; a second merge
+    in the same process (a library user merging many runs) builds its own, and the first one's
+    tables go with it instead of living as long as the process."""
+    import orjson
+
+    from commtag.merge.pipeline import merge
+
+    (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps(_trace(True)))
+    sidecar = _sidecar([]).model_copy(update={"trace_file": "rank0.pt.trace.json"})
+    (tmp_path / "rank0.commtag.json").write_text(sidecar.model_dump_json(by_alias=True))
+    first = merge([tmp_path], tmp_path / "first.pftrace").instances
+    second = merge([tmp_path], tmp_path / "second.pftrace").instances
+    assert [i.key for i in first] == [i.key for i in second] and len(first) == 4
+    by_site = {}
+    for inst in first:
+        by_site.setdefault(inst.collective, []).append(inst.common_args)
+    assert all(all(args is group[0] for args in group) for group in by_site.values())
+    assert not {id(i.common_args) for i in first} & {id(i.common_args) for i in second}
+    assert not {id(i.group_ranks) for i in first} & {id(i.group_ranks) for i in second}
+
+
+def test_a_launch_its_captures_replay_log_does_not_hold_gets_no_guessed_replay_index() -> None:
+    """One replay-index rule for every join (commtag.merge.graphs): a capture that logged its
+    replays, none of them around this launch, does not say which replay it was. The exact node-id
+    join used to count launches in the trace instead (0, 1), a cross-rank key no other rank shares;
+    now the kernels stay unattributed, shown and counted, not misnamed."""
+    far = [GraphReplay(index=40, start_ns=BASE + 500_000_000, end_ns=BASE + 500_007_000, tid=1),
+           GraphReplay(index=41, start_ns=BASE + 600_000_000, end_ns=BASE + 600_007_000, tid=1)]
+    instances = attach(0, _trace(True), _sidecar(far), RankFlows(0))
+    assert not [i for i in instances if i.source == "graph-replay"]
+    assert {i.source for i in instances} == {"nccl-kernel"} and all(i.arg("commtag inferred") for i in instances)

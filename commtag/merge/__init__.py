@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 from commtag.merge.errors import MergeFailed, MergeInputError
 
 if TYPE_CHECKING:  # the engine loads on the first merge, not with the package
-    from commtag.merge.attach import GraphFallback
     from commtag.merge.pipeline import AnalysisHook, MergeResult
     from commtag.merge.selection import Selection
 
@@ -41,7 +40,6 @@ def merge(
     list_left_out: bool = False,
     progress: Optional[bool] = None,
     analysis: Union[bool, AnalysisHook] = True,
-    graph_fallback: Optional[GraphFallback] = None,
     selection: Optional[Selection] = None,
     max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
 ) -> MergeResult:
@@ -70,8 +68,6 @@ def merge(
             figures, counters and markers into the trace; False writes the
             trace alone; a callable is used as the hook (see
             :data:`commtag.merge.pipeline.AnalysisHook`).
-        graph_fallback: How to match graph-replayed kernels that carry no ids
-            (default: commtag.merge.graphs' order and kernel-name matching).
         selection: The profiler steps or time window kept, and the ranks whose
             whole timelines are written (:class:`commtag.merge.selection.Selection`,
             what ``--steps``, ``--window`` and ``--detail`` build; default: everything).
@@ -99,7 +95,7 @@ def merge(
 
     def run(world: Optional[workers.World]) -> MergeResult:
         result = pipeline.merge(paths, output, align=align, json_dir=json_dir, rank_pattern=rank_pattern,
-                                analysis=hook, graph_fallback=graph_fallback, progress=progress, world=world,
+                                analysis=hook, progress=progress, world=world,
                                 skip_bad_ranks=skip_bad_ranks, rank=rank, list_left_out=list_left_out,
                                 strict=strict, selection=selection, max_output=max_output)
         if isinstance(hook, MergeAnalysis) and result.lead:

@@ -24,26 +24,13 @@ eager NCCL kernels
     "External id") where there is one, else by the op (host time: the call,
     not the transfer; :data:`CPU_OP_SOURCE`). An older torch's integer
     "Process Group ID" is read through pg_config's uid.
-graph-replayed kernels, by torch's own annotation first
-    Where torch's graph annotations recorded the capture (torch 2.14+, driver
-    13.1+), commtag marked each captured collective through torch's
-    ``mark_kernels``: a kernel whose args carry that mark (baked in by torch
-    2.15+'s exporter, :data:`~commtag.constants.TORCH_MARK_KEY`) is that
-    collective (``"commtag match": "torch-annotation"``); else a kernel whose
-    ``"graph node id"`` is one of the tools ids torch's registry held for the
-    mark (``"torch-tools-id"``); both for NCCL kernels only (torch marks every
-    node of the call's scope; its NCCL kernels carry the call). A graphed kernel is never taken for an eager
-    one, even with eager keys torch baked into it: its Seq is its capture's,
-    the same on every replay.
-graph-replayed kernels, exact join by Kineto's ``"graph node id"``
-    Either ``cudaGraphNodeGetToolsId`` (a sidecar node's ``tools_id``) or the
-    node id packed as ``(graph id << 32) | node id`` or written as the node
-    id alone with ``"graph id"`` beside it; the node id is compared with the
-    sidecar node's ``local_id`` when recorded, else its creation ``index``.
-    Graph kernels no node id matches go to :data:`GraphFallback` (order and
-    kernel-name matching, commtag.merge.graphs). The replay index comes from
-    the sidecar's replay log (the replay whose span holds the kernel's
-    ``cudaGraphLaunch``), else from launch order within the trace.
+graph-replayed kernels (:func:`commtag.merge.graphs.match`, called once per file)
+    Joined to the captured collectives of the sidecar exactly where the
+    kernel's ids allow (torch's own annotation, tools ids, node ids), then
+    replay by replay (order confirmed by kernel names); the replay index
+    comes from the sidecar's replay log. A graphed kernel is never taken for
+    an eager one, even with eager keys torch baked into it: its Seq is its
+    capture's, the same on every replay.
 NCCL kernels with no metadata at all (old traces)
     Still shown on a lane "NCCL kernels (no metadata)": collective from the
     kernel name, Seq by order per collective on the rank; linked across ranks
@@ -53,47 +40,29 @@ NCCL kernels with no metadata at all (old traces)
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from commtag.constants import MIN_LANE_ID, TORCH_MARK_KEY, parse_rank_list
+from commtag.constants import MIN_LANE_ID, parse_rank_list
 from commtag.identity import GroupRow, group_info
-from commtag.merge.graphs import ReplayLog, logged_replay
-from commtag.merge.load import base_ns, event_ns
+from commtag.merge import graphs
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance
+from commtag.merge.load import base_ns, event_ns
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
-    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, ANN_SOURCE, C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP,
+    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP,
     GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
     NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, PG_ID_KEY, family, is_graph_launch, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
-    from commtag.schema import CollectiveAnnotation, GraphCapture, RecordedCollective, Sidecar
+    from commtag.schema import CollectiveAnnotation, RecordedCollective, Sidecar
 
 UNATTRIBUTED_UID = "unattributed"
 UNATTRIBUTED_LANE = "NCCL kernels (no metadata)"
 UNATTRIBUTED_LANE_ID = MIN_LANE_ID + (1 << 30)
 #: Tolerance when comparing a recorded call's span with its gloo events (the trace rounds to µs).
 _TOL_NS = 2_000
-
-
-class GraphMatch(NamedTuple):
-    """A graph-replayed kernel and the captured collective it ran."""
-
-    event: dict
-    capture_id: int
-    #: Index into ``GraphCapture.collectives``.
-    collective: int
-    replay: int
-    #: How it was matched, written as "commtag match": "torch-annotation", "torch-tools-id",
-    #: "tools-id", "node-id" or "order".
-    method: str = "node-id"
-
-
-#: ``fallback(kernels, sidecar, launches)``: match graph kernels the node ids
-#: did not (``launches`` maps a correlation id to its launch event).
-GraphFallback = Callable[[list[dict], "Sidecar", dict[int, dict]], list[GraphMatch]]
 
 
 def group_rows(trace: dict, sidecar: Optional[Sidecar]) -> list[GroupRow]:
@@ -144,55 +113,9 @@ class RankFlows:
         return range(first, first + n)
 
 
-#: Equal values repeated across instances, one object each (see :func:`shared`).
-_SHARED: dict[object, object] = {}
-
-
-def shared(value):
-    """One object for equal values that every instance of a group repeats (its member ranks,
-    the ranks text): a 128-rank merge holds 10^5 instances, and a tuple of 128 ranks each
-    would outweigh everything else it keeps."""
-    found = _SHARED.get(value)
-    if found is None:
-        if len(_SHARED) >= 100_000:
-            return value
-        found = _SHARED[value] = value
-    return found
-
-
-#: Keys whose values differ between the instances of one call site (steps, replays,
-#: ranks), in the order they are written: an instance's own ``args``. The rest are its
-#: ``common_args`` (see :func:`split_args`).
-OWN_ORDER = ("Rank", "Seq", ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
-OWN_KEYS = frozenset(OWN_ORDER)
 #: CollectiveAnnotation fields behind OWN_ORDER's eager keys (an annotation has no "commtag rank").
 _OWN_FIELDS = (("rank", "Rank"), ("seq", "Seq"), ("p2p_pair_seq", ANN_P2P_PAIR_SEQ), ("replay", ANN_REPLAY))
 _OWN_FIELD_NAMES = frozenset(name for name, _ in _OWN_FIELDS)
-_COMMON: dict[tuple, dict] = {}
-
-
-def common(args: dict) -> dict:
-    """One dict for equal common args: instances of one call site, on every rank and in every
-    step or replay, share it instead of a copy each (see ``CollectiveInstance.common_args``)."""
-    try:
-        # The types too: 1, 1.0 and True are equal keys, but the trace must keep what it said.
-        key = (tuple(args.items()), tuple(value.__class__ for value in args.values()))
-        found = _COMMON.get(key)
-    except TypeError:  # an unhashable value (a list some other tool wrote): not shared
-        return args
-    if found is None:
-        if len(_COMMON) >= 100_000:
-            return args
-        found = _COMMON[key] = args
-    return found
-
-
-def split_args(args: dict) -> tuple[dict, dict]:
-    """An annotation as ``(common_args, args)``: the shared part, and its own."""
-    return common({key: value for key, value in args.items() if key not in OWN_KEYS}), \
-        {key: args[key] for key in OWN_ORDER if key in args}
-
-
 def own_args(annotation: CollectiveAnnotation, **more: object) -> dict:
     """A sidecar annotation's own keys (Seq, Rank, ...), as its eager dict has them."""
     own = {}
@@ -204,15 +127,15 @@ def own_args(annotation: CollectiveAnnotation, **more: object) -> dict:
     return own
 
 
-def _instance(rank: int, parts: tuple[dict, dict], start: int, end: int, source: str,
+def _instance(interner: Interner, rank: int, parts: tuple[dict, dict], start: int, end: int, source: str,
               group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
     """The instance whose slices carry ``parts`` (an event's common and own args), with its
     rank and source added."""
     event_common, own = parts
-    common_args = _with_source(event_common, source)
+    common_args = interner.with_source(event_common, source)
     get = common_args.get
     ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(get("Process Group Ranks", "[]"))) or ())
-    ranks = shared(ranks)
+    ranks = interner.shared(ranks)
     return CollectiveInstance(
         rank=rank,
         pg_uid=str(common_args[ANN_PG_UID]),
@@ -234,22 +157,6 @@ def _instance(rank: int, parts: tuple[dict, dict], start: int, end: int, source:
         source_flow=flow,
         common_args=common_args,
     )
-
-
-#: (id of an event's common args, source) -> (those args, the instance's: with "commtag source").
-_SOURCED: dict[tuple[int, str], tuple[dict, dict]] = {}
-
-
-def _with_source(event_common: dict, source: str) -> dict:
-    """An instance's common args: its events' plus "commtag source", made once per pair."""
-    key = (id(event_common), source)
-    found = _SOURCED.get(key)
-    if found is not None:
-        return found[1]
-    sourced = common({**event_common, ANN_SOURCE: source})
-    if len(_SOURCED) < 100_000:
-        _SOURCED[key] = (event_common, sourced)  # holding the args keeps their id unique
-    return sourced
 
 
 def _whole(value: object, default: int) -> int:
@@ -327,8 +234,9 @@ class _RankAttacher:
     """Attach everything for one trace file of a rank (see module docstring)."""
 
     def __init__(self, rank: int, trace: dict, sidecar: Optional[Sidecar], offset_ns: int,
-                 flows: RankFlows, fallback: Optional[GraphFallback], annotated: Optional[dict]) -> None:
+                 flows: RankFlows, interner: Interner, annotated: Optional[dict]) -> None:
         self.rank = rank
+        self.interner = interner
         self.annotated = annotated
         #: A sidecar call site's fields (all but its own) -> its common args.
         self.sites: dict[tuple, dict] = {}
@@ -337,7 +245,6 @@ class _RankAttacher:
         self.base = base_ns(trace) + offset_ns
         self.offset = offset_ns
         self.flows = flows
-        self.fallback = fallback
         rows = group_rows(trace, sidecar)
         self.groups = group_table(rows)
         self.by_uid = {g.uid: g for g in rows}
@@ -396,7 +303,7 @@ class _RankAttacher:
         key = tuple([value for name, value in annotation.__dict__.items() if name not in _OWN_FIELD_NAMES])
         found = self.sites.get(key)
         if found is None:
-            found = self.sites[key] = split_args(annotation.eager_dict())[0]
+            found = self.sites[key] = self.interner.split(annotation.eager_dict())[0]
         return found
 
     def run(self) -> list[CollectiveInstance]:
@@ -430,7 +337,7 @@ class _RankAttacher:
             site = self._site(ann)
             backend = call.group.backend if call.group is not None else ""
             if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
-                site = common({**site, ANN_GLOO_WORK: "not identified"})
+                site = self.interner.common({**site, ANN_GLOO_WORK: "not identified"})
             parts = (site, own_args(ann))
             for hit in (op, *works):
                 if hit is not None:
@@ -442,7 +349,7 @@ class _RankAttacher:
             first = min(works, key=lambda w: w[0]) if works else None
             source = op if op is not None and (first is None or op[0] <= first[0]) else first
             flow = self.flows.source(source[2]) if source is not None else None
-            self.instances.append(_instance(self.rank, parts, timing[0], timing[1], "gloo", call.group, flow))
+            self.instances.append(_instance(self.interner, self.rank, parts, timing[0], timing[1], "gloo", call.group, flow))
         return leftover
 
     def _take_op(self, rec: RecordedCollective) -> Optional[tuple]:
@@ -577,10 +484,10 @@ class _RankAttacher:
                 used[pg_name] = k + 1
                 parts = (self._site(queue[k]), own_args(queue[k]))
             else:
-                parts = split_args(self._complete(args, derived, order))
+                parts = self.interner.split(self._complete(args, derived, order))
             self._annotate(e, parts)
             group = self.by_uid.get(str(parts[0][ANN_PG_UID]))
-            self.instances.append(_instance(self.rank, parts, start, end, source, group, self.flows.source(e)))
+            self.instances.append(_instance(self.interner, self.rank, parts, start, end, source, group, self.flows.source(e)))
 
     def _comms_ops(self) -> list[tuple[int, int, dict, dict, str]]:
         """The record_param_comms ops as calls: each timed by its NCCL kernel (the same
@@ -632,103 +539,28 @@ class _RankAttacher:
         captures = self.sidecar.captures if self.sidecar else []
         if not captures:
             return
-        by_graph: dict[int, GraphCapture] = {}
-        by_tools: dict[int, tuple[int, int]] = {}
-        by_node: dict[tuple[int, int], tuple[int, int]] = {}
-        by_mark: dict[str, tuple[int, int]] = {}
-        by_torch_tools: dict[int, tuple[int, int]] = {}
-        for cap in captures:
-            for gid in (cap.graph_id, cap.exec_graph_id):
-                if gid is not None:
-                    by_graph[gid] = cap
-            for ci, captured in enumerate(cap.collectives):
-                if captured.torch_mark is not None:
-                    by_mark[captured.torch_mark] = (cap.capture_id, ci)
-                for tools_id in captured.torch_tools_ids or ():
-                    by_torch_tools[tools_id] = (cap.capture_id, ci)
-                for node in captured.nodes:
-                    if node.tools_id is not None:
-                        by_tools[node.tools_id] = (cap.capture_id, ci)
-                    local = node.local_id if node.local_id is not None else node.index
-                    by_node[(cap.capture_id, local)] = (cap.capture_id, ci)
-        matched: list[tuple[dict, int, int]] = []
-        unmatched: list[dict] = []
-        for _, _, e in self.kernels:
-            args = e.get("args") or {}
-            raw = args.get("graph node id") or 0
-            hit = None
-            if raw and nccl_kind(e.get("name", "")):  # torch marks all the scope's nodes; NCCL's carry the call
-                hit = by_mark.get(str(args.get(TORCH_MARK_KEY)))
-                method = "torch-annotation"
-                if hit is None:
-                    hit = by_torch_tools.get(raw)
-                    method = "torch-tools-id"
-            if raw and hit is None:
-                method = "tools-id"
-                hit = by_tools.get(raw)
-                if hit is None:
-                    method = "node-id"
-                    gid, nid = (raw >> 32, raw & 0xFFFFFFFF) if raw >> 32 else (args.get("graph id"), raw)
-                    cap = by_graph.get(gid)
-                    hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
-            if hit is not None:
-                matched.append((e, *hit, method))
-            elif nccl_kind(e.get("name", "")) and (raw or args.get("correlation") in self.launches):
-                unmatched.append(e)
-        matches = [GraphMatch(e, cap_id, ci, replay, method) for (e, cap_id, ci, method), replay
-                   in zip(matched, self._replay_indices(matched, captures))]
-        if unmatched and self.fallback is not None:
-            matches.extend(self.fallback(unmatched, self.sidecar, self.launches))
-        self._graph_instances(matches, {c.capture_id: c for c in captures})
-
-    def _replay_indices(self, matched: list[tuple[dict, int, int, str]], captures: list[GraphCapture]) -> list[int]:
-        """Replay index per matched kernel: the sidecar's replay log, else launch order."""
-        logs = {c.capture_id: ReplayLog(c, self.offset) for c in captures}
-        #: capture -> launch correlation -> its position in launch order (first seen first).
-        order: dict[int, dict] = {}
-        for e, cap_id, *_ in matched:
-            corr = (e.get("args") or {}).get("correlation")
-            seen = order.setdefault(cap_id, {})
-            seen.setdefault(corr, len(seen))
-        # A launch's kernels share its replay: look each launch up once (a replay log per kernel was quadratic).
-        replays: dict[tuple, int] = {}
-        out = []
-        for e, cap_id, *_ in matched:
-            corr = (e.get("args") or {}).get("correlation")
-            replay = replays.get((cap_id, corr))
-            if replay is None:
-                launch = self.launches.get(corr)
-                if launch is not None:
-                    found = logged_replay([logs[cap_id]], event_ns(launch, self.base)[0], launch.get("tid"))
-                    replay = found[1] if isinstance(found, tuple) else None
-                if replay is None:
-                    replay = order[cap_id][corr]
-                replays[(cap_id, corr)] = replay
-            out.append(replay)
-        return out
-
-    def _graph_instances(self, matches: list[GraphMatch], captures: dict[int, GraphCapture]) -> None:
-        grouped: dict[tuple[int, int, int], list[dict]] = {}
-        methods = {id(m.event): m.method for m in matches}
+        kernels = [e for _, _, e in self.kernels]
+        matches = graphs.match(kernels, self.launches, captures, self.base - self.offset).matches
+        grouped: dict[tuple[int, int, int], list[graphs.ReplayMatch]] = {}
         for m in matches:
-            grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m.event)
+            grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m)
         sites: dict[tuple[int, int, str], dict] = {}
-        for (cap_id, ci, replay), events in sorted(grouped.items()):
-            annotation = captures[cap_id].collectives[ci].annotation
+        for (cap_id, ci, replay), group in sorted(grouped.items(), key=lambda item: item[0]):
+            annotation = group[0].capture.collectives[ci].annotation
             own = own_args(annotation, **{ANN_REPLAY: replay})
-            spans = [event_ns(e, self.base) for e in events]
-            for e in events:
-                self.taken.add(id(e))
-                site = sites.get((cap_id, ci, methods[id(e)]))
+            spans = [event_ns(m.event, self.base) for m in group]
+            for m in group:
+                self.taken.add(id(m.event))
+                site = sites.get((cap_id, ci, m.method))
                 if site is None:
-                    site = sites[(cap_id, ci, methods[id(e)])] = split_args(
-                        {**annotation.eager_dict(), ANN_MATCH: methods[id(e)]})[0]
-                self._annotate(e, (site, own))
-            first = min(zip(spans, range(len(events))))[1]
+                    site = sites[(cap_id, ci, m.method)] = self.interner.split(
+                        {**annotation.eager_dict(), ANN_MATCH: m.method})[0]
+                self._annotate(m.event, (site, own))
+            first = group[min(zip(spans, range(len(group))))[1]]
             self.instances.append(_instance(
-                self.rank, (sites[(cap_id, ci, methods[id(events[first])])], own),
+                self.interner, self.rank, (sites[(cap_id, ci, first.method)], own),
                 min(s[0] for s in spans), max(s[1] for s in spans),
-                "graph-replay", self.by_uid.get(annotation.pg_uid), self.flows.source(events[first]),
+                "graph-replay", self.by_uid.get(annotation.pg_uid), self.flows.source(first.event),
             ))
 
     # -- kernels with no metadata -----------------------------------------
@@ -749,22 +581,23 @@ class _RankAttacher:
                 ANN_PG_UID: f"{UNATTRIBUTED_UID}:{kind}", ANN_P2P: kind in ("sendrecv", "send", "recv"),
                 ANN_INFERRED: "collective from the kernel name; group unknown; Seq = order on this rank",
             }
-            inst = _instance(self.rank, split_args(eager), start, end, "nccl-kernel", None, self.flows.source(e))
+            inst = _instance(self.interner, self.rank, self.interner.split(eager), start, end, "nccl-kernel", None, self.flows.source(e))
             inst.group_size = int(world)
             self.instances.append(inst)
 
 
 def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows, *,
-           offset_ns: int = 0, graph_fallback: Optional[GraphFallback] = None,
+           offset_ns: int = 0, interner: Optional[Interner] = None,
            annotated: Optional[dict[int, tuple[dict, dict]]] = None) -> list[CollectiveInstance]:
     """Annotate one trace file's events in place; return its collective instances.
 
     ``annotated``: instead of merging each annotation into its event's args,
     map ``id(event)`` to its ``(common, own)`` args there (Kineto's copies of
     eager keys are dropped from the args): the writer encodes a call site's
-    common args once, not per event.
+    common args once, not per event. ``interner``: the merge's, which its instances share
+    equal values through (a new one when omitted).
     """
-    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, graph_fallback, annotated).run()
+    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, interner or Interner(), annotated).run()
 
 
 def settle_inferred(instances: Sequence[CollectiveInstance]) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from commtag.vocab import PROFILER_STEP_PREFIX
-from commtag.merge import graphs
 from commtag.merge.convert import RankConverter
 from commtag.merge.jsonstream import GZIP_MAGIC, TraceStream
 from commtag.merge.lanes import FULL_MESH_MAX, LanesWriter
@@ -188,8 +187,7 @@ def _measure(rank: RankInput, offset: int, spans_of: Optional[FileSpans], seq: S
     for f in rank.files:
         sidecar = load_sidecar(f.sidecar) if f.sidecar else None
         stream = _StepWatch(f.path)
-        converter.add_file(f.path, stream, sidecar, graphs.fallback_for,
-                           spans_of(f.path, offset) if spans_of is not None else None)
+        converter.add_file(f.path, stream, sidecar, spans_of(f.path, offset) if spans_of is not None else None)
         steps |= stream.steps
     timeline = converter.timeline()
     sink = _ByteCount()

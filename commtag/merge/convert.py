@@ -38,7 +38,7 @@ from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import checked_base_ns, wall_clock
-from commtag.merge.records import GroupLane
+from commtag.merge.records import GroupLane, Interner
 from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
@@ -260,9 +260,12 @@ class RankConverter:
     """
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
-                 flows: Optional[RankFlows] = None, breakdowns: bool = False, list_left_out: bool = False) -> None:
+                 flows: Optional[RankFlows] = None, breakdowns: bool = False, list_left_out: bool = False,
+                 interner: Optional[Interner] = None) -> None:
         self.rank = rank
         self.encoder = encoder
+        #: The merge's: equal values of its instances are one object (see attach).
+        self.interner = interner or Interner()
         self.breakdowns = breakdowns or encoder is not None
         self.offset = offset_ns
         self.flows = flows or RankFlows(rank)
@@ -455,11 +458,9 @@ class RankConverter:
 
     # -- files ---------------------------------------------------------------
     def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
-                 graph_fallback: Optional[Callable[[dict], object]] = None,
                  spans: Optional[Spans] = None) -> tuple[Optional[int], Optional[int]]:
         """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.jsonstream.TraceStream`).
 
-        ``graph_fallback(trace)`` gives the attach fallback for this file.
         ``spans``: the times (ns) in which an event or a collective must start to be
         kept (--steps/--window); the others are counted as left out.
         Returns the file's first and last ns (None without timed events).
@@ -486,8 +487,7 @@ class RankConverter:
             self._shift(file, marks, final - base)
         _check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
-        fallback = graph_fallback(trace) if graph_fallback is not None else None
-        attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, graph_fallback=fallback,
+        attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
                           annotated=self.annotated if self.encoder is not None else None)
         if keep is not None:
             attached = self._selected(file, attached, keep)

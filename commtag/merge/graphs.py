@@ -1,33 +1,40 @@
-"""Match CUDA-graph replays in a trace to the collectives captured in them.
+"""Match CUDA-graph replays in a trace to the collectives captured in them: the one home of it.
 
 A replayed NCCL kernel links to ``cudaGraphLaunch``, not to the collective
 that created it, so it carries no metadata. The rank's sidecar says, per
 capture, which graph nodes each collective created (see
-:mod:`commtag.runtime.capture`); this module finds those nodes among the
-kernels of every replay, in this order of preference:
+:mod:`commtag.runtime.capture`); :func:`match` finds those nodes among the
+kernels of a trace file, in this order, every kernel matched at most once
+(the method is written as "commtag match"):
 
-``"tools-id"``
-    exact: the node's ``cudaGraphNodeGetToolsId`` (driver 13.1+) equals the
-    kernel's ``"graph node id"`` (both encodings: ``(graph << 32) | node``
-    and the node part alone are compared on their lower 32 bits).
-``"node-id"``
+Exact, kernel by kernel (a kernel's ``"graph node id"`` names its node)
+    ``"torch-annotation"`` / ``"torch-tools-id"``: torch's own graph
+    annotations carried commtag's mark, or the tools id torch registered
+    for the collective's nodes; ``"tools-id"``: the node's
+    ``cudaGraphNodeGetToolsId`` (driver 13.1+) equals the id; ``"node-id"``:
+    the graph id (packed ``(graph << 32) | node`` or beside it) names the
+    capture, the node id its recorded local id (else creation index).
+Replay by replay, for the NCCL kernels of graph launches left over (:func:`match_graph_replays`)
+    ``"tools-id"``: tools ids compared on their lower 32 bits; ``"node-id"``:
     the node's creation index equals the lower 32 bits of the kernel's
-    ``"graph node id"`` (hypothesis 1 of the CUDA-graph reference); used
-    only for replays where every such join is confirmed by the kernel name.
-``"order"``
-    the replay's NCCL kernels, in start order, pair one-to-one with the
-    captured NCCL kernel nodes in creation order, every pair confirmed by
-    the kernel name (collective, reduction op, dtype).
+    ``"graph node id"`` (hypothesis 1 of the CUDA-graph reference), used only
+    where every such join in the replay is confirmed by the kernel name;
+    ``"order"``: the replay's NCCL kernels, in start order, pair one-to-one
+    with the captured NCCL kernel nodes in creation order, every pair
+    confirmed by the kernel name (collective, reduction op, dtype).
 
 A replay whose nodes cannot be matched unambiguously is reported in
 :attr:`GraphMatchResult.unmatched` and left unannotated, never guessed.
 
-Which capture a replay ran, and its replay index: the capture whose
-``exec_graph_id`` equals the kernels' ``"graph id"``; else the replay
-logged by ``CUDAGraph.replay()`` whose time span holds the
-``cudaGraphLaunch``; else the only capture whose kernels match the replay
-(its replay index is then its position among that capture's replays in
-this trace, reported in :attr:`GraphMatchResult.notes`).
+Which capture a replay ran: the exact ids above; else the capture whose
+``exec_graph_id`` equals the kernels' ``"graph id"``; else the replay logged
+by ``CUDAGraph.replay()`` around the launch; else the only capture whose
+kernels match the replay. Its replay index, one rule for both joins
+(:class:`_ReplayIndex`): the logged ``replay()`` call around the launch
+(:class:`ReplayLog`, :data:`~commtag.vocab.LAUNCH_TOLERANCE_NS`); for a
+capture with no replay log, its position among that capture's replays in
+this trace (said in :attr:`GraphMatchResult.notes`); a capture whose log
+holds no call for the launch gives no index: the replay is unmatched.
 
 Everything here is a pure function of plain data: Kineto event dicts and
 :class:`~commtag.schema.GraphCapture` models.
@@ -38,11 +45,12 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
+from commtag.constants import TORCH_MARK_KEY
 from commtag.vocab import (
     ANN_MATCH, COLLECTIVES, DEVICE_WORK_NODE_TYPES, LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR,
-    NODE_ID_MASK, base_name, is_graph_launch, parse_nccl_kernel,
+    NODE_ID_MASK, base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
@@ -155,19 +163,28 @@ def comm_nodes(captured: CapturedCollective) -> list[GraphNodeRecord]:
 # ---------------------------------------------------------------------------- results
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReplayMatch:
-    """One device event of a replay and the collective it belongs to."""
+    """One device event of a replay and the captured collective it ran (both joins give these)."""
 
-    #: Index of the event in the list given to :func:`match_graph_replays`.
-    event_index: int
-    #: The captured annotation with ``replay`` and ``capture_id`` set.
-    annotation: CollectiveAnnotation
-    #: "tools-id", "node-id" or "order".
+    #: The trace's event (a kernel, copy or memset), as given.
+    event: dict
+    capture: GraphCapture
+    #: Index of the collective in ``capture.collectives``.
+    collective: int
+    replay: int
+    #: How it was matched (see the module docstring), written as "commtag match".
     method: str
-    #: The capture and the index of the collective in its ``collectives``.
-    capture_id: int = 0
-    collective_index: int = 0
+
+    @property
+    def capture_id(self) -> int:
+        return self.capture.capture_id
+
+    @property
+    def annotation(self) -> CollectiveAnnotation:
+        """The captured annotation with ``replay`` and ``capture_id`` set (a copy: for reports and checks)."""
+        return self.capture.collectives[self.collective].annotation.model_copy(
+            update={"replay": self.replay, "capture_id": self.capture.capture_id})
 
     def args(self) -> dict[str, object]:
         """What to add to the event's args: the eager keys, commtag's, and how it was matched."""
@@ -237,30 +254,149 @@ def _ns(ts: float, base_ns: int) -> int:
     return round(float(ts) * 1000) + base_ns
 
 
-def match_graph_replays(events: Sequence[dict], captures: Sequence[GraphCapture], base_ns: int = 0) -> GraphMatchResult:
-    """Annotations for the replayed collectives of one rank's trace.
+class _ReplayIndex:
+    """The one rule for a replay's index, shared by both joins of one trace file (module docstring)."""
 
-    ``events`` is the trace's ``traceEvents`` (any order); ``captures`` the
-    sidecar's; ``base_ns`` the trace's ``baseTimeNanoseconds`` (0 for old
-    traces with epoch-microsecond ``ts``), to compare launches with the
-    replay log. The events are not modified.
+    def __init__(self, captures: Sequence[GraphCapture], base_ns: int, result: GraphMatchResult) -> None:
+        self.logs = {c.capture_id: ReplayLog(c) for c in captures}
+        self.base_ns = base_ns
+        self.result = result
+        #: capture id -> launch correlation -> its replay index counted in this trace.
+        self._in_trace: dict[int, dict[object, int]] = defaultdict(dict)
+
+    def logged(self, launch: dict, captures: Iterable[GraphCapture]) -> tuple[GraphCapture, int] | str | None:
+        """The logged replay() call of one of ``captures`` around this launch: (capture, replay
+        index), a reason when several fit equally, or None."""
+        found = logged_replay([self.logs[c.capture_id] for c in captures], _ns(launch.get("ts", 0), self.base_ns),
+                              launch.get("tid"))
+        return f"launch at {launch.get('ts')}: {found}" if isinstance(found, str) else found
+
+    def of(self, capture: GraphCapture, correlation: object, launch: Optional[dict]) -> Optional[int]:
+        """The index of a replay of ``capture``: from its log, else (no log at all) counted in
+        this trace; None when its log holds no call for this launch."""
+        if capture.replays:
+            found = self.logged(launch, [capture]) if launch is not None else None
+            return found[1] if isinstance(found, tuple) else None
+        return self.in_trace(capture, correlation)
+
+    def in_trace(self, capture: GraphCapture, correlation: object) -> int:
+        """Replay index counted within this trace, for a capture without a replay log (noted)."""
+        seen = self._in_trace[capture.capture_id]
+        if correlation not in seen:
+            seen[correlation] = len(seen)
+        note = f"capture {capture.capture_id}: no replay log; replay indices count its replays within this trace"
+        if note not in self.result.notes:
+            self.result.notes.append(note)
+        return seen[correlation]
+
+
+def match(kernels: Sequence[dict], launches: Mapping[object, dict], captures: Sequence[GraphCapture],
+          base_ns: int) -> GraphMatchResult:
+    """The replayed collectives of one trace file: every kernel joined exactly where its node id
+    allows, then the graph launches' NCCL kernels left over replay by replay (module docstring).
+
+    ``kernels``: the file's kernel events in start order; ``launches``: its graph launches by
+    correlation; ``captures``: the sidecar's; ``base_ns``: the file's ``baseTimeNanoseconds``,
+    to compare launches with the replay log. The events are not modified.
     """
     result = GraphMatchResult()
+    if not captures:
+        return result
+    index = _ReplayIndex(captures, base_ns, result)
+    exact, leftover = _exact(kernels, launches, captures)
+    unknown: dict[object, GraphCapture] = {}
+    for event, capture, collective, method in exact:
+        correlation = (event.get("args") or {}).get("correlation")
+        replay = index.of(capture, correlation, launches.get(correlation))
+        if replay is None:
+            unknown[correlation] = capture
+        else:
+            result.matches.append(ReplayMatch(event, capture, collective, replay, method))
+    for correlation, capture in unknown.items():
+        launch = launches.get(correlation) or {}
+        result.unmatched.append(UnmatchedReplay(correlation, 0, launch.get("ts", 0), capture.capture_id, _NO_LOGGED_CALL))
+    if leftover:
+        _by_replay([*launches.values(), *leftover], captures, index, result)
+    return result
+
+
+#: Why a replay of a capture with a replay log has no index.
+_NO_LOGGED_CALL = "no logged replay() call for this launch: its replay index is unknown"
+
+
+def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: Sequence[GraphCapture]
+           ) -> tuple[list[tuple[dict, GraphCapture, int, str]], list[dict]]:
+    """(kernel, capture, collective index, method) of each kernel whose ids name its node, and
+    the NCCL kernels of graph launches (or with a node id) that none named."""
+    by_graph: dict[int, GraphCapture] = {}
+    by_tools: dict[int, tuple[GraphCapture, int]] = {}
+    by_node: dict[tuple[int, int], tuple[GraphCapture, int]] = {}
+    by_mark: dict[str, tuple[GraphCapture, int]] = {}
+    by_torch_tools: dict[int, tuple[GraphCapture, int]] = {}
+    for cap in captures:
+        for gid in (cap.graph_id, cap.exec_graph_id):
+            if gid is not None:
+                by_graph[gid] = cap
+        for ci, captured in enumerate(cap.collectives):
+            if captured.torch_mark is not None:
+                by_mark[captured.torch_mark] = (cap, ci)
+            for tools_id in captured.torch_tools_ids or ():
+                by_torch_tools[tools_id] = (cap, ci)
+            for node in captured.nodes:
+                if node.tools_id is not None:
+                    by_tools[node.tools_id] = (cap, ci)
+                local = node.local_id if node.local_id is not None else node.index
+                by_node[(cap.capture_id, local)] = (cap, ci)
+    exact: list[tuple[dict, GraphCapture, int, str]] = []
+    leftover: list[dict] = []
+    for e in kernels:
+        args = e.get("args") or {}
+        raw = args.get("graph node id") or 0
+        hit = None
+        if raw and nccl_kind(e.get("name", "")):  # torch marks all the scope's nodes; NCCL's carry the call
+            hit = by_mark.get(str(args.get(TORCH_MARK_KEY)))
+            method = "torch-annotation"
+            if hit is None:
+                hit = by_torch_tools.get(raw)
+                method = "torch-tools-id"
+        if raw and hit is None:
+            method = "tools-id"
+            hit = by_tools.get(raw)
+            if hit is None:
+                method = "node-id"
+                gid, nid = (raw >> 32, raw & NODE_ID_MASK) if raw >> 32 else (args.get("graph id"), raw)
+                cap = by_graph.get(gid)
+                hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
+        if hit is not None:
+            exact.append((e, *hit, method))
+        elif nccl_kind(e.get("name", "")) and (raw or args.get("correlation") in launches):
+            leftover.append(e)
+    return exact, leftover
+
+
+def match_graph_replays(events: Sequence[dict], captures: Sequence[GraphCapture], base_ns: int = 0) -> GraphMatchResult:
+    """The replay-by-replay join alone, on a trace's events (any order; not modified): what
+    :func:`match` does with the kernels no id named. ``base_ns`` as for :func:`match`."""
+    result = GraphMatchResult()
+    _by_replay(events, captures, _ReplayIndex(captures, base_ns, result), result)
+    return result
+
+
+def _by_replay(events: Sequence[dict], captures: Sequence[GraphCapture], index: _ReplayIndex,
+               result: GraphMatchResult) -> None:
     with_collectives = [c for c in captures if any(comm_nodes(cc) for cc in c.collectives)]
     replays = _replays(events)
     if not replays:
-        return result
+        return
     by_exec = {c.exec_graph_id: c for c in with_collectives if c.exec_graph_id}
-    logs = {c.capture_id: ReplayLog(c) for c in with_collectives}
     assigned: dict[int, tuple[GraphCapture, Optional[int]]] = {}
     pending: list[_Replay] = []
     for replay in replays:
         if replay.graph_id and replay.graph_id in by_exec:
             capture = by_exec[replay.graph_id]
-            found = _from_log(replay, [logs[capture.capture_id]], base_ns)
-            assigned[replay.correlation] = (capture, found[1] if isinstance(found, tuple) else None)
+            assigned[replay.correlation] = (capture, None)  # its index: below, once the ids are checked
             continue
-        found = _from_log(replay, logs.values(), base_ns)
+        found = index.logged(replay.launch, with_collectives)
         if isinstance(found, str):
             result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), None, found))
         elif found is not None:
@@ -268,33 +404,14 @@ def match_graph_replays(events: Sequence[dict], captures: Sequence[GraphCapture]
         else:
             pending.append(replay)
     _check_graph_ids(replays, assigned, result)
-    relative: dict[int, int] = defaultdict(int)
     for replay in replays:
         if replay.correlation in assigned:
-            capture, index = assigned[replay.correlation]
-            if index is None and not capture.replays:
-                index = _relative_index(capture, relative, result)
-            _match_replay(events, replay, capture, index, result)
+            capture, replay_index = assigned[replay.correlation]
+            if replay_index is None:
+                replay_index = index.of(capture, replay.correlation, replay.launch)
+            _match_replay(events, replay, capture, replay_index, result)
         elif replay in pending:
-            _match_by_content(events, replay, with_collectives, relative, result)
-    return result
-
-
-def _relative_index(capture: GraphCapture, relative: dict[int, int], result: GraphMatchResult) -> int:
-    """Replay index counted within this trace, for a capture without a replay log (noted)."""
-    index = relative[capture.capture_id]
-    relative[capture.capture_id] += 1
-    note = f"capture {capture.capture_id}: no replay log; replay indices count its replays within this trace"
-    if note not in result.notes:
-        result.notes.append(note)
-    return index
-
-
-def _from_log(replay: _Replay, logs: Iterable[ReplayLog], base_ns: int) -> tuple[GraphCapture, int] | str | None:
-    """The logged replay() call around this launch: (capture, replay index), a reason, or None."""
-    launch = replay.launch
-    found = logged_replay(logs, _ns(launch.get("ts", 0), base_ns), launch.get("tid"))
-    return f"launch at {launch.get('ts')}: {found}" if isinstance(found, str) else found
+            _match_by_content(events, replay, with_collectives, index, result)
 
 
 def _check_graph_ids(replays: list[_Replay], assigned: dict, result: GraphMatchResult) -> None:
@@ -315,17 +432,16 @@ def _check_graph_ids(replays: list[_Replay], assigned: dict, result: GraphMatchR
 def _match_replay(events: Sequence[dict], replay: _Replay, capture: GraphCapture, index: Optional[int], result: GraphMatchResult) -> None:
     if index is None:
         result.unmatched.append(UnmatchedReplay(
-            replay.correlation, replay.graph_id, replay.launch.get("ts", 0), capture.capture_id,
-            "no logged replay() call for this launch: its replay index is unknown"))
+            replay.correlation, replay.graph_id, replay.launch.get("ts", 0), capture.capture_id, _NO_LOGGED_CALL))
         return
     pairs, method, reason = _pair_nodes(events, replay, capture)
     if pairs is None:
         result.unmatched.append(UnmatchedReplay(replay.correlation, replay.graph_id, replay.launch.get("ts", 0), capture.capture_id, reason))
         return
-    _emit(pairs, method, capture, index, result)
+    _emit(events, pairs, method, capture, index, result)
 
 
-def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[GraphCapture], relative: dict[int, int],
+def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[GraphCapture], index: _ReplayIndex,
                       result: GraphMatchResult) -> None:
     """No id and no log says which capture this is: accept it only if exactly one capture fits."""
     fits = []
@@ -347,7 +463,7 @@ def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[Gr
                                                 f"fits captures {[c.capture_id for c, _, _ in fits]} equally"))
         return
     capture, pairs, method = fits[0]
-    _emit(pairs, method, capture, _relative_index(capture, relative, result), result)
+    _emit(events, pairs, method, capture, index.in_trace(capture, replay.correlation), result)
 
 
 def _has_nccl(events: Sequence[dict], replay: _Replay) -> bool:
@@ -412,38 +528,13 @@ def _by_order(events: Sequence[dict], replay: _Replay, wanted: list[tuple[Captur
     return pairs, ""
 
 
-def _emit(pairs: list[_Pair], method: str, capture: GraphCapture, index: int, result: GraphMatchResult) -> None:
+def _emit(events: Sequence[dict], pairs: list[_Pair], method: str, capture: GraphCapture, index: int,
+          result: GraphMatchResult) -> None:
     position = {id(cc): i for i, cc in enumerate(capture.collectives)}
     for event_index, cc in pairs:
-        annotation = cc.annotation.model_copy(update={"replay": index, "capture_id": capture.capture_id})
-        result.matches.append(ReplayMatch(event_index, annotation, method, capture.capture_id, position[id(cc)]))
+        result.matches.append(ReplayMatch(events[event_index], capture, position[id(cc)], index, method))
 
 
 def computed_node_ids(capture: GraphCapture) -> dict[int, tuple[CapturedCollective, GraphNodeRecord]]:
     """Lower-32-bit "graph node id" -> (collective, node) under hypothesis 1, for exact joins elsewhere."""
     return {node.index + NODE_ID_BASE: (cc, node) for cc in capture.collectives for node in comm_nodes(cc)}
-
-
-def fallback_for(trace: dict, report: Optional[list[UnmatchedReplay]] = None):
-    """A ``commtag.merge.attach.GraphFallback`` for one trace file.
-
-    attach.py joins by exact node id first and hands this the NCCL kernels
-    left over, its launch events by correlation, and the sidecar. ``report``
-    (if given) receives the replays that could not be matched.
-    """
-    from commtag.merge.attach import GraphMatch
-    from commtag.merge.load import base_ns
-
-    base = base_ns(trace)
-
-    def fallback(kernels: list[dict], sidecar, launches: dict[int, dict]) -> list[GraphMatch]:
-        events = list(launches.values()) + list(kernels)
-        result = match_graph_replays(events, sidecar.captures, base)
-        if report is not None:
-            report.extend(result.unmatched)
-        return [
-            GraphMatch(events[m.event_index], m.capture_id, m.collective_index, m.annotation.replay or 0, m.method)
-            for m in result.matches
-        ]
-
-    return fallback

@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
-from commtag.merge import DEFAULT_MAX_OUTPUT, budget, graphs, lanes, runs, trace_writer
+from commtag.merge import DEFAULT_MAX_OUTPUT, budget, lanes, runs, trace_writer
 from commtag.merge.align import Alignment, estimate_offsets
-from commtag.merge.attach import GraphFallback, settle_inferred
+from commtag.merge.attach import settle_inferred
 from commtag.merge.convert import EventAccount, RankConverter
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
 from commtag.merge.output import MergeOutput
 from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, RankSummary, TraceAnnotations,
+    CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, Interner, RankSummary, TraceAnnotations,
 )
 from commtag.merge.runs import FileSpan
 from commtag.merge.selection import FileSpans, Selection, file_spans
@@ -71,7 +71,6 @@ class MergeOptions:
     json_dir: Optional[Path] = None
     rank_pattern: Optional[str] = None
     rank: Optional[int] = None
-    graph_fallback: Optional[GraphFallback] = None
     #: None: a progress bar when stderr is a terminal.
     progress: Optional[bool] = None
     skip_bad_ranks: bool = False
@@ -113,15 +112,12 @@ class MergePlan:
     origin: int = 0
     #: With a selection, the times each file keeps (known once the clocks are aligned).
     spans_of: Optional[FileSpans] = None
+    #: This merge's: its instances share equal values through it, and only they.
+    interner: Interner = field(default_factory=Interner)
 
     def offset(self, rank: int) -> int:
         """The clock correction (ns) added to every time of ``rank``."""
         return self.alignment.offsets.get(rank, 0) if self.alignment is not None else 0
-
-    @property
-    def fallback_for(self) -> FallbackFor:
-        """Per trace file, the graph-replay fallback: the caller's, else commtag.merge.graphs'."""
-        return _fallback(self.options.graph_fallback)
 
     def detailed(self, rank: int) -> bool:
         """Whether ``rank``'s whole timeline is written (--detail), not only its process and lanes."""
@@ -181,7 +177,6 @@ def merge(
     json_dir: Optional[Path | str] = None,
     rank_pattern: Optional[str] = None,
     analysis: Optional[AnalysisHook] = None,
-    graph_fallback: Optional[GraphFallback] = None,
     progress: Optional[bool] = None,
     world: Optional[World] = None,
     skip_bad_ranks: bool = False,
@@ -202,9 +197,7 @@ def merge(
     ``<first dir>/merged.pftrace``. ``align="collectives"`` corrects each
     host's clock from matched collectives (two passes over the inputs).
     ``json_dir``: also write each annotated trace there, as Chrome JSON.
-    ``analysis``: see :data:`AnalysisHook`. ``graph_fallback``: see
-    :data:`commtag.merge.attach.GraphFallback` (default: commtag.merge.graphs'
-    order and kernel-name matching). ``world``: torchrun workers
+    ``analysis``: see :data:`AnalysisHook`. ``world``: torchrun workers
     (:func:`commtag.merge.workers.launcher_world`); the result's instances are complete on worker 0.
     Raises :class:`MergeInputError` on bad input, writing nothing; with
     ``skip_bad_ranks`` bad files and ranks are left out and listed in the
@@ -220,7 +213,7 @@ def merge(
     (:mod:`commtag.merge.budget`; None: no limit).
     """
     options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
-                           rank_pattern=rank_pattern, rank=rank, graph_fallback=graph_fallback, progress=progress,
+                           rank_pattern=rank_pattern, rank=rank, progress=progress,
                            skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
                            selection=selection, max_output=max_output)
     plan = make_plan(inputs, output, options, world or SoloWorld())
@@ -230,7 +223,7 @@ def merge(
         place_in_time(plan)
         check_size(plan)
         # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.skipped)
+        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.interner, plan.skipped)
         instances, warned = gather(plan, everyone)
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
@@ -263,8 +256,8 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
 def align_clocks(plan: MergePlan) -> None:
     """--align collectives: a first pass over every rank's collectives estimates each host's
     clock offset; ranks the pass left out (skipped) are not written."""
-    everyone = exchange(plan.world, lambda: _summaries_only(plan.mine, plan.fallback_for, plan.skipped),
-                        plan.skipped)
+    everyone = exchange(plan.world, lambda: _summaries_only(plan.mine, plan.interner, plan.skipped),
+                        plan.interner, plan.skipped)
     kept = {s.rank for s in everyone}
     plan.mine = [r for r in plan.mine if r.rank in kept]
     plan.alignment = estimate_offsets([i for s in everyone for i in s.instances], {s.rank: s.host for s in everyone})
@@ -342,7 +335,6 @@ def collect(
     align: str = "none",
     rank_pattern: Optional[str] = None,
     rank: Optional[int] = None,
-    graph_fallback: Optional[GraphFallback] = None,
     on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
 ) -> tuple[Coverage, list[CollectiveInstance]]:
     """The collection stage alone (discover, stream, attach, align), writing nothing.
@@ -355,7 +347,7 @@ def collect(
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern, rank=rank)
-    summaries = _summaries_only(ranks, _fallback(graph_fallback), None, on_rank)
+    summaries = _summaries_only(ranks, Interner(), None, on_rank)
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
@@ -391,15 +383,6 @@ def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
                                               "one rank cannot record two traces at once")
 
 
-#: Per trace file (its header and events), the graph-replay fallback to use on it.
-FallbackFor = Callable[[dict], Optional[GraphFallback]]
-
-
-def _fallback(graph_fallback: Optional[GraphFallback]) -> FallbackFor:
-    """Per trace file, the graph-replay fallback: the caller's, else commtag.merge.graphs'."""
-    return (lambda _trace: graph_fallback) if graph_fallback is not None else graphs.fallback_for
-
-
 #: How far outside its trace's time span a sidecar's recorded calls may start (rounding, the
 #: profiler starting its first event late): beyond it no call of the sidecar is in the trace.
 PAIR_SLACK_NS = 10**9
@@ -424,7 +407,7 @@ def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
         skipped.append(MergeInputError(path, problem))
 
 
-def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], fallback: FallbackFor,
+def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
                   skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream,
                   spans_of: Optional[FileSpans] = None) -> Optional[tuple[RankConverter, list[FileSpan]]]:
     """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``,
@@ -442,7 +425,7 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter], f
                 sidecar = _sidecar_of(f, skipped)
                 stream = source(f.path)
                 spans = spans_of(f.path, converter.offset) if spans_of is not None else None
-                first, last = converter.add_file(f.path, stream, sidecar, fallback, spans)
+                first, last = converter.add_file(f.path, stream, sidecar, spans)
                 _check_pair(f, sidecar, first, last, converter.offset)
                 told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset))
             _check_spans(rank, told)
@@ -471,7 +454,7 @@ def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar]
                     str(header.get("trace_id") or ""))
 
 
-def _attached_whole(rank: RankInput, offset: int, fallback: FallbackFor) -> list[tuple[Path, dict]]:
+def _attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tuple[Path, dict]]:
     """The rank's files read whole, their events annotated in place as the merge annotates them."""
     read: list[tuple[Path, WholeTrace]] = []
 
@@ -479,11 +462,11 @@ def _attached_whole(rank: RankInput, offset: int, fallback: FallbackFor) -> list
         read.append((path, WholeTrace(path)))
         return read[-1][1]
 
-    _convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset), fallback, None, whole)
+    _convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset, interner=interner), None, whole)
     return [(path, w.trace) for path, w in read]
 
 
-def _summaries_only(ranks: list[RankInput], fallback: FallbackFor,
+def _summaries_only(ranks: list[RankInput], interner: Interner,
                     skipped: Optional[list[MergeInputError]],
                     on_rank: Optional[Callable[[int, DeviceWork], None]] = None) -> list[RankSummary]:
     """Each rank's collective instances (and kernel breakdowns, to ``on_rank``), streamed
@@ -491,8 +474,8 @@ def _summaries_only(ranks: list[RankInput], fallback: FallbackFor,
     summaries = []
     for rank in ranks:
         with _collector_paused():
-            converted = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None),
-                                      fallback, skipped)
+            converted = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None,
+                                                                  interner=interner), skipped)
             if converted is not None:
                 converter, files = converted
                 summaries.append(_rank_summary(rank, converter, None, {}, files))
@@ -562,8 +545,8 @@ def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank:
     encoder = seq if plan.detailed(rank.rank) else None
     converted = _convert_rank(
         rank, lambda: RankConverter(rank.rank, encoder, offset_ns=offset, list_left_out=plan.options.list_left_out,
-                                    breakdowns=True),
-        plan.fallback_for, plan.skipped, spans_of=plan.spans_of)
+                                    breakdowns=True, interner=plan.interner),
+        plan.skipped, spans_of=plan.spans_of)
     if converted is None:
         return None
     converter, files = converted
@@ -575,7 +558,7 @@ def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank:
     trace_writer.write_rank(stream, timeline, seq)
     if plan.options.json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
-        for path, trace in _attached_whole(rank, offset, plan.fallback_for):
+        for path, trace in _attached_whole(rank, offset, plan.interner):
             plan.output.stage_json(path.name, trace)
     return summary
 

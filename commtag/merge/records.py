@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the converter and run checks build these; records import ne
     from commtag.merge.convert import EventAccount
     from commtag.merge.runs import FileSpan
 
-from commtag.vocab import ANN_CROSS_RANK
+from commtag.vocab import ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, ANN_SOURCE
 
 _ABSENT = object()
 
@@ -25,6 +25,66 @@ _ABSENT = object()
 #: carried the metadata: the host time of the call (NCCL only enqueues the work
 #: there), so no bandwidth is measured from it.
 CPU_OP_SOURCE = "cpu-op"
+
+
+#: Keys whose values differ between the instances of one call site (steps, replays,
+#: ranks), in the order they are written: an instance's own ``args``. The rest are its
+#: ``common_args`` (see :meth:`Interner.split`).
+OWN_ORDER = ("Rank", "Seq", ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
+OWN_KEYS = frozenset(OWN_ORDER)
+
+
+class Interner:
+    """One object for equal values that a merge's instances repeat; owned by one merge.
+
+    A 128-rank merge holds 10^5 instances: a tuple of 128 ranks, or a dict of a call
+    site's eager keys, for each would outweigh everything else it keeps. Instances of one
+    call site, on every rank and in every step or replay, share one ``common_args`` dict
+    and one tuple of member ranks instead. The tables live as long as the merge that
+    made the interner, and no longer.
+    """
+
+    __slots__ = ("_shared", "_common", "_sourced")
+
+    def __init__(self) -> None:
+        self._shared: dict[object, object] = {}
+        self._common: dict[tuple, dict] = {}
+        #: (id of an event's common args, source) -> (those args, the instance's: with "commtag source").
+        self._sourced: dict[tuple[int, str], tuple[dict, dict]] = {}
+
+    def shared(self, value):
+        """The one object equal to ``value`` (a hashable: member ranks, the ranks text)."""
+        found = self._shared.get(value)
+        if found is None:
+            found = self._shared[value] = value
+        return found
+
+    def common(self, args: dict) -> dict:
+        """The one dict equal to ``args``, types included (see ``CollectiveInstance.common_args``)."""
+        try:
+            # The types too: 1, 1.0 and True are equal keys, but the trace must keep what it said.
+            key = (tuple(args.items()), tuple(value.__class__ for value in args.values()))
+            found = self._common.get(key)
+        except TypeError:  # an unhashable value (a list some other tool wrote): not shared
+            return args
+        if found is None:
+            found = self._common[key] = args
+        return found
+
+    def split(self, args: dict) -> tuple[dict, dict]:
+        """An annotation as ``(common_args, args)``: the shared part, and its own."""
+        return self.common({key: value for key, value in args.items() if key not in OWN_KEYS}), \
+            {key: args[key] for key in OWN_ORDER if key in args}
+
+    def with_source(self, event_common: dict, source: str) -> dict:
+        """An instance's common args: its events' plus "commtag source", made once per pair."""
+        key = (id(event_common), source)
+        found = self._sourced.get(key)
+        if found is not None:
+            return found[1]
+        sourced = self.common({**event_common, ANN_SOURCE: source})
+        self._sourced[key] = (event_common, sourced)  # holding the args keeps their id unique
+        return sourced
 
 
 @dataclass(slots=True)

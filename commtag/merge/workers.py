@@ -30,10 +30,9 @@ from typing import Callable, Optional, Protocol, TypeVar
 import orjson
 
 from commtag.atomic import temporary, write_atomic
-from commtag.merge.attach import common, shared
 from commtag.merge.convert import EventAccount
 from commtag.merge.errors import MergeFailed, MergeInputError
-from commtag.merge.records import CollectiveInstance, GroupLane, RankSummary
+from commtag.merge.records import CollectiveInstance, GroupLane, Interner, RankSummary
 from commtag.merge.runs import FileSpan
 
 #: How long a worker waits for the others' records (they may still be merging their ranks).
@@ -210,7 +209,7 @@ def launched(output: Path, work: Callable[[Optional[World]], _Result]) -> _Resul
     return result
 
 
-def exchange(world: World, produce: Callable[[], list[RankSummary]],
+def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: Interner,
              skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
     """Every worker's summaries (``produce`` makes this worker's), in rank order; an input
     error anywhere stops all workers.
@@ -233,7 +232,8 @@ def exchange(world: World, produce: Callable[[], list[RankSummary]],
         every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
         union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
-    return sorted((s for part in parts for s in (mine if part is None else from_wire(part))), key=lambda s: s.rank)
+    return sorted((s for part in parts for s in (mine if part is None else from_wire(part, interner))),
+                  key=lambda s: s.rank)
 
 
 def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
@@ -292,11 +292,11 @@ def to_wire(summaries: list[RankSummary]) -> dict:
     return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
 
 
-def from_wire(data: dict) -> list[RankSummary]:
-    """The summaries :func:`to_wire` sent, their shared args and rank lists interned again."""
-    table = [common(args) for args in data["common"]]
+def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
+    """The summaries :func:`to_wire` sent, their shared args and rank lists interned again (by the merge's ``interner``)."""
+    table = [interner.common(args) for args in data["common"]]
     texts = data["texts"]
-    rank_lists = [shared(tuple(ranks)) for ranks in data["ranks"]]
+    rank_lists = [interner.shared(tuple(ranks)) for ranks in data["ranks"]]
     summaries = []
     for s in data["summaries"]:
         instances = []
