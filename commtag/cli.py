@@ -76,7 +76,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
                        rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
                        list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
-                       max_output=max_output)
+                       max_output=max_output, jobs=args.jobs)
     except MergeFailed as exc:  # under torchrun every worker fails alike; worker 0 says why
         _say([f"error: {_one_line(e)}" for e in exc.errors] if exc.lead else [])
         return 2
@@ -165,6 +165,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="DIR2",
                         help="also write each rank's annotated Chrome JSON there (for HTA, TraceLens)")
     add_rank_arguments(parser)
+    parser.add_argument("-j", "--jobs", type=_positive, metavar="N",
+                        help="merge worker processes on this host, same trace (default: the CPUs this process may "
+                             "use, fewer for small inputs; 1: this process alone; ignored under torchrun)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--steps", metavar="SPEC",
                         help="keep only these profiler steps (ProfilerStep#N) on every rank, lanes included: "
@@ -189,6 +192,16 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 2 writing nothing where files may be of different runs (what is otherwise "
                              "a warning: days apart, another host); exit 1 when ranks disagree on a collective "
                              "(op, size, dtype, missing rank, Seq gap), the trace still written")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers (1 or more)")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

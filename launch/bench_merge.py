@@ -8,7 +8,9 @@ in its own process so that its peak RSS is its own:
 * ``baseline``  what users do today, per rank: stdlib json load, an annotation
   pass (graph-replayed kernels get their capture's annotation), every event
   written through perfetto's TraceProtoBuilder one packet at a time;
-* ``merge``     ``python -m commtag.merge DIR -o FILE``;
+* ``merge``     ``python -m commtag.merge DIR -o FILE -j 1``;
+* ``merge-jN``  the same with ``-j N``: N worker processes on this host
+  (target: ``-j 2`` at least 1.7x faster than ``-j 1``);
 * ``torchrun-1``, ``torchrun-2``  the same under ``torchrun --nproc-per-node=1/2``.
   The target compares 2 workers with 1 under torchrun (both pay the
   launcher); the table also shows 2 workers against the plain single process.
@@ -155,8 +157,8 @@ def _output_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def _variants(workers: Sequence[int]) -> list[str]:
-    return ["floor", "baseline", "merge"] + [f"torchrun-{n}" for n in workers]
+def _variants(workers: Sequence[int], jobs: Sequence[int] = ()) -> list[str]:
+    return ["floor", "baseline", "merge"] + [f"merge-j{n}" for n in jobs] + [f"torchrun-{n}" for n in workers]
 
 
 def _command(variant: str, directory: Path, out: Path) -> list[str]:
@@ -164,17 +166,20 @@ def _command(variant: str, directory: Path, out: Path) -> list[str]:
     if variant in ("floor", "baseline"):
         return [py, str(HERE), f"_{variant}", str(directory), str(out)]
     if variant == "merge":
-        return [py, "-m", "commtag.merge", str(directory), "-o", str(out)]
+        return [py, "-m", "commtag.merge", str(directory), "-o", str(out), "-j", "1"]
+    if variant.startswith("merge-j"):
+        return [py, "-m", "commtag.merge", str(directory), "-o", str(out), "-j", variant.removeprefix("merge-j")]
     workers = variant.split("-")[1]
     return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
             "-m", "commtag.merge", str(directory), "-o", str(out)]
 
 
-def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers: Sequence[int]) -> dict:
+def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers: Sequence[int],
+            jobs: Sequence[int] = ()) -> dict:
     """Run every variant on every set ``reps`` times, interleaved; return raw runs and manifests."""
     manifests = {n: _ensure_set(workdir, n, events) for n in sets}
     runs: dict[str, dict[str, list[dict]]] = {str(n): {} for n in sets}
-    variants = _variants(workers)
+    variants = _variants(workers, jobs)
     for rep in range(reps):
         for n in sets:
             directory = workdir / f"scale-{n}"
@@ -186,9 +191,10 @@ def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers:
                 result = run_child(_command(variant, directory, target))
                 size = _output_size(target) if variant != "floor" else 0
                 shutil.rmtree(out, ignore_errors=True)
-                # Under torchrun the agent is the child; the merge runs in its workers.
-                workers = result.worker_peaks if variant.startswith("torchrun") else []
-                rss = workers[0] if workers else result.root_peak
+                # Under torchrun the agent is the child and the merge runs in its workers; under -j the
+                # child is worker 0 and starts the others.
+                workers = result.worker_peaks if variant.startswith(("torchrun", "merge-j")) else []
+                rss = max(workers[:1] + ([] if variant.startswith("torchrun") else [result.root_peak]))
                 runs[str(n)].setdefault(variant, []).append(
                     {"rep": rep, "wall_s": result.wall_s, "peak_rss_bytes": rss,
                      "worker_peak_rss_bytes": workers, "returncode": result.returncode, "output_bytes": size,
@@ -220,7 +226,7 @@ def report(results: dict) -> str:
     """The markdown results: one table per set, then the targets."""
     lines = [f"Machine: {results['machine']}.",
              f"Medians of {results['reps']} interleaved repetitions; wall time includes process start; "
-             "peak RSS is the process's VmHWM (torchrun rows: the largest worker's).", ""]
+             "peak RSS is the process's VmHWM (torchrun and -j rows: the largest worker's).", ""]
     target_rows = []
     for n, variants in results["runs"].items():
         manifest = results["manifests"][n]
@@ -278,6 +284,11 @@ def _targets(n: str, variants: dict, manifest: dict, startup: dict) -> list[list
                  verdict(rss / largest, TARGET_RSS_VS_RANK)])
     above = (rss - startup["merge --help"]) / largest
     rows.append([n, "  same, RSS above interpreter start", f"{above:.1f}x", verdict(above, TARGET_RSS_VS_RANK)])
+    jobs2 = variants.get("merge-j2", [])
+    if jobs2:
+        gain = 1 / _paired_ratio(jobs2, merge)
+        rows.append([n, f"-j 2 >= {TARGET_TWO_WORKERS}x faster than -j 1", f"{gain:.2f}x",
+                     verdict(gain, TARGET_TWO_WORKERS, True)])
     two = variants.get("torchrun-2", [])
     one_name = "torchrun-1" if "torchrun-1" in variants else "merge"
     if two:
@@ -301,6 +312,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
     parser.add_argument("--workers", default="1,2",
                         help="torchrun worker counts (default 1,2: the target compares 2 workers with 1; '' for none)")
+    parser.add_argument("--jobs", default="2", help="merge -j counts besides -j 1 (default 2; '' for none)")
     parser.add_argument("--quick", action="store_true", help="one 8-rank set of 1M events, one repetition")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "commtag-bench")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
@@ -309,7 +321,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reps = 1 if args.quick else args.reps
     workers = [int(x) for x in args.workers.split(",") if x]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    results = measure(args.workdir, sets, args.events, reps, workers)
+    jobs = [int(x) for x in args.jobs.split(",") if x]
+    results = measure(args.workdir, sets, args.events, reps, workers, jobs)
     if args.json:
         args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     print(report(results))

@@ -15,8 +15,9 @@ import pytest
 
 from commtag.merge import MergeFailed, MergeInputError, merge
 from commtag.merge.readback import read_trace
+from commtag.testing import PUBLIC_TRACES
 
-DLRM = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "public-traces" / "param-dlrm-8rank"
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 
 
 def _figures(path: Path) -> set[str]:

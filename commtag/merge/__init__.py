@@ -42,11 +42,13 @@ def merge(
     analysis: Union[bool, AnalysisHook] = True,
     selection: Optional[Selection] = None,
     max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
+    jobs: Optional[int] = None,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) into one Perfetto file, as ``commtag merge`` does.
 
-    Run under ``torchrun --nproc-per-node=N``, each process is one merge
-    worker: they share the ranks, and this call forms and closes their group.
+    The ranks are shared between merge workers on this host (``jobs``), or,
+    run under ``torchrun --nproc-per-node=N``, between torchrun's processes;
+    this call starts and ends them, and the trace is the same either way.
 
     Args:
         inputs: Directories (searched at any depth) and/or trace files.
@@ -74,6 +76,11 @@ def merge(
         max_output: The bytes the trace may take: a merge whose estimated size
             (:mod:`commtag.merge.budget`) is above it stops before writing,
             saying which ``--detail`` or ``--steps`` would fit; None: no limit.
+        jobs: Merge worker processes on this host (``-j``): None takes the CPUs
+            this process may use, fewer for small inputs
+            (:func:`commtag.merge.workers.default_jobs`); 1 merges in this
+            process alone. Ignored under torchrun. A custom ``analysis`` hook
+            cannot be sent to other processes: with one, this process merges alone.
 
     Returns:
         A :class:`commtag.merge.pipeline.MergeResult`: the output, the ranks
@@ -93,6 +100,14 @@ def merge(
     hook = MergeAnalysis() if analysis is True else analysis or None
     where = Path(output) if output else pipeline.default_output(paths) if paths else Path(pipeline.DEFAULT_OUTPUT)
 
+    local = None
+    if jobs != 1 and isinstance(analysis, bool):
+        request = {"inputs": [str(p) for p in paths], "output": str(where), "align": align,
+                   "json_dir": None if json_dir is None else str(json_dir), "rank_pattern": rank_pattern,
+                   "rank": rank, "skip_bad_ranks": skip_bad_ranks, "strict": strict, "list_left_out": list_left_out,
+                   "analysis": analysis, "selection": workers.selection_to_wire(selection), "max_output": max_output}
+        local = workers.LocalWorld(jobs, where, request)
+
     def run(world: Optional[workers.World]) -> MergeResult:
         result = pipeline.merge(paths, output, align=align, json_dir=json_dir, rank_pattern=rank_pattern,
                                 analysis=hook, progress=progress, world=world,
@@ -102,4 +117,4 @@ def merge(
             result.analysis = hook.result
         return result
 
-    return workers.launched(where, run)
+    return workers.launched(where, run, local)

@@ -121,8 +121,7 @@ class MergePlan:
 
     def detailed(self, rank: int) -> bool:
         """Whether ``rank``'s whole timeline is written (--detail), not only its process and lanes."""
-        selection = self.options.selection
-        return selection is None or selection.detailed is None or selection.detailed(rank)
+        return self.options.selection is None or self.options.selection.detailed(rank)
 
     @property
     def lead(self) -> bool:
@@ -240,7 +239,7 @@ def merge(
 
 def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path | str], options: MergeOptions,
               world: World) -> MergePlan:
-    """Discover the ranks, check the outputs, and take this worker's share."""
+    """Discover the ranks, check the outputs, start the workers (``-j``) and take this worker's share."""
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     if not paths:
         raise MergeInputError(".", "no input given")
@@ -250,6 +249,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
     out.check(paths, ranks, skipped or ())
     notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
                for r in ranks for f in r.files if f.sidecar is None]
+    world.start(ranks)
     return MergePlan(paths, options, world, ranks, chunks(ranks, world.size)[world.index], out, skipped, notices)
 
 

@@ -12,6 +12,10 @@ both travel as JSON bytes, never pickle (:func:`to_wire`, :func:`from_wire`).
   share of most merges. The workers already share that directory (worker 0
   appends the others' shards from it).
 * :class:`TorchWorld` (workers on several hosts): a gloo group.
+
+``commtag merge -j N`` (:class:`LocalWorld`) uses the same exchange without
+torchrun: the merge is worker 0 and starts the other workers itself, each a
+``python -c`` process given its request as JSON on stdin (never pickle).
 """
 
 from __future__ import annotations
@@ -21,25 +25,34 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, astuple, fields
 from pathlib import Path
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, TypeVar
 
 import orjson
 
 from commtag.atomic import temporary, write_atomic
 from commtag.merge.convert import EventAccount
 from commtag.merge.errors import MergeFailed, MergeInputError
+from commtag.merge.output import output_errors
 from commtag.merge.records import CollectiveInstance, GroupLane, Interner, RankSummary
 from commtag.merge.runs import FileSpan
+
+if TYPE_CHECKING:
+    from commtag.merge.load import RankInput
+    from commtag.merge.selection import Selection
 
 #: How long a worker waits for the others' records (they may still be merging their ranks).
 EXCHANGE_TIMEOUT_S = float(os.environ.get("COMMTAG_MERGE_EXCHANGE_TIMEOUT_S", "7200"))
 _POLL_S = 0.01
 #: How long closing waits for the other workers to finish reading.
 _CLOSE_TIMEOUT_S = 60.0
+#: How long an interrupted -j merge lets its workers stop by themselves (a Ctrl-C reaches them too).
+_INTERRUPT_GRACE_S = 0.5
 
 
 class World(Protocol):
@@ -47,6 +60,9 @@ class World(Protocol):
 
     index: int
     size: int
+
+    def start(self, ranks: int) -> None:
+        """Discovery found ``ranks`` ranks: a world that starts its own workers starts them now."""
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]: ...
 
@@ -56,6 +72,9 @@ class World(Protocol):
 class SoloWorld:
     index = 0
     size = 1
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        pass
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
         return [data]
@@ -75,13 +94,17 @@ class FileWorld:
     has said it is done reading.
     """
 
-    def __init__(self, index: int, size: int, directory: Path, launch: str) -> None:
+    def __init__(self, index: int, size: int, folder: Path,
+                 watch: Callable[[], Optional[str]] = lambda: None) -> None:
         self.index = index
         self.size = size
-        # Named as a temporary of the torchrun agent (every local worker's parent): a merge after a
-        # killed launch removes it (commtag.merge.output.remove_stale).
-        self._dir = temporary(directory / f"commtag-merge-{launch}", pid=os.getppid())
+        self._dir = folder
+        #: Why waiting on is pointless (a worker is gone), else None; asked while waiting.
+        self._watch = watch
         self._round = 0
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        pass
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
         self._round += 1
@@ -100,7 +123,7 @@ class FileWorld:
                 shutil.rmtree(self._dir, ignore_errors=True)
             else:
                 deadline = time.monotonic() + _CLOSE_TIMEOUT_S
-                while self._dir.exists() and time.monotonic() < deadline:
+                while self._dir.exists() and time.monotonic() < deadline and self._watch() is None:
                     time.sleep(_POLL_S)
         except (OSError, MergeInputError):
             pass  # leaving the hidden directory behind must not fail a merge that succeeded
@@ -116,8 +139,138 @@ class FileWorld:
             if time.monotonic() > deadline:
                 missing = [w for w, p in enumerate(paths) if not p.exists()]
                 raise MergeInputError(self._dir, f"merge workers {missing} sent nothing for {timeout_s:.0f} s")
+            gone = self._watch()
+            if gone is not None:
+                raise MergeInputError(self._dir, gone)
             time.sleep(_POLL_S)
         return paths
+
+
+#: What a -j worker process runs (its request comes on stdin).
+_SERVE = "from commtag.merge.workers import serve; raise SystemExit(serve())"
+#: Input (compressed bytes as found on disk) per extra worker before -j's default starts one:
+#: below it a worker's start (an interpreter, the merge's imports: ~0.4 s) costs more than its share saves.
+MIN_INPUT_PER_WORKER = 16 << 20
+
+
+def default_jobs(input_bytes: int) -> int:
+    """-j's default: the CPUs this process may use, no more than the input keeps busy."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, input_bytes // MIN_INPUT_PER_WORKER))
+
+
+class LocalWorld(FileWorld):
+    """``-j N``: this process is worker 0 and starts the other workers itself, on this host.
+
+    They exchange as torchrun's workers on one host do (:class:`FileWorld`),
+    through a folder named as a temporary of this process. Each is
+    ``python -c`` running :func:`serve` with ``request`` (the merge's
+    arguments, JSON) and its place; its stderr goes to a file in that
+    folder, whose last line names what stopped it. ``jobs``: how many
+    workers (None: :func:`default_jobs`); never more than ranks.
+    """
+
+    def __init__(self, jobs: Optional[int], output: Path, request: dict) -> None:
+        super().__init__(0, 1, temporary(output.parent / "commtag-merge-j", pid=os.getpid()), self._gone)
+        self._jobs = jobs
+        self._request = request
+        self._children: list[subprocess.Popen] = []
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        jobs = self._jobs or default_jobs(sum(r.size for r in ranks))
+        self.size = max(1, min(jobs, len(ranks)))
+        if self.size == 1:
+            return
+        with output_errors(self._dir):
+            self._dir.mkdir(exist_ok=True)
+            for index in range(1, self.size):
+                with open(self._dir / f"w{index}.err", "wb") as err:
+                    child = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
+                                             stdout=subprocess.DEVNULL, stderr=err)
+                self._children.append(child)
+                child.stdin.write(orjson.dumps({**self._request, "index": index, "size": self.size,
+                                                "folder": str(self._dir), "owner": os.getpid()}))
+                child.stdin.close()
+
+    def _gone(self) -> Optional[str]:
+        for index, child in enumerate(self._children, 1):
+            if child.poll() is not None:
+                return f"merge worker {index} stopped (exit status {child.returncode}): {self._last_words(index)}"
+        return None
+
+    def _last_words(self, index: int) -> str:
+        try:
+            lines = (self._dir / f"w{index}.err").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        return lines[-1] if lines else "it said nothing"
+
+    def close(self) -> None:
+        super().close()
+        self.stop()
+
+    def stop(self, interrupted: bool = False) -> None:
+        """Wait for the workers this process started to end, then remove their folder. When the
+        merge was interrupted, a worker still running after a moment (a Ctrl-C reaches them all
+        at once) is interrupted too, so that it removes its part as this process removed its own."""
+        if interrupted:
+            time.sleep(_INTERRUPT_GRACE_S)
+            for child in self._children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGINT)
+        for child in self._children:
+            try:
+                child.wait(timeout=_CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def selection_to_wire(selection: Optional[Selection]) -> Optional[dict]:
+    """A --steps/--window/--detail selection as JSON data for a -j worker."""
+    if selection is None:
+        return None
+    return {name: None if value is None else sorted(value) if isinstance(value, frozenset) else list(value)
+            for name, value in (("steps", selection.steps), ("window", selection.window),
+                                ("detail", selection.detail))}
+
+
+def selection_from_wire(data: Optional[dict]) -> Optional[Selection]:
+    if data is None:
+        return None
+    from commtag.merge.selection import Selection
+
+    window = data["window"]
+    return Selection(steps=None if data["steps"] is None else frozenset(data["steps"]),
+                     window=None if window is None else (window[0], window[1]),
+                     detail=None if data["detail"] is None else frozenset(data["detail"]))
+
+
+def serve() -> int:
+    """A worker a ``-j`` merge started: merge its share of the request read from stdin; every
+    error goes to worker 0 (which reports), and the exit status is the merge's."""
+    from commtag.merge import pipeline
+    from commtag.merge.analyze import MergeAnalysis
+
+    request = orjson.loads(sys.stdin.buffer.read())
+    owner = request.pop("owner")
+    world = FileWorld(request.pop("index"), request.pop("size"), Path(request.pop("folder")),
+                      lambda: None if os.getppid() == owner else "merge worker 0 is gone")
+    analysis = MergeAnalysis() if request.pop("analysis") else None
+    selection = selection_from_wire(request.pop("selection"))
+    error: Optional[MergeInputError] = None
+    try:
+        pipeline.merge(request.pop("inputs"), request.pop("output"), world=world, analysis=analysis,
+                       selection=selection, progress=False, **request)
+    except MergeInputError as exc:
+        error = exc
+    failed = bool(settle(world, error))
+    world.close()
+    return 2 if failed else 0
 
 
 class TorchWorld:
@@ -131,6 +284,9 @@ class TorchWorld:
         self._dist = dist
         self.index = dist.get_rank()
         self.size = dist.get_world_size()
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        pass
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
         import torch
@@ -174,26 +330,34 @@ def launcher_world(output: Path) -> Optional[World]:
     if int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == size:
         launch = hashlib.sha1(f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}:"
                               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}".encode()).hexdigest()[:16]
-        return FileWorld(int(os.environ["RANK"]), size, output.parent, launch)
+        # Named as a temporary of the torchrun agent (every local worker's parent): a merge after a
+        # killed launch removes it (commtag.merge.output.remove_stale).
+        return FileWorld(int(os.environ["RANK"]), size,
+                         temporary(output.parent / f"commtag-merge-{launch}", pid=os.getppid()))
     return TorchWorld()
 
 
 _Result = TypeVar("_Result")
 
 
-def launched(output: Path, work: Callable[[Optional[World]], _Result]) -> _Result:
-    """Run ``work`` on this launch's workers (:func:`launcher_world`; None for a plain
-    process) from their start to their close.
+def launched(output: Path, work: Callable[[Optional[World]], _Result], local: Optional[LocalWorld] = None
+             ) -> _Result:
+    """Run ``work`` on this launch's workers (:func:`launcher_world`; else ``local``, the
+    workers of ``-j``; None for a plain process) from their start to their close.
 
     Raises :class:`MergeFailed` with every worker's errors on every worker
     (each then exits with the same status; ``lead`` says which one reports).
     """
-    world = launcher_world(output)
+    world = launcher_world(output) or local
     error: Optional[MergeInputError] = None
     try:
         result = work(world)
     except MergeInputError as exc:
         error = exc
+    except BaseException:  # interrupted: the workers this process started go with it
+        if isinstance(world, LocalWorld):
+            world.stop(interrupted=True)
+        raise
     if world is None:
         if error is not None:
             raise MergeFailed([error]) from error

@@ -1,0 +1,114 @@
+"""``commtag merge -j N``: N merge worker processes on one host write the trace one process writes.
+
+Not byte for byte: each worker writes its ranks on a packet sequence of its
+own (as under torchrun), so interned ids differ. Every track, slice, arg and
+flow must be equal, and a failure in any worker must read as one error, with
+nothing left behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from commtag.merge.readback import read_trace
+from commtag.merge.validate import validate_file
+from commtag.testing import PUBLIC_TRACES
+
+pytestmark = pytest.mark.slow
+
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
+
+
+def _merge(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commtag.merge", *args, "--no-progress"], capture_output=True,
+                          text=True, timeout=300)
+
+
+def _assert_same_trace(got: Path, expected: Path) -> None:
+    """Every track and slice (name, times, args, flows, depth) equal, as the UI would show them
+    (slices that start together on different tracks may come in another order in the file)."""
+    one, two = read_trace(expected), read_trace(got)
+    assert two.tracks == one.tracks
+    assert len(two.slices) == len(one.slices) > 1000
+    assert sorted(two.slices, key=_place) == sorted(one.slices, key=_place)
+
+
+def _place(s) -> tuple:
+    return s.ts, s.track, s.end, s.name, s.depth
+
+
+@pytest.mark.parametrize("jobs", ["2", "3"])
+def test_workers_write_what_one_process_writes(tmp_path: Path, jobs: str) -> None:
+    single, several = tmp_path / "single.pftrace", tmp_path / "several.pftrace"
+    one = _merge(str(DLRM), "-o", str(single), "--align", "collectives", "-j", "1")
+    assert one.returncode == 0, one.stderr
+    many = _merge(str(DLRM), "-o", str(several), "--align", "collectives", "-j", jobs)
+    assert many.returncode == 0, many.stderr
+    assert validate_file(several) == []
+    _assert_same_trace(several, single)
+    assert many.stderr == one.stderr  # the same notices, accounts and alignment, said once
+    assert many.stdout.replace("several", "single") == one.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["several.pftrace", "single.pftrace"]
+
+
+def test_a_bad_rank_in_another_worker_stops_the_merge(tmp_path: Path) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for r in range(4):
+        (inputs / f"rank{r}.json").symlink_to(next(DLRM.glob(f"worker{r}_*")))
+    (inputs / "rank3.json").unlink()
+    (inputs / "rank3.json").write_text('{"traceEvents": 5}')  # worker 1's share: ranks 2 and 3
+    out = tmp_path / "out" / "merged.pftrace"
+    out.parent.mkdir()
+    out.write_bytes(b"previous")
+    proc = _merge(str(inputs), "-o", str(out), "-j", "2")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("commtag merge: error:")]
+    assert len(errors) == 1 and "rank3.json: not a profiler trace" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert out.read_bytes() == b"previous"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["merged.pftrace"]  # no part, shard or exchange left
+
+
+def test_skipped_ranks_are_the_same_under_two_workers(tmp_path: Path) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for r in range(4):
+        source = next(DLRM.glob(f"worker{r}_*"))
+        (inputs / f"rank{r}{''.join(source.suffixes)}").symlink_to(source)
+    (inputs / "rank3.json").write_text('{"traceEvents": 5}')  # a second rank 3, unreadable
+    single, double = tmp_path / "single.pftrace", tmp_path / "double.pftrace"
+    one = _merge(str(inputs), "-o", str(single), "--skip-bad-ranks", "-j", "1")
+    two = _merge(str(inputs), "-o", str(double), "--skip-bad-ranks", "-j", "2")
+    assert one.returncode == two.returncode == 0, two.stderr
+    skipped = [line for line in two.stderr.splitlines() if "skipped:" in line]
+    assert len(skipped) == 1 and "rank3.json" in skipped[0]
+    _assert_same_trace(double, single)
+
+
+def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Path) -> None:
+    inputs = tmp_path / "set"
+    made = subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "4", "--events", "200000",
+                           "--ranks-per-node", "1", "-o", str(inputs)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "commtag.merge", str(inputs), "-o", str(out_dir / "m.pftrace"),
+                             "-j", "2", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    # Both workers are writing their ranks: two parts with bytes in them.
+    while len([p for p in out_dir.glob(".m.pftrace.tmp-*") if p.stat().st_size > 0]) < 2:
+        assert proc.poll() is None, f"the merge ended before it was interrupted: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the workers never started writing"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)  # to worker 0 alone: it stops the worker it started
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["commtag merge: interrupted; no file was changed"]
+    assert list(out_dir.iterdir()) == []
