@@ -8,6 +8,7 @@ nothing left behind.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -76,6 +77,14 @@ def test_a_bad_rank_in_another_worker_stops_the_merge(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == ["merged.pftrace"]  # no part, shard or exchange left
 
 
+def test_an_output_folder_that_is_missing_reads_as_with_one_process(tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "merged.pftrace"
+    one, two = _merge(str(DLRM), "-o", str(out), "-j", "1"), _merge(str(DLRM), "-o", str(out), "-j", "2")
+    assert one.returncode == two.returncode == 2
+    assert two.stderr == one.stderr == f"commtag merge: error: {out}: cannot write the output: No such file or directory\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_skipped_ranks_are_the_same_under_two_workers(tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -112,3 +121,27 @@ def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Pat
     assert proc.returncode == 130, err
     assert err.splitlines() == ["commtag merge: interrupted; no file was changed"]
     assert list(out_dir.iterdir()) == []
+
+
+def test_a_worker_that_crashes_stops_the_merge_naming_why(tmp_path: Path) -> None:
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(  # only in the workers the merge starts (python -c)
+        "import sys\n"
+        "if sys.argv[:1] == ['-c']:\n"
+        "    from commtag.merge import lanes\n"
+        "    def write(self, *args, **kwargs):\n"
+        "        raise RuntimeError('boom')\n"
+        "    lanes.LanesWriter.write = write\n"
+    )
+    out = tmp_path / "out" / "merged.pftrace"
+    out.parent.mkdir()
+    out.write_bytes(b"previous")
+    pythonpath = os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "commtag.merge", str(DLRM), "-o", str(out), "-j", "2", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": pythonpath})
+    assert proc.returncode == 2
+    assert proc.stderr.count("commtag merge: error:") == 1, proc.stderr
+    assert "merge worker 1 stopped (exit status 1): RuntimeError: boom" in proc.stderr
+    assert out.read_bytes() == b"previous"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["merged.pftrace"]

@@ -176,24 +176,30 @@ class LocalWorld(FileWorld):
     def __init__(self, jobs: Optional[int], output: Path, request: dict) -> None:
         super().__init__(0, 1, temporary(output.parent / "commtag-merge-j", pid=os.getpid()), self._gone)
         self._jobs = jobs
+        self._output = output
         self._request = request
         self._children: list[subprocess.Popen] = []
 
     def start(self, ranks: Sequence[RankInput]) -> None:
         jobs = self._jobs or default_jobs(sum(r.size for r in ranks))
-        self.size = max(1, min(jobs, len(ranks)))
-        if self.size == 1:
+        size = max(1, min(jobs, len(ranks)))
+        if size == 1:
             return
-        with output_errors(self._dir):
-            self._dir.mkdir(exist_ok=True)
-            for index in range(1, self.size):
-                with open(self._dir / f"w{index}.err", "wb") as err:
-                    child = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
-                                             stdout=subprocess.DEVNULL, stderr=err)
-                self._children.append(child)
-                child.stdin.write(orjson.dumps({**self._request, "index": index, "size": self.size,
-                                                "folder": str(self._dir), "owner": os.getpid()}))
-                child.stdin.close()
+        try:
+            with output_errors(self._output, " the output"):  # the folder goes beside it
+                self._dir.mkdir(exist_ok=True)
+                for index in range(1, size):
+                    with open(self._dir / f"w{index}.err", "wb") as err:
+                        child = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
+                                                 stdout=subprocess.DEVNULL, stderr=err)
+                    self._children.append(child)
+                    child.stdin.write(orjson.dumps({**self._request, "index": index, "size": size,
+                                                    "folder": str(self._dir), "owner": os.getpid()}))
+                    child.stdin.close()
+        except BaseException:
+            self.stop(interrupted=True)  # those started already would wait for worker 0 in vain
+            raise
+        self.size = size
 
     def _gone(self) -> Optional[str]:
         for index, child in enumerate(self._children, 1):
@@ -358,7 +364,7 @@ def launched(output: Path, work: Callable[[Optional[World]], _Result], local: Op
         if isinstance(world, LocalWorld):
             world.stop(interrupted=True)
         raise
-    if world is None:
+    if world is None or world.size == 1:  # one process (-j found one worker enough): nobody to tell
         if error is not None:
             raise MergeFailed([error]) from error
         return result
