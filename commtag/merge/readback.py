@@ -35,7 +35,10 @@ from commtag.merge.records import (
     Coverage,
 )
 from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
-from commtag.vocab import ANN_RANK, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE
+from commtag.vocab import (
+    ANN_LANE, ANN_LANE_ID, ANN_MARKER, ANN_P2P, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK,
+    ANN_WORLD_SIZE,
+)
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
@@ -146,7 +149,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
         stack = open_slices.setdefault(event.track_uuid, [])
         if event.type == _BEGIN:
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-            stack.append((packet.timestamp + wall, args) if "commtag pg uid" in args else None)
+            stack.append((packet.timestamp + wall, args) if ANN_PG_UID in args else None)
             if ANN_SCOPE in args:
                 _kernel_breakdown(kernels, args)
         elif event.type == _END and stack:
@@ -159,7 +162,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
             if ANN_SCOPE in args:
                 _kernel_breakdown(kernels, args)
-            if args.get("commtag marker") == WINDOW_MARKER:
+            if args.get(ANN_MARKER) == WINDOW_MARKER:
                 rank, length = args.get(ANN_WINDOW_RANK), args.get(ANN_WINDOW_NS)
                 if isinstance(rank, int) and isinstance(length, int):
                     start = packet.timestamp + wall
@@ -340,12 +343,12 @@ def _instance(start_ns: int, end_ns: int, args: dict[str, object]) -> Optional[C
     """A record from one lane slice's annotations; None when keys the analysis needs are absent."""
     try:
         ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
-        replay = args.get("commtag replay")
+        replay = args.get(ANN_REPLAY)
         replay = None if replay in (None, "null") else replay
         return CollectiveInstance(
-            rank=int(args["commtag rank"]),  # type: ignore[arg-type]
-            pg_uid=str(args["commtag pg uid"]),
-            is_p2p=bool(args.get("commtag p2p", False)),
+            rank=int(args[ANN_RANK]),  # type: ignore[arg-type]
+            pg_uid=str(args[ANN_PG_UID]),
+            is_p2p=bool(args.get(ANN_P2P, False)),
             seq=int(args["Seq"]),  # type: ignore[arg-type]
             replay=int(replay) if replay is not None else None,  # type: ignore[arg-type]
             collective=str(args["Collective name"]),
@@ -356,10 +359,10 @@ def _instance(start_ns: int, end_ns: int, args: dict[str, object]) -> Optional[C
             group_ranks=tuple(ranks),
             start_ns=start_ns,
             end_ns=end_ns,
-            source=str(args.get("commtag source", "trace")),
-            lane_name=str(args.get("commtag lane", "")),
+            source=str(args.get(ANN_SOURCE, "trace")),
+            lane_name=str(args.get(ANN_LANE, "")),
             args=args,
-            lane_id=int(args.get("commtag lane id", 0)),  # type: ignore[arg-type]
+            lane_id=int(args.get(ANN_LANE_ID, 0)),  # type: ignore[arg-type]
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -30,13 +30,14 @@ from commtag.merge.records import CollectiveInstance, CounterSeries, Marker
 from commtag.merge.timeline import Row
 from commtag.merge.trace_writer import emit_rows, track_descriptor, track_field
 from commtag.merge.wire import CHILD_ORDERING_EXPLICIT
+from commtag.vocab import ANN_LANE
 
 #: Sibling order of the group views among the top-level tracks: below every process's (its rank).
 GROUP_ORDER_BASE = -(1 << 30)
 #: Sibling order of a group's counter tracks: after every member row (ranks are below 2**24).
 _AFTER_MEMBERS = 1 << 24
 #: The marker key naming the lane a marker belongs to (set by commtag.merge.analyze).
-MARKER_LANE_KEY = "commtag lane"
+MARKER_LANE_KEY = ANN_LANE
 
 
 @dataclass(slots=True)
