@@ -213,6 +213,7 @@ def _heads(parsed) -> list:
 
 def test_group_view_has_a_row_per_member_holding_its_lane_slices_and_flows(whole) -> None:
     result, parsed = whole
+    assert validate_file(result.output) == []
     heads = _heads(parsed)
     names = [h.name for h in heads]
     assert names[0] == "PG 0 (default_pg) [0, 1, 2, 3]"
@@ -308,3 +309,12 @@ def test_max_output_stops_before_writing_and_names_what_fits(traces: Path, whole
                              str(limit), *advice.group(1).split()], capture_output=True, text=True, timeout=300)
     assert fitted.returncode == 0, fitted.stderr
     assert out.stat().st_size <= limit
+
+
+def test_torchrun_workers_all_stop_above_max_output(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged.pftrace"
+    proc = torchrun_merge([str(traces), "-o", str(out), "--no-progress", "--max-output", "1000"])
+    assert proc.returncode != 0
+    said = [line for line in proc.stderr.splitlines() if line.startswith("commtag merge: error:")]
+    assert len(said) == 1 and "above --max-output 1.00 kB" in said[0], proc.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
