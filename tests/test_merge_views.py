@@ -34,6 +34,8 @@ from pftrace_reader import lane_of, read
 from torchrun_merge import torchrun_merge
 from views_world import PROFILED_STEPS, calls_per_step, profiled_steps
 
+pytestmark = pytest.mark.slow  # a real gloo world, the CLI in subprocesses, torchrun
+
 pytestmark = pytest.mark.slow
 
 
