@@ -17,15 +17,6 @@ SIDECAR_SUFFIX = ".commtag.json"
 #: Endings of profiler trace names, longest first: what a sidecar's name replaces.
 TRACE_NAME_ENDINGS = (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json")
 
-#: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured
-#: collective (where the user turned torch's graph annotations on): ``"<capture id>.<n>"``, the
-#: n-th collective commtag saw in that capture. torch's exporter bakes it into the replayed
-#: events' args; the sidecar's captured collective carries the same value (``torch_mark``).
-TORCH_MARK_KEY = "commtag graph mark"
-#: Arg of a graphed event the merge put back on the stream it ran on: the lane torch had moved
-#: it to (a process group's lane, which commtag's own lane of that group replaces).
-TORCH_LANE_ARG = "commtag torch lane"
-
 #: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
 TIME_NS_LIMIT = 1 << 63
 

@@ -190,7 +190,7 @@ class CapturedCollective(BaseModel):
     reduce_op: Optional[str] = None
     #: How it was caught: "python" (a patched torch.distributed function) or "c10d-op" (operator level).
     source: Literal["python", "c10d-op"] = "python"
-    #: The mark commtag handed torch's ``mark_kernels`` for it (constants.TORCH_MARK_KEY), where
+    #: The mark commtag handed torch's ``mark_kernels`` for it (vocab.TORCH_MARK_KEY), where
     #: torch's graph annotations recorded this capture (torch 2.14+, driver 13.1+).
     torch_mark: Optional[str] = None
     #: torch's tools ids of its nodes under that mark, read from torch's registry when the

@@ -465,6 +465,16 @@ ANN_MARKER = "commtag marker"
 ANN_WINDOW_RANK = "commtag window of rank"
 ANN_WINDOW_NS = "commtag window ns"
 ANN_WORLD_SIZE = "commtag world size"
+# With torch's own CUDA-graph annotations (torch 2.14+).
+#: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured
+#: collective (where the user turned torch's graph annotations on): ``"<capture id>.<n>"``, the
+#: n-th collective commtag saw in that capture. torch's exporter bakes it into the replayed
+#: events' args; the sidecar's captured collective carries the same value (``torch_mark``).
+TORCH_MARK_KEY = "commtag graph mark"
+#: Arg of a graphed event the merge put back on the stream it ran on: the lane torch had moved
+#: it to (a process group's lane, which commtag's own lane of that group replaces).
+TORCH_LANE_ARG = "commtag torch lane"
+
 # The kernel breakdown (commtag.kernels.Breakdown.annotations).
 ANN_KERNELS = "commtag kernels"
 ANN_KERNELS_PREFIX = "commtag kernels "

@@ -47,10 +47,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
-from commtag.constants import TORCH_MARK_KEY
 from commtag.vocab import (
     ANN_MATCH, COLLECTIVES, DEVICE_WORK_NODE_TYPES, LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR,
-    NODE_ID_MASK, base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
+    NODE_ID_MASK, TORCH_MARK_KEY, base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them

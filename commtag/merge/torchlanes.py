@@ -11,7 +11,7 @@ every member rank, with the cross-rank flows). A group lane of torch's would sta
 it as a second lane of the same group, holding the same kernels. The rule: **commtag's
 lane wins**. Each event torch moved onto a lane named by a process group is written on the
 stream it ran on again, its ``args.stream`` saying that stream and
-:data:`~commtag.constants.TORCH_LANE_ARG` the lane torch had given it; everything torch
+:data:`~commtag.vocab.TORCH_LANE_ARG` the lane torch had given it; everything torch
 baked into its args is kept. Nothing is dropped: the event is written once, on its stream,
 and torch's group lane, left empty, is not drawn. Lanes torch named otherwise (its
 ``default_stream``, a user's ``mark_stream`` lanes) stay as torch wrote them.
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from commtag.constants import TORCH_LANE_ARG
 from commtag.vocab import (
-    TORCH_ANNOTATED_CATEGORIES, TORCH_INLINE_ANNOTATED_KEY, TORCH_LANE_KEY, TORCH_LANE_NAME_KEY,
+    TORCH_ANNOTATED_CATEGORIES, TORCH_INLINE_ANNOTATED_KEY, TORCH_LANE_ARG, TORCH_LANE_KEY, TORCH_LANE_NAME_KEY,
     TORCH_ORIGINAL_STREAM_KEY,
 )
 

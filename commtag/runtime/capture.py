@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from commtag.constants import TORCH_MARK_KEY
 from commtag.runtime.failopen import log_once
 from commtag.runtime.graph_api import GraphAPI, load_cuda_graph_api
 from commtag.runtime.torch_marks import TorchMarks, load_torch_marks
@@ -39,6 +38,7 @@ from commtag.schema import (
     GraphNodeRecord,
     GraphReplay,
 )
+from commtag.vocab import TORCH_MARK_KEY
 
 #: Replays kept per capture (newest win); the sidecar writer keeps those in the profiled window.
 MAX_REPLAYS_PER_CAPTURE = 65536

@@ -8,7 +8,7 @@ each annotation into the replayed events' args. commtag wraps each collective ca
 in such a capture in a scope of its own, so that torch joins the collective's nodes to
 the replayed kernels, and the merge tries that join first:
 
-* the annotation carries :data:`~commtag.constants.TORCH_MARK_KEY` (capture id and the
+* the annotation carries :data:`~commtag.vocab.TORCH_MARK_KEY` (capture id and the
   collective's number in it), which the sidecar's captured collective carries too, so a
   baked kernel names its call exactly;
 * when the sidecar is written, the tools ids torch holds under each mark are copied into
@@ -30,9 +30,8 @@ import importlib
 import inspect
 from typing import Any, Callable, Mapping, Optional
 
-from commtag.constants import TORCH_MARK_KEY
 from commtag.runtime.failopen import log_once
-from commtag.vocab import TORCH_GRAPH_ANNOTATIONS_MODULE, TORCH_LANE_KEY, TORCH_LANE_NAME_KEY
+from commtag.vocab import TORCH_GRAPH_ANNOTATIONS_MODULE, TORCH_LANE_KEY, TORCH_LANE_NAME_KEY, TORCH_MARK_KEY
 
 
 class TorchMarks:

@@ -51,7 +51,7 @@ from commtag.schema import (
 )
 from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import (
-    DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, is_graph_launch,
+    ANN_CAPTURE_ID, ANN_LANE, ANN_LANE_ID, ANN_PG_UID, DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, is_graph_launch,
     nccl_kind, parse_nccl_kernel,
 )
 
@@ -330,10 +330,10 @@ def annotation(
             "Process Group Ranks": group.ranks_text(),
             "Rank": group.ranks.index(rank),
             "Seq": seq,
-            "commtag lane id": group.lane_id,
-            "commtag lane": group.lane_name,
-            "commtag pg uid": group.uid,
-            "commtag capture id": capture_id,
+            ANN_LANE_ID: group.lane_id,
+            ANN_LANE: group.lane_name,
+            ANN_PG_UID: group.uid,
+            ANN_CAPTURE_ID: capture_id,
         }
     )
 
