@@ -219,9 +219,10 @@ def _names_in(code: Any) -> set[str]:
 
 #: Names the entry's own code uses, read from the template itself: a parameter of the same name
 #: would hide one of them, so such an op takes the packed entry. ("group" is the entry's own.)
+_TEMPLATE_SOURCE = _plain_source("_commtag_op", ("_commtag_parameter", "group"), [inspect.Parameter.empty, None],
+                                 1, 0, logged=True)
 _ENTRY_NAMES = frozenset(
-    _names_in(compile(_plain_source("_commtag_op", ("_commtag_parameter", "group"), [inspect.Parameter.empty, None],
-                                    1, 0, logged=True), "<commtag idle path>", "exec"))
+    _names_in(compile(_TEMPLATE_SOURCE, "<commtag idle path>", "exec"))  # commtag's own text, not input data
     - {"_commtag_op", "_commtag_parameter", "group"})
 
 
