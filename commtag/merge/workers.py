@@ -246,6 +246,7 @@ def selection_to_wire(selection: Optional[Selection]) -> Optional[dict]:
 
 
 def selection_from_wire(data: Optional[dict]) -> Optional[Selection]:
+    """The selection :func:`selection_to_wire` sent."""
     if data is None:
         return None
     from commtag.merge.selection import Selection
