@@ -58,6 +58,15 @@ def test_workers_write_what_one_process_writes(tmp_path: Path, jobs: str) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["several.pftrace", "single.pftrace"]
 
 
+def test_what_a_worker_notices_while_reading_its_ranks_is_said(tmp_path: Path) -> None:
+    # Ranks 4-7 (worker 1's) hold step 10 only: each file's notice comes from the worker reading it.
+    one = _merge(str(DLRM), "-o", str(tmp_path / "one.pftrace"), "--steps", "12", "-j", "1")
+    two = _merge(str(DLRM), "-o", str(tmp_path / "two.pftrace"), "--steps", "12", "-j", "2")
+    assert one.returncode == two.returncode == 0, two.stderr
+    assert "worker7_step_12" in one.stderr and "none of --steps 12 is in it" in one.stderr
+    assert two.stderr == one.stderr
+
+
 def test_a_bad_rank_in_another_worker_stops_the_merge(tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()

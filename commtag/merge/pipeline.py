@@ -222,7 +222,7 @@ def merge(
         place_in_time(plan)
         check_size(plan)
         # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.interner, plan.skipped)
+        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.interner, plan.skipped, plan.notices)
         instances, warned = gather(plan, everyone)
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             annotations = analysis(instances, coverage(everyone)) if analysis is not None else None

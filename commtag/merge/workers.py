@@ -381,12 +381,15 @@ def launched(output: Path, work: Callable[[Optional[World]], _Result], local: Op
 
 
 def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: Interner,
-             skipped: Optional[list[MergeInputError]] = None) -> list[RankSummary]:
+             skipped: Optional[list[MergeInputError]] = None,
+             notices: Optional[list[str]] = None) -> list[RankSummary]:
     """Every worker's summaries (``produce`` makes this worker's), in rank order; an input
     error anywhere stops all workers.
 
-    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files. A
-    worker keeps its own summaries as they are and decodes only the others'.
+    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files, and
+    ``notices`` every worker's notices (those ``produce`` added while reading
+    its ranks too), each once, in worker order. A worker keeps its own
+    summaries as they are and decodes only the others'.
     """
     if world.size == 1:
         # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
@@ -396,9 +399,12 @@ def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: I
     def step() -> dict:
         nonlocal mine
         mine = produce()
-        return {**to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()]}
+        return {**to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()],
+                "notices": list(notices or ())}
 
     parts = all_done(world, step)
+    if notices is not None:
+        notices[:] = dict.fromkeys(n for part in parts for n in (notices if part is None else part["notices"]))
     if skipped is not None:
         every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
         union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
