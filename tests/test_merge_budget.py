@@ -45,6 +45,6 @@ def test_sizes_are_read_as_people_write_them() -> None:
     assert parse_size("1.5G") == 1_500_000_000
     assert parse_size("800MB") == 800_000_000
     assert parse_size("2000") == 2000
-    for bad in ("lots", "-1G", "0", "1.5X"):
+    for bad in ("lots", "-1G", "0", "1.5X", "0.1", "inf"):
         with pytest.raises(ValueError, match="--max-output"):
             parse_size(bad)

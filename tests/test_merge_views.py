@@ -36,8 +36,6 @@ from views_world import PROFILED_STEPS, calls_per_step, profiled_steps
 
 pytestmark = pytest.mark.slow  # a real gloo world, the CLI in subprocesses, torchrun
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -163,7 +161,7 @@ def test_window_keeps_what_starts_in_it_on_every_rank(traces: Path, whole, tmp_p
 def test_a_bad_spec_is_one_line_and_exit_2(traces: Path, tmp_path: Path) -> None:
     out = tmp_path / "bad.pftrace"
     for option in (["--steps", "2-x"], ["--window", "5"], ["--window", "9:3"], ["--steps", "1", "--window", "0:5"],
-                   ["--detail", "0,x"]):
+                   ["--detail", "0,x"], ["--window", "0:inf"], ["--max-output", "0.1"]):
         proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), *option],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (option, proc.stderr)

@@ -55,8 +55,8 @@ def parse_size(spec: str) -> int:
         value = float(number) * _UNITS[text[len(number):]]
     except (KeyError, ValueError):
         raise ValueError(f"--max-output {spec!r} is not a size like 1.5G, 800M or 2000000") from None
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"--max-output {spec!r} must be a positive size")
+    if not 1 <= value < math.inf:
+        raise ValueError(f"--max-output {spec!r} must be a size of at least one byte")
     return int(value)
 
 

@@ -69,7 +69,7 @@ def parse_window(spec: str) -> tuple[int, int]:
         if not colon:
             raise ValueError
         start_ns, end_ns = round(float(start) * 1e6), round(float(end) * 1e6)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise ValueError(f"--window {spec!r} is not START_MS:END_MS (e.g. 120:180.5)") from None
     if not 0 <= start_ns < end_ns:
         raise ValueError(f"--window {spec!r}: START_MS must be >= 0 and before END_MS")
