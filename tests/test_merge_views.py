@@ -169,6 +169,29 @@ def test_a_bad_spec_is_one_line_and_exit_2(traces: Path, tmp_path: Path) -> None
         assert not out.exists()
 
 
+@pytest.mark.parametrize(("option", "said"), [
+    (["--steps", "9"], "--steps 9 keeps no event of any rank (rank 0's "),
+    (["--steps", "7-9", "--detail", "none"], "--steps 7-9 keeps no event of any rank (rank 0's "),
+    (["--window", "100000:200000"], "--window 100000:200000 keeps no event of any rank"),
+    (["--detail", "7"], "--detail names rank 7, which no trace here holds (ranks 0-3)"),
+    (["--detail", "0,4-5"], "--detail names ranks 4-5, which no trace here holds (ranks 0-3)"),
+])
+def test_a_selection_of_nothing_is_one_line_and_exit_2(traces: Path, tmp_path: Path, option: list[str],
+                                                       said: str) -> None:
+    """Steps or a window no rank has, or a --detail rank not in the job: an error, not an empty
+    trace or a trace silently without the timeline asked for; the earlier output stays."""
+    out = tmp_path / "merged.pftrace"
+    out.write_bytes(b"an earlier merge")
+    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), *option],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, (option, proc.stderr)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"commtag merge: error: {traces}: {said}"), line
+    if option[0] == "--steps":
+        assert line.endswith("holds steps 1-3)"), line
+    assert out.read_bytes() == b"an earlier merge" and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
 def _timeline_slices(parsed) -> Counter:
     """rank -> slices on its CPU threads and GPU streams (not lanes, not commtag's own tracks)."""
     counts: Counter = Counter()

@@ -48,7 +48,9 @@ from commtag.merge.records import (
     CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, Interner, RankSummary, TraceAnnotations,
 )
 from commtag.merge.runs import FileSpan
-from commtag.merge.selection import FileSpans, Selection, file_spans
+from commtag.merge.selection import (
+    NOT_IN_DETAIL, FileSpans, Selection, describe, describe_numbers, file_spans, step_marks,
+)
 from commtag.merge.workers import SoloWorld, World, all_done, exchange
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -219,6 +221,7 @@ def merge(
     with plan.output:
         if options.align == "collectives":
             align_clocks(plan)
+        check_detail(plan)
         place_in_time(plan)
         check_size(plan)
         # A bad input in any worker's ranks reaches every worker through the exchange.
@@ -272,6 +275,37 @@ def place_in_time(plan: MergePlan) -> None:
         plan.spans_of = file_spans(plan.options.selection, bases, plan.notices)
 
 
+def check_detail(plan: MergePlan) -> None:
+    """--detail naming a rank no input holds is a typo or the wrong job: an error, not a silent
+    merge without that rank's timeline (a notice with --skip-bad-ranks, which may have left it out)."""
+    selection = plan.options.selection
+    absent = sorted(selection.detail - {r.rank for r in plan.ranks}) if selection and selection.detail else []
+    if not absent:
+        return
+    problem = (f"--detail names rank{'s' if len(absent) > 1 else ''} {describe_numbers(absent)}, which no trace "
+               f"here holds (ranks {describe_numbers([r.rank for r in plan.ranks])})")
+    if plan.skipped is None:
+        raise MergeInputError(plan.inputs[0], problem)
+    plan.notices.append(f"{plan.inputs[0]}: {problem}")
+
+
+def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
+    """A --steps or --window that keeps no event of any rank is an error, not an empty trace."""
+    selection = plan.options.selection
+    if selection is None or not selection.selects_time:
+        return
+    for s in everyone:
+        if s.instances or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
+            return
+    problem = f"{describe(selection)} keeps no event of any rank"
+    if selection.steps is not None:  # every merged file holds steps (--steps refuses one without)
+        first = Path(everyone[0].files[0].path)
+        problem += f" (rank {everyone[0].rank}'s {first.name} holds steps {describe_numbers(sorted(step_marks(first)))})"
+    else:
+        problem += " (START_MS:END_MS count from the earliest trace start)"
+    raise MergeInputError(plan.inputs[0], problem)
+
+
 def check_size(plan: MergePlan) -> None:
     """Stop before writing a trace estimated above ``max_output``, saying what would fit.
     Every worker estimates alike (the same sampled ranks), so all stop together."""
@@ -298,6 +332,7 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     warned = runs.warnings([f for s in everyone for f in s.files])
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
+    check_kept(plan, everyone)
     instances = [i for s in everyone for i in s.instances]
     settle_inferred(instances)
     timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)

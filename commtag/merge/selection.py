@@ -76,6 +76,15 @@ def parse_window(spec: str) -> tuple[int, int]:
     return start_ns, end_ns
 
 
+def describe(selection: "Selection") -> str:
+    """The --steps or --window option as the user would write it."""
+    if selection.steps is not None:
+        return f"--steps {describe_numbers(sorted(selection.steps))}"
+    if selection.window is not None:
+        return f"--window {selection.window[0] / 1e6:g}:{selection.window[1] / 1e6:g}"
+    return "no --steps or --window"
+
+
 def describe_numbers(numbers: Sequence[int]) -> str:
     """{0, 1, 2, 5} -> "0-2,5": the inverse of :func:`parse_numbers`."""
     out: list[str] = []
