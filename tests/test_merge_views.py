@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from commtag.merge.analyze import MergeAnalysis
-from commtag.merge.budget import estimate
+from commtag.merge.budget import estimate, upper_bound
 from commtag.merge.load import discover
 from commtag.merge.pipeline import merge
 from commtag.merge.readback import read_instances
@@ -190,6 +190,42 @@ def test_a_selection_of_nothing_is_one_line_and_exit_2(traces: Path, tmp_path: P
     if option[0] == "--steps":
         assert line.endswith("holds steps 1-3)"), line
     assert out.read_bytes() == b"an earlier merge" and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def _renumbered(traces: Path, out: Path, rank: int, shift: int) -> Path:
+    """A copy of the job where ``rank``'s ProfilerStep#N are named N + shift (as a rank of
+    another schedule would record them); the path of that rank's trace."""
+    out.mkdir()
+    renamed = None
+    for path in traces.iterdir():
+        data = path.read_bytes()
+        trace = orjson.loads(gzip.decompress(data)) if path.name.endswith(".pt.trace.json.gz") else None
+        if trace is not None and trace["distributedInfo"]["rank"] == rank:
+            for e in trace["traceEvents"]:
+                if str(e.get("name", "")).startswith("ProfilerStep#"):
+                    e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + shift}"
+            data, renamed = gzip.compress(orjson.dumps(trace)), out / path.name
+        (out / path.name).write_bytes(data)
+    assert renamed is not None
+    return renamed
+
+
+@pytest.mark.parametrize("options", [["-j", "2", "--max-output", "none"], ["-j", "1", "--max-output", "estimate"]])
+def test_a_file_without_the_steps_is_said_once(traces: Path, whole, tmp_path: Path, options: list[str]) -> None:
+    """The notice for a rank whose file lacks the chosen steps comes once: also when another -j worker
+    merged that rank, and when the size estimate sampled it first."""
+    renamed = _renumbered(traces, tmp_path / "job", 3, 10)
+    job = renamed.parent
+    if options[-1] == "estimate":  # a limit the cheap upper bound exceeds: the estimate samples every rank
+        limit = whole[0].output.stat().st_size
+        assert upper_bound(discover([job], None)) > limit
+        options = [*options[:-1], str(limit)]
+    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(job), "-o", str(tmp_path / "m.pftrace"),
+                           "--no-progress", "--steps", "2", *options], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "none of --steps 2 is in it" in line]
+    assert said == [f"commtag merge: notice: {renamed}: none of --steps 2 is in it (it holds steps 11-13); "
+                    "its events are left out"], proc.stderr
 
 
 def _timeline_slices(parsed) -> Counter:

@@ -200,9 +200,10 @@ def file_spans(selection: Selection, bases: Sequence[tuple[Path, int]], notices:
             raise MergeInputError(path, f"has no {PROFILER_STEP_PREFIX}N slices, so --steps cannot select from it "
                                         "(--window can)")
         chosen = step_spans(marks, steps)
-        if not chosen:
-            notices.append(f"{path}: none of --steps {describe_numbers(sorted(steps))} is in it "
-                           f"(it holds steps {describe_numbers(sorted(marks))}); its events are left out")
+        notice = (f"{path}: none of --steps {describe_numbers(sorted(steps))} is in it "
+                  f"(it holds steps {describe_numbers(sorted(marks))}); its events are left out")
+        if not chosen and notice not in notices:  # the size estimate asks for a sampled file's spans too
+            notices.append(notice)
         return chosen
 
     return spans
