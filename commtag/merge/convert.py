@@ -79,9 +79,6 @@ class EventAccount:
     left_out: dict[str, int] = field(default_factory=dict)
     #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
     listed: list[str] = field(default_factory=list)
-    #: What the user should know of the rank's files (a file without the chosen --steps): they
-    #: travel with the account so that the worker reporting the merge says them for every rank.
-    notices: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """One line: read, written, and what was left out and why."""

@@ -333,10 +333,6 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
     check_kept(plan, everyone)
-    for s in everyone:  # another worker's ranks' notices reach this one with their accounts
-        for notice in s.account.notices if s.account is not None else ():
-            if notice not in plan.notices:
-                plan.notices.append(notice)
     instances = [i for s in everyone for i in s.instances]
     settle_inferred(instances)
     timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
@@ -582,7 +578,6 @@ def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank:
     lanes come with everyone's."""
     offset = plan.offset(rank.rank)
     encoder = seq if plan.detailed(rank.rank) else None
-    told = len(plan.notices)
     converted = _convert_rank(
         rank, lambda: RankConverter(rank.rank, encoder, offset_ns=offset, list_left_out=plan.options.list_left_out,
                                     breakdowns=True, interner=plan.interner),
@@ -593,7 +588,6 @@ def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank:
     timeline = converter.timeline()
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
     summary.account = converter.account()
-    summary.account.notices = plan.notices[told:]  # its files' (--steps): gather tells every worker
     if header:
         stream.write(trace_writer.header(timeline.first_ns or plan.origin, plan.origin))
     trace_writer.write_rank(stream, timeline, seq)
