@@ -8,6 +8,7 @@ nothing left behind.
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import subprocess
@@ -59,9 +60,17 @@ def test_workers_write_what_one_process_writes(tmp_path: Path, jobs: str) -> Non
 
 
 def test_what_a_worker_notices_while_reading_its_ranks_is_said(tmp_path: Path) -> None:
-    # Ranks 4-7 (worker 1's) hold step 10 only: each file's notice comes from the worker reading it.
-    one = _merge(str(DLRM), "-o", str(tmp_path / "one.pftrace"), "--steps", "12", "-j", "1")
-    two = _merge(str(DLRM), "-o", str(tmp_path / "two.pftrace"), "--steps", "12", "-j", "2")
+    # Every DLRM rank holds ProfilerStep#10; in this copy ranks 0-3 hold it as step 12, so ranks 4-7
+    # (worker 1's) hold none of --steps 12: each file's notice comes from the worker reading it.
+    job = tmp_path / "job"
+    job.mkdir()
+    for path in DLRM.iterdir():
+        data = path.read_bytes()
+        if path.name.startswith(("worker0_", "worker1_", "worker2_", "worker3_")):
+            data = gzip.compress(gzip.decompress(data).replace(b'"ProfilerStep#10"', b'"ProfilerStep#12"'))
+        (job / path.name).write_bytes(data)
+    one = _merge(str(job), "-o", str(tmp_path / "one.pftrace"), "--steps", "12", "-j", "1")
+    two = _merge(str(job), "-o", str(tmp_path / "two.pftrace"), "--steps", "12", "-j", "2")
     assert one.returncode == two.returncode == 0, two.stderr
     assert "worker7_step_12" in one.stderr and "none of --steps 12 is in it" in one.stderr
     assert two.stderr == one.stderr
