@@ -60,6 +60,10 @@ _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
 
 
+class NoTraceFound(MergeInputError):
+    """The inputs hold no trace at all (on many hosts a node may see none: :mod:`commtag.merge.hosts`)."""
+
+
 @dataclass(slots=True)
 class TraceFile:
     """One trace file of a rank and the sidecar that annotates it, if any."""
@@ -252,7 +256,7 @@ def discover(
     _one_run(traces, sidecars, fail)
     if not traces:
         where = ", ".join(str(p) for p in inputs)
-        raise MergeInputError(where, "no PyTorch profiler trace (.json or .json.gz with traceEvents) found")
+        raise NoTraceFound(where, "no PyTorch profiler trace (.json or .json.gz with traceEvents) found")
     if rank is not None and len(traces) > 1:
         raise MergeInputError("--rank", f"gives the rank of a single trace, but {len(traces)} traces were found")
     for key, (path, side) in sidecars.items():

@@ -23,8 +23,9 @@ import gzip
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Optional, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
 
 import orjson
 
@@ -137,6 +138,13 @@ def output_errors(path: Path, what: str = "") -> Iterator[None]:
         raise MergeInputError(path, f"cannot write{what}: {exc.strerror or exc}") from None
 
 
+class _Nowhere:
+    """Where the pieces of an output that failed go: they are received, never written."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
 class MergeOutput:
     """The files one merge worker writes, from its first byte to their publication or removal.
 
@@ -147,11 +155,19 @@ class MergeOutput:
     still a temporary is removed, so a failed merge leaves only what was there.
     """
 
-    def __init__(self, path: Path, json_dir: Optional[Path], lead: bool) -> None:
+    def __init__(self, path: Path, json_dir: Optional[Path], lead: bool, apart: bool = False) -> None:
         self.path = path
         self.json_dir = json_dir
         self.lead = lead
-        self.part = temporary(path)
+        #: Workers on hosts of their own (:meth:`assemble`): a part is this host's, the output's folder
+        #: may exist only on worker 0's, and worker 0 writes the header itself.
+        self.apart = apart
+        if not apart:
+            self.part = temporary(path)
+        elif lead:
+            self.part = temporary(path.with_name(path.name + ".ranks"))
+        else:
+            self.part = temporary(Path(tempfile.gettempdir()) / path.name)
         self._shards: list[Path] = []
         self._staged: list[tuple[Path, Path]] = []
         self._own_part = True
@@ -205,12 +221,50 @@ class MergeOutput:
                             stream.write(block)
             with self.errors():
                 commit(self.part, self.path)
-        else:
-            self._own_part = False
+        else:  # worker 0 removes the shard it appended; a part sent from another host is this one's to remove
+            self._own_part = self.apart
         while self._staged:
             tmp, target = self._staged.pop(0)
             with output_errors(target):
                 commit(tmp, target)
+
+    def assemble(self, header: bytes, pieces: Sequence[Callable[[BinaryIO], None]]) -> None:
+        """Many hosts, worker 0: write the output from the ``header`` and the ``pieces`` in rank
+        order (each writes a worker's part into the stream it is given: this worker's own part, or
+        another's as it arrives), then rename it into place. Every piece is taken even after a
+        failure, into nothing, so that no worker is left waiting to send."""
+        whole = temporary(self.path)
+        self._shards.append(whole)  # removed unless published
+        failure: Optional[BaseException] = None
+        with contextlib.ExitStack() as stack:
+            sink: BinaryIO = _Nowhere()
+            try:
+                sink = stack.enter_context(open(whole, "wb"))
+                sink.write(header)
+            except OSError as exc:
+                failure, sink = exc, _Nowhere()
+            for piece in pieces:
+                try:
+                    piece(sink)
+                except (OSError, MergeInputError) as exc:
+                    failure, sink = failure or exc, _Nowhere()
+        if isinstance(failure, MergeInputError):
+            raise failure
+        with self.errors():
+            if failure is not None:
+                raise failure
+            commit(whole, self.path)
+        self._shards.remove(whole)
+        while self._staged:
+            tmp, target = self._staged.pop(0)
+            with output_errors(target):
+                commit(tmp, target)
+
+    def copy_part(self, sink: BinaryIO) -> None:
+        """This worker's own part, into ``sink``."""
+        with open(self.part, "rb") as part:
+            while block := part.read(16 << 20):
+                sink.write(block)
 
     def __enter__(self) -> MergeOutput:
         return self

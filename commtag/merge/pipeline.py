@@ -28,6 +28,7 @@ every event back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import sys
 from collections import Counter
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
-from commtag.merge import DEFAULT_MAX_OUTPUT, budget, lanes, runs, trace_writer
+from commtag.merge import DEFAULT_MAX_OUTPUT, budget, hosts, lanes, runs, trace_writer
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import settle_inferred
 from commtag.merge.convert import EventAccount, RankConverter
@@ -231,7 +232,10 @@ def merge(
             annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations))
-        plan.output.publish([Path(part["shard"]) for part in shards if part is not None])
+        if plan.output.apart:
+            assemble(plan, everyone, shards)
+        else:
+            plan.output.publish([Path(part["shard"]) for part in shards if part is not None])
     lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
     return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [],
                        alignment=plan.alignment, annotations=annotations if lead else None,
@@ -247,13 +251,22 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
     if not paths:
         raise MergeInputError(".", "no input given")
     skipped: Optional[list[MergeInputError]] = [] if options.skip_bad_ranks else None
-    ranks = discover(paths, options.rank_pattern, skipped, rank=options.rank)
-    out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0)
-    out.check(paths, ranks, skipped or ())
-    notices = [f"{f.path}: no commtag sidecar; merged from the trace alone"
-               for r in ranks for f in r.files if f.sidecar is None]
-    world.start(ranks)
-    return MergePlan(paths, options, world, ranks, chunks(ranks, world.size)[world.index], out, skipped, notices)
+    apart = getattr(world, "apart", False)
+    if apart:  # hosts of their own: each node finds its files, and each worker merges some its node holds
+        shares = hosts.share(world, paths, options.rank_pattern, skipped, options.rank)
+        ranks, mine, local, notices = shares.ranks, shares.mine, shares.local, shares.notices
+    else:
+        ranks = local = discover(paths, options.rank_pattern, skipped, rank=options.rank)
+        notices = []
+    out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0,
+                      apart=apart)
+    out.check(paths, local, skipped or ())
+    notices += [f"{f.path}: no commtag sidecar; merged from the trace alone"
+                for r in ranks for f in r.files if f.sidecar is None]
+    world.start(ranks)  # -j: the workers it starts are known now
+    if not apart:
+        mine = chunks(ranks, world.size)[world.index]
+    return MergePlan(paths, options, world, ranks, mine, out, skipped, notices)
 
 
 def align_clocks(plan: MergePlan) -> None:
@@ -310,11 +323,24 @@ def check_size(plan: MergePlan) -> None:
     """Stop before writing a trace estimated above ``max_output``, saying what would fit.
     Every worker estimates alike (the same sampled ranks), so all stop together."""
     limit = plan.options.max_output
-    if limit is None or budget.upper_bound(plan.ranks) <= limit:
+    if limit is None:
         return
+    offsets = plan.alignment.offsets if plan.alignment else None
     selection = plan.options.selection
-    found = budget.estimate(plan.ranks, selection, plan.spans_of,
-                            plan.alignment.offsets if plan.alignment else None)
+    if plan.output.apart:  # each worker reads only its own node's files: each measures its share
+        if sum(part["bound"] for part in _from_everyone(plan.world, lambda: {
+                "bound": budget.upper_bound(plan.mine)})) <= limit:
+            return
+        found = budget.Estimate()
+        for part in _from_everyone(plan.world, lambda: _estimate_to_wire(
+                budget.estimate(plan.mine, selection, plan.spans_of, offsets))):
+            found.timeline.update((r, b) for r, b in part["timeline"])
+            found.lanes.update((r, b) for r, b in part["lanes"])
+            found.steps = sorted({*found.steps, *part["steps"]})
+    else:
+        if budget.upper_bound(plan.ranks) <= limit:
+            return
+        found = budget.estimate(plan.ranks, selection, plan.spans_of, offsets)
     total = found.total(selection)
     if total <= limit:
         return
@@ -322,6 +348,38 @@ def check_size(plan: MergePlan) -> None:
     advice = f"{' or '.join(fits)} would fit" if fits else "no --detail or --steps fits: raise --max-output"
     raise MergeInputError(plan.output.path, f"the merged trace would take about {budget.describe_size(total)}, "
                                             f"above --max-output {budget.describe_size(limit)}; {advice}")
+
+
+def _from_everyone(world: World, step: Callable[[], dict]) -> list[dict]:
+    """What ``step`` returned on every worker, this one's included (:func:`all_done`)."""
+    mine: dict = {}
+
+    def run() -> dict:
+        nonlocal mine
+        mine = step()
+        return mine
+
+    return [mine if part is None else part for part in all_done(world, run)]
+
+
+def _estimate_to_wire(found: budget.Estimate) -> dict:
+    return {"timeline": list(found.timeline.items()), "lanes": list(found.lanes.items()), "steps": found.steps}
+
+
+def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional[dict]]) -> None:
+    """Many hosts: every worker with ranks sends its part to worker 0, which writes the header
+    (as one process would: from the first rank's first event) and the parts in rank order."""
+    if not plan.lead:
+        if plan.mine:
+            plan.world.send_part(plan.output.part)
+        plan.output.publish([])
+        return
+    firsts = [(plan.mine[0].rank if plan.mine else None) if part is None else part["first"] for part in shards]
+    order = sorted((first, index) for index, first in enumerate(firsts) if first is not None)
+    first_ns = everyone[0].first_ns if everyone else None
+    plan.output.assemble(trace_writer.header(first_ns or plan.origin, plan.origin),
+                         [plan.output.copy_part if index == plan.world.index
+                          else functools.partial(plan.world.receive_part, index) for _, index in order])
 
 
 def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
@@ -355,7 +413,7 @@ def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[Co
             {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
             ranks={r.rank for r in plan.mine},
         )
-    return {"shard": str(plan.output.part)}
+    return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
 
 
 def coverage(summaries: Sequence[RankSummary]) -> Coverage:
@@ -548,7 +606,7 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
 
         ranks = tqdm(plan.mine, desc="commtag merge", unit="rank")
     summaries = []
-    header = plan.lead
+    header = plan.lead and not plan.output.apart  # apart: worker 0 writes it when it assembles the parts
     seq = trace_writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
     with plan.output.open_part() as stream:
         for rank in ranks:

@@ -11,7 +11,9 @@ both travel as JSON bytes, never pickle (:func:`to_wire`, :func:`from_wire`).
   and forming the group cost each worker ~2 s and ~300 MB, more than its
   share of most merges. The workers already share that directory (worker 0
   appends the others' shards from it).
-* :class:`TorchWorld` (workers on several hosts): a gloo group.
+* :class:`TorchWorld` (workers on several hosts, each with its own disk):
+  a gloo group; each node discovers its own files (:mod:`commtag.merge.hosts`)
+  and worker 0 receives the others' parts of the trace over the group.
 
 ``commtag merge -j N`` (:class:`LocalWorld`) uses the same exchange without
 torchrun: the merge is worker 0 and starts the other workers itself, each a
@@ -31,7 +33,7 @@ import threading
 import time
 from dataclasses import asdict, astuple, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Protocol, Sequence, TypeVar
 
 import orjson
 
@@ -280,14 +282,28 @@ def serve() -> int:
     return 2 if failed else 0
 
 
+#: Bytes one gloo message of the exchange or of a part carries: what a worker holds in flight per peer.
+TRANSFER_CHUNK = 4 << 20
+
+
 class TorchWorld:
-    """torchrun's workers over a gloo group (workers on several hosts)."""
+    """torchrun's workers on several hosts, over a gloo group; no folder is shared.
+
+    Each node finds its own rank files (:mod:`commtag.merge.hosts`); the
+    exchanges and the workers' parts of the trace travel over the group in
+    chunks of :data:`TRANSFER_CHUNK`, so no worker holds a whole part.
+    """
+
+    #: The workers' folders are their own: discovery and the parts go through the group.
+    apart = True
 
     def __init__(self) -> None:
+        from datetime import timedelta
+
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
+        if not dist.is_initialized():  # as long as a worker may wait for another's merge
+            dist.init_process_group("gloo", timeout=timedelta(seconds=EXCHANGE_TIMEOUT_S))
         self._dist = dist
         self.index = dist.get_rank()
         self.size = dist.get_world_size()
@@ -301,12 +317,57 @@ class TorchWorld:
         size = torch.tensor([len(data)], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         self._dist.all_gather(sizes, size)
-        longest = max(int(s.item()) for s in sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
-        chunks = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.size)]
-        self._dist.all_gather(chunks, mine)
-        return [bytes(c[: int(s.item())].numpy()) for c, s in zip(chunks, sizes)]
+        lengths = [int(s.item()) for s in sizes]
+        out = [bytearray() for _ in range(self.size)]
+        for at in range(0, max(lengths), TRANSFER_CHUNK):
+            piece = data[at:at + TRANSFER_CHUNK]
+            mine = torch.zeros(TRANSFER_CHUNK, dtype=torch.uint8)
+            if piece:
+                mine[: len(piece)] = torch.frombuffer(bytearray(piece), dtype=torch.uint8)
+            chunks = [torch.zeros(TRANSFER_CHUNK, dtype=torch.uint8) for _ in range(self.size)]
+            self._dist.all_gather(chunks, mine)
+            for got, chunk, length in zip(out, chunks, lengths):
+                got += chunk[: max(0, min(TRANSFER_CHUNK, length - at))].numpy().tobytes()
+        return [bytes(b) for b in out]
+
+    def send_part(self, path: Path) -> None:
+        """Send this worker's part to worker 0, chunk by chunk (a length, then the bytes; 0 ends it,
+        -1 says it could not be read, and worker 0 stops the merge)."""
+        import torch
+
+        try:
+            with open(path, "rb") as stream:
+                while block := stream.read(TRANSFER_CHUNK):
+                    self._dist.send(torch.tensor([len(block)], dtype=torch.int64), dst=0)
+                    self._dist.send(torch.frombuffer(bytearray(block), dtype=torch.uint8), dst=0)
+        except OSError as exc:
+            self._dist.send(torch.tensor([-1], dtype=torch.int64), dst=0)
+            raise MergeInputError(path, f"cannot read this worker's part: {exc.strerror or exc}") from None
+        self._dist.send(torch.tensor([0], dtype=torch.int64), dst=0)
+
+    def receive_part(self, source: int, sink: BinaryIO) -> None:
+        """Worker 0: write worker ``source``'s part into ``sink`` as it comes; every chunk is
+        received even when writing fails, so that the sender is never left waiting."""
+        import torch
+
+        failed: Optional[OSError] = None
+        length = torch.zeros(1, dtype=torch.int64)
+        while True:
+            self._dist.recv(length, src=source)
+            n = int(length.item())
+            if n == -1:
+                raise MergeInputError(f"merge worker {source}", "could not read its part of the trace")
+            if n == 0:
+                break
+            block = torch.empty(n, dtype=torch.uint8)
+            self._dist.recv(block, src=source)
+            if failed is None:
+                try:
+                    sink.write(block.numpy().tobytes())
+                except OSError as exc:
+                    failed = exc
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
         self._dist.destroy_process_group()
