@@ -173,3 +173,17 @@ def test_a_node_whose_folder_is_missing_stops_the_merge_naming_it(gloo_run: Path
     said = [line for r in results for line in r.stderr.splitlines() if line.startswith("commtag merge: error:")]
     assert said == [f"commtag merge: error: {folders[1]}: no such file or directory (on node 1 ({HOST}))"]
     assert not out.exists()
+
+
+def test_max_output_stops_every_node_before_writing(gloo_run: Path, single: Path, tmp_path: Path) -> None:
+    """Each worker measures its own node's ranks; the estimate is everyone's, so all stop together."""
+    folders = _split(gloo_run, tmp_path, [0, 1], [2, 3])
+    out = tmp_path / "merged.pftrace"
+    results = _nodes(folders, ["-o", str(out), "--max-output", "1000"])
+    assert all(r.returncode != 0 for r in results)
+    said = [line for r in results for line in r.stderr.splitlines() if line.startswith("commtag merge: error:")]
+    found = re.fullmatch(rf"commtag merge: error: {re.escape(str(out))}: the merged trace would take about "
+                         r"([\d.]+) kB, above --max-output 1.00 kB; .*", said[0]) if len(said) == 1 else None
+    assert found, said
+    assert 0.75 < float(found.group(1)) * 1000 / single.stat().st_size < 1.5  # all four ranks, not one node's
+    assert not out.exists()

@@ -18,7 +18,10 @@ exchange their records, each runs the analysis over all of them and writes
 the lanes of its own ranks after them, and worker 0 appends the others'
 parts after its own. Blocks only use ids derived from their rank, so the
 file shows exactly what the single-process one shows (each worker's
-packet sequences and interned ids are its own).
+packet sequences and interned ids are its own). On several hosts
+(:mod:`commtag.merge.hosts`) each node finds its own files, each worker
+takes consecutive ranks its node holds, and worker 0 writes the header and
+then every worker's part, received over the gloo group, in rank order.
 
 ``collect`` (``commtag summary`` on a directory) streams ranks the same
 way, writing nothing; ``--json`` reads each rank whole again: it writes
@@ -102,7 +105,7 @@ class MergePlan:
     world: World
     #: Every rank discovery found, in rank order.
     ranks: list[RankInput]
-    #: This worker's contiguous chunk of ``ranks`` (:func:`chunks`).
+    #: This worker's contiguous chunk of ``ranks`` (:func:`chunks`; on several hosts :func:`commtag.merge.hosts.assign`).
     mine: list[RankInput]
     output: MergeOutput
     #: With ``skip_bad_ranks``, the files left out so far, each with why; else None (the first error stops).
@@ -251,7 +254,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
     if not paths:
         raise MergeInputError(".", "no input given")
     skipped: Optional[list[MergeInputError]] = [] if options.skip_bad_ranks else None
-    apart = getattr(world, "apart", False)
+    apart = world.apart
     if apart:  # hosts of their own: each node finds its files, and each worker merges some its node holds
         shares = hosts.share(world, paths, options.rank_pattern, skipped, options.rank)
         ranks, mine, local, notices = shares.ranks, shares.mine, shares.local, shares.notices

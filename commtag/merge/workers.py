@@ -62,6 +62,8 @@ class World(Protocol):
 
     index: int
     size: int
+    #: Whether each worker sees only its own host's files (:class:`TorchWorld`), not one shared folder.
+    apart: bool
 
     def start(self, ranks: int) -> None:
         """Discovery found ``ranks`` ranks: a world that starts its own workers starts them now."""
@@ -74,6 +76,7 @@ class World(Protocol):
 class SoloWorld:
     index = 0
     size = 1
+    apart = False
 
     def start(self, ranks: Sequence[RankInput]) -> None:
         pass
@@ -95,6 +98,8 @@ class FileWorld:
     into one directory do not meet. Worker 0 removes it once every worker
     has said it is done reading.
     """
+
+    apart = False
 
     def __init__(self, index: int, size: int, folder: Path,
                  watch: Callable[[], Optional[str]] = lambda: None) -> None:
@@ -318,16 +323,18 @@ class TorchWorld:
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         self._dist.all_gather(sizes, size)
         lengths = [int(s.item()) for s in sizes]
+        # A round holds a chunk from every worker: TRANSFER_CHUNK in all (at least 64 KiB each).
+        step = max(1, min(max(lengths), max(TRANSFER_CHUNK // self.size, 1 << 16)))
         out = [bytearray() for _ in range(self.size)]
-        for at in range(0, max(lengths), TRANSFER_CHUNK):
-            piece = data[at:at + TRANSFER_CHUNK]
-            mine = torch.zeros(TRANSFER_CHUNK, dtype=torch.uint8)
+        for at in range(0, max(lengths), step):
+            piece = data[at:at + step]
+            mine = torch.zeros(step, dtype=torch.uint8)
             if piece:
                 mine[: len(piece)] = torch.frombuffer(bytearray(piece), dtype=torch.uint8)
-            chunks = [torch.zeros(TRANSFER_CHUNK, dtype=torch.uint8) for _ in range(self.size)]
+            chunks = [torch.zeros(step, dtype=torch.uint8) for _ in range(self.size)]
             self._dist.all_gather(chunks, mine)
             for got, chunk, length in zip(out, chunks, lengths):
-                got += chunk[: max(0, min(TRANSFER_CHUNK, length - at))].numpy().tobytes()
+                got += chunk[: max(0, min(step, length - at))].numpy().tobytes()
         return [bytes(b) for b in out]
 
     def send_part(self, path: Path) -> None:
