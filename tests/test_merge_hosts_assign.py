@@ -14,8 +14,10 @@ from commtag.merge.load import RankInput, TraceFile
 A, B = Node(0, "a"), Node(1, "b")
 
 
-def _ranks(holders: list[set[Node]], size: int = 100) -> list[tuple[RankInput, set[Node]]]:
-    return [(RankInput(r, [TraceFile(Path(f"rank{r}.json"), None, size)]), held) for r, held in enumerate(holders)]
+def _ranks(holders: list[set[Node]], size: int = 100) -> list[dict[Node, RankInput]]:
+    """Rank r as each node holding it found it: ``<host>/rank<r>.json``."""
+    return [{node: RankInput(r, [TraceFile(Path(node.host, f"rank{r}.json"), None, size)]) for node in held}
+            for r, held in enumerate(holders)]
 
 
 def _numbers(assigned: dict[int, list[RankInput]]) -> dict[int, list[int]]:
@@ -41,3 +43,9 @@ def test_scattered_ranks_need_a_worker_per_block() -> None:
     with pytest.raises(MergeInputError, match=r"ranks 2-2: only node 0 \(a\) holds them"):
         assign(scattered, [(0, A), (1, B)])
     assert _numbers(assign(scattered, [(0, A), (1, A), (2, B), (3, B)])) == {0: [0], 1: [2], 2: [1], 3: [3]}
+
+
+def test_a_worker_reads_a_rank_from_its_own_node_s_copy() -> None:
+    assigned = assign(_ranks([{A, B}] * 4), [(0, A), (1, B)])
+    assert {w: [str(f.path) for r in ranks for f in r.files] for w, ranks in assigned.items()} == {
+        0: ["a/rank0.json", "a/rank1.json"], 1: ["b/rank2.json", "b/rank3.json"]}

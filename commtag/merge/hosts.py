@@ -35,9 +35,6 @@ from commtag.merge.workers import all_done
 if TYPE_CHECKING:
     from commtag.merge.workers import World
 
-_HASH_BLOCK = 1 << 20
-
-
 @dataclass(frozen=True)
 class Node:
     """The machine a worker runs on: torchrun's node rank (GROUP_RANK) and host name."""
@@ -108,9 +105,9 @@ def share(world: World, inputs: Sequence[Path], rank_pattern: Optional[str],
         raise MergeInputError(", ".join(everywhere), "no PyTorch profiler trace (.json or .json.gz with "
                                                      "traceEvents) found on any node")
     _check_copies(world, node, held)
-    ranks = [next(iter(copies.values())).rank for _, copies in sorted(held.items())]
-    assigned = assign([(r, set(held[r.rank])) for r in ranks], [(index, where) for index, where, _ in views])
-    return Shares(ranks, assigned[world.index], local, notices)
+    copies = [{where: copy.rank for where, copy in held[r].items()} for r in sorted(held)]
+    assigned = assign(copies, [(index, where) for index, where, _ in views])
+    return Shares([next(iter(c.values())) for c in copies], assigned[world.index], local, notices)
 
 
 @dataclass
@@ -206,10 +203,11 @@ def _sha256(path: Path) -> str:
         raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def assign(ranks: Sequence[tuple[RankInput, set[Node]]], workers: Sequence[tuple[int, Node]]
+def assign(copies: Sequence[dict[Node, RankInput]], workers: Sequence[tuple[int, Node]]
            ) -> dict[int, list[RankInput]]:
-    """Each worker's ranks: consecutive in rank order, all held by its own node, balanced by size.
+    """Each worker's ranks, as its own node found them: consecutive in rank order, balanced by size.
 
+    ``copies``: each rank (in rank order) as each node holding it found it.
     Ranks are cut into runs that one node holds whole; each run gets at least
     one worker of a node holding it (the runs with fewest choices first), the
     workers left over join the run with the most bytes per worker they can read,
@@ -217,13 +215,12 @@ def assign(ranks: Sequence[tuple[RankInput, set[Node]]], workers: Sequence[tuple
     """
     from commtag.merge.pipeline import chunks
 
-    runs: list[tuple[list[RankInput], set[Node]]] = []
-    for rank, holders in ranks:
-        if runs and runs[-1][1] & holders:
-            runs[-1][0].append(rank)
-            runs[-1] = (runs[-1][0], runs[-1][1] & holders)
+    runs: list[tuple[list[dict[Node, RankInput]], set[Node]]] = []
+    for held in copies:
+        if runs and runs[-1][1] & held.keys():
+            runs[-1] = (runs[-1][0] + [held], runs[-1][1] & held.keys())
         else:
-            runs.append(([rank], set(holders)))
+            runs.append(([held], set(held)))
     free = [index for index, _ in workers]
     node_of = dict(workers)
     staff: list[list[int]] = [[] for _ in runs]
@@ -231,8 +228,9 @@ def assign(ranks: Sequence[tuple[RankInput, set[Node]]], workers: Sequence[tuple
         run, holders = runs[k]
         able = [w for w in free if node_of[w] in holders]
         if not able:
+            first, last = (next(iter(run[at].values())).rank for at in (0, -1))
             who = ", ".join(str(n) for n in sorted(holders, key=lambda n: n.rank))
-            raise MergeInputError(f"ranks {run[0].rank}-{run[-1].rank}",
+            raise MergeInputError(f"ranks {first}-{last}",
                                   f"only {who} holds them, and each merge worker merges consecutive ranks: "
                                   "that node needs more workers (--nproc-per-node) or its ranks in one block")
         staff[k].append(able[0])
@@ -240,10 +238,12 @@ def assign(ranks: Sequence[tuple[RankInput, set[Node]]], workers: Sequence[tuple
     for w in list(free):
         able = [k for k in range(len(runs)) if node_of[w] in runs[k][1]]
         if able:
-            k = max(able, key=lambda k: (sum(r.size for r in runs[k][0]) / len(staff[k]), -k))
+            k = max(able, key=lambda k: (sum(next(iter(c.values())).size for c in runs[k][0]) / len(staff[k]), -k))
             staff[k].append(w)
     out: dict[int, list[RankInput]] = {index: [] for index, _ in workers}
     for (run, _), members in zip(runs, staff):
-        for w, chunk in zip(sorted(members), chunks(run, len(members))):
-            out[w] = chunk
+        ranks = [next(iter(c.values())) for c in run]
+        by_number = {next(iter(c.values())).rank: c for c in run}
+        for w, chunk in zip(sorted(members), chunks(ranks, len(members))):
+            out[w] = [by_number[r.rank][node_of[w]] for r in chunk]
     return out
