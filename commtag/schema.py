@@ -21,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
     MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, parse_rank_list,
 )
-from commtag.vocab import EAGER_KEYS, SCALAR_TYPE_NAMES
+from commtag.vocab import (
+    ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_REPLAY,
+    ANN_THREAD, EAGER_KEYS, SCALAR_TYPE_NAMES,
+)
 
 _RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
 
@@ -56,24 +59,24 @@ class CollectiveAnnotation(BaseModel):
     seq: int = Field(alias="Seq", ge=0)
 
     # commtag's own keys.
-    lane_id: int = Field(alias="commtag lane id", ge=MIN_LANE_ID)
-    lane_name: str = Field(alias="commtag lane", min_length=1)
-    pg_uid: str = Field(alias="commtag pg uid", min_length=1)
-    is_p2p: bool = Field(alias="commtag p2p", default=False)
+    lane_id: int = Field(alias=ANN_LANE_ID, ge=MIN_LANE_ID)
+    lane_name: str = Field(alias=ANN_LANE, min_length=1)
+    pg_uid: str = Field(alias=ANN_PG_UID, min_length=1)
+    is_p2p: bool = Field(alias=ANN_P2P, default=False)
     #: p2p only: 1-based index of this message among all messages from the same
     #: source to the same destination in this group. "Seq" (NCCL's p2p counter)
     #: counts every peer together, so only (pg uid, src, dst, this) pairs a
     #: send with its recv across ranks.
-    p2p_pair_seq: Optional[int] = Field(alias="commtag p2p pair seq", default=None, ge=1)
-    async_op: bool = Field(alias="commtag async", default=False)
-    thread: int = Field(alias="commtag thread", default=0)
+    p2p_pair_seq: Optional[int] = Field(alias=ANN_P2P_PAIR_SEQ, default=None, ge=1)
+    async_op: bool = Field(alias=ANN_ASYNC, default=False)
+    thread: int = Field(alias=ANN_THREAD, default=0)
     #: Set for a collective recorded during CUDA-graph capture.
-    capture_id: Optional[int] = Field(alias="commtag capture id", default=None, ge=0)
+    capture_id: Optional[int] = Field(alias=ANN_CAPTURE_ID, default=None, ge=0)
     #: Set on a replayed instance: the replay index of its graph, 0-based.
-    replay: Optional[int] = Field(alias="commtag replay", default=None, ge=0)
+    replay: Optional[int] = Field(alias=ANN_REPLAY, default=None, ge=0)
     #: Set when the call failed (raised, or its work completed with an error, e.g. a timeout):
     #: the exception's type and first line. The call is still recorded: its time was spent.
-    error: Optional[str] = Field(alias="commtag error", default=None, min_length=1)
+    error: Optional[str] = Field(alias=ANN_ERROR, default=None, min_length=1)
 
     @field_validator("dtype")
     @classmethod

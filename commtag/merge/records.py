@@ -216,7 +216,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
     counted: dict[int, int] = {}
     unnumbered = [
         (inst, ends) for inst in instances
-        if inst.is_p2p and not isinstance(inst.arg("commtag p2p pair seq"), int)
+        if inst.is_p2p and not isinstance(inst.arg(ANN_P2P_PAIR_SEQ), int)
         and (ends := inst.p2p_ends) is not None
     ]
     streams: dict[tuple, int] = defaultdict(int)
@@ -230,7 +230,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
         if inst.arg(ANN_CROSS_RANK) is False:
             key: tuple = ("alone", id(inst))
         elif ends is not None:
-            pair_seq = inst.arg("commtag p2p pair seq")
+            pair_seq = inst.arg(ANN_P2P_PAIR_SEQ)
             k = pair_seq if isinstance(pair_seq, int) else counted[id(inst)]
             key = ("p2p", inst.pg_uid, inst.replay, *ends, k)
         else:

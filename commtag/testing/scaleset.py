@@ -51,7 +51,7 @@ from commtag.schema import (
 )
 from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import (
-    ANN_CAPTURE_ID, ANN_LANE, ANN_LANE_ID, ANN_PG_UID, DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, is_graph_launch,
+    DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, is_graph_launch,
     nccl_kind, parse_nccl_kernel,
 )
 
@@ -299,7 +299,7 @@ _EAGER_OP_OF_KERNEL = {
 }
 
 
-def _kernel_op(kernel: str) -> tuple[str, str]:
+def kernel_op(kernel: str) -> tuple[str, str]:
     """Collective name and dtype an NCCL kernel name implies (Float where the name gives no data type)."""
     parsed = parse_nccl_kernel(kernel)
     op = _EAGER_OP_OF_KERNEL.get(parsed.collective if parsed else "", "allreduce")
@@ -316,25 +316,12 @@ def annotation(
         out_n = nelems * size
     elif op == "_reduce_scatter_base":
         in_n = nelems * size
-    return CollectiveAnnotation.model_validate(
-        {
-            "Collective name": op,
-            "In msg nelems": in_n,
-            "Out msg nelems": out_n,
-            "Group size": size,
-            "dtype": dtype,
-            "Global rank start": group.ranks[0],
-            "Global rank stride": (group.ranks[1] - group.ranks[0]) if size > 1 else None,
-            "Process Group Name": group.name,
-            "Process Group Description": group.desc,
-            "Process Group Ranks": group.ranks_text(),
-            "Rank": group.ranks.index(rank),
-            "Seq": seq,
-            ANN_LANE_ID: group.lane_id,
-            ANN_LANE: group.lane_name,
-            ANN_PG_UID: group.uid,
-            ANN_CAPTURE_ID: capture_id,
-        }
+    return CollectiveAnnotation(
+        collective_name=op, in_msg_nelems=in_n, out_msg_nelems=out_n, group_size=size, dtype=dtype,
+        global_rank_start=group.ranks[0],
+        global_rank_stride=(group.ranks[1] - group.ranks[0]) if size > 1 else None,
+        pg_name=group.name, pg_desc=group.desc, pg_ranks=group.ranks_text(), rank=group.ranks.index(rank), seq=seq,
+        lane_id=group.lane_id, lane_name=group.lane_name, pg_uid=group.uid, capture_id=capture_id,
     )
 
 
@@ -528,7 +515,7 @@ def _template_events(plan: SetPlan, layout: RankLayout, mine: dict[str, Group]) 
             e["tid"] = layout.pid
         if i in nccl_at:
             role, limit, k = nccl_at[i]
-            op, dtype = _kernel_op(e["name"])
+            op, dtype = kernel_op(e["name"])
             ann = annotation(op, dtype, 1 << (10 + k % 12), mine[role], layout.rank, plan.eager_seq[k])
             late = _jitter(plan.seed, layout.rank, k, limit)
             e["ts"] = round(e["ts"] - limit + late, 3)
