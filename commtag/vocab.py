@@ -163,6 +163,10 @@ GRAPH_LAUNCH_PREFIXES: tuple[str, ...] = ("cudaGraphLaunch", "cuGraphLaunch", "h
 #: around it and still be that replay: the profiler's and Python's clocks are converted
 #: separately, and the trace rounds to µs, so they disagree by a few µs.
 LAUNCH_TOLERANCE_NS = 20_000
+#: How far (ns) the ends of a call the sidecar recorded and of its own profiler events (its
+#: ``c10d::`` op, its gloo work) may disagree and still be that call: the trace rounds to µs.
+#: Tighter than :data:`LAUNCH_TOLERANCE_NS`: these events lie inside the call, not around it.
+SPAN_TOLERANCE_NS = 2_000
 #: A "graph node id" written whole is ``(graph id << 32) | node id``; this takes the node id.
 NODE_ID_MASK = 0xFFFFFFFF
 
@@ -400,6 +404,11 @@ COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
 SYNCHRONIZING_FAMILIES = frozenset(row.family for row in COLLECTIVES.values() if row.synchronizing)
 #: Eager names numbered on a group's point-to-point Seq counter.
 P2P_COLLECTIVES = frozenset(row.name for row in COLLECTIVES.values() if row.kind == "p2p")
+#: Families (:func:`family`) of point-to-point work: gloo's send/recv and NCCL's Send, Recv and
+#: SendRecv kernels.
+P2P_FAMILIES = frozenset({"sendrecv", "send", "recv"})
+#: The "dtype" ProcessGroupNCCL records for a barrier (0 / 0 elements: it moves none of the caller's data).
+BARRIER_DTYPE = "Byte"
 #: Op -> the name of its fused block under the coalescing manager.
 COALESCED_NAMES: dict[str, str] = {row.name: row.coalesced for row in COLLECTIVES.values() if row.coalesced}
 

@@ -52,7 +52,8 @@ from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
     ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP,
     GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
-    NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, PG_ID_KEY, family, is_graph_launch, nccl_kind,
+    NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, P2P_FAMILIES, PG_ID_KEY, SPAN_TOLERANCE_NS, family, is_graph_launch,
+    nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -61,8 +62,6 @@ if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is
 UNATTRIBUTED_UID = "unattributed"
 UNATTRIBUTED_LANE = "NCCL kernels (no metadata)"
 UNATTRIBUTED_LANE_ID = MIN_LANE_ID + (1 << 30)
-#: Tolerance when comparing a recorded call's span with its gloo events (the trace rounds to µs).
-_TOL_NS = 2_000
 
 
 def group_rows(trace: dict, sidecar: Optional[Sidecar]) -> list[GroupRow]:
@@ -225,9 +224,9 @@ class _Peers:
     def overlapping(self, call: _GlooCall, since: int) -> list[_GlooCall]:
         """The others whose span meets [since, the call's end]."""
         los, members, longest = self._by_key.get((call.uid, call.family), ((), (), 0))
-        last = bisect.bisect_right(los, call.hi + _TOL_NS)
-        first = bisect.bisect_left(los, since - longest - _TOL_NS)
-        return [other for other in members[first:last] if other is not call and other.hi + _TOL_NS >= since]
+        last = bisect.bisect_right(los, call.hi + SPAN_TOLERANCE_NS)
+        first = bisect.bisect_left(los, since - longest - SPAN_TOLERANCE_NS)
+        return [other for other in members[first:last] if other is not call and other.hi + SPAN_TOLERANCE_NS >= since]
 
 
 class _RankAttacher:
@@ -358,7 +357,7 @@ class _RankAttacher:
         before the op returns: only the op's start is compared.)"""
         ops = self.c10d.get(rec.tid, ())
         fam = family(rec.annotation.collective_name)
-        lo, hi = rec.start_ns + self.offset - _TOL_NS, rec.end_ns + self.offset + _TOL_NS
+        lo, hi = rec.start_ns + self.offset - SPAN_TOLERANCE_NS, rec.end_ns + self.offset + SPAN_TOLERANCE_NS
         # Ops are sorted by start: skip those starting before the call (a scan from the first was quadratic).
         for op in ops[bisect.bisect_left(ops, lo, key=lambda o: o[0]):]:
             if op[0] > hi:
@@ -391,10 +390,10 @@ class _RankAttacher:
                 # (two looked at, for the clocks' rounding).
                 t = call.hi
                 theirs = by_tid.get(call.rec.done_tid, [])
-                last = bisect.bisect_right(theirs, t + _TOL_NS, key=lambda g: g[0])
+                last = bisect.bisect_right(theirs, t + SPAN_TOLERANCE_NS, key=lambda g: g[0])
                 near = [g for g in theirs[max(0, last - 2):last]
                         if g[3] == call.family and id(g[2]) not in self.taken and g[0] >= call.lo
-                        and t <= g[1] + _TOL_NS]
+                        and t <= g[1] + SPAN_TOLERANCE_NS]
                 if near:
                     self._take_work(call, min(near, key=lambda g: max(g[0] - t, t - g[1], 0)), owner)
         # The rest (sync calls, async ones completed before their callback was added, a list
@@ -451,11 +450,11 @@ class _RankAttacher:
         found = []
         start_at = bisect.bisect_left(self.gloo, call.lo, key=lambda g: g[0])
         for g in self.gloo[start_at:]:
-            if g[0] > call.hi + _TOL_NS:
+            if g[0] > call.hi + SPAN_TOLERANCE_NS:
                 break
             if (g[3] == call.family and g[4] != call.rec.tid and id(g[2]) not in self.taken
                     and owner.get(g[4], call.uid) == call.uid
-                    and (call.rec.annotation.async_op or g[1] <= call.hi + _TOL_NS)):
+                    and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)):
                 found.append(g)
         return found
 
@@ -578,7 +577,7 @@ class _RankAttacher:
             eager = {
                 "Collective name": kind, "Seq": n,
                 ANN_LANE_ID: UNATTRIBUTED_LANE_ID, ANN_LANE: UNATTRIBUTED_LANE,
-                ANN_PG_UID: f"{UNATTRIBUTED_UID}:{kind}", ANN_P2P: kind in ("sendrecv", "send", "recv"),
+                ANN_PG_UID: f"{UNATTRIBUTED_UID}:{kind}", ANN_P2P: kind in P2P_FAMILIES,
                 ANN_INFERRED: "collective from the kernel name; group unknown; Seq = order on this rank",
             }
             inst = _instance(self.interner, self.rank, self.interner.split(eager), start, end, "nccl-kernel", None, self.flows.source(e))

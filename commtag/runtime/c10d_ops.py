@@ -27,6 +27,7 @@ from commtag.runtime.calls import OpCall, dtype_name, nelems, numbered_now
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import GroupState, state_for
 from commtag.schema import CollectiveAnnotation
+from commtag.vocab import BARRIER_DTYPE
 
 log = logging.getLogger("commtag.capture")
 
@@ -163,7 +164,7 @@ def _rooted(name: str, in_key: str, out_key: str, dtype_of: str, gather: bool) -
 
 def _barrier_op(a: dict) -> OpCall:
     state = _group(a["process_group"])
-    return OpCall("barrier", state, 0, 0, "Byte", state.group_rank, async_op=bool(a.get("async_op", False)))
+    return OpCall("barrier", state, 0, 0, BARRIER_DTYPE, state.group_rank, async_op=bool(a.get("async_op", False)))
 
 
 #: (namespace, op name without overload) -> how to describe a call. p2p ops are not

@@ -22,6 +22,7 @@ import torch
 from commtag.identity import format_list
 from commtag.runtime.calls import OpCall, dtype_name, nelems
 from commtag.runtime.groups import GroupState, lookup
+from commtag.vocab import BARRIER_DTYPE, P2P_COLLECTIVES
 from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by patch
 
 #: The group's state, or None when this rank does not take part (lookup itself: no extra frame per call).
@@ -150,7 +151,7 @@ def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
     state = _state(group)
     if state is None:
         return None
-    return OpCall("barrier", state, 0, 0, "Byte", state.group_rank, async_op=bool(async_op))
+    return OpCall("barrier", state, 0, 0, BARRIER_DTYPE, state.group_rank, async_op=bool(async_op))
 
 
 def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -206,5 +207,5 @@ OPS: dict[str, Callable[..., Optional[OpCall]]] = {
 
 #: Position of the ``group`` parameter of each op, for the hot path that needs only the group.
 GROUP_INDEX: dict[str, int] = {name: list(inspect.signature(fn).parameters).index("group") for name, fn in OPS.items()}
-#: Ops numbered on the group's p2p counter.
-P2P_OPS = frozenset({"send", "recv"})
+#: Ops numbered on the group's p2p counter (dist's send and recv record under their own names).
+P2P_OPS = frozenset(OPS) & P2P_COLLECTIVES
