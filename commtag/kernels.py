@@ -38,7 +38,7 @@ from typing import Mapping, Optional
 
 from commtag.vocab import (
     ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_ID, ANN_KERNELS_PREFIX, ANN_KERNELS_SCOPE, ANN_LANE,
-    COMMUNICATION_KERNELS, is_graph_launch,
+    COMMUNICATION_KERNELS, DEVICE_WORK_NODE_TYPES, is_graph_launch,
 )
 
 GEMM = "GEMM"
@@ -84,8 +84,11 @@ KERNEL_RULES: tuple[tuple[str, str, str], ...] = (
 
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern, _ in KERNEL_RULES)
 
-#: Kineto categories of GPU activity this module reads, with the category fixed by the Kineto one.
-WORK_CATEGORIES: dict[str, Optional[str]] = {"kernel": None, "gpu_memcpy": MEMORY, "gpu_memset": MEMORY}
+#: Kineto categories of device work this module reads (:data:`commtag.vocab.DEVICE_WORK_NODE_TYPES`),
+#: with the category their kind fixes: copies and memsets are MEMORY, a kernel goes by its name (None).
+WORK_CATEGORIES: dict[str, Optional[str]] = {
+    cat: None if node == "kernel" else MEMORY for cat, node in DEVICE_WORK_NODE_TYPES.items()
+}
 
 
 @lru_cache(maxsize=65536)

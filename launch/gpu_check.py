@@ -53,8 +53,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from commtag.testing.bench import free_port
-
-from commtag.vocab import KERNEL_EAGER_KEYS
+from commtag.vocab import ANN_REPLAY, DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 #: Documented exceptions to key-by-key equality.
@@ -214,7 +213,7 @@ def _compile_check(torch: Any, dist: Any, funcol: Any, activities: list, out: Pa
 
 
 def _device_events(trace: dict) -> list[dict]:
-    return [e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return [e for e in trace["traceEvents"] if e.get("cat") in DEVICE_WORK_NODE_TYPES]
 
 
 def analyse(out: Path, checks: Checks) -> None:
@@ -304,7 +303,7 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
 
     Per replay and its capture (from the replay log), the offsets (node id - index) every named
     captured node allows; the hypothesis holds if {0} is what remains."""
-    from commtag.vocab import DEVICE_WORK_NODE_TYPES, NODE_ID_MASK, base_name
+    from commtag.vocab import NODE_ID_MASK, base_name
 
     findings = checks.findings
     category_of_node = {node: category for category, node in DEVICE_WORK_NODE_TYPES.items()}
@@ -382,7 +381,7 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_b
             if diff:
                 diffs.append((m.annotation.replay, m.method, diff))
             captured = main.collectives[m.collective]
-            if mine["Seq"] != captured.annotation.seq or mine.get("commtag replay") != m.annotation.replay:
+            if mine["Seq"] != captured.annotation.seq or mine.get(ANN_REPLAY) != m.annotation.replay:
                 seq_wrong.append(m.annotation.replay)
             event = m.event
             findings.setdefault("replayed_event_names", {}).setdefault(name, sorted({event["name"]}))

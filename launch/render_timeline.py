@@ -30,6 +30,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from commtag.merge.readback import ParsedTrace, ReadbackError, Slice, read_trace
 from commtag.merge.selection import parse_numbers
+from commtag.vocab import ANN_PG_UID, ANN_RANK
 
 ROW_H = 0.2  # inches per slice row
 FONT = 7.5
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ReadbackError) as exc:
         print(f"render_timeline: {exc}", file=sys.stderr)
         return 2
-    lanes = [s for s in trace.slices if "commtag rank" in s.args and "commtag pg uid" in s.args and not s.instant]
+    lanes = [s for s in trace.slices if ANN_RANK in s.args and ANN_PG_UID in s.args and not s.instant]
     if not lanes:
         print(f"render_timeline: {args.input}: no commtag lane slices (not a merged trace?)", file=sys.stderr)
         return 2
@@ -85,8 +86,8 @@ def _window(lanes: list[Slice], t0: int, window: list[float] | None) -> tuple[in
         return t0 + int(window[0] * 1e6), t0 + int((window[0] + window[1]) * 1e6)
     widest = max(len(s.args.get("Process Group Ranks", "")) for s in lanes)
     firsts = [s for s in lanes if len(s.args.get("Process Group Ranks", "")) == widest and s.ts > t0]
-    key = min((s.args["commtag pg uid"], s.args["Seq"]) for s in firsts if s.ts == min(f.ts for f in firsts))
-    end = max(s.end for s in lanes if (s.args["commtag pg uid"], s.args["Seq"]) == key)
+    key = min((s.args[ANN_PG_UID], s.args["Seq"]) for s in firsts if s.ts == min(f.ts for f in firsts))
+    end = max(s.end for s in lanes if (s.args[ANN_PG_UID], s.args["Seq"]) == key)
     pad = (end - t0) // 40
     return t0 - pad, end + pad
 
@@ -142,15 +143,15 @@ def _chosen(lanes: list[Slice], start: int, end: int, names: list[str]) -> list[
     for name in names:
         inside = sorted((s for s in lanes if s.name == name and s.ts >= start and s.end <= end), key=lambda s: s.ts)
         if inside:
-            key = (inside[0].args["commtag pg uid"], inside[0].args["Seq"])
-            out += [s for s in inside if (s.args["commtag pg uid"], s.args["Seq"]) == key]
+            key = (inside[0].args[ANN_PG_UID], inside[0].args["Seq"])
+            out += [s for s in inside if (s.args[ANN_PG_UID], s.args["Seq"]) == key]
     return out
 
 
 def _colours(rows: list[Row]) -> dict[str, tuple[float, ...]]:
     """A colour per slice name: strong, distinct ones for the lane collectives so commtag's rows stand out,
     muted hash-derived hues (like the UI's) for everything else."""
-    lane_names = sorted({s.name for row in rows for s in row.slices if "commtag rank" in s.args})
+    lane_names = sorted({s.name for row in rows for s in row.slices if ANN_RANK in s.args})
     strong = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]  # red is the markers'
     out: dict[str, tuple[float, ...]] = {n: strong[i % len(strong)] for i, n in enumerate(lane_names)}
     for name in {s.name for row in rows for s in row.slices} - set(out):
@@ -202,7 +203,7 @@ def _draw(rows: list[Row], chosen: list[Slice], t0: int, start: int, end: int, a
             x0, x1 = max(ms(s.ts), ms(start)), min(ms(s.end), ms(end))
             colour = colours[s.name]
             ax.add_patch(Rectangle((x0, y + 0.1), x1 - x0, 0.8, facecolor=colour, edgecolor="white", linewidth=0.3))
-            label = f"{s.name} Seq {s.args['Seq']}" if "commtag rank" in s.args else s.name
+            label = f"{s.name} Seq {s.args['Seq']}" if ANN_RANK in s.args else s.name
             fits = int(((x1 - x0) * px_per_ms - 4) / char_px)
             if fits >= 4:
                 text = label if len(label) <= fits else label[:fits - 1] + "…"
@@ -236,7 +237,7 @@ def _flows(ax, chosen: list[Slice], where: dict[int, float], ms) -> None:
         ax.add_patch(Rectangle((ms(s.ts), where[id(s)] - 0.4), ms(s.end) - ms(s.ts), 0.8, fill=False,
                                edgecolor="black", linewidth=1.4, zorder=4))
     for src in shown:
-        peers = [s for s in shown if s.args["commtag pg uid"] == src.args["commtag pg uid"]
+        peers = [s for s in shown if s.args[ANN_PG_UID] == src.args[ANN_PG_UID]
                  and s.args["Seq"] == src.args["Seq"]]
         if src is not min(peers, key=lambda s: s.ts):
             continue

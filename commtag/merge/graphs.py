@@ -156,7 +156,7 @@ def comm_nodes(captured: CapturedCollective) -> list[GraphNodeRecord]:
     nccl = [n for n in captured.nodes if _is_nccl_node(n)]
     if nccl:
         return nccl
-    return [n for n in captured.nodes if n.node_type in ("kernel", "memcpy", "memset")]
+    return [n for n in captured.nodes if n.node_type in DEVICE_WORK_NODE_TYPES.values()]
 
 
 # ---------------------------------------------------------------------------- results
