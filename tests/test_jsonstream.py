@@ -37,8 +37,8 @@ def _streamed(path: Path) -> tuple[dict, list]:
 @pytest.fixture
 def tiny_windows(monkeypatch):
     """Batches of ~2 KB read 3 KB at a time: every trace is cut thousands of times."""
-    monkeypatch.setattr(jsonstream, "_BATCH", 2048)
-    monkeypatch.setattr(jsonstream, "_READ", 3000)
+    monkeypatch.setattr(jsonstream, "BATCH_BYTES", 2048)
+    monkeypatch.setattr(jsonstream, "READ_BYTES", 3000)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
@@ -139,7 +139,7 @@ def test_a_long_whitespace_run_between_events_is_read_in_bounded_memory(tmp_path
 def test_spaces_inside_a_string_are_kept_while_gaps_around_it_are_squeezed(tmp_path: Path, monkeypatch) -> None:
     """A run of spaces inside a string is data; line breaks and spaces between tokens are not.
     Reads shorter than a squeezed run make every run span several reads."""
-    monkeypatch.setattr(jsonstream, "_READ", 50_000)
+    monkeypatch.setattr(jsonstream, "READ_BYTES", 50_000)
     inside = '"quoted" \\' + " " * 200_000  # escapes, then more spaces than any run the reader squeezes
     gap = b"\n" + b" " * 150_000 + b"\n"
     path = _write(tmp_path, _gapped_trace(gap, name=f"op{inside}").replace(b'"pid"', gap + b'"pid"'))

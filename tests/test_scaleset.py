@@ -254,13 +254,13 @@ def test_a_directory_of_foreign_traces_is_refused(tmp_path: Path) -> None:
 
 def test_the_kernels_it_writes_are_read_as_their_collectives():
     """The generator's NCCL kernels and template kernels are named and read with commtag.vocab's rules."""
-    from commtag.testing.scaleset import NCCL_KERNEL_OF, _kernel_op
+    from commtag.testing.scaleset import NCCL_KERNEL_OF, kernel_op
     from commtag.vocab import COLLECTIVES, parse_nccl_kernel
 
     for op, kernel in NCCL_KERNEL_OF.items():
         assert parse_nccl_kernel(kernel).collective == COLLECTIVES[op].nccl_kernel, kernel
-    assert _kernel_op("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == ("allreduce", "Float")
-    assert _kernel_op("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == \
+    assert kernel_op("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == ("allreduce", "Float")
+    assert kernel_op("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == \
         ("_reduce_scatter_base", "BFloat16")
-    assert _kernel_op("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)") == \
+    assert kernel_op("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)") == \
         ("all_to_allv", "Float")  # SendRecv moves bytes: its name gives no data type

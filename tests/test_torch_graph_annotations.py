@@ -218,7 +218,7 @@ def test_torchs_own_module_takes_commtags_scope_and_its_registry_gives_the_marks
     module = pytest.importorskip("torch.cuda.graph_annotations", reason="torch before 2.14 has no public module")
     private = pytest.importorskip("torch.cuda._graph_annotations")
     marks = TorchMarks(module.mark_kernels, module.get_kernel_annotations)
-    assert marks._kwargs == {"backward": False}
+    assert marks.scope_kwargs == {"backward": False}
     scope = marks.open(TorchMarks.annotation("3.0"))
     assert scope is not None
     TorchMarks.close(scope)

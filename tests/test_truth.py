@@ -160,7 +160,7 @@ def check(out: Path, work: Path) -> dict[str, list[str]]:
             problems["gloo work not identified"].append(
                 f"rank {rank} {call['op']} {key}: {s.args.get('commtag gloo work')!r}")
         lane = str(s.args.get("commtag lane", ""))
-        if not lane.endswith(truth_world._ranks_text(call["group"]) + (f" gen {call['life']}" if call["life"] else "")):
+        if not lane.endswith(truth_world.ranks_text(call["group"]) + (f" gen {call['life']}" if call["life"] else "")):
             problems["lane slice group"].append(f"rank {rank} {key}: lane {lane!r}, group {call['group']}")
     for rank, calls in truth.items():
         for key, call in calls.items():

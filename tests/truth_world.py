@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
+from commtag.atomic import write_atomic
+
 WORLD = 4
 #: Candidate subgroups (besides the world); a plan creates a random subset, overlapping ones included.
 SUBGROUPS = ([0, 1], [2, 3], [1, 2], [0, 2, 3], [1, 3], [0, 1, 2, 3], [0, 3], [1, 2, 3])
@@ -129,7 +131,7 @@ def make_plan(seed: int, windows: int, ops_per_window: int) -> Plan:
     return Plan(groups, out, reinit)
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     return "[" + ", ".join(str(r) for r in ranks) + "]"
 
 
@@ -211,11 +213,8 @@ def run(rank: int, world_size: int, out_dir: str, seed: int, cycles: int, ops_pe
                 prof.step()
     finally:
         commtag.uninstall()
-    path = os.path.join(out_dir, f"truth{rank}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"rank": rank, "seed": seed, "groups": plan.groups, "group_names": all_names,
-                   "calls": truth.calls}, f)
-    os.replace(path + ".tmp", path)
+    truth_doc = {"rank": rank, "seed": seed, "groups": plan.groups, "group_names": all_names, "calls": truth.calls}
+    write_atomic(os.path.join(out_dir, f"truth{rank}.json"), json.dumps(truth_doc).encode())
     return len(truth.calls)
 
 
@@ -320,13 +319,13 @@ def _run_window(rank: int, steps: list[Step], plan: Plan, handles: list, names: 
             result = dist.all_to_all_single(zeros(sum(recv)), ones(sum(send)), output_split_sizes=recv,
                                             input_split_sizes=send, group=group, async_op=a)
             exp = _expected("all_to_allv", sum(send), sum(recv), step.dtype, me, seq, members, a,
-                            in_split=_ranks_text(send), out_split=_ranks_text(recv))
+                            in_split=ranks_text(send), out_split=ranks_text(recv))
         elif kind == "all_to_all":
             # gloo's list all_to_all takes equal tensors only (uneven splits: all_to_all_single).
             send = recv = [m] * size
             result = dist.all_to_all([zeros(n) for n in recv], [ones(n) for n in send], group=group, async_op=a)
             exp = _expected("all_to_all", sum(send), sum(recv), step.dtype, me, seq, members, a,
-                            in_split=_ranks_text(send), out_split=_ranks_text(recv))
+                            in_split=ranks_text(send), out_split=ranks_text(recv))
         elif kind == "gather":
             result = dist.gather(ones(m), [zeros(m) for _ in range(size)] if rank == root else None, dst=root,
                                  group=group, async_op=a)

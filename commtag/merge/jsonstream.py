@@ -33,9 +33,9 @@ from typing import BinaryIO, Iterator, Optional
 import orjson
 
 #: Decompressed bytes read at a time.
-_READ = 1 << 20
+READ_BYTES = 1 << 20
 #: JSON bytes per batch of events (about 1.3k Kineto events, ~2.5 MB as dicts).
-_BATCH = 1 << 18
+BATCH_BYTES = 1 << 18
 #: Whitespace runs this long or longer are squeezed as they are read (module docstring).
 _GAP = 1 << 16
 _BLANKS = b" \t\r\n"
@@ -106,7 +106,7 @@ class TraceStream:
         if self._eof:
             return False
         try:
-            chunk = self._raw.read(_READ)
+            chunk = self._raw.read(READ_BYTES)
         except gzip.BadGzipFile as exc:
             raise TraceFormatError(f"truncated or corrupt gzip ({exc})") from None
         except (EOFError, zlib.error) as exc:
@@ -159,7 +159,7 @@ class TraceStream:
 
     def _compact(self) -> None:
         """Drop the text already consumed (once it is a read's worth: each drop copies the rest)."""
-        if self._pos >= _READ:
+        if self._pos >= READ_BYTES:
             self._buf = self._buf[self._pos:]
             self._pos = 0
 
@@ -244,7 +244,7 @@ class TraceStream:
             return
         while True:
             self._compact()
-            while len(self._buf) - self._pos <= _BATCH and self._more():
+            while len(self._buf) - self._pos <= BATCH_BYTES and self._more():
                 pass
             batch, done = self._slice()
             yield batch
@@ -254,7 +254,7 @@ class TraceStream:
     def _slice(self) -> tuple[list, bool]:
         """Parse the next run of whole elements; True when it ended the array."""
         start = self._pos
-        search_from = start + _BATCH
+        search_from = start + BATCH_BYTES
         while True:
             cut = _CUT.search(self._buf, search_from) if search_from < len(self._buf) else None
             if cut is not None:

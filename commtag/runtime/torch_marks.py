@@ -43,9 +43,9 @@ class TorchMarks:
         # Torch documents the keyword's presence as the probe for backward annotation; commtag
         # marks only the collective's own (forward) nodes.
         try:
-            self._kwargs = {"backward": False} if "backward" in inspect.signature(mark_kernels).parameters else {}
+            self.scope_kwargs = {"backward": False} if "backward" in inspect.signature(mark_kernels).parameters else {}
         except (TypeError, ValueError):
-            self._kwargs = {}
+            self.scope_kwargs = {}
 
     @staticmethod
     def annotation(mark: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class TorchMarks:
     def open(self, annotation: dict[str, Any]) -> Optional[Any]:
         """Enter a ``mark_kernels`` scope; None (logged once) if torch refused it."""
         try:
-            scope = self._mark_kernels(annotation, **self._kwargs)
+            scope = self._mark_kernels(annotation, **self.scope_kwargs)
             scope.__enter__()
             return scope
         except Exception as exc:  # noqa: BLE001 - fail open: the collective is captured unmarked
