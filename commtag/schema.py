@@ -23,7 +23,9 @@ from commtag.constants import (  # re-exported: the contract's names stay import
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_REPLAY,
-    ANN_THREAD, EAGER_KEYS, SCALAR_TYPE_NAMES,
+    ANN_THREAD, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, EAGER_KEYS, GROUP_SIZE_KEY, IN_NELEMS_KEY,
+    IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, PG_DESC_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, RANK_START_KEY,
+    RANK_STRIDE_KEY, SCALAR_TYPE_NAMES, SEQ_KEY, SRC_RANK_KEY,
 )
 
 _RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
@@ -41,22 +43,22 @@ class CollectiveAnnotation(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
 
-    collective_name: str = Field(alias="Collective name", min_length=1)
-    in_msg_nelems: int = Field(alias="In msg nelems", ge=0)
-    out_msg_nelems: int = Field(alias="Out msg nelems", ge=0)
-    group_size: int = Field(alias="Group size", ge=1)
-    dtype: str = Field(alias="dtype")
-    in_split_size: str = Field(alias="In split size", default="[]")
-    out_split_size: str = Field(alias="Out split size", default="[]")
-    global_rank_start: Optional[int] = Field(alias="Global rank start", default=None, ge=0)
-    global_rank_stride: Optional[int] = Field(alias="Global rank stride", default=None, gt=0)
-    pg_name: str = Field(alias="Process Group Name")
-    pg_desc: str = Field(alias="Process Group Description")
-    pg_ranks: str = Field(alias="Process Group Ranks")
-    rank: int = Field(alias="Rank", ge=0)
-    dst_rank: Optional[int] = Field(alias="Dst Rank", default=None, ge=0)
-    src_rank: Optional[int] = Field(alias="Src Rank", default=None, ge=0)
-    seq: int = Field(alias="Seq", ge=0)
+    collective_name: str = Field(alias=COLLECTIVE_NAME_KEY, min_length=1)
+    in_msg_nelems: int = Field(alias=IN_NELEMS_KEY, ge=0)
+    out_msg_nelems: int = Field(alias=OUT_NELEMS_KEY, ge=0)
+    group_size: int = Field(alias=GROUP_SIZE_KEY, ge=1)
+    dtype: str = Field(alias=DTYPE_KEY)
+    in_split_size: str = Field(alias=IN_SPLIT_KEY, default="[]")
+    out_split_size: str = Field(alias=OUT_SPLIT_KEY, default="[]")
+    global_rank_start: Optional[int] = Field(alias=RANK_START_KEY, default=None, ge=0)
+    global_rank_stride: Optional[int] = Field(alias=RANK_STRIDE_KEY, default=None, gt=0)
+    pg_name: str = Field(alias=PG_NAME_KEY)
+    pg_desc: str = Field(alias=PG_DESC_KEY)
+    pg_ranks: str = Field(alias=PG_RANKS_KEY)
+    rank: int = Field(alias=RANK_KEY, ge=0)
+    dst_rank: Optional[int] = Field(alias=DST_RANK_KEY, default=None, ge=0)
+    src_rank: Optional[int] = Field(alias=SRC_RANK_KEY, default=None, ge=0)
+    seq: int = Field(alias=SEQ_KEY, ge=0)
 
     # commtag's own keys.
     lane_id: int = Field(alias=ANN_LANE_ID, ge=MIN_LANE_ID)
@@ -101,7 +103,7 @@ class CollectiveAnnotation(BaseModel):
             )
         if self.rank >= self.group_size:
             raise ValueError(f"Rank: {self.rank} is outside a group of size {self.group_size}")
-        for key, peer in (("Dst Rank", self.dst_rank), ("Src Rank", self.src_rank)):
+        for key, peer in ((DST_RANK_KEY, self.dst_rank), (SRC_RANK_KEY, self.src_rank)):
             if peer is not None and ranks is not None and peer not in ranks:
                 raise ValueError(f"{key}: global rank {peer} is not in the group {ranks}")
         return self
@@ -306,6 +308,6 @@ def _check_against_table(ann: CollectiveAnnotation, groups: dict[str, ProcessGro
         )
     if rank not in pg.ranks:
         raise ValueError(f"Rank: this rank ({rank}) is not a member of group {pg.uid}")
-    for key, peer in (("Dst Rank", ann.dst_rank), ("Src Rank", ann.src_rank)):
+    for key, peer in ((DST_RANK_KEY, ann.dst_rank), (SRC_RANK_KEY, ann.src_rank)):
         if peer is not None and peer not in pg.ranks:
             raise ValueError(f"{key}: global rank {peer} is not in group {pg.uid} {pg.ranks}")

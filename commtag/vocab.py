@@ -65,21 +65,40 @@ RECORDED_AS_REAL: dict[str, str] = {"ComplexHalf": "Half", "ComplexFloat": "Floa
 
 # ---------------------------------------------------------------------------- eager keys
 
-#: The keys ProcessGroupNCCL's ``record_param_comms`` writes for one collective, in its order
-#: (the aliases of :class:`commtag.schema.CollectiveAnnotation`'s eager fields, checked there).
+# The keys ProcessGroupNCCL's ``record_param_comms`` writes for one collective, each named once
+# (their values: ../shared/reference/eager-comm-metadata.md).
+COLLECTIVE_NAME_KEY = "Collective name"
+IN_NELEMS_KEY = "In msg nelems"
+OUT_NELEMS_KEY = "Out msg nelems"
+GROUP_SIZE_KEY = "Group size"
+DTYPE_KEY = "dtype"
+IN_SPLIT_KEY = "In split size"
+OUT_SPLIT_KEY = "Out split size"
+RANK_START_KEY = "Global rank start"
+RANK_STRIDE_KEY = "Global rank stride"
+PG_NAME_KEY = "Process Group Name"
+PG_DESC_KEY = "Process Group Description"
+#: The group's global ranks as a list string, ``"[0, 2, 4]"`` (read by :func:`commtag.constants.parse_rank_list`).
+PG_RANKS_KEY = "Process Group Ranks"
+#: The own group rank, the root's (rooted ops) or the peer's (send/recv).
+RANK_KEY = "Rank"
+DST_RANK_KEY = "Dst Rank"
+SRC_RANK_KEY = "Src Rank"
+SEQ_KEY = "Seq"
+#: Those keys in the profiler's order (the aliases of :class:`commtag.schema.CollectiveAnnotation`'s
+#: eager fields, checked there).
 EAGER_KEYS: tuple[str, ...] = (
-    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "In split size",
-    "Out split size", "Global rank start", "Global rank stride", "Process Group Name",
-    "Process Group Description", "Process Group Ranks", "Rank", "Dst Rank", "Src Rank", "Seq",
+    COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, GROUP_SIZE_KEY, DTYPE_KEY, IN_SPLIT_KEY, OUT_SPLIT_KEY,
+    RANK_START_KEY, RANK_STRIDE_KEY, PG_NAME_KEY, PG_DESC_KEY, PG_RANKS_KEY, RANK_KEY, DST_RANK_KEY, SRC_RANK_KEY,
+    SEQ_KEY,
 )
 #: The eager keys Kineto copies from the op onto the collective's NCCL kernel, in its order.
 KERNEL_EAGER_KEYS: tuple[str, ...] = (
-    "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "In split size",
-    "Out split size", "Process Group Name", "Process Group Description", "Process Group Ranks",
-    "Dst Rank", "Src Rank", "Seq",
+    COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, GROUP_SIZE_KEY, DTYPE_KEY, IN_SPLIT_KEY, OUT_SPLIT_KEY,
+    PG_NAME_KEY, PG_DESC_KEY, PG_RANKS_KEY, DST_RANK_KEY, SRC_RANK_KEY, SEQ_KEY,
 )
 #: Eager keys only a point-to-point call carries (its peer's group rank).
-P2P_PEER_KEYS: tuple[str, ...] = ("Dst Rank", "Src Rank")
+P2P_PEER_KEYS: tuple[str, ...] = (DST_RANK_KEY, SRC_RANK_KEY)
 
 
 # ---------------------------------------------------------------------------- torch's CUDA-graph annotations
@@ -98,7 +117,7 @@ TORCH_INLINE_ANNOTATED_KEY = "cudaGraphInlineAnnotated"
 #: Annotation key whose value names the lane torch moves an annotated graphed event to, with
 #: ``graph_lanes="all"``: the lane (a tid on the GPU's pid, from the annotation's ``"stream"``)
 #: is named by it. The key is spliced into the event's args with the rest of the annotation.
-TORCH_LANE_NAME_KEY = "Process Group Description"
+TORCH_LANE_NAME_KEY = PG_DESC_KEY
 #: Arg of an event torch moved onto a lane: the stream it ran on (its ``tid`` and ``args.stream``
 #: then name the lane).
 TORCH_ORIGINAL_STREAM_KEY = "original_stream"

@@ -89,8 +89,8 @@ from commtag.merge.records import (
 from commtag.vocab import (
     ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_LAST_RANK, ANN_MARKER,
     ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_PG_UID, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
-    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, BUSBW_FACTORS, COLLECTIVES, P2P_COLLECTIVES,
-    SCALAR_TYPE_BYTES,
+    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, BUSBW_FACTORS, COLLECTIVES, COLLECTIVE_NAME_KEY,
+    DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, SCALAR_TYPE_BYTES, SEQ_KEY,
 )
 
 #: What a matched p2p instance is called: one transfer is a send and its receive, whichever
@@ -480,7 +480,7 @@ def _check(m: MatchedCollective) -> list[Finding]:
     if m.is_p2p:
         _check_p2p(insts, add)
         return found
-    for kind, key, attr in (("op_mismatch", "Collective name", "collective"), ("dtype_mismatch", "dtype", "dtype")):
+    for kind, key, attr in (("op_mismatch", COLLECTIVE_NAME_KEY, "collective"), ("dtype_mismatch", DTYPE_KEY, "dtype")):
         odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
         if odd:
             add(kind, odd, (key,), detail)
@@ -490,8 +490,8 @@ def _check(m: MatchedCollective) -> list[Finding]:
     row = COLLECTIVES.get(op)
     shape = row.shape if row else None
     checked = [(key, attr) for key, attr, equal in (
-        ("In msg nelems", "in_nelems", row.equal_in if row else True),
-        ("Out msg nelems", "out_nelems", row.equal_out if row else True),
+        (IN_NELEMS_KEY, "in_nelems", row.equal_in if row else True),
+        (OUT_NELEMS_KEY, "out_nelems", row.equal_out if row else True),
     ) if equal]
     differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
     if differing:
@@ -500,15 +500,15 @@ def _check(m: MatchedCollective) -> list[Finding]:
     n = m.group_size
     for inst in insts:
         if shape == "out = in x n" and inst.out_nelems != inst.in_nelems * n:
-            add("size_mismatch", [inst.rank], ("In msg nelems", "Out msg nelems"),
+            add("size_mismatch", [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
                 f"rank {inst.rank} gathers {inst.in_nelems} x {n} ranks into {inst.out_nelems}")
         if shape == "in = out x n" and inst.in_nelems != inst.out_nelems * n:
-            add("size_mismatch", [inst.rank], ("In msg nelems", "Out msg nelems"),
+            add("size_mismatch", [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
                 f"rank {inst.rank} scatters {inst.in_nelems} over {n} ranks into {inst.out_nelems}")
     if shape == "sum in = sum out" and not m.missing_ranks:
         total_in, total_out = sum(i.in_nelems for i in insts), sum(i.out_nelems for i in insts)
         if total_in != total_out:
-            add("size_mismatch", m.ranks, ("In msg nelems", "Out msg nelems"),
+            add("size_mismatch", m.ranks, (IN_NELEMS_KEY, OUT_NELEMS_KEY),
                 f"ranks send {total_in} elements in total but receive {total_out}")
     return found
 
@@ -519,15 +519,15 @@ def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> Non
     sends = [i for i in insts if i.collective == "send"]
     recvs = [i for i in insts if i.collective == "recv"]
     if len(insts) == 2 and (len(sends), len(recvs)) != (1, 1):
-        add("op_mismatch", [i.rank for i in insts], ("Collective name",),
+        add("op_mismatch", [i.rank for i in insts], (COLLECTIVE_NAME_KEY,),
             f"expected a send and a recv, found {sorted(i.collective for i in insts)}")
         return
     if len(sends) == 1 and len(recvs) == 1:
         s, r = sends[0], recvs[0]
         if s.dtype != r.dtype:
-            add("dtype_mismatch", [s.rank, r.rank], ("dtype",), f"send is {s.dtype}, recv is {r.dtype}")
+            add("dtype_mismatch", [s.rank, r.rank], (DTYPE_KEY,), f"send is {s.dtype}, recv is {r.dtype}")
         if s.in_nelems != r.out_nelems:
-            add("size_mismatch", [s.rank, r.rank], ("In msg nelems", "Out msg nelems"),
+            add("size_mismatch", [s.rank, r.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
                 f"rank {s.rank} sends {s.in_nelems} elements, rank {r.rank} receives {r.out_nelems}")
 
 
@@ -566,7 +566,7 @@ def _seq_gaps(seqs: _SeqIndex, coverage: Coverage) -> list[Finding]:
             if shared
             else f"Seq {s} is missing on {describe_ranks(ranks)} between their neighbouring Seqs"
         )
-        found.append(Finding("seq_gap", pg, ref.lane_name, s, None, False, ranks, ("Seq",), detail, desync=not shared))
+        found.append(Finding("seq_gap", pg, ref.lane_name, s, None, False, ranks, (SEQ_KEY,), detail, desync=not shared))
     return found
 
 
@@ -597,7 +597,7 @@ def _markers(matched: list[MatchedCollective]) -> list[Marker]:
     """A straggler marker on the late rank; a desync marker on every member rank."""
     out: list[Marker] = []
     for m in matched:
-        where = {ANN_PG_UID: m.pg_uid, ANN_LANE: m.lane_name, "Collective name": m.collective, "Seq": m.seq}
+        where = {ANN_PG_UID: m.pg_uid, ANN_LANE: m.lane_name, COLLECTIVE_NAME_KEY: m.collective, SEQ_KEY: m.seq}
         if m.straggler:
             out.append(Marker(
                 m.last_rank, m.members[m.last_rank].start_ns,

@@ -50,10 +50,11 @@ from commtag.merge.load import base_ns, event_ns
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
-    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COMMS_OP,
-    GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
-    NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, P2P_FAMILIES, PG_ID_KEY, SPAN_TOLERANCE_NS, family, is_graph_launch,
-    nccl_kind,
+    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
+    DST_RANK_KEY, DTYPE_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, GROUP_SIZE_KEY,
+    IN_NELEMS_KEY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, OUT_NELEMS_KEY, P2P_COLLECTIVES,
+    P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS,
+    SRC_RANK_KEY, UNDEFINED_DTYPE, family, is_graph_launch, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -113,7 +114,7 @@ class RankFlows:
 
 
 #: CollectiveAnnotation fields behind OWN_ORDER's eager keys (an annotation has no "commtag rank").
-_OWN_FIELDS = (("rank", "Rank"), ("seq", "Seq"), ("p2p_pair_seq", ANN_P2P_PAIR_SEQ), ("replay", ANN_REPLAY))
+_OWN_FIELDS = (("rank", RANK_KEY), ("seq", SEQ_KEY), ("p2p_pair_seq", ANN_P2P_PAIR_SEQ), ("replay", ANN_REPLAY))
 _OWN_FIELD_NAMES = frozenset(name for name, _ in _OWN_FIELDS)
 def own_args(annotation: CollectiveAnnotation, **more: object) -> dict:
     """A sidecar annotation's own keys (Seq, Rank, ...), as its eager dict has them."""
@@ -133,19 +134,19 @@ def _instance(interner: Interner, rank: int, parts: tuple[dict, dict], start: in
     event_common, own = parts
     common_args = interner.with_source(event_common, source)
     get = common_args.get
-    ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(get("Process Group Ranks", "[]"))) or ())
+    ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(get(PG_RANKS_KEY, "[]"))) or ())
     ranks = interner.shared(ranks)
     return CollectiveInstance(
         rank=rank,
         pg_uid=str(common_args[ANN_PG_UID]),
         is_p2p=bool(get(ANN_P2P, False)),
-        seq=_whole(own.get("Seq"), 0),
+        seq=_whole(own.get(SEQ_KEY), 0),
         replay=own.get(ANN_REPLAY),
-        collective=str(get("Collective name", "")),
-        in_nelems=_whole(get("In msg nelems"), 0),
-        out_nelems=_whole(get("Out msg nelems"), 0),
-        dtype=str(get("dtype", "Undefined")),
-        group_size=_whole(get("Group size"), len(ranks) or 1),
+        collective=str(get(COLLECTIVE_NAME_KEY, "")),
+        in_nelems=_whole(get(IN_NELEMS_KEY), 0),
+        out_nelems=_whole(get(OUT_NELEMS_KEY), 0),
+        dtype=str(get(DTYPE_KEY, UNDEFINED_DTYPE)),
+        group_size=_whole(get(GROUP_SIZE_KEY), len(ranks) or 1),
         group_ranks=ranks,
         start_ns=start,
         end_ns=end,
@@ -270,7 +271,7 @@ class _RankAttacher:
                 self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))
             elif name.startswith("c10d::"):
                 self.c10d.setdefault(e.get("tid"), []).append((*event_ns(e, self.base), e))
-            elif name == COMMS_OP and (e.get("args") or {}).get("Collective name") not in (None, *NON_COLLECTIVE_NAMES):
+            elif name == COMMS_OP and (e.get("args") or {}).get(COLLECTIVE_NAME_KEY) not in (None, *NON_COLLECTIVE_NAMES):
                 self.comms_ops.append((*event_ns(e, self.base), e))
             elif cat in LAUNCH_CATEGORIES and is_graph_launch(name):
                 corr = (e.get("args") or {}).get("correlation")
@@ -309,7 +310,7 @@ class _RankAttacher:
         leftover = self._gloo() if self.sidecar else []
         self._graph_replays()
         eager = [(start, end, k, k["args"], "nccl-kernel") for start, end, k in self.kernels
-                 if id(k) not in self.taken and "Collective name" in (k.get("args") or {})
+                 if id(k) not in self.taken and COLLECTIVE_NAME_KEY in (k.get("args") or {})
                  and not k["args"].get("graph node id")]
         if eager:
             self._eager(eager, leftover, "kernel order")
@@ -479,7 +480,7 @@ class _RankAttacher:
             pg_name = self._pg_name(args)
             queue = by_group.get(pg_name, ())
             k = used.get(pg_name, 0)
-            if k < len(queue) and queue[k].collective_name == args["Collective name"]:
+            if k < len(queue) and queue[k].collective_name == args[COLLECTIVE_NAME_KEY]:
                 used[pg_name] = k + 1
                 parts = (self._site(queue[k]), own_args(queue[k]))
             else:
@@ -505,8 +506,8 @@ class _RankAttacher:
 
     def _pg_name(self, args: dict) -> str:
         """The group's name: "Process Group Name", else an older torch's integer "Process Group ID"."""
-        if "Process Group Name" in args or PG_ID_KEY not in args:
-            return str(args.get("Process Group Name", ""))
+        if PG_NAME_KEY in args or PG_ID_KEY not in args:
+            return str(args.get(PG_NAME_KEY, ""))
         pg_id = args[PG_ID_KEY]
         return self.pg_ids.get(pg_id, str(pg_id))
 
@@ -514,18 +515,18 @@ class _RankAttacher:
         """Kineto's eager keys, normalized and completed with lane and cross-rank key."""
         eager = {key: args[key] for key in KERNEL_EAGER_KEYS if key in args}
         pg_name = self._pg_name(args)
-        if pg_name and "Process Group Name" not in eager:  # an older torch's "Process Group ID"
-            eager["Process Group Name"] = pg_name
+        if pg_name and PG_NAME_KEY not in eager:  # an older torch's "Process Group ID"
+            eager[PG_NAME_KEY] = pg_name
         group = self.groups.get(pg_name)
         if group is None:
-            ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
-            group = group_info(pg_name, str(args.get("Process Group Description", "")), ranks, "nccl")
+            ranks = parse_rank_list(str(args.get(PG_RANKS_KEY, "[]"))) or []
+            group = group_info(pg_name, str(args.get(PG_DESC_KEY, "")), ranks, "nccl")
             self.groups[pg_name] = group
             self.by_uid[group.uid] = group
-        p2p = eager["Collective name"] in P2P_COLLECTIVES or "Dst Rank" in eager or "Src Rank" in eager
-        if "Seq" not in eager:
+        p2p = eager[COLLECTIVE_NAME_KEY] in P2P_COLLECTIVES or DST_RANK_KEY in eager or SRC_RANK_KEY in eager
+        if SEQ_KEY not in eager:
             n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
-            eager["Seq"] = n
+            eager[SEQ_KEY] = n
             eager[ANN_SEQ_FROM] = order
         eager.update({
             ANN_LANE_ID: group.lane_id, ANN_LANE: group.lane_name,
@@ -575,7 +576,7 @@ class _RankAttacher:
             self.taken.add(id(e))
             n = counts[kind] = counts.get(kind, 0) + 1
             eager = {
-                "Collective name": kind, "Seq": n,
+                COLLECTIVE_NAME_KEY: kind, SEQ_KEY: n,
                 ANN_LANE_ID: UNATTRIBUTED_LANE_ID, ANN_LANE: UNATTRIBUTED_LANE,
                 ANN_PG_UID: f"{UNATTRIBUTED_UID}:{kind}", ANN_P2P: kind in P2P_FAMILIES,
                 ANN_INFERRED: "collective from the kernel name; group unknown; Seq = order on this rank",

@@ -43,8 +43,9 @@ from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, kee
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, COMMS_OP, GPU_CATEGORIES, KINETO_LAUNCH_FLOW_CATEGORIES,
-    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, is_graph_launch, nccl_kind,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, COLLECTIVE_NAME_KEY, COMMS_OP, GPU_CATEGORIES,
+    KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES,
+    is_graph_launch, nccl_kind,
 )
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
@@ -222,11 +223,11 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
     name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test is written inline there.
     """
     if cat == "kernel":
-        return bool(args and ("Collective name" in args or args.get("graph node id"))) or nccl_kind(name) is not None
+        return bool(args and (COLLECTIVE_NAME_KEY in args or args.get("graph node id"))) or nccl_kind(name) is not None
     if cat in LAUNCH_CATEGORIES:
         return is_graph_launch(name)
     if name == COMMS_OP:
-        return bool(args and "Collective name" in args)
+        return bool(args and COLLECTIVE_NAME_KEY in args)
     return name.startswith("c10d::") or name.startswith("gloo:")
 
 

@@ -36,8 +36,9 @@ from commtag.merge.records import (
 )
 from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.vocab import (
-    ANN_LANE, ANN_LANE_ID, ANN_MARKER, ANN_P2P, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK,
-    ANN_WORLD_SIZE,
+    ANN_LANE, ANN_LANE_ID, ANN_MARKER, ANN_P2P, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE, ANN_WINDOW_NS,
+    ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY,
+    PG_RANKS_KEY, SEQ_KEY, UNDEFINED_DTYPE,
 )
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -342,20 +343,20 @@ def _value(item, strings: dict[int, str]) -> object:
 def _instance(start_ns: int, end_ns: int, args: dict[str, object]) -> Optional[CollectiveInstance]:
     """A record from one lane slice's annotations; None when keys the analysis needs are absent."""
     try:
-        ranks = parse_rank_list(str(args.get("Process Group Ranks", "[]"))) or []
+        ranks = parse_rank_list(str(args.get(PG_RANKS_KEY, "[]"))) or []
         replay = args.get(ANN_REPLAY)
         replay = None if replay in (None, "null") else replay
         return CollectiveInstance(
             rank=int(args[ANN_RANK]),  # type: ignore[arg-type]
             pg_uid=str(args[ANN_PG_UID]),
             is_p2p=bool(args.get(ANN_P2P, False)),
-            seq=int(args["Seq"]),  # type: ignore[arg-type]
+            seq=int(args[SEQ_KEY]),  # type: ignore[arg-type]
             replay=int(replay) if replay is not None else None,  # type: ignore[arg-type]
-            collective=str(args["Collective name"]),
-            in_nelems=int(args.get("In msg nelems", 0)),  # type: ignore[arg-type]
-            out_nelems=int(args.get("Out msg nelems", 0)),  # type: ignore[arg-type]
-            dtype=str(args.get("dtype", "Undefined")),  # as attach reads a kernel without one
-            group_size=int(args.get("Group size", len(ranks) or 1)),  # type: ignore[arg-type]
+            collective=str(args[COLLECTIVE_NAME_KEY]),
+            in_nelems=int(args.get(IN_NELEMS_KEY, 0)),  # type: ignore[arg-type]
+            out_nelems=int(args.get(OUT_NELEMS_KEY, 0)),  # type: ignore[arg-type]
+            dtype=str(args.get(DTYPE_KEY, UNDEFINED_DTYPE)),  # as attach reads a kernel without one
+            group_size=int(args.get(GROUP_SIZE_KEY, len(ranks) or 1)),  # type: ignore[arg-type]
             group_ranks=tuple(ranks),
             start_ns=start_ns,
             end_ns=end_ns,

@@ -16,7 +16,10 @@ if TYPE_CHECKING:  # the converter and run checks build these; records import ne
     from commtag.merge.convert import EventAccount
     from commtag.merge.runs import FileSpan
 
-from commtag.vocab import ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, ANN_SOURCE
+from commtag.vocab import (
+    ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, ANN_SOURCE, DST_RANK_KEY, RANK_KEY, SEQ_KEY,
+    SRC_RANK_KEY,
+)
 
 _ABSENT = object()
 
@@ -30,7 +33,7 @@ CPU_OP_SOURCE = "cpu-op"
 #: Keys whose values differ between the instances of one call site (steps, replays,
 #: ranks), in the order they are written: an instance's own ``args``. The rest are its
 #: ``common_args`` (see :meth:`Interner.split`).
-OWN_ORDER = ("Rank", "Seq", ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
+OWN_ORDER = (RANK_KEY, SEQ_KEY, ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
 OWN_KEYS = frozenset(OWN_ORDER)
 
 
@@ -144,13 +147,13 @@ class CollectiveInstance:
     def p2p_ends(self) -> Optional[tuple[int, int]]:
         """(sender, receiver) global ranks of a send/recv; None when the peer is unknown."""
         peer = None
-        for key in ("Dst Rank", "Src Rank"):
+        for key in (DST_RANK_KEY, SRC_RANK_KEY):
             value = self.arg(key)
             if isinstance(value, int):
                 peer = value
                 break
         else:
-            group_rank = self.arg("Rank")  # a send/recv's "Rank" is its peer's group rank
+            group_rank = self.arg(RANK_KEY)  # a send/recv's "Rank" is its peer's group rank
             if isinstance(group_rank, int) and 0 <= group_rank < len(self.group_ranks):
                 peer = self.group_ranks[group_rank]
         if peer is None:

@@ -31,7 +31,7 @@ import inspect
 from typing import Any, Callable, Mapping, Optional
 
 from commtag.runtime.failopen import log_once
-from commtag.vocab import TORCH_GRAPH_ANNOTATIONS_MODULE, TORCH_LANE_KEY, TORCH_LANE_NAME_KEY, TORCH_MARK_KEY
+from commtag.vocab import PG_NAME_KEY, TORCH_GRAPH_ANNOTATIONS_MODULE, TORCH_LANE_KEY, TORCH_LANE_NAME_KEY, TORCH_MARK_KEY
 
 
 class TorchMarks:
@@ -57,7 +57,7 @@ class TorchMarks:
         """Add the call's group once it is known. torch's default (edge-walk) backend reads the
         dict when it resolves the scope, after the call; its CUPTI backend copies it as the
         scope opens, so there only the mark reaches the trace (which is all the merge needs)."""
-        annotation.update({"Process Group Name": pg_name, TORCH_LANE_NAME_KEY: pg_desc, TORCH_LANE_KEY: lane_id})
+        annotation.update({PG_NAME_KEY: pg_name, TORCH_LANE_NAME_KEY: pg_desc, TORCH_LANE_KEY: lane_id})
 
     def open(self, annotation: dict[str, Any]) -> Optional[Any]:
         """Enter a ``mark_kernels`` scope; None (logged once) if torch refused it."""
