@@ -38,7 +38,7 @@ from typing import Mapping, Optional
 
 from commtag.vocab import (
     ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_ID, ANN_KERNELS_PREFIX, ANN_KERNELS_SCOPE, ANN_LANE,
-    COMMUNICATION_KERNELS, DEVICE_WORK_NODE_TYPES, is_graph_launch,
+    COMMUNICATION_KERNELS, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, is_graph_launch,
 )
 
 GEMM = "GEMM"
@@ -226,7 +226,7 @@ class DeviceWork:
             b = self.streams[stream] = Breakdown()
         b.time_us[category] += dur_us
         b.count[category] += 1
-        correlation = args.get("correlation")
+        correlation = args.get(CORRELATION_KEY)
         self._corr.append(correlation if correlation.__class__ is int else None)
         self._cat.append(category)
         self._dur.append(dur_us)

@@ -166,9 +166,13 @@ PROFILER_STEP_PREFIX = "ProfilerStep#"
 #: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
 #: by the ``correlation`` both ends carry.
 KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
+#: Arg joining a CPU op to the launches it made (and, for NCCL, an op to its kernel).
+EXTERNAL_ID_KEY = "External id"
+#: Arg joining a runtime launch to the device work it launched: both ends carry it.
+CORRELATION_KEY = "correlation"
 #: Args that number events within one trace: the op/launch links and the Python tracer's ids
 #: (a copy of a trace's events, as the scale-set generator tiles them, offsets these).
-KINETO_ID_ARGS: tuple[str, ...] = ("External id", "correlation", "Python id", "Python parent id", "Ev Idx")
+KINETO_ID_ARGS: tuple[str, ...] = (EXTERNAL_ID_KEY, CORRELATION_KEY, "Python id", "Python parent id", "Ev Idx")
 
 
 # ---------------------------------------------------------------------------- CUDA / HIP graphs
@@ -186,6 +190,10 @@ LAUNCH_TOLERANCE_NS = 20_000
 #: ``c10d::`` op, its gloo work) may disagree and still be that call: the trace rounds to µs.
 #: Tighter than :data:`LAUNCH_TOLERANCE_NS`: these events lie inside the call, not around it.
 SPAN_TOLERANCE_NS = 2_000
+#: Args Kineto writes on device work a graph replayed (CUPTI 12.x+): the node's id (whole, or
+#: only the node id on older CUPTI) and the executable graph's id.
+GRAPH_NODE_ID_KEY = "graph node id"
+GRAPH_ID_KEY = "graph id"
 #: A "graph node id" written whole is ``(graph id << 32) | node id``; this takes the node id.
 NODE_ID_MASK = 0xFFFFFFFF
 

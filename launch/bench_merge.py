@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 import orjson
 
 from commtag.testing.bench import machine, markdown_table, median, run_child, verdict
+from commtag.vocab import GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, NODE_ID_MASK
 
 HERE = Path(__file__).resolve()
 TARGET_VS_FLOOR = 2.0
@@ -84,8 +85,8 @@ def baseline(directory: Path, out_dir: Path) -> None:
         events = trace["traceEvents"]
         for event in events:
             args = event.get("args")
-            if args and args.get("graph id"):
-                annotation = by_node.get((args["graph id"], args["graph node id"] & 0xFFFFFFFF))
+            if args and args.get(GRAPH_ID_KEY):
+                annotation = by_node.get((args[GRAPH_ID_KEY], args[GRAPH_NODE_ID_KEY] & NODE_ID_MASK))
                 if annotation:
                     args.update(annotation)
 

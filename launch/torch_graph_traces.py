@@ -56,6 +56,7 @@ from commtag.runtime.torch_marks import TorchMarks
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo, Sidecar,
 )
+from commtag.vocab import TOOLS_ID_GRAPH_SHIFT
 
 WORLD = 2
 CAPTURE_GRAPH, EXEC_GRAPH = 5, 9
@@ -144,7 +145,7 @@ class Results:
 
 
 def _tools_id(node: int) -> int:
-    return (EXEC_GRAPH << 32) | node
+    return (EXEC_GRAPH << TOOLS_ID_GRAPH_SHIFT) | node
 
 
 def _annotation(rank: int, index: int) -> CollectiveAnnotation:
@@ -213,7 +214,7 @@ def _sidecar(rank: int, trace_file: str, replays: list[GraphReplay], with_torch_
     for index in range(len(COLLECTIVES)):
         nodes = [GraphNodeRecord(index=node, node_type="memcpy" if cat == "gpu_memcpy" else "kernel",
                                  kernel_name=name.split("(")[0] if cat == "kernel" else "",
-                                 tools_id=(CAPTURE_GRAPH << 32) | node, local_id=node)
+                                 tools_id=(CAPTURE_GRAPH << TOOLS_ID_GRAPH_SHIFT) | node, local_id=node)
                  for node, cat, name, _, collective, _ in NODES if collective == index]
         collectives.append(CapturedCollective(
             annotation=_annotation(rank, index), nodes=nodes, tid=CPU_TID, reduce_op="sum" if "reduce" in

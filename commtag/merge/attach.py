@@ -51,10 +51,11 @@ from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
     ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
-    DST_RANK_KEY, DTYPE_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, GROUP_SIZE_KEY,
-    IN_NELEMS_KEY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, OUT_NELEMS_KEY, P2P_COLLECTIVES,
-    P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS,
-    SRC_RANK_KEY, UNDEFINED_DTYPE, family, is_graph_launch, nccl_kind,
+    CORRELATION_KEY, DST_RANK_KEY, DTYPE_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY,
+    GLOO_WORK_PER_MEMBER, GRAPH_NODE_ID_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
+    NON_COLLECTIVE_NAMES, OUT_NELEMS_KEY, P2P_COLLECTIVES, P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY,
+    PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS, SRC_RANK_KEY, UNDEFINED_DTYPE, family, is_graph_launch,
+    nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -274,7 +275,7 @@ class _RankAttacher:
             elif name == COMMS_OP and (e.get("args") or {}).get(COLLECTIVE_NAME_KEY) not in (None, *NON_COLLECTIVE_NAMES):
                 self.comms_ops.append((*event_ns(e, self.base), e))
             elif cat in LAUNCH_CATEGORIES and is_graph_launch(name):
-                corr = (e.get("args") or {}).get("correlation")
+                corr = (e.get("args") or {}).get(CORRELATION_KEY)
                 if corr is not None:
                     self.launches[corr] = e
         self.kernels.sort(key=lambda k: k[0])
@@ -311,7 +312,7 @@ class _RankAttacher:
         self._graph_replays()
         eager = [(start, end, k, k["args"], "nccl-kernel") for start, end, k in self.kernels
                  if id(k) not in self.taken and COLLECTIVE_NAME_KEY in (k.get("args") or {})
-                 and not k["args"].get("graph node id")]
+                 and not k["args"].get(GRAPH_NODE_ID_KEY)]
         if eager:
             self._eager(eager, leftover, "kernel order")
         else:
@@ -494,13 +495,13 @@ class _RankAttacher:
         "External id") where one was profiled without the keys, else by the op itself."""
         kernels = {}
         for start, end, k in self.kernels:
-            external = (k.get("args") or {}).get("External id")
+            external = (k.get("args") or {}).get(EXTERNAL_ID_KEY)
             if external is not None and id(k) not in self.taken and nccl_kind(k.get("name", "")):
                 kernels.setdefault(external, (start, end, k))
         calls = []
         for start, end, op in self.comms_ops:
             args = op["args"]
-            kernel = kernels.pop(args.get("External id"), None)
+            kernel = kernels.pop(args.get(EXTERNAL_ID_KEY), None)
             calls.append((*kernel, args, "nccl-kernel") if kernel else (start, end, op, args, CPU_OP_SOURCE))
         return calls
 

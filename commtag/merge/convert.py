@@ -43,14 +43,14 @@ from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, kee
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, COLLECTIVE_NAME_KEY, COMMS_OP, GPU_CATEGORIES,
-    KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES,
-    is_graph_launch, nccl_kind,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
+    EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES,
+    KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, is_graph_launch, nccl_kind,
 )
 
 #: Kineto args whose only use is linking events (the merged trace draws launch
 #: flows instead) or bookkeeping with no meaning to a reader.
-LINK_ARGS = frozenset({"External id", "correlation", "cbid", "Ev Idx", "Record function id"})
+LINK_ARGS = frozenset({EXTERNAL_ID_KEY, CORRELATION_KEY, "cbid", "Ev Idx", "Record function id"})
 #: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
 MAX_DUR_US = 86_400 * 10**6
 #: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
@@ -125,8 +125,8 @@ def _drop_links(args: dict) -> None:
     """Remove :data:`LINK_ARGS` from ``args``: five pops cost a third of a set intersection
     and a delete loop, and this runs for nearly every event."""
     pop = args.pop
-    pop("External id", None)
-    pop("correlation", None)
+    pop(EXTERNAL_ID_KEY, None)
+    pop(CORRELATION_KEY, None)
     pop("cbid", None)
     pop("Ev Idx", None)
     pop("Record function id", None)
@@ -223,7 +223,7 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
     name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test is written inline there.
     """
     if cat == "kernel":
-        return bool(args and (COLLECTIVE_NAME_KEY in args or args.get("graph node id"))) or nccl_kind(name) is not None
+        return bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None
     if cat in LAUNCH_CATEGORIES:
         return is_graph_launch(name)
     if name == COMMS_OP:
@@ -390,7 +390,7 @@ class RankConverter:
                     file.candidates.append((e, None, -1))
                 if args and breakdowns:
                     if cat in LAUNCH_CATEGORIES:
-                        categories.launch(name, args.get("correlation"))
+                        categories.launch(name, args.get(CORRELATION_KEY))
                     elif not candidate and cat in WORK_CATEGORIES:
                         categories.kernel((pid, tid), name, cat, dur, args)
                 continue
@@ -400,7 +400,7 @@ class RankConverter:
                 row = rows[key] = Row()
             index = len(row.starts)
             if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
-                corr = args.get("correlation")
+                corr = args.get(CORRELATION_KEY)
                 if corr.__class__ is int:
                     if cat in LAUNCH_CATEGORIES:
                         file.launches[corr] = (row, index)

@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
 from commtag.vocab import (
-    ANN_MATCH, COLLECTIVES, DEVICE_WORK_NODE_TYPES, LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR,
-    NODE_ID_MASK, TORCH_MARK_KEY, base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
+    ANN_MATCH, COLLECTIVES, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
+    LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR, NODE_ID_MASK, TOOLS_ID_GRAPH_SHIFT, TORCH_MARK_KEY,
+    base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
@@ -226,26 +227,26 @@ def _replays(events: Sequence[dict]) -> list[_Replay]:
     launches: dict[int, dict] = {}
     for event in events:
         if event.get("cat") in LAUNCH_CATEGORIES and is_graph_launch(str(event.get("name", ""))):
-            corr = event.get("args", {}).get("correlation")
+            corr = event.get("args", {}).get(CORRELATION_KEY)
             if corr is not None:
                 launches[corr] = event
     members: dict[int, list[int]] = defaultdict(list)
     for i, event in enumerate(events):
         if event.get("cat") in DEVICE_WORK_NODE_TYPES:
-            corr = event.get("args", {}).get("correlation")
+            corr = event.get("args", {}).get(CORRELATION_KEY)
             if corr in launches:
                 members[corr].append(i)
     result = []
     for corr, idx in members.items():
         idx.sort(key=lambda i: events[i].get("ts", 0))
-        graph_ids = {int(events[i].get("args", {}).get("graph id", 0) or 0) for i in idx}
+        graph_ids = {int(events[i].get("args", {}).get(GRAPH_ID_KEY, 0) or 0) for i in idx}
         result.append(_Replay(corr, launches[corr], idx, max(graph_ids)))
     result.sort(key=lambda r: r.launch.get("ts", 0))
     return result
 
 
 def _node_id(event: dict) -> Optional[int]:
-    value = event.get("args", {}).get("graph node id")
+    value = event.get("args", {}).get(GRAPH_NODE_ID_KEY)
     return None if value is None else int(value) & NODE_ID_MASK
 
 
@@ -305,7 +306,7 @@ def match(kernels: Sequence[dict], launches: Mapping[object, dict], captures: Se
     exact, leftover = _exact(kernels, launches, captures)
     unknown: dict[object, GraphCapture] = {}
     for event, capture, collective, method in exact:
-        correlation = (event.get("args") or {}).get("correlation")
+        correlation = (event.get("args") or {}).get(CORRELATION_KEY)
         replay = index.of(capture, correlation, launches.get(correlation))
         if replay is None:
             unknown[correlation] = capture
@@ -350,7 +351,7 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
     leftover: list[dict] = []
     for e in kernels:
         args = e.get("args") or {}
-        raw = args.get("graph node id") or 0
+        raw = args.get(GRAPH_NODE_ID_KEY) or 0
         hit = None
         if raw and nccl_kind(e.get("name", "")):  # torch marks all the scope's nodes; NCCL's carry the call
             hit = by_mark.get(str(args.get(TORCH_MARK_KEY)))
@@ -363,12 +364,12 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
             hit = by_tools.get(raw)
             if hit is None:
                 method = "node-id"
-                gid, nid = (raw >> 32, raw & NODE_ID_MASK) if raw >> 32 else (args.get("graph id"), raw)
+                gid, nid = (raw >> TOOLS_ID_GRAPH_SHIFT, raw & NODE_ID_MASK) if raw >> TOOLS_ID_GRAPH_SHIFT else (args.get(GRAPH_ID_KEY), raw)
                 cap = by_graph.get(gid)
                 hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
         if hit is not None:
             exact.append((e, *hit, method))
-        elif nccl_kind(e.get("name", "")) and (raw or args.get("correlation") in launches):
+        elif nccl_kind(e.get("name", "")) and (raw or args.get(CORRELATION_KEY) in launches):
             leftover.append(e)
     return exact, leftover
 

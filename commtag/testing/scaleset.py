@@ -51,8 +51,8 @@ from commtag.schema import (
 )
 from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import (
-    DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, is_graph_launch,
-    nccl_kind, parse_nccl_kernel,
+    DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, TOOLS_ID_GRAPH_SHIFT,
+    is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 TEMPLATE_DIR = PUBLIC_TRACES / "single-rank-scale"
@@ -584,7 +584,7 @@ def _rank_sidecar(plan: SetPlan, layout: RankLayout, mine: dict[str, Group], eag
 
 
 def _node_id(graph: int, node: int, form: str) -> int:
-    return (graph << 32) | node if form == "full" else node
+    return (graph << TOOLS_ID_GRAPH_SHIFT) | node if form == "full" else node
 
 
 def _kernel_args(kernel: dict, ann: CollectiveAnnotation, device: int) -> dict:
