@@ -95,24 +95,18 @@ def _profiled(out_dir: Path, body) -> None:
         body()
 
 
-class _FullDisk:
-    """Stands in for the ``os`` module of commtag's sidecar writer: the disk fills up mid-write."""
+def _full_disk_open(file, mode: str = "r", *args, **kwargs):
+    """Stands in for ``open`` in :mod:`commtag.atomic`, which writes every sidecar: the disk fills up mid-write."""
+    stream = open(file, mode, *args, **kwargs)
+    real_write = stream.write
 
-    def __getattr__(self, name: str):
-        return getattr(os, name)
+    def write(data) -> int:
+        real_write(data[: len(data) // 2])
+        stream.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    @staticmethod
-    def fdopen(fd: int, mode: str = "r", *args, **kwargs):
-        stream = os.fdopen(fd, mode, *args, **kwargs)
-        real_write = stream.write
-
-        def write(data) -> int:
-            real_write(data[: len(data) // 2])
-            stream.flush()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        stream.write = write
-        return stream
+    stream.write = write
+    return stream
 
 
 class _FailingGraphAPI:
@@ -127,12 +121,12 @@ class _FailingGraphAPI:
 def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag
     import commtag.runtime.capture as capture
+    import commtag.atomic as atomic
     import commtag.runtime.failopen as failopen
     import commtag.runtime.groups as groups
     import commtag.runtime.hooks as hooks
     import commtag.runtime.metadata as metadata
     import commtag.runtime.patch as patch
-    import commtag.runtime.sidecar as sidecar
     from commtag.runtime.calls import CallRecord
 
     root = Path(out_dir)
@@ -189,11 +183,11 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
         CallRecord.annotation_fields = saved_fields
 
     # Sidecar write to a full disk: ENOSPC half-way through the write.
-    sidecar.os = _FullDisk()
+    atomic.open = _full_disk_open  # a module global shadows the builtin for write_atomic alone
     try:
         run("disk_full")
     finally:
-        sidecar.os = os
+        del atomic.open
 
     # The trace directory cannot be written at all (permission denied, even for root).
     failopen.reset()
