@@ -53,12 +53,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 from commtag.testing.bench import free_port
-from commtag.vocab import ANN_REPLAY, DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS
+from commtag.vocab import (
+    ANN_REPLAY, COLLECTIVE_NAME_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
+    KERNEL_EAGER_KEYS, SEQ_KEY,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 #: Documented exceptions to key-by-key equality.
 EXCEPTIONS = {
-    "Seq": "a replay carries the capture-time Seq (the counter does not advance at replay); checked against commtag's capture record",
+    SEQ_KEY: "a replay carries the capture-time Seq (the counter does not advance at replay); checked against commtag's capture record",
     "Comms Id": "profiler-only hash of (pg name, seq, ...); commtag does not write it",
 }
 N = 4096
@@ -250,14 +253,14 @@ def analyse(out: Path, checks: Checks) -> None:
 def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[str, list[dict]]:
     """Step 1: what the profiler attached eagerly equals commtag's own record; the events by collective."""
     findings = checks.findings
-    eager = [e for e in _device_events(eager_trace) if "Collective name" in e.get("args", {})]
+    eager = [e for e in _device_events(eager_trace) if COLLECTIVE_NAME_KEY in e.get("args", {})]
     findings["eager_annotated_device_events"] = [
         {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_EAGER_KEYS or k == "Comms Id"}}
         for e in eager
     ]
     eager_by_name: dict[str, list[dict]] = {}
     for e in eager:
-        eager_by_name.setdefault(e["args"]["Collective name"], []).append(e)
+        eager_by_name.setdefault(e["args"][COLLECTIVE_NAME_KEY], []).append(e)
     recorded = {r.annotation.collective_name: r.annotation for r in eager_side.collectives}
     findings["eager_collectives_without_device_work"] = sorted(set(recorded) - set(eager_by_name))
     checks.check(bool(eager), "the eager profiler attached collective metadata to device events")
@@ -275,8 +278,8 @@ def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[str
 def _check_graph_sidecar(graph_trace: dict, graph_side: Any, checks: Checks) -> list[dict]:
     """Step 2: the graph trace carries node ids and the sidecar its captures; the replayed device events."""
     findings = checks.findings
-    graphed = [e for e in _device_events(graph_trace) if e.get("args", {}).get("graph id")]
-    node_ids = [int(e["args"].get("graph node id", 0)) for e in graphed]
+    graphed = [e for e in _device_events(graph_trace) if e.get("args", {}).get(GRAPH_ID_KEY)]
+    node_ids = [int(e["args"].get(GRAPH_NODE_ID_KEY, 0)) for e in graphed]
     findings["graph_node_ids_written"] = any(node_ids)
     findings["graph_node_id_encoding"] = "packed (graph << 32 | node)" if any(n >> 32 for n in node_ids) else "node id only"
     checks.check(findings["graph_node_ids_written"], "Kineto writes non-zero graph node ids on replayed work")
@@ -309,15 +312,15 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
     category_of_node = {node: category for category, node in DEVICE_WORK_NODE_TYPES.items()}
     by_corr: dict[int, list[dict]] = {}
     for e in graphed:
-        by_corr.setdefault(e["args"]["correlation"], []).append(e)
-    capture_of = {m.event["args"]["correlation"]: m.capture_id for m in result.matches}
+        by_corr.setdefault(e["args"][CORRELATION_KEY], []).append(e)
+    capture_of = {m.event["args"][CORRELATION_KEY]: m.capture_id for m in result.matches}
     offsets: set[int] = set()
     h1_detail = []
     for corr, events in by_corr.items():
         ids_by_key: dict[str, set[int]] = {}
         for e in events:
             key = base_name(e["name"]) if e["cat"] == "kernel" else e["cat"]
-            ids_by_key.setdefault(key, set()).add(int(e["args"]["graph node id"]) & NODE_ID_MASK)
+            ids_by_key.setdefault(key, set()).add(int(e["args"][GRAPH_NODE_ID_KEY]) & NODE_ID_MASK)
         for c in captures:
             if corr in capture_of and capture_of[corr] != c.capture_id:
                 continue
@@ -344,8 +347,8 @@ def _check_hypothesis2(graph_trace: dict, captures: list, base: int, checks: Che
     findings = checks.findings
     stripped = json.loads(json.dumps(graph_trace["traceEvents"]))
     for e in stripped:
-        if "graph node id" in e.get("args", {}):
-            e["args"]["graph node id"] = 0
+        if GRAPH_NODE_ID_KEY in e.get("args", {}):
+            e["args"][GRAPH_NODE_ID_KEY] = 0
     by_order = match_graph_replays(stripped, captures, base)
     expected_kernels = sum(
         1 for c in captures for cc in c.collectives for n in comm_nodes(cc) if n.node_type == "kernel"
@@ -377,11 +380,11 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_b
         for m in got:
             mine = m.args()
             diff = {k: (expected.get(k), mine.get(k)) for k in KERNEL_EAGER_KEYS
-                    if k != "Seq" and (k in expected or k in mine) and expected.get(k) != mine.get(k)}
+                    if k != SEQ_KEY and (k in expected or k in mine) and expected.get(k) != mine.get(k)}
             if diff:
                 diffs.append((m.annotation.replay, m.method, diff))
             captured = main.collectives[m.collective]
-            if mine["Seq"] != captured.annotation.seq or mine.get(ANN_REPLAY) != m.annotation.replay:
+            if mine[SEQ_KEY] != captured.annotation.seq or mine.get(ANN_REPLAY) != m.annotation.replay:
                 seq_wrong.append(m.annotation.replay)
             event = m.event
             findings.setdefault("replayed_event_names", {}).setdefault(name, sorted({event["name"]}))

@@ -30,7 +30,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from commtag.merge.readback import ParsedTrace, ReadbackError, Slice, read_trace
 from commtag.merge.selection import parse_numbers
-from commtag.vocab import ANN_PG_UID, ANN_RANK
+from commtag.vocab import ANN_PG_UID, ANN_RANK, PG_RANKS_KEY, SEQ_KEY
 
 ROW_H = 0.2  # inches per slice row
 FONT = 7.5
@@ -84,10 +84,10 @@ def _window(lanes: list[Slice], t0: int, window: list[float] | None) -> tuple[in
     """The requested window in trace ns, or one step: up to the end of the first all-rank collective."""
     if window:
         return t0 + int(window[0] * 1e6), t0 + int((window[0] + window[1]) * 1e6)
-    widest = max(len(s.args.get("Process Group Ranks", "")) for s in lanes)
-    firsts = [s for s in lanes if len(s.args.get("Process Group Ranks", "")) == widest and s.ts > t0]
-    key = min((s.args[ANN_PG_UID], s.args["Seq"]) for s in firsts if s.ts == min(f.ts for f in firsts))
-    end = max(s.end for s in lanes if (s.args[ANN_PG_UID], s.args["Seq"]) == key)
+    widest = max(len(s.args.get(PG_RANKS_KEY, "")) for s in lanes)
+    firsts = [s for s in lanes if len(s.args.get(PG_RANKS_KEY, "")) == widest and s.ts > t0]
+    key = min((s.args[ANN_PG_UID], s.args[SEQ_KEY]) for s in firsts if s.ts == min(f.ts for f in firsts))
+    end = max(s.end for s in lanes if (s.args[ANN_PG_UID], s.args[SEQ_KEY]) == key)
     pad = (end - t0) // 40
     return t0 - pad, end + pad
 
@@ -143,8 +143,8 @@ def _chosen(lanes: list[Slice], start: int, end: int, names: list[str]) -> list[
     for name in names:
         inside = sorted((s for s in lanes if s.name == name and s.ts >= start and s.end <= end), key=lambda s: s.ts)
         if inside:
-            key = (inside[0].args[ANN_PG_UID], inside[0].args["Seq"])
-            out += [s for s in inside if (s.args[ANN_PG_UID], s.args["Seq"]) == key]
+            key = (inside[0].args[ANN_PG_UID], inside[0].args[SEQ_KEY])
+            out += [s for s in inside if (s.args[ANN_PG_UID], s.args[SEQ_KEY]) == key]
     return out
 
 
@@ -238,7 +238,7 @@ def _flows(ax, chosen: list[Slice], where: dict[int, float], ms) -> None:
                                edgecolor="black", linewidth=1.4, zorder=4))
     for src in shown:
         peers = [s for s in shown if s.args[ANN_PG_UID] == src.args[ANN_PG_UID]
-                 and s.args["Seq"] == src.args["Seq"]]
+                 and s.args[SEQ_KEY] == src.args[SEQ_KEY]]
         if src is not min(peers, key=lambda s: s.ts):
             continue
         for dst in peers:

@@ -56,7 +56,7 @@ from commtag.runtime.torch_marks import TorchMarks
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo, Sidecar,
 )
-from commtag.vocab import TOOLS_ID_GRAPH_SHIFT
+from commtag.vocab import COLLECTIVE_NAME_KEY, DTYPE_KEY, PG_DESC_KEY, PG_NAME_KEY, SEQ_KEY, TOOLS_ID_GRAPH_SHIFT
 
 WORLD = 2
 CAPTURE_GRAPH, EXEC_GRAPH = 5, 9
@@ -170,8 +170,8 @@ def _torch_annotations(rank: int, wrapper: bool) -> dict[int, list[dict]]:
             marked = TorchMarks.annotation(f"0.{collective}")
             TorchMarks.name_group(marked, ann.pg_name, ann.pg_desc, ann.lane_id)
             if wrapper:  # its keys as the profiler names them, and a lane per group as torch numbers them
-                outer = {key: ann.eager_dict()[key] for key in ("Collective name", "Seq", "Process Group Name",
-                                                                "Process Group Description", "dtype")}
+                outer = {key: ann.eager_dict()[key] for key in (COLLECTIVE_NAME_KEY, SEQ_KEY, PG_NAME_KEY,
+                                                                PG_DESC_KEY, DTYPE_KEY)}
                 marked = {**outer, "stream": 60 + int(ann.pg_name), **marked}
             registry[_tools_id(node)] = [marked]
         elif user is not None:

@@ -51,8 +51,8 @@ from commtag.schema import (
 )
 from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import (
-    DEVICE_WORK_NODE_TYPES, KERNEL_EAGER_KEYS, KINETO_ID_ARGS, LAUNCH_CATEGORIES, TOOLS_ID_GRAPH_SHIFT,
-    is_graph_launch, nccl_kind, parse_nccl_kernel,
+    CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_EAGER_KEYS,
+    KINETO_ID_ARGS, LAUNCH_CATEGORIES, TOOLS_ID_GRAPH_SHIFT, is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 TEMPLATE_DIR = PUBLIC_TRACES / "single-rank-scale"
@@ -201,9 +201,9 @@ def load_template(path: Path, per_rank_events: int) -> Template:
     cpu_pid = max(cpu_counts, key=cpu_counts.get)
     window_end = max(_ts(e) + float(e.get("dur", 0.0)) for e in events)
     launches = {
-        e["args"]["correlation"]: i
+        e["args"][CORRELATION_KEY]: i
         for i, e in enumerate(events)
-        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
+        if e.get("cat") in LAUNCH_CATEGORIES and CORRELATION_KEY in e.get("args", {})
     }
     return Template(
         name=path.name,
@@ -276,8 +276,8 @@ def _template_graph_nodes(events: list[dict], launches: dict[int, int]) -> dict[
     graph_corrs = {c for c, i in launches.items() if is_graph_launch(events[i]["name"])}
     by_corr: dict[int, list[int]] = {}
     for i, e in enumerate(events):
-        if _is_gpu(e) and e.get("args", {}).get("correlation") in graph_corrs:
-            by_corr.setdefault(e["args"]["correlation"], []).append(i)
+        if _is_gpu(e) and e.get("args", {}).get(CORRELATION_KEY) in graph_corrs:
+            by_corr.setdefault(e["args"][CORRELATION_KEY], []).append(i)
     graph_ids: dict[tuple[str, ...], int] = {}
     nodes: dict[int, tuple[int, int]] = {}
     for indices in by_corr.values():
@@ -525,8 +525,8 @@ def _template_events(plan: SetPlan, layout: RankLayout, mine: dict[str, Group]) 
         elif i in tpl.template_graph_nodes:
             graph, node = tpl.template_graph_nodes[i]
             args = dict(e["args"])
-            args["graph id"] = graph
-            args["graph node id"] = _node_id(graph, node, plan.node_id_format)
+            args[GRAPH_ID_KEY] = graph
+            args[GRAPH_NODE_ID_KEY] = _node_id(graph, node, plan.node_id_format)
             e["args"] = args
         elif _is_gpu(e) and "device" in e.get("args", {}):
             e["args"] = {**e["args"], "device": layout.device}
@@ -603,7 +603,7 @@ def _ns(ts_us: float) -> int:
 
 def _recorded(ann: CollectiveAnnotation, tpl: Template, kernel: dict, offset: float, pid: int) -> RecordedCollective:
     """The Python-side call around the kernel's launch (or just before the kernel)."""
-    launch_at = tpl.launches.get(kernel["args"].get("correlation"))
+    launch_at = tpl.launches.get(kernel["args"].get(CORRELATION_KEY))
     if launch_at is not None:
         launch = tpl.events[launch_at]
         start = launch["ts"] + offset - 6.0
@@ -671,7 +671,7 @@ def _replays(
         corr = corr_base + j
         launch_ts = round(when + offset - LAUNCH_LEAD_US, 3)
         yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": pid, "tid": launcher_tid,
-               "ts": launch_ts, "dur": 8.0, "args": {"External id": corr, "cbid": 311, "correlation": corr}}
+               "ts": launch_ts, "dur": 8.0, "args": {EXTERNAL_ID_KEY: corr, "cbid": 311, CORRELATION_KEY: corr}}
         yield {"ph": "s", "id": corr, "pid": pid, "tid": launcher_tid, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"}
         t = when
         for node, kind in enumerate(spec.nodes):
@@ -685,9 +685,9 @@ def _replays(
                 start, end = t, t + dur
             kernel = {"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": GRAPH_STREAM,
                       "ts": round(start + offset, 3), "dur": round(end - start, 3),
-                      "args": {"External id": corr, "device": device, "stream": GRAPH_STREAM,
-                               "correlation": corr, "graph id": spec.exec_graph_id,
-                               "graph node id": _node_id(spec.exec_graph_id, node, plan.node_id_format)}}
+                      "args": {EXTERNAL_ID_KEY: corr, "device": device, "stream": GRAPH_STREAM,
+                               CORRELATION_KEY: corr, GRAPH_ID_KEY: spec.exec_graph_id,
+                               GRAPH_NODE_ID_KEY: _node_id(spec.exec_graph_id, node, plan.node_id_format)}}
             if node == 0:
                 yield {"ph": "f", "id": corr, "pid": device, "tid": GRAPH_STREAM, "ts": kernel["ts"],
                        "cat": "ac2g", "name": "ac2g", "bp": "e"}
