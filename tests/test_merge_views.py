@@ -370,6 +370,23 @@ def test_max_output_stops_before_writing_and_names_what_fits(traces: Path, whole
     assert out.stat().st_size <= limit
 
 
+def test_max_output_below_the_lanes_alone_names_detail_none_with_steps(traces: Path, tmp_path: Path) -> None:
+    """A big job whose lanes alone exceed the limit: no --detail alone fits, but the comm view of
+    fewer steps does, and the advice says so (the README's first command for a big job)."""
+    limit = int(sum(estimate(discover([traces], None)).lanes.values()) / 2)  # a step's lanes fit, not all
+    out = tmp_path / "merged.pftrace"
+    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
+                           str(limit)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    advice = re.search(r"; (--detail none --steps \S+) \(about [^)]*\) would fit$", line)
+    assert advice, line
+    fitted = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
+                             str(limit), *advice.group(1).split()], capture_output=True, text=True, timeout=300)
+    assert fitted.returncode == 0, fitted.stderr
+    assert out.stat().st_size <= limit
+
+
 def test_torchrun_workers_all_stop_above_max_output(traces: Path, tmp_path: Path) -> None:
     out = tmp_path / "merged.pftrace"
     proc = torchrun_merge([str(traces), "-o", str(out), "--no-progress", "--max-output", "1000"])

@@ -116,7 +116,8 @@ class Estimate:
         return int(sum(self.lanes.values()) + sum(b for r, b in self.timeline.items() if detailed(r)))
 
     def fits(self, limit: int, selection: Optional[Selection]) -> list[str]:
-        """Options that would bring the merge under ``limit`` (at most one --detail, one --steps),
+        """Options that would bring the merge under ``limit`` (at most one --detail, one --steps;
+        where neither alone fits, ``--detail none`` with --steps: a big job's lanes alone may not fit),
         with :data:`_ADVICE_MARGIN` to spare for the estimate's own error."""
         budget = limit * _ADVICE_MARGIN
         out = []
@@ -127,12 +128,14 @@ class Estimate:
             k = min(len(ranks), int((budget - lanes) // per_rank) if per_rank else len(ranks))
             detail = "none" if k == 0 else describe_numbers(ranks[:k])
             out.append(f"--detail {detail} (about {describe_size(lanes + k * per_rank)})")
-        total = self.total(selection)
-        if len(self.steps) > 1 and (selection is None or not selection.selects_time):
-            per_step = total / len(self.steps)
-            k = int(budget // per_step)
+        if len(self.steps) < 2 or (selection is not None and selection.selects_time):
+            return out
+        for detail, per_step in (("", self.total(selection) / len(self.steps)),
+                                 ("--detail none ", lanes / len(self.steps))):
+            k = int(budget // per_step) if per_step else 0
             if k >= 1:
-                out.append(f"--steps {describe_numbers(self.steps[:k])} (about {describe_size(k * per_step)})")
+                out.append(f"{detail}--steps {describe_numbers(self.steps[:k])} (about {describe_size(k * per_step)})")
+                return out
         return out
 
 
