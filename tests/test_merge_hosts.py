@@ -187,3 +187,16 @@ def test_max_output_stops_every_node_before_writing(gloo_run: Path, single: Path
     assert found, said
     assert 0.75 < float(found.group(1)) * 1000 / single.stat().st_size < 1.5  # all four ranks, not one node's
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("option", "said"), [(["--window", "1e6:2e6"], "--window 1000000:2000000 keeps no event of any rank"),
+                                              (["--detail", "7"], "--detail names rank 7, which no trace here holds")])
+def test_a_selection_of_nothing_stops_every_node_in_one_line(gloo_run: Path, tmp_path: Path, option: list[str],
+                                                             said: str) -> None:
+    folders = _split(gloo_run, tmp_path, [0, 1], [2, 3])
+    out = tmp_path / "merged.pftrace"
+    results = _nodes(folders, ["-o", str(out), *option])
+    assert all(r.returncode != 0 for r in results)
+    lines = [line for r in results for line in r.stderr.splitlines() if line.startswith("commtag merge: error:")]
+    assert len(lines) == 1 and said in lines[0], [r.stderr[-3000:] for r in results]
+    assert not out.exists()

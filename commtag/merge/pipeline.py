@@ -301,8 +301,14 @@ def check_detail(plan: MergePlan) -> None:
     problem = (f"--detail names rank{'s' if len(absent) > 1 else ''} {describe_numbers(absent)}, which no trace "
                f"here holds (ranks {describe_numbers([r.rank for r in plan.ranks])})")
     if plan.skipped is None:
-        raise MergeInputError(plan.inputs[0], problem)
-    plan.notices.append(f"{plan.inputs[0]}: {problem}")
+        raise MergeInputError(_selection_subject(plan), problem)
+    plan.notices.append(f"{_selection_subject(plan)}: {problem}")
+
+
+def _selection_subject(plan: MergePlan) -> Path:
+    """What an error of the selection names: the inputs, or on several hosts (whose inputs are
+    each node's own folders) the output, so that every worker says the same one line."""
+    return plan.output.path if plan.world.apart else plan.inputs[0]
 
 
 def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
@@ -314,12 +320,14 @@ def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
         if s.instances or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
             return
     problem = f"{describe(selection)} keeps no event of any rank"
-    if selection.steps is not None:  # every merged file holds steps (--steps refuses one without)
+    # Every merged file holds steps (--steps refuses one without). On several hosts the first rank's
+    # file may be on another node: every worker must say the same, so none names its steps there.
+    if selection.steps is not None and not plan.world.apart:
         first = Path(everyone[0].files[0].path)
         problem += f" (rank {everyone[0].rank}'s {first.name} holds steps {describe_numbers(sorted(step_marks(first)))})"
-    else:
+    elif selection.window is not None:
         problem += " (START_MS:END_MS count from the earliest trace start)"
-    raise MergeInputError(plan.inputs[0], problem)
+    raise MergeInputError(_selection_subject(plan), problem)
 
 
 def check_size(plan: MergePlan) -> None:

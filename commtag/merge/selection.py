@@ -81,7 +81,7 @@ def describe(selection: "Selection") -> str:
     if selection.steps is not None:
         return f"--steps {describe_numbers(sorted(selection.steps))}"
     if selection.window is not None:
-        return f"--window {selection.window[0] / 1e6:g}:{selection.window[1] / 1e6:g}"
+        return f"--window {selection.window[0] / 1e6:.15g}:{selection.window[1] / 1e6:.15g}"
     return "no --steps or --window"
 
 
