@@ -101,7 +101,7 @@ class FakeGraphAPI:
         return self.exec_ids.get(exec_handle) if self.tools_ids else None
 
 
-def _ann(name: str = "allreduce", seq: int = 1, dtype: str = "Float", n: int = 1024) -> CollectiveAnnotation:
+def annotation_of(name: str = "allreduce", seq: int = 1, dtype: str = "Float", n: int = 1024) -> CollectiveAnnotation:
     return CollectiveAnnotation(
         collective_name=name, in_msg_nelems=n, out_msg_nelems=n, group_size=2, dtype=dtype,
         pg_name="0", pg_desc="default_pg", pg_ranks="[0, 1]", rank=0, seq=seq,
@@ -121,13 +121,13 @@ def _capture_two_collectives(api: FakeGraphAPI, tracker: CaptureTracker, owner: 
     token = tracker.begin_collective(MAIN)
     api.join(NCCL, MAIN)
     api.launch(NCCL, name=AR)                     # node 1, on NCCL's stream
-    tracker.end_collective(token, _ann("allreduce", seq=5))
+    tracker.end_collective(token, annotation_of("allreduce", seq=5))
     api.launch(MAIN, name="relu")                 # node 2
     api.launch(MAIN, kind="memset")               # node 3
     token = tracker.begin_collective(MAIN)
     api.launch(NCCL, name=AG)                     # node 4
     api.launch(NCCL, kind="memcpy")               # node 5
-    tracker.end_collective(token, _ann("_allgather_base", seq=6))
+    tracker.end_collective(token, annotation_of("_allgather_base", seq=6))
     record = tracker.end_capture(owner, lambda: api.end(MAIN, 0xE0), lambda: 0xE0)
     assert record is not None
     return record
@@ -218,7 +218,7 @@ def test_bookkeeping_errors_never_reach_the_collective(caplog: pytest.LogCapture
         capture.current_stream = lambda: MAIN  # type: ignore[assignment]
         try:
             assert capture.before_collective() is None  # the snapshot failed: logged, not raised
-            capture.after_collective(None, _ann())
+            capture.after_collective(None, annotation_of())
         finally:
             capture.current_stream = original  # type: ignore[assignment]
         assert "driver exploded" in caplog.text
@@ -251,7 +251,7 @@ def test_hooks_open_and_close_a_capture_and_push_operator_interception_only_mean
         assert token is not None
         api.join(NCCL, MAIN)
         api.launch(NCCL, name=AR)
-        capture.after_collective(token, _ann())
+        capture.after_collective(token, annotation_of())
         end(owner)
         assert not capture.capture_active() and not c10d_ops.is_active()
         assert torch._C._len_torch_dispatch_stack() == 0

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from commtag.merge.pipeline import merge
-from test_merge_accounting import _assert_accounted
+from test_merge_accounting import assert_accounted
 
 DATA = Path(__file__).resolve().parent / "data" / "torch-traces"
 SETS = sorted(p for p in DATA.glob("torch-*") if p.is_dir())
@@ -36,7 +36,7 @@ def test_every_event_is_merged_or_accounted_for(folder: Path, tmp_path: Path) ->
     out = tmp_path / "merged.pftrace"
     result = merge(folder, out, progress=False)
     assert result.ranks == [0, 1]
-    _assert_accounted([folder], out, result)
+    assert_accounted([folder], out, result)
     # Every call is attached on both ranks, each rank's half found by its group and Seq:
     # on the world all_reduce, all_gather, all_to_all, barrier; on the pair all_reduce,
     # broadcast; the send/recv.

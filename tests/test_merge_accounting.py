@@ -94,7 +94,7 @@ def _written(out: Path) -> dict[int, tuple[Counter, Counter]]:
     return found
 
 
-def _assert_accounted(inputs: list[Path], out: Path, result) -> None:
+def assert_accounted(inputs: list[Path], out: Path, result) -> None:
     assert validate_file(out) == []
     written = _written(out)
     ranks = discover(inputs)
@@ -123,7 +123,7 @@ def test_every_public_event_is_written_or_accounted_for(tmp_path: Path, trace: P
     src.symlink_to(trace)
     out = tmp_path / "merged.pftrace"
     result = merge([src], out, progress=False)
-    _assert_accounted([src], out, result)
+    assert_accounted([src], out, result)
 
 
 def test_the_public_traces_were_found() -> None:
@@ -170,7 +170,7 @@ def test_every_gloo_event_is_written_or_accounted_for(gloo_traces: Path, tmp_pat
     result = merge(gloo_traces, out, progress=False)
     assert len(list(gloo_traces.glob("*.pt.trace.json.gz"))) == 6  # 3 ranks x 2 steps
     assert result.instances  # the collectives were attached: their events are written with their keys
-    _assert_accounted([gloo_traces], out, result)
+    assert_accounted([gloo_traces], out, result)
 
 
 def _account_lines(stderr: str) -> dict[int, str]:

@@ -26,8 +26,8 @@ from commtag.merge.pipeline import merge
 from commtag.runtime.capture import CaptureTracker
 from commtag.runtime.torch_marks import TorchMarks
 from pftrace_reader import lane_of, read
-from test_capture_bookkeeping import AG, AR, MAIN, NCCL, FakeGraphAPI, _ann
-from test_merge_accounting import _assert_accounted
+from test_capture_bookkeeping import AG, AR, MAIN, NCCL, FakeGraphAPI, annotation_of
+from test_merge_accounting import assert_accounted
 
 TRACES = Path(__file__).resolve().parent / "data" / "torch-traces"
 DATA = TRACES / "graphs-torch-2.15"
@@ -61,7 +61,7 @@ def test_graphed_collectives_are_one_slice_per_call_rank_and_replay_on_one_lane_
     folder = DATA / variant
     out = tmp_path / "merged.pftrace"
     result = merge(folder, out, progress=False)
-    _assert_accounted([folder], out, result)
+    assert_accounted([folder], out, result)
 
     # Three calls, two replays, two ranks: twelve instances, each (call, replay) on both ranks once.
     halves = Counter((i.pg_uid, i.seq, i.replay, i.rank) for i in result.instances)
@@ -107,7 +107,7 @@ def test_replayed_kernels_with_baked_eager_keys_are_never_taken_for_eager_calls(
         shutil.copy(trace, tmp_path / trace.name)
     out = tmp_path / "merged.pftrace"
     result = merge(tmp_path, out, progress=False)
-    _assert_accounted([tmp_path], out, result)
+    assert_accounted([tmp_path], out, result)
     assert result.instances and not [i for i in result.instances if not i.pg_uid.startswith("unattributed")]
     for rank in (0, 1):
         keys = Counter((i.pg_uid, i.seq) for i in result.instances if i.rank == rank)
@@ -168,11 +168,11 @@ def _capture(api: FakeGraphAPI, tracker: CaptureTracker, torch_side: Optional[To
     token = tracker.begin_collective(MAIN)
     api.join(NCCL, MAIN)
     api.launch(NCCL, name=AR)                            # node 1
-    tracker.end_collective(token, _ann("allreduce", seq=5))
+    tracker.end_collective(token, annotation_of("allreduce", seq=5))
     token = tracker.begin_collective(MAIN)
     api.launch(NCCL, name=AG)                            # node 2
     api.launch(NCCL, kind="memcpy")                      # node 3
-    tracker.end_collective(token, _ann("_allgather_base", seq=6))
+    tracker.end_collective(token, annotation_of("_allgather_base", seq=6))
     tracker.begin_collective(MAIN)                       # a call that raised: never ended
     tracker.end_capture(owner, lambda: api.end(MAIN, 0xE0), lambda: 0xE0)
     if torch_side is not None:
