@@ -8,6 +8,7 @@ disk; the ranks and the parts of the trace travel to worker 0 over the gloo grou
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -200,3 +201,27 @@ def test_a_selection_of_nothing_stops_every_node_in_one_line(gloo_run: Path, tmp
     lines = [line for r in results for line in r.stderr.splitlines() if line.startswith("commtag merge: error:")]
     assert len(lines) == 1 and said in lines[0], [r.stderr[-3000:] for r in results]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("options", [["--align", "collectives"], ["--skip-bad-ranks"]])
+def test_two_nodes_with_options_write_what_one_process_writes(gloo_run: Path, tmp_path: Path,
+                                                              options: list[str]) -> None:
+    """--align's first pass and --skip-bad-ranks' list (node 1's rank 3 is broken) travel between
+    the nodes like the records; one process merging both folders is the reference."""
+    folders = _split(gloo_run, tmp_path, [0, 1], [2, 3])
+    if "--skip-bad-ranks" in options:
+        broken = next(p for p in folders[1].iterdir() if p.name.startswith("rank3.") and ".pt.trace" in p.name)
+        broken.write_bytes(gzip.compress(b'{"traceEvents": 5}'))
+    expected = tmp_path / "single.pftrace"
+    one = subprocess.run([sys.executable, "-m", "commtag.merge", *map(str, folders), "-o", str(expected), "-j", "1",
+                          "--no-progress", *options], capture_output=True, text=True, timeout=_TIMEOUT_S)
+    assert one.returncode == 0, one.stderr
+    out = tmp_path / "merged.pftrace"
+    results = _nodes(folders, ["-o", str(out), *options])
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+    _assert_same_trace(out, expected)
+    if "--skip-bad-ranks" in options:
+        skipped = [line for r in results for line in r.stderr.splitlines() if line.startswith("commtag merge: skipped")]
+        assert skipped == [line for line in one.stderr.splitlines() if line.startswith("commtag merge: skipped")]
+        assert str(broken) in skipped[0] and "rank 3 skipped" in skipped[0], skipped
+        assert ": 3 ranks," in "".join(r.stdout for r in results) and ": 3 ranks," in one.stdout
