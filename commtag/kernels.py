@@ -37,7 +37,7 @@ from functools import lru_cache
 from typing import Mapping, Optional
 
 from commtag.vocab import (
-    ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_ID, ANN_KERNELS_PREFIX, ANN_KERNELS_SCOPE, ANN_LANE,
+    ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_PREFIX, ANN_LANE,
     COMMUNICATION_KERNELS, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, is_graph_launch,
 )
 
@@ -149,11 +149,11 @@ class Breakdown:
     def annotations(self) -> dict[str, object]:
         """Debug annotations for the merged trace: the one-line answer, the dominant category,
         then per category its exact time (us) and kernel count, so the breakdown reads back whole."""
-        args: dict[str, object] = {ANN_DESCRIBE: self.describe(), ANN_DOMINANT: self.dominant[0]}
+        args: dict[str, object] = {ANN_KERNELS: self.describe(), ANN_DOMINANT: self.dominant[0]}
         for c in CATEGORIES:
             if c in self.count:
-                args[f"{ANN_PREFIX}{c} us"] = float(self.time_us[c])
-                args[f"{ANN_PREFIX}{c} count"] = self.count[c]
+                args[f"{ANN_KERNELS_PREFIX}{c} us"] = float(self.time_us[c])
+                args[f"{ANN_KERNELS_PREFIX}{c} count"] = self.count[c]
         return args
 
     @classmethod
@@ -161,24 +161,23 @@ class Breakdown:
         """The breakdown :meth:`annotations` wrote (unknown keys ignored)."""
         out = cls()
         for c in CATEGORIES:
-            time, n = args.get(f"{ANN_PREFIX}{c} us"), args.get(f"{ANN_PREFIX}{c} count")
+            time, n = args.get(f"{ANN_KERNELS_PREFIX}{c} us"), args.get(f"{ANN_KERNELS_PREFIX}{c} count")
             if isinstance(time, (int, float)) and isinstance(n, int):
                 out.time_us[c] += time
                 out.count[c] += n
         return out
 
 
-#: Annotation keys of a breakdown in the merged trace (see :meth:`Breakdown.annotations`):
-#: the one-line answer, the dominant category, the per-category prefix, and which
-#: breakdown an annotated slice or instant carries: scope ("stream", "graph launch",
-#: "lane"), its id (stream id, launch correlation id, lane name) and the rank.
-ANN_DESCRIBE = ANN_KERNELS
-ANN_PREFIX = ANN_KERNELS_PREFIX
-ANN_SCOPE = ANN_KERNELS_SCOPE
-ANN_ID = ANN_KERNELS_ID
+#: The scopes of a breakdown, in the report's order: what an annotated slice or instant says
+#: in ``vocab.ANN_KERNELS_SCOPE``, beside its id in ``ANN_KERNELS_ID`` (stream id, launch
+#: correlation id, lane name) and the rank.
+STREAM_SCOPE = "stream"
+LAUNCH_SCOPE = "graph launch"
+LANE_SCOPE = "lane"
+SCOPES = (STREAM_SCOPE, LAUNCH_SCOPE, LANE_SCOPE)
 
 
-#: Breakdowns by scope ("stream", "graph launch", "lane") -> (rank, id) -> breakdown
+#: Breakdowns by scope (:data:`SCOPES`) -> (rank, id) -> breakdown
 #: (the id: stream id, launch correlation id, lane name).
 KernelTables = dict[str, dict[tuple[int, object], Breakdown]]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from commtag.kernels import DeviceWork, KernelTables
+from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, SCOPES, STREAM_SCOPE, DeviceWork, KernelTables
 from commtag.merge.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, Analysis, analyze
 from commtag.merge.records import Coverage
 
@@ -69,23 +69,23 @@ def _from_pftrace(path: Path) -> tuple[list, Coverage, KernelTables]:
 
 def _tables(found: KernelTables) -> KernelTables:
     """The scopes in the report's order, each present even when empty (as from a directory)."""
-    return {scope: found.get(scope, {}) for scope in ("stream", "graph launch", "lane")}
+    return {scope: found.get(scope, {}) for scope in SCOPES}
 
 
 def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int]):
     from commtag.merge.errors import MergeInputError
     from commtag.merge.pipeline import collect
 
-    tables: KernelTables = {"stream": {}, "graph launch": {}, "lane": {}}
+    tables: KernelTables = {scope: {} for scope in SCOPES}
 
     def categorize(rank: int, work: DeviceWork) -> None:
         # The breakdowns the merge writes into the trace, keyed as read back from it.
         for (_, stream), breakdown in work.streams.items():
-            tables["stream"][(rank, stream)] = breakdown
+            tables[STREAM_SCOPE][(rank, stream)] = breakdown
         for correlation, breakdown in work.launches.items():
-            tables["graph launch"][(rank, correlation)] = breakdown
+            tables[LAUNCH_SCOPE][(rank, correlation)] = breakdown
         for lane, breakdown in work.lanes.items():
-            tables["lane"][(rank, lane)] = breakdown
+            tables[LANE_SCOPE][(rank, lane)] = breakdown
 
     try:
         coverage, instances = collect([path], rank_pattern=rank_pattern, rank=rank, on_rank=categorize)

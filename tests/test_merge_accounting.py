@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.kernels import ANN_SCOPE
+from commtag.vocab import ANN_KERNELS_SCOPE
 from commtag.merge.convert import left_out_reason
 from commtag.merge.load import discover
 from commtag.merge.pipeline import merge
@@ -83,7 +83,7 @@ def _written(out: Path) -> dict[int, tuple[Counter, Counter]]:
     found: dict[int, tuple[Counter, Counter]] = {}
     for s in parsed.slices:
         path = parsed.name_path(s.track)
-        if lane_of(parsed, s) is not None or path[1] == "commtag markers" or (s.instant and ANN_SCOPE in s.args):
+        if lane_of(parsed, s) is not None or path[1] == "commtag markers" or (s.instant and ANN_KERNELS_SCOPE in s.args):
             continue
         rank = int(re.match(r"rank (\d+) ", path[0]).group(1))
         slices, instants = found.setdefault(rank, (Counter(), Counter()))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
-from commtag.kernels import WORK_CATEGORIES, DeviceWork
+from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork
 from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
@@ -601,7 +601,7 @@ class RankConverter:
         self._launch_flows(file)
         for corr in categories.end_trace():
             row, index = file.launches[corr]
-            extra = _kernel_args(self.rank, "graph launch", corr, categories.launches[corr])
+            extra = _kernel_args(self.rank, LAUNCH_SCOPE, corr, categories.launches[corr])
             row.append_to(index, encoder.annotations(extra))
 
     def _launch_flows(self, file: _File) -> None:
@@ -643,7 +643,7 @@ class RankConverter:
         """The rank's rows, named and ordered, with its kernel-category summaries."""
         categories = self.categories
         categories.finish()
-        summaries = {key: (f"commtag kernels: {b.describe()}", _kernel_args(self.rank, "stream", key[1], b))
+        summaries = {key: (f"commtag kernels: {b.describe()}", _kernel_args(self.rank, STREAM_SCOPE, key[1], b))
                      for key, b in categories.streams.items()}
         tracks = _tracks(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
         starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]
@@ -653,7 +653,7 @@ class RankConverter:
         if self.encoder is None:
             device = "lanes only (--detail)"
         name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"
-        lanes = {lane: _kernel_args(self.rank, "lane", lane, b) for lane, b in categories.lanes.items()}
+        lanes = {lane: _kernel_args(self.rank, LANE_SCOPE, lane, b) for lane, b in categories.lanes.items()}
         return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,
                             first_ns=min(starts) if starts else None, lane_kernels=lanes)
 

@@ -24,7 +24,7 @@ from typing import BinaryIO, Iterator, Optional
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.constants import parse_rank_list
-from commtag.kernels import ANN_ID, ANN_SCOPE, Breakdown, KernelTables
+from commtag.kernels import Breakdown, KernelTables
 from commtag.merge.attach import UNATTRIBUTED_UID
 from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.ids import PID_BASE, process_uuid
@@ -36,9 +36,9 @@ from commtag.merge.records import (
 )
 from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.vocab import (
-    ANN_LANE, ANN_LANE_ID, ANN_MARKER, ANN_P2P, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE, ANN_WINDOW_NS,
-    ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY,
-    PG_RANKS_KEY, SEQ_KEY, UNDEFINED_DTYPE,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_LANE_ID, ANN_MARKER, ANN_P2P, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
+    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, DTYPE_KEY, GROUP_SIZE_KEY,
+    IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY, SEQ_KEY, UNDEFINED_DTYPE,
 )
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -151,7 +151,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
         if event.type == _BEGIN:
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
             stack.append((packet.timestamp + wall, args) if ANN_PG_UID in args else None)
-            if ANN_SCOPE in args:
+            if ANN_KERNELS_SCOPE in args:
                 _kernel_breakdown(kernels, args)
         elif event.type == _END and stack:
             begun = stack.pop()
@@ -161,7 +161,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                     out.append(instance)
         elif event.type == _INSTANT and event.debug_annotations:
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-            if ANN_SCOPE in args:
+            if ANN_KERNELS_SCOPE in args:
                 _kernel_breakdown(kernels, args)
             if args.get(ANN_MARKER) == WINDOW_MARKER:
                 rank, length = args.get(ANN_WINDOW_RANK), args.get(ANN_WINDOW_NS)
@@ -186,9 +186,9 @@ def _int_or_none(value: object) -> Optional[int]:
 
 def _kernel_breakdown(tables: KernelTables, args: dict[str, object]) -> None:
     """File one annotated breakdown under its scope, rank and id (malformed ones are skipped)."""
-    rank, ident = args.get(ANN_RANK), args.get(ANN_ID)
+    rank, ident = args.get(ANN_RANK), args.get(ANN_KERNELS_ID)
     if isinstance(rank, int) and ident is not None:
-        tables.setdefault(str(args[ANN_SCOPE]), {})[(rank, ident)] = Breakdown.from_annotations(args)
+        tables.setdefault(str(args[ANN_KERNELS_SCOPE]), {})[(rank, ident)] = Breakdown.from_annotations(args)
 
 
 @dataclass
