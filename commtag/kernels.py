@@ -177,6 +177,11 @@ LANE_SCOPE = "lane"
 SCOPES = (STREAM_SCOPE, LAUNCH_SCOPE, LANE_SCOPE)
 
 
+def summary_name(describe: str) -> str:
+    """The name of the slice that shows a breakdown's one-line answer (:meth:`Breakdown.describe`) on its row."""
+    return f"{ANN_KERNELS}: {describe}"
+
+
 #: Breakdowns by scope (:data:`SCOPES`) -> (rank, id) -> breakdown
 #: (the id: stream id, launch correlation id, lane name).
 KernelTables = dict[str, dict[tuple[int, object], Breakdown]]

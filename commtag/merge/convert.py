@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
-from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork
+from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
@@ -643,7 +643,7 @@ class RankConverter:
         """The rank's rows, named and ordered, with its kernel-category summaries."""
         categories = self.categories
         categories.finish()
-        summaries = {key: (f"commtag kernels: {b.describe()}", _kernel_args(self.rank, STREAM_SCOPE, key[1], b))
+        summaries = {key: (summary_name(b.describe()), _kernel_args(self.rank, STREAM_SCOPE, key[1], b))
                      for key, b in categories.streams.items()}
         tracks = _tracks(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
         starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import BinaryIO, Collection, Optional, Sequence
 
+from commtag.kernels import summary_name
 from commtag.merge.ids import group_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker
 from commtag.merge.timeline import Row
@@ -101,7 +102,7 @@ def write_group_view(writer, stream: BinaryIO, layout: dict[int, list[tuple[str,
             # Encoded one row at a time: all rows' slices at once grew with the rank count.
             slices = writer.lane_slices(by_lane.pop((rank, group.lane_name), ()), flows)
             kernels = lane_kernels.get((rank, group.lane_name))
-            summary = (f"commtag kernels: {kernels[ANN_KERNELS]}", kernels) if kernels else None
+            summary = (summary_name(str(kernels[ANN_KERNELS])), kernels) if kernels else None
             instants = Row()
             for marker in sorted(lane_markers.pop((rank, group.lane_name), ()), key=lambda m: m.ts_ns):
                 instants.add(marker.ts_ns, marker.ts_ns, seq.body(marker.name, "commtag", marker.args))
