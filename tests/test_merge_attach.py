@@ -8,6 +8,7 @@ from commtag.merge.attach import RankFlows, attach
 from commtag.merge.records import Interner
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
+    RecordedCollective,
     Sidecar,
 )
 from commtag.vocab import family
@@ -156,3 +157,25 @@ def test_a_launch_its_captures_replay_log_does_not_hold_gets_no_guessed_replay_i
     instances = attach(0, _trace(True), _sidecar(far), RankFlows(0))
     assert not [i for i in instances if i.source == "graph-replay"]
     assert {i.source for i in instances} == {"nccl-kernel"} and all(i.arg("commtag inferred") for i in instances)
+
+
+def test_an_eager_kernel_takes_the_record_of_its_own_seq_not_the_earliest_call() -> None:
+    """A call recorded early on a second thread (Seq 3: launched ahead, queued behind Seq 1 and
+    2 on the group's stream) keeps its own kernel. Records used to be paired with kernels k-th
+    with k-th in call-time order, so the kernel Kineto labels Seq 1 was shown as Seq 3 and,
+    the other ranks' calls interleaving differently, one column of a group mixed Seqs."""
+    calls = {3: (0, 777), 1: (100, 1), 2: (200, 1)}  # Seq -> (call start µs, thread)
+    records, events = [], []
+    for seq, (call_us, tid) in calls.items():
+        keys = {**_annotation(seq).model_dump(by_alias=True), "In msg nelems": 1000 + seq, "Out msg nelems": 1000 + seq}
+        annotation = CollectiveAnnotation.model_validate({k: v for k, v in keys.items() if k != "commtag capture id"})
+        records.append(RecordedCollective(annotation=annotation, start_ns=BASE + call_us * 1000,
+                                          end_ns=BASE + call_us * 1000 + 5000, tid=tid))
+        events.append({"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                       "pid": 0, "tid": 7, "ts": 300.0 + seq * 50, "dur": 20.0,
+                       "args": {**annotation.eager_dict(), "device": 0, "stream": 7}})
+    sidecar = _sidecar([]).model_copy(update={"collectives": records, "captures": []})
+    trace = {"traceEvents": events, "baseTimeNanoseconds": BASE, "distributedInfo": {"rank": 0, "world_size": 2}}
+    instances = attach(0, trace, sidecar, RankFlows(0))
+    shown = sorted((i.start_ns - BASE, i.seq, i.in_nelems) for i in instances)
+    assert shown == [(350_000, 1, 1001), (400_000, 2, 1002), (450_000, 3, 1003)]

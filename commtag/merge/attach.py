@@ -13,10 +13,12 @@ gloo (sidecar records)
     its op and says ``"commtag gloo work": "not identified"``. The slice's time
     is its works' span, else the op's, else the recorded span.
 eager NCCL kernels
-    Kineto's own metadata is kept; a sidecar record of the same group and
-    collective (k-th with k-th) supplies the exact uid and Seq, else they are
-    completed from distributedInfo's pg_config and the kernel order per
-    group (``"commtag seq from": "kernel order"``).
+    Kineto's own metadata is kept; the sidecar record of the same group,
+    collective and Seq (by identity, not call order: a call recorded earlier
+    on another thread keeps its own kernel; k-th with k-th only where a
+    kernel carries no Seq) supplies the exact uid, else they are completed
+    from distributedInfo's pg_config and the kernel order per group
+    (``"commtag seq from": "kernel order"``).
 ``record_param_comms`` CPU ops, when no kernel of the file carries metadata
     (a CPU-only profile of an NCCL job; a world of one rank, where NCCL runs
     no kernel; a Kineto that did not copy the keys): the same keys, taken
@@ -472,18 +474,35 @@ class _RankAttacher:
         """Instances of ``calls``: (start, end, the event timing it, the eager keys, source), in
         call order; ``order``: what a Seq derived from that order is said to come from."""
         by_group: dict[str, list[CollectiveAnnotation]] = {}
+        by_seq: dict[tuple[str, str, int], list[CollectiveAnnotation]] = {}
         for rec in records:
             by_group.setdefault(rec.annotation.pg_name, []).append(rec.annotation)
+            key = (rec.annotation.pg_name, rec.annotation.collective_name, rec.annotation.seq)
+            by_seq.setdefault(key, []).append(rec.annotation)
         derived: dict[tuple[str, bool], int] = {}
         used: dict[str, int] = {}
+        paired: set[int] = set()
         for start, end, e, args, source in calls:
             self.taken.add(id(e))
             pg_name = self._pg_name(args)
-            queue = by_group.get(pg_name, ())
-            k = used.get(pg_name, 0)
-            if k < len(queue) and queue[k].collective_name == args[COLLECTIVE_NAME_KEY]:
-                used[pg_name] = k + 1
-                parts = (self._site(queue[k]), own_args(queue[k]))
+            record = None
+            if SEQ_KEY in args:  # the call's own Seq names its record
+                key = (pg_name, args[COLLECTIVE_NAME_KEY], _whole(args[SEQ_KEY], -1))
+                same = [a for a in by_seq.get(key, ())
+                        if id(a) not in paired]
+                record = same[0] if same else None
+            else:
+                queue = by_group.get(pg_name, ())
+                k = used.get(pg_name, 0)
+                while k < len(queue) and id(queue[k]) in paired:
+                    k += 1
+                if k < len(queue) and queue[k].collective_name == args[COLLECTIVE_NAME_KEY]:
+                    record = queue[k]
+                    k += 1
+                used[pg_name] = k
+            if record is not None:
+                paired.add(id(record))
+                parts = (self._site(record), own_args(record))
             else:
                 parts = self.interner.split(self._complete(args, derived, order))
             self._annotate(e, parts)
