@@ -85,6 +85,9 @@ RANK_KEY = "Rank"
 DST_RANK_KEY = "Dst Rank"
 SRC_RANK_KEY = "Src Rank"
 SEQ_KEY = "Seq"
+#: A hash newer profilers add after Seq (of the group name, Seq, p2p-ness and rank start/stride/size):
+#: the profiler's own, which commtag does not reproduce.
+COMMS_ID_KEY = "Comms Id"
 #: Those keys in the profiler's order (the aliases of :class:`commtag.schema.CollectiveAnnotation`'s
 #: eager fields, checked there).
 EAGER_KEYS: tuple[str, ...] = (
@@ -111,6 +114,9 @@ TORCH_GRAPH_ANNOTATIONS_MODULE = "torch.cuda.graph_annotations"
 #: Its registry's keys and Kineto's "graph node id" of a replayed node are one number:
 #: ``(exec graph id << TOOLS_ID_GRAPH_SHIFT) | node id``.
 TOOLS_ID_GRAPH_SHIFT = 32
+#: CUDA driver version (cudaDriverGetVersion) from which cudaGraphNodeGetToolsId and the graph
+#: id APIs work: 13.1.
+TOOLS_ID_DRIVER_VERSION = 13010
 #: Top-level key (before ``traceEvents``) of a trace torch 2.15+'s ``export_chrome_trace(...,
 #: cuda_graph_annotations=...)`` wrote with annotations baked into graphed events' args.
 TORCH_INLINE_ANNOTATED_KEY = "cudaGraphInlineAnnotated"
@@ -170,9 +176,18 @@ KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
 EXTERNAL_ID_KEY = "External id"
 #: Arg joining a runtime launch to the device work it launched: both ends carry it.
 CORRELATION_KEY = "correlation"
+#: Arg numbering a CPU op within its trace.
+EV_IDX_KEY = "Ev Idx"
+#: Arg giving a runtime launch's CUPTI callback id.
+CBID_KEY = "cbid"
+#: Arg giving a CPU op its record function's id.
+RECORD_FUNCTION_ID_KEY = "Record function id"
 #: Args that number events within one trace: the op/launch links and the Python tracer's ids
 #: (a copy of a trace's events, as the scale-set generator tiles them, offsets these).
-KINETO_ID_ARGS: tuple[str, ...] = (EXTERNAL_ID_KEY, CORRELATION_KEY, "Python id", "Python parent id", "Ev Idx")
+KINETO_ID_ARGS: tuple[str, ...] = (EXTERNAL_ID_KEY, CORRELATION_KEY, "Python id", "Python parent id", EV_IDX_KEY)
+#: Args that only link or number events: once the merge has drawn its flows from them they say
+#: nothing to a reader, so the merged slices leave them out.
+LINK_ARGS = frozenset({EXTERNAL_ID_KEY, CORRELATION_KEY, CBID_KEY, EV_IDX_KEY, RECORD_FUNCTION_ID_KEY})
 
 
 # ---------------------------------------------------------------------------- CUDA / HIP graphs

@@ -54,7 +54,7 @@ from typing import Any, Optional
 
 from commtag.testing.bench import free_port
 from commtag.vocab import (
-    ANN_REPLAY, COLLECTIVE_NAME_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
+    ANN_REPLAY, COLLECTIVE_NAME_KEY, COMMS_ID_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
     KERNEL_EAGER_KEYS, SEQ_KEY,
 )
 
@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: Documented exceptions to key-by-key equality.
 EXCEPTIONS = {
     SEQ_KEY: "a replay carries the capture-time Seq (the counter does not advance at replay); checked against commtag's capture record",
-    "Comms Id": "profiler-only hash of (pg name, seq, ...); commtag does not write it",
+    COMMS_ID_KEY: "profiler-only hash of (pg name, seq, ...); commtag does not write it",
 }
 N = 4096
 
@@ -255,7 +255,7 @@ def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[str
     findings = checks.findings
     eager = [e for e in _device_events(eager_trace) if COLLECTIVE_NAME_KEY in e.get("args", {})]
     findings["eager_annotated_device_events"] = [
-        {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_EAGER_KEYS or k == "Comms Id"}}
+        {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_EAGER_KEYS or k == COMMS_ID_KEY}}
         for e in eager
     ]
     eager_by_name: dict[str, list[dict]] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commtag.merge.convert import LINK_ARGS
+from commtag.vocab import LINK_ARGS
 from commtag.merge.errors import MergeInputError
 from commtag.merge.load import discover
 from commtag.merge.pipeline import merge

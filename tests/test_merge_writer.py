@@ -85,7 +85,7 @@ def test_track_uuids_are_unique_and_short() -> None:
 def test_link_only_args_are_left_to_flows_and_the_rest_is_written(tmp_path: Path) -> None:
     import orjson
 
-    from commtag.merge.convert import LINK_ARGS
+    from commtag.vocab import LINK_ARGS
     from commtag.merge.pipeline import merge
 
     links = {key: 7 for key in LINK_ARGS}

@@ -13,7 +13,7 @@ cannot place stops it with an error naming the event), then either
 Flows are added to the kept bytes when a file ends (a launch may come after
 its kernels), and so are the kernel-category breakdowns of graph launches.
 Args that only link events, which the merged trace draws as flows instead
-(:data:`LINK_ARGS`), are not written.
+(:data:`commtag.vocab.LINK_ARGS`), are not written.
 
 Every complete ("X") and instant ("i"/"I") event is written. Traces of
 torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream
@@ -43,14 +43,12 @@ from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, kee
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
-    EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES,
-    KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, is_graph_launch, nccl_kind,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP,
+    CORRELATION_KEY, EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY,
+    KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES,
+    RECORD_FUNCTION_ID_KEY, is_graph_launch, nccl_kind,
 )
 
-#: Kineto args whose only use is linking events (the merged trace draws launch
-#: flows instead) or bookkeeping with no meaning to a reader.
-LINK_ARGS = frozenset({EXTERNAL_ID_KEY, CORRELATION_KEY, "cbid", "Ev Idx", "Record function id"})
 #: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
 MAX_DUR_US = 86_400 * 10**6
 #: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
@@ -122,14 +120,14 @@ def _row_order(key: tuple[RowId, RowId]) -> tuple:
 
 
 def _drop_links(args: dict) -> None:
-    """Remove :data:`LINK_ARGS` from ``args``: five pops cost a third of a set intersection
+    """Remove :data:`commtag.vocab.LINK_ARGS` from ``args``: five pops cost a third of a set intersection
     and a delete loop, and this runs for nearly every event."""
     pop = args.pop
     pop(EXTERNAL_ID_KEY, None)
     pop(CORRELATION_KEY, None)
-    pop("cbid", None)
-    pop("Ev Idx", None)
-    pop("Record function id", None)
+    pop(CBID_KEY, None)
+    pop(EV_IDX_KEY, None)
+    pop(RECORD_FUNCTION_ID_KEY, None)
 
 
 class Encoder(Protocol):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional, Protocol
 
+from commtag.vocab import TOOLS_ID_DRIVER_VERSION
+
 log = logging.getLogger("commtag.capture")
 
-#: Driver version (cudaDriverGetVersion) from which the node/graph id APIs work.
-TOOLS_ID_DRIVER_VERSION = 13010
 
 
 class GraphAPI(Protocol):
