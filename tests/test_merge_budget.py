@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from commtag.merge import merge
-from commtag.merge.budget import estimate, parse_size, upper_bound
+from commtag.merge.budget import estimate, json_bytes, parse_size, upper_bound
 from commtag.merge.load import discover
 from commtag.testing import PUBLIC_TRACES
 
@@ -48,3 +48,23 @@ def test_sizes_are_read_as_people_write_them() -> None:
     for bad in ("lots", "-1G", "0", "1.5X", "0.1", "inf"):
         with pytest.raises(ValueError, match="--max-output"):
             parse_size(bad)
+
+
+def test_a_small_gzip_file_is_as_big_as_its_content_not_4_gib(tmp_path: Path) -> None:
+    """A broken rank of a few bytes (gzip bigger than its content) once read as 4 GiB of JSON, so a
+    --skip-bad-ranks merge of a small job was refused as 1.5 GB; a big file's wrapped record is still
+    read as wrapped."""
+    import gzip
+    import struct
+
+    tiny = tmp_path / "rank3.pt.trace.json.gz"
+    tiny.write_bytes(gzip.compress(b'{"traceEvents": 5}'))
+    assert json_bytes(tiny) == len(b'{"traceEvents": 5}')
+    content = b'{"traceEvents": [' + b"0," * 3_000_000 + b"0]}"
+    small = tmp_path / "rank0.pt.trace.json.gz"
+    small.write_bytes(gzip.compress(content))
+    assert json_bytes(small) == len(content)
+    # A 5 MB gzip file whose record says 1 kB: only a wrap explains it (deflate gives at most 1032:1).
+    big = tmp_path / "rank1.pt.trace.json.gz"
+    big.write_bytes(gzip.compress(b"x") + bytes(5_000_000) + struct.pack("<I", 1000))
+    assert json_bytes(big) == 1000 + (1 << 32)

@@ -32,6 +32,9 @@ from commtag.merge.trace_writer import SequenceWriter, rank_sequence, write_rank
 
 #: Ranks converted to measure the rest by: the first, the last and two between.
 SAMPLED_RANKS = 4
+#: Deflate's highest compression ratio (a run of one byte): a gzip file holds at most this many
+#: times its own size.
+_DEFLATE_MAX_RATIO = 1032
 #: Bytes a flow id takes on each of its two slices (tag and 8 bytes).
 _FLOW_BYTES = 10
 #: What the analysis adds to a lane slice (skew, last rank, wait, bytes, busbw, ranks matched, ...):
@@ -68,15 +71,20 @@ def describe_size(n: float) -> str:
 
 
 def json_bytes(path: Path) -> int:
-    """A trace file's JSON size: a gzip file's own record of it (its last 4 bytes; modulo 4 GiB,
-    so a file whose gzip is less than a thousandth of it is taken as bigger by whole 4 GiBs)."""
+    """A trace file's JSON size: a gzip file's own record of it (its last 4 bytes, modulo 4 GiB).
+    Only a gzip file of more than 4 GiB / :data:`_DEFLATE_MAX_RATIO` can hold 4 GiB or more, so
+    the record of a smaller one is exact (a tiny or broken file may be bigger than its content);
+    in a bigger one a record under a quarter of the file's size has wrapped (deflate never
+    compresses Kineto JSON less than 4:1), and is taken as bigger by whole 4 GiBs."""
     size = path.stat().st_size
     with open(path, "rb") as stream:
         if stream.read(2) != GZIP_MAGIC or size < 18:
             return size
         stream.seek(-4, 2)
         recorded = struct.unpack("<I", stream.read(4))[0]
-    while recorded < size * 4:  # deflate never compresses Kineto JSON 1000:1; it did wrap
+    if size * _DEFLATE_MAX_RATIO < 1 << 32:
+        return recorded
+    while recorded < size * 4:
         recorded += 1 << 32
     return recorded
 
