@@ -158,15 +158,49 @@ _SERVE = "from commtag.merge.workers import serve; raise SystemExit(serve())"
 #: Input (compressed bytes as found on disk) per extra worker before -j's default starts one:
 #: below it a worker's start (an interpreter, the merge's imports: ~0.4 s) costs more than its share saves.
 MIN_INPUT_PER_WORKER = 16 << 20
+#: A merge worker's peak RSS, measured by launch/bench_merge.py: a fixed part (interpreter, imports,
+#: output buffers) and a part per byte of the largest rank's JSON (the rank it holds while writing
+#: it). Taken on the high side, so that -j's default never starts more workers than memory holds.
+WORKER_BASE_RSS = 64 << 20
+WORKER_RSS_PER_JSON_BYTE = 3
 
 
-def default_jobs(input_bytes: int) -> int:
-    """-j's default: the CPUs this process may use, no more than the input keeps busy."""
+def worker_rss_estimate(largest_rank_json: int) -> int:
+    """The peak RSS one merge worker is expected to reach when its largest rank has this much JSON."""
+    return WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json
+
+
+def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int]) -> int:
+    """-j's default from what it depends on: no more workers than CPUs, than the input keeps busy,
+    or than the memory available holds (None: unknown, no cap)."""
+    jobs = min(cpus, input_bytes // MIN_INPUT_PER_WORKER)
+    if available_memory is not None:
+        jobs = min(jobs, available_memory // worker_rss_estimate(largest_rank_json))
+    return max(1, jobs)
+
+
+def available_memory() -> Optional[int]:
+    """The kernel's estimate of memory new processes can use (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_jobs(ranks: Sequence[RankInput]) -> int:
+    """-j's default: the CPUs this process may use, no more than the input keeps busy and memory holds."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, input_bytes // MIN_INPUT_PER_WORKER))
+    from commtag.merge.budget import json_bytes  # the budget's module pulls in the writer; -j's default runs once
+
+    largest = max((sum(json_bytes(f.path) for f in rank.files) for rank in ranks), default=0)
+    return jobs_for(cpus, sum(r.size for r in ranks), largest, available_memory())
 
 
 class LocalWorld(FileWorld):
@@ -188,7 +222,7 @@ class LocalWorld(FileWorld):
         self._children: list[subprocess.Popen] = []
 
     def start(self, ranks: Sequence[RankInput]) -> None:
-        jobs = self._jobs or default_jobs(sum(r.size for r in ranks))
+        jobs = self._jobs or default_jobs(ranks)
         size = max(1, min(jobs, len(ranks)))
         if size == 1:
             return
