@@ -454,6 +454,52 @@ BARRIER_DTYPE = "Byte"
 #: Op -> the name of its fused block under the coalescing manager.
 COALESCED_NAMES: dict[str, str] = {row.name: row.coalesced for row in COLLECTIVES.values() if row.coalesced}
 
+#: Each torch.distributed function commtag patches -> the eager "Collective name" ProcessGroupNCCL
+#: records for it (a key of :data:`COLLECTIVES`): the tensor forms record the c10d base op's name.
+FUNCTION_COLLECTIVES: dict[str, str] = {
+    "all_reduce": "allreduce", "all_reduce_coalesced": "allreduce_coalesced", "broadcast": "broadcast",
+    "reduce": "reduce", "all_gather": "all_gather", "all_gather_single": "_allgather_base",
+    "all_gather_into_tensor": "_allgather_base", "_all_gather_base": "_allgather_base",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_single": "_reduce_scatter_base",
+    "reduce_scatter_tensor": "_reduce_scatter_base", "_reduce_scatter_base": "_reduce_scatter_base",
+    "all_to_all_single": "all_to_allv", "all_to_all": "all_to_all", "gather": "gather", "scatter": "scatter",
+    "barrier": "barrier", "monitored_barrier": "barrier", "send": "send", "recv": "recv",
+}
+#: Each c10d operator commtag describes while a graph is captured, as (namespace, name without
+#: overload) -> the eager "Collective name" the same call made eagerly records (a key of :data:`COLLECTIVES`).
+#: Functional collectives (``_c10d_functional``) record as the c10d op they lower to.
+OPERATOR_COLLECTIVES: dict[tuple[str, str], str] = {
+    ("c10d", "allreduce_"): "allreduce",
+    ("c10d", "allreduce_coalesced_"): "allreduce_coalesced",
+    ("c10d", "broadcast_"): "broadcast",
+    ("c10d", "reduce_"): "reduce",
+    ("c10d", "allgather_"): "all_gather",
+    ("c10d", "_allgather_base_"): "_allgather_base",
+    ("c10d", "allgather_into_tensor_coalesced_"): "allgather_into_tensor_coalesced",
+    ("c10d", "allgather_coalesced_"): "allgather_coalesced",
+    ("c10d", "reduce_scatter_"): "reduce_scatter",
+    ("c10d", "_reduce_scatter_base_"): "_reduce_scatter_base",
+    ("c10d", "reduce_scatter_tensor_coalesced_"): "reduce_scatter_tensor_coalesced",
+    ("c10d", "alltoall_base_"): "all_to_allv",
+    ("c10d", "alltoall_"): "all_to_all",
+    ("c10d", "gather_"): "gather",
+    ("c10d", "scatter_"): "scatter",
+    ("c10d", "barrier"): "barrier",
+    ("_c10d_functional", "all_reduce"): "allreduce",
+    ("_c10d_functional", "all_reduce_"): "allreduce",
+    ("_c10d_functional", "all_reduce_coalesced"): "allreduce_coalesced",
+    ("_c10d_functional", "all_reduce_coalesced_"): "allreduce_coalesced",
+    ("_c10d_functional", "all_gather_into_tensor"): "_allgather_base",
+    ("_c10d_functional", "all_gather_into_tensor_out"): "_allgather_base",
+    ("_c10d_functional", "all_gather_into_tensor_coalesced"): "allgather_into_tensor_coalesced",
+    ("_c10d_functional", "reduce_scatter_tensor"): "_reduce_scatter_base",
+    ("_c10d_functional", "reduce_scatter_tensor_out"): "_reduce_scatter_base",
+    ("_c10d_functional", "reduce_scatter_tensor_coalesced"): "reduce_scatter_tensor_coalesced",
+    ("_c10d_functional", "all_to_all_single"): "all_to_allv",
+    ("_c10d_functional", "broadcast"): "broadcast",
+    ("_c10d_functional", "broadcast_"): "broadcast",
+}
+
 
 # ---------------------------------------------------------------------------- gloo
 

@@ -62,3 +62,15 @@ def test_graph_launches_of_cuda_the_driver_and_hip_are_one_rule() -> None:
     launches = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cudaGraphLaunch_ptsz", "cuGraphLaunch", "hipGraphLaunch")
     assert all(vocab.is_graph_launch(name) for name in launches)
     assert not any(vocab.is_graph_launch(name) for name in ("cudaLaunchKernel", "cudaGraphInstantiate", "hipLaunchKernel"))
+
+
+def test_the_runtime_op_tables_take_each_eager_name_from_the_catalogue() -> None:
+    """metadata.OPS (torch.distributed functions) and c10d_ops.DESCRIBERS (c10d operators) name
+    no collective themselves: vocab says which eager name each records, and it is a catalogue row
+    (that the recorded names are the eager profiler's: test_runtime_parity, test_capture_c10d_ops)."""
+    from commtag.runtime import c10d_ops, metadata
+
+    assert set(metadata.OPS) == set(vocab.FUNCTION_COLLECTIVES)
+    assert set(c10d_ops.DESCRIBERS) == set(vocab.OPERATOR_COLLECTIVES)
+    assert set(vocab.FUNCTION_COLLECTIVES.values()) | set(vocab.OPERATOR_COLLECTIVES.values()) <= set(vocab.COLLECTIVES)
+    assert metadata.P2P_OPS == {"send", "recv"}

@@ -27,11 +27,13 @@ from commtag.runtime.calls import OpCall, dtype_name, nelems, numbered_now
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import GroupState, state_for
 from commtag.schema import CollectiveAnnotation
-from commtag.vocab import BARRIER_DTYPE
+from commtag.vocab import BARRIER_DTYPE, OPERATOR_COLLECTIVES
 
 log = logging.getLogger("commtag.capture")
 
 _NAMESPACES = frozenset({"c10d", "_c10d_functional"})
+#: Describes one operator call (its arguments by schema name) under its eager "Collective name".
+Describer = Callable[[str, dict], OpCall]
 
 def _numel(tensors: Any) -> int:
     if isinstance(tensors, torch.Tensor):
@@ -83,10 +85,10 @@ def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str,
     return bound
 
 
-def _same_size(name: str, tensors_key: str, *, reduce: bool = False, root_key: Optional[str] = None) -> Callable[[dict], OpCall]:
+def _same_size(tensors_key: str, *, reduce: bool = False, root_key: Optional[str] = None) -> Describer:
     """Ops whose output is as large as their input (allreduce, broadcast, reduce), in place or not."""
 
-    def describe(a: dict) -> OpCall:
+    def describe(name: str, a: dict) -> OpCall:
         tensors = a[tensors_key]
         n = _numel(tensors)
         state = _group(a.get("process_group", a.get("group_name")))
@@ -98,10 +100,10 @@ def _same_size(name: str, tensors_key: str, *, reduce: bool = False, root_key: O
     return describe
 
 
-def _io(name: str, in_key: str, out_key: Optional[str], dtype_of: str, *, reduce: bool = False, gather: int = 0) -> Callable[[dict], OpCall]:
+def _io(in_key: str, out_key: Optional[str], dtype_of: str, *, reduce: bool = False, gather: int = 0) -> Describer:
     """Ops with distinct input and output. ``gather``: +1 output = input x size, -1 output = input / size."""
 
-    def describe(a: dict) -> OpCall:
+    def describe(name: str, a: dict) -> OpCall:
         state = _group(a.get("process_group", a.get("group_name")))
         size = int(a.get("group_size") or state.size)
         n_in = _numel(a[in_key])
@@ -122,35 +124,35 @@ def _splits(sizes: Any) -> str:
     return format_list([int(s) for s in sizes or ()])
 
 
-def _alltoall_base(a: dict) -> OpCall:
+def _alltoall_base(name: str, a: dict) -> OpCall:
     out, inp = a["output"], a["input"]
     state = _group(a["process_group"])
-    return OpCall("all_to_allv", state, _numel(inp), _numel(out), dtype_name(inp), state.group_rank,
+    return OpCall(name, state, _numel(inp), _numel(out), dtype_name(inp), state.group_rank,
                   in_split=_splits(a.get("input_split_sizes")), out_split=_splits(a.get("output_split_sizes")),
                   async_op=bool(a.get("async_op", False)))
 
 
-def _alltoall_single_functional(a: dict) -> OpCall:
+def _alltoall_single_functional(name: str, a: dict) -> OpCall:
     inp = a["input"]
     out_splits = tuple(int(s) for s in a["output_split_sizes"])
     in_splits = tuple(int(s) for s in a["input_split_sizes"])
     row = inp[0].numel() if inp.dim() and inp.shape[0] else 0
     n_out = sum(out_splits) * row if out_splits else inp.numel()
     state = _group(a["group_name"])
-    return OpCall("all_to_allv", state, inp.numel(), n_out, dtype_name(inp), state.group_rank,
+    return OpCall(name, state, inp.numel(), n_out, dtype_name(inp), state.group_rank,
                   in_split=format_list(list(in_splits)), out_split=format_list(list(out_splits)))
 
 
-def _alltoall(a: dict) -> OpCall:
+def _alltoall(name: str, a: dict) -> OpCall:
     ins, outs = a["input_tensors"], a["output_tensors"]
     state = _group(a["process_group"])
-    return OpCall("all_to_all", state, _numel(ins), _numel(outs), dtype_name(_first(ins)), state.group_rank,
+    return OpCall(name, state, _numel(ins), _numel(outs), dtype_name(_first(ins)), state.group_rank,
                   in_split=format_list([t.numel() for t in ins]), out_split=format_list([t.numel() for t in outs]),
                   async_op=bool(a.get("async_op", False)))
 
 
-def _rooted(name: str, in_key: str, out_key: str, dtype_of: str, gather: bool) -> Callable[[dict], OpCall]:
-    def describe(a: dict) -> OpCall:
+def _rooted(in_key: str, out_key: str, dtype_of: str, gather: bool) -> Describer:
+    def describe(name: str, a: dict) -> OpCall:
         state = _group(a["process_group"])
         small = a[in_key] if gather else a[out_key]
         n = _numel(small)
@@ -162,52 +164,54 @@ def _rooted(name: str, in_key: str, out_key: str, dtype_of: str, gather: bool) -
     return describe
 
 
-def _barrier_op(a: dict) -> OpCall:
+def _barrier_op(name: str, a: dict) -> OpCall:
     state = _group(a["process_group"])
-    return OpCall("barrier", state, 0, 0, BARRIER_DTYPE, state.group_rank, async_op=bool(a.get("async_op", False)))
+    return OpCall(name, state, 0, 0, BARRIER_DTYPE, state.group_rank, async_op=bool(a.get("async_op", False)))
 
 
-#: (namespace, op name without overload) -> how to describe a call. p2p ops are not
-#: intercepted: a p2p capture is always issued through the patched Python functions.
-_TABLE: dict[tuple[str, str], Callable[[dict], OpCall]] = {
-    ("c10d", "allreduce_"): _same_size("allreduce", "tensors", reduce=True),
-    ("c10d", "allreduce_coalesced_"): _same_size("allreduce_coalesced", "tensors", reduce=True),
-    ("c10d", "broadcast_"): _same_size("broadcast", "tensors", root_key="root_rank"),
-    ("c10d", "reduce_"): _same_size("reduce", "tensors", reduce=True, root_key="root_rank"),
-    ("c10d", "allgather_"): _io("all_gather", "input_tensors", "output_tensors", "input"),
-    ("c10d", "_allgather_base_"): _io("_allgather_base", "input_tensor", "output_tensor", "output"),
-    ("c10d", "allgather_into_tensor_coalesced_"): _io("allgather_into_tensor_coalesced", "inputs", "outputs", "output"),
-    ("c10d", "allgather_coalesced_"): _io("allgather_coalesced", "input_list", "output_lists", "input"),
-    ("c10d", "reduce_scatter_"): _io("reduce_scatter", "input_tensors", "output_tensors", "output", reduce=True),
-    ("c10d", "_reduce_scatter_base_"): _io("_reduce_scatter_base", "input_tensor", "output_tensor", "output", reduce=True),
-    ("c10d", "reduce_scatter_tensor_coalesced_"): _io("reduce_scatter_tensor_coalesced", "inputs", "outputs", "output", reduce=True),
+#: (namespace, op name without overload) -> how to describe a call, given the eager name
+#: vocab.OPERATOR_COLLECTIVES says it records. p2p ops are not intercepted: a p2p capture is
+#: always issued through the patched Python functions.
+DESCRIBERS: dict[tuple[str, str], Describer] = {
+    ("c10d", "allreduce_"): _same_size("tensors", reduce=True),
+    ("c10d", "allreduce_coalesced_"): _same_size("tensors", reduce=True),
+    ("c10d", "broadcast_"): _same_size("tensors", root_key="root_rank"),
+    ("c10d", "reduce_"): _same_size("tensors", reduce=True, root_key="root_rank"),
+    ("c10d", "allgather_"): _io("input_tensors", "output_tensors", "input"),
+    ("c10d", "_allgather_base_"): _io("input_tensor", "output_tensor", "output"),
+    ("c10d", "allgather_into_tensor_coalesced_"): _io("inputs", "outputs", "output"),
+    ("c10d", "allgather_coalesced_"): _io("input_list", "output_lists", "input"),
+    ("c10d", "reduce_scatter_"): _io("input_tensors", "output_tensors", "output", reduce=True),
+    ("c10d", "_reduce_scatter_base_"): _io("input_tensor", "output_tensor", "output", reduce=True),
+    ("c10d", "reduce_scatter_tensor_coalesced_"): _io("inputs", "outputs", "output", reduce=True),
     ("c10d", "alltoall_base_"): _alltoall_base,
     ("c10d", "alltoall_"): _alltoall,
-    ("c10d", "gather_"): _rooted("gather", "input_tensors", "output_tensors", "input", gather=True),
-    ("c10d", "scatter_"): _rooted("scatter", "input_tensors", "output_tensors", "output", gather=False),
+    ("c10d", "gather_"): _rooted("input_tensors", "output_tensors", "input", gather=True),
+    ("c10d", "scatter_"): _rooted("input_tensors", "output_tensors", "output", gather=False),
     ("c10d", "barrier"): _barrier_op,
-    ("_c10d_functional", "all_reduce"): _same_size("allreduce", "input", reduce=True),
-    ("_c10d_functional", "all_reduce_"): _same_size("allreduce", "input", reduce=True),
-    ("_c10d_functional", "all_reduce_coalesced"): _same_size("allreduce_coalesced", "inputs", reduce=True),
-    ("_c10d_functional", "all_reduce_coalesced_"): _same_size("allreduce_coalesced", "inputs", reduce=True),
-    ("_c10d_functional", "all_gather_into_tensor"): _io("_allgather_base", "input", None, "input", gather=1),
-    ("_c10d_functional", "all_gather_into_tensor_out"): _io("_allgather_base", "input", "out", "output"),
-    ("_c10d_functional", "all_gather_into_tensor_coalesced"): _io("allgather_into_tensor_coalesced", "inputs", None, "input", gather=1),
-    ("_c10d_functional", "reduce_scatter_tensor"): _io("_reduce_scatter_base", "input", None, "input", reduce=True, gather=-1),
-    ("_c10d_functional", "reduce_scatter_tensor_out"): _io("_reduce_scatter_base", "input", "out", "output", reduce=True),
-    ("_c10d_functional", "reduce_scatter_tensor_coalesced"): _io("reduce_scatter_tensor_coalesced", "inputs", None, "input", reduce=True, gather=-1),
+    ("_c10d_functional", "all_reduce"): _same_size("input", reduce=True),
+    ("_c10d_functional", "all_reduce_"): _same_size("input", reduce=True),
+    ("_c10d_functional", "all_reduce_coalesced"): _same_size("inputs", reduce=True),
+    ("_c10d_functional", "all_reduce_coalesced_"): _same_size("inputs", reduce=True),
+    ("_c10d_functional", "all_gather_into_tensor"): _io("input", None, "input", gather=1),
+    ("_c10d_functional", "all_gather_into_tensor_out"): _io("input", "out", "output"),
+    ("_c10d_functional", "all_gather_into_tensor_coalesced"): _io("inputs", None, "input", gather=1),
+    ("_c10d_functional", "reduce_scatter_tensor"): _io("input", None, "input", reduce=True, gather=-1),
+    ("_c10d_functional", "reduce_scatter_tensor_out"): _io("input", "out", "output", reduce=True),
+    ("_c10d_functional", "reduce_scatter_tensor_coalesced"): _io("inputs", None, "input", reduce=True, gather=-1),
     ("_c10d_functional", "all_to_all_single"): _alltoall_single_functional,
-    ("_c10d_functional", "broadcast"): _same_size("broadcast", "input", root_key="src"),
-    ("_c10d_functional", "broadcast_"): _same_size("broadcast", "input", root_key="src"),
+    ("_c10d_functional", "broadcast"): _same_size("input", root_key="src"),
+    ("_c10d_functional", "broadcast_"): _same_size("input", root_key="src"),
 }
 
 
 def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[OpCall]:
     """The eager-profiler description of a c10d operator call, or None for ops commtag does not annotate."""
-    describe = _TABLE.get((func.namespace, func._opname))
+    key = (func.namespace, func._opname)
+    describe = DESCRIBERS.get(key)
     if describe is None:
         return None
-    return describe(_bind(func, args, kwargs))
+    return describe(OPERATOR_COLLECTIVES[key], _bind(func, args, kwargs))
 
 
 def annotate(call: OpCall) -> CollectiveAnnotation:

@@ -7,7 +7,7 @@ positional and keyword arguments exactly as the real call does. It returns an
 when the call will not run a collective on this rank (not a member).
 
 The table follows ../shared/reference/eager-comm-metadata.md: "Collective
-name" is the c10d op name ("_allgather_base", "all_to_allv", ...), nelems
+name" is the c10d op name (:data:`commtag.vocab.FUNCTION_COLLECTIVES`), nelems
 count the local input and output, complex tensors count as their real view,
 and "Rank" is the root for rooted ops and the peer for send/recv.
 """
@@ -22,11 +22,13 @@ import torch
 from commtag.identity import format_list
 from commtag.runtime.calls import OpCall, dtype_name, nelems
 from commtag.runtime.groups import GroupState, lookup
-from commtag.vocab import BARRIER_DTYPE, P2P_COLLECTIVES
+from commtag.vocab import BARRIER_DTYPE, FUNCTION_COLLECTIVES, P2P_COLLECTIVES
 from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by patch
 
 #: The group's state, or None when this rank does not take part (lookup itself: no extra frame per call).
 _state = lookup
+#: The eager "Collective name" a torch.distributed function records (vocab.FUNCTION_COLLECTIVES).
+_eager = FUNCTION_COLLECTIVES.__getitem__
 
 
 def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[int]) -> int:
@@ -47,7 +49,7 @@ def _all_reduce(tensor, op=None, group=None, async_op=False):
     state = _state(group)
     if state is None:
         return None
-    call = _same("allreduce", state, tensor, state.group_rank, async_op)
+    call = _same(_eager("all_reduce"), state, tensor, state.group_rank, async_op)
     call.fusable = True
     return call
 
@@ -57,7 +59,7 @@ def _all_reduce_coalesced(tensors, op=None, group=None, async_op=False):
     if state is None:
         return None
     total = sum(nelems(t) for t in tensors)
-    return OpCall("allreduce_coalesced", state, total, total, dtype_name(tensors[0]), state.group_rank,
+    return OpCall(_eager("all_reduce_coalesced"), state, total, total, dtype_name(tensors[0]), state.group_rank,
                   async_op=bool(async_op))
 
 
@@ -65,14 +67,14 @@ def _broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     state = _state(group)
     if state is None:
         return None
-    return _same("broadcast", state, tensor, _root(state, src, group_src), async_op)
+    return _same(_eager("broadcast"), state, tensor, _root(state, src, group_src), async_op)
 
 
 def _reduce(tensor, dst=None, op=None, group=None, async_op=False, group_dst=None):
     state = _state(group)
     if state is None:
         return None
-    return _same("reduce", state, tensor, _root(state, dst, group_dst), async_op)
+    return _same(_eager("reduce"), state, tensor, _root(state, dst, group_dst), async_op)
 
 
 def _all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -80,7 +82,7 @@ def _all_gather(tensor_list, tensor, group=None, async_op=False):
     if state is None:
         return None
     n = nelems(tensor)
-    return OpCall("all_gather", state, n, n * state.size, dtype_name(tensor), state.group_rank,
+    return OpCall(_eager("all_gather"), state, n, n * state.size, dtype_name(tensor), state.group_rank,
                   async_op=bool(async_op))
 
 
@@ -88,7 +90,7 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
     state = _state(group)
     if state is None:
         return None
-    return OpCall("_allgather_base", state, nelems(input_tensor), nelems(output_tensor),
+    return OpCall(_eager("all_gather_into_tensor"), state, nelems(input_tensor), nelems(output_tensor),
                   dtype_name(output_tensor), state.group_rank, async_op=bool(async_op), fusable=True)
 
 
@@ -97,7 +99,7 @@ def _reduce_scatter(output, input_list, op=None, group=None, async_op=False):
     if state is None:
         return None
     n = nelems(output)
-    return OpCall("reduce_scatter", state, n * state.size, n, dtype_name(output), state.group_rank,
+    return OpCall(_eager("reduce_scatter"), state, n * state.size, n, dtype_name(output), state.group_rank,
                   async_op=bool(async_op))
 
 
@@ -105,7 +107,7 @@ def _reduce_scatter_base(output, input, op=None, group=None, async_op=False):
     state = _state(group)
     if state is None:
         return None
-    return OpCall("_reduce_scatter_base", state, nelems(input), nelems(output), dtype_name(output),
+    return OpCall(_eager("reduce_scatter_tensor"), state, nelems(input), nelems(output), dtype_name(output),
                   state.group_rank, async_op=bool(async_op), fusable=True)
 
 
@@ -114,7 +116,7 @@ def _all_to_all_single(output, input, output_split_sizes=None, input_split_sizes
     state = _state(group)
     if state is None:
         return None
-    return OpCall("all_to_allv", state, nelems(input), nelems(output), dtype_name(input), state.group_rank,
+    return OpCall(_eager("all_to_all_single"), state, nelems(input), nelems(output), dtype_name(input), state.group_rank,
                   in_split=format_list(list(input_split_sizes or [])),
                   out_split=format_list(list(output_split_sizes or [])), async_op=bool(async_op))
 
@@ -125,7 +127,7 @@ def _all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=Fals
         return None
     ins = [nelems(t) for t in input_tensor_list]
     outs = [nelems(t) for t in output_tensor_list]
-    return OpCall("all_to_all", state, sum(ins), sum(outs), dtype_name(input_tensor_list[0]), state.group_rank,
+    return OpCall(_eager("all_to_all"), state, sum(ins), sum(outs), dtype_name(input_tensor_list[0]), state.group_rank,
                   in_split=format_list(ins), out_split=format_list(outs), async_op=bool(async_op))
 
 
@@ -134,7 +136,7 @@ def _gather(tensor, gather_list=None, dst=None, group=None, async_op=False, grou
     if state is None:
         return None
     n = nelems(tensor)
-    return OpCall("gather", state, n, n * state.size, dtype_name(tensor), _root(state, dst, group_dst),
+    return OpCall(_eager("gather"), state, n, n * state.size, dtype_name(tensor), _root(state, dst, group_dst),
                   async_op=bool(async_op))
 
 
@@ -143,7 +145,7 @@ def _scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gr
     if state is None:
         return None
     n = nelems(tensor)
-    return OpCall("scatter", state, n * state.size, n, dtype_name(tensor), _root(state, src, group_src),
+    return OpCall(_eager("scatter"), state, n * state.size, n, dtype_name(tensor), _root(state, src, group_src),
                   async_op=bool(async_op))
 
 
@@ -151,7 +153,7 @@ def _barrier(group=None, async_op=False, device_ids=None, timeout=None):
     state = _state(group)
     if state is None:
         return None
-    return OpCall("barrier", state, 0, 0, BARRIER_DTYPE, state.group_rank, async_op=bool(async_op))
+    return OpCall(_eager("barrier"), state, 0, 0, BARRIER_DTYPE, state.group_rank, async_op=bool(async_op))
 
 
 def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -174,11 +176,11 @@ def p2p_call(kind: str, tensor: torch.Tensor, peer: Optional[int], group: Any, g
 
 
 def _send(tensor, dst=None, group=None, tag=0, group_dst=None):
-    return p2p_call("send", tensor, dst, group, group_dst)
+    return p2p_call(_eager("send"), tensor, dst, group, group_dst)
 
 
 def _recv(tensor, src=None, group=None, tag=0, group_src=None):
-    return p2p_call("recv", tensor, src, group, group_src)
+    return p2p_call(_eager("recv"), tensor, src, group, group_src)
 
 
 #: torch.distributed function name -> describer with the same parameters.
@@ -207,5 +209,5 @@ OPS: dict[str, Callable[..., Optional[OpCall]]] = {
 
 #: Position of the ``group`` parameter of each op, for the hot path that needs only the group.
 GROUP_INDEX: dict[str, int] = {name: list(inspect.signature(fn).parameters).index("group") for name, fn in OPS.items()}
-#: Ops numbered on the group's p2p counter (dist's send and recv record under their own names).
-P2P_OPS = frozenset(OPS) & P2P_COLLECTIVES
+#: Ops numbered on the group's p2p counter.
+P2P_OPS = frozenset(name for name in OPS if FUNCTION_COLLECTIVES[name] in P2P_COLLECTIVES)
