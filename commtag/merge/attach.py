@@ -49,14 +49,14 @@ from commtag.identity import GroupRow, group_info
 from commtag.merge import graphs
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.load import base_ns, event_ns
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
     ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
-    CORRELATION_KEY, DST_RANK_KEY, DTYPE_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY,
-    GLOO_WORK_PER_MEMBER, GRAPH_NODE_ID_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
-    NON_COLLECTIVE_NAMES, OUT_NELEMS_KEY, P2P_COLLECTIVES, P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY,
-    PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS, SRC_RANK_KEY, UNDEFINED_DTYPE, family, is_graph_launch,
+    CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY,
+    GLOO_WORK_PER_MEMBER, GRAPH_NODE_ID_KEY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
+    NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY,
+    PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS, SRC_RANK_KEY, family, is_graph_launch,
     nccl_kind,
 )
 
@@ -136,40 +136,11 @@ def _instance(interner: Interner, rank: int, parts: tuple[dict, dict], start: in
     rank and source added."""
     event_common, own = parts
     common_args = interner.with_source(event_common, source)
-    get = common_args.get
-    ranks = tuple(group.ranks) if group else tuple(parse_rank_list(str(get(PG_RANKS_KEY, "[]"))) or ())
-    ranks = interner.shared(ranks)
-    return CollectiveInstance(
-        rank=rank,
-        pg_uid=str(common_args[ANN_PG_UID]),
-        is_p2p=bool(get(ANN_P2P, False)),
-        seq=_whole(own.get(SEQ_KEY), 0),
-        replay=own.get(ANN_REPLAY),
-        collective=str(get(COLLECTIVE_NAME_KEY, "")),
-        in_nelems=_whole(get(IN_NELEMS_KEY), 0),
-        out_nelems=_whole(get(OUT_NELEMS_KEY), 0),
-        dtype=str(get(DTYPE_KEY, UNDEFINED_DTYPE)),
-        group_size=_whole(get(GROUP_SIZE_KEY), len(ranks) or 1),
-        group_ranks=ranks,
-        start_ns=start,
-        end_ns=end,
-        source=source,
-        lane_name=str(common_args[ANN_LANE]),
-        args={**own, ANN_RANK: rank},
-        lane_id=int(get(ANN_LANE_ID, 0)),
-        source_flow=flow,
-        common_args=common_args,
-    )
-
-
-def _whole(value: object, default: int) -> int:
-    """An eager key's count as an int; ``default`` where a trace wrote something else (null, text)."""
-    if value.__class__ is int:
-        return value
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError):
-        return default
+    ranks = interner.shared(tuple(group.ranks) if group else ranks_of(common_args))
+    return CollectiveInstance.from_args(
+        common_args, rank=rank, seq=whole(own.get(SEQ_KEY), 0), replay=own.get(ANN_REPLAY), group_ranks=ranks,
+        start_ns=start, end_ns=end, source=source, own={**own, ANN_RANK: rank}, common_args=common_args,
+        source_flow=flow)
 
 
 class _GlooCall:
@@ -487,7 +458,7 @@ class _RankAttacher:
             pg_name = self._pg_name(args)
             record = None
             if SEQ_KEY in args:  # the call's own Seq names its record
-                key = (pg_name, args[COLLECTIVE_NAME_KEY], _whole(args[SEQ_KEY], -1))
+                key = (pg_name, args[COLLECTIVE_NAME_KEY], whole(args[SEQ_KEY], -1))
                 same = [a for a in by_seq.get(key, ())
                         if id(a) not in paired]
                 record = same[0] if same else None

@@ -23,7 +23,6 @@ from typing import BinaryIO, Iterator, Optional
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from commtag.constants import parse_rank_list
 from commtag.kernels import Breakdown, KernelTables
 from commtag.merge.attach import UNATTRIBUTED_UID
 from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
@@ -33,12 +32,12 @@ from commtag.merge.records import (
     WINDOW_MARKER,
     CollectiveInstance,
     Coverage,
+    ranks_of,
 )
 from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_LANE_ID, ANN_MARKER, ANN_P2P, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
-    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, DTYPE_KEY, GROUP_SIZE_KEY,
-    IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY, SEQ_KEY, UNDEFINED_DTYPE,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
+    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
 )
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -343,27 +342,14 @@ def _value(item, strings: dict[int, str]) -> object:
 def _instance(start_ns: int, end_ns: int, args: dict[str, object]) -> Optional[CollectiveInstance]:
     """A record from one lane slice's annotations; None when keys the analysis needs are absent."""
     try:
-        ranks = parse_rank_list(str(args.get(PG_RANKS_KEY, "[]"))) or []
         replay = args.get(ANN_REPLAY)
         replay = None if replay in (None, "null") else replay
-        return CollectiveInstance(
-            rank=int(args[ANN_RANK]),  # type: ignore[arg-type]
-            pg_uid=str(args[ANN_PG_UID]),
-            is_p2p=bool(args.get(ANN_P2P, False)),
-            seq=int(args[SEQ_KEY]),  # type: ignore[arg-type]
-            replay=int(replay) if replay is not None else None,  # type: ignore[arg-type]
-            collective=str(args[COLLECTIVE_NAME_KEY]),
-            in_nelems=int(args.get(IN_NELEMS_KEY, 0)),  # type: ignore[arg-type]
-            out_nelems=int(args.get(OUT_NELEMS_KEY, 0)),  # type: ignore[arg-type]
-            dtype=str(args.get(DTYPE_KEY, UNDEFINED_DTYPE)),  # as attach reads a kernel without one
-            group_size=int(args.get(GROUP_SIZE_KEY, len(ranks) or 1)),  # type: ignore[arg-type]
-            group_ranks=tuple(ranks),
-            start_ns=start_ns,
-            end_ns=end_ns,
-            source=str(args.get(ANN_SOURCE, "trace")),
-            lane_name=str(args.get(ANN_LANE, "")),
-            args=args,
-            lane_id=int(args.get(ANN_LANE_ID, 0)),  # type: ignore[arg-type]
-        )
+        if COLLECTIVE_NAME_KEY not in args:
+            return None
+        return CollectiveInstance.from_args(
+            args, rank=int(args[ANN_RANK]), seq=int(args[SEQ_KEY]),  # type: ignore[call-overload]
+            replay=int(replay) if replay is not None else None,  # type: ignore[call-overload]
+            group_ranks=ranks_of(args), start_ns=start_ns, end_ns=end_ns,
+            source=str(args.get(ANN_SOURCE, "trace")), own=args)
     except (KeyError, TypeError, ValueError):
         return None

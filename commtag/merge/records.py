@@ -10,15 +10,17 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 if TYPE_CHECKING:  # the converter and run checks build these; records import neither
     from commtag.merge.convert import EventAccount
     from commtag.merge.runs import FileSpan
 
+from commtag.constants import parse_rank_list
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, ANN_SOURCE, DST_RANK_KEY, RANK_KEY, SEQ_KEY,
-    SRC_RANK_KEY,
+    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE,
+    COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY,
+    RANK_KEY, SEQ_KEY, SRC_RANK_KEY, UNDEFINED_DTYPE,
 )
 
 _ABSENT = object()
@@ -28,6 +30,21 @@ _ABSENT = object()
 #: carried the metadata: the host time of the call (NCCL only enqueues the work
 #: there), so no bandwidth is measured from it.
 CPU_OP_SOURCE = "cpu-op"
+
+
+def whole(value: object, default: int) -> int:
+    """An eager key's count as an int; ``default`` where a trace wrote something else (null, text)."""
+    if value.__class__ is int:
+        return value  # type: ignore[return-value]
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def ranks_of(args: Mapping[str, object]) -> tuple[int, ...]:
+    """The group's global ranks an event's "Process Group Ranks" lists (empty when it does not)."""
+    return tuple(parse_rank_list(str(args.get(PG_RANKS_KEY, "[]"))) or ())
 
 
 #: Keys whose values differ between the instances of one call site (steps, replays,
@@ -124,6 +141,38 @@ class CollectiveInstance:
     #: dict shared by all of them, never changed in place: a merge keeps every
     #: instance of every rank, and a dict of its own each was most of their memory.
     common_args: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, object], *, rank: int, seq: int, replay: Optional[int],
+                  group_ranks: tuple[int, ...], start_ns: int, end_ns: int, source: str, own: dict[str, object],
+                  common_args: Optional[dict[str, object]] = None,
+                  source_flow: Optional[int] = None) -> "CollectiveInstance":
+        """The instance an event's eager keys and commtag's group keys in ``args`` describe: the one
+        reading of them, for the merge (commtag.merge.attach) and for a merged trace's lane slices
+        (commtag.merge.readback). A count the trace wrote as something else (null, text) reads as
+        the default the analysis uses; an absent dtype as the merge's :data:`UNDEFINED_DTYPE`."""
+        get = args.get
+        return cls(
+            rank=rank,
+            pg_uid=str(args[ANN_PG_UID]),
+            is_p2p=bool(get(ANN_P2P, False)),
+            seq=seq,
+            replay=replay,
+            collective=str(get(COLLECTIVE_NAME_KEY, "")),
+            in_nelems=whole(get(IN_NELEMS_KEY), 0),
+            out_nelems=whole(get(OUT_NELEMS_KEY), 0),
+            dtype=str(get(DTYPE_KEY, UNDEFINED_DTYPE)),
+            group_size=whole(get(GROUP_SIZE_KEY), len(group_ranks) or 1),
+            group_ranks=group_ranks,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            source=source,
+            lane_name=str(args[ANN_LANE]),
+            args=own,
+            lane_id=int(get(ANN_LANE_ID, 0)),  # type: ignore[call-overload]
+            source_flow=source_flow,
+            common_args={} if common_args is None else common_args,
+        )
 
     def arg(self, key: str, default: object = None) -> object:
         """The value of annotation ``key`` (own before common)."""
