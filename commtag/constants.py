@@ -7,10 +7,11 @@ Kineto, NCCL and CUDA call things is in :mod:`commtag.vocab`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Final, Optional
 
 SCHEMA_VERSION = 1
-SIDECAR_KIND = "commtag-sidecar"
+#: A sidecar's "kind" (Final: commtag.schema reads it as its Literal type).
+SIDECAR_KIND: Final = "commtag-sidecar"
 #: Names commtag.trace_handler gives a rank's trace and its sidecar: ``<stem>`` + suffix.
 TRACE_SUFFIX = ".pt.trace.json.gz"
 SIDECAR_SUFFIX = ".commtag.json"
@@ -22,6 +23,14 @@ TIME_NS_LIMIT = 1 << 63
 
 #: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
 MIN_LANE_ID = 60
+
+
+def newer_version(version: object) -> Optional[str]:
+    """Why a sidecar of schema ``version`` cannot be read (a format newer than this commtag's), or None."""
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        return (f"sidecar schema version {version} is newer than this commtag supports ({SCHEMA_VERSION}); "
+                "upgrade commtag")
+    return None
 
 
 def parse_rank_list(text: str) -> Optional[list[int]]:

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, parse_rank_list,
+    MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_REPLAY,
@@ -240,7 +240,7 @@ class SidecarHead(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    kind: Literal["commtag-sidecar"] = SIDECAR_KIND
+    kind: Literal[SIDECAR_KIND] = SIDECAR_KIND
     schema_version: int = SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     rank: int = Field(ge=0)
@@ -251,11 +251,9 @@ class SidecarHead(BaseModel):
     @field_validator("schema_version")
     @classmethod
     def _supported(cls, version: int) -> int:
-        if version > SCHEMA_VERSION:
-            raise ValueError(
-                f"sidecar schema version {version} is newer than this commtag supports "
-                f"({SCHEMA_VERSION}); upgrade commtag"
-            )
+        problem = newer_version(version)
+        if problem:
+            raise ValueError(problem)
         return version
 
     @field_validator("trace_file")

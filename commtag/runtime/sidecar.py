@@ -31,8 +31,8 @@ import orjson
 from pydantic import ValidationError
 
 from commtag.atomic import claim, write_atomic
-from commtag.constants import TRACE_SUFFIX, sidecar_name_for
-from commtag.schema import SCHEMA_VERSION, SIDECAR_KIND, Sidecar
+from commtag.constants import TRACE_SUFFIX, newer_version, sidecar_name_for
+from commtag.schema import SIDECAR_KIND, Sidecar
 
 
 class SidecarError(ValueError):
@@ -91,12 +91,9 @@ def read_sidecar(path: Union[str, Path]) -> Sidecar:
     if not isinstance(data, dict) or data.get("kind") != SIDECAR_KIND:
         found = data.get("kind") if isinstance(data, dict) else type(data).__name__
         raise SidecarError(f"{path}: not a commtag sidecar (kind is {found!r}, expected {SIDECAR_KIND!r})")
-    version = data.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise SidecarError(
-            f"{path}: sidecar schema version {version} is newer than this commtag supports "
-            f"({SCHEMA_VERSION}); upgrade commtag"
-        )
+    problem = newer_version(data.get("schema_version"))
+    if problem:  # before the fields: a newer format may name them otherwise
+        raise SidecarError(f"{path}: {problem}")
     try:
         return Sidecar.model_validate(data)
     except ValidationError as exc:
