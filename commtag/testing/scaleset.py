@@ -6,7 +6,7 @@ background is real data; on top of it this adds what a commtag-instrumented job
 would contain:
 
 * ``distributedInfo`` with a ``pg_config`` of several process groups
-  (default, tensor-parallel blocks, data-parallel strides);
+  (default, tensor-parallel blocks of ``--tp`` ranks, data-parallel strides);
 * the template's own NCCL kernels as eager collectives: eager metadata on the
   kernel (as the profiler writes it) and a recorded call in the sidecar;
 * CUDA-graph replays: a ``cudaGraphLaunch`` on a launcher thread and the
@@ -18,7 +18,8 @@ would contain:
   together in true time, as they do on real hardware.
 
 Usage: ``python -m commtag.testing.scaleset --ranks 32 -o /tmp/commtag-scale-32`` (or
-``python launch/gen_scaleset.py ...``); tests and ``launch/bench_merge.py`` call it so.
+``python launch/gen_scaleset.py ...``); tests and ``launch/bench_merge.py`` call it so, and
+``launch/bench_scale.py`` with ``--ranks 1024 --tp 8 --ranks-per-node 8``.
 The ground truth (clock offsets, counts) goes to ``scaleset.manifest.json``.
 """
 
@@ -118,9 +119,16 @@ class Group:
         return identity.format_list(self.ranks)
 
 
-def build_groups(world: int) -> list[Group]:
-    """default_pg, then tp blocks, then dp strides, named in creation order as c10d does."""
-    tp = 4 if world >= 8 else max(1, world // 2)
+def default_tp(world: int) -> int:
+    """Tensor-parallel width when none is asked: 4 from 8 ranks up, else half the world."""
+    return 4 if world >= 8 else max(1, world // 2)
+
+
+def build_groups(world: int, tp: Optional[int] = None) -> list[Group]:
+    """default_pg, then tp blocks of ``tp`` ranks, then dp strides, named in creation order as c10d does."""
+    tp = default_tp(world) if tp is None else tp
+    if tp < 1 or world % tp:
+        raise ValueError(f"--tp {tp} must divide the world size {world}")
     members = [("default", "default_pg", tuple(range(world)))]
     members += [("tp", "tp", tuple(range(b * tp, (b + 1) * tp))) for b in range(world // tp)]
     members += [("dp", "dp", tuple(range(o, world, tp))) for o in range(tp)]
@@ -393,7 +401,8 @@ def replay_budget(per_rank_events: int, graph_fraction: float) -> tuple[int, int
 
 
 def plan_set(
-    world: int, template: Template, seed: int, replays: int, node_id_format: str, ranks_per_node: int
+    world: int, template: Template, seed: int, replays: int, node_id_format: str, ranks_per_node: int,
+    tp: Optional[int] = None,
 ) -> SetPlan:
     rng = random.Random(seed)
     nodes = math.ceil(world / ranks_per_node)
@@ -410,7 +419,7 @@ def plan_set(
     return SetPlan(
         world=world,
         template=template,
-        groups=build_groups(world),
+        groups=build_groups(world, tp),
         clock_offset_us=[node_offsets[r // ranks_per_node] for r in range(world)],
         replay_times=replay_times,
         seed=seed,
@@ -716,6 +725,34 @@ class SetSummary:
     replays_per_rank: int
     captures_per_rank: int
     clock_offset_us: list[float]
+    #: role -> [number of groups, ranks in each]: what the job's pg_configs hold together.
+    process_groups: dict[str, list[int]]
+    #: role -> collective calls each rank makes in its group of that role (eager ones and those inside
+    #: graph replays); their sum is the rank's lane slices.
+    collective_calls_per_rank: dict[str, int]
+
+
+def requested_args(total_events: int, template: str, seed: int, graph_fraction: float, node_id_format: str,
+                   ranks_per_node: int, tp: Optional[int]) -> dict:
+    """The arguments a set is made with, as its manifest keeps them (``tp`` only when asked, so sets made
+    before the option existed are still reused)."""
+    requested = {"events": total_events, "template": template, "seed": seed, "graph_fraction": graph_fraction,
+                 "node_id_format": node_id_format, "ranks_per_node": ranks_per_node}
+    if tp is not None:
+        requested["tp"] = tp
+    return requested
+
+
+def calls_by_role(plan: SetPlan) -> dict[str, int]:
+    """Collective calls of one rank per group role: the template's eager ones, then those of every replay."""
+    calls = {role: 0 for role in ("default", "tp", "dp")}
+    for _, role, _ in plan.template.nccl:
+        calls[role] += 1
+    for _, graph in plan.replay_times:
+        for kind in GRAPHS[graph].nodes:
+            if isinstance(kind, tuple):
+                calls[kind[0]] += 1
+    return calls
 
 
 def generate(
@@ -729,10 +766,13 @@ def generate(
     ranks_per_node: int = RANKS_PER_NODE,
     compresslevel: int = 6,
     progress: bool = False,
+    tp: Optional[int] = None,
 ) -> SetSummary:
-    """Write ``ranks`` traces and sidecars with at least ``total_events`` events in all."""
+    """Write ``ranks`` traces and sidecars with at least ``total_events`` events in all; ``tp`` ranks per
+    tensor-parallel group (default :func:`default_tp`), ``ranks / tp`` per data-parallel group."""
     if ranks < 2:
         raise ValueError("a scale set needs at least 2 ranks")
+    build_groups(ranks, tp)  # a tp that does not divide the world is refused before anything is written
     path = TEMPLATE_DIR / TEMPLATES.get(template, template)
     if not path.is_file():
         raise FileNotFoundError(f"template {path} not found (known: {', '.join(TEMPLATES)})")
@@ -742,12 +782,11 @@ def generate(
         raise ValueError(f"{out_dir} holds traces that are not a generated scale set; choose another directory")
     for old in stale:  # an earlier generated set: its ranks must not mix with the new ones
         old.unlink()
-    requested = {"events": total_events, "template": template, "seed": seed, "graph_fraction": graph_fraction,
-                 "node_id_format": node_id_format, "ranks_per_node": ranks_per_node}
+    requested = requested_args(total_events, template, seed, graph_fraction, node_id_format, ranks_per_node, tp)
     per_rank = math.ceil(total_events / ranks)
     replays, added = replay_budget(per_rank, graph_fraction)
     template_window = load_template(path, max(100, per_rank - added))
-    plan = plan_set(ranks, template_window, seed, replays, node_id_format, ranks_per_node)
+    plan = plan_set(ranks, template_window, seed, replays, node_id_format, ranks_per_node, tp)
     events = json_bytes = gz_bytes = largest = 0
     for rank in range(ranks):
         trace, sidecar, count = build_rank(plan, rank)
@@ -777,9 +816,18 @@ def generate(
         replays_per_rank=len(plan.replay_times),
         captures_per_rank=len(GRAPHS),
         clock_offset_us=[round(x, 3) for x in plan.clock_offset_us],
+        process_groups=_group_counts(plan.groups),
+        collective_calls_per_rank=calls_by_role(plan),
     )
     write_atomic(out_dir / MANIFEST_NAME, orjson.dumps(summary.__dict__, option=orjson.OPT_INDENT_2))
     return summary
+
+
+def _group_counts(groups: Sequence[Group]) -> dict[str, list[int]]:
+    counts: dict[str, list[int]] = {}
+    for g in groups:
+        counts.setdefault(g.role, [0, len(g.ranks)])[0] += 1
+    return counts
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -792,6 +840,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="'graph node id' as the node index or as (graph id << 32) | index")
     parser.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE,
                         help="ranks sharing a host clock (default %(default)s)")
+    parser.add_argument("--tp", type=int, default=None,
+                        help="ranks per tensor-parallel group, a divisor of --ranks; the data-parallel groups "
+                             "take one rank of each (default: 4 from 8 ranks up, else half the world)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (default /tmp/commtag-scale-N)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the set already in the directory if it was made with the same arguments")
@@ -799,8 +850,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = args.out or Path(f"/tmp/commtag-scale-{args.ranks}")
     if args.reuse and (out / MANIFEST_NAME).is_file():
         manifest = orjson.loads((out / MANIFEST_NAME).read_bytes())
-        wanted = {"events": args.events, "template": args.template, "seed": args.seed, "graph_fraction": GRAPH_FRACTION,
-                  "node_id_format": args.node_id_format, "ranks_per_node": args.ranks_per_node}
+        wanted = requested_args(args.events, args.template, args.seed, GRAPH_FRACTION, args.node_id_format,
+                                args.ranks_per_node, args.tp)
         if (manifest.get("generator_version"), manifest.get("ranks"), manifest.get("requested")) == (
             GENERATOR_VERSION, args.ranks, wanted
         ):
@@ -808,7 +859,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
     try:
         summary = generate(out, args.ranks, args.events, args.template, args.seed,
-                           node_id_format=args.node_id_format, ranks_per_node=args.ranks_per_node, progress=sys.stderr.isatty())
+                           node_id_format=args.node_id_format, ranks_per_node=args.ranks_per_node,
+                           progress=sys.stderr.isatty(), tp=args.tp)
     except (ValueError, FileNotFoundError) as error:
         print(f"gen_scaleset: {error}", file=sys.stderr)
         return 2
