@@ -64,3 +64,34 @@ def test_merge_without_sidecar_loads_nothing_heavy(tmp_path: Path) -> None:
     inputs.mkdir()
     shutil.copy(TRACE, inputs / TRACE.name)
     assert _merge_loads(tmp_path, inputs) == set()
+
+
+_PROTOS = "perfetto.protos.perfetto.trace.perfetto_trace_pb2"
+_PROTOS_PROBE = """
+import sys
+from commtag.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print('PROTOS', MODULE in sys.modules)
+sys.exit(code)
+""".replace("MODULE", repr(_PROTOS))
+
+
+@pytest.mark.slow
+def test_the_generated_protos_are_loaded_only_where_the_trace_is_written(tmp_path: Path) -> None:
+    """The merge writes its cold packets (header, descriptors, counters, interned data) through
+    Perfetto's generated protos, whose module costs a process 0.05-0.14 s and ~10 MB: the merge
+    loads it, while --help and a summary of a trace directory, which write no packet, do not."""
+    inputs = tmp_path / "traces"
+    inputs.mkdir()
+    shutil.copy(TRACE, inputs / TRACE.name)
+    loaded = {}
+    for name, args in (("help", ["merge", "--help"]), ("summary", ["summary", str(inputs)]),
+                       ("merge", ["merge", str(inputs), "-o", str(tmp_path / "merged.pftrace")])):
+        proc = subprocess.run([sys.executable, "-c", _PROTOS_PROBE, *args], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        loaded[name] = next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROTOS")) == "PROTOS True"
+    assert loaded == {"help": False, "summary": False, "merge": True}

@@ -1,11 +1,12 @@
 """The hand-framed writer against Perfetto's generated protos, byte for byte, and the one frame reader.
 
-Where the writer emits a message's fields in field-number order (descriptors,
-the header, counters, interned data) its bytes must equal the generated
-protos' ``SerializeToString``. Event packets put the event's type and track
-before the payload encoded while the trace was read, so their fields are not
-in that order (protobuf allows any order); there the expected bytes are the
-generated protos' encoding of each field alone, in the writer's order.
+The cold packets (descriptors, the header, counters, interned data) are the
+generated messages themselves (commtag.merge.packets); framed, they must equal
+the generated protos' ``SerializeToString`` of a Trace. Event packets put the
+event's type and track before the payload encoded while the trace was read,
+so their fields are not in that order (protobuf allows any order); there the
+expected bytes are the generated protos' encoding of each field alone, in the
+writer's order.
 """
 
 from __future__ import annotations
@@ -19,13 +20,8 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from commtag.merge import wire
 from commtag.merge.ids import LocalIds
 from commtag.merge.timeline import Row
-from commtag.merge.trace_writer import (
-    SequenceWriter,
-    emit_rows,
-    header,
-    track_descriptor,
-    track_field,
-)
+from commtag.merge.packets import track_descriptor
+from commtag.merge.trace_writer import SequenceWriter, emit_rows, header, track_field
 
 T0 = 1_700_000_000_000_000_000
 SEQ = 16
@@ -40,14 +36,11 @@ TAGS = [
     ("PACKET_SEQUENCE_FLAGS", pb.TracePacket, "sequence_flags"),
     ("PACKET_TRACK_EVENT", pb.TracePacket, "track_event"),
     ("PACKET_INTERNED_DATA", pb.TracePacket, "interned_data"),
-    ("PACKET_CLOCK_SNAPSHOT", pb.TracePacket, "clock_snapshot"),
-    ("PACKET_TRACK_DESCRIPTOR", pb.TracePacket, "track_descriptor"),
     ("EVENT_TYPE", pb.TrackEvent, "type"),
     ("EVENT_TRACK_UUID", pb.TrackEvent, "track_uuid"),
     ("EVENT_NAME_IID", pb.TrackEvent, "name_iid"),
     ("EVENT_CATEGORY_IID", pb.TrackEvent, "category_iids"),
     ("EVENT_DEBUG_ANNOTATION", pb.TrackEvent, "debug_annotations"),
-    ("EVENT_COUNTER_VALUE", pb.TrackEvent, "double_counter_value"),
     ("EVENT_FLOW_ID", pb.TrackEvent, "flow_ids"),
     ("EVENT_TERMINATING_FLOW_ID", pb.TrackEvent, "terminating_flow_ids"),
     ("ANNOTATION_NAME_IID", pb.DebugAnnotation, "name_iid"),
@@ -56,31 +49,6 @@ TAGS = [
     ("ANNOTATION_DOUBLE", pb.DebugAnnotation, "double_value"),
     ("ANNOTATION_STRING", pb.DebugAnnotation, "string_value"),
     ("ANNOTATION_STRING_IID", pb.DebugAnnotation, "string_value_iid"),
-    ("INTERNED_CATEGORIES", pb.InternedData, "event_categories"),
-    ("INTERNED_NAMES", pb.InternedData, "event_names"),
-    ("INTERNED_ANNOTATION_NAMES", pb.InternedData, "debug_annotation_names"),
-    ("INTERNED_STRINGS", pb.InternedData, "debug_annotation_string_values"),
-    ("INTERNED_IID", pb.EventName, "iid"),
-    ("INTERNED_TEXT", pb.EventName, "name"),
-    ("INTERNED_IID", pb.InternedString, "iid"),
-    ("INTERNED_TEXT", pb.InternedString, "str"),
-    ("CLOCK_SNAPSHOT_CLOCK", pb.ClockSnapshot, "clocks"),
-    ("CLOCK_ID", pb.ClockSnapshot.Clock, "clock_id"),
-    ("CLOCK_TIMESTAMP", pb.ClockSnapshot.Clock, "timestamp"),
-    ("DESCRIPTOR_UUID", pb.TrackDescriptor, "uuid"),
-    ("DESCRIPTOR_NAME", pb.TrackDescriptor, "name"),
-    ("DESCRIPTOR_PROCESS", pb.TrackDescriptor, "process"),
-    ("DESCRIPTOR_PARENT", pb.TrackDescriptor, "parent_uuid"),
-    ("DESCRIPTOR_COUNTER", pb.TrackDescriptor, "counter"),
-    ("DESCRIPTOR_CHILD_ORDERING", pb.TrackDescriptor, "child_ordering"),
-    ("DESCRIPTOR_SIBLING_ORDER", pb.TrackDescriptor, "sibling_order_rank"),
-    ("DESCRIPTOR_MERGE_BEHAVIOR", pb.TrackDescriptor, "sibling_merge_behavior"),
-    ("DESCRIPTOR_MERGE_KEY", pb.TrackDescriptor, "sibling_merge_key"),
-    ("DESCRIPTOR_PROCESS_ORDERING", pb.TrackDescriptor, "process_ordering"),
-    ("PROCESS_PID", pb.ProcessDescriptor, "pid"),
-    ("PROCESS_NAME", pb.ProcessDescriptor, "process_name"),
-    ("PROCESS_LABEL", pb.ProcessDescriptor, "process_labels"),
-    ("COUNTER_UNIT_NAME", pb.CounterDescriptor, "unit_name"),
 ]
 
 
@@ -92,16 +60,10 @@ def test_each_named_tag_is_perfettos_field(name: str, message: type, field: str)
 
 
 def test_each_enum_value_is_perfettos() -> None:
-    assert (wire.TYPE_SLICE_BEGIN, wire.TYPE_SLICE_END, wire.TYPE_INSTANT, wire.TYPE_COUNTER) == (
-        pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_INSTANT,
-        pb.TrackEvent.TYPE_COUNTER)
+    assert (wire.TYPE_SLICE_BEGIN, wire.TYPE_SLICE_END, wire.TYPE_INSTANT) == (
+        pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_INSTANT)
     assert wire.SEQ_INCREMENTAL_STATE_CLEARED == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
     assert wire.SEQ_NEEDS_INCREMENTAL_STATE == pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-    assert (wire.BUILTIN_CLOCK_REALTIME, wire.BUILTIN_CLOCK_BOOTTIME) == (pb.BUILTIN_CLOCK_REALTIME,
-                                                                          pb.BUILTIN_CLOCK_BOOTTIME)
-    assert wire.CHILD_ORDERING_EXPLICIT == pb.TrackDescriptor.EXPLICIT
-    assert wire.SIBLING_MERGE_BY_KEY == pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
-    assert wire.PROCESS_ORDERING_EXPLICIT == pb.TrackDescriptor.PROCESS_ORDERING_EXPLICIT
 
 
 # -- expected bytes, from the generated protos --------------------------------
@@ -170,29 +132,28 @@ def body_fields(*flows: tuple[str, int]) -> list[tuple[str, object]]:
 
 # -- each packet kind -----------------------------------------------------------
 
-def test_descriptors_equal_the_generated_encoding() -> None:
+def test_descriptors_are_the_generated_messages_and_frame_as_they_encode() -> None:
     process = track_descriptor(3, "rank 0", pid=100_000, process_name="rank 0", labels=["a", "b"], sibling_order_rank=0)
     assert process == pb.TrackDescriptor(uuid=3, name="rank 0", sibling_order_rank=0, process=pb.ProcessDescriptor(
-        pid=100_000, process_name="rank 0", process_labels=["a", "b"])).SerializeToString()
-    group = track_descriptor(5, "GPU 0", parent=3, child_ordering=wire.CHILD_ORDERING_EXPLICIT)
-    assert group == pb.TrackDescriptor(uuid=5, name="GPU 0", parent_uuid=3,
-                                       child_ordering=pb.TrackDescriptor.EXPLICIT).SerializeToString()
+        pid=100_000, process_name="rank 0", process_labels=["a", "b"]))
+    group = track_descriptor(5, "GPU 0", parent=3, explicit_child_order=True)
+    assert group == pb.TrackDescriptor(uuid=5, name="GPU 0", parent_uuid=3, child_ordering=pb.TrackDescriptor.EXPLICIT)
     row = track_descriptor(9, "stream 7", parent=5, sibling_order_rank=-2, merge_key="r0:GPU 0:stream 7")
     assert row == pb.TrackDescriptor(
         uuid=9, name="stream 7", parent_uuid=5, sibling_order_rank=-2, sibling_merge_key="r0:GPU 0:stream 7",
-        sibling_merge_behavior=pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY).SerializeToString()
+        sibling_merge_behavior=pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY)
     with_unit = track_descriptor(11, "busbw", parent=5, sibling_order_rank=1 << 20, counter_unit="GB/s")
     assert with_unit == pb.TrackDescriptor(uuid=11, name="busbw", parent_uuid=5, sibling_order_rank=1 << 20,
-                                           counter=pb.CounterDescriptor(unit_name="GB/s")).SerializeToString()
+                                           counter=pb.CounterDescriptor(unit_name="GB/s"))
     no_unit = track_descriptor(12, "skew", counter_unit="")
-    assert no_unit == pb.TrackDescriptor(uuid=12, name="skew", counter=pb.CounterDescriptor()).SerializeToString()
+    assert no_unit.HasField("counter") and no_unit.SerializeToString() == b"\x08\x0c\x12\x04skewB\x00"
 
     seq = SequenceWriter(SEQ, T0)
     seq.descriptor(process)
     seq.descriptor(group)
     assert bytes(seq.out) == canonical(pb.TracePacket(
-        trusted_packet_sequence_id=SEQ, sequence_flags=3, track_descriptor=pb.TrackDescriptor.FromString(process),
-    )) + canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=pb.TrackDescriptor.FromString(group)))
+        trusted_packet_sequence_id=SEQ, sequence_flags=3, track_descriptor=process,
+    )) + canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=group))
 
 
 def test_the_header_equals_the_generated_encoding() -> None:
@@ -207,7 +168,7 @@ def test_the_header_equals_the_generated_encoding() -> None:
 
 def test_a_counter_equals_the_generated_encoding() -> None:
     seq = SequenceWriter(SEQ, T0)
-    seq.counter(T0 + 2**30, track_field(11), 12.5)
+    seq.counter(T0 + 2**30, 11, 12.5)
     assert bytes(seq.out) == canonical(pb.TracePacket(timestamp=2**30, trusted_packet_sequence_id=SEQ, track_event=pb.TrackEvent(
         type=pb.TrackEvent.TYPE_COUNTER, track_uuid=11, double_counter_value=12.5)))
 

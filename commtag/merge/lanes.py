@@ -14,7 +14,8 @@ from typing import BinaryIO, Collection, Optional, Sequence
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
 from commtag.merge.timeline import Row
-from commtag.merge.trace_writer import SequenceWriter, track_descriptor, track_field
+from commtag.merge.packets import track_descriptor
+from commtag.merge.trace_writer import SequenceWriter, track_field
 from commtag.merge.views import write_group_view
 
 #: Groups up to this size get a flow between every pair of members, so that
@@ -127,9 +128,8 @@ class LanesWriter:
         uuid = self.rank_ids(series.rank)()
         self.seq.descriptor(track_descriptor(uuid, series.track, parent=process_uuid(series.rank),
                                              sibling_order_rank=_AFTER_LANES, counter_unit=series.unit))
-        track = track_field(uuid)
         for ts, value in sorted(series.points):
-            self.seq.counter(ts, track, float(value))
+            self.seq.counter(ts, uuid, float(value))
 
     def _markers(self, markers: Sequence[Marker]) -> None:
         tracks: dict[int, bytes] = {}

@@ -9,22 +9,26 @@ Usage (what :mod:`commtag.merge.pipeline` does, one worker writing ranks 0 and 1
             write_rank(out, timeline, seq)
         LanesWriter(origin, 0).write(out, lanes, instances, counters, markers)  # commtag.merge.lanes
 
-Why by hand, from precomputed byte fragments (:mod:`commtag.merge.wire`), and
-not through Perfetto's generated protos (``perfetto_trace_pb2``, upb backend),
-measured on a 2-core machine:
+(``header`` is :func:`commtag.merge.packets.header`, re-exported here.)
+
+Two kinds of packets, two ways of writing them:
 
 * the per-event packets (slice BEGIN and END, instants: two or three per
-  source event): 12 us per slice written here, nesting on backing tracks
-  included, against 20 us for one generated TracePacket per BEGIN and per END
-  without it (1.7x; 100,000 slices, 200 names, 4 annotations each);
-* the rest (header, descriptors, counters, interned data: a few thousand
-  packets per merge) would cost little per packet, but loading the generated
-  module costs each merge process 0.14 s and 11 MB (+11% of the 8-rank bench
-  set's peak RSS), which the merge otherwise never loads.
+  source event, millions per merge) are framed here by hand from
+  precomputed byte fragments (:mod:`commtag.merge.wire`): 12 us per slice
+  written here, nesting on backing tracks included, against 20 us for one
+  generated TracePacket per BEGIN and per END without it (1.7x; 100,000
+  slices, 200 names, 4 annotations each; 2-core machine);
+  ``tests/test_wire.py`` checks each such packet, byte for byte, against the
+  generated protos' encoding;
+* the cold ones (header, track descriptors, counter values, interned data: a
+  few hundred packets and one counter value per analysed collective) are
+  Perfetto's generated messages (:mod:`commtag.merge.packets`), whose module
+  is loaded at the first of them.
 
-Every field tag is named in :mod:`commtag.merge.wire`, and
-``tests/test_wire.py`` checks each packet kind written here, byte for byte,
-against the generated protos' encoding. The rules this writer follows are
+A marker is an instant like any other (its name, category and args go
+through the one annotation encoder of :class:`SequenceWriter`); its track is
+a cold descriptor. The rules this writer follows are
 those trace_processor applies at import (see the project's reference
 perfetto-import-rules.md), and ``commtag validate`` checks them.
 
@@ -37,19 +41,13 @@ analysis's counters and markers). Ids come from :mod:`commtag.merge.ids`.
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Iterable, Optional
 
 import orjson
 
-from commtag.merge.ids import (
-    HEADER_SEQ,
-    LANE_LOCAL,
-    ROOT_UUID,
-    LocalIds,
-    process_uuid,
-    rank_sequence_id,
-    synthetic_pid,
-)
+from commtag.merge.ids import LANE_LOCAL, LocalIds, process_uuid, rank_sequence_id, synthetic_pid
+from commtag.merge.packets import counter_packet, descriptor_packet, interned_data, track_descriptor
+from commtag.merge.packets import header as header  # the writer's API: a trace starts with it
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.wire import (
     ANNOTATION_BOOL,
@@ -58,72 +56,41 @@ from commtag.merge.wire import (
     ANNOTATION_NAME_IID,
     ANNOTATION_STRING,
     ANNOTATION_STRING_IID,
-    BUILTIN_CLOCK_BOOTTIME,
-    BUILTIN_CLOCK_REALTIME,
-    CHILD_ORDERING_EXPLICIT,
-    CLOCK_ID,
-    CLOCK_SNAPSHOT_CLOCK,
-    CLOCK_TIMESTAMP,
-    COUNTER_UNIT_NAME,
-    DESCRIPTOR_CHILD_ORDERING,
-    DESCRIPTOR_COUNTER,
-    DESCRIPTOR_MERGE_BEHAVIOR,
-    DESCRIPTOR_MERGE_KEY,
-    DESCRIPTOR_NAME,
-    DESCRIPTOR_PARENT,
-    DESCRIPTOR_PROCESS,
-    DESCRIPTOR_PROCESS_ORDERING,
-    DESCRIPTOR_SIBLING_ORDER,
-    DESCRIPTOR_UUID,
     EVENT_CATEGORY_IID,
-    EVENT_COUNTER_VALUE,
     EVENT_DEBUG_ANNOTATION,
     EVENT_FLOW_ID,
     EVENT_NAME_IID,
     EVENT_TERMINATING_FLOW_ID,
     EVENT_TRACK_UUID,
     EVENT_TYPE,
-    INTERNED_ANNOTATION_NAMES,
-    INTERNED_CATEGORIES,
-    INTERNED_IID,
-    INTERNED_NAMES,
-    INTERNED_STRINGS,
-    INTERNED_TEXT,
     LOW14,
     MASK14,
-    PACKET_CLOCK_SNAPSHOT,
     PACKET_INTERNED_DATA,
     PACKET_SEQUENCE_FLAGS,
     PACKET_SEQUENCE_ID,
     PACKET_TIMESTAMP,
-    PACKET_TRACK_DESCRIPTOR,
     PACKET_TRACK_EVENT,
-    PROCESS_LABEL,
-    PROCESS_NAME,
-    PROCESS_ORDERING_EXPLICIT,
-    PROCESS_PID,
     SEQ_INCREMENTAL_STATE_CLEARED,
     SEQ_NEEDS_INCREMENTAL_STATE,
-    SIBLING_MERGE_BY_KEY,
     SMALL_VARINTS,
     TRACE_PACKET,
-    TYPE_COUNTER,
     TYPE_INSTANT,
     TYPE_SLICE_BEGIN,
     TYPE_SLICE_END,
-    frame,
     length_delimited,
+    since_origin,
     timestamp_encoder,
     varint,
     varint_field,
 )
 
+if TYPE_CHECKING:
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackDescriptor
 
 #: The fields that open a TrackEvent of each type.
 BEGIN = varint_field(EVENT_TYPE, TYPE_SLICE_BEGIN)
 END = varint_field(EVENT_TYPE, TYPE_SLICE_END)
 INSTANT = varint_field(EVENT_TYPE, TYPE_INSTANT)
-COUNTER = varint_field(EVENT_TYPE, TYPE_COUNTER)
 #: The sequence flags of a sequence's first packet, and of every event packet after it.
 _FIRST = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE)
 _NEEDS = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
@@ -135,74 +102,13 @@ _MAX_INTERNED = 16_384
 #: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
 _MAX_BLOCKS = 20_000
 _pack_double = struct.Struct("<d").pack
+#: The kinds of interned entries, by their place in SequenceWriter._interned.
+_CATEGORIES, _NAMES, _KEYS, _STRINGS = range(4)
 
 
 def track_field(uuid: int) -> bytes:
     """The TrackEvent field that puts an event on track ``uuid``."""
     return EVENT_TRACK_UUID + varint(uuid)
-
-
-def track_descriptor(
-    uuid: int,
-    name: Optional[str] = None,
-    *,
-    parent: Optional[int] = None,
-    pid: Optional[int] = None,
-    process_name: Optional[str] = None,
-    labels: Sequence[str] = (),
-    child_ordering: Optional[int] = None,
-    sibling_order_rank: Optional[int] = None,
-    merge_key: Optional[str] = None,
-    counter_unit: Optional[str] = None,
-    process_ordering: Optional[int] = None,
-) -> bytes:
-    """A serialized TrackDescriptor with the fields this writer uses (``counter_unit``: a counter
-    track, ``""`` for one without a unit; ``merge_key``: merged with its siblings of that key)."""
-    out = bytearray(varint_field(DESCRIPTOR_UUID, uuid))
-    if name is not None:
-        out += length_delimited(DESCRIPTOR_NAME, name.encode())
-    if pid is not None:
-        proc = bytearray(varint_field(PROCESS_PID, pid))
-        if process_name is not None:
-            proc += length_delimited(PROCESS_NAME, process_name.encode())
-        for label in labels:
-            proc += length_delimited(PROCESS_LABEL, label.encode())
-        out += length_delimited(DESCRIPTOR_PROCESS, bytes(proc))
-    if parent is not None:
-        out += varint_field(DESCRIPTOR_PARENT, parent)
-    if counter_unit is not None:
-        unit = length_delimited(COUNTER_UNIT_NAME, counter_unit.encode()) if counter_unit else b""
-        out += length_delimited(DESCRIPTOR_COUNTER, unit)
-    if child_ordering is not None:
-        out += varint_field(DESCRIPTOR_CHILD_ORDERING, child_ordering)
-    if sibling_order_rank is not None:
-        out += varint_field(DESCRIPTOR_SIBLING_ORDER, sibling_order_rank)
-    if merge_key is not None:
-        out += varint_field(DESCRIPTOR_MERGE_BEHAVIOR, SIBLING_MERGE_BY_KEY)
-        out += length_delimited(DESCRIPTOR_MERGE_KEY, merge_key.encode())
-    if process_ordering is not None:
-        out += varint_field(DESCRIPTOR_PROCESS_ORDERING, process_ordering)
-    return bytes(out)
-
-
-def header(first_ns: int, origin: int = 0) -> bytes:
-    """The clock snapshot and the root.
-
-    Timestamps in the file count ns from ``origin`` (a wall-clock ns shortly
-    before the first event): 5-6 byte varints instead of 9. The snapshot maps
-    that clock (BOOTTIME, the trace's default) to REALTIME, so the UI and
-    :mod:`commtag.merge.readback` show and give wall-clock time.
-    """
-    first = max(first_ns, origin)
-    clocks = b"".join(
-        length_delimited(CLOCK_SNAPSHOT_CLOCK, varint_field(CLOCK_ID, clock) + varint_field(CLOCK_TIMESTAMP, value))
-        for clock, value in ((BUILTIN_CLOCK_BOOTTIME, first - origin), (BUILTIN_CLOCK_REALTIME, first))
-    )
-    seq = varint_field(PACKET_SEQUENCE_ID, HEADER_SEQ)
-    snapshot = length_delimited(PACKET_CLOCK_SNAPSHOT, clocks) + varint_field(PACKET_TIMESTAMP, first - origin) + seq
-    root = seq + length_delimited(PACKET_TRACK_DESCRIPTOR,
-                                  track_descriptor(ROOT_UUID, process_ordering=PROCESS_ORDERING_EXPLICIT))
-    return frame(snapshot) + frame(root)
 
 
 class SequenceWriter:
@@ -221,6 +127,7 @@ class SequenceWriter:
         self.timestamp_highs: dict[int, bytes] = {}
         #: A timestamp's varint, relative to ``origin``.
         self.encode_timestamp = timestamp_encoder(origin, self.timestamp_highs)
+        self._seq_id = seq_id
         self._seq = PACKET_SEQUENCE_ID + varint(seq_id)
         #: What follows the timestamp in a plain event packet, up to the event's length.
         self.after_timestamp = self._seq + _NEEDS + PACKET_TRACK_EVENT
@@ -228,9 +135,9 @@ class SequenceWriter:
         #: interned data waits to go out with it (else write it with :meth:`event`).
         self.plain = False
         self._started = False
-        #: Interned entries to go out with the next event packet, by InternedData field, in field order.
-        self._interned = {field: bytearray() for field in
-                          (INTERNED_CATEGORIES, INTERNED_NAMES, INTERNED_ANNOTATION_NAMES, INTERNED_STRINGS)}
+        #: Interned (iid, text) entries to go out with the next event packet: categories, names,
+        #: annotation names, string values (the arguments of packets.interned_data).
+        self._interned: tuple[list[tuple[int, str]], ...] = ([], [], [], [])
         self._float_keys: dict[str, bytes] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[str, bytes] = {}
@@ -244,14 +151,15 @@ class SequenceWriter:
         self._shared: dict[int, tuple[bytes, dict]] = {}
 
     # -- packets ---------------------------------------------------------
-    def descriptor(self, desc: bytes) -> None:
-        """A TrackDescriptor packet (:func:`track_descriptor`); the first packet also clears the sequence's state."""
-        packet = self._seq
+    def descriptor(self, desc: TrackDescriptor) -> None:
+        """A TrackDescriptor packet (:func:`commtag.merge.packets.track_descriptor`); the first
+        packet also clears the sequence's state."""
+        flags = None
         if not self._started:
-            packet += _FIRST
+            flags = SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE
             self._started = True
-            self.plain = not any(self._interned.values())
-        self.out += frame(packet + length_delimited(PACKET_TRACK_DESCRIPTOR, desc))
+            self.plain = not any(self._interned)
+        self.out += descriptor_packet(self._seq_id, flags, desc)
 
     def event(self, ts: int, event: bytes, out: bytearray) -> None:
         """An event packet of TrackEvent bytes ``event``, with the interned data it needs."""
@@ -264,10 +172,9 @@ class SequenceWriter:
             out += event
             return
         body = PACKET_TIMESTAMP + self.encode_timestamp(ts) + self._seq
-        interned = b"".join(self._interned.values())
-        if interned:
-            body += length_delimited(PACKET_INTERNED_DATA, interned)
-            for entries in self._interned.values():
+        if any(self._interned):
+            body += length_delimited(PACKET_INTERNED_DATA, interned_data(*self._interned))
+            for entries in self._interned:
                 entries.clear()
         if self._started:
             body += _NEEDS
@@ -335,43 +242,41 @@ class SequenceWriter:
         (self.out if out is None else out).extend(
             TRACE_PACKET + varint(len(PACKET_TIMESTAMP) + len(ts_b) + len(tail)) + PACKET_TIMESTAMP + ts_b + tail)
 
-    def counter(self, ts: int, track: bytes, value: float) -> None:
-        """A counter value on counter track ``track`` (:func:`track_field`)."""
-        event = COUNTER + track + EVENT_COUNTER_VALUE + _pack_double(value)
-        self.out += frame(PACKET_TIMESTAMP + self.encode_timestamp(ts) + self._seq
-                          + length_delimited(PACKET_TRACK_EVENT, event))
+    def counter(self, ts: int, uuid: int, value: float) -> None:
+        """A counter value on counter track ``uuid``."""
+        self.out += counter_packet(self._seq_id, since_origin(ts, self.origin), uuid, value)
 
     # -- interning -------------------------------------------------------
-    def _intern(self, table: dict, field: bytes, text: str) -> int:
-        """The next iid of ``table`` (the caller stores it), its entry added to the next event packet's InternedData."""
+    def _intern(self, table: dict, kind: int, text: str) -> int:
+        """The next iid of ``table`` (the caller stores it), its entry added to the next event
+        packet's InternedData (``kind``: the entry's place in ``_interned``)."""
         iid = len(table) + 1
-        self._interned[field] += length_delimited(
-            field, varint_field(INTERNED_IID, iid) + length_delimited(INTERNED_TEXT, text.encode()))
+        self._interned[kind].append((iid, text))
         self.plain = False
         return iid
 
     def _name(self, name: str) -> bytes:
         part = self._names.get(name)
         if part is None:
-            part = self._names[name] = varint_field(EVENT_NAME_IID, self._intern(self._names, INTERNED_NAMES, name))
+            part = self._names[name] = varint_field(EVENT_NAME_IID, self._intern(self._names, _NAMES, name))
         return part
 
     def _cat(self, cat: str) -> bytes:
         part = self._cats.get(cat)
         if part is None:
-            part = self._cats[cat] = varint_field(EVENT_CATEGORY_IID, self._intern(self._cats, INTERNED_CATEGORIES, cat))
+            part = self._cats[cat] = varint_field(EVENT_CATEGORY_IID, self._intern(self._cats, _CATEGORIES, cat))
         return part
 
     def _key(self, key: str) -> int:
         iid = self._keys.get(key)
         if iid is None:
-            iid = self._keys[key] = self._intern(self._keys, INTERNED_ANNOTATION_NAMES, key)
+            iid = self._keys[key] = self._intern(self._keys, _KEYS, key)
         return iid
 
     def _string(self, text: str) -> bytes:
         iid = self._strings.get(text)
         if iid is None:
-            iid = self._strings[text] = self._intern(self._strings, INTERNED_STRINGS, text)
+            iid = self._strings[text] = self._intern(self._strings, _STRINGS, text)
         return varint_field(ANNOTATION_STRING_IID, iid)
 
     def annotations(self, args: dict) -> bytes:
@@ -563,8 +468,7 @@ def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceW
         parent = groups.get(track.group)
         if parent is None:
             parent = groups[track.group] = ids()
-            seq.descriptor(track_descriptor(parent, track.group, parent=proc,
-                                            child_ordering=CHILD_ORDERING_EXPLICIT))
+            seq.descriptor(track_descriptor(parent, track.group, parent=proc, explicit_child_order=True))
         key = f"r{rank}:{track.group}:{track.name}"
         emit_rows(stream, seq, track.slices, parent, track.name, track.order, key, ids, track.instants,
                   track.summary)

@@ -28,8 +28,8 @@ from commtag.kernels import summary_name
 from commtag.merge.ids import group_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker
 from commtag.merge.timeline import Row
-from commtag.merge.trace_writer import emit_rows, track_descriptor, track_field
-from commtag.merge.wire import CHILD_ORDERING_EXPLICIT
+from commtag.merge.packets import track_descriptor
+from commtag.merge.trace_writer import emit_rows
 from commtag.vocab import ANN_KERNELS, ANN_LANE
 
 #: Sibling order of the group views among the top-level tracks: below every process's (its rank).
@@ -96,7 +96,7 @@ def write_group_view(writer, stream: BinaryIO, layout: dict[int, list[tuple[str,
             continue
         head = group_uuid(group.order)
         if mine[0] == group.members[0]:
-            seq.descriptor(track_descriptor(head, group.lane_name, child_ordering=CHILD_ORDERING_EXPLICIT,
+            seq.descriptor(track_descriptor(head, group.lane_name, explicit_child_order=True,
                                             sibling_order_rank=GROUP_ORDER_BASE + group.order))
         for rank in mine:
             # Encoded one row at a time: all rows' slices at once grew with the rank count.
@@ -112,9 +112,8 @@ def write_group_view(writer, stream: BinaryIO, layout: dict[int, list[tuple[str,
             uuid = writer.rank_ids(series.rank)()
             seq.descriptor(track_descriptor(uuid, series.track, parent=head, sibling_order_rank=_AFTER_MEMBERS,
                                             counter_unit=series.unit))
-            track = track_field(uuid)
             for ts, value in sorted(series.points):
-                seq.counter(ts, track, float(value))
+                seq.counter(ts, uuid, float(value))
     for series in lane_counters.values():
         other_counters.extend(series)
     return other_counters, other_markers

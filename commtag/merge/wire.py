@@ -1,9 +1,9 @@
 """Protobuf wire format: what the trace writer encodes by hand, and the one frame reader.
 
-The writer builds its packets from byte fragments (see
+The writer builds its per-event packets from byte fragments (see
 :mod:`commtag.merge.trace_writer` for why); the fragments' field tags are
 named here, computed at import from Perfetto's field numbers, which are
-written only here (with the enum values the writer uses);
+written only here (with the enum values those packets use);
 ``tests/test_wire.py`` checks each against Perfetto's generated protos. A
 trace file is a run of ``Trace.packet`` frames (the tag, the packet's
 length, the packet); :func:`iter_frames` reads them back for
@@ -52,23 +52,21 @@ def tag(field: int, wire_type: int) -> bytes:
     return varint(field << 3 | wire_type)
 
 
-# Perfetto's field numbers (protos/perfetto/trace/...), one name per field.
+# Perfetto's field numbers (protos/perfetto/trace/...) of the hand-framed event packets, one
+# name per field (the cold packets are the generated protos' own: commtag.merge.packets).
 TRACE_PACKET = tag(1, WIRE_LEN)  # Trace.packet
 
 PACKET_TIMESTAMP = tag(8, WIRE_VARINT)
 PACKET_SEQUENCE_ID = tag(10, WIRE_VARINT)  # trusted_packet_sequence_id
 PACKET_SEQUENCE_FLAGS = tag(13, WIRE_VARINT)
 PACKET_TRACK_EVENT = tag(11, WIRE_LEN)
-PACKET_INTERNED_DATA = tag(12, WIRE_LEN)
-PACKET_CLOCK_SNAPSHOT = tag(6, WIRE_LEN)
-PACKET_TRACK_DESCRIPTOR = tag(60, WIRE_LEN)
+PACKET_INTERNED_DATA = tag(12, WIRE_LEN)  # its payload: packets.interned_data
 
 EVENT_TYPE = tag(9, WIRE_VARINT)
 EVENT_TRACK_UUID = tag(11, WIRE_VARINT)
 EVENT_NAME_IID = tag(10, WIRE_VARINT)
 EVENT_CATEGORY_IID = tag(3, WIRE_VARINT)  # repeated category_iids, unpacked
 EVENT_DEBUG_ANNOTATION = tag(4, WIRE_LEN)
-EVENT_COUNTER_VALUE = tag(44, WIRE_I64)  # double_counter_value
 EVENT_FLOW_ID = tag(47, WIRE_I64)  # repeated fixed64 flow_ids
 EVENT_TERMINATING_FLOW_ID = tag(48, WIRE_I64)
 
@@ -79,39 +77,9 @@ ANNOTATION_DOUBLE = tag(5, WIRE_I64)
 ANNOTATION_STRING = tag(6, WIRE_LEN)
 ANNOTATION_STRING_IID = tag(17, WIRE_VARINT)
 
-INTERNED_CATEGORIES = tag(1, WIRE_LEN)  # InternedData.event_categories
-INTERNED_NAMES = tag(2, WIRE_LEN)  # event_names
-INTERNED_ANNOTATION_NAMES = tag(3, WIRE_LEN)  # debug_annotation_names
-INTERNED_STRINGS = tag(29, WIRE_LEN)  # debug_annotation_string_values
-INTERNED_IID = tag(1, WIRE_VARINT)  # the iid of any of those entries
-INTERNED_TEXT = tag(2, WIRE_LEN)  # its name (str for a string value)
-
-CLOCK_SNAPSHOT_CLOCK = tag(1, WIRE_LEN)  # ClockSnapshot.clocks
-CLOCK_ID = tag(1, WIRE_VARINT)
-CLOCK_TIMESTAMP = tag(2, WIRE_VARINT)
-
-DESCRIPTOR_UUID = tag(1, WIRE_VARINT)
-DESCRIPTOR_NAME = tag(2, WIRE_LEN)
-DESCRIPTOR_PROCESS = tag(3, WIRE_LEN)
-DESCRIPTOR_PARENT = tag(5, WIRE_VARINT)
-DESCRIPTOR_COUNTER = tag(8, WIRE_LEN)
-DESCRIPTOR_CHILD_ORDERING = tag(11, WIRE_VARINT)
-DESCRIPTOR_SIBLING_ORDER = tag(12, WIRE_VARINT)  # sibling_order_rank, an int32
-DESCRIPTOR_MERGE_BEHAVIOR = tag(15, WIRE_VARINT)  # sibling_merge_behavior
-DESCRIPTOR_MERGE_KEY = tag(16, WIRE_LEN)  # sibling_merge_key
-DESCRIPTOR_PROCESS_ORDERING = tag(19, WIRE_VARINT)
-PROCESS_PID = tag(1, WIRE_VARINT)
-PROCESS_NAME = tag(6, WIRE_LEN)
-PROCESS_LABEL = tag(8, WIRE_LEN)  # repeated process_labels
-COUNTER_UNIT_NAME = tag(6, WIRE_LEN)
-
-# Perfetto's enum values the writer uses.
-TYPE_SLICE_BEGIN, TYPE_SLICE_END, TYPE_INSTANT, TYPE_COUNTER = 1, 2, 3, 4  # TrackEvent.Type
+# Perfetto's enum values the hand-framed packets use.
+TYPE_SLICE_BEGIN, TYPE_SLICE_END, TYPE_INSTANT = 1, 2, 3  # TrackEvent.Type
 SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE = 1, 2  # TracePacket.SequenceFlags
-BUILTIN_CLOCK_REALTIME, BUILTIN_CLOCK_BOOTTIME = 1, 6
-CHILD_ORDERING_EXPLICIT = 3  # TrackDescriptor.ChildTracksOrdering.EXPLICIT
-SIBLING_MERGE_BY_KEY = 3  # TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
-PROCESS_ORDERING_EXPLICIT = 1  # TrackDescriptor.PROCESS_ORDERING_EXPLICIT
 
 
 def varint_field(field_tag: bytes, value: int) -> bytes:
@@ -129,6 +97,13 @@ def frame(packet: bytes) -> bytes:
     return TRACE_PACKET + varint(len(packet)) + packet
 
 
+def since_origin(ts: int, origin: int) -> int:
+    """``ts - origin``: a timestamp as the trace writes it; a ValueError for one before the origin."""
+    if ts < origin:
+        raise ValueError(f"timestamp {ts} ns is before the trace's origin {origin} ns")
+    return ts - origin
+
+
 def timestamp_encoder(origin: int, highs: dict[int, bytes]) -> Callable[[int], bytes]:
     """Varints of nanosecond timestamps relative to ``origin``: the low 28 bits by table, the
     rest cached in ``highs`` (``n >> 28`` -> its varint), which the caller may read too.
@@ -141,7 +116,7 @@ def timestamp_encoder(origin: int, highs: dict[int, bytes]) -> Callable[[int], b
     def encode(ts: int) -> bytes:
         n = ts - origin
         if n < 0:
-            raise ValueError(f"timestamp {ts} ns is before the trace's origin {origin} ns")
+            since_origin(ts, origin)  # raises
         high = n >> 28
         if not high:
             return varint(n)
