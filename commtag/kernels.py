@@ -37,8 +37,8 @@ from functools import lru_cache
 from typing import Mapping, Optional
 
 from commtag.vocab import (
-    ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_PREFIX, ANN_LANE,
-    COMMUNICATION_KERNELS, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, is_graph_launch,
+    ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_PREFIX, ANN_LANE, COMMUNICATION_KERNELS, CORRELATION_KEY,
+    DEVICE_WORK_NODE_TYPES, KERNEL_NODE_TYPE, is_graph_launch,
 )
 
 GEMM = "GEMM"
@@ -87,7 +87,7 @@ _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, p
 #: Kineto categories of device work this module reads (:data:`commtag.vocab.DEVICE_WORK_NODE_TYPES`),
 #: with the category their kind fixes: copies and memsets are MEMORY, a kernel goes by its name (None).
 WORK_CATEGORIES: dict[str, Optional[str]] = {
-    cat: None if node == "kernel" else MEMORY for cat, node in DEVICE_WORK_NODE_TYPES.items()
+    cat: None if node == KERNEL_NODE_TYPE else MEMORY for cat, node in DEVICE_WORK_NODE_TYPES.items()
 }
 
 

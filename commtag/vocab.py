@@ -129,8 +129,6 @@ TORCH_LANE_NAME_KEY = PG_DESC_KEY
 TORCH_ORIGINAL_STREAM_KEY = "original_stream"
 #: Annotation key torch reserves for the lane (an int) an annotated node's events move to.
 TORCH_LANE_KEY = "stream"
-#: Device work categories torch's annotation pass reads and moves (not gpu_user_annotation).
-TORCH_ANNOTATED_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
 # ---------------------------------------------------------------------------- Kineto
@@ -144,14 +142,21 @@ NON_COLLECTIVE_NAMES = frozenset({"wait", "init"})
 #: Older torch wrote the group as this integer key instead of "Process Group Name":
 #: the group's "uid" in distributedInfo's pg_config, whose "pg_name" is the name.
 PG_ID_KEY = "Process Group ID"
+#: Kineto's category of a GPU kernel.
+KERNEL_CATEGORY = "kernel"
+#: The graph node type the runtime records for a kernel node (``GraphNodeRecord.node_type``).
+KERNEL_NODE_TYPE = "kernel"
 #: Kineto categories of device-side events (their pid is the device).
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"})
+GPU_CATEGORIES = frozenset({KERNEL_CATEGORY, "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"})
 #: Host-side events that launch device work (same "correlation" as the work); HIP's
 #: runtime calls are filed under the same names.
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 #: Categories of device work a graph node can be, and the node type the runtime records
 #: for it (``GraphNodeRecord.node_type``).
-DEVICE_WORK_NODE_TYPES: dict[str, str] = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+DEVICE_WORK_NODE_TYPES: dict[str, str] = {KERNEL_CATEGORY: KERNEL_NODE_TYPE, "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+#: Device work categories torch's CUDA-graph annotation pass (2.14+) reads and moves: those a
+#: graph node can be (not gpu_user_annotation).
+TORCH_ANNOTATED_CATEGORIES = frozenset(DEVICE_WORK_NODE_TYPES)
 #: Categories of Kineto's Chrome JSON before torch 1.11 (libkineto's output_json.cpp until
 #: the end of 2021) -> today's name for the same activity. ``gpu_user_Annotation`` is the
 #: capital-A spelling libkineto's ActivityType table had in 2021.

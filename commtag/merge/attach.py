@@ -53,11 +53,10 @@ from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner, r
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
     ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
-    CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY,
-    GLOO_WORK_PER_MEMBER, GRAPH_NODE_ID_KEY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES,
-    NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY,
-    PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS, SRC_RANK_KEY, family, is_graph_launch,
-    nccl_kind,
+    CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
+    GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, P2P_COLLECTIVES,
+    P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS,
+    SRC_RANK_KEY, family, is_graph_launch, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -239,7 +238,7 @@ class _RankAttacher:
                 continue
             name = e.get("name", "")
             cat = e.get("cat")
-            if cat == "kernel":
+            if cat == KERNEL_CATEGORY:
                 self.kernels.append((*event_ns(e, self.base), e))
             elif name.startswith("gloo:"):
                 self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))

@@ -43,10 +43,10 @@ from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, kee
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP,
-    CORRELATION_KEY, EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY,
-    KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES,
-    RECORD_FUNCTION_ID_KEY, is_graph_launch, nccl_kind,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
+    EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
+    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, is_graph_launch,
+    nccl_kind,
 )
 
 #: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
@@ -217,10 +217,10 @@ def _check_clock(path: Path, last_ns: Optional[int]) -> None:
 def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
     """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
 
-    The converter calls it only where ``cat == "kernel" or cat in LAUNCH_CATEGORIES or
+    The converter calls it only where ``cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or
     name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test is written inline there.
     """
-    if cat == "kernel":
+    if cat == KERNEL_CATEGORY:
         return bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None
     if cat in LAUNCH_CATEGORIES:
         return is_graph_launch(name)
@@ -382,7 +382,7 @@ class RankConverter:
                     row.add(start, start, body(name, cat, args))
                 continue
             # _is_candidate's cheap first test, written here because it runs per event.
-            candidate = (cat == "kernel" or cat in LAUNCH_CATEGORIES or name[:1] in "cgr") and _is_candidate(name, cat, args)
+            candidate = (cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in "cgr") and _is_candidate(name, cat, args)
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
 from commtag.vocab import (
     ANN_MATCH, COLLECTIVES, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
-    LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR, NODE_ID_MASK, TOOLS_ID_GRAPH_SHIFT, TORCH_MARK_KEY,
-    base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
+    KERNEL_CATEGORY, KERNEL_NODE_TYPE, LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR, NODE_ID_MASK,
+    TOOLS_ID_GRAPH_SHIFT, TORCH_MARK_KEY, base_name, is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
@@ -121,7 +121,7 @@ def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) ->
     kind = DEVICE_WORK_NODE_TYPES.get(event.get("cat", ""))
     if kind != node.node_type:
         return f"a {kind or event.get('cat')} event where a {node.node_type} node was captured"
-    if kind != "kernel":
+    if kind != KERNEL_NODE_TYPE:
         return None
     name = str(event.get("name", ""))
     if node.kernel_name and base_name(node.kernel_name) != base_name(name):
@@ -144,7 +144,7 @@ def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) ->
 
 
 def _is_nccl_node(node: GraphNodeRecord) -> bool:
-    return node.node_type == "kernel" and (not node.kernel_name or parse_nccl_kernel(node.kernel_name) is not None)
+    return node.node_type == KERNEL_NODE_TYPE and (not node.kernel_name or parse_nccl_kernel(node.kernel_name) is not None)
 
 
 def comm_nodes(captured: CapturedCollective) -> list[GraphNodeRecord]:
@@ -467,7 +467,7 @@ def _match_by_content(events: Sequence[dict], replay: _Replay, captures: list[Gr
 
 
 def _has_nccl(events: Sequence[dict], replay: _Replay) -> bool:
-    return any(events[i].get("cat") == "kernel" and parse_nccl_kernel(str(events[i].get("name", ""))) for i in replay.events)
+    return any(events[i].get("cat") == KERNEL_CATEGORY and parse_nccl_kernel(str(events[i].get("name", ""))) for i in replay.events)
 
 
 _Pair = tuple[int, "CapturedCollective"]
@@ -483,7 +483,7 @@ def _pair_nodes(events: Sequence[dict], replay: _Replay, capture: GraphCapture) 
         pairs, reason = _join(events, replay, wanted, lambda node: node.tools_id & NODE_ID_MASK)
         if pairs is not None:
             return pairs, "tools-id", ""
-    if usable_ids and any(node.node_type == "kernel" for _, node in wanted):
+    if usable_ids and any(node.node_type == KERNEL_NODE_TYPE for _, node in wanted):
         # Hypothesis 1 is only trusted where a kernel name confirms it within the same replay.
         pairs, reason = _join(events, replay, wanted, lambda node: node.index + NODE_ID_BASE)
         if pairs is not None:
@@ -508,13 +508,13 @@ def _join(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCo
 
 
 def _by_order(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]]) -> tuple[Optional[list[_Pair]], str]:
-    kernels = sorted(((cc, n) for cc, n in wanted if n.node_type == "kernel"), key=lambda item: item[1].index)
+    kernels = sorted(((cc, n) for cc, n in wanted if n.node_type == KERNEL_NODE_TYPE), key=lambda item: item[1].index)
     if len(kernels) != len(wanted):
         return None, "copy/memset nodes of a collective can only be matched by node id"
     names = {base_name(n.kernel_name) for _, n in kernels if n.kernel_name}
     candidates = [
         i for i in replay.events
-        if events[i].get("cat") == "kernel"
+        if events[i].get("cat") == KERNEL_CATEGORY
         and (base_name(str(events[i].get("name", ""))) in names or parse_nccl_kernel(str(events[i].get("name", ""))))
     ]
     if len(candidates) != len(kernels):

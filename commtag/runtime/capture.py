@@ -38,7 +38,7 @@ from commtag.schema import (
     GraphNodeRecord,
     GraphReplay,
 )
-from commtag.vocab import TORCH_MARK_KEY
+from commtag.vocab import KERNEL_NODE_TYPE, TORCH_MARK_KEY
 
 #: Replays kept per capture (newest win); the sidecar writer keeps those in the profiled window.
 MAX_REPLAYS_PER_CAPTURE = 65536
@@ -192,7 +192,7 @@ class CaptureTracker:
                     GraphNodeRecord(
                         index=index,
                         node_type=kind,
-                        kernel_name=api.kernel_name(node) if kind == "kernel" else "",
+                        kernel_name=api.kernel_name(node) if kind == KERNEL_NODE_TYPE else "",
                         tools_id=api.tools_id(node),
                         local_id=api.local_id(node),
                     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional, Protocol
 
-from commtag.vocab import TOOLS_ID_DRIVER_VERSION
+from commtag.vocab import KERNEL_NODE_TYPE, TOOLS_ID_DRIVER_VERSION
 
 log = logging.getLogger("commtag.capture")
 
@@ -49,7 +49,7 @@ class GraphAPI(Protocol):
 
 
 _NODE_TYPE_NAMES = {
-    "cudaGraphNodeTypeKernel": "kernel",
+    "cudaGraphNodeTypeKernel": KERNEL_NODE_TYPE,
     "cudaGraphNodeTypeMemcpy": "memcpy",
     "cudaGraphNodeTypeMemset": "memset",
     "cudaGraphNodeTypeHost": "host",

@@ -52,8 +52,9 @@ from commtag.schema import (
 )
 from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import (
-    CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_EAGER_KEYS,
-    KINETO_ID_ARGS, LAUNCH_CATEGORIES, TOOLS_ID_GRAPH_SHIFT, is_graph_launch, nccl_kind, parse_nccl_kernel,
+    CBID_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
+    KERNEL_CATEGORY, KERNEL_EAGER_KEYS, KERNEL_NODE_TYPE, KINETO_ID_ARGS, LAUNCH_CATEGORIES, TOOLS_ID_GRAPH_SHIFT,
+    is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
 
 TEMPLATE_DIR = PUBLIC_TRACES / "single-rank-scale"
@@ -229,7 +230,7 @@ def load_template(path: Path, per_rank_events: int) -> Template:
 
 
 def _is_nccl(event: dict) -> bool:
-    return event.get("cat") == "kernel" and nccl_kind(event.get("name", "")) is not None
+    return event.get("cat") == KERNEL_CATEGORY and nccl_kind(event.get("name", "")) is not None
 
 
 def _densest_window(body: list[dict], size: int) -> list[dict]:
@@ -636,7 +637,7 @@ def _captures(plan: SetPlan, rank: int, mine: dict[str, Group]) -> list[GraphCap
             collectives.append(
                 CapturedCollective(
                     annotation=ann,
-                    nodes=[GraphNodeRecord(index=node, node_type="kernel", kernel_name=NCCL_KERNEL_OF[op])],
+                    nodes=[GraphNodeRecord(index=node, node_type=KERNEL_NODE_TYPE, kernel_name=NCCL_KERNEL_OF[op])],
                     reduce_op=None if op == "_allgather_base" else "sum",
                 )
             )
@@ -680,7 +681,7 @@ def _replays(
         corr = corr_base + j
         launch_ts = round(when + offset - LAUNCH_LEAD_US, 3)
         yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": pid, "tid": launcher_tid,
-               "ts": launch_ts, "dur": 8.0, "args": {EXTERNAL_ID_KEY: corr, "cbid": 311, CORRELATION_KEY: corr}}
+               "ts": launch_ts, "dur": 8.0, "args": {EXTERNAL_ID_KEY: corr, CBID_KEY: 311, CORRELATION_KEY: corr}}
         yield {"ph": "s", "id": corr, "pid": pid, "tid": launcher_tid, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"}
         t = when
         for node, kind in enumerate(spec.nodes):
@@ -692,7 +693,7 @@ def _replays(
             else:
                 name, dur = _COMPUTE_NODES[kind]
                 start, end = t, t + dur
-            kernel = {"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": GRAPH_STREAM,
+            kernel = {"ph": "X", "cat": KERNEL_CATEGORY, "name": name, "pid": device, "tid": GRAPH_STREAM,
                       "ts": round(start + offset, 3), "dur": round(end - start, 3),
                       "args": {EXTERNAL_ID_KEY: corr, "device": device, "stream": GRAPH_STREAM,
                                CORRELATION_KEY: corr, GRAPH_ID_KEY: spec.exec_graph_id,
