@@ -378,6 +378,10 @@ def family(name: str) -> str:
     return flat
 
 
+#: The eager "Collective name" of a point-to-point send and of a receive (the rows below); the
+#: runtime's OpCall.p2p says which of the two a call is with these.
+SEND, RECV = "send", "recv"
+
 #: nccl-tests' bus-bandwidth factors of a group of n ranks, by name (see :class:`Collective`).
 BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
     "2(n-1)/n": lambda n: 2 * (n - 1) / n,
@@ -444,8 +448,8 @@ COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
     _row("gather", "gather", False, "SendRecv", "out", "(n-1)/n", "i", None, "rooted"),
     _row("scatter", "scatter", False, "SendRecv", "in", "(n-1)/n", "o", None, "rooted"),
     _row("barrier", "barrier", True, "AllReduce", None, None, "io", None, "all"),
-    _row("send", "send", False, "SendRecv", "in", "1", "io", None, "p2p"),
-    _row("recv", "recv", False, "SendRecv", "out", "1", "io", None, "p2p"),
+    _row(SEND, "send", False, "SendRecv", "in", "1", "io", None, "p2p"),
+    _row(RECV, "recv", False, "SendRecv", "out", "1", "io", None, "p2p"),
 )}
 #: Families whose collectives synchronise their members (see :attr:`Collective.synchronizing`).
 SYNCHRONIZING_FAMILIES = frozenset(row.family for row in COLLECTIVES.values() if row.synchronizing)
@@ -468,7 +472,7 @@ FUNCTION_COLLECTIVES: dict[str, str] = {
     "reduce_scatter": "reduce_scatter", "reduce_scatter_single": "_reduce_scatter_base",
     "reduce_scatter_tensor": "_reduce_scatter_base", "_reduce_scatter_base": "_reduce_scatter_base",
     "all_to_all_single": "all_to_allv", "all_to_all": "all_to_all", "gather": "gather", "scatter": "scatter",
-    "barrier": "barrier", "monitored_barrier": "barrier", "send": "send", "recv": "recv",
+    "barrier": "barrier", "monitored_barrier": "barrier", "send": SEND, "recv": RECV,
 }
 #: Each c10d operator commtag describes while a graph is captured, as (namespace, name without
 #: overload) -> the eager "Collective name" the same call made eagerly records (a key of :data:`COLLECTIVES`).

@@ -90,7 +90,7 @@ from commtag.vocab import (
     ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_LAST_RANK, ANN_MARKER,
     ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_PG_UID, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
     ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, BUSBW_FACTORS, COLLECTIVES, COLLECTIVE_NAME_KEY,
-    DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, SCALAR_TYPE_BYTES, SEQ_KEY,
+    DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, RECV, SCALAR_TYPE_BYTES, SEND, SEQ_KEY,
 )
 
 #: What a matched p2p instance is called: one transfer is a send and its receive, whichever
@@ -461,7 +461,7 @@ def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_s
 
 def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) -> int:
     """The instance's Seq; for p2p, whose two ends may number it differently, the sender's."""
-    senders = [i.seq for i in members if i.is_p2p and i.collective == "send"]
+    senders = [i.seq for i in members if i.is_p2p and i.collective == SEND]
     return senders[0] if senders else last.seq
 
 
@@ -516,8 +516,8 @@ def _check(m: MatchedCollective) -> list[Finding]:
 def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
     if any(i.collective not in P2P_COLLECTIVES for i in insts):
         return  # e.g. NCCL SendRecv kernels without metadata: both ends send and receive
-    sends = [i for i in insts if i.collective == "send"]
-    recvs = [i for i in insts if i.collective == "recv"]
+    sends = [i for i in insts if i.collective == SEND]
+    recvs = [i for i in insts if i.collective == RECV]
     if len(insts) == 2 and (len(sends), len(recvs)) != (1, 1):
         add("op_mismatch", [i.rank for i in insts], (COLLECTIVE_NAME_KEY,),
             f"expected a send and a recv, found {sorted(i.collective for i in insts)}")

@@ -20,7 +20,7 @@ from commtag.constants import parse_rank_list
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE,
     COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY,
-    RANK_KEY, SEQ_KEY, SRC_RANK_KEY, UNDEFINED_DTYPE,
+    RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY, UNDEFINED_DTYPE,
 )
 
 _ABSENT = object()
@@ -207,7 +207,7 @@ class CollectiveInstance:
                 peer = self.group_ranks[group_rank]
         if peer is None:
             return None
-        return (peer, self.rank) if self.collective == "recv" else (self.rank, peer)
+        return (peer, self.rank) if self.collective == RECV else (self.rank, peer)
 
 
 class GroupLane(NamedTuple):

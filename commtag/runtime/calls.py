@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 
 from commtag.runtime.groups import GroupState
-from commtag.vocab import DTYPES, RECORDED_AS_REAL
+from commtag.vocab import DTYPES, RECORDED_AS_REAL, RECV, SEND
 
 _now_ns = time.time_ns
 
@@ -60,7 +60,7 @@ class OpCall:
     rank: int
     in_split: str = "[]"
     out_split: str = "[]"
-    #: "send" or "recv" for point-to-point, else None.
+    #: vocab.SEND or vocab.RECV for point-to-point, else None.
     p2p: Optional[str] = None
     #: Global rank of the p2p peer; None for a recv from any source (filled from its result).
     peer: Optional[int] = None
@@ -100,8 +100,8 @@ class CallRecord:
             "in_split_size": call.in_split,
             "out_split_size": call.out_split,
             "rank": call.rank,
-            "dst_rank": call.peer if call.p2p == "send" else None,
-            "src_rank": call.peer if call.p2p == "recv" else None,
+            "dst_rank": call.peer if call.p2p == SEND else None,
+            "src_rank": call.peer if call.p2p == RECV else None,
             "seq": self.seq,
             "is_p2p": call.p2p is not None,
             "p2p_pair_seq": self.pair_seq,

@@ -80,6 +80,7 @@ from commtag.runtime.recorder import autograd_profiler, thread_profiled
 from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS
 from commtag.runtime.metadata import p2p_call as _p2p_call
 from commtag.schema import CollectiveAnnotation
+from commtag.vocab import RECV, SEND
 
 _profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
 _now_ns = time.time_ns
@@ -191,7 +192,7 @@ def _start(call: OpCall, thread: _ThreadState) -> Optional[_Pending]:
 
 def _pair_seq(state: GroupState, call: OpCall) -> int:
     own = state.ranks[state.group_rank]
-    src, dst = (own, call.peer) if call.p2p == "send" else (call.peer, own)
+    src, dst = (own, call.peer) if call.p2p == SEND else (call.peer, own)
     return state.next_pair_seq(src, dst)
 
 
@@ -255,7 +256,7 @@ def _after(pending: Optional[_Pending], result: Any) -> None:
     if pending is None:
         return
     try:
-        if pending.call.p2p == "recv" and pending.call.peer is None and isinstance(result, int) and result >= 0:
+        if pending.call.p2p == RECV and pending.call.peer is None and isinstance(result, int) and result >= 0:
             # recv from any source: the peer is only known now.
             pending.call.peer = result
             pending.call.rank = pending.call.state.ranks.index(result)
@@ -406,7 +407,7 @@ def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> tuple[list[_Pending
     try:
         calls = []
         for op in p2p_op_list:
-            kind = "send" if op.op is c10d.isend else "recv"
+            kind = SEND if op.op is c10d.isend else RECV
             call = p2p_call(kind, op.tensor, op.peer, op.group, getattr(op, "group_peer", None))
             if call is not None:
                 call.async_op = True
