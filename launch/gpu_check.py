@@ -55,7 +55,7 @@ from typing import Any, Optional
 from commtag.testing.bench import free_port
 from commtag.vocab import (
     ANN_REPLAY, COLLECTIVE_NAME_KEY, COMMS_ID_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
-    KERNEL_EAGER_KEYS, SEQ_KEY,
+    KERNEL_CATEGORY, KERNEL_EAGER_KEYS, KERNEL_NODE_TYPE, SEQ_KEY,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +294,7 @@ def _check_graph_sidecar(graph_trace: dict, graph_side: Any, checks: Checks) -> 
     ]
     checks.check(len(captures) == 2, f"two captures in the graph sidecar (got {len(captures)})")
     checks.check(all(c.replays for c in captures), "the replay log reached the sidecar for every capture")
-    kernel_nodes = [n for c in captures for cc in c.collectives for n in cc.nodes if n.node_type == "kernel"]
+    kernel_nodes = [n for c in captures for cc in c.collectives for n in cc.nodes if n.node_type == KERNEL_NODE_TYPE]
     checks.check(all(n.kernel_name for n in kernel_nodes), "cuFuncGetName gave a name for every captured kernel node")
     funcol_seen = any(cc.source == "c10d-op" for c in captures for cc in c.collectives)
     checks.check(funcol_seen, "the functional all_reduce was caught at the c10d operator level during capture")
@@ -319,7 +319,7 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
     for corr, events in by_corr.items():
         ids_by_key: dict[str, set[int]] = {}
         for e in events:
-            key = base_name(e["name"]) if e["cat"] == "kernel" else e["cat"]
+            key = base_name(e["name"]) if e["cat"] == KERNEL_CATEGORY else e["cat"]
             ids_by_key.setdefault(key, set()).add(int(e["args"][GRAPH_NODE_ID_KEY]) & NODE_ID_MASK)
         for c in captures:
             if corr in capture_of and capture_of[corr] != c.capture_id:
@@ -327,7 +327,7 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
             allowed: Optional[set[int]] = None
             for cc in c.collectives:
                 for n in cc.nodes:
-                    key = base_name(n.kernel_name) if n.node_type == "kernel" else category_of_node.get(n.node_type, "")
+                    key = base_name(n.kernel_name) if n.node_type == KERNEL_NODE_TYPE else category_of_node.get(n.node_type, "")
                     here = {nid - n.index for nid in ids_by_key.get(key, set())}
                     allowed = here if allowed is None else allowed & here
             if allowed:
@@ -351,7 +351,7 @@ def _check_hypothesis2(graph_trace: dict, captures: list, base: int, checks: Che
             e["args"][GRAPH_NODE_ID_KEY] = 0
     by_order = match_graph_replays(stripped, captures, base)
     expected_kernels = sum(
-        1 for c in captures for cc in c.collectives for n in comm_nodes(cc) if n.node_type == "kernel"
+        1 for c in captures for cc in c.collectives for n in comm_nodes(cc) if n.node_type == KERNEL_NODE_TYPE
     )
     findings["hypothesis2_unmatched"] = [u.__dict__ for u in by_order.unmatched]
     findings["hypothesis2"] = "holds" if not [u for u in by_order.unmatched if "copy/memset" not in u.reason] else "refuted"
@@ -388,7 +388,7 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_b
                 seq_wrong.append(m.annotation.replay)
             event = m.event
             findings.setdefault("replayed_event_names", {}).setdefault(name, sorted({event["name"]}))
-            parsed = parse_nccl_kernel(event["name"]) if event.get("cat") == "kernel" else None
+            parsed = parse_nccl_kernel(event["name"]) if event.get("cat") == KERNEL_CATEGORY else None
             findings.setdefault("parsed_kernel_names", {})[name] = parsed.__dict__ if parsed else None
         checks.check(bool(got) and not diffs, f"graph {name}: every replayed event's eager keys equal the eager profiler's {diffs[:2] or ''}")
         checks.check(bool(got) and not seq_wrong, f"graph {name}: Seq is the capture-time Seq and the replay index is set {seq_wrong or ''}")
