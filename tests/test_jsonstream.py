@@ -147,3 +147,24 @@ def test_spaces_inside_a_string_are_kept_while_gaps_around_it_are_squeezed(tmp_p
     assert events == _whole(path)["traceEvents"]
     assert [e["name"] for e in events] == [f"op{inside}{i}" for i in range(6)]
     assert header == {"schemaVersion": 1, "baseTimeNanoseconds": 5}
+
+
+def test_gzip_is_inflated_by_isa_l_when_it_is_installed(tmp_path: Path) -> None:
+    """The merge's largest cost after parsing is inflating the traces: ISA-L does it ~3x faster
+    than zlib (README "Merge throughput"), giving the same events."""
+    igzip = pytest.importorskip("isal.igzip")
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(_awkward_trace(1)))
+    with jsonstream.open_decompressed(path) as stream:
+        assert isinstance(stream, igzip.IGzipFile)
+    assert _streamed(path)[1] == _whole(path)["traceEvents"]
+
+
+def test_a_corrupt_deflate_block_is_refused_with_a_reason(tmp_path: Path) -> None:
+    """A damaged compressed block (not a cut file) is one clear error, whichever inflater reads it."""
+    packed = bytearray(gzip.compress(_awkward_trace(1), compresslevel=9))
+    packed[12] ^= 0xFF  # the first block's header, just after gzip's 10-byte one: no valid block
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(bytes(packed))
+    with pytest.raises(TraceFormatError, match="corrupt gzip"):
+        _streamed(path)

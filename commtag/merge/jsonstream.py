@@ -32,6 +32,12 @@ from typing import BinaryIO, Iterator, Optional
 
 import orjson
 
+try:  # ISA-L's inflate reads a Kineto trace ~3x faster than zlib's (README "Merge throughput")
+    from isal import igzip as _gzip
+    from isal.isal_zlib import error as _InflateError
+except ImportError:  # no wheel for this platform: the standard library's, the same bytes
+    _gzip = gzip
+    _InflateError = zlib.error
 #: Decompressed bytes read at a time.
 READ_BYTES = 1 << 20
 #: JSON bytes per batch of events (about 1.3k Kineto events, ~2.5 MB as dicts).
@@ -57,14 +63,14 @@ _SCALAR = re.compile(rb'[^,}\]\s]+')
 #: The first bytes of every gzip stream: traces, sidecars and .pftrace files come both ways.
 GZIP_MAGIC = b"\x1f\x8b"
 #: What reading a gzip stream raises when it is corrupt or cut short.
-GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, _InflateError)
 
 
 def open_decompressed(path: Path) -> BinaryIO:
     """``path`` for reading, decompressed on the fly when it is gzip. Raises OSError."""
     with open(path, "rb") as stream:
         gzipped = stream.read(2) == GZIP_MAGIC
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+    return _gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
 class TraceFormatError(Exception):
@@ -107,9 +113,7 @@ class TraceStream:
             return False
         try:
             chunk = self._raw.read(READ_BYTES)
-        except gzip.BadGzipFile as exc:
-            raise TraceFormatError(f"truncated or corrupt gzip ({exc})") from None
-        except (EOFError, zlib.error) as exc:
+        except GZIP_ERRORS as exc:
             raise TraceFormatError(f"truncated or corrupt gzip ({exc})") from None
         except OSError as exc:
             raise TraceFormatError(f"cannot read: {exc.strerror or exc}") from None
