@@ -45,10 +45,10 @@ BATCH_BYTES = 1 << 18
 #: Whitespace runs this long or longer are squeezed as they are read (module docstring).
 _GAP = 1 << 16
 _BLANKS = b" \t\r\n"
-#: Blanks made spaces, so that ``bytes.find`` (far faster than a regex) finds long runs.
-_FLAT = bytes.maketrans(b"\t\r\n", b"   ")
-#: Every long run holds this many blanks in a row.
-_WIDE = b" " * 256
+#: Every run of ``_GAP`` blanks covers an offset that is a multiple of this: only runs through
+#: such an offset are looked at (a few byte tests per read, no pass over the text).
+_PROBE_STEP = _GAP // 2
+_BLANK_BYTES = frozenset(_BLANKS)
 _RUN = re.compile(rb"[ \t\r\n]+")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _CUT = re.compile(rb"\}\s*,\s*\{")
@@ -135,15 +135,15 @@ class TraceStream:
         buf = self._buf
         low = max(self._pos, old - _GAP)
         start = at = low + len(buf[low:old].rstrip(_BLANKS))  # where the run reaching ``old`` starts
-        flat = buf[start:].translate(_FLAT)
         parts = []
         kept = start
-        while True:
-            wide = flat.find(_WIDE, at - start)
-            if wide < 0:
-                break
-            # The first wide place found is where its run starts (or ``at``, inside it).
-            run = _RUN.match(buf, start + wide)
+        for probe in range(-(-start // _PROBE_STEP) * _PROBE_STEP, len(buf), _PROBE_STEP):
+            if probe < at or buf[probe] not in _BLANK_BYTES:
+                continue
+            # The run through ``probe`` starts within a step before it: had it started earlier,
+            # the probe a step back would have found it (or it starts at ``start``).
+            before = buf[max(start, probe - _PROBE_STEP):probe]
+            run = _RUN.match(buf, probe - (len(before) - len(before.rstrip(_BLANKS))))
             at = run.end()
             if at - run.start() < _GAP:
                 continue
