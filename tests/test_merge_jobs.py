@@ -163,3 +163,25 @@ def test_a_worker_that_crashes_stops_the_merge_naming_why(tmp_path: Path) -> Non
     assert "merge worker 1 stopped (exit status 1): RuntimeError: boom" in proc.stderr
     assert out.read_bytes() == b"previous"
     assert sorted(p.name for p in out.parent.iterdir()) == ["merged.pftrace"]
+
+
+@pytest.mark.parametrize("mode", ["r+b", "wb"])
+def test_appending_a_part_puts_its_bytes_where_the_output_ends(tmp_path: Path, mode: str) -> None:
+    """Worker 0 appends the other parts with copy_file_range (kernel-side, outside Python's
+    buffer): every byte lands after what the output held, and what is written next follows it."""
+    from commtag.merge.output import append_file
+
+    part = tmp_path / "part"
+    part.write_bytes(os.urandom(3 << 20))
+    out = tmp_path / "out"
+    out.write_bytes(b"ranks of worker 0")
+    with open(out, mode) as sink:
+        if mode == "r+b":
+            sink.seek(0, os.SEEK_END)
+        else:
+            sink.write(b"header")  # still in the buffer when the copy starts
+        with open(part, "rb") as source:
+            append_file(source, sink)
+        sink.write(b"lanes")
+    head = b"ranks of worker 0" if mode == "r+b" else b"header"
+    assert out.read_bytes() == head + part.read_bytes() + b"lanes"

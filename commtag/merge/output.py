@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import shutil
 import stat
@@ -138,6 +139,29 @@ def output_errors(path: Path, what: str = "") -> Iterator[None]:
         raise MergeInputError(path, f"cannot write{what}: {exc.strerror or exc}") from None
 
 
+def append_file(source: BinaryIO, sink: BinaryIO) -> None:
+    """Write all of ``source`` (just opened) at ``sink``'s position. Why not read and write:
+    worker 0 appends the other workers' parts (80 MB in a -j 2 merge of 3 M events) after
+    everyone has finished, so no other worker shortens that time; Linux's ``copy_file_range``
+    copies file to file without bringing the bytes into this process."""
+    if isinstance(sink, (io.BufferedWriter, io.BufferedRandom)) and hasattr(os, "copy_file_range"):
+        sink.flush()
+        into = sink.fileno()
+        copied = 0
+        try:
+            while n := os.copy_file_range(source.fileno(), into, 1 << 30):
+                copied += n
+        except OSError:
+            if copied:
+                raise
+            # not between these two files (another filesystem on an old kernel): by hand, below
+        else:
+            sink.seek(os.lseek(into, 0, os.SEEK_CUR))  # the buffered file learns where the copy ended
+            return
+    while block := source.read(16 << 20):
+        sink.write(block)
+
+
 class _Nowhere:
     """Where the pieces of an output that failed go: they are received, never written."""
 
@@ -214,11 +238,11 @@ class MergeOutput:
         staged --json files into place. Another worker's part is worker 0's to remove now."""
         if self.lead:
             self._shards = [s for s in shards if s != self.part]
-            with self.open_part("ab") as stream:
+            with self.open_part("r+b") as stream:
+                stream.seek(0, os.SEEK_END)
                 for shard in self._shards:
                     with open(shard, "rb") as part:
-                        while block := part.read(16 << 20):
-                            stream.write(block)
+                        append_file(part, stream)
             with self.errors():
                 commit(self.part, self.path)
         else:  # worker 0 removes the shard it appended; a part sent from another host is this one's to remove
@@ -263,8 +287,7 @@ class MergeOutput:
     def copy_part(self, sink: BinaryIO) -> None:
         """This worker's own part, into ``sink``."""
         with open(self.part, "rb") as part:
-            while block := part.read(16 << 20):
-                sink.write(block)
+            append_file(part, sink)
 
     def __enter__(self) -> MergeOutput:
         return self
