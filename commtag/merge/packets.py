@@ -1,19 +1,23 @@
 """The merged trace's cold packets, through Perfetto's generated protos: the header, track
 descriptors, counter values and interned data.
 
-A merge writes a few hundred of these (and one counter value per analysed
-collective) against millions of slice packets, which
+A merge writes a few hundred of these (and about one counter value per
+analysed collective) against millions of slice packets, which
 :mod:`commtag.merge.trace_writer` frames by hand where that measurably pays.
 Here each packet is the generated message, serialized, so what a field means
 is read from Perfetto's own names. Only the ``Trace.packet`` frame around it
-is :func:`commtag.merge.wire.frame`'s.
+is :func:`commtag.merge.wire.frame`'s, and interned data goes out inside the
+hand-framed event packet that first needs it.
 
 Loading the generated module costs a process about 0.05 to 0.14 s and 9 to
 11 MB, so it is loaded at the first cold packet (:func:`protos`), not when
-this module is imported: ``commtag --help``, ``commtag summary`` of a trace
-directory and ``commtag validate`` of nothing written never pay it; a merge
-process (worker 0, and each -j/torchrun worker for its ranks' tracks) pays it
-once.
+this module is imported: ``commtag --help`` and ``commtag summary`` of a
+trace directory never pay it; a process that writes a part of the trace
+(the merge, and each -j/torchrun worker for its ranks' tracks) pays it once,
+after its first rank is read. On the 8-rank, 1 M-event scale set that is
+about 0.1 s of a 13 s merge (the counters' 11,000 packets: 0.06 s here
+against 0.03 s framed by hand), with the same peak RSS, and byte for byte the
+same trace.
 """
 
 from __future__ import annotations
