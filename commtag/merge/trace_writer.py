@@ -376,13 +376,17 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     tails: list[bytes] = []
     tracks: list[bytes] = []
     uuids: list[int] = []
+    #: Per backing track: a BEGIN's first fields, and an END packet's bytes before its timestamp by the
+    #: timestamp's varint length (the packet's size depends only on that).
+    begins: list[bytes] = []
+    end_heads: list[tuple[bytes, ...]] = []
     # BEGIN and END packets (SequenceWriter.event and .end), inlined for the plain case: this loop runs twice
     # per slice of the whole merge. So is the timestamp's varint where its high bits are cached: 28 low bits
-    # by table and the cached rest.
+    # by table and the cached rest. Packets are appended field by field: no temporary bytes per packet.
     ts_bytes, after_ts = seq.encode_timestamp, seq.after_timestamp
     origin, highs, low, mask, small = seq.origin, seq.timestamp_highs, LOW14, MASK14, SMALL_VARINTS
-    packet_tag, ts_tag, begin = TRACE_PACKET, PACKET_TIMESTAMP, BEGIN
-    ts_tag_len = len(ts_tag)
+    packet_tag, ts_tag = TRACE_PACKET, PACKET_TIMESTAMP
+    fixed = len(ts_tag) + len(after_ts)
     for i in order_:
         start, stop = starts[i], ends[i]
         k = 0
@@ -391,7 +395,9 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
                 n = stack.pop() - origin
                 tail = highs.get(n >> 28) if n >= 0x10000000 else None
                 ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(n + origin)
-                body += packet_tag + small[ts_tag_len + len(ts_b) + len(tails[k])] + ts_tag + ts_b + tails[k]
+                body += end_heads[k][len(ts_b)]
+                body += ts_b
+                body += tails[k]
             if not stack or stop <= stack[-1]:
                 break
             k += 1
@@ -401,10 +407,13 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
             track = track_field(uuid)
             tracks.append(track)
             tails.append(seq.end_tail(track))
+            end_heads.append(tuple(packet_tag + varint(len(ts_tag) + size + len(tails[-1])) + ts_tag
+                                   for size in range(11)))
+            begins.append(BEGIN + track)
             stacks.append([])
         stacks[k].append(stop)
         more = extra.get(i)
-        event = begin + tracks[k] + data[offsets[i]:offsets[i + 1]]
+        event = begins[k] + data[offsets[i]:offsets[i + 1]]
         if more:
             event += more
         if not seq.plain:
@@ -414,9 +423,14 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         tail = highs.get(n >> 28) if n >= 0x10000000 else None
         ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(start)
         n = len(event)
-        head = ts_tag + ts_b + after_ts + (small[n] if n < 0x4000 else varint(n))
-        size = len(head) + n
-        body += packet_tag + (small[size] if size < 0x4000 else varint(size)) + head
+        length = small[n] if n < 0x4000 else varint(n)
+        size = fixed + len(ts_b) + len(length) + n
+        body += packet_tag
+        body += small[size] if size < 0x4000 else varint(size)
+        body += ts_tag
+        body += ts_b
+        body += after_ts
+        body += length
         body += event
     for k, stack in enumerate(stacks):
         while stack:
