@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from commtag.merge.errors import MergeFailed
 from commtag.merge.readback import read_trace
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
@@ -185,3 +186,38 @@ def test_appending_a_part_puts_its_bytes_where_the_output_ends(tmp_path: Path, m
         sink.write(b"lanes")
     head = b"ranks of worker 0" if mode == "r+b" else b"header"
     assert out.read_bytes() == head + part.read_bytes() + b"lanes"
+
+
+def _children() -> set[int]:
+    """This process's child processes (Linux: /proc/self/task/*/children)."""
+    return {int(pid) for task in Path("/proc/self/task").iterdir()
+            for pid in (task / "children").read_text().split()}
+
+
+def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed(tmp_path: Path, monkeypatch) -> None:
+    """-j N: the other interpreters start before discovery, so that their imports do not delay
+    their first rank; those discovery shows are not needed (2 ranks, -j 3) exit, and a merge
+    that fails before its workers get their share leaves none behind."""
+    from commtag.merge import merge, pipeline, workers
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for r in range(2):
+        (inputs / f"rank{r}.json").symlink_to(next(DLRM.glob(f"worker{r}_*")))
+    before = _children()
+    seen: list[int] = []
+    discover = pipeline.discover
+
+    def watched(*args, **kwargs):
+        seen.append(len(_children() - before))
+        return discover(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "discover", watched)
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 8, raising=False)  # as many started ahead as asked for, on any machine
+    result = merge(inputs, tmp_path / "merged.pftrace", jobs=3, progress=False)
+    assert result.ranks == [0, 1] and seen == [2]
+    assert _children() - before == set()
+    with pytest.raises(MergeFailed, match="no such file or directory"):
+        merge(tmp_path / "missing", tmp_path / "other.pftrace", jobs=2, progress=False)
+    assert _children() - before == set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "merged.pftrace"]

@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, astuple, fields
@@ -191,12 +192,17 @@ def available_memory() -> Optional[int]:
     return None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def default_jobs(ranks: Sequence[RankInput]) -> int:
     """-j's default: the CPUs this process may use, no more than the input keeps busy and memory holds."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     from commtag.merge.budget import json_bytes  # the budget's module pulls in the writer; -j's default runs once
 
     largest = max((sum(json_bytes(f.path) for f in rank.files) for rank in ranks), default=0)
@@ -209,9 +215,16 @@ class LocalWorld(FileWorld):
     They exchange as torchrun's workers on one host do (:class:`FileWorld`),
     through a folder named as a temporary of this process. Each is
     ``python -c`` running :func:`serve` with ``request`` (the merge's
-    arguments, JSON) and its place; its stderr goes to a file in that
-    folder, whose last line names what stopped it. ``jobs``: how many
+    arguments, JSON) and its place; its stderr goes to an unnamed temporary
+    file, whose last line names what stopped it. ``jobs``: how many
     workers (None: :func:`default_jobs`); never more than ranks.
+
+    With ``jobs`` given, the other interpreters (as many as there are CPUs
+    for) start at once and wait for their request: their start and imports
+    (~0.4 s) overlap this process's discovery instead of delaying their first
+    rank while worker 0 already reads its own (every worker then waits for the
+    last). Those that discovery shows are not needed (fewer ranks than
+    workers) get no request and exit.
     """
 
     def __init__(self, jobs: Optional[int], output: Path, request: dict) -> None:
@@ -220,27 +233,55 @@ class LocalWorld(FileWorld):
         self._output = output
         self._request = request
         self._children: list[subprocess.Popen] = []
+        self._errors: list[BinaryIO] = []
+        #: Started, waiting for a request (:meth:`start` gives it, :meth:`stop` sends them away).
+        self._waiting: list[tuple[subprocess.Popen, BinaryIO]] = []
+        if jobs is not None:
+            try:
+                self._waiting = [self._spawn() for _ in range(min(jobs, usable_cpus()) - 1)]
+            except OSError:  # no process to spare now: start() starts them as it would have
+                self._release()
+
+    @staticmethod
+    def _spawn() -> tuple[subprocess.Popen, BinaryIO]:
+        err = tempfile.TemporaryFile()
+        try:
+            return subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=err), err
+        except BaseException:
+            err.close()
+            raise
 
     def start(self, ranks: Sequence[RankInput]) -> None:
         jobs = self._jobs or default_jobs(ranks)
         size = max(1, min(jobs, len(ranks)))
-        if size == 1:
-            return
         try:
             with output_errors(self._output, " the output"):  # the folder goes beside it
-                self._dir.mkdir(exist_ok=True)
+                if size > 1:
+                    self._dir.mkdir(exist_ok=True)
                 for index in range(1, size):
-                    with open(self._dir / f"w{index}.err", "wb") as err:
-                        child = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
-                                                 stdout=subprocess.DEVNULL, stderr=err)
+                    child, err = self._waiting.pop(0) if self._waiting else self._spawn()
                     self._children.append(child)
+                    self._errors.append(err)
                     child.stdin.write(orjson.dumps({**self._request, "index": index, "size": size,
                                                     "folder": str(self._dir), "owner": os.getpid()}))
                     child.stdin.close()
         except BaseException:
             self.stop(interrupted=True)  # those started already would wait for worker 0 in vain
             raise
+        self._release()
         self.size = size
+
+    def _release(self) -> None:
+        """Send away the started workers no request went to: an empty request ends them."""
+        for child, err in self._waiting:
+            try:
+                child.stdin.close()
+            except OSError:
+                pass  # it is gone already
+            child.wait()
+            err.close()
+        self._waiting = []
 
     def _gone(self) -> Optional[str]:
         for index, child in enumerate(self._children, 1):
@@ -250,7 +291,9 @@ class LocalWorld(FileWorld):
 
     def _last_words(self, index: int) -> str:
         try:
-            lines = (self._dir / f"w{index}.err").read_text(errors="replace").strip().splitlines()
+            err = self._errors[index - 1]
+            err.seek(0)
+            lines = err.read().decode(errors="replace").strip().splitlines()
         except OSError:
             lines = []
         return lines[-1] if lines else "it said nothing"
@@ -263,6 +306,7 @@ class LocalWorld(FileWorld):
         """Wait for the workers this process started to end, then remove their folder. When the
         merge was interrupted, a worker still running after a moment (a Ctrl-C reaches them all
         at once) is interrupted too, so that it removes its part as this process removed its own."""
+        self._release()
         if interrupted:
             time.sleep(_INTERRUPT_GRACE_S)
             for child in self._children:
@@ -274,6 +318,8 @@ class LocalWorld(FileWorld):
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        for err in self._errors:
+            err.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -304,7 +350,10 @@ def serve() -> int:
     from commtag.merge import pipeline
     from commtag.merge.analyze import MergeAnalysis
 
-    request = orjson.loads(sys.stdin.buffer.read())
+    sent = sys.stdin.buffer.read()
+    if not sent:  # started ahead (-j N), then not needed: fewer ranks than workers, or worker 0 stopped
+        return 0
+    request = orjson.loads(sent)
     owner = request.pop("owner")
     world = FileWorld(request.pop("index"), request.pop("size"), Path(request.pop("folder")),
                       lambda: None if os.getppid() == owner else "merge worker 0 is gone")
@@ -467,6 +516,8 @@ def launched(output: Path, work: Callable[[Optional[World]], _Result], local: Op
         if isinstance(world, LocalWorld):
             world.stop(interrupted=True)
         raise
+    if isinstance(world, LocalWorld) and world.size == 1:
+        world.stop()  # the workers started ahead of discovery, if any, are not needed
     if world is None or world.size == 1:  # one process (-j found one worker enough): nobody to tell
         if error is not None:
             raise MergeFailed([error]) from error
