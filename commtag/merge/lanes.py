@@ -24,8 +24,10 @@ FULL_MESH_MAX = 8
 #: Sibling order of a rank's counter and marker tracks: after every lane.
 _AFTER_LANES = 1 << 20
 
-#: Flows of one instance, by ``id(instance)``: (flow ids it starts, flow ids it terminates), None for none.
-InstanceFlows = dict[int, tuple[Optional[tuple[int, ...]], Optional[tuple[int, ...]]]]
+#: Flows of one instance, by ``id(instance)``: (flow ids it starts, flow ids it terminates), None for
+#: none; or one id alone, the only flow it terminates (a big group's members but the first). Held for
+#: every instance at once: tuples of each one's ids were most of a 512-rank merge's peak memory.
+InstanceFlows = dict[int, "int | tuple[Optional[Sequence[int]], Optional[Sequence[int]]]"]
 
 
 def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0) -> tuple[InstanceFlows, int]:
@@ -36,24 +38,33 @@ def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0)
     analysis's rule too) calls one collective. The earlier starting slice
     of a pair starts the flow (ties: lower rank, which a lanes block writes
     first): trace_processor drops a terminating id it has not seen start.
+    Pairs are numbered member by member (first member with each later one,
+    then the second's, ...), so the ids a member starts are one run.
     """
-    flows: dict[int, tuple[list, list]] = {}
+    flows: InstanceFlows = {}
     counter = numbered
     for members in match_groups(instances):
-        if len(members) < 2 or len({m.rank for m in members}) != len(members):
+        n = len(members)
+        if n < 2 or len({m.rank for m in members}) != n:
             continue
         members.sort(key=lambda m: (m.start_ns, m.rank))
-        pairs = (
-            [(i, j) for i in range(len(members)) for j in range(i + 1, len(members))]
-            if len(members) <= FULL_MESH_MAX
-            else [(0, j) for j in range(1, len(members))]
-        )
-        for i, j in pairs:
-            counter += 1
-            fid = flow_id(FLOW_CROSS_RANK, 0, counter)
-            flows.setdefault(id(members[i]), ([], []))[0].append(fid)
-            flows.setdefault(id(members[j]), ([], []))[1].append(fid)
-    return {key: (tuple(a) or None, tuple(b) or None) for key, (a, b) in flows.items()}, counter
+        first = flow_id(FLOW_CROSS_RANK, 0, counter + 1)  # the id of this group's pair number k is first + k
+        if n <= FULL_MESH_MAX:
+            # Pair (i, j), i < j, is number starts[i] + (j - i - 1), where starts[i] counts the pairs before i's.
+            starts = [0] * n
+            for i in range(1, n):
+                starts[i] = starts[i - 1] + n - i
+            for j, member in enumerate(members):
+                out = range(first + starts[j], first + starts[j] + n - 1 - j) if j < n - 1 else None
+                into = tuple(first + starts[i] + j - i - 1 for i in range(j)) or None
+                flows[id(member)] = (out, into)
+            counter += n * (n - 1) // 2
+        else:  # a star from the first member
+            flows[id(members[0])] = (range(first, first + n - 1), None)
+            for j in range(1, n):
+                flows[id(members[j])] = first + j - 1
+            counter += n - 1
+    return flows, counter
 
 
 class LanesWriter:
@@ -112,9 +123,10 @@ class LanesWriter:
         seq = self.seq
         row = Row()
         for inst in instances:
-            fout, fin = flows.get(id(inst), (None, None))
+            found = flows.get(id(inst))
+            fout, fin = (None, None) if found is None else (None, (found,)) if found.__class__ is int else found
             if inst.source_flow is not None:
-                fin = (fin or ()) + (inst.source_flow,)
+                fin = (*(fin or ()), inst.source_flow)
             data = seq.body(inst.collective, "collective", None)
             common, own = inst.common_args, inst.args
             if own.keys().isdisjoint(common):  # then all_args() encodes as common, then own
