@@ -497,7 +497,7 @@ class RankConverter:
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
         self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
         for g in group_rows(trace, sidecar):
-            self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, list(g.ranks))
+            self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, self.interner.shared(tuple(g.ranks)))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
         if self.breakdowns:
             self._categorize(file)

@@ -633,7 +633,7 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
                   lane_kernels: dict[str, dict], files: list[FileSpan]) -> RankSummary:
     groups = dict(converter.groups)
     for inst in converter.instances:
-        groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, list(inst.group_ranks)))
+        groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
                        converter.windows, converter.world_size, files=files)
 

@@ -221,8 +221,9 @@ class GroupLane(NamedTuple):
     lane_name: str
     lane_id: int
     pg_uid: str
-    #: Global ranks in group-rank order (empty if unknown).
-    ranks: list[int]
+    #: Global ranks in group-rank order (empty if unknown); one tuple for every rank of the
+    #: group (the merge's :class:`Interner`): a list per rank grew with the square of the ranks.
+    ranks: tuple[int, ...]
 
 
 @dataclass(slots=True)

@@ -636,7 +636,8 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
             for at in _TEXTS_AT:
                 row[at] = texts[row[at]]
             instances.append(CollectiveInstance(*row))
-        s["groups"] = [GroupLane(*g) for g in s["groups"]]
+        s["groups"] = [GroupLane(name, lane_id, uid, interner.shared(tuple(ranks)))
+                       for name, lane_id, uid, ranks in s["groups"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
         s["account"] = None if s["account"] is None else EventAccount(**s["account"])
         s["files"] = [FileSpan(*f) for f in s["files"]]
