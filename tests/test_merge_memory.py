@@ -1,0 +1,92 @@
+"""What a merge holds for every rank at once stays small (#17 item 3: memory flat in ranks).
+
+A merge keeps each rank's collective records until the lanes are written; anything
+else it keeps per rank or per instance multiplies by the world size. These tests pin
+the two shapes that grew with the ranks: the cross-rank flow ids of every instance
+(the peak of a 512-rank merge) and each rank's copy of every group's member list.
+``launch/bench_ranks.py`` measures the peak RSS of 32- and 512-rank merges.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+from commtag.merge.ids import FLOW_CROSS_RANK, flow_id
+from commtag.merge.lanes import FULL_MESH_MAX, cross_rank_flows
+from commtag.merge.pipeline import MergeOptions, make_plan, write_ranks
+from commtag.merge.records import CollectiveInstance, match_groups
+from commtag.merge.workers import SoloWorld
+
+WORLD = tuple(range(512))
+
+
+def _instance(rank: int, uid: str, ranks: tuple[int, ...], seq: int, start_ns: int) -> CollectiveInstance:
+    return CollectiveInstance(rank=rank, pg_uid=uid, is_p2p=False, seq=seq, replay=None, collective="allreduce",
+                              in_nelems=1024, out_nelems=1024, dtype="Float", group_size=len(ranks), group_ranks=ranks,
+                              start_ns=start_ns, end_ns=start_ns + 10_000, source="nccl-kernel", lane_name=uid)
+
+
+def _job() -> list[CollectiveInstance]:
+    """A 512-rank world's all-reduces (a star of flows each) and its 8-rank groups' (a full mesh)."""
+    world = [_instance(r, "0", WORLD, seq, 10**12 + seq * 10**6 + (r * 7919) % 1000)
+             for seq in range(64) for r in WORLD]
+    tp = [_instance(r, f"tp{r // 8}", WORLD[r // 8 * 8: r // 8 * 8 + 8], seq, 2 * 10**12 + seq * 10**6 + r % 5)
+          for seq in range(8) for r in WORLD]
+    return world + tp
+
+
+def _pairwise(instances: list[CollectiveInstance]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The flows by their definition: per matched collective in order, members by start then rank,
+    pairs (i, j) numbered one after another (every pair up to FULL_MESH_MAX members, else 0 with each)."""
+    flows: dict[int, tuple[list, list]] = {}
+    counter = 0
+    for members in match_groups(instances):
+        members = sorted(members, key=lambda m: (m.start_ns, m.rank))
+        n = len(members)
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)] if n <= FULL_MESH_MAX else [(0, j) for j in range(1, n)]
+        for i, j in pairs:
+            counter += 1
+            flows.setdefault(id(members[i]), ([], []))[0].append(flow_id(FLOW_CROSS_RANK, 0, counter))
+            flows.setdefault(id(members[j]), ([], []))[1].append(flow_id(FLOW_CROSS_RANK, 0, counter))
+    return {key: (tuple(a), tuple(b)) for key, (a, b) in flows.items()}
+
+
+def _as_tuples(found) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if found.__class__ is int:
+        return (), (found,)
+    out, into = found
+    return tuple(out or ()), tuple(into or ())
+
+
+def test_cross_rank_flows_of_a_512_rank_world_are_the_pairs_and_take_little_memory() -> None:
+    instances = _job()
+    expected = _pairwise(instances)
+    tracemalloc.start()
+    try:
+        flows, counted = cross_rank_flows(instances)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert {key: _as_tuples(value) for key, value in flows.items()} == expected
+    assert counted == 64 * 511 + 8 * 64 * 28
+    # Held for every instance of the job at once: tuples of lists of every instance's ids took 481 bytes each.
+    per_instance = peak / len(instances)
+    assert per_instance < 200, f"{per_instance:.0f} bytes per instance"
+
+
+def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: Path) -> None:
+    plan = make_plan([gloo_run], tmp_path / "merged.pftrace", MergeOptions(progress=False), SoloWorld())
+    with plan.output:
+        summaries = write_ranks(plan)
+    assert [s.rank for s in summaries] == [0, 1, 2, 3]
+    by_uid: dict[str, list] = {}
+    for summary in summaries:
+        for group in summary.groups:
+            by_uid.setdefault(group.pg_uid, []).append(group.ranks)
+    world = [uid for uid, lists in by_uid.items() if len(lists) == 4]
+    assert world, f"no group known to all 4 ranks: {by_uid}"
+    for uid, lists in by_uid.items():
+        assert all(ranks == lists[0] for ranks in lists), uid
+        # One object, not one per rank: a world of N ranks would hold N copies of N members.
+        assert all(ranks is lists[0] for ranks in lists), f"group {uid}: each rank holds its own member list"
