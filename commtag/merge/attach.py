@@ -130,12 +130,16 @@ def own_args(annotation: CollectiveAnnotation, **more: object) -> dict:
 
 
 def _instance(interner: Interner, rank: int, parts: tuple[dict, dict], start: int, end: int, source: str,
-              group: Optional[GroupRow], flow: Optional[int]) -> CollectiveInstance:
+              group: Optional[GroupRow], flow: Optional[int], members: dict[tuple, tuple[int, ...]]) -> CollectiveInstance:
     """The instance whose slices carry ``parts`` (an event's common and own args), with its
-    rank and source added."""
+    rank and source added. ``members``: the file's member tuples by group (made once per group:
+    a world's ranks copied and hashed for each instance grew with the square of the ranks)."""
     event_common, own = parts
     common_args = interner.with_source(event_common, source)
-    ranks = interner.shared(tuple(group.ranks) if group else ranks_of(common_args))
+    key = (True, group.uid) if group else (False, str(common_args.get(PG_RANKS_KEY, "[]")))
+    ranks = members.get(key)
+    if ranks is None:
+        ranks = members[key] = interner.shared(tuple(group.ranks) if group else ranks_of(common_args))
     return CollectiveInstance.from_args(
         common_args, rank=rank, seq=whole(own.get(SEQ_KEY), 0), replay=own.get(ANN_REPLAY), group_ranks=ranks,
         start_ns=start, end_ns=end, source=source, own={**own, ANN_RANK: rank}, common_args=common_args,
@@ -221,6 +225,8 @@ class _RankAttacher:
         rows = group_rows(trace, sidecar)
         self.groups = group_table(rows)
         self.by_uid = {g.uid: g for g in rows}
+        #: Each group's member ranks as the merge's one tuple (see :func:`_instance`).
+        self.members: dict[tuple, tuple[int, ...]] = {}
         self.instances: list[CollectiveInstance] = []
         self.taken: set[int] = set()
         self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
@@ -322,7 +328,7 @@ class _RankAttacher:
             first = min(works, key=lambda w: w[0]) if works else None
             source = op if op is not None and (first is None or op[0] <= first[0]) else first
             flow = self.flows.source(source[2]) if source is not None else None
-            self.instances.append(_instance(self.interner, self.rank, parts, timing[0], timing[1], "gloo", call.group, flow))
+            self.instances.append(_instance(self.interner, self.rank, parts, timing[0], timing[1], "gloo", call.group, flow, self.members))
         return leftover
 
     def _take_op(self, rec: RecordedCollective) -> Optional[tuple]:
@@ -477,7 +483,7 @@ class _RankAttacher:
                 parts = self.interner.split(self._complete(args, derived, order))
             self._annotate(e, parts)
             group = self.by_uid.get(str(parts[0][ANN_PG_UID]))
-            self.instances.append(_instance(self.interner, self.rank, parts, start, end, source, group, self.flows.source(e)))
+            self.instances.append(_instance(self.interner, self.rank, parts, start, end, source, group, self.flows.source(e), self.members))
 
     def _comms_ops(self) -> list[tuple[int, int, dict, dict, str]]:
         """The record_param_comms ops as calls: each timed by its NCCL kernel (the same
@@ -550,7 +556,7 @@ class _RankAttacher:
             self.instances.append(_instance(
                 self.interner, self.rank, (sites[(cap_id, ci, first.method)], own),
                 min(s[0] for s in spans), max(s[1] for s in spans),
-                "graph-replay", self.by_uid.get(annotation.pg_uid), self.flows.source(first.event),
+                "graph-replay", self.by_uid.get(annotation.pg_uid), self.flows.source(first.event), self.members,
             ))
 
     # -- kernels with no metadata -----------------------------------------
@@ -571,7 +577,8 @@ class _RankAttacher:
                 ANN_PG_UID: f"{UNATTRIBUTED_UID}:{kind}", ANN_P2P: kind in P2P_FAMILIES,
                 ANN_INFERRED: "collective from the kernel name; group unknown; Seq = order on this rank",
             }
-            inst = _instance(self.interner, self.rank, self.interner.split(eager), start, end, "nccl-kernel", None, self.flows.source(e))
+            inst = _instance(self.interner, self.rank, self.interner.split(eager), start, end, "nccl-kernel", None, self.flows.source(e),
+                             self.members)
             inst.group_size = int(world)
             self.instances.append(inst)
 
