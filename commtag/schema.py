@@ -38,6 +38,14 @@ def _is_list_string(value: str) -> bool:
     return _RANK_LIST.match(value) is not None
 
 
+@lru_cache(maxsize=256)
+def _rank_list(value: str) -> Optional[tuple[int, frozenset[int]]]:
+    """How many ranks a list string names, and which; None when truncated or empty. Cached
+    like :func:`_is_list_string`: every record of a group parsed its ranks again."""
+    ranks = parse_rank_list(value)
+    return None if ranks is None else (len(ranks), frozenset(ranks))
+
+
 class CollectiveAnnotation(BaseModel):
     """One collective call, as the eager NCCL profiler would describe it."""
 
@@ -96,16 +104,16 @@ class CollectiveAnnotation(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "CollectiveAnnotation":
-        ranks = parse_rank_list(self.pg_ranks)
-        if ranks is not None and len(ranks) != self.group_size:
+        listed = _rank_list(self.pg_ranks)
+        if listed is not None and listed[0] != self.group_size:
             raise ValueError(
-                f"Group size: {self.group_size} but Process Group Ranks lists {len(ranks)} ranks"
+                f"Group size: {self.group_size} but Process Group Ranks lists {listed[0]} ranks"
             )
         if self.rank >= self.group_size:
             raise ValueError(f"Rank: {self.rank} is outside a group of size {self.group_size}")
         for key, peer in ((DST_RANK_KEY, self.dst_rank), (SRC_RANK_KEY, self.src_rank)):
-            if peer is not None and ranks is not None and peer not in ranks:
-                raise ValueError(f"{key}: global rank {peer} is not in the group {ranks}")
+            if peer is not None and listed is not None and peer not in listed[1]:
+                raise ValueError(f"{key}: global rank {peer} is not in the group {parse_rank_list(self.pg_ranks)}")
         return self
 
     def eager_dict(self) -> dict[str, object]:
@@ -287,7 +295,8 @@ class Sidecar(SidecarHead):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Sidecar":
-        groups = {pg.uid: pg for pg in self.process_groups}
+        # Each group's members as a set, once: a list searched for every record took O(world size) each.
+        groups = {pg.uid: (pg, frozenset(pg.ranks)) for pg in self.process_groups}
         for recorded in self.collectives:
             _check_against_table(recorded.annotation, groups, self.rank)
         for capture in self.captures:
@@ -296,16 +305,17 @@ class Sidecar(SidecarHead):
         return self
 
 
-def _check_against_table(ann: CollectiveAnnotation, groups: dict[str, ProcessGroupInfo], rank: int) -> None:
-    pg = groups.get(ann.pg_uid)
+def _check_against_table(ann: CollectiveAnnotation, groups: dict[str, tuple[ProcessGroupInfo, frozenset[int]]],
+                         rank: int) -> None:
+    pg, members = groups.get(ann.pg_uid, (None, frozenset()))
     if pg is None:
         raise ValueError(f"commtag pg uid: {ann.pg_uid!r} is not in the process-group table")
     if len(pg.ranks) != ann.group_size:
         raise ValueError(
             f"Group size: {ann.group_size} but group {pg.uid} has {len(pg.ranks)} ranks"
         )
-    if rank not in pg.ranks:
+    if rank not in members:
         raise ValueError(f"Rank: this rank ({rank}) is not a member of group {pg.uid}")
     for key, peer in ((DST_RANK_KEY, ann.dst_rank), (SRC_RANK_KEY, ann.src_rank)):
-        if peer is not None and peer not in pg.ranks:
+        if peer is not None and peer not in members:
             raise ValueError(f"{key}: global rank {peer} is not in group {pg.uid} {pg.ranks}")

@@ -59,6 +59,11 @@ def test_sidecar_next_to_its_trace():
         (lambda good: good.replace(b'"Process Group Ranks":"[0, 1]"', b'"Process Group Ranks":"[0,1]"'),
          "Process Group Ranks"),
         (lambda good: good.replace(b'"In split size":"[]"', b'"In split size":"[1, 2"'), "In split size"),
+        # the group checks read each group's members once (sets): a peer or rank outside still fails
+        (lambda good: good.replace(b'"Rank":1', b'"Rank":1,"Dst Rank":5'), "Dst Rank: global rank 5 is not in"),
+        (lambda good: good.replace(b'"ranks":[0,1]', b'"ranks":[0,2]'), "this rank \\(1\\) is not a member"),
+        (lambda good: good.replace(b'"Process Group Ranks":"[0, 1]"', b'"Process Group Ranks":"[0, 1, 2]"'),
+         "Group size: 2 but Process Group Ranks lists 3 ranks"),
     ],
 )
 def test_bad_files_are_refused_naming_file_and_problem(tmp_path: Path, content, problem):
