@@ -12,6 +12,8 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from commtag.merge.ids import FLOW_CROSS_RANK, flow_id
 from commtag.merge.lanes import FULL_MESH_MAX, cross_rank_flows
 from commtag.merge.pipeline import MergeOptions, make_plan, write_ranks
@@ -75,6 +77,7 @@ def test_cross_rank_flows_of_a_512_rank_world_are_the_pairs_and_take_little_memo
     assert per_instance < 200, f"{per_instance:.0f} bytes per instance"
 
 
+@pytest.mark.slow  # a real 4-rank gloo run
 def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: Path) -> None:
     plan = make_plan([gloo_run], tmp_path / "merged.pftrace", MergeOptions(progress=False), SoloWorld())
     with plan.output:
