@@ -118,7 +118,8 @@ class FileWorld:
         self._round += 1
         self._publish(f"r{self._round}", data)
         paths = self._wait(f"r{self._round}")
-        return [p.read_bytes() for p in paths]
+        # Its own part is ``data``: read back, it was every worker's records once more in memory.
+        return [data if w == self.index else p.read_bytes() for w, p in enumerate(paths)]
 
     def close(self) -> None:
         """Say this worker is done; worker 0 waits for everyone's word, then removes the exchange;
@@ -418,7 +419,11 @@ class TorchWorld:
             self._dist.all_gather(chunks, mine)
             for got, chunk, length in zip(out, chunks, lengths):
                 got += chunk[: max(0, min(step, length - at))].numpy().tobytes()
-        return [bytes(b) for b in out]
+        # One part at a time to bytes, its bytearray dropped: copying all at once held every part twice.
+        gathered = []
+        while out:
+            gathered.append(bytes(out.pop(0)))
+        return gathered
 
     def send_part(self, path: Path) -> None:
         """Send this worker's part to worker 0, chunk by chunk (a length, then the bytes; 0 ends it,
@@ -578,7 +583,14 @@ def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[
     except MergeInputError as exc:
         error = exc
         payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
-    parts = [None if i == world.index else orjson.loads(blob) for i, blob in enumerate(world.all_gather_bytes(payload))]
+    blobs = world.all_gather_bytes(payload)
+    del payload
+    # Each part parsed, then its bytes dropped: every worker's records are in memory once at a time, not twice.
+    parts: list[Optional[dict]] = []
+    for i in range(len(blobs)):
+        blob, blobs[i] = blobs[i], b""
+        parts.append(None if i == world.index else orjson.loads(blob))
+        del blob
     for part in parts:
         if part is None and error is not None:
             raise error
