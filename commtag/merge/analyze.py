@@ -333,9 +333,12 @@ def _expected(members: list[CollectiveInstance]) -> set[int]:
     first = members[0]
     if first.is_p2p:
         return set(first.p2p_ends or (first.rank,))
+    # Members of one group share one interned rank list: each distinct list is walked once, not once per
+    # member (that was group size squared per collective: 1 M inserts for each call of a 1,024-rank group).
+    lists = {id(inst.group_ranks): inst.group_ranks for inst in members}
     ranks: set[int] = set()
-    for inst in members:
-        ranks.update(inst.group_ranks)
+    for group_ranks in lists.values():
+        ranks.update(group_ranks)
     return ranks
 
 
