@@ -221,3 +221,27 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
         merge(tmp_path / "missing", tmp_path / "other.pftrace", jobs=2, progress=False)
     assert _children() - before == set()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "merged.pftrace"]
+
+
+def test_workers_take_the_ranks_worker_0_discovered(tmp_path: Path) -> None:
+    """Discovery reads every file's head (and sidecar head): the other workers take what worker 0
+    found instead of reading them all again before their first rank."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(  # only in the workers the merge starts (python -c)
+        "import sys\n"
+        "if sys.argv[:1] == ['-c']:\n"
+        "    from commtag.merge import pipeline\n"
+        "    def discover(*args, **kwargs):\n"
+        "        raise RuntimeError('discovered again')\n"
+        "    pipeline.discover = discover\n"
+    )
+    single, double = tmp_path / "single.pftrace", tmp_path / "double.pftrace"
+    pythonpath = os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
+    one = _merge(str(DLRM), "-o", str(single), "-j", "1")
+    two = subprocess.run([sys.executable, "-m", "commtag.merge", str(DLRM), "-o", str(double), "-j", "2",
+                          "--no-progress"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": pythonpath})
+    assert one.returncode == two.returncode == 0, two.stderr
+    assert two.stderr == one.stderr
+    _assert_same_trace(double, single)

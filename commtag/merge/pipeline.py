@@ -259,7 +259,8 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
         shares = hosts.share(world, paths, options.rank_pattern, skipped, options.rank)
         ranks, mine, local, notices = shares.ranks, shares.mine, shares.local, shares.notices
     else:
-        ranks = local = discover(paths, options.rank_pattern, skipped, rank=options.rank)
+        # A -j worker takes what worker 0 discovered (it says what it skipped in the exchange).
+        ranks = local = world.discovered or discover(paths, options.rank_pattern, skipped, rank=options.rank)
         notices = []
     out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0,
                       apart=apart)

@@ -65,6 +65,8 @@ class World(Protocol):
     size: int
     #: Whether each worker sees only its own host's files (:class:`TorchWorld`), not one shared folder.
     apart: bool
+    #: The ranks worker 0 discovered, when it sent them (a ``-j`` worker): not discovered again.
+    discovered: Optional[list[RankInput]]
 
     def start(self, ranks: int) -> None:
         """Discovery found ``ranks`` ranks: a world that starts its own workers starts them now."""
@@ -78,6 +80,7 @@ class SoloWorld:
     index = 0
     size = 1
     apart = False
+    discovered = None
 
     def start(self, ranks: Sequence[RankInput]) -> None:
         pass
@@ -103,9 +106,11 @@ class FileWorld:
     apart = False
 
     def __init__(self, index: int, size: int, folder: Path,
-                 watch: Callable[[], Optional[str]] = lambda: None) -> None:
+                 watch: Callable[[], Optional[str]] = lambda: None,
+                 discovered: Optional[list[RankInput]] = None) -> None:
         self.index = index
         self.size = size
+        self.discovered = discovered
         self._dir = folder
         #: Why waiting on is pointless (a worker is gone), else None; asked while waiting.
         self._watch = watch
@@ -260,12 +265,14 @@ class LocalWorld(FileWorld):
             with output_errors(self._output, " the output"):  # the folder goes beside it
                 if size > 1:
                     self._dir.mkdir(exist_ok=True)
+                found = ranks_to_wire(ranks)  # what worker 0 discovered: each worker would find the same
                 for index in range(1, size):
                     child, err = self._waiting.pop(0) if self._waiting else self._spawn()
                     self._children.append(child)
                     self._errors.append(err)
                     child.stdin.write(orjson.dumps({**self._request, "index": index, "size": size,
-                                                    "folder": str(self._dir), "owner": os.getpid()}))
+                                                    "folder": str(self._dir), "owner": os.getpid(),
+                                                    "ranks": found}))
                     child.stdin.close()
         except BaseException:
             self.stop(interrupted=True)  # those started already would wait for worker 0 in vain
@@ -324,6 +331,20 @@ class LocalWorld(FileWorld):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+def ranks_to_wire(ranks: Sequence[RankInput]) -> list:
+    """Discovered ranks as JSON data for a -j worker: each rank's files, sidecars, sizes, base times."""
+    return [[r.rank, [[str(f.path), None if f.sidecar is None else str(f.sidecar), f.size, f.base_ns]
+                      for f in r.files]] for r in ranks]
+
+
+def ranks_from_wire(data: list) -> list[RankInput]:
+    """The ranks :func:`ranks_to_wire` sent."""
+    from commtag.merge.load import RankInput, TraceFile
+
+    return [RankInput(rank, [TraceFile(Path(path), None if sidecar is None else Path(sidecar), size, base)
+                             for path, sidecar, size, base in files]) for rank, files in data]
+
+
 def selection_to_wire(selection: Optional[Selection]) -> Optional[dict]:
     """A --steps/--window/--detail selection as JSON data for a -j worker."""
     if selection is None:
@@ -357,7 +378,8 @@ def serve() -> int:
     request = orjson.loads(sent)
     owner = request.pop("owner")
     world = FileWorld(request.pop("index"), request.pop("size"), Path(request.pop("folder")),
-                      lambda: None if os.getppid() == owner else "merge worker 0 is gone")
+                      lambda: None if os.getppid() == owner else "merge worker 0 is gone",
+                      ranks_from_wire(request.pop("ranks")))
     analysis = MergeAnalysis() if request.pop("analysis") else None
     selection = selection_from_wire(request.pop("selection"))
     error: Optional[MergeInputError] = None
@@ -385,6 +407,7 @@ class TorchWorld:
 
     #: The workers' folders are their own: discovery and the parts go through the group.
     apart = True
+    discovered = None
 
     def __init__(self) -> None:
         from datetime import timedelta
