@@ -630,15 +630,18 @@ _TEXTS_AT = [_FIELDS.index(name) for name in ("pg_uid", "collective", "dtype", "
 
 
 def to_wire(summaries: list[RankSummary]) -> dict:
-    """Summaries as JSON data: each instance a list of its fields, its ``common_args``, texts
-    and member ranks indexes into tables, so that what many instances share travels once."""
+    """Summaries as JSON data: a rank's instances as one column per field (not a list per
+    instance: on both ends those were most of what the exchange added to a worker's peak), their
+    ``common_args``, texts and member ranks indexes into tables, so that what many instances
+    share travels once. Shared objects are found by identity (member tuples are interned), not
+    hashed again for every instance."""
     index: dict[int, int] = {}
     table: list[dict] = []
     texts: dict[str, int] = {}
-    rank_lists: dict[tuple, int] = {}
+    rank_lists: dict[int, tuple[int, tuple]] = {}
     out = []
     for s in summaries:
-        rows = []
+        columns: list[list] = [[] for _ in _FIELDS]
         for inst in s.instances:
             row = [getattr(inst, name) for name in _FIELDS]
             ref = index.get(id(inst.common_args))
@@ -648,13 +651,19 @@ def to_wire(summaries: list[RankSummary]) -> dict:
             row[_COMMON_AT] = ref
             for at in _TEXTS_AT:
                 row[at] = texts.setdefault(row[at], len(texts))
-            row[_RANKS_AT] = rank_lists.setdefault(row[_RANKS_AT], len(rank_lists))
-            rows.append(row)
+            ranks = row[_RANKS_AT]
+            found = rank_lists.get(id(ranks))
+            if found is None:  # held with its number, so that its id stays its own
+                found = rank_lists[id(ranks)] = (len(rank_lists), ranks)
+            row[_RANKS_AT] = found[0]
+            for column, value in zip(columns, row):
+                column.append(value)
         out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": [list(g) for g in s.groups],
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
-                    "files": [astuple(f) for f in s.files], "instances": rows,
+                    "files": [astuple(f) for f in s.files], "instances": columns,
                     "account": None if s.account is None else asdict(s.account)})
-    return {"common": table, "texts": list(texts), "ranks": list(rank_lists), "summaries": out}
+    return {"common": table, "texts": list(texts), "ranks": [ranks for _, ranks in rank_lists.values()],
+            "summaries": out}
 
 
 def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
@@ -665,7 +674,8 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
     summaries = []
     for s in data["summaries"]:
         instances = []
-        for row in s.pop("instances"):
+        for values in zip(*s.pop("instances")):
+            row = list(values)
             row[_COMMON_AT] = table[row[_COMMON_AT]]
             row[_RANKS_AT] = rank_lists[row[_RANKS_AT]]
             for at in _TEXTS_AT:
