@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts the generator as a process
+
 GENERATOR = (sys.executable, "-m", "commtag.testing.scaleset")
 WORLD = 16
 
