@@ -27,9 +27,10 @@ from /proc as in launch/bench_merge.py):
   clock offsets ``--align`` found against the manifest's.
 
 Then the costs (least squares over the three sets) and the projection. Usage:
-``python launch/bench_scale.py [--quick] [--skip-j1] [--workdir DIR] [--json FILE]``.
-About 8 minutes on an idle 2-core machine once the sets exist (generating
-them takes about 3 more).
+``python launch/bench_scale.py [--quick] [--skip-j1] [--workdir DIR] [--json FILE]``
+(``--report FILE`` prints again what ``--json FILE`` saved). About 6 minutes on
+the 2-core machine at load 2-5 once the sets exist (generating them: about 4 more).
+Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
