@@ -237,16 +237,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: The shell's exit status for a command stopped by Ctrl-C (128 + SIGINT).
+#: The shell's exit status for a command stopped by Ctrl-C (128 + SIGINT) or by SIGTERM (128 + 15).
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from commtag.merge.errors import Terminated, sigterm_stops_cleanly
+
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
+        with sigterm_stops_cleanly():
+            return int(args.func(args))
+    except KeyboardInterrupt as exc:
         # The merge's temporaries are gone by now (its cleanup ran on the way out); outputs
         # appear only by an atomic rename, so the previous ones are as they were.
-        sys.stderr.write(f"commtag {args.command}: interrupted; no file was changed\n")
-        return EXIT_INTERRUPTED
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        sys.stderr.write(f"commtag {args.command}: {how}; no file was changed\n")
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED

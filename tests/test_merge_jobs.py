@@ -120,7 +120,10 @@ def test_skipped_ranks_are_the_same_under_two_workers(tmp_path: Path) -> None:
     _assert_same_trace(double, single)
 
 
-def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop, status, said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+                         ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Path, stop: int, status: int,
+                                                                   said: str) -> None:
     inputs = tmp_path / "set"
     made = subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "4", "--events", "200000",
                            "--ranks-per-node", "1", "-o", str(inputs)], capture_output=True, text=True, timeout=300)
@@ -135,10 +138,10 @@ def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Pat
         assert proc.poll() is None, f"the merge ended before it was interrupted: {proc.communicate()}"
         assert time.monotonic() < deadline, "the workers never started writing"
         time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)  # to worker 0 alone: it stops the worker it started
+    proc.send_signal(stop)  # to worker 0 alone: it stops the worker it started
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert err.splitlines() == ["commtag merge: interrupted; no file was changed"]
+    assert proc.returncode == status, err
+    assert err.splitlines() == [f"commtag merge: {said}; no file was changed"]
     assert list(out_dir.iterdir()) == []
 
 

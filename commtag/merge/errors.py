@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 
 class MergeInputError(Exception):
@@ -27,3 +30,25 @@ class MergeFailed(MergeInputError):
         super().__init__(errors[0].path, errors[0].problem)
         self.errors = list(errors)
         self.lead = lead
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, a job scheduler, torchrun stopping its workers): the merge stops as Ctrl-C
+    stops it, its temporaries and the workers it started gone, rather than dying where it stood."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_stops_cleanly() -> Iterator[None]:
+    """While inside, SIGTERM raises :class:`Terminated` (main thread only: signals reach no other)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -40,7 +40,7 @@ import orjson
 
 from commtag.atomic import temporary, write_atomic
 from commtag.merge.convert import EventAccount
-from commtag.merge.errors import MergeFailed, MergeInputError
+from commtag.merge.errors import MergeFailed, MergeInputError, sigterm_stops_cleanly
 from commtag.merge.output import output_errors
 from commtag.merge.records import CollectiveInstance, GroupLane, Interner, RankSummary
 from commtag.merge.runs import FileSpan
@@ -384,8 +384,9 @@ def serve() -> int:
     selection = selection_from_wire(request.pop("selection"))
     error: Optional[MergeInputError] = None
     try:
-        pipeline.merge(request.pop("inputs"), request.pop("output"), world=world, analysis=analysis,
-                       selection=selection, progress=False, **request)
+        with sigterm_stops_cleanly():  # killed alone, it removes its part as an interrupted one does
+            pipeline.merge(request.pop("inputs"), request.pop("output"), world=world, analysis=analysis,
+                           selection=selection, progress=False, **request)
     except MergeInputError as exc:
         error = exc
     failed = bool(settle(world, error))
