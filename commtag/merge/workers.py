@@ -577,12 +577,14 @@ def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: I
         # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
         return sorted(produce(), key=lambda s: s.rank)
     mine: list[RankSummary] = []
+    batches: list[list[RankSummary]] = [[]]
 
     def step() -> dict:
-        nonlocal mine
+        nonlocal mine, batches
         mine = produce()
-        return {**to_wire(mine), "skipped": [[str(e.path), e.problem] for e in skipped or ()],
-                "notices": list(notices or ())}
+        batches = _rounds(mine)
+        return {**to_wire(batches[0]), "rounds": len(batches),
+                "skipped": [[str(e.path), e.problem] for e in skipped or ()], "notices": list(notices or ())}
 
     parts = all_done(world, step)
     if notices is not None:
@@ -591,8 +593,34 @@ def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: I
         every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
         union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
         skipped[:] = [MergeInputError(path, problem) for path, problem in union]
-    return sorted((s for part in parts for s in (mine if part is None else from_wire(part, interner))),
-                  key=lambda s: s.rank)
+    rounds = max([len(batches)] + [part["rounds"] for part in parts if part is not None])
+    others = [s for part in parts if part is not None for s in from_wire(part, interner)]
+    del parts
+    for r in range(1, rounds):
+        for part in all_done(world, lambda r=r: to_wire(batches[r] if r < len(batches) else [])):
+            if part is not None:
+                others += from_wire(part, interner)
+    return sorted(mine + others, key=lambda s: s.rank)
+
+
+#: Collective instances a merge worker sends per exchange round. orjson parses a whole document
+#: into a tree of its own before it makes the Python objects: a 512-rank torchrun-2 worker's part
+#: (11.5 MB of JSON) took 69 MB at once. Rounds of this many keep that peak a few MB.
+EXCHANGE_ROUND_INSTANCES = 8192
+
+
+def _rounds(summaries: list[RankSummary]) -> list[list[RankSummary]]:
+    """Consecutive summaries, each round at most EXCHANGE_ROUND_INSTANCES instances (a rank
+    with more goes alone); at least one round, maybe empty."""
+    rounds: list[list[RankSummary]] = [[]]
+    count = 0
+    for summary in summaries:
+        if rounds[-1] and count + len(summary.instances) > EXCHANGE_ROUND_INSTANCES:
+            rounds.append([])
+            count = 0
+        rounds[-1].append(summary)
+        count += len(summary.instances)
+    return rounds
 
 
 def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
