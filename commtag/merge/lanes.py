@@ -30,9 +30,12 @@ _AFTER_LANES = 1 << 20
 InstanceFlows = dict[int, "int | tuple[Optional[Sequence[int]], Optional[Sequence[int]]]"]
 
 
-def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0) -> tuple[InstanceFlows, int]:
+def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
+                     ranks: Optional[Collection[int]] = None) -> tuple[InstanceFlows, int]:
     """Flows linking the members of each matched instance, numbered in the order of ``instances``
-    after the ``numbered`` flows written before; and the count with these.
+    after the ``numbered`` flows written before; and the count with these. Only the members on
+    ``ranks`` (None: all) are in the result (a merge worker writes its own ranks' lanes, but
+    numbers the flows of every rank's).
 
     Members are what :func:`~commtag.merge.records.match_groups` (the
     analysis's rule too) calls one collective. The earlier starting slice
@@ -55,14 +58,18 @@ def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0)
             for i in range(1, n):
                 starts[i] = starts[i - 1] + n - i
             for j, member in enumerate(members):
+                if ranks is not None and member.rank not in ranks:
+                    continue
                 out = range(first + starts[j], first + starts[j] + n - 1 - j) if j < n - 1 else None
                 into = tuple(first + starts[i] + j - i - 1 for i in range(j)) or None
                 flows[id(member)] = (out, into)
             counter += n * (n - 1) // 2
         else:  # a star from the first member
-            flows[id(members[0])] = (range(first, first + n - 1), None)
+            if ranks is None or members[0].rank in ranks:
+                flows[id(members[0])] = (range(first, first + n - 1), None)
             for j in range(1, n):
-                flows[id(members[j])] = first + j - 1
+                if ranks is None or members[j].rank in ranks:
+                    flows[id(members[j])] = first + j - 1
             counter += n - 1
     return flows, counter
 
@@ -101,8 +108,8 @@ class LanesWriter:
         lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
         -> annotations of the lane's kernel categories, an instant at its first slice.
         """
-        flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered)
         wanted = None if ranks is None else set(ranks)
+        flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
         by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
         for inst in instances:
             if wanted is None or inst.rank in wanted:
