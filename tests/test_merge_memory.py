@@ -93,3 +93,13 @@ def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: P
         assert all(ranks == lists[0] for ranks in lists), uid
         # One object, not one per rank: a world of N ranks would hold N copies of N members.
         assert all(ranks is lists[0] for ranks in lists), f"group {uid}: each rank holds its own member list"
+
+
+def test_a_worker_keeps_the_flows_of_its_own_ranks_numbered_as_over_all() -> None:
+    instances = _job()
+    everyone, counted = cross_rank_flows(instances)
+    first_half = set(range(256))
+    mine, counted_mine = cross_rank_flows(instances, ranks=first_half)
+    assert counted_mine == counted
+    assert mine == {id(i): everyone[id(i)] for i in instances if i.rank in first_half and id(i) in everyone}
+    assert len(mine) < len(everyone) * 0.6
