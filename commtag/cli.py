@@ -84,12 +84,29 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         return 0
     _say([*(f"notice: {n}" for n in result.notices), *(f"warning: {w}" for w in result.warnings),
           *(f"skipped: {_one_line(e)}" for e in result.skipped),
-          *(line for a in result.accounts for line in [a.describe(), *(f"  left out: {x}" for x in a.listed)])])
+          *_account_lines(result.accounts, args.verbose)])
     if result.alignment is not None:
         sys.stderr.write(result.alignment.describe() + "\n")
     sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
                      " (open it in https://ui.perfetto.dev)\n")
     return _report_desyncs([f.message for f in result.analysis.desyncs] if result.analysis else [], args.strict)
+
+
+#: Up to this many ranks the merge says each rank's account; above, one line adds them up
+#: (--verbose: every rank's, as below it), so a 1,024-rank merge prints one line, not a thousand.
+ACCOUNT_LINES_MAX = 16
+
+
+def _account_lines(accounts: Sequence, verbose: bool) -> list[str]:
+    """What became of every event read: per rank, or for a big job one line over all ranks."""
+    if len(accounts) > ACCOUNT_LINES_MAX and not verbose:
+        from commtag.merge.convert import EventAccount
+        from commtag.merge.selection import describe_numbers
+
+        ranks = describe_numbers([a.rank for a in accounts])
+        return [EventAccount.total(accounts).describe(f"{len(accounts)} ranks ({ranks})")
+                + " (--verbose: each rank's)"]
+    return [line for a in accounts for line in [a.describe(), *(f"  left out: {x}" for x in a.listed)]]
 
 
 def _say(lines: list[str]) -> None:
@@ -186,8 +203,9 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out unreadable or inconsistent files and ranks, merge the rest, and list "
                              "what was skipped and why (default: stop at the first, writing nothing)")
     parser.add_argument("--verbose", action="store_true",
-                        help="after each rank's line of events read, written and left out (by reason), "
-                             "list every event left out: file, index, name, reason")
+                        help="say each rank's events read, written and left out (by reason) also above "
+                             "16 ranks (one line adds them up otherwise), and list every event left out: "
+                             "file, index, name, reason")
     parser.add_argument("--strict", action="store_true",
                         help="exit 2 writing nothing where files may be of different runs (what is otherwise "
                              "a warning: days apart, another host); exit 1 when ranks disagree on a collective "

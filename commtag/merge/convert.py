@@ -79,11 +79,22 @@ class EventAccount:
     #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
     listed: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
+    def describe(self, who: Optional[str] = None) -> str:
         """One line: read, written, and what was left out and why."""
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
-        return (f"rank {self.rank}: {self.read} events read, {self.written} written"
+        return (f"{who or f'rank {self.rank}'}: {self.read} events read, {self.written} written"
                 + (f"; left out: {why}" if why else "; nothing left out"))
+
+    @staticmethod
+    def total(accounts: Sequence["EventAccount"]) -> "EventAccount":
+        """The accounts of several ranks added up (rank -1: it is nobody's own)."""
+        whole = EventAccount(-1)
+        for account in accounts:
+            whole.read += account.read
+            whole.written += account.written
+            for reason, n in account.left_out.items():
+                whole.left_out[reason] = whole.left_out.get(reason, 0) + n
+        return whole
 
 
 def left_out_reason(ph: str, cat: Optional[str]) -> str:
