@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from commtag.merge.records import CollectiveInstance, match_groups
+from commtag.merge.selection import describe_numbers
 from commtag.vocab import SYNCHRONIZING_FAMILIES, family
 
 _ROUNDS = 30
@@ -42,12 +43,23 @@ class Alignment:
             return "--align collectives: every rank ran on one host (one clock); nothing to align"
         if not self.matched:
             return "--align collectives: no synchronizing collective matched across clocks; offsets left at 0"
-        shifts = ", ".join(f"rank {r}: {o / 1000:+.1f} us" for r, o in sorted(self.offsets.items()) if o)
+        shifts = ", ".join(f"{who}: {shift}" for shift, who in self._ranks_by_shift())
         return (
             f"--align collectives: {self.matched} collectives, one offset per {self.unit}"
             f" ({shifts or 'all 0'}); residual end spread median {self.residual_median_ns / 1000:.1f} us,"
             f" max {self.residual_max_ns / 1000:.1f} us"
         )
+
+
+    def _ranks_by_shift(self) -> list[tuple[str, str]]:
+        """(shift as printed, the ranks it moved) per distinct non-zero shift, in rank order: a
+        1,024-rank job on 128 hosts says 128 shifts, not 1,024."""
+        ranks: dict[str, list[int]] = {}
+        for rank, offset in sorted(self.offsets.items()):
+            if offset:
+                ranks.setdefault(f"{offset / 1000:+.1f} us", []).append(rank)
+        return [(shift, (f"rank {members[0]}" if len(members) == 1 else f"ranks {describe_numbers(members)}"))
+                for shift, members in ranks.items()]
 
 
 def estimate_offsets(instances: Sequence[CollectiveInstance], hosts: Mapping[int, str]) -> Alignment:

@@ -1,5 +1,6 @@
-"""A big job's merge says what became of its events in one line that adds every rank up; --verbose
-(and any job of 16 ranks or fewer) says each rank's."""
+"""A big job's merge speaks in lines that do not grow with its ranks: what became of its events in
+one line that adds every rank up (--verbose, and any job of 16 ranks or fewer, says each rank's),
+and --align's offsets once per clock moved, with the ranks it moved."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def test_verbose_says_each_rank(job: Path, tmp_path: Path, capsys: pytest.Captur
     assert cli.main(["merge", str(job), "-o", str(tmp_path / "v.pftrace"), "--no-progress", "--verbose"]) == 0
     lines = _account_lines(capsys.readouterr().err)
     assert [int(re.match(r"commtag merge: rank (\d+):", line)[1]) for line in lines] == list(range(WORLD))
+
+
+def test_align_says_each_clock_once_with_its_ranks(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["merge", str(job), "-o", str(tmp_path / "a.pftrace"), "--no-progress", "--align",
+                     "collectives"]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("--align collectives:"))
+    moved = re.findall(r"ranks? ([\d,-]+): [+-]\d+\.\d us", line)
+    nodes = [f"{n * 4}-{n * 4 + 3}" for n in range(WORLD // 4)]  # the generator's 4 ranks per host
+    assert moved and set(moved) <= set(nodes), line  # hosts share a clock: never one rank of a host alone
+    assert "rank 0" not in line and "ranks 0-3" not in line  # the first host is the reference
