@@ -12,10 +12,12 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import orjson
 import pytest
 
 from commtag.merge.ids import FLOW_CROSS_RANK, flow_id
 from commtag.merge.lanes import FULL_MESH_MAX, cross_rank_flows
+from commtag.merge.load import discover
 from commtag.merge.pipeline import MergeOptions, make_plan, write_ranks
 from commtag.merge.records import CollectiveInstance, match_groups
 from commtag.merge.workers import SoloWorld
@@ -103,3 +105,23 @@ def test_a_worker_keeps_the_flows_of_its_own_ranks_numbered_as_over_all() -> Non
     assert counted_mine == counted
     assert mine == {id(i): everyone[id(i)] for i in instances if i.rank in first_half and id(i) in everyone}
     assert len(mine) < len(everyone) * 0.6
+
+
+def test_discovery_keeps_what_it_read_of_each_trace_not_its_first_bytes(tmp_path: Path) -> None:
+    # Traces whose first 64 KB (what discovery reads) hold their rank and base time, then events.
+    filler = [{"ph": "X", "name": "aten::add", "pid": 1, "tid": 1, "ts": i, "dur": 1, "args": {"x": "y" * 200}}
+              for i in range(400)]
+    for rank in range(64):
+        trace = {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 64},
+                 "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": filler}
+        (tmp_path / f"rank{rank}.pt.trace.json").write_bytes(orjson.dumps(trace))
+    tracemalloc.start()
+    try:
+        ranks = discover([tmp_path])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [r.rank for r in ranks] == list(range(64))
+    assert {r.files[0].base_ns for r in ranks} == {1_700_000_000_000_000_000}
+    # Holding every trace's 64 KB head until the ranks were known took 64 x 64 KB.
+    assert peak < 1_500_000, f"{peak / 1e6:.1f} MB traced while discovering 64 traces"
