@@ -25,6 +25,11 @@ def test_each_limit_caps_the_workers() -> None:
     assert jobs_for(16, big_input, rank_json, 5 * per_worker + per_worker // 2) == 5
     assert jobs_for(16, big_input, rank_json, per_worker // 2) == 1  # one worker always runs: -j 1
     assert jobs_for(2, big_input, rank_json, 100 * per_worker) == 2
+    # Every worker holds every rank's collective records: a job of many sidecars fits fewer workers.
+    sidecars = 300 << 20
+    with_records = worker_rss_estimate(rank_json, sidecars)
+    assert with_records >= per_worker + sidecars
+    assert jobs_for(16, big_input, rank_json, 5 * per_worker, sidecars) == 5 * per_worker // with_records < 5
 
 
 def test_the_default_reads_this_machine_and_the_largest_rank(public_traces) -> None:
@@ -34,4 +39,5 @@ def test_the_default_reads_this_machine_and_the_largest_rank(public_traces) -> N
     memory = available_memory()
     assert memory is not None and memory > 0  # Linux reports MemAvailable
     cpus = len(os.sched_getaffinity(0))
-    assert default_jobs(ranks) == jobs_for(cpus, sum(r.size for r in ranks), largest, memory)
+    sidecars = sum(f.sidecar.stat().st_size for r in ranks for f in r.files if f.sidecar is not None)
+    assert default_jobs(ranks) == jobs_for(cpus, sum(r.size for r in ranks), largest, memory, sidecars)

@@ -165,24 +165,29 @@ _SERVE = "from commtag.merge.workers import serve; raise SystemExit(serve())"
 #: Input (compressed bytes as found on disk) per extra worker before -j's default starts one:
 #: below it a worker's start (an interpreter, the merge's imports: ~0.4 s) costs more than its share saves.
 MIN_INPUT_PER_WORKER = 16 << 20
-#: A merge worker's peak RSS, measured by launch/bench_merge.py: a fixed part (interpreter, imports,
-#: output buffers) and a part per byte of the largest rank's JSON (the rank it holds while writing
-#: it). Taken on the high side, so that -j's default never starts more workers than memory holds.
+#: A merge worker's peak RSS, measured by launch/bench_merge.py and bench_ranks.py: a fixed part
+#: (interpreter, imports, output buffers), a part per byte of the largest rank's JSON (the rank it
+#: holds while writing it), and every rank's collective records, which every worker holds for the
+#: analysis (~750 bytes per instance, ~700 bytes of sidecar each: counted per sidecar byte).
+#: Taken on the high side, so that -j's default never starts more workers than memory holds.
 WORKER_BASE_RSS = 64 << 20
 WORKER_RSS_PER_JSON_BYTE = 3
+WORKER_RSS_PER_SIDECAR_BYTE = 2
 
 
-def worker_rss_estimate(largest_rank_json: int) -> int:
-    """The peak RSS one merge worker is expected to reach when its largest rank has this much JSON."""
-    return WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json
+def worker_rss_estimate(largest_rank_json: int, all_sidecars: int = 0) -> int:
+    """The peak RSS one merge worker is expected to reach: its largest rank has ``largest_rank_json``
+    bytes of JSON, and the job's sidecars (every rank's records) ``all_sidecars`` bytes."""
+    return WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json + WORKER_RSS_PER_SIDECAR_BYTE * all_sidecars
 
 
-def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int]) -> int:
+def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int],
+             all_sidecars: int = 0) -> int:
     """-j's default from what it depends on: no more workers than CPUs, than the input keeps busy,
     or than the memory available holds (None: unknown, no cap)."""
     jobs = min(cpus, input_bytes // MIN_INPUT_PER_WORKER)
     if available_memory is not None:
-        jobs = min(jobs, available_memory // worker_rss_estimate(largest_rank_json))
+        jobs = min(jobs, available_memory // worker_rss_estimate(largest_rank_json, all_sidecars))
     return max(1, jobs)
 
 
@@ -212,7 +217,8 @@ def default_jobs(ranks: Sequence[RankInput]) -> int:
     from commtag.merge.budget import json_bytes  # the budget's module pulls in the writer; -j's default runs once
 
     largest = max((sum(json_bytes(f.path) for f in rank.files) for rank in ranks), default=0)
-    return jobs_for(cpus, sum(r.size for r in ranks), largest, available_memory())
+    sidecars = sum(f.sidecar.stat().st_size for rank in ranks for f in rank.files if f.sidecar is not None)
+    return jobs_for(cpus, sum(r.size for r in ranks), largest, available_memory(), sidecars)
 
 
 class LocalWorld(FileWorld):
