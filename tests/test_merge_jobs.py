@@ -46,6 +46,16 @@ def _place(s) -> tuple:
     return s.ts, s.track, s.end, s.name, s.depth
 
 
+def _in_started_workers(tmp_path: Path, code: str) -> str:
+    """A PYTHONPATH under which ``code`` runs at start in the workers a -j merge starts
+    (``python -c``) and nowhere else: a sitecustomize that checks how it was started."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    body = "".join(f"    {line}\n" for line in code.splitlines())
+    (inject / "sitecustomize.py").write_text(f"import sys\nif sys.argv[:1] == ['-c']:\n{body}")
+    return os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
+
+
 @pytest.mark.parametrize("jobs", ["2", "3"])
 def test_workers_write_what_one_process_writes(tmp_path: Path, jobs: str) -> None:
     single, several = tmp_path / "single.pftrace", tmp_path / "several.pftrace"
@@ -146,20 +156,13 @@ def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Pat
 
 
 def test_a_worker_that_crashes_stops_the_merge_naming_why(tmp_path: Path) -> None:
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(  # only in the workers the merge starts (python -c)
-        "import sys\n"
-        "if sys.argv[:1] == ['-c']:\n"
-        "    from commtag.merge import lanes\n"
-        "    def write(self, *args, **kwargs):\n"
-        "        raise RuntimeError('boom')\n"
-        "    lanes.LanesWriter.write = write\n"
-    )
+    pythonpath = _in_started_workers(tmp_path, "from commtag.merge import lanes\n"
+                                                "def write(self, *args, **kwargs):\n"
+                                                "    raise RuntimeError('boom')\n"
+                                                "lanes.LanesWriter.write = write\n")
     out = tmp_path / "out" / "merged.pftrace"
     out.parent.mkdir()
     out.write_bytes(b"previous")
-    pythonpath = os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "commtag.merge", str(DLRM), "-o", str(out), "-j", "2", "--no-progress"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": pythonpath})
     assert proc.returncode == 2
@@ -229,18 +232,11 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
 def test_workers_take_the_ranks_worker_0_discovered(tmp_path: Path) -> None:
     """Discovery reads every file's head (and sidecar head): the other workers take what worker 0
     found instead of reading them all again before their first rank."""
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(  # only in the workers the merge starts (python -c)
-        "import sys\n"
-        "if sys.argv[:1] == ['-c']:\n"
-        "    from commtag.merge import pipeline\n"
-        "    def discover(*args, **kwargs):\n"
-        "        raise RuntimeError('discovered again')\n"
-        "    pipeline.discover = discover\n"
-    )
+    pythonpath = _in_started_workers(tmp_path, "from commtag.merge import pipeline\n"
+                                                "def discover(*args, **kwargs):\n"
+                                                "    raise RuntimeError('discovered again')\n"
+                                                "pipeline.discover = discover\n")
     single, double = tmp_path / "single.pftrace", tmp_path / "double.pftrace"
-    pythonpath = os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
     one = _merge(str(DLRM), "-o", str(single), "-j", "1")
     two = subprocess.run([sys.executable, "-m", "commtag.merge", str(DLRM), "-o", str(double), "-j", "2",
                           "--no-progress"], capture_output=True, text=True, timeout=300,
