@@ -153,7 +153,10 @@ GPU_CATEGORIES = frozenset({KERNEL_CATEGORY, "gpu_memcpy", "gpu_memset", "gpu_us
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 #: Categories of device work a graph node can be, and the node type the runtime records
 #: for it (``GraphNodeRecord.node_type``).
-DEVICE_WORK_NODE_TYPES: dict[str, str] = {KERNEL_CATEGORY: KERNEL_NODE_TYPE, "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+MEMCPY_NODE_TYPE = "memcpy"
+MEMSET_NODE_TYPE = "memset"
+DEVICE_WORK_NODE_TYPES: dict[str, str] = {KERNEL_CATEGORY: KERNEL_NODE_TYPE, "gpu_memcpy": MEMCPY_NODE_TYPE,
+                                          "gpu_memset": MEMSET_NODE_TYPE}
 #: Device work categories torch's CUDA-graph annotation pass (2.14+) reads and moves: those a
 #: graph node can be (not gpu_user_annotation).
 TORCH_ANNOTATED_CATEGORIES = frozenset(DEVICE_WORK_NODE_TYPES)
@@ -185,6 +188,9 @@ CORRELATION_KEY = "correlation"
 EV_IDX_KEY = "Ev Idx"
 #: Arg giving a runtime launch's CUPTI callback id.
 CBID_KEY = "cbid"
+#: CUPTI's runtime callback id of cudaGraphLaunch (CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000),
+#: the "cbid" Kineto writes on a graph launch.
+CUDA_GRAPH_LAUNCH_CBID = 311
 #: Arg giving a CPU op its record function's id.
 RECORD_FUNCTION_ID_KEY = "Record function id"
 #: Args that number events within one trace: the op/launch links and the Python tracer's ids

@@ -56,7 +56,10 @@ from commtag.runtime.torch_marks import TorchMarks
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo, Sidecar,
 )
-from commtag.vocab import COLLECTIVE_NAME_KEY, DTYPE_KEY, PG_DESC_KEY, PG_NAME_KEY, SEQ_KEY, TOOLS_ID_GRAPH_SHIFT
+from commtag.vocab import (
+    CBID_KEY, COLLECTIVE_NAME_KEY, CORRELATION_KEY, CUDA_GRAPH_LAUNCH_CBID, DEVICE_WORK_NODE_TYPES, DTYPE_KEY, PG_DESC_KEY,
+    PG_NAME_KEY, SEQ_KEY, TOOLS_ID_GRAPH_SHIFT,
+)
 
 WORLD = 2
 CAPTURE_GRAPH, EXEC_GRAPH = 5, 9
@@ -192,7 +195,7 @@ def _job(rank: int, t0: int) -> tuple[list[Activity], list[GraphReplay]]:
         activities.append(Activity(pid, CPU_TID, start, 300_000, "user_annotation", f"ProfilerStep#{replay}",
                                    correlation=external))
         activities.append(Activity(pid, CPU_TID, start + 10_000, 40_000, "cuda_runtime", "cudaGraphLaunch",
-                                   f'"cbid": 311, "correlation": {correlation}', correlation,
+                                   f'"{CBID_KEY}": {CUDA_GRAPH_LAUNCH_CBID}, "{CORRELATION_KEY}": {correlation}', correlation,
                                    linked_correlation=external, flow=(correlation, 2, True)))
         replays.append(GraphReplay(index=replay, start_ns=start + 5_000, end_ns=start + 60_000, tid=CPU_TID))
         at = start + 60_000
@@ -212,7 +215,7 @@ def _sidecar(rank: int, trace_file: str, replays: list[GraphReplay], with_torch_
     groups = [group_info(pg, desc, ranks, "nccl") for pg, (desc, ranks) in GROUPS.items()]
     collectives = []
     for index in range(len(COLLECTIVES)):
-        nodes = [GraphNodeRecord(index=node, node_type="memcpy" if cat == "gpu_memcpy" else "kernel",
+        nodes = [GraphNodeRecord(index=node, node_type=DEVICE_WORK_NODE_TYPES[cat],
                                  kernel_name=name.split("(")[0] if cat == "kernel" else "",
                                  tools_id=(CAPTURE_GRAPH << TOOLS_ID_GRAPH_SHIFT) | node, local_id=node)
                  for node, cat, name, _, collective, _ in NODES if collective == index]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional, Protocol
 
-from commtag.vocab import KERNEL_NODE_TYPE, TOOLS_ID_DRIVER_VERSION
+from commtag.vocab import KERNEL_NODE_TYPE, MEMCPY_NODE_TYPE, MEMSET_NODE_TYPE, TOOLS_ID_DRIVER_VERSION
 
 log = logging.getLogger("commtag.capture")
 
@@ -50,8 +50,8 @@ class GraphAPI(Protocol):
 
 _NODE_TYPE_NAMES = {
     "cudaGraphNodeTypeKernel": KERNEL_NODE_TYPE,
-    "cudaGraphNodeTypeMemcpy": "memcpy",
-    "cudaGraphNodeTypeMemset": "memset",
+    "cudaGraphNodeTypeMemcpy": MEMCPY_NODE_TYPE,
+    "cudaGraphNodeTypeMemset": MEMSET_NODE_TYPE,
     "cudaGraphNodeTypeHost": "host",
     "cudaGraphNodeTypeGraph": "child_graph",
     "cudaGraphNodeTypeEmpty": "empty",

@@ -52,7 +52,7 @@ from commtag.schema import (
 )
 from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import (
-    CBID_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
+    CBID_KEY, CORRELATION_KEY, CUDA_GRAPH_LAUNCH_CBID, DEVICE_WORK_NODE_TYPES, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
     KERNEL_CATEGORY, KERNEL_EAGER_KEYS, KERNEL_NODE_TYPE, KINETO_ID_ARGS, LAUNCH_CATEGORIES, TOOLS_ID_GRAPH_SHIFT,
     is_graph_launch, nccl_kind, parse_nccl_kernel,
 )
@@ -681,7 +681,7 @@ def _replays(
         corr = corr_base + j
         launch_ts = round(when + offset - LAUNCH_LEAD_US, 3)
         yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": pid, "tid": launcher_tid,
-               "ts": launch_ts, "dur": 8.0, "args": {EXTERNAL_ID_KEY: corr, CBID_KEY: 311, CORRELATION_KEY: corr}}
+               "ts": launch_ts, "dur": 8.0, "args": {EXTERNAL_ID_KEY: corr, CBID_KEY: CUDA_GRAPH_LAUNCH_CBID, CORRELATION_KEY: corr}}
         yield {"ph": "s", "id": corr, "pid": pid, "tid": launcher_tid, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"}
         t = when
         for node, kind in enumerate(spec.nodes):
