@@ -172,6 +172,20 @@ def _other_world_size(d: Path) -> tuple[Path, str]:
     return _trace(d, 1), f"world size 8 differs from {WORLD}"
 
 
+def _absurd_world_size(d: Path) -> tuple[Path, str]:
+    # Every rank up to the claim that has no file would be listed as absent: 2**62 of them. All
+    # traces agree on it and no sidecar says otherwise, as in a public trace of another project.
+    for rank in range(WORLD):
+        _sidecar(d, rank).unlink()
+        _edit_trace(_trace(d, rank), lambda t: t["distributedInfo"].update(world_size=2**62))
+    return _trace(d, 0), f"distributedInfo.world_size {2**62} is more ranks than a merged trace can hold"
+
+
+def _absurd_sidecar_world_size(d: Path) -> tuple[Path, str]:
+    _edit_sidecar(_sidecar(d, 1), lambda s: s.update(world_size=2**62))
+    return _sidecar(d, 1), f"world_size {2**62} is more ranks than a merged trace can hold"
+
+
 def _newer_schema(d: Path) -> tuple[Path, str]:
     _edit_sidecar(_sidecar(d, 0), lambda s: s.update(schema_version=99))
     return _sidecar(d, 0), "schema version 99 is newer than this commtag supports"
@@ -265,6 +279,7 @@ CASES = [
     _empty, _sidecar_without_trace, _truncated_gzip, _truncated_big_gzip, _invalid_json_trace,
     _invalid_json_sidecar, _not_a_trace, _trace_wrong_shape, _event_wrong_shape, _args_wrong_shape,
     _sidecar_wrong_shape, _same_rank_twice, _two_sidecars_one_trace, _other_run_id, _other_world_size,
+    _absurd_world_size, _absurd_sidecar_world_size,
     _newer_schema, _nan_duration, _nan_in_sidecar, _negative_ts, _string_ts, _absurd_ts, _negative_dur,
     _absurd_dur, _negative_sidecar_time, _absurd_sidecar_time, _sidecar_end_before_start, _event_without_ts,
     _event_without_pid, _pid_wrong_type, _annotation_without_seq, _sidecar_of_another_rank,

@@ -384,7 +384,11 @@ def load_sidecar(path: Path) -> Sidecar:
     """Parse and validate a commtag sidecar (what the conversion of its rank reads)."""
     from commtag.schema import Sidecar
 
-    return _validated(path, Sidecar)
+    sidecar = _validated(path, Sidecar)
+    if sidecar.world_size > MAX_RANKS:  # ranks up to it are listed when absent: a claim, not a job
+        raise MergeInputError(path, f"world_size {sidecar.world_size} is more ranks than a merged trace can hold "
+                                    f"({MAX_RANKS:,})")
+    return sidecar
 
 
 def load_sidecar_head(path: Path) -> SidecarHead:
