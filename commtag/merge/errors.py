@@ -51,4 +51,7 @@ def sigterm_stops_cleanly() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # A merge that failed ignores SIGTERM while it tidies up and exits (torchrun stops the other
+        # workers once one exits): that choice outlives this block, only our own handler is undone.
+        if signal.getsignal(signal.SIGTERM) is _terminate:
+            signal.signal(signal.SIGTERM, previous)
