@@ -351,12 +351,17 @@ def test_size_estimate_is_within_a_quarter_with_each_view(traces: Path, tmp_path
     assert 0.75 * real <= guess <= 1.25 * real, (guess, real)
 
 
+def _merge_within(traces: Path, out: Path, limit: int, *extra: str) -> subprocess.CompletedProcess:
+    """``commtag merge`` with ``--max-output limit`` (and ``extra``), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
+                           str(limit), *extra], capture_output=True, text=True, timeout=300)
+
+
 def test_max_output_stops_before_writing_and_names_what_fits(traces: Path, whole, tmp_path: Path) -> None:
     out = tmp_path / "merged.pftrace"
     out.write_bytes(b"an earlier merge")
     limit = whole[0].output.stat().st_size // 2
-    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
-                           str(limit)], capture_output=True, text=True, timeout=300)
+    proc = _merge_within(traces, out, limit)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"commtag merge: error: {out}: the merged trace would take about ")
@@ -364,8 +369,7 @@ def test_max_output_stops_before_writing_and_names_what_fits(traces: Path, whole
     assert out.read_bytes() == b"an earlier merge" and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
     advice = re.search(r"(--detail \S+) \(about", line)
     assert advice, line
-    fitted = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
-                             str(limit), *advice.group(1).split()], capture_output=True, text=True, timeout=300)
+    fitted = _merge_within(traces, out, limit, *advice.group(1).split())
     assert fitted.returncode == 0, fitted.stderr
     assert out.stat().st_size <= limit
 
@@ -375,14 +379,12 @@ def test_max_output_below_the_lanes_alone_names_detail_none_with_steps(traces: P
     fewer steps does, and the advice says so (the README's first command for a big job)."""
     limit = int(sum(estimate(discover([traces], None)).lanes.values()) / 2)  # a step's lanes fit, not all
     out = tmp_path / "merged.pftrace"
-    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
-                           str(limit)], capture_output=True, text=True, timeout=300)
+    proc = _merge_within(traces, out, limit)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     advice = re.search(r"; (--detail none --steps \S+) \(about [^)]*\) would fit$", line)
     assert advice, line
-    fitted = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(out), "--max-output",
-                             str(limit), *advice.group(1).split()], capture_output=True, text=True, timeout=300)
+    fitted = _merge_within(traces, out, limit, *advice.group(1).split())
     assert fitted.returncode == 0, fitted.stderr
     assert out.stat().st_size <= limit
 
