@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import orjson
 
-from commtag.testing.bench import machine, markdown_table, run_child, verdict
+from commtag.testing.bench import machine, markdown_table, records_size, run_child, verdict
 
 TARGET_FLAT = 1.5
 
@@ -49,27 +49,7 @@ def record_bytes(directory: Path) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         instances = merge(directory, Path(out) / "merged.pftrace", progress=False).instances
-    seen: set[int] = set()
-    total = 0
-
-    def count(obj: object) -> None:
-        nonlocal total
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            total += sys.getsizeof(obj)
-
-    for inst in instances:
-        count(inst)
-        for name in inst.__slots__:
-            value = getattr(inst, name)
-            count(value)
-            if isinstance(value, dict):
-                for key, item in value.items():
-                    count(key)
-                    count(item)
-            elif isinstance(value, tuple):
-                for item in value:
-                    count(item)
+    total = records_size(instances)
     gc.collect()
     tracemalloc.start()
     flows, _ = cross_rank_flows(instances)

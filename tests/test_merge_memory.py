@@ -19,8 +19,9 @@ from commtag.merge.ids import FLOW_CROSS_RANK, flow_id
 from commtag.merge.lanes import FULL_MESH_MAX, cross_rank_flows
 from commtag.merge.load import discover
 from commtag.merge.pipeline import MergeOptions, make_plan, write_ranks
-from commtag.merge.records import CollectiveInstance, match_groups
-from commtag.merge.workers import SoloWorld
+from commtag.merge.records import CollectiveInstance, Interner, match_groups
+from commtag.merge.workers import SoloWorld, from_wire, to_wire
+from commtag.testing.bench import records_size
 
 WORLD = tuple(range(512))
 
@@ -95,6 +96,22 @@ def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: P
         assert all(ranks == lists[0] for ranks in lists), uid
         # One object, not one per rank: a world of N ranks would hold N copies of N members.
         assert all(ranks is lists[0] for ranks in lists), f"group {uid}: each rank holds its own member list"
+
+
+def test_records_from_another_worker_take_no_more_memory_than_where_they_were_made(gloo_run: Path,
+                                                                                tmp_path: Path) -> None:
+    """A merge worker holds every other worker's records as it decoded them from the exchange:
+    each decoded instance once took ~85 bytes more (a fresh int for each size and lane id that a
+    call site's instances share, and orjson's oversized dict tables), which made a torchrun
+    worker's peak grow with the ranks faster than a single process's."""
+    plan = make_plan([gloo_run], tmp_path / "merged.pftrace", MergeOptions(progress=False), SoloWorld())
+    with plan.output:
+        summaries = write_ranks(plan)
+    made = [i for s in summaries for i in s.instances]
+    assert len(made) > 20
+    decoded = [i for s in from_wire(orjson.loads(orjson.dumps(to_wire(summaries))), Interner()) for i in s.instances]
+    assert decoded == made
+    assert records_size(decoded) <= records_size(made), (records_size(decoded), records_size(made))
 
 
 def test_a_worker_keeps_the_flows_of_its_own_ranks_numbered_as_over_all() -> None:

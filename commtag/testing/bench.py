@@ -15,9 +15,10 @@ import platform
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 
 @dataclass
@@ -94,6 +95,34 @@ def run_child(argv: Sequence[str], timeout_s: float = 900.0, env: Optional[dict]
         tail = handle.read()[-2000:].decode(errors="replace")
     os.unlink(stderr_path)
     return ChildRun(wall, proc.returncode, tail, peaks)
+
+
+def records_size(instances: Iterable) -> int:
+    """Bytes the collective instances' records take: each instance, its fields, and the keys and
+    values of its dicts and the items of its tuples, every object counted once over all (the
+    call-site args and member tuples that instances share count once)."""
+    seen: set[int] = set()
+    total = 0
+
+    def count(obj: object) -> None:
+        nonlocal total
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            total += sys.getsizeof(obj)
+
+    for inst in instances:
+        count(inst)
+        for name in inst.__slots__:
+            value = getattr(inst, name)
+            count(value)
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    count(key)
+                    count(item)
+            elif isinstance(value, tuple):
+                for item in value:
+                    count(item)
+    return total
 
 
 def median(values: Sequence[float]) -> float:
