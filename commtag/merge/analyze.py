@@ -181,8 +181,6 @@ class MatchedCollective:
     last_start_ns: int
     #: None when incomplete.
     skew_ns: Optional[int]
-    #: Rank -> how long it waited for the last arrival (empty when incomplete).
-    waits_ns: dict[int, int]
     #: First start to last end, over the members that recorded it.
     span_ns: int
     #: The last arrival's own duration (see the module docstring); None when incomplete.
@@ -199,6 +197,14 @@ class MatchedCollective:
     @property
     def ranks(self) -> tuple[int, ...]:
         return tuple(sorted(self.members))
+
+    @property
+    def waits_ns(self) -> dict[int, int]:
+        """Rank -> how long it waited for the last arrival (empty when incomplete). Made when asked:
+        kept, a dict per collective of every member was a tenth of a 512-rank merge's peak."""
+        if self.last_rank is None:
+            return {}
+        return {rank: self.last_start_ns - inst.start_ns for rank, inst in self.members.items()}
 
     @property
     def desync(self) -> bool:
@@ -436,7 +442,6 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIn
         first_start_ns=first.start_ns,
         last_start_ns=last.start_ns,
         skew_ns=skew,
-        waits_ns={r: last.start_ns - i.start_ns for r, i in by_rank.items()} if complete else {},
         span_ns=end - first.start_ns,
         transfer_ns=transfer,
         bytes=nbytes,
@@ -671,14 +676,15 @@ def annotate(analysis: Analysis) -> None:
         if m.findings:
             figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
         joined: dict[int, dict] = {}
+        waits = m.waits_ns
         for rank, inst in m.members.items():
             base = inst.common_args
             both = joined.get(id(base))
             if both is None:
                 both = joined[id(base)] = {**base, **figures}
             inst.common_args = both
-            if rank in m.waits_ns:
-                inst.args[ANN_WAIT_US] = _us(m.waits_ns[rank])
+            if rank in waits:
+                inst.args[ANN_WAIT_US] = _us(waits[rank])
             if m.straggler and rank == m.last_rank:
                 inst.args[ANN_STRAGGLER] = True
 
