@@ -48,7 +48,7 @@ def record_bytes(directory: Path) -> dict:
     from commtag.merge.lanes import cross_rank_flows
 
     with tempfile.TemporaryDirectory() as out:
-        instances = merge(directory, Path(out) / "merged.pftrace", progress=False).instances
+        instances = merge(directory, Path(out) / "merged.pftrace", progress=False, jobs=1).instances
     total = records_size(instances)
     gc.collect()
     tracemalloc.start()

@@ -662,9 +662,11 @@ _COMMON_AT = _FIELDS.index("common_args")
 _RANKS_AT = _FIELDS.index("group_ranks")
 #: Fields sent as an index into a table of texts: a lane name holds the group's ranks.
 _TEXTS_AT = [_FIELDS.index(name) for name in ("pg_uid", "collective", "dtype", "source", "lane_name")]
-#: Numbers a call site's instances repeat: after decoding, the objects of its shared args, as where
-#: the instances were made, not 28 bytes per instance each.
-_REPEATED_AT = [_FIELDS.index(name) for name in ("in_nelems", "out_nelems", "lane_id")]
+#: Numbers that many instances repeat (a rank, a call site's sizes): after decoding, one object each
+#: (those of the call sites' args where they hold them), as where the instances were made, not
+#: 28 bytes per instance each (an int above 256 is a new object each time orjson reads it).
+_REPEATED_AT = [_FIELDS.index(name) for name in ("rank", "in_nelems", "out_nelems", "group_size", "lane_id")]
+_ARGS_AT = _FIELDS.index("args")
 
 
 def to_wire(summaries: list[RankSummary]) -> dict:
@@ -713,7 +715,7 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
                               for key, value in args.items()}) for args in data["common"]]
     texts = [interner.shared(text) for text in data["texts"]]  # the same objects as the args' (a pg uid, a lane)
     rank_lists = [interner.shared(tuple(ranks)) for ranks in data["ranks"]]
-    # The call sites' numbers, for the instance fields that repeat them (sizes, lane id).
+    # The call sites' numbers first, for the instance fields that repeat them (sizes, lane id).
     same = {value: value for args in table for value in args.values() if value.__class__ is int}
     summaries = []
     for s in data["summaries"]:
@@ -721,6 +723,8 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
         columns = s.pop("instances")
         for at in _REPEATED_AT:
             columns[at] = [same.setdefault(value, value) for value in columns[at]]
+        columns[_ARGS_AT] = [{key: same.setdefault(value, value) if value.__class__ is int else value
+                              for key, value in own.items()} for own in columns[_ARGS_AT]]
         for values in zip(*columns):
             row = list(values)
             row[_COMMON_AT] = table[row[_COMMON_AT]]
