@@ -47,6 +47,29 @@ def test_two_workers_equal_one(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["double.pftrace", "single.pftrace"]
 
 
+def test_one_torchrun_worker_is_one_merge_process_whatever_j_says(tmp_path: Path) -> None:
+    """-j is ignored under torchrun, also when it starts one worker: that worker merged with -j's
+    default (2 workers here for big inputs), so 'torchrun-1' in the benchmarks was a -j 2 merge."""
+    marker = tmp_path / "started"
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    # Runs in every -j worker the merge starts (python -c), nowhere else.
+    (inject / "sitecustomize.py").write_text(
+        f"import sys\nif sys.argv[:1] == ['-c']:\n    open({str(marker)!r}, 'a').write('worker\\n')\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "one.pftrace"
+    proc = torchrun_merge([str(DLRM), "-o", str(out), "-j", "2", "--no-progress"], workers=1, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert validate_file(out) == []
+    assert not marker.exists(), "the torchrun worker started -j workers of its own"
+    # The same command outside torchrun does start them (what makes the check above mean something).
+    plain = subprocess.run([sys.executable, "-m", "commtag.merge", str(DLRM), "-o", str(tmp_path / "two.pftrace"),
+                            "-j", "2", "--no-progress"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **env})
+    assert plain.returncode == 0, plain.stderr
+    assert marker.read_text() == "worker\n"
+
+
 def test_a_bad_rank_stops_every_worker(tmp_path: Path) -> None:
     for r in range(4):
         (tmp_path / f"rank{r}.json").symlink_to(next(DLRM.glob(f"worker{r}_*")))

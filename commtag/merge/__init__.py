@@ -101,7 +101,7 @@ def merge(
     where = Path(output) if output else pipeline.default_output(paths) if paths else Path(pipeline.DEFAULT_OUTPUT)
 
     local = None
-    if jobs != 1 and isinstance(analysis, bool):
+    if jobs != 1 and isinstance(analysis, bool) and not workers.under_launcher():
         request = {"inputs": [str(p) for p in paths], "output": str(where), "align": align,
                    "json_dir": None if json_dir is None else str(json_dir), "rank_pattern": rank_pattern,
                    "rank": rank, "skip_bad_ranks": skip_bad_ranks, "strict": strict, "list_left_out": list_left_out,

@@ -515,6 +515,12 @@ def settle(world: World, error: Optional[MergeInputError]) -> list[MergeInputErr
     return [MergeInputError(path, problem) for path, problem in found]
 
 
+def under_launcher() -> bool:
+    """Whether a launcher (torchrun) started this process as one of its workers, even as its only
+    one (``--nproc-per-node=1``): then each worker is one merge worker and ``-j`` starts none."""
+    return "WORLD_SIZE" in os.environ
+
+
 def launcher_world(output: Path) -> Optional[World]:
     """The workers of this launch when torchrun started several; None for a plain process."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
