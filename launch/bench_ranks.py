@@ -36,7 +36,8 @@ TARGET_FLAT = 1.5
 
 
 def record_bytes(directory: Path) -> dict:
-    """Merge ``directory`` here and measure what its collective records take, per instance.
+    """Merge ``directory`` here, in one process (``-j 1``: every record made here, none decoded
+    from another worker's part), and measure what its collective records take, per instance.
 
     The records are every instance's object, its own args and their values, and the
     objects it shares with others (call-site args, member tuples), counted once over all;
