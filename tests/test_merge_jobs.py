@@ -22,6 +22,7 @@ from commtag.merge.errors import MergeFailed
 from commtag.merge.readback import read_trace
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
+from torchrun_merge import ctrl_c_as_at_a_terminal, in_started_workers
 
 pytestmark = pytest.mark.slow
 
@@ -44,16 +45,6 @@ def _assert_same_trace(got: Path, expected: Path) -> None:
 
 def _place(s) -> tuple:
     return s.ts, s.track, s.end, s.name, s.depth
-
-
-def _in_started_workers(tmp_path: Path, code: str) -> str:
-    """A PYTHONPATH under which ``code`` runs at start in the workers a -j merge starts
-    (``python -c``) and nowhere else: a sitecustomize that checks how it was started."""
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    body = "".join(f"    {line}\n" for line in code.splitlines())
-    (inject / "sitecustomize.py").write_text(f"import sys\nif sys.argv[:1] == ['-c']:\n{body}")
-    return os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.mark.parametrize("jobs", ["2", "3"])
@@ -130,10 +121,20 @@ def test_skipped_ranks_are_the_same_under_two_workers(tmp_path: Path) -> None:
     _assert_same_trace(double, single)
 
 
-@pytest.mark.parametrize("stop, status, said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
-                         ids=["ctrl-c", "sigterm"])
+def _in_the_background() -> None:
+    """``preexec_fn``: start as a shell's ``&`` does, SIGINT ignored (inherited by the -j workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop, status, said, start", [
+    (signal.SIGINT, 130, "interrupted", ctrl_c_as_at_a_terminal),
+    (signal.SIGTERM, 143, "terminated", ctrl_c_as_at_a_terminal),
+    # Worker 0 stopped the workers it started with SIGINT, which a background merge's ignore:
+    # worker 1 wrote on, then found worker 0 gone, and its part stayed behind.
+    (signal.SIGTERM, 143, "terminated", _in_the_background),
+], ids=["ctrl-c", "sigterm", "sigterm-in-the-background"])
 def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Path, stop: int, status: int,
-                                                                   said: str) -> None:
+                                                                   said: str, start) -> None:
     inputs = tmp_path / "set"
     made = subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "4", "--events", "200000",
                            "--ranks-per-node", "1", "-o", str(inputs)], capture_output=True, text=True, timeout=300)
@@ -141,7 +142,8 @@ def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Pat
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "commtag.merge", str(inputs), "-o", str(out_dir / "m.pftrace"),
-                             "-j", "2", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "-j", "2", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=start)
     deadline = time.monotonic() + 120
     # Both workers are writing their ranks: two parts with bytes in them.
     while len([p for p in out_dir.glob(".m.pftrace.tmp-*") if p.stat().st_size > 0]) < 2:
@@ -156,7 +158,7 @@ def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Pat
 
 
 def test_a_worker_that_crashes_stops_the_merge_naming_why(tmp_path: Path) -> None:
-    pythonpath = _in_started_workers(tmp_path, "from commtag.merge import lanes\n"
+    pythonpath = in_started_workers(tmp_path, "from commtag.merge import lanes\n"
                                                 "def write(self, *args, **kwargs):\n"
                                                 "    raise RuntimeError('boom')\n"
                                                 "lanes.LanesWriter.write = write\n")
@@ -232,7 +234,7 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
 def test_workers_take_the_ranks_worker_0_discovered(tmp_path: Path) -> None:
     """Discovery reads every file's head (and sidecar head): the other workers take what worker 0
     found instead of reading them all again before their first rank."""
-    pythonpath = _in_started_workers(tmp_path, "from commtag.merge import pipeline\n"
+    pythonpath = in_started_workers(tmp_path, "from commtag.merge import pipeline\n"
                                                 "def discover(*args, **kwargs):\n"
                                                 "    raise RuntimeError('discovered again')\n"
                                                 "pipeline.discover = discover\n")

@@ -19,7 +19,7 @@ import pytest
 from commtag.merge.readback import read_trace
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
-from torchrun_merge import torchrun_merge
+from torchrun_merge import in_started_workers, torchrun_merge
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +51,7 @@ def test_one_torchrun_worker_is_one_merge_process_whatever_j_says(tmp_path: Path
     """-j is ignored under torchrun, also when it starts one worker: that worker merged with -j's
     default (2 workers here for big inputs), so 'torchrun-1' in the benchmarks was a -j 2 merge."""
     marker = tmp_path / "started"
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    # Runs in every -j worker the merge starts (python -c), nowhere else.
-    (inject / "sitecustomize.py").write_text(
-        f"import sys\nif sys.argv[:1] == ['-c']:\n    open({str(marker)!r}, 'a').write('worker\\n')\n")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))}
+    env = {"PYTHONPATH": in_started_workers(tmp_path, f"open({str(marker)!r}, 'a').write('worker\\n')")}
     out = tmp_path / "one.pftrace"
     proc = torchrun_merge([str(DLRM), "-o", str(out), "-j", "2", "--no-progress"], workers=1, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -21,7 +21,7 @@ import pytest
 
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
-from torchrun_merge import torchrun_command
+from torchrun_merge import ctrl_c_as_at_a_terminal, torchrun_command
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,8 @@ def _merge(*args: str) -> subprocess.CompletedProcess:
 
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "commtag.merge", "--no-progress", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_as_at_a_terminal)
 
 
 def _temporaries(directory: Path, name: str) -> list[Path]:

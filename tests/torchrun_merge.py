@@ -1,10 +1,13 @@
-"""``python -m commtag.merge`` under torchrun, the way users run the merge on several workers."""
+"""``python -m commtag.merge`` under torchrun, the way users run the merge on several workers;
+code run only in the workers a ``-j`` merge starts; Ctrl-C as at a terminal."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Optional
 
 from commtag.testing.bench import free_port
@@ -23,3 +26,19 @@ def torchrun_merge(args: list[str], workers: int = 2, env: Optional[dict[str, st
     """Run the merge CLI with ``workers`` torchrun workers on this host; its result, never raising on failure."""
     cmd, env = torchrun_command(args, workers, env)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def in_started_workers(tmp_path: Path, code: str) -> str:
+    """A PYTHONPATH under which ``code`` runs at start in the workers a -j merge starts
+    (``python -c``) and nowhere else: a sitecustomize that checks how it was started."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    body = "".join(f"    {line}\n" for line in code.splitlines())
+    (inject / "sitecustomize.py").write_text(f"import sys\nif sys.argv[:1] == ['-c']:\n{body}")
+    return os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")]))
+
+
+def ctrl_c_as_at_a_terminal() -> None:
+    """``preexec_fn`` of a merge a test stops with SIGINT: a terminal's Ctrl-C reaches it even where
+    the tests run as a background job, which starts every process with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -319,13 +319,15 @@ class LocalWorld(FileWorld):
     def stop(self, interrupted: bool = False) -> None:
         """Wait for the workers this process started to end, then remove their folder. When the
         merge was interrupted, a worker still running after a moment (a Ctrl-C reaches them all
-        at once) is interrupted too, so that it removes its part as this process removed its own."""
+        at once) is stopped too, so that it removes its part as this process removed its own: by
+        SIGTERM, which it handles as an interrupt, as SIGINT is ignored by every process of a merge
+        started in the background (a shell's ``&``, a script's job) and reaches none."""
         self._release()
         if interrupted:
             time.sleep(_INTERRUPT_GRACE_S)
             for child in self._children:
                 if child.poll() is None:
-                    child.send_signal(signal.SIGINT)
+                    child.send_signal(signal.SIGTERM)
         for child in self._children:
             try:
                 child.wait(timeout=_CLOSE_TIMEOUT_S)
