@@ -37,7 +37,7 @@ from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGOR
 from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.load import MAX_RANKS, checked_base_ns, wall_clock
+from commtag.merge.load import check_world_size, checked_base_ns, wall_clock
 from commtag.merge.records import GroupLane, Interner
 from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
@@ -172,9 +172,7 @@ def check_distributed_info(path: Path, info: object) -> None:
     for key, least in (("rank", 0), ("world_size", 1)):
         if key in info and not _count(info[key], least):
             raise MergeInputError(path, f"distributedInfo.{key} {info[key]!r} is not an integer >= {least}")
-    if info.get("world_size", 0) > MAX_RANKS:  # ranks up to it are listed when absent: a claim, not a job
-        raise MergeInputError(path, f"distributedInfo.world_size {info['world_size']} is more ranks than a merged "
-                                    f"trace can hold ({MAX_RANKS:,})")
+    check_world_size(path, "distributedInfo.world_size", info.get("world_size", 0))
     if "rank" in info and "world_size" in info and info["rank"] >= info["world_size"]:
         raise MergeInputError(path, f"distributedInfo.rank {info['rank']} is outside world_size {info['world_size']}")
     groups = info.get("pg_config") or []

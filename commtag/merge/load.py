@@ -54,6 +54,13 @@ _HEAD_BYTES = 1 << 16
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 #: Ranks a merged trace can hold: track ids and pids are built from the rank.
 MAX_RANKS = 1 << 24
+
+
+def check_world_size(path: Path, what: str, size: int) -> None:
+    """A file's world size ``size`` (named ``what`` in the message) is refused above MAX_RANKS:
+    the analysis lists every absent rank up to it, so such a claim is not a job but a bad file."""
+    if size > MAX_RANKS:
+        raise MergeInputError(path, f"{what} {size} is more ranks than a merged trace can hold ({MAX_RANKS:,})")
 #: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
@@ -385,9 +392,7 @@ def load_sidecar(path: Path) -> Sidecar:
     from commtag.schema import Sidecar
 
     sidecar = _validated(path, Sidecar)
-    if sidecar.world_size > MAX_RANKS:  # ranks up to it are listed when absent: a claim, not a job
-        raise MergeInputError(path, f"world_size {sidecar.world_size} is more ranks than a merged trace can hold "
-                                    f"({MAX_RANKS:,})")
+    check_world_size(path, "world_size", sidecar.world_size)
     return sidecar
 
 
