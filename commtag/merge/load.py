@@ -54,6 +54,10 @@ _HEAD_BYTES = 1 << 16
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 #: Ranks a merged trace can hold: track ids and pids are built from the rank.
 MAX_RANKS = 1 << 24
+#: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
+_OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
+_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
+_DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
 
 
 def check_world_size(path: Path, what: str, size: int) -> None:
@@ -61,10 +65,6 @@ def check_world_size(path: Path, what: str, size: int) -> None:
     the analysis lists every absent rank up to it, so such a claim is not a job but a bad file."""
     if size > MAX_RANKS:
         raise MergeInputError(path, f"{what} {size} is more ranks than a merged trace can hold ({MAX_RANKS:,})")
-#: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
-_OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
-_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
-_DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
 
 
 class NoTraceFound(MergeInputError):

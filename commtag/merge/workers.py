@@ -525,7 +525,9 @@ def under_launcher() -> bool:
 
 def launcher_world(output: Path) -> Optional[World]:
     """The workers of this launch when torchrun started several; None for a plain process."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if not under_launcher():
+        return None
+    size = int(os.environ["WORLD_SIZE"])
     if size <= 1:
         return None
     if int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == size:
