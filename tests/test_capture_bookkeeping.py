@@ -70,6 +70,9 @@ class FakeGraphAPI:
     def nodes(self, graph: FakeGraph) -> list[int]:
         return [h for h, _, _ in graph.nodes]
 
+    def node_count(self, graph: FakeGraph) -> int:
+        return len(graph.nodes)
+
     def _node(self, handle: int) -> tuple[FakeGraph, int]:
         for _, graph in self.capturing.values():
             for i, (h, _, _) in enumerate(graph.nodes):
@@ -205,7 +208,7 @@ def test_a_capture_that_fails_to_end_leaves_no_record_and_the_error_propagates()
 
 def test_bookkeeping_errors_never_reach_the_collective(caplog: pytest.LogCaptureFixture) -> None:
     class Broken(FakeGraphAPI):
-        def nodes(self, graph: FakeGraph) -> list[int]:
+        def node_count(self, graph: FakeGraph) -> int:
             raise RuntimeError("driver exploded")
 
     api = Broken()

@@ -2,9 +2,12 @@
 
 At replay a graphed NCCL kernel carries no metadata, so while a graph is
 captured commtag notes, for every collective, the nodes it added to the
-capture graph (set difference of the graph's nodes before and after the
-call), and resolves them when the capture ends: creation index, node type,
-kernel name, and the driver's tools id where it has one (13.1+). Replays
+capture graph, and resolves them when the capture ends: creation index,
+node type, kernel name, and the driver's tools id where it has one (13.1+).
+The driver lists a graph's nodes in creation order (launch/gpu_check.py
+checks this on a real GPU), so a call's nodes are those between the graph's
+node counts before and after it: two constant-time queries per collective,
+and one listing per capture, however many nodes the graph already holds. Replays
 of the graph are logged (time, thread, replay index) so the merge can tell
 which ``cudaGraphLaunch`` in a trace replayed which capture.
 
@@ -50,8 +53,9 @@ OPEN_CAPTURES: dict[int, "OpenCapture"] = {}
 @dataclass
 class _PendingCollective:
     annotation: CollectiveAnnotation
-    #: New nodes, in the order the driver listed them after the call.
-    nodes: list[Any]
+    #: Creation indices of the nodes the call added: [first, end).
+    first: int
+    end: int
     tid: int
     reduce_op: Optional[str]
     source: str
@@ -79,7 +83,8 @@ class CollectiveToken:
     """What :func:`before_collective` hands the wrapper while a capture is open."""
 
     capture: OpenCapture
-    known: set[int]
+    #: The capture graph's node count when the call began: the index of its first node.
+    first: int
     reduce_op: Optional[str] = None
     source: str = "python"
     #: The annotation handed to torch's mark_kernels for this call, if any.
@@ -179,14 +184,11 @@ class CaptureTracker:
     def _resolve(self, capture: OpenCapture) -> GraphCapture:
         api = self.api
         final = api.nodes(capture.graph)
-        index_of = {int(node): i for i, node in enumerate(final)}
         collectives = []
         for pending in capture.collectives:
             records = []
-            for node in pending.nodes:
-                index = index_of.get(int(node))
-                if index is None:
-                    continue
+            for index in range(pending.first, min(pending.end, len(final))):
+                node = final[index]
                 kind = api.node_type(node)
                 records.append(
                     GraphNodeRecord(
@@ -227,7 +229,7 @@ class CaptureTracker:
         capture = OPEN_CAPTURES.get(info[0])
         if capture is None:
             return None
-        token = CollectiveToken(capture, {int(node) for node in self.api.nodes(capture.graph)}, source=source)
+        token = CollectiveToken(capture, self.api.node_count(capture.graph), source=source)
         if self.marks is not None:
             self._open_scope(token)
         return token
@@ -258,9 +260,9 @@ class CaptureTracker:
             self.marks.close(scope)
         if OPEN_CAPTURES.get(capture.sequence_id) is not capture:
             return  # the capture ended (or failed) in between
-        added = [node for node in self.api.nodes(capture.graph) if int(node) not in token.known]
+        end = self.api.node_count(capture.graph)
         capture.collectives.append(
-            _PendingCollective(annotation, added, threading.get_native_id(), token.reduce_op, token.source, mark)
+            _PendingCollective(annotation, token.first, end, threading.get_native_id(), token.reduce_op, token.source, mark)
         )
 
     # ------------------------------------------------------------------ wrapper nesting (read by c10d_ops)

@@ -27,7 +27,10 @@ class GraphAPI(Protocol):
         """(capture sequence id, graph) when ``stream`` (a cudaStream_t value) is capturing, else None."""
 
     def nodes(self, graph: Any) -> list[Any]:
-        """The graph's nodes, in the order the driver lists them."""
+        """The graph's nodes, in creation order (the driver's listing order)."""
+
+    def node_count(self, graph: Any) -> int:
+        """How many nodes the graph holds, without listing them."""
 
     def node_type(self, node: Any) -> str:
         """"kernel", "memcpy", "memset", "empty", "event_record", ... (lower case)."""
@@ -103,6 +106,10 @@ class CudaBindingsGraphAPI:
             return []
         nodes, count = self._check(self._rt.cudaGraphGetNodes(graph, numNodes=count))
         return list(nodes[:count])
+
+    def node_count(self, graph: Any) -> int:
+        _, count = self._check(self._rt.cudaGraphGetNodes(graph, numNodes=0))
+        return int(count)
 
     def node_type(self, node: Any) -> str:
         (kind,) = self._check(self._rt.cudaGraphNodeGetType(node))
