@@ -15,15 +15,16 @@ wrapper's record, which the wrapper does not know in operator form.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from commtag.identity import format_list
-from commtag.runtime.calls import OpCall, dtype_name, nelems, numbered_now
+from commtag.runtime.calls import OpCall, dtype_name, nelems, numbered_now, reduce_name
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import GroupState, state_for
 from commtag.schema import CollectiveAnnotation
@@ -56,22 +57,6 @@ def _group(value: Any) -> GroupState:
     return state_for(value)
 
 
-def _reduce_name(value: Any) -> Optional[str]:
-    """"sum", "avg", ... from a ReduceOp ScriptObject, a ReduceOp, or funcol's string."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.lower()
-    if isinstance(value, torch.ScriptObject):
-        value = value.op()
-    if isinstance(value, dist.ReduceOp):
-        value = value.op
-    try:
-        return dist.ReduceOp.RedOpType(int(value)).name.lower()
-    except (TypeError, ValueError):
-        return None
-
-
 def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Arguments by schema name, defaults filled in."""
     bound: dict[str, Any] = {}
@@ -94,7 +79,7 @@ def _same_size(tensors_key: str, *, reduce: bool = False, root_key: Optional[str
         state = _group(a.get("process_group", a.get("group_name")))
         return OpCall(
             name, state, n, n, dtype_name(_first(tensors)), int(a[root_key]) if root_key else state.group_rank,
-            reduce_op=_reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
+            reduce_op=reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
         )
 
     return describe
@@ -114,7 +99,7 @@ def _io(in_key: str, out_key: Optional[str], dtype_of: str, *, reduce: bool = Fa
         source = a[in_key] if dtype_of == "input" or out_key is None else a[out_key]
         return OpCall(
             name, state, n_in, n_out, dtype_name(_first(source)), state.group_rank,
-            reduce_op=_reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
+            reduce_op=reduce_name(a.get("reduce_op")) if reduce else None, async_op=bool(a.get("async_op", False)),
         )
 
     return describe
@@ -250,13 +235,14 @@ class _CaptureOpMode(TorchDispatchMode):
         if not self.enabled or func.namespace not in _NAMESPACES:
             return func(*args, **kwargs)
         try:
-            call = describe_call(func, args, kwargs)
-            if call is None:
-                return func(*args, **kwargs)
             outer = self.sink.wrapper_token()
             if outer is not None:
-                if call.reduce_op is not None and getattr(outer, "reduce_op", None) is None:
-                    outer.reduce_op = call.reduce_op
+                # A patched Python function records this call; it only lacks the reduction the op names.
+                if getattr(outer, "reduce_op", None) is None and (func.namespace, func._opname) in DESCRIBERS:
+                    outer.reduce_op = reduce_name(_bind(func, args, kwargs).get("reduce_op"))
+                return func(*args, **kwargs)
+            call = describe_call(func, args, kwargs)
+            if call is None:
                 return func(*args, **kwargs)
             annotation = annotate(call)
             token = self.sink.begin()
@@ -270,6 +256,22 @@ class _CaptureOpMode(TorchDispatchMode):
             except Exception as exc:  # noqa: BLE001 - fail open: the op has run; recording it must not fail it
                 log_once(f"recording {func}", exc)
         return result
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Off this thread's dispatch stack while a patched function runs a call it records itself.
+
+    The c10d operator inside would otherwise be boxed into Python (its process
+    group and reduction as script objects) only to be passed through, and so
+    would every operator of the call: most of what a captured collective cost.
+    Where another mode sits above commtag's, it stays and passes them through.
+    """
+    if not isinstance(_get_current_dispatch_mode(), _CaptureOpMode):
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
 
 
 def activate(sink: OpSink) -> Optional[_CaptureOpMode]:

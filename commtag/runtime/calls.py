@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+import torch.distributed
 
 from commtag.runtime.groups import GroupState
 from commtag.vocab import DTYPES, RECORDED_AS_REAL, RECV, SEND
@@ -30,6 +31,24 @@ _RECORDED_NAMES: dict[torch.dtype, str] = {
     for d in DTYPES
     if isinstance(getattr(torch, d.attr, None), torch.dtype)
 }
+
+
+def reduce_name(value: Any) -> Optional[str]:
+    """"sum", "avg", ... from a ReduceOp ScriptObject (the c10d operators'), a ReduceOp, or funcol's string."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.lower()
+    if isinstance(value, torch.ScriptObject):
+        value = value.op()
+    if isinstance(value, torch.distributed.ReduceOp.RedOpType):  # ReduceOp.AVG and the like
+        return value.name.lower()
+    if isinstance(value, torch.distributed.ReduceOp):
+        value = value.op
+    try:
+        return torch.distributed.ReduceOp.RedOpType(int(value)).name.lower()
+    except (TypeError, ValueError):
+        return None
 
 
 def dtype_name(tensor: torch.Tensor) -> str:

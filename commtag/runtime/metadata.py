@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from commtag.identity import format_list
-from commtag.runtime.calls import OpCall, dtype_name, nelems
+from commtag.runtime.calls import OpCall, dtype_name, nelems, reduce_name
 from commtag.runtime.groups import GroupState, lookup
 from commtag.vocab import BARRIER_DTYPE, FUNCTION_COLLECTIVES, P2P_COLLECTIVES
 from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by patch
@@ -40,16 +40,22 @@ def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[in
     return state.ranks.index(global_rank)
 
 
-def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, async_op: bool) -> OpCall:
+def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, async_op: bool,
+          reduce_op: Optional[str] = None) -> OpCall:
     n = nelems(tensor)
-    return OpCall(collective, state, n, n, dtype_name(tensor), rank, async_op=bool(async_op))
+    return OpCall(collective, state, n, n, dtype_name(tensor), rank, async_op=bool(async_op), reduce_op=reduce_op)
+
+
+def _reduction(op: Any) -> Optional[str]:
+    """The reduction a call names; torch.distributed's default where it names none."""
+    return reduce_name(torch.distributed.ReduceOp.SUM if op is None else op)
 
 
 def _all_reduce(tensor, op=None, group=None, async_op=False):
     state = _state(group)
     if state is None:
         return None
-    call = _same(_eager("all_reduce"), state, tensor, state.group_rank, async_op)
+    call = _same(_eager("all_reduce"), state, tensor, state.group_rank, async_op, _reduction(op))
     call.fusable = True
     return call
 
@@ -60,7 +66,7 @@ def _all_reduce_coalesced(tensors, op=None, group=None, async_op=False):
         return None
     total = sum(nelems(t) for t in tensors)
     return OpCall(_eager("all_reduce_coalesced"), state, total, total, dtype_name(tensors[0]), state.group_rank,
-                  async_op=bool(async_op))
+                  async_op=bool(async_op), reduce_op=_reduction(op))
 
 
 def _broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
@@ -74,7 +80,7 @@ def _reduce(tensor, dst=None, op=None, group=None, async_op=False, group_dst=Non
     state = _state(group)
     if state is None:
         return None
-    return _same(_eager("reduce"), state, tensor, _root(state, dst, group_dst), async_op)
+    return _same(_eager("reduce"), state, tensor, _root(state, dst, group_dst), async_op, _reduction(op))
 
 
 def _all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -100,7 +106,7 @@ def _reduce_scatter(output, input_list, op=None, group=None, async_op=False):
         return None
     n = nelems(output)
     return OpCall(_eager("reduce_scatter"), state, n * state.size, n, dtype_name(output), state.group_rank,
-                  async_op=bool(async_op))
+                  async_op=bool(async_op), reduce_op=_reduction(op))
 
 
 def _reduce_scatter_base(output, input, op=None, group=None, async_op=False):
@@ -108,7 +114,7 @@ def _reduce_scatter_base(output, input, op=None, group=None, async_op=False):
     if state is None:
         return None
     return OpCall(_eager("reduce_scatter_tensor"), state, nelems(input), nelems(output), dtype_name(output),
-                  state.group_rank, async_op=bool(async_op), fusable=True)
+                  state.group_rank, async_op=bool(async_op), fusable=True, reduce_op=_reduction(op))
 
 
 def _all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,

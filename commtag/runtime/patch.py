@@ -62,7 +62,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from commtag.runtime import capture, recorder, reentry
+from commtag.runtime import c10d_ops, capture, recorder, reentry
 from commtag.runtime.idle import (
     c10d_world,
     compiler,
@@ -200,6 +200,8 @@ def _finish(pending: _Pending, work: Any) -> None:
     """Hand the annotation to capture and, while profiling, the call itself to the recorder
     (which builds its fields only when the sidecar is written)."""
     if pending.token is not None:
+        if pending.token.reduce_op is None:
+            pending.token.reduce_op = pending.call.reduce_op
         capture.after_collective(pending.token, CollectiveAnnotation.model_construct(**pending.annotation_fields()))
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
@@ -351,7 +353,11 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             more_slow()
         thread.depth += 1
         try:
-            result = original(*args, **kwargs)
+            if pending is not None and pending.token is not None:  # captured: this wrapper records it
+                with c10d_ops.bypassed():
+                    result = original(*args, **kwargs)
+            else:
+                result = original(*args, **kwargs)
         except Exception as exc:
             _failed(pending, exc)
             raise
