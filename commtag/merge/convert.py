@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
+from commtag.merge.graphs import captured_kernel_names
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import check_world_size, checked_base_ns, wall_clock
 from commtag.merge.records import GroupLane, Interner
@@ -45,7 +46,7 @@ from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
     EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
-    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, is_graph_launch,
+    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, base_name, is_graph_launch,
     nccl_kind,
 )
 
@@ -226,14 +227,18 @@ def _check_clock(path: Path, last_ns: Optional[int]) -> None:
                                     "(check its baseTimeNanoseconds and ts)")
 
 
-def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
+def _is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: frozenset[str]) -> bool:
     """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
 
-    The converter calls it only where ``cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or
-    name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test is written inline there.
+    ``captured``: the kernels the file's sidecar saw collectives capture into graphs
+    (:func:`commtag.merge.graphs.captured_kernel_names`): a one-rank communicator's are not
+    named like NCCL's. The converter calls it only where ``cat == KERNEL_CATEGORY or cat in
+    LAUNCH_CATEGORIES or name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test
+    is written inline there.
     """
     if cat == KERNEL_CATEGORY:
-        return bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None
+        return (bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None
+                or bool(captured) and base_name(name) in captured)
     if cat in LAUNCH_CATEGORIES:
         return is_graph_launch(name)
     if name == COMMS_OP:
@@ -244,10 +249,13 @@ def _is_candidate(name: str, cat: Optional[str], args: Optional[dict]) -> bool:
 class _File:
     """Per-file state: correlation ids are per file, so launch flows are settled per file."""
 
-    __slots__ = ("path", "keep", "index", "first", "last", "candidates", "launches", "work")
+    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work")
 
-    def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None) -> None:
+    def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
+                 captured: frozenset[str] = frozenset()) -> None:
         self.path = path
+        #: Kernels its sidecar's graph captures hold (see :func:`_is_candidate`).
+        self.captured = captured
         #: --steps/--window: whether an event starting at a time (ns) is kept; None keeps all.
         self.keep = keep
         self.index = 0
@@ -372,7 +380,7 @@ class RankConverter:
                 self.outside += 1
                 if listed is not None:
                     listed.append(f"{path}: traceEvents[{i}] {name!r}: {OUTSIDE_SELECTION}")
-                if ph == "X" and _is_candidate(name, cat, args):
+                if ph == "X" and _is_candidate(name, cat, args, file.captured):
                     # attach still sees it, so the kept collectives are joined as in a whole merge
                     if pc is not int or ic is not int:
                         self._place(e, pid, tid)
@@ -394,7 +402,7 @@ class RankConverter:
                     row.add(start, start, body(name, cat, args))
                 continue
             # _is_candidate's cheap first test, written here because it runs per event.
-            candidate = (cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in "cgr") and _is_candidate(name, cat, args)
+            candidate = (cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in "cgr") and _is_candidate(name, cat, args, file.captured)
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))
@@ -477,7 +485,7 @@ class RankConverter:
         Returns the file's first and last ns (None without timed events).
         """
         keep = keeper(spans) if spans is not None else None
-        file = _File(path, keep)
+        file = _File(path, keep, captured_kernel_names(sidecar.captures) if sidecar is not None else frozenset())
         header = stream.header
         base = None
         marks = {key: len(row) for key, row in [*self.rows.items(), *(((k, "i"), r) for k, r in self.instants.items())]}

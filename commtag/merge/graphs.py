@@ -21,7 +21,10 @@ Replay by replay, for the NCCL kernels of graph launches left over (:func:`match
     where every such join in the replay is confirmed by the kernel name;
     ``"order"``: the replay's NCCL kernels, in start order, pair one-to-one
     with the captured NCCL kernel nodes in creation order, every pair
-    confirmed by the kernel name (collective, reduction op, dtype).
+    confirmed by the kernel name (collective, reduction op, dtype). Copies
+    and memsets of collectives have no name to confirm: they stay
+    unannotated, said in :attr:`GraphMatchResult.notes` (the eager profiler
+    annotates a collective's kernels, not its copies, either).
 
 A replay whose nodes cannot be matched unambiguously is reported in
 :attr:`GraphMatchResult.unmatched` and left unannotated, never guessed.
@@ -158,6 +161,13 @@ def comm_nodes(captured: CapturedCollective) -> list[GraphNodeRecord]:
     if nccl:
         return nccl
     return [n for n in captured.nodes if n.node_type in DEVICE_WORK_NODE_TYPES.values()]
+
+
+def captured_kernel_names(captures: Sequence[GraphCapture]) -> frozenset[str]:
+    """Base names of the kernels collectives were captured launching: replayed, these are theirs
+    even where the name is not NCCL's (a one-rank communicator reduces with its own kernel)."""
+    return frozenset(base_name(node.kernel_name) for cap in captures for cc in cap.collectives
+                     for node in comm_nodes(cc) if node.kernel_name and node.node_type == KERNEL_NODE_TYPE)
 
 
 # ---------------------------------------------------------------------------- results
@@ -347,6 +357,7 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                     by_tools[node.tools_id] = (cap, ci)
                 local = node.local_id if node.local_id is not None else node.index
                 by_node[(cap.capture_id, local)] = (cap, ci)
+    captured_names = captured_kernel_names(captures)
     exact: list[tuple[dict, GraphCapture, int, str]] = []
     leftover: list[dict] = []
     for e in kernels:
@@ -369,7 +380,8 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                 hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
         if hit is not None:
             exact.append((e, *hit, method))
-        elif nccl_kind(e.get("name", "")) and (raw or args.get(CORRELATION_KEY) in launches):
+        elif ((nccl_kind(e.get("name", "")) or base_name(e.get("name", "")) in captured_names)
+              and (raw or args.get(CORRELATION_KEY) in launches)):
             leftover.append(e)
     return exact, leftover
 
@@ -492,6 +504,15 @@ def _pair_nodes(events: Sequence[dict], replay: _Replay, capture: GraphCapture) 
     return pairs, "order", reason
 
 
+def _skipped_by_order(capture: GraphCapture) -> int:
+    """Copy and memset nodes of ``capture``'s collectives that a match by order leaves unannotated.
+
+    Only the eager profiler's own choice is reproduced without node ids: it
+    puts the collective's keys on its kernels, not on the copies around them.
+    """
+    return sum(1 for cc in capture.collectives for node in comm_nodes(cc) if node.node_type != KERNEL_NODE_TYPE)
+
+
 def _join(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]],
           key) -> tuple[Optional[list[_Pair]], str]:
     by_id = {_node_id(events[i]): i for i in replay.events}
@@ -508,9 +529,8 @@ def _join(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCo
 
 
 def _by_order(events: Sequence[dict], replay: _Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]]) -> tuple[Optional[list[_Pair]], str]:
+    """Kernels only: a copy or memset has no name to confirm its place (see :func:`_skipped_by_order`)."""
     kernels = sorted(((cc, n) for cc, n in wanted if n.node_type == KERNEL_NODE_TYPE), key=lambda item: item[1].index)
-    if len(kernels) != len(wanted):
-        return None, "copy/memset nodes of a collective can only be matched by node id"
     names = {base_name(n.kernel_name) for _, n in kernels if n.kernel_name}
     candidates = [
         i for i in replay.events
@@ -530,6 +550,11 @@ def _by_order(events: Sequence[dict], replay: _Replay, wanted: list[tuple[Captur
 
 def _emit(events: Sequence[dict], pairs: list[_Pair], method: str, capture: GraphCapture, index: int,
           result: GraphMatchResult) -> None:
+    skipped = _skipped_by_order(capture) if method == "order" else 0
+    note = (f"capture {capture.capture_id}: {skipped} copy/memset node(s) of its collectives stay unannotated on "
+            "each replay matched by order (the trace has no graph node ids; only kernels are placed by order)")
+    if skipped and note not in result.notes:
+        result.notes.append(note)
     position = {id(cc): i for i, cc in enumerate(capture.collectives)}
     for event_index, cc in pairs:
         result.matches.append(ReplayMatch(events[event_index], capture, position[id(cc)], index, method))
