@@ -211,8 +211,10 @@ class _RankAttacher:
     """Attach everything for one trace file of a rank (see module docstring)."""
 
     def __init__(self, rank: int, trace: dict, sidecar: Optional[Sidecar], offset_ns: int,
-                 flows: RankFlows, interner: Interner, annotated: Optional[dict]) -> None:
+                 flows: RankFlows, interner: Interner, annotated: Optional[dict], notes: list[str]) -> None:
         self.rank = rank
+        #: What this file's events are left without, said in the merge's report.
+        self.notes = notes
         self.interner = interner
         self.annotated = annotated
         #: A sidecar call site's fields (all but its own) -> its common args.
@@ -536,7 +538,14 @@ class _RankAttacher:
         if not captures:
             return
         kernels = [e for _, _, e in self.kernels]
-        matches = graphs.match(kernels, self.launches, captures, self.base - self.offset).matches
+        result = graphs.match(kernels, self.launches, captures, self.base - self.offset)
+        matches = result.matches
+        self.notes += result.notes
+        reasons: dict[str, int] = {}
+        for unmatched in result.unmatched:
+            reasons[unmatched.reason] = reasons.get(unmatched.reason, 0) + 1
+        self.notes += [f"{n} graph replay(s) carrying captured collectives left unannotated: {reason}"
+                       for reason, n in reasons.items()]
         grouped: dict[tuple[int, int, int], list[graphs.ReplayMatch]] = {}
         for m in matches:
             grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m)
@@ -585,8 +594,12 @@ class _RankAttacher:
 
 def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows, *,
            offset_ns: int = 0, interner: Optional[Interner] = None,
-           annotated: Optional[dict[int, tuple[dict, dict]]] = None) -> list[CollectiveInstance]:
+           annotated: Optional[dict[int, tuple[dict, dict]]] = None,
+           notes: Optional[list[str]] = None) -> list[CollectiveInstance]:
     """Annotate one trace file's events in place; return its collective instances.
+
+    ``notes``: where to say what the file's events are left without (graph replays that
+    could not be matched, copies of captured collectives not placed).
 
     ``annotated``: instead of merging each annotation into its event's args,
     map ``id(event)`` to its ``(common, own)`` args there (Kineto's copies of
@@ -594,7 +607,8 @@ def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows,
     common args once, not per event. ``interner``: the merge's, which its instances share
     equal values through (a new one when omitted).
     """
-    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, interner or Interner(), annotated).run()
+    return _RankAttacher(rank, trace, sidecar, offset_ns, flows, interner or Interner(), annotated,
+                         [] if notes is None else notes).run()
 
 
 def settle_inferred(instances: Sequence[CollectiveInstance]) -> None:

@@ -295,6 +295,8 @@ class RankConverter:
         self.gpu_pids: set = set()
         self.categories = DeviceWork()
         self.instances: list = []
+        #: What attach said its files' events are left without.
+        self.notes: list[str] = []
         #: uid -> the groups this rank knows.
         self.groups: dict[str, GroupLane] = {}
         self.host = ""
@@ -507,7 +509,7 @@ class RankConverter:
         _check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
-                          annotated=self.annotated if self.encoder is not None else None)
+                          annotated=self.annotated if self.encoder is not None else None, notes=self.notes)
         if keep is not None:
             attached = self._selected(file, attached, keep)
         if self.encoder is None:  # no event is written, so no flow may end on one

@@ -49,7 +49,7 @@ from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
 from commtag.merge.output import MergeOutput
 from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, Interner, RankSummary, TraceAnnotations,
+    CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, Interner, RankSummary, TraceAnnotations, describe_ranks,
 )
 from commtag.merge.runs import FileSpan
 from commtag.merge.selection import (
@@ -409,6 +409,11 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     if timed_by_ops:
         plan.notices.append(f"{timed_by_ops} collective instances come from record_param_comms CPU ops "
                             "(no kernel carried collective metadata): host times, no bandwidth")
+    said: dict[str, list[int]] = {}
+    for s in everyone:
+        for note in s.notes:
+            said.setdefault(note, []).append(s.rank)
+    plan.notices += [f"{describe_ranks(ranks)}: {note}" for note, ranks in said.items()]  # once per note, not per rank
     covered = coverage(everyone)
     if covered.absent:
         plan.notices.append(covered.describe_absent())
@@ -636,7 +641,7 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
-                       converter.windows, converter.world_size, files=files)
+                       converter.windows, converter.world_size, files=files, notes=converter.notes)
 
 
 def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank: RankInput,

@@ -247,6 +247,8 @@ class RankSummary:
     account: Optional[EventAccount] = None
     #: What each merged file of the rank says of itself, for :func:`commtag.merge.runs.warnings`.
     files: list[FileSpan] = field(default_factory=list)
+    #: What attaching left unsaid on its events (graph replays not matched, copies not placed).
+    notes: list[str] = field(default_factory=list)
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:

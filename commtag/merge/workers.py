@@ -710,7 +710,7 @@ def to_wire(summaries: list[RankSummary]) -> dict:
                 column.append(value)
         out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": [list(g) for g in s.groups],
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
-                    "files": [astuple(f) for f in s.files], "instances": columns,
+                    "files": [astuple(f) for f in s.files], "instances": columns, "notes": s.notes,
                     "account": None if s.account is None else asdict(s.account)})
     return {"common": table, "texts": list(texts), "ranks": [ranks for _, ranks in rank_lists.values()],
             "summaries": out}
