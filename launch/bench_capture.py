@@ -23,7 +23,7 @@ cost per collective, (median installed - median absent) / C. Every
 installed capture must have recorded its C collectives with their nodes,
 or the run fails (exit 1): otherwise it would time nothing.
 
-Usage: ``python launch/bench_capture.py [--shapes 8x1,64x8,256x32] [--reps 15] [--json F]`` with
+Usage: ``python launch/bench_capture.py [--shapes 8x0,64x0,256x0,256x32] [--reps 15] [--json F]`` with
 commtag installed (launch/setup.sh), or ``python -m launch.bench_capture ...`` from the repository
 root of a checkout that is not installed.
 """
@@ -74,7 +74,10 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 
 class Workload:
-    """The captured step: K in-place adds, then an in-place all_reduce, C times."""
+    """The captured step: K in-place adds, then an in-place all_reduce, C times.
+
+    The reduction is AVG: on a one-rank communicator an in-place SUM launches
+    nothing (no node to record), while AVG scales the buffer with one kernel."""
 
     def __init__(self, torch: Any, dist: Any) -> None:
         self.torch = torch
@@ -87,7 +90,7 @@ class Workload:
         with torch.cuda.stream(self.stream):
             for _ in range(3):
                 self.scratch.add_(1.0)
-                dist.all_reduce(self.buffer)
+                dist.all_reduce(self.buffer, op=dist.ReduceOp.AVG)
         torch.cuda.synchronize()
 
     def capture(self, collectives: int, kernels: int) -> int:
@@ -102,7 +105,7 @@ class Workload:
                 for _ in range(collectives):
                     for _ in range(kernels):
                         self.scratch.add_(1.0)
-                    self.dist.all_reduce(self.buffer)
+                    self.dist.all_reduce(self.buffer, op=self.dist.ReduceOp.AVG)
             finally:
                 graph.capture_end()
             elapsed = time.perf_counter_ns() - start
@@ -177,6 +180,22 @@ def measure(shapes: Sequence[tuple[int, int]], reps: int) -> tuple[list[dict], d
         dist.destroy_process_group()
 
 
+def per_operator(rows: list[dict]) -> str:
+    """What each other operator captured costs: a shape with K kernels per collective against
+    the same number of collectives with none (commtag's dispatch mode sees every operator while
+    a capture is open, to catch collectives that pass no Python function)."""
+    bare = {r["collectives"]: r for r in rows if r["kernels_per_collective"] == 0}
+    lines = []
+    for r in rows:
+        base = bare.get(r["collectives"])
+        if base is not None and r["kernels_per_collective"]:
+            ops = r["collectives"] * r["kernels_per_collective"]
+            added = (r["installed_ms"] - r["absent_ms"]) - (base["installed_ms"] - base["absent_ms"])
+            lines.append(f"Each other operator captured ({r['collectives']} x {r['kernels_per_collective']} against "
+                         f"{r['collectives']} x 0): {added * 1e3 / ops:+.1f} us.\n\n")
+    return "".join(lines)
+
+
 def report(rows: list[dict], first: dict) -> str:
     table = markdown_table(
         ["collectives x kernels before each", "graph nodes (about)", "reps", "capture ms, absent",
@@ -188,16 +207,17 @@ def report(rows: list[dict], first: dict) -> str:
     c, k = first["shape"]
     return (
         "Median capture time (capture_begin to the end of capture_end, instantiation included); "
-        "variants alternate per repetition.\n\n" + table + "\n\n"
+        "variants alternate per repetition.\n\n" + table + "\n\n" + per_operator(rows) + (
         f"First capture in the process ({c} x {k}): {first['absent_ms']:.1f} ms without commtag, then "
-        f"{first['installed_ms']:.1f} ms with it (loading cuda-python and commtag's capture hooks)."
+        f"{first['installed_ms']:.1f} ms with it (loading cuda-python and commtag's capture hooks).")
     )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("8x1,64x8,256x32"),
-                        help="graphs to capture: collectives x compute kernels before each (default 8x1,64x8,256x32)")
+    parser.add_argument("--shapes", type=parse_shapes, default=parse_shapes("8x0,64x0,256x0,256x32"),
+                        help="graphs to capture: collectives x compute kernels before each "
+                             "(default 8x0,64x0,256x0,256x32: per collective, then per other operator)")
     parser.add_argument("--reps", type=int, default=15, help="captures per variant and shape (default 15)")
     parser.add_argument("--quick", action="store_true", help="one small shape, 5 repetitions")
     parser.add_argument("--json", type=Path, help="also write the results here")

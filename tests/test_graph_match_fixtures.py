@@ -1,26 +1,39 @@
-"""Replay matching on the real GPU fixtures written by launch/gpu_check.py.
+"""Replay matching and the merge on the real GPU fixtures written by launch/gpu_check.py.
 
-Until a GPU run commits tests/fixtures/gpu_graphs/ these tests skip (with
-that reason); afterwards they check, on CPU, what the GPU run measured: every
-replayed collective of the captured step is annotated on every replay with the
-eager profiler's values, and nothing is left unmatched.
+tests/fixtures/gpu_graphs/ holds what one H100 run wrote (PROVENANCE.md there):
+an eager step and the same step captured in a CUDA graph, each under the
+profiler, with commtag's sidecars. The step (see gpu_check's ``_make_step``)
+holds all_reduce(AVG) of N floats, an out-of-place all_gather, a broadcast
+and a functional all_reduce("avg"); a second graph holds one all_reduce(AVG)
+of 2N floats. Replay 0 of the step's graph ran before the profiler started,
+so its profiled replays are 1, 2 and 3; the second graph's are 0, 1 and 2.
+These tests check, on CPU, what a user would: every replayed collective is
+annotated on every replay with the eager profiler's values, and the merge
+shows them so. Without the fixtures they skip with that reason.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from commtag.merge.graphs import match_graph_replays
-from commtag.schema import Sidecar
-from commtag.vocab import KERNEL_EAGER_KEYS, P2P_PEER_KEYS
+from commtag.merge.load import base_ns
+from commtag.merge.pipeline import merge
+from commtag.merge.validate import validate_file
+from commtag.schema import GraphCapture, Sidecar
+from commtag.vocab import ANN_MATCH, ANN_REPLAY, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, SEQ_KEY
+from pftrace_reader import read
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu_graphs"
 #: Keys a replay must say as the eager kernel did (its Seq is the capture's: see gpu_check).
-KEYS = [key for key in KERNEL_EAGER_KEYS if key not in (*P2P_PEER_KEYS, "Seq")]
+KEYS = [key for key in KERNEL_EAGER_KEYS if key not in (*P2P_PEER_KEYS, SEQ_KEY)]
+#: gpu_check's buffer size: the step's collectives move N floats, the second graph's 2N.
+N = 4096
 
 pytestmark = pytest.mark.skipif(not (FIXTURES / "PROVENANCE.md").exists(),
                                 reason="no GPU fixtures yet: run launch/gpu_check.py on a GPU machine")
@@ -34,20 +47,67 @@ def _load(sub: str) -> tuple[dict, Sidecar]:
     return trace, Sidecar.model_validate_json(side_path.read_text())
 
 
-def test_every_replayed_collective_carries_the_eager_metadata() -> None:
+def _eager_kernel_args() -> dict[str, dict]:
     eager_trace, _ = _load("eager")
-    trace, sidecar = _load("graph")
-    eager = {}
+    found: dict[str, dict] = {}
     for e in eager_trace["traceEvents"]:
-        if e.get("cat") in ("kernel", "gpu_memcpy") and "Collective name" in e.get("args", {}):
-            eager.setdefault(e["args"]["Collective name"], e["args"])
-    result = match_graph_replays(trace["traceEvents"], sidecar.captures, int(trace.get("baseTimeNanoseconds", 0)))
+        if e.get("cat") == "kernel" and COLLECTIVE_NAME_KEY in e.get("args", {}):
+            found.setdefault(e["args"][COLLECTIVE_NAME_KEY], e["args"])
+    return found
+
+
+def _captures(sidecar: Sidecar) -> tuple[GraphCapture, GraphCapture]:
+    """(the step's capture, the one-all_reduce capture)."""
+    step = [c for c in sidecar.captures if len(c.collectives) > 1]
+    single = [c for c in sidecar.captures if len(c.collectives) == 1]
+    assert len(step) == 1 and len(single) == 1, [len(c.collectives) for c in sidecar.captures]
+    return step[0], single[0]
+
+
+def test_the_graphed_steps_collectives_carry_the_eager_metadata_on_every_replay() -> None:
+    eager = _eager_kernel_args()
+    assert set(eager) == {"allreduce"}, "on one rank only the all_reduces launch a kernel the profiler annotates"
+    trace, sidecar = _load("graph")
+    step, _ = _captures(sidecar)
+    result = match_graph_replays(trace["traceEvents"], sidecar.captures, base_ns(trace))
     assert result.unmatched == []
-    assert eager, "the eager fixture has no annotated device events"
-    for name, expected in eager.items():
-        got = [m for m in result.matches if m.annotation.collective_name == name]
-        assert got, f"{name}: not annotated at replay"
-        for m in got:
-            args = m.args()
-            assert {k: args.get(k) for k in KEYS} == {k: expected.get(k) for k in KEYS}
-            assert args["commtag match"] in ("tools-id", "node-id", "order")
+    got = [m for m in result.matches if m.capture_id == step.capture_id]
+    # Both all_reduces of the step (the Python call and the functional one caught at the c10d
+    # operator), on each profiled replay.
+    seqs = sorted(c.annotation.seq for c in step.collectives if c.annotation.collective_name == "allreduce")
+    assert sorted((m.annotation.replay, m.args()[SEQ_KEY]) for m in got) == [(r, s) for r in (1, 2, 3) for s in seqs]
+    for m in got:
+        args = m.args()
+        assert {k: args.get(k) for k in KEYS} == {k: eager["allreduce"].get(k) for k in KEYS}
+        assert args[ANN_MATCH] in ("tools-id", "node-id", "order")
+    # The all_gather ran as one device copy: without node ids it is said, not guessed.
+    assert any("copy/memset node(s)" in note for note in result.notes)
+
+
+def test_the_one_collective_graph_says_its_own_size_on_each_replay() -> None:
+    trace, sidecar = _load("graph")
+    _, single = _captures(sidecar)
+    result = match_graph_replays(trace["traceEvents"], sidecar.captures, base_ns(trace))
+    got = [m for m in result.matches if m.capture_id == single.capture_id]
+    assert sorted(m.annotation.replay for m in got) == [0, 1, 2]
+    assert {m.args()[IN_NELEMS_KEY] for m in got} == {2 * N}
+
+
+def test_the_merge_shows_each_replayed_all_reduce_with_its_replay(tmp_path: Path) -> None:
+    """As a user runs it: merge the graph run's directory, then read the kernels of the .pftrace."""
+    inputs = tmp_path / "graph"
+    shutil.copytree(FIXTURES / "graph", inputs)
+    out = tmp_path / "merged.pftrace"
+    result = merge(inputs, out)
+    assert validate_file(out) == []
+    # The step's all_gather copy and the functional all_reduce's copy are not placed: the user is told.
+    assert any(n.startswith("rank 0: capture 0: 2 copy/memset node(s)") for n in result.notices), result.notices
+    parsed = read(out)
+    replayed = sorted((s.args[ANN_REPLAY], s.args[IN_NELEMS_KEY], s.args[SEQ_KEY]) for s in parsed.slices
+                      if s.args.get(COLLECTIVE_NAME_KEY) == "allreduce" and "onerank" in s.name.lower())
+    _, sidecar = _load("graph")
+    step, single = _captures(sidecar)
+    step_seqs = [c.annotation.seq for c in step.collectives if c.annotation.collective_name == "allreduce"]
+    expected = sorted([(r, N, s) for r in (1, 2, 3) for s in step_seqs]
+                      + [(r, 2 * N, single.collectives[0].annotation.seq) for r in (0, 1, 2)])
+    assert replayed == expected
