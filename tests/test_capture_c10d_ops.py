@@ -213,7 +213,7 @@ def _captured_python_calls_body(rank: int, world_size: int) -> dict[str, Any]:
     seen_by_mode: list[str] = []
     dispatch = c10d_ops._CaptureOpMode.__torch_dispatch__
 
-    def spy(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - the dispatch signature
+    def spy(self, func, types, args=(), kwargs=None):
         if func.namespace in ("c10d", "_c10d_functional"):
             seen_by_mode.append(func._opname)
         return dispatch(self, func, types, args, kwargs)
