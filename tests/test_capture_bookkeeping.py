@@ -131,8 +131,9 @@ def _capture_two_collectives(api: FakeGraphAPI, tracker: CaptureTracker, owner: 
     api.launch(NCCL, name=AG)                     # node 4
     api.launch(NCCL, kind="memcpy")               # node 5
     tracker.end_collective(token, annotation_of("_allgather_base", seq=6))
-    record = tracker.end_capture(owner, lambda: api.end(MAIN, 0xE0), lambda: 0xE0)
-    assert record is not None
+    capture_id = tracker.end_capture(owner, lambda: api.end(MAIN, 0xE0), lambda: 0xE0)
+    assert capture_id is not None
+    (record,) = [c for c in tracker.captures() if c.capture_id == capture_id]
     return record
 
 

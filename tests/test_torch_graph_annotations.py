@@ -172,7 +172,8 @@ def _capture(api: FakeGraphAPI, tracker: CaptureTracker, torch_side: Optional[To
     token = tracker.begin_collective(MAIN)
     api.launch(NCCL, name=AG)                            # node 2
     api.launch(NCCL, kind="memcpy")                      # node 3
-    tracker.end_collective(token, annotation_of("_allgather_base", seq=6))
+    # A patched Python call hands over its annotation's fields, not a model (built when the sidecar is written).
+    tracker.end_collective(token, annotation_of("_allgather_base", seq=6).model_dump())
     tracker.begin_collective(MAIN)                       # a call that raised: never ended
     tracker.end_capture(owner, lambda: api.end(MAIN, 0xE0), lambda: 0xE0)
     if torch_side is not None:

@@ -7,7 +7,9 @@ node type, kernel name, and the driver's tools id where it has one (13.1+).
 The driver lists a graph's nodes in creation order (launch/gpu_check.py
 checks this on a real GPU), so a call's nodes are those between the graph's
 node counts before and after it: two constant-time queries per collective,
-and one listing per capture, however many nodes the graph already holds. Replays
+and one listing per capture, however many nodes the graph already holds.
+What a capture and its replays leave is kept as plain values; the sidecar's
+models are built when it is written, not while the job captures or replays. Replays
 of the graph are logged (time, thread, replay index) so the merge can tell
 which ``cudaGraphLaunch`` in a trace replayed which capture.
 
@@ -50,9 +52,14 @@ MAX_REPLAYS_PER_CAPTURE = 65536
 #: collectives' idle path (empty: no capture can be active) and by before_collective.
 OPEN_CAPTURES: dict[int, "OpenCapture"] = {}
 
+#: A resolved node: (creation index, node type, kernel name, tools id, local id).
+_Node = tuple[int, str, str, Optional[int], Optional[int]]
+
+
 @dataclass
 class _PendingCollective:
-    annotation: CollectiveAnnotation
+    #: The annotation, or its fields by name (a patched call's: built when the sidecar is written).
+    annotation: CollectiveAnnotation | dict[str, Any]
     #: Creation indices of the nodes the call added: [first, end).
     first: int
     end: int
@@ -93,9 +100,45 @@ class CollectiveToken:
 
 @dataclass
 class _Finished:
-    record: GraphCapture
+    """A finished capture as its end read it, and its replays as (index, start_ns, end_ns, tid)."""
+
+    capture_id: int
+    graph_id: Optional[int]
+    exec_graph_id: Optional[int]
+    start_ns: int
+    end_ns: int
+    total_nodes: int
+    collectives: list[tuple[_PendingCollective, list[_Node]]]
     replays: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_REPLAYS_PER_CAPTURE))
     replay_count: int = 0
+    #: Its model without replays, built on first use.
+    _record: Optional[GraphCapture] = None
+
+    def record(self) -> GraphCapture:
+        """The capture as the sidecar holds it (no replays)."""
+        if self._record is None:
+            self._record = GraphCapture(
+                capture_id=self.capture_id, graph_id=self.graph_id, exec_graph_id=self.exec_graph_id,
+                start_ns=self.start_ns, end_ns=self.end_ns, total_nodes=self.total_nodes,
+                collectives=[_captured(self.capture_id, pending, nodes) for pending, nodes in self.collectives],
+            )
+        return self._record
+
+
+def _captured(capture_id: int, pending: _PendingCollective, nodes: list[_Node]) -> CapturedCollective:
+    annotation = pending.annotation
+    if not isinstance(annotation, CollectiveAnnotation):
+        annotation = CollectiveAnnotation.model_construct(**annotation)  # a patched call's fields, as eager
+    return CapturedCollective(
+        annotation=annotation.model_copy(update={"capture_id": capture_id, "replay": None}),
+        nodes=[GraphNodeRecord(index=index, node_type=kind, kernel_name=name, tools_id=tools_id, local_id=local_id)
+               for index, kind, name, tools_id, local_id in nodes],
+        tid=pending.tid, reduce_op=pending.reduce_op, source=pending.source, torch_mark=pending.torch_mark,
+    )
+
+
+def _field(annotation: CollectiveAnnotation | dict[str, Any], name: str) -> Any:
+    return annotation[name] if isinstance(annotation, dict) else getattr(annotation, name)
 
 
 class CaptureTracker:
@@ -131,8 +174,8 @@ class CaptureTracker:
             OPEN_CAPTURES[sequence_id] = capture
         return capture
 
-    def end_capture(self, owner: object, finish: Callable[[], None], exec_handle: Callable[[], int]) -> Optional[GraphCapture]:
-        """Resolve the capture of ``owner``, run ``finish`` (the real capture_end), then store the record.
+    def end_capture(self, owner: object, finish: Callable[[], None], exec_handle: Callable[[], int]) -> Optional[int]:
+        """Resolve the capture of ``owner``, run ``finish`` (the real capture_end), then store it; its id.
 
         Everything is read from the capture graph before ``finish``: torch
         destroys it after instantiation unless the graph keeps it.
@@ -158,11 +201,12 @@ class CaptureTracker:
         except Exception as exc:  # noqa: BLE001 - fail open: the replay stays unlinked, the job runs on
             log_once("reading the exec graph id", exc)
             exec_id = None
-        record = resolved.model_copy(update={"exec_graph_id": exec_id, "end_ns": max(self.clock(), resolved.start_ns)})
+        resolved.exec_graph_id = exec_id
+        resolved.end_ns = max(self.clock(), resolved.start_ns)
         with self._lock:
-            self._finished[record.capture_id] = _Finished(record)
-            self.owner_captures[id(owner)] = record.capture_id
-        return record
+            self._finished[resolved.capture_id] = resolved
+            self.owner_captures[id(owner)] = resolved.capture_id
+        return resolved.capture_id
 
     def open_capture(self, owner: object) -> Optional[OpenCapture]:
         """The capture ``owner`` (a CUDAGraph) has open, if commtag tracks one."""
@@ -181,43 +225,21 @@ class CaptureTracker:
         while capture.scopes and self.marks is not None:
             self.marks.close(capture.scopes.popitem()[1])
 
-    def _resolve(self, capture: OpenCapture) -> GraphCapture:
+    def _resolve(self, capture: OpenCapture) -> _Finished:
+        """Read what the graph says of each collective's nodes now: torch destroys it after instantiation."""
         api = self.api
         final = api.nodes(capture.graph)
         collectives = []
         for pending in capture.collectives:
-            records = []
+            nodes: list[_Node] = []
             for index in range(pending.first, min(pending.end, len(final))):
                 node = final[index]
                 kind = api.node_type(node)
-                records.append(
-                    GraphNodeRecord(
-                        index=index,
-                        node_type=kind,
-                        kernel_name=api.kernel_name(node) if kind == KERNEL_NODE_TYPE else "",
-                        tools_id=api.tools_id(node),
-                        local_id=api.local_id(node),
-                    )
-                )
-            annotation = pending.annotation.model_copy(update={"capture_id": capture.capture_id, "replay": None})
-            collectives.append(
-                CapturedCollective(
-                    annotation=annotation,
-                    nodes=records,
-                    tid=pending.tid,
-                    reduce_op=pending.reduce_op,
-                    source=pending.source,
-                    torch_mark=pending.torch_mark,
-                )
-            )
-        return GraphCapture(
-            capture_id=capture.capture_id,
-            graph_id=api.graph_id(capture.graph),
-            start_ns=capture.start_ns,
-            end_ns=capture.start_ns,
-            total_nodes=len(final),
-            collectives=collectives,
-        )
+                nodes.append((index, kind, api.kernel_name(node) if kind == KERNEL_NODE_TYPE else "",
+                              api.tools_id(node), api.local_id(node)))
+            collectives.append((pending, nodes))
+        return _Finished(capture.capture_id, api.graph_id(capture.graph), None, capture.start_ns, capture.start_ns,
+                         len(final), collectives)
 
     # ------------------------------------------------------------------ collectives
 
@@ -246,15 +268,16 @@ class CaptureTracker:
             token.torch_annotation = annotation
             capture.scopes[id(token)] = scope
 
-    def end_collective(self, token: CollectiveToken, annotation: CollectiveAnnotation) -> None:
-        """Keep the nodes added since ``token`` was taken, with the collective's annotation."""
+    def end_collective(self, token: CollectiveToken, annotation: CollectiveAnnotation | dict[str, Any]) -> None:
+        """Keep the nodes added since ``token`` was taken, with the collective's annotation (or its fields)."""
         capture = token.capture
         mark = None
         scope = capture.scopes.pop(id(token), None)
         if scope is not None:
             mark = token.torch_annotation[TORCH_MARK_KEY]
             try:
-                self.marks.name_group(token.torch_annotation, annotation.pg_name, annotation.pg_desc, annotation.lane_id)
+                self.marks.name_group(token.torch_annotation, _field(annotation, "pg_name"), _field(annotation, "pg_desc"),
+                                      _field(annotation, "lane_id"))
             except Exception as exc:  # noqa: BLE001 - the mark alone still joins the call
                 log_once("naming a collective's group for torch", exc)
             self.marks.close(scope)
@@ -283,7 +306,7 @@ class CaptureTracker:
         if capture_id is None:
             return
         finished = self._finished[capture_id]
-        finished.replays.append(GraphReplay(index=finished.replay_count, start_ns=start_ns, end_ns=end_ns, tid=tid))
+        finished.replays.append((finished.replay_count, start_ns, end_ns, tid))
         finished.replay_count += 1
 
     def forget_owner(self, owner: object) -> None:
@@ -299,11 +322,11 @@ class CaptureTracker:
         result = []
         for item in finished:
             replays = [
-                r
-                for r in list(item.replays)
-                if (since_ns is None or r.end_ns >= since_ns) and (until_ns is None or r.start_ns <= until_ns)
+                GraphReplay(index=index, start_ns=start, end_ns=end, tid=tid)
+                for index, start, end, tid in list(item.replays)
+                if (since_ns is None or end >= since_ns) and (until_ns is None or start <= until_ns)
             ]
-            record = item.record
+            record = item.record()
             if torch_ids:
                 record = record.model_copy(update={"collectives": [
                     c.model_copy(update={"torch_tools_ids": torch_ids[c.torch_mark]}) if c.torch_mark in torch_ids else c
@@ -314,7 +337,7 @@ class CaptureTracker:
     def _torch_tools_ids(self, finished: list[_Finished]) -> dict[str, list[int]]:
         """The tools ids torch's registry holds now for each commtag mark (exec-graph keyed once
         the graphs are instantiated); {} where no capture was marked."""
-        if self.marks is None or not any(c.torch_mark for f in finished for c in f.record.collectives):
+        if self.marks is None or not any(pending.torch_mark for f in finished for pending, _ in f.collectives):
             return {}
         try:
             return self.marks.tools_ids()
@@ -368,9 +391,15 @@ def abandon_all() -> list[OpenCapture]:
 
 
 def current_stream() -> int:
-    """The current CUDA stream as a cudaStream_t value."""
+    """The current CUDA stream as a cudaStream_t value.
+
+    torch's raw-stream getter (what Inductor's generated code calls) where this torch has it:
+    ``torch.cuda.current_stream()`` builds a Stream object on every captured collective."""
     import torch
 
+    raw, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), getattr(torch._C, "_cuda_getDevice", None)
+    if raw is not None and device is not None:
+        return int(raw(device()))
     return int(torch.cuda.current_stream().cuda_stream)
 
 
@@ -400,7 +429,7 @@ def before_collective() -> Optional[CollectiveToken]:
     return token
 
 
-def after_collective(token: Optional[CollectiveToken], annotation: CollectiveAnnotation) -> None:
+def after_collective(token: Optional[CollectiveToken], annotation: CollectiveAnnotation | dict[str, Any]) -> None:
     """Record the graph nodes the collective added since :func:`before_collective`."""
     if token is None:
         return

@@ -79,7 +79,6 @@ from commtag.runtime.groups import GROUP_STATES, GroupState, lookup, state_for
 from commtag.runtime.recorder import autograd_profiler, thread_profiled
 from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS
 from commtag.runtime.metadata import p2p_call as _p2p_call
-from commtag.schema import CollectiveAnnotation
 from commtag.vocab import RECV, SEND
 
 _profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
@@ -202,7 +201,7 @@ def _finish(pending: _Pending, work: Any) -> None:
     if pending.token is not None:
         if pending.token.reduce_op is None:
             pending.token.reduce_op = pending.call.reduce_op
-        capture.after_collective(pending.token, CollectiveAnnotation.model_construct(**pending.annotation_fields()))
+        capture.after_collective(pending.token, pending.annotation_fields())
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
         return
