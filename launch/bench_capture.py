@@ -5,12 +5,13 @@ prints why it cannot run and exits 2, which ``launch/bench.sh`` reports as
 "not measured".
 
 What a collective costs commtag while a graph is captured: the wrapper's
-slow path (description, numbering), two listings of the capture graph's
-nodes around the call (the nodes the collective added are the difference),
-and, once per capture, resolving those nodes when the capture ends (index,
-type, kernel name, tools id). A listing grows with the nodes captured so far,
-so the cost per collective is measured on graphs of several sizes: ``C``
-collectives, each after ``K`` small compute kernels.
+slow path (description, numbering), the graph's node count before and after
+the call, and, once per capture, resolving its nodes when the capture ends
+(index, type, kernel name, tools id). None of it should grow with the nodes
+captured so far, so graphs of several sizes are measured: ``C`` collectives,
+each after ``K`` small compute kernels; a shape with ``K`` > 0 against the
+same ``C`` with ``K`` = 0 gives the cost of each other operator captured
+(commtag's dispatch mode sees every operator while a capture is open).
 
 How: each repetition captures one graph of a shape with
 ``CUDAGraph.capture_begin``/``capture_end`` on a side stream (the work
@@ -22,6 +23,11 @@ between them. Per shape: median capture time per variant, and the added
 cost per collective, (median installed - median absent) / C. Every
 installed capture must have recorded its C collectives with their nodes,
 or the run fails (exit 1): otherwise it would time nothing.
+
+Then what logging a replay adds to ``CUDAGraph.replay()``: one graph of the
+first shape's collectives, captured with commtag installed, replayed in
+blocks of 50 with commtag installed and absent, alternating (the launch's
+CPU time; every installed replay must have been logged, or the run fails).
 
 Usage: ``python launch/bench_capture.py [--shapes 8x0,64x0,256x0,256x32] [--reps 15] [--json F]`` with
 commtag installed (launch/setup.sh), or ``python -m launch.bench_capture ...`` from the repository
@@ -95,6 +101,12 @@ class Workload:
 
     def capture(self, collectives: int, kernels: int) -> int:
         """Capture one graph of the shape; ns from capture_begin to the end of capture_end."""
+        elapsed, graph = self.captured(collectives, kernels)
+        del graph
+        return elapsed
+
+    def captured(self, collectives: int, kernels: int) -> tuple[int, Any]:
+        """Capture one graph of the shape: (ns from capture_begin to the end of capture_end, the graph)."""
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
@@ -110,8 +122,17 @@ class Workload:
                 graph.capture_end()
             elapsed = time.perf_counter_ns() - start
         torch.cuda.synchronize()
-        del graph
-        return elapsed
+        return elapsed, graph
+
+    def replays(self, graph: Any, count: int) -> list[int]:
+        """ns of each of ``count`` calls of ``graph.replay()`` (the launch: what commtag's log adds to)."""
+        times = []
+        for _ in range(count):
+            start = time.perf_counter_ns()
+            graph.replay()
+            times.append(time.perf_counter_ns() - start)
+        self.torch.cuda.synchronize()
+        return times
 
 
 def recorded_last(collectives: int) -> Optional[str]:
@@ -131,7 +152,7 @@ def recorded_last(collectives: int) -> Optional[str]:
     return None
 
 
-def measure(shapes: Sequence[tuple[int, int]], reps: int) -> tuple[list[dict], dict]:
+def measure(shapes: Sequence[tuple[int, int]], reps: int) -> tuple[list[dict], dict, dict]:
     import torch
     import torch.distributed as dist
 
@@ -175,9 +196,15 @@ def measure(shapes: Sequence[tuple[int, int]], reps: int) -> tuple[list[dict], d
                 "raw_ns": times,
             })
         first = {"absent_ms": first_absent / 1e6, "installed_ms": first_installed / 1e6, "shape": list(shapes[0])}
-        return rows, first
+        return rows, first, replay_cost(work, shapes[0][0], reps)
     finally:
         dist.destroy_process_group()
+
+
+def _replay_line(replay: dict) -> str:
+    return (f"Each replay (graph of {replay['collectives']} collectives, median of {replay['replays_per_variant']} "
+            f"calls of CUDAGraph.replay() per variant): {replay['absent_us']:.1f} us absent, "
+            f"{replay['installed_us']:.1f} us installed, {replay['added_us']:+.1f} us to log it.")
 
 
 def per_operator(rows: list[dict]) -> str:
@@ -196,7 +223,36 @@ def per_operator(rows: list[dict]) -> str:
     return "".join(lines)
 
 
-def report(rows: list[dict], first: dict) -> str:
+def replay_cost(work: Workload, collectives: int, blocks: int, per_block: int = 50) -> dict:
+    """What logging a replay adds to ``CUDAGraph.replay()``: one graph captured with commtag
+    installed, replayed in blocks with it installed (each replay logged) and absent, alternating."""
+    import commtag
+    from commtag.runtime import capture
+
+    commtag.install()
+    try:
+        _, graph = work.captured(collectives, 0)
+        capture_id = max(c.capture_id for c in capture.captures_snapshot())
+    finally:
+        commtag.uninstall()
+    times: dict[str, list[int]] = {"absent": [], "installed": []}
+    for block in range(blocks):
+        for variant in (("absent", "installed") if block % 2 == 0 else ("installed", "absent")):
+            if variant == "installed":
+                commtag.install()
+            try:
+                times[variant] += work.replays(graph, per_block)
+            finally:
+                commtag.uninstall()
+    (record,) = [c for c in capture.captures_snapshot() if c.capture_id == capture_id]
+    if len(record.replays) != len(times["installed"]):
+        raise RuntimeError(f"{len(record.replays)} replays logged of {len(times['installed'])} made with commtag installed")
+    absent, installed = median(times["absent"]), median(times["installed"])
+    return {"collectives": collectives, "replays_per_variant": len(times["absent"]),
+            "absent_us": absent / 1e3, "installed_us": installed / 1e3, "added_us": (installed - absent) / 1e3}
+
+
+def report(rows: list[dict], first: dict, replay: dict) -> str:
     table = markdown_table(
         ["collectives x kernels before each", "graph nodes (about)", "reps", "capture ms, absent",
          "capture ms, installed", "installed / absent", "added us per collective"],
@@ -209,7 +265,8 @@ def report(rows: list[dict], first: dict) -> str:
         "Median capture time (capture_begin to the end of capture_end, instantiation included); "
         "variants alternate per repetition.\n\n" + table + "\n\n" + per_operator(rows) + (
         f"First capture in the process ({c} x {k}): {first['absent_ms']:.1f} ms without commtag, then "
-        f"{first['installed_ms']:.1f} ms with it (loading cuda-python and commtag's capture hooks).")
+        f"{first['installed_ms']:.1f} ms with it (loading cuda-python and commtag's capture hooks).\n\n"
+        + _replay_line(replay))
     )
 
 
@@ -228,10 +285,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.json:
             args.json.write_bytes(orjson.dumps({"skipped": reason}))
         return 2
-    shapes, reps = ([(8, 1)], 5) if args.quick else (args.shapes, args.reps)
+    shapes, reps = ([(8, 0)], 5) if args.quick else (args.shapes, args.reps)
     info = machine()
     try:
-        rows, first = measure(shapes, reps)
+        rows, first, replay = measure(shapes, reps)
     except RuntimeError as exc:
         print(f"bench_capture: {exc}", file=sys.stderr)
         return 1
@@ -239,9 +296,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     gpu = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, torch {torch.__version__}"
     print(f"Machine: {info}; {gpu}.\n")
-    print(report(rows, first))
+    print(report(rows, first, replay))
     if args.json:
-        args.json.write_bytes(orjson.dumps({"machine": info, "gpu": gpu, "rows": rows, "first": first},
+        args.json.write_bytes(orjson.dumps({"machine": info, "gpu": gpu, "rows": rows, "first": first, "replay": replay},
                                            option=orjson.OPT_INDENT_2))
     return 0
 
