@@ -118,6 +118,12 @@ AG = "ncclDevKernel_AllGather_RING_LL"
 
 
 def _capture_two_collectives(api: FakeGraphAPI, tracker: CaptureTracker, owner: object) -> GraphCapture:
+    capture_id = _capture_two(api, tracker, owner)
+    (record,) = [c for c in tracker.captures() if c.capture_id == capture_id]
+    return record
+
+
+def _capture_two(api: FakeGraphAPI, tracker: CaptureTracker, owner: object) -> int:
     api.begin(MAIN)
     assert tracker.begin_capture(owner, MAIN) is not None
     api.launch(MAIN, name="gemm")                 # node 0
@@ -133,8 +139,23 @@ def _capture_two_collectives(api: FakeGraphAPI, tracker: CaptureTracker, owner: 
     tracker.end_collective(token, annotation_of("_allgather_base", seq=6))
     capture_id = tracker.end_capture(owner, lambda: api.end(MAIN, 0xE0), lambda: 0xE0)
     assert capture_id is not None
-    (record,) = [c for c in tracker.captures() if c.capture_id == capture_id]
-    return record
+    return capture_id
+
+
+def test_a_capture_whose_record_cannot_be_written_is_left_out_alone(caplog: pytest.LogCaptureFixture) -> None:
+    """Records are built when the sidecar is written: one that fails validation costs only itself."""
+
+    class BadToolsId(FakeGraphAPI):
+        def tools_id(self, node: int) -> Optional[int]:
+            graph, _ = self._node(node)
+            return -5 if graph.graph_id == 12 else super().tools_id(node)
+
+    api = BadToolsId(tools_ids=True)
+    tracker = CaptureTracker(api)
+    good = _capture_two(api, tracker, object())  # graph 11
+    _capture_two(api, tracker, object())         # graph 12: a tools id pydantic refuses
+    assert [c.capture_id for c in tracker.captures()] == [good]
+    assert "writing down CUDA-graph capture 1" in caplog.text
 
 
 def test_nodes_of_each_collective_get_creation_index_type_and_name() -> None:

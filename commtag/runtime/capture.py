@@ -321,12 +321,16 @@ class CaptureTracker:
         torch_ids = self._torch_tools_ids(finished)
         result = []
         for item in finished:
-            replays = [
-                GraphReplay(index=index, start_ns=start, end_ns=end, tid=tid)
-                for index, start, end, tid in list(item.replays)
-                if (since_ns is None or end >= since_ns) and (until_ns is None or start <= until_ns)
-            ]
-            record = item.record()
+            try:
+                replays = [
+                    GraphReplay(index=index, start_ns=start, end_ns=end, tid=tid)
+                    for index, start, end, tid in list(item.replays)
+                    if (since_ns is None or end >= since_ns) and (until_ns is None or start <= until_ns)
+                ]
+                record = item.record()
+            except Exception as exc:  # noqa: BLE001 - fail open: this capture stays out of the sidecar, the others go in
+                log_once(f"writing down CUDA-graph capture {item.capture_id}", exc)
+                continue
             if torch_ids:
                 record = record.model_copy(update={"collectives": [
                     c.model_copy(update={"torch_tools_ids": torch_ids[c.torch_mark]}) if c.torch_mark in torch_ids else c
