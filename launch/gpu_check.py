@@ -7,7 +7,13 @@ Run on a machine with one CUDA GPU, NCCL and cuda-python (world size 1)::
 with commtag installed (launch/setup.sh), or ``python -m launch.gpu_check ...`` from the repository
 root of a checkout that is not installed (the working directory then supplies commtag).
 
-What it does, with ``commtag.install()`` active throughout:
+What it does:
+
+0. before commtag is installed, captures a graph and lists its nodes after
+   every op: each listing must extend the last (the driver lists nodes in
+   creation order, which capture bookkeeping relies on).
+
+Then, with ``commtag.install()`` active throughout:
 
 1. eager: all_reduce(AVG), out-of-place all_gather_into_tensor, broadcast,
    and a functional all_reduce("avg") -- between compute kernels -- under
@@ -32,9 +38,11 @@ What it does, with ``commtag.install()`` active throughout:
 
 Everything measured goes to ``<out>/findings.json``; raw traces and sidecars
 to ``<out>/eager`` and ``<out>/graph``; versions and the command to
-``<out>/PROVENANCE.md``. Exit status: 0 all checks passed, 1 a check failed
-(fixtures are still written: they are the evidence), 2 no GPU / no NCCL /
-no cuda-python here.
+``<out>/PROVENANCE.md``. What this stack gives no data for (a Kineto that
+writes no graph node id, a profiler that writes no Seq) is written NOT
+MEASURABLE: neither passed nor failed. Exit status: 0 all checks passed, 1 a
+check failed (fixtures are still written: they are the evidence), 2 no GPU /
+no NCCL / no cuda-python here.
 """
 
 from __future__ import annotations
@@ -505,7 +513,7 @@ def _check_compiled(out: Path, checks: Checks) -> None:
 # ---------------------------------------------------------------------------- provenance
 
 
-def provenance(out: Path, argv: list[str], checks: Checks) -> None:
+def provenance(out: Path, checks: Checks) -> None:
     import torch
 
     def version(dist_name: str) -> str:
@@ -538,7 +546,7 @@ def provenance(out: Path, argv: list[str], checks: Checks) -> None:
         "python": platform.python_version(),
         "host os": platform.platform(),
         "date (UTC)": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["python", "launch/gpu_check.py", *argv]),
+        "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable), *sys.orig_argv[1:]]),
         "result": "all checks passed" if not checks.failures else f"{len(checks.failures)} checks failed",
     }
     checks.findings["provenance"] = info
@@ -592,7 +600,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         traceback.print_exc()
         checks.check(False, f"analysis ran to the end ({type(exc).__name__}: {exc})")
-    provenance(out, argv, checks)
+    provenance(out, checks)
     print(f"gpu_check: {len(checks.passed)} passed, {len(checks.failures)} failed; fixtures in {out}")
     return 1 if checks.failures else 0
 
