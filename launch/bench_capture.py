@@ -41,7 +41,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import orjson
 
@@ -175,17 +175,15 @@ def measure(shapes: Sequence[tuple[int, int]], reps: int) -> tuple[list[dict], d
         rows = []
         for collectives, kernels in shapes:
             times: dict[str, list[int]] = {"absent": [], "installed": []}
-            for rep in range(reps):
-                for variant in (("absent", "installed") if rep % 2 == 0 else ("installed", "absent")):
-                    if variant == "installed":
-                        commtag.install()
-                    try:
-                        times[variant].append(work.capture(collectives, kernels))
-                        problem = recorded_last(collectives) if variant == "installed" else None
-                    finally:
-                        commtag.uninstall()
-                    if problem:
-                        raise RuntimeError(f"shape {collectives}x{kernels}: {problem}")
+
+            def one(variant: str, collectives: int = collectives, kernels: int = kernels,
+                    times: dict[str, list[int]] = times) -> None:
+                times[variant].append(work.capture(collectives, kernels))
+                problem = recorded_last(collectives) if variant == "installed" else None
+                if problem:
+                    raise RuntimeError(f"shape {collectives}x{kernels}: {problem}")
+
+            alternating(reps, one)
             absent, installed = median(times["absent"]), median(times["installed"])
             rows.append({
                 "collectives": collectives, "kernels_per_collective": kernels,
@@ -223,6 +221,21 @@ def per_operator(rows: list[dict]) -> str:
     return "".join(lines)
 
 
+def alternating(rounds: int, run: Callable[[str], None]) -> None:
+    """``run("absent")`` and ``run("installed")`` in each round, absent first on even rounds,
+    commtag installed only around the second (uninstalled again even if ``run`` raises)."""
+    import commtag
+
+    for i in range(rounds):
+        for variant in (("absent", "installed") if i % 2 == 0 else ("installed", "absent")):
+            if variant == "installed":
+                commtag.install()
+            try:
+                run(variant)
+            finally:
+                commtag.uninstall()
+
+
 def replay_cost(work: Workload, collectives: int, blocks: int, per_block: int = 50) -> dict:
     """What logging a replay adds to ``CUDAGraph.replay()``: one graph captured with commtag
     installed, replayed in blocks with it installed (each replay logged) and absent, alternating."""
@@ -236,14 +249,7 @@ def replay_cost(work: Workload, collectives: int, blocks: int, per_block: int = 
     finally:
         commtag.uninstall()
     times: dict[str, list[int]] = {"absent": [], "installed": []}
-    for block in range(blocks):
-        for variant in (("absent", "installed") if block % 2 == 0 else ("installed", "absent")):
-            if variant == "installed":
-                commtag.install()
-            try:
-                times[variant] += work.replays(graph, per_block)
-            finally:
-                commtag.uninstall()
+    alternating(blocks, lambda variant: times[variant].extend(work.replays(graph, per_block)))
     (record,) = [c for c in capture.captures_snapshot() if c.capture_id == capture_id]
     if len(record.replays) != len(times["installed"]):
         raise RuntimeError(f"{len(record.replays)} replays logged of {len(times['installed'])} made with commtag installed")
