@@ -552,7 +552,7 @@ def _emit(events: Sequence[dict], pairs: list[_Pair], method: str, capture: Grap
           result: GraphMatchResult) -> None:
     skipped = _skipped_by_order(capture) if method == "order" else 0
     note = (f"capture {capture.capture_id}: {skipped} copy/memset node(s) of its collectives stay unannotated on "
-            "each replay matched by order (the trace has no graph node ids; only kernels are placed by order)")
+            "each replay matched by order (no usable graph node ids in the trace; only kernels are placed by order)")
     if skipped and note not in result.notes:
         result.notes.append(note)
     position = {id(cc): i for i, cc in enumerate(capture.collectives)}
