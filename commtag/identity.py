@@ -69,7 +69,7 @@ class GroupRow:
     traces without sidecars never imports pydantic.
 
     Not validated: the merge rebuilds groups from traces whose rank list may
-    be unknown (``"[]"`` for a group that is not an arithmetic progression),
+    be unknown (``"[]"`` for a group that is not an arithmetic progression, or of one rank),
     and an empty list must still name a lane rather than fail the merge.
     """
 

@@ -246,8 +246,10 @@ def build_state(pg: Any) -> GroupState:
     desc = str(getattr(pg, "group_desc", "undefined"))
     is_default = pg is c10d._world.default_pg
     start, stride = _start_and_stride(ranks, is_default)
-    # The profiler writes "[]" for ranks that are not an arithmetic progression.
-    listed = is_default or len(ranks) == 1 or stride is not None
+    # The profiler lists a group's ranks only where its global rank stride is positive: "[]" for
+    # ranks that are no arithmetic progression, and for a one-rank subgroup, whose stride is 0
+    # (seen on an H100 with torch 2.11: tests/fixtures/gpu_graphs).
+    listed = is_default or stride is not None
     _note_default(_world._default_pg)  # a life begun while commtag was not watching
     generation = max(_lives - 1, 0)
     uid = group_uid(name, ranks, generation)
