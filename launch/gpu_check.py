@@ -16,7 +16,8 @@ What it does:
 Then, with ``commtag.install()`` active throughout:
 
 1. eager: all_reduce(AVG), out-of-place all_gather_into_tensor, broadcast,
-   and a functional all_reduce("avg") -- between compute kernels -- under
+   an all_reduce(AVG) on a second process group ("tp", ranks [0]), and a
+   functional all_reduce("avg") -- between compute kernels -- under
    the profiler (commtag.trace_handler writes trace + sidecar);
 2. graph: the same step captured with ``torch.cuda.graph`` and replayed 3
    times under the profiler; plus a second graph captured with
@@ -63,7 +64,7 @@ from typing import Any, Optional
 from commtag.testing.bench import free_port
 from commtag.vocab import (
     ANN_REPLAY, COLLECTIVE_NAME_KEY, COMMS_ID_KEY, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
-    KERNEL_CATEGORY, KERNEL_EAGER_KEYS, KERNEL_NODE_TYPE, LAUNCH_CATEGORIES, SEQ_KEY,
+    KERNEL_CATEGORY, KERNEL_EAGER_KEYS, KERNEL_NODE_TYPE, LAUNCH_CATEGORIES, PG_DESC_KEY, SEQ_KEY,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,13 +117,14 @@ class Checks:
 # ---------------------------------------------------------------------------- the workload
 
 
-def _make_step(torch: Any, dist: Any, funcol: Any, bufs: dict[str, Any]) -> Any:
+def _make_step(torch: Any, dist: Any, funcol: Any, bufs: dict[str, Any], sub: Any) -> Any:
     def step() -> None:
         bufs["y"].mul_(1.5)                                           # compute kernel
         dist.all_reduce(bufs["x"], op=dist.ReduceOp.AVG)              # AVG: pre-multiply, launches work
         dist.all_gather_into_tensor(bufs["gather_out"], bufs["gather_in"])  # out of place: copies
         bufs["z"].add_(1.0)                                           # compute kernel
         dist.broadcast(bufs["b"], src=0)                              # may launch nothing at world size 1
+        dist.all_reduce(bufs["s"], op=dist.ReduceOp.AVG, group=sub)   # a second process group: its own lane
         reduced = funcol.all_reduce(bufs["f"], "avg", dist.group.WORLD)  # c10d op level, not the Python API
         bufs["f_out"].copy_(funcol.wait_tensor(reduced))
 
@@ -140,6 +142,7 @@ def _buffers(torch: Any) -> dict[str, Any]:
         "gather_out": torch.empty(N, device=dev),
         "f": torch.randn(N, device=dev),
         "f_out": torch.empty(N, device=dev),
+        "s": torch.randn(N // 2, device=dev),
     }
 
 
@@ -157,9 +160,10 @@ def run_workload(out: Path, checks: Checks) -> None:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     _check_listing_order(torch, dist, checks)
     commtag.install()
+    sub = dist.new_group([0], group_desc="tp")
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     bufs = _buffers(torch)
-    step = _make_step(torch, dist, funcol, bufs)
+    step = _make_step(torch, dist, funcol, bufs, sub)
 
     # Warm up (NCCL communicator, allocator) on a side stream, as capture requires.
     side = torch.cuda.Stream()
@@ -316,17 +320,18 @@ def analyse(out: Path, checks: Checks) -> None:
     _check_compiled(out, checks)
 
 
-def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[str, list[dict]]:
-    """Step 1: what the profiler attached eagerly equals commtag's own record; the events by collective."""
+def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[tuple[str, str], list[dict]]:
+    """Step 1: what the profiler attached eagerly equals commtag's own record; the events by
+    (collective, group description)."""
     findings = checks.findings
     eager = [e for e in _device_events(eager_trace) if COLLECTIVE_NAME_KEY in e.get("args", {})]
     findings["eager_annotated_device_events"] = [
         {"cat": e["cat"], "name": e["name"], "args": {k: e["args"][k] for k in e["args"] if k in KERNEL_EAGER_KEYS or k == COMMS_ID_KEY}}
         for e in eager
     ]
-    eager_by_name: dict[str, list[dict]] = {}
+    eager_by_name: dict[tuple[str, str], list[dict]] = {}
     for e in eager:
-        eager_by_name.setdefault(e["args"][COLLECTIVE_NAME_KEY], []).append(e)
+        eager_by_name.setdefault((e["args"][COLLECTIVE_NAME_KEY], e["args"].get(PG_DESC_KEY, "")), []).append(e)
     # Each record is paired with the annotated kernels launched inside its own call: by identity, not by order.
     from commtag.merge.load import base_ns, event_ns
 
@@ -453,8 +458,8 @@ def _check_hypothesis2(graph_trace: dict, captures: list, base: int, checks: Che
                  f"({len(by_order.matches)} kernels matched by order; {expected_kernels} captured NCCL kernel nodes per full set of replays)")
 
 
-def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_by_name: dict[str, list[dict]],
-                         checks: Checks) -> None:
+def _check_replayed_keys(graph_trace: dict, captures: list, result: Any,
+                         eager_by_name: dict[tuple[str, str], list[dict]], checks: Checks) -> None:
     """Step 3: key by key, every replay's annotation equals the eager profiler's metadata."""
     from commtag.vocab import parse_nccl_kernel
 
@@ -464,9 +469,14 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any, eager_b
         replays_seen.setdefault((m.capture_id, m.annotation.replay), []).append(m)
     findings["replays_annotated"] = sorted(f"capture {c} replay {r}: {len(ms)} events" for (c, r), ms in replays_seen.items())
     main = next((c for c in captures if len(c.collectives) > 1), None)
-    for name, events in eager_by_name.items():
+    in_main = [m for m in result.matches if m.capture_id == (main.capture_id if main else -1)]
+    lanes = {(m.annotation.pg_desc, m.annotation.lane_id) for m in in_main}
+    checks.check(len(lanes) == len({desc for desc, _ in lanes}) == len({lane for _, lane in lanes}) == 2,
+                 f"the step's replayed collectives sit on one lane per process group: {sorted(lanes)}")
+    for (name, desc), events in eager_by_name.items():
         expected = events[0]["args"]
-        got = [m for m in result.matches if m.capture_id == (main.capture_id if main else -1) and m.annotation.collective_name == name]
+        got = [m for m in in_main if m.annotation.collective_name == name and m.annotation.pg_desc == desc]
+        name = f"{name} on {desc}"
         replays = sorted({m.annotation.replay for m in got})
         checks.check(replays == [1, 2, 3], f"graph {name}: annotated on each of the 3 profiled replays (replays {replays})")
         diffs, seq_wrong = [], []

@@ -3,9 +3,10 @@
 tests/fixtures/gpu_graphs/ holds what one H100 run wrote (PROVENANCE.md there):
 an eager step and the same step captured in a CUDA graph, each under the
 profiler, with commtag's sidecars. The step (see gpu_check's ``_make_step``)
-holds all_reduce(AVG) of N floats, an out-of-place all_gather, a broadcast
-and a functional all_reduce("avg"); a second graph holds one all_reduce(AVG)
-of 2N floats. Replay 0 of the step's graph ran before the profiler started,
+holds all_reduce(AVG) of N floats, an out-of-place all_gather, a broadcast,
+an all_reduce(AVG) of N/2 floats on a second process group ("tp", ranks
+[0]) and a functional all_reduce("avg"); a second graph holds one
+all_reduce(AVG) of 2N floats. Replay 0 of the step's graph ran before the profiler started,
 so its profiled replays are 1, 2 and 3; the second graph's are 0, 1 and 2.
 These tests check, on CPU, what a user would: every replayed collective is
 annotated on every replay with the eager profiler's values, and the merge
@@ -26,7 +27,10 @@ from commtag.merge.load import base_ns
 from commtag.merge.pipeline import merge
 from commtag.merge.validate import validate_file
 from commtag.schema import GraphCapture, Sidecar
-from commtag.vocab import ANN_MATCH, ANN_REPLAY, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, SEQ_KEY
+from commtag.vocab import (
+    ANN_LANE_ID, ANN_MATCH, ANN_REPLAY, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, PG_DESC_KEY,
+    SEQ_KEY,
+)
 from pftrace_reader import read
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu_graphs"
@@ -47,12 +51,13 @@ def _load(sub: str) -> tuple[dict, Sidecar]:
     return trace, Sidecar.model_validate_json(side_path.read_text())
 
 
-def _eager_kernel_args() -> dict[str, dict]:
+def _eager_kernel_args() -> dict[tuple[str, str], dict]:
+    """The eager profiler's keys on the first kernel of each (collective, group description)."""
     eager_trace, _ = _load("eager")
-    found: dict[str, dict] = {}
+    found: dict[tuple[str, str], dict] = {}
     for e in eager_trace["traceEvents"]:
         if e.get("cat") == "kernel" and COLLECTIVE_NAME_KEY in e.get("args", {}):
-            found.setdefault(e["args"][COLLECTIVE_NAME_KEY], e["args"])
+            found.setdefault((e["args"][COLLECTIVE_NAME_KEY], e["args"][PG_DESC_KEY]), e["args"])
     return found
 
 
@@ -66,20 +71,28 @@ def _captures(sidecar: Sidecar) -> tuple[GraphCapture, GraphCapture]:
 
 def test_the_graphed_steps_collectives_carry_the_eager_metadata_on_every_replay() -> None:
     eager = _eager_kernel_args()
-    assert set(eager) == {"allreduce"}, "on one rank only the all_reduces launch a kernel the profiler annotates"
+    assert set(eager) == {("allreduce", "default_pg"), ("allreduce", "tp")}, \
+        "on one rank only the all_reduces launch a kernel the profiler annotates"
     trace, sidecar = _load("graph")
     step, _ = _captures(sidecar)
     result = match_graph_replays(trace["traceEvents"], sidecar.captures, base_ns(trace))
     assert result.unmatched == []
     got = [m for m in result.matches if m.capture_id == step.capture_id]
-    # Both all_reduces of the step (the Python call and the functional one caught at the c10d
-    # operator), on each profiled replay.
-    seqs = sorted(c.annotation.seq for c in step.collectives if c.annotation.collective_name == "allreduce")
-    assert sorted((m.annotation.replay, m.args()[SEQ_KEY]) for m in got) == [(r, s) for r in (1, 2, 3) for s in seqs]
+    # The step's three all_reduces (two Python calls, one on each group, and the functional one
+    # caught at the c10d operator), on each profiled replay.
+    seqs = sorted((c.annotation.pg_desc, c.annotation.seq) for c in step.collectives
+                  if c.annotation.collective_name == "allreduce")
+    assert len(seqs) == 3
+    assert sorted((m.annotation.replay, m.annotation.pg_desc, m.args()[SEQ_KEY]) for m in got) == [
+        (r, desc, seq) for r in (1, 2, 3) for desc, seq in seqs]
     for m in got:
         args = m.args()
-        assert {k: args.get(k) for k in KEYS} == {k: eager["allreduce"].get(k) for k in KEYS}
+        expected = eager[("allreduce", m.annotation.pg_desc)]
+        assert {k: args.get(k) for k in KEYS} == {k: expected.get(k) for k in KEYS}
         assert args[ANN_MATCH] in ("tools-id", "node-id", "order")
+    # One lane per process group, the same on every replay.
+    lanes = {(m.annotation.pg_desc, m.args()[ANN_LANE_ID]) for m in got}
+    assert len(lanes) == 2 and {desc for desc, _ in lanes} == {"default_pg", "tp"}
     # The all_gather ran as one device copy: without node ids it is said, not guessed.
     assert any("copy/memset node(s)" in note for note in result.notes)
 
@@ -103,11 +116,14 @@ def test_the_merge_shows_each_replayed_all_reduce_with_its_replay(tmp_path: Path
     # The step's all_gather copy and the functional all_reduce's copy are not placed: the user is told.
     assert any(n.startswith("rank 0: capture 0: 2 copy/memset node(s)") for n in result.notices), result.notices
     parsed = read(out)
-    replayed = sorted((s.args[ANN_REPLAY], s.args[IN_NELEMS_KEY], s.args[SEQ_KEY]) for s in parsed.slices
+    replayed = sorted((s.args[ANN_REPLAY], s.args[PG_DESC_KEY], s.args[IN_NELEMS_KEY], s.args[SEQ_KEY])
+                      for s in parsed.slices
                       if s.args.get(COLLECTIVE_NAME_KEY) == "allreduce" and "onerank" in s.name.lower())
     _, sidecar = _load("graph")
     step, single = _captures(sidecar)
-    step_seqs = [c.annotation.seq for c in step.collectives if c.annotation.collective_name == "allreduce"]
-    expected = sorted([(r, N, s) for r in (1, 2, 3) for s in step_seqs]
-                      + [(r, 2 * N, single.collectives[0].annotation.seq) for r in (0, 1, 2)])
+    size = {"default_pg": N, "tp": N // 2}
+    step_calls = [(c.annotation.pg_desc, c.annotation.seq) for c in step.collectives
+                  if c.annotation.collective_name == "allreduce"]
+    expected = sorted([(r, desc, size[desc], seq) for r in (1, 2, 3) for desc, seq in step_calls]
+                      + [(r, "default_pg", 2 * N, single.collectives[0].annotation.seq) for r in (0, 1, 2)])
     assert replayed == expected
