@@ -42,6 +42,7 @@ NCCL kernels with no metadata at all (old traces)
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from commtag.constants import MIN_LANE_ID, parse_rank_list
@@ -541,9 +542,7 @@ class _RankAttacher:
         result = graphs.match(kernels, self.launches, captures, self.base - self.offset)
         matches = result.matches
         self.notes += result.notes
-        reasons: dict[str, int] = {}
-        for unmatched in result.unmatched:
-            reasons[unmatched.reason] = reasons.get(unmatched.reason, 0) + 1
+        reasons = Counter(unmatched.reason for unmatched in result.unmatched)
         self.notes += [f"{n} graph replay(s) carrying captured collectives left unannotated: {reason}"
                        for reason, n in reasons.items()]
         grouped: dict[tuple[int, int, int], list[graphs.ReplayMatch]] = {}

@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
-from commtag.merge.graphs import captured_kernel_names
+from commtag.merge.graphs import CapturedKernels
 from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.load import check_world_size, checked_base_ns, wall_clock
 from commtag.merge.records import GroupLane, Interner
@@ -46,7 +46,7 @@ from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
     EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
-    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, base_name, is_graph_launch,
+    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, is_graph_launch,
     nccl_kind,
 )
 
@@ -227,18 +227,18 @@ def _check_clock(path: Path, last_ns: Optional[int]) -> None:
                                     "(check its baseTimeNanoseconds and ts)")
 
 
-def _is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: frozenset[str]) -> bool:
+def _is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: CapturedKernels) -> bool:
     """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
 
     ``captured``: the kernels the file's sidecar saw collectives capture into graphs
-    (:func:`commtag.merge.graphs.captured_kernel_names`): a one-rank communicator's are not
+    (:class:`commtag.merge.graphs.CapturedKernels`): a one-rank communicator's are not
     named like NCCL's. The converter calls it only where ``cat == KERNEL_CATEGORY or cat in
     LAUNCH_CATEGORIES or name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test
     is written inline there.
     """
     if cat == KERNEL_CATEGORY:
         return (bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None
-                or bool(captured) and base_name(name) in captured)
+                or bool(captured) and name in captured)
     if cat in LAUNCH_CATEGORIES:
         return is_graph_launch(name)
     if name == COMMS_OP:
@@ -252,10 +252,10 @@ class _File:
     __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work")
 
     def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
-                 captured: frozenset[str] = frozenset()) -> None:
+                 captured: Optional[CapturedKernels] = None) -> None:
         self.path = path
         #: Kernels its sidecar's graph captures hold (see :func:`_is_candidate`).
-        self.captured = captured
+        self.captured = captured if captured is not None else CapturedKernels(())
         #: --steps/--window: whether an event starting at a time (ns) is kept; None keeps all.
         self.keep = keep
         self.index = 0
@@ -487,7 +487,7 @@ class RankConverter:
         Returns the file's first and last ns (None without timed events).
         """
         keep = keeper(spans) if spans is not None else None
-        file = _File(path, keep, captured_kernel_names(sidecar.captures) if sidecar is not None else frozenset())
+        file = _File(path, keep, CapturedKernels(sidecar.captures) if sidecar is not None else None)
         header = stream.header
         base = None
         marks = {key: len(row) for key, row in [*self.rows.items(), *(((k, "i"), r) for k, r in self.instants.items())]}

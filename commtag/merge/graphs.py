@@ -163,11 +163,27 @@ def comm_nodes(captured: CapturedCollective) -> list[GraphNodeRecord]:
     return [n for n in captured.nodes if n.node_type in DEVICE_WORK_NODE_TYPES.values()]
 
 
-def captured_kernel_names(captures: Sequence[GraphCapture]) -> frozenset[str]:
-    """Base names of the kernels collectives were captured launching: replayed, these are theirs
-    even where the name is not NCCL's (a one-rank communicator reduces with its own kernel)."""
-    return frozenset(base_name(node.kernel_name) for cap in captures for cc in cap.collectives
-                     for node in comm_nodes(cc) if node.kernel_name and node.node_type == KERNEL_NODE_TYPE)
+class CapturedKernels:
+    """The kernels collectives were captured launching, by base name: replayed, these are theirs
+    even where the name is not NCCL's (a one-rank communicator reduces with its own kernel).
+
+    ``name in captured`` asks it of a trace's kernel name; each distinct name is reduced to its
+    base name once (that costs ~10 us, and a trace repeats a few names on every kernel).
+    """
+
+    def __init__(self, captures: Sequence[GraphCapture]) -> None:
+        self.names = frozenset(base_name(node.kernel_name) for cap in captures for cc in cap.collectives
+                               for node in comm_nodes(cc) if node.kernel_name and node.node_type == KERNEL_NODE_TYPE)
+        self._seen: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __contains__(self, name: str) -> bool:
+        found = self._seen.get(name)
+        if found is None:
+            found = self._seen[name] = base_name(name) in self.names
+        return found
 
 
 # ---------------------------------------------------------------------------- results
@@ -357,7 +373,7 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                     by_tools[node.tools_id] = (cap, ci)
                 local = node.local_id if node.local_id is not None else node.index
                 by_node[(cap.capture_id, local)] = (cap, ci)
-    captured_names = captured_kernel_names(captures)
+    captured = CapturedKernels(captures)
     exact: list[tuple[dict, GraphCapture, int, str]] = []
     leftover: list[dict] = []
     for e in kernels:
@@ -380,7 +396,7 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                 hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
         if hit is not None:
             exact.append((e, *hit, method))
-        elif ((nccl_kind(e.get("name", "")) or base_name(e.get("name", "")) in captured_names)
+        elif ((nccl_kind(e.get("name", "")) or e.get("name", "") in captured)
               and (raw or args.get(CORRELATION_KEY) in launches)):
             leftover.append(e)
     return exact, leftover

@@ -86,8 +86,9 @@ class OpCall:
     async_op: bool = False
     #: Ops the coalescing manager can fuse into one "<x>_coalesced" collective.
     fusable: bool = False
-    #: The reduction ("sum", "avg", ...) where the operator form names it (capture bookkeeping).
-    reduce_op: Optional[str] = None
+    #: The reduction as the call gave it (a name, a ReduceOp or its script object): capture
+    #: bookkeeping reads it through :func:`reduce_name`, so a recorded call pays nothing for it.
+    reduce_op: Any = None
 
 
 class CallRecord:

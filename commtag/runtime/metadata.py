@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from commtag.identity import format_list
-from commtag.runtime.calls import OpCall, dtype_name, nelems, reduce_name
+from commtag.runtime.calls import OpCall, dtype_name, nelems
 from commtag.runtime.groups import GroupState, lookup
 from commtag.vocab import BARRIER_DTYPE, FUNCTION_COLLECTIVES, P2P_COLLECTIVES
 from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by patch
@@ -41,14 +41,15 @@ def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[in
 
 
 def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, async_op: bool,
-          reduce_op: Optional[str] = None) -> OpCall:
+          reduce_op: Any = None) -> OpCall:
     n = nelems(tensor)
     return OpCall(collective, state, n, n, dtype_name(tensor), rank, async_op=bool(async_op), reduce_op=reduce_op)
 
 
-def _reduction(op: Any) -> Optional[str]:
-    """The reduction a call names; torch.distributed's default where it names none."""
-    return reduce_name(torch.distributed.ReduceOp.SUM if op is None else op)
+def _reduction(op: Any) -> Any:
+    """The reduction a call names, as it names it (torch.distributed's default where it names
+    none): named only where a capture needs it (:func:`commtag.runtime.calls.reduce_name`)."""
+    return torch.distributed.ReduceOp.SUM if op is None else op
 
 
 def _all_reduce(tensor, op=None, group=None, async_op=False):

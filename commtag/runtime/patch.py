@@ -73,7 +73,7 @@ from commtag.runtime.idle import (
     more_slow,
 )
 from commtag.runtime.failopen import log_once
-from commtag.runtime.calls import CallRecord, OpCall
+from commtag.runtime.calls import CallRecord, OpCall, reduce_name
 from commtag.runtime.capture import OPEN_CAPTURES
 from commtag.runtime.groups import GROUP_STATES, GroupState, lookup, state_for
 from commtag.runtime.recorder import autograd_profiler, thread_profiled
@@ -200,7 +200,7 @@ def _finish(pending: _Pending, work: Any) -> None:
     (which builds its fields only when the sidecar is written)."""
     if pending.token is not None:
         if pending.token.reduce_op is None:
-            pending.token.reduce_op = pending.call.reduce_op
+            pending.token.reduce_op = reduce_name(pending.call.reduce_op)
         capture.after_collective(pending.token, pending.annotation_fields())
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
