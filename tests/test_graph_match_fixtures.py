@@ -24,7 +24,7 @@ import pytest
 
 from commtag.merge.graphs import match_graph_replays
 from commtag.merge.load import base_ns
-from commtag.merge.pipeline import merge
+from commtag.merge import merge
 from commtag.merge.validate import validate_file
 from commtag.schema import GraphCapture, Sidecar
 from commtag.vocab import (
@@ -115,6 +115,9 @@ def test_the_merge_shows_each_replayed_all_reduce_with_its_replay(tmp_path: Path
     assert validate_file(out) == []
     # The step's all_gather copy and the functional all_reduce's copy are not placed: the user is told.
     assert any(n.startswith("rank 0: capture 0: 2 copy/memset node(s)") for n in result.notices), result.notices
+    # Replays carry capture-time Seqs (30, 33, 35 on default_pg: the all_gather between them left only a
+    # copy, the broadcast nothing, Seq 34 ran before the profiler): no Seq went missing in the window.
+    assert not [f for f in result.analysis.findings if f.kind == "seq_gap"], result.analysis.findings
     parsed = read(out)
     replayed = sorted((s.args[ANN_REPLAY], s.args[PG_DESC_KEY], s.args[IN_NELEMS_KEY], s.args[SEQ_KEY])
                       for s in parsed.slices

@@ -43,7 +43,8 @@ Desync checks (what PyTorch's Flight Recorder analyzer checks)
     rank has no such instance although one of its trace windows covers the
     collective's time; ranks with no trace, or not profiled then, are not
     blamed, as the analyzer skips ranks without a dump) and ``seq_gap`` (a
-    rank's Seq numbers for a group jump inside one of its windows). Seq numbers
+    rank's Seq numbers for a group jump inside one of its windows; a graph
+    replay is not counted: its Seq was issued at capture). Seq numbers
     jump between a scheduled profiler's windows on every rank: that is no
     finding. A gap is reported only where every member rank was profiled; one
     that every member shares is not a desync (the ranks agree; the calls were
@@ -363,13 +364,18 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
 
 
 class _SeqIndex:
-    """Each rank's recorded Seq numbers per group (collectives), with the window each ran in."""
+    """Each rank's Seq numbers per group (collectives) issued in its windows, with the window each ran in.
+
+    A graph replay is left out: it carries the Seq its call took at capture time, which was
+    issued then, not in the window the replay ran in (between two captured calls, others may
+    run outside any capture and any window).
+    """
 
     def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
         found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
         self.groups: dict[str, CollectiveInstance] = {}
         for inst in instances:
-            if not inst.is_p2p:
+            if not inst.is_p2p and inst.replay is None:
                 found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
                 self.groups.setdefault(inst.pg_uid, inst)
         #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
