@@ -117,6 +117,7 @@ def test_the_merge_shows_each_replayed_all_reduce_with_its_replay(tmp_path: Path
     assert any(n.startswith("rank 0: capture 0: 2 copy/memset node(s)") for n in result.notices), result.notices
     # Replays carry capture-time Seqs (30, 33, 35 on default_pg: the all_gather between them left only a
     # copy, the broadcast nothing, Seq 34 ran before the profiler): no Seq went missing in the window.
+    assert len(result.analysis.collectives) == 12  # 3 x 3 of the step's, 3 of the single one: all analyzed
     assert not [f for f in result.analysis.findings if f.kind == "seq_gap"], result.analysis.findings
     parsed = read(out)
     replayed = sorted((s.args[ANN_REPLAY], s.args[PG_DESC_KEY], s.args[IN_NELEMS_KEY], s.args[SEQ_KEY])
