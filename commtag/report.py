@@ -127,13 +127,14 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
 
 
 def cpu_op_note(analysis: Analysis) -> Optional[str]:
-    """What the report says when collectives were timed by their record_param_comms CPU op."""
+    """What the report says when collectives were timed by their CPU op (record_param_comms or c10d)."""
     timed = sum(1 for m in analysis.collectives if any(i.source == CPU_OP_SOURCE for i in m.members.values()))
     if not timed:
         return None
-    return (f"note: {timed} of {len(analysis.collectives)} collectives come from record_param_comms CPU ops: "
-            "no kernel carried collective metadata (a CPU-only profile, or a world of one rank); their times "
-            "are the host calls', so they have no bandwidth")
+    return (f"note: {timed} of {len(analysis.collectives)} collectives are timed by their CPU op "
+            "(record_param_comms or c10d): no kernel of theirs carried collective metadata (a CPU-only profile, "
+            "a world of one rank, a call that ran only a copy or nothing); their times are the host calls', "
+            "so they have no bandwidth")
 
 
 def _many(n: int, noun: str) -> str:

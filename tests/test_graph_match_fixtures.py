@@ -10,7 +10,8 @@ all_reduce(AVG) of 2N floats. Replay 0 of the step's graph ran before the profil
 so its profiled replays are 1, 2 and 3; the second graph's are 0, 1 and 2.
 These tests check, on CPU, what a user would: every replayed collective is
 annotated on every replay with the eager profiler's values, and the merge
-shows them so. Without the fixtures they skip with that reason.
+shows them so; and the eager step merges as one collective per call. Without
+the fixtures they skip with that reason.
 """
 
 from __future__ import annotations
@@ -131,3 +132,34 @@ def test_the_merge_shows_each_replayed_all_reduce_with_its_replay(tmp_path: Path
     expected = sorted([(r, desc, size[desc], seq) for r in (1, 2, 3) for desc, seq in step_calls]
                       + [(r, "default_pg", 2 * N, single.collectives[0].annotation.seq) for r in (0, 1, 2)])
     assert replayed == expected
+
+
+def test_the_eager_step_is_one_collective_per_call(tmp_path: Path) -> None:
+    """The eager run merged as a user runs it: each recorded call is one collective, on its kernel where it
+    launched one (by identity), else on its c10d op; never a second copy beside its kernel."""
+    inputs = tmp_path / "eager"
+    shutil.copytree(FIXTURES / "eager", inputs)
+    out = tmp_path / "merged.pftrace"
+    result = merge(inputs, out)
+    assert validate_file(out) == []
+    trace, sidecar = _load("eager")
+    # Ground truth from the raw trace: the kernels the profiler gave collective metadata, in start order.
+    kernels = sorted((e["ts"], e["args"][PG_DESC_KEY]) for e in trace["traceEvents"]
+                     if e.get("cat") == "kernel" and COLLECTIVE_NAME_KEY in e.get("args", {}))
+    assert [desc for _, desc in kernels] == ["default_pg", "tp", "default_pg"]  # the step's, tp's, funcol's
+    found = sorted(((i.arg(PG_DESC_KEY), i.seq, i.collective, i.source, i.arg("commtag seq from"))
+                    for m in result.analysis.collectives for i in m.members.values()), key=str)
+    recorded = {(c.annotation.pg_desc, c.annotation.seq): c.annotation.collective_name for c in sidecar.collectives}
+    # all_reduce and tp's all_reduce launched kernels; the one-rank all_gather only a copy, the broadcast nothing.
+    launched = {"allreduce"}
+    expected = sorted([(desc, seq, name, "nccl-kernel" if name in launched else "cpu-op", None)
+                       for (desc, seq), name in recorded.items()]
+                      # the functional all_reduce passes no Python wrapper: its kernel alone, Seq by kernel order
+                      + [("default_pg", 1, "allreduce", "nccl-kernel", "kernel order")], key=str)
+    assert found == expected
+    base = base_ns(trace)
+    timed = sorted(i.start_ns for m in result.analysis.collectives for i in m.members.values()
+                   if i.source == "nccl-kernel")
+    assert timed == sorted(base + round(ts * 1000) for ts, _ in kernels)
+    assert not [f for f in result.analysis.findings if f.kind == "seq_gap"], result.analysis.findings
+    assert any("2 collective instances are timed by their CPU op" in n for n in result.notices), result.notices

@@ -44,7 +44,8 @@ Desync checks (what PyTorch's Flight Recorder analyzer checks)
     collective's time; ranks with no trace, or not profiled then, are not
     blamed, as the analyzer skips ranks without a dump) and ``seq_gap`` (a
     rank's Seq numbers for a group jump inside one of its windows; a graph
-    replay is not counted: its Seq was issued at capture). Seq numbers
+    replay is not counted, its Seq was issued at capture, nor a Seq numbered by
+    the merge). Seq numbers
     jump between a scheduled profiler's windows on every rank: that is no
     finding. A gap is reported only where every member rank was profiled; one
     that every member shares is not a desync (the ranks agree; the calls were
@@ -89,7 +90,7 @@ from commtag.merge.records import (
 )
 from commtag.vocab import (
     ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_LAST_RANK, ANN_MARKER,
-    ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_PG_UID, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
+    ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_PG_UID, ANN_RANKS_MATCHED, ANN_SEQ_FROM, ANN_SKEW_US, ANN_STRAGGLER,
     ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, BUSBW_FACTORS, COLLECTIVES, COLLECTIVE_NAME_KEY,
     DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, RECV, SCALAR_TYPE_BYTES, SEND, SEQ_KEY,
 )
@@ -368,14 +369,15 @@ class _SeqIndex:
 
     A graph replay is left out: it carries the Seq its call took at capture time, which was
     issued then, not in the window the replay ran in (between two captured calls, others may
-    run outside any capture and any window).
+    run outside any capture and any window). So is a Seq the merge numbered itself (a kernel
+    that named none and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
     """
 
     def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
         found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
         self.groups: dict[str, CollectiveInstance] = {}
         for inst in instances:
-            if not inst.is_p2p and inst.replay is None:
+            if not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None:
                 found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
                 self.groups.setdefault(inst.pg_uid, inst)
         #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.

@@ -241,6 +241,10 @@ class _RankAttacher:
         self.pg_ids = {pg["uid"]: str(pg["pg_name"]) for pg in (trace.get("distributedInfo") or {}).get("pg_config") or ()
                        if isinstance(pg, dict) and "uid" in pg and "pg_name" in pg}
         self.launches: dict[int, dict] = {}
+        #: Eager kernels by "External id": that of the CPU op that launched them.
+        self.by_external: dict[object, list[tuple[int, int, dict]]] = {}
+        #: record_param_comms ops by thread, in start order: inside a c10d op, they launch its kernels.
+        self.comms_by_tid: dict[object, list[tuple[int, int, dict]]] = {}
         for e in trace["traceEvents"]:
             # Only slices the timeline places (int pid and tid): a flow to any other would dangle.
             if e.get("ph") != "X" or "ts" not in e or e.get("pid").__class__ is not int or e.get("tid").__class__ is not int:
@@ -248,13 +252,20 @@ class _RankAttacher:
             name = e.get("name", "")
             cat = e.get("cat")
             if cat == KERNEL_CATEGORY:
-                self.kernels.append((*event_ns(e, self.base), e))
+                kernel = (*event_ns(e, self.base), e)
+                self.kernels.append(kernel)
+                args = e.get("args") or {}
+                if EXTERNAL_ID_KEY in args and not args.get(GRAPH_NODE_ID_KEY):
+                    self.by_external.setdefault(args[EXTERNAL_ID_KEY], []).append(kernel)
             elif name.startswith("gloo:"):
                 self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))
             elif name.startswith("c10d::"):
                 self.c10d.setdefault(e.get("tid"), []).append((*event_ns(e, self.base), e))
-            elif name == COMMS_OP and (e.get("args") or {}).get(COLLECTIVE_NAME_KEY) not in (None, *NON_COLLECTIVE_NAMES):
-                self.comms_ops.append((*event_ns(e, self.base), e))
+            elif name == COMMS_OP:
+                op = (*event_ns(e, self.base), e)
+                self.comms_by_tid.setdefault(e.get("tid"), []).append(op)
+                if (e.get("args") or {}).get(COLLECTIVE_NAME_KEY) not in (None, *NON_COLLECTIVE_NAMES):
+                    self.comms_ops.append(op)
             elif cat in LAUNCH_CATEGORIES and is_graph_launch(name):
                 corr = (e.get("args") or {}).get(CORRELATION_KEY)
                 if corr is not None:
@@ -262,7 +273,7 @@ class _RankAttacher:
         self.kernels.sort(key=lambda k: k[0])
         self.comms_ops.sort(key=lambda o: o[0])
         self.gloo.sort(key=lambda g: g[0])
-        for ops in self.c10d.values():
+        for ops in (*self.c10d.values(), *self.comms_by_tid.values()):
             ops.sort(key=lambda o: o[0])
 
     def _annotate(self, event: dict, parts: tuple[dict, dict]) -> None:
@@ -295,16 +306,19 @@ class _RankAttacher:
                  if id(k) not in self.taken and COLLECTIVE_NAME_KEY in (k.get("args") or {})
                  and not k["args"].get(GRAPH_NODE_ID_KEY)]
         if eager:
-            self._eager(eager, leftover, "kernel order")
+            paired = self._eager(eager, [call.rec for call in leftover], "kernel order")
         else:
-            self._eager(self._comms_ops(), leftover, f"{COMMS_OP} order")
+            paired = self._eager(self._comms_ops(), [call.rec for call in leftover], f"{COMMS_OP} order")
+        for call in leftover:
+            if id(call.rec.annotation) not in paired:
+                self._host_timed(call)
         self._unattributed()
         return self.instances
 
     # -- gloo --------------------------------------------------------------
-    def _gloo(self) -> list[RecordedCollective]:
-        """Join sidecar records to their c10d ops and gloo works; return the records left for
-        NCCL kernels."""
+    def _gloo(self) -> list[_GlooCall]:
+        """Join sidecar records to their c10d ops and gloo works, or to the NCCL kernels their
+        op launched; return the calls of NCCL groups left for the kernel join (:meth:`_eager`)."""
         calls = []
         for rec in sorted(self.sidecar.collectives, key=lambda r: r.start_ns):
             group = self.by_uid.get(rec.annotation.pg_uid)
@@ -313,11 +327,15 @@ class _RankAttacher:
         leftover = []
         for call in calls:
             op, works, ann = call.op, call.works, call.rec.annotation
-            if op is None and not works and call.group is not None and "gloo" not in call.group.backend:
-                leftover.append(call.rec)
+            backend = call.group.backend if call.group is not None else ""
+            kernels = self._launched(op) if op is not None and not works and "nccl" in backend else []
+            if kernels:
+                self._kernel_timed(call, kernels)
+                continue
+            if not works and call.group is not None and "gloo" not in backend:
+                leftover.append(call)  # NCCL: paired with its kernel by Seq or order, else timed on the host (run)
                 continue
             site = self._site(ann)
-            backend = call.group.backend if call.group is not None else ""
             if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
                 site = self.interner.common({**site, ANN_GLOO_WORK: "not identified"})
             parts = (site, own_args(ann))
@@ -333,6 +351,43 @@ class _RankAttacher:
             flow = self.flows.source(source[2]) if source is not None else None
             self.instances.append(_instance(self.interner, self.rank, parts, timing[0], timing[1], "gloo", call.group, flow, self.members))
         return leftover
+
+    def _launched(self, op: tuple) -> list[tuple]:
+        """The collective kernels a c10d op launched, by identity: a kernel's "External id" is
+        that of the CPU op around its launch, the c10d op or a record_param_comms inside it on
+        its thread."""
+        start, end, event = op
+        inner = self.comms_by_tid.get(event.get("tid"), ())
+        ids = [(event.get("args") or {}).get(EXTERNAL_ID_KEY)]
+        for s, t, comms in inner[bisect.bisect_left(inner, start, key=lambda o: o[0]):]:
+            if s > end:
+                break
+            if t <= end:
+                ids.append((comms.get("args") or {}).get(EXTERNAL_ID_KEY))
+        return sorted((k for x in ids if x is not None for k in self.by_external.get(x, ())
+                       if id(k[2]) not in self.taken
+                       and (COLLECTIVE_NAME_KEY in k[2]["args"] or nccl_kind(k[2].get("name", "")))),
+                      key=lambda k: k[0])
+
+    def _kernel_timed(self, call: _GlooCall, kernels: list[tuple]) -> None:
+        """The instance of an NCCL call whose kernels its op launched: they carry its annotation."""
+        parts = (self._site(call.rec.annotation), own_args(call.rec.annotation))
+        for kernel in kernels:
+            self.taken.add(id(kernel[2]))
+            self._annotate(kernel[2], parts)
+        self.instances.append(_instance(self.interner, self.rank, parts, kernels[0][0], max(k[1] for k in kernels),
+                                        "nccl-kernel", call.group, self.flows.source(kernels[0][2]), self.members))
+
+    def _host_timed(self, call: _GlooCall) -> None:
+        """The instance of an NCCL call no kernel joined (one rank's broadcast launches none, a copy is
+        no kernel, a profile of CPU activity only): timed on the host, by its c10d op, else by its record."""
+        parts = (self._site(call.rec.annotation), own_args(call.rec.annotation))
+        if call.op is not None:
+            self._annotate(call.op[2], parts)
+        start, end = call.op[:2] if call.op is not None else (call.lo, call.hi)
+        flow = self.flows.source(call.op[2]) if call.op is not None else None
+        self.instances.append(_instance(self.interner, self.rank, parts, start, end, CPU_OP_SOURCE, call.group,
+                                        flow, self.members))
 
     def _take_op(self, rec: RecordedCollective) -> Optional[tuple]:
         """The call's ``c10d::`` op: the first of its family on the calling thread that starts
@@ -449,9 +504,10 @@ class _RankAttacher:
             owner.setdefault(work[4], call.uid)
 
     # -- eager NCCL kernels, or the CPU ops that record their keys ----------
-    def _eager(self, calls: list[tuple[int, int, dict, dict, str]], records: list, order: str) -> None:
+    def _eager(self, calls: list[tuple[int, int, dict, dict, str]], records: list, order: str) -> set[int]:
         """Instances of ``calls``: (start, end, the event timing it, the eager keys, source), in
-        call order; ``order``: what a Seq derived from that order is said to come from."""
+        call order; ``order``: what a Seq derived from that order is said to come from. Returns
+        the ids of the records' annotations it paired with a call."""
         by_group: dict[str, list[CollectiveAnnotation]] = {}
         by_seq: dict[tuple[str, str, int], list[CollectiveAnnotation]] = {}
         for rec in records:
@@ -487,6 +543,7 @@ class _RankAttacher:
             self._annotate(e, parts)
             group = self.by_uid.get(str(parts[0][ANN_PG_UID]))
             self.instances.append(_instance(self.interner, self.rank, parts, start, end, source, group, self.flows.source(e), self.members))
+        return paired
 
     def _comms_ops(self) -> list[tuple[int, int, dict, dict, str]]:
         """The record_param_comms ops as calls: each timed by its NCCL kernel (the same

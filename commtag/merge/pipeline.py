@@ -407,8 +407,8 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     settle_inferred(instances)
     timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
     if timed_by_ops:
-        plan.notices.append(f"{timed_by_ops} collective instances come from record_param_comms CPU ops "
-                            "(no kernel carried collective metadata): host times, no bandwidth")
+        plan.notices.append(f"{timed_by_ops} collective instances are timed by their CPU op (record_param_comms "
+                            "or c10d; no kernel of theirs carried collective metadata): host times, no bandwidth")
     said: dict[str, list[int]] = {}
     for s in everyone:
         for note in s.notes:

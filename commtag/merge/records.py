@@ -26,9 +26,9 @@ from commtag.vocab import (
 _ABSENT = object()
 
 
-#: The source of an instance timed by its record_param_comms CPU op, when no kernel
-#: carried the metadata: the host time of the call (NCCL only enqueues the work
-#: there), so no bandwidth is measured from it.
+#: The source of an instance timed by its CPU op (record_param_comms, or the c10d op of a
+#: recorded call), when no kernel of its carried the metadata: the host time of the call
+#: (NCCL only enqueues the work there), so no bandwidth is measured from it.
 CPU_OP_SOURCE = "cpu-op"
 
 
