@@ -13,12 +13,16 @@ gloo (sidecar records)
     its op and says ``"commtag gloo work": "not identified"``. The slice's time
     is its works' span, else the op's, else the recorded span.
 eager NCCL kernels
-    Kineto's own metadata is kept; the sidecar record of the same group,
-    collective and Seq (by identity, not call order: a call recorded earlier
-    on another thread keeps its own kernel; k-th with k-th only where a
-    kernel carries no Seq) supplies the exact uid, else they are completed
-    from distributedInfo's pg_config and the kernel order per group
-    (``"commtag seq from": "kernel order"``).
+    A recorded call takes the kernels its ``c10d::`` op launched, by identity
+    (a kernel's "External id" is the op's, or that of the record_param_comms
+    inside it). Other kernels keep Kineto's own metadata; the sidecar record
+    of the same group, collective and Seq (by identity, not call order: a
+    call recorded earlier on another thread keeps its own kernel; k-th with
+    k-th only where a kernel carries no Seq) supplies the exact uid, else
+    they are completed from distributedInfo's pg_config and the kernel order
+    per group (``"commtag seq from": "kernel order"``). A recorded call that
+    no kernel took (one rank's broadcast launches none; a copy is no kernel)
+    is timed by its c10d op, else by its record (:data:`CPU_OP_SOURCE`).
 ``record_param_comms`` CPU ops, when no kernel of the file carries metadata
     (a CPU-only profile of an NCCL job; a world of one rank, where NCCL runs
     no kernel; a Kineto that did not copy the keys): the same keys, taken
