@@ -587,15 +587,16 @@ class RankConverter:
                     categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args, lane)
 
     def _shift(self, file: _File, marks: dict, delta: int) -> None:
-        """A base time found after the events (not Kineto's order): move this file's times."""
+        """A base time found after the events (not Kineto's order): move this file's times,
+        checked first (a row's times are int64: an overflow there would be no clear error)."""
+        if file.first is not None and (file.first + delta < 0 or file.last + delta > _MAX_NS):
+            raise MergeInputError(file.path, "baseTimeNanoseconds puts its events outside int64 nanoseconds")
         for key, row in self.rows.items():
             row.shift(marks.get(key, 0), delta)
         for key, row in self.instants.items():
             row.shift(marks.get((key, "i"), 0), delta)
         file.first = None if file.first is None else file.first + delta
         file.last = None if file.last is None else file.last + delta
-        if file.first is not None and (file.first < 0 or file.last > _MAX_NS):
-            raise MergeInputError(file.path, "baseTimeNanoseconds puts its events outside int64 nanoseconds")
 
     def _settle(self, file: _File) -> None:
         """Encode the attached events (already categorized), then add this file's launch flows
