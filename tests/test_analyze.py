@@ -360,3 +360,15 @@ def test_a_groups_member_list_is_walked_per_collective_not_per_member():
     members = [inst(r, 1, ranks=ranks) for r in range(64) if r != 5]  # rank 5 never joined
     assert _only(analyze(members, loaded_ranks=range(64)), "missing_ranks").ranks == (5,)
     assert ranks.walks <= 2, f"the 64-rank list was walked {ranks.walks} times for one collective of 63 members"
+
+
+def test_a_seq_numbered_by_kernel_order_never_meets_a_recorded_calls_seq():
+    """A torch that writes no Seq on kernels: a kernel no record claimed (a functional collective) is
+    numbered by kernel order, from 1, beside recorded calls of the same group whose real Seqs start at 1
+    too. Each must match its own kind across ranks: two complete collectives, not one of four members."""
+    recorded = world(1, op="allreduce", n_in=1024)
+    numbered = world(1, op="allgather", n_in=8, start_us=5000.0, args={"commtag seq from": "kernel order"})
+    analysis = analyze(recorded + numbered)
+    got = sorted((m.collective, sorted(m.members), not m.missing_ranks) for m in analysis.collectives)
+    assert got == [("allgather", [0, 1, 2, 3], True), ("allreduce", [0, 1, 2, 3], True)]
+    assert not analysis.findings, [f.message for f in analysis.findings]

@@ -7,7 +7,8 @@ read one result (:class:`Analysis`) and never disagree.
 Matching
     :func:`~commtag.merge.records.match_groups`, the rule the merged trace's
     flows follow too: a collective instance is the same on every member rank
-    when its :attr:`CollectiveInstance.key` ``(pg uid, p2p, Seq, replay)`` is.
+    when its :attr:`CollectiveInstance.key` ``(pg uid, p2p, Seq, replay)`` is (a Seq
+    the merge numbered by order meets only Seqs numbered so).
     p2p is the exception: its Seq counter is per rank (like NCCL's ``seqP2P``),
     so a rank that talks to two peers numbers its sends 1, 2 while each peer
     sees 1. A send is therefore matched with its receive the way MPI orders

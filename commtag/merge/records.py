@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # the converter and run checks build these; records import ne
 
 from commtag.constants import parse_rank_list
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE,
+    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM,
+    ANN_SOURCE,
     COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY,
     RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY, UNDEFINED_DTYPE,
 )
@@ -264,7 +265,9 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
       same sender and receiver, ordered by start (messages between two ranks
       arrive in order, as MPI's do). Seq cannot pair them: NCCL's p2p counter
       counts every peer together;
-    * everything else matches on :attr:`CollectiveInstance.key`.
+    * everything else matches on :attr:`CollectiveInstance.key`; a Seq the merge numbered
+      itself (``"commtag seq from"``: by kernel or op order) only a Seq numbered the same
+      way, never a Seq a backend issued (a recorded call's, beside it in the same group).
 
     Lists come in the order of their first member in ``instances``.
     """
@@ -289,7 +292,8 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
             k = pair_seq if isinstance(pair_seq, int) else counted[id(inst)]
             key = ("p2p", inst.pg_uid, inst.replay, *ends, k)
         else:
-            key = inst.key
+            numbered = inst.arg(ANN_SEQ_FROM)
+            key = inst.key if numbered is None else (numbered, *inst.key)
         groups.setdefault(key, []).append(inst)
     return list(groups.values())
 
