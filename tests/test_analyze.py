@@ -13,6 +13,7 @@ from commtag.merge.analyze import (
     trace_annotations,
 )
 from commtag.merge.records import CollectiveInstance
+from commtag.vocab import ANN_SEQ_FROM
 
 MS = 1_000_000  # ns
 T0 = 1_700_000_000_000_000_000
@@ -367,7 +368,7 @@ def test_a_seq_numbered_by_kernel_order_never_meets_a_recorded_calls_seq():
     numbered by kernel order, from 1, beside recorded calls of the same group whose real Seqs start at 1
     too. Each must match its own kind across ranks: two complete collectives, not one of four members."""
     recorded = world(1, op="allreduce", n_in=1024)
-    numbered = world(1, op="allgather", n_in=8, start_us=5000.0, args={"commtag seq from": "kernel order"})
+    numbered = world(1, op="allgather", n_in=8, start_us=5000.0, args={ANN_SEQ_FROM: "kernel order"})
     analysis = analyze(recorded + numbered)
     got = sorted((m.collective, sorted(m.members), not m.missing_ranks) for m in analysis.collectives)
     assert got == [("allgather", [0, 1, 2, 3], True), ("allreduce", [0, 1, 2, 3], True)]

@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from commtag.merge.graphs import match_graph_replays
+from commtag.merge.records import CPU_OP_SOURCE
 from commtag.merge.load import base_ns
 from commtag.merge import merge
 from commtag.merge.validate import validate_file
 from commtag.schema import GraphCapture, Sidecar
 from commtag.vocab import (
-    ANN_LANE_ID, ANN_MATCH, ANN_REPLAY, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, PG_DESC_KEY,
+    ANN_LANE_ID, ANN_MATCH, ANN_REPLAY, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, PG_DESC_KEY,
     SEQ_KEY,
 )
 from pftrace_reader import read
@@ -147,12 +148,12 @@ def test_the_eager_step_is_one_collective_per_call(tmp_path: Path) -> None:
     kernels = sorted((e["ts"], e["args"][PG_DESC_KEY]) for e in trace["traceEvents"]
                      if e.get("cat") == "kernel" and COLLECTIVE_NAME_KEY in e.get("args", {}))
     assert [desc for _, desc in kernels] == ["default_pg", "tp", "default_pg"]  # the step's, tp's, funcol's
-    found = sorted(((i.arg(PG_DESC_KEY), i.seq, i.collective, i.source, i.arg("commtag seq from"))
+    found = sorted(((i.arg(PG_DESC_KEY), i.seq, i.collective, i.source, i.arg(ANN_SEQ_FROM))
                     for m in result.analysis.collectives for i in m.members.values()), key=str)
     recorded = {(c.annotation.pg_desc, c.annotation.seq): c.annotation.collective_name for c in sidecar.collectives}
     # all_reduce and tp's all_reduce launched kernels; the one-rank all_gather only a copy, the broadcast nothing.
     launched = {"allreduce"}
-    expected = sorted([(desc, seq, name, "nccl-kernel" if name in launched else "cpu-op", None)
+    expected = sorted([(desc, seq, name, "nccl-kernel" if name in launched else CPU_OP_SOURCE, None)
                        for (desc, seq), name in recorded.items()]
                       # the functional all_reduce passes no Python wrapper: its kernel alone, Seq by kernel order
                       + [("default_pg", 1, "allreduce", "nccl-kernel", "kernel order")], key=str)

@@ -245,7 +245,7 @@ class _RankAttacher:
         self.pg_ids = {pg["uid"]: str(pg["pg_name"]) for pg in (trace.get("distributedInfo") or {}).get("pg_config") or ()
                        if isinstance(pg, dict) and "uid" in pg and "pg_name" in pg}
         self.launches: dict[int, dict] = {}
-        #: Eager kernels by "External id": that of the CPU op that launched them.
+        #: Eager kernels by "External id" (that of the CPU op that launched them), in start order.
         self.by_external: dict[object, list[tuple[int, int, dict]]] = {}
         #: record_param_comms ops by thread, in start order: inside a c10d op, they launch its kernels.
         self.comms_by_tid: dict[object, list[tuple[int, int, dict]]] = {}
@@ -256,11 +256,7 @@ class _RankAttacher:
             name = e.get("name", "")
             cat = e.get("cat")
             if cat == KERNEL_CATEGORY:
-                kernel = (*event_ns(e, self.base), e)
-                self.kernels.append(kernel)
-                args = e.get("args") or {}
-                if EXTERNAL_ID_KEY in args and not args.get(GRAPH_NODE_ID_KEY):
-                    self.by_external.setdefault(args[EXTERNAL_ID_KEY], []).append(kernel)
+                self.kernels.append((*event_ns(e, self.base), e))
             elif name.startswith("gloo:"):
                 self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))
             elif name.startswith("c10d::"):
@@ -275,6 +271,10 @@ class _RankAttacher:
                 if corr is not None:
                     self.launches[corr] = e
         self.kernels.sort(key=lambda k: k[0])
+        for kernel in self.kernels:  # in start order
+            args = kernel[2].get("args") or {}
+            if EXTERNAL_ID_KEY in args and not args.get(GRAPH_NODE_ID_KEY):
+                self.by_external.setdefault(args[EXTERNAL_ID_KEY], []).append(kernel)
         self.comms_ops.sort(key=lambda o: o[0])
         self.gloo.sort(key=lambda g: g[0])
         for ops in (*self.c10d.values(), *self.comms_by_tid.values()):
@@ -309,13 +309,14 @@ class _RankAttacher:
         eager = [(start, end, k, k["args"], "nccl-kernel") for start, end, k in self.kernels
                  if id(k) not in self.taken and COLLECTIVE_NAME_KEY in (k.get("args") or {})
                  and not k["args"].get(GRAPH_NODE_ID_KEY)]
+        records = [call.rec for call in leftover]
         if eager:
-            paired = self._eager(eager, [call.rec for call in leftover], "kernel order")
+            paired = self._eager(eager, records, "kernel order")
         else:
-            paired = self._eager(self._comms_ops(), [call.rec for call in leftover], f"{COMMS_OP} order")
-        for call in leftover:
+            paired = self._eager(self._comms_ops(), records, f"{COMMS_OP} order")
+        for call in leftover:  # an NCCL call no kernel joined: one rank's broadcast launches none, a copy is none
             if id(call.rec.annotation) not in paired:
-                self._host_timed(call)
+                self._host_timed(call, self._record_parts(call.rec.annotation), CPU_OP_SOURCE)
         self._unattributed()
         return self.instances
 
@@ -339,22 +340,32 @@ class _RankAttacher:
             if not works and call.group is not None and "gloo" not in backend:
                 leftover.append(call)  # NCCL: paired with its kernel by Seq or order, else timed on the host (run)
                 continue
-            site = self._site(ann)
+            site, own = self._record_parts(ann)
             if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
                 site = self.interner.common({**site, ANN_GLOO_WORK: "not identified"})
-            parts = (site, own_args(ann))
-            for hit in (op, *works):
-                if hit is not None:
-                    self._annotate(hit[2], parts)
-            if works:
-                timing = (min(w[0] for w in works), max(w[1] for w in works))
-            else:
-                timing = op[:2] if op is not None else (call.lo, call.hi)
-            first = min(works, key=lambda w: w[0]) if works else None
-            source = op if op is not None and (first is None or op[0] <= first[0]) else first
-            flow = self.flows.source(source[2]) if source is not None else None
-            self.instances.append(_instance(self.interner, self.rank, parts, timing[0], timing[1], "gloo", call.group, flow, self.members))
+            self._host_timed(call, (site, own), "gloo")
         return leftover
+
+    def _record_parts(self, annotation: CollectiveAnnotation) -> tuple[dict, dict]:
+        """A sidecar annotation as an event's (common, own) args."""
+        return self._site(annotation), own_args(annotation)
+
+    def _host_timed(self, call: _GlooCall, parts: tuple[dict, dict], source: str) -> None:
+        """The instance of a call timed on the host: by its gloo works, else its c10d op, else its
+        record; its op and works carry ``parts``."""
+        op, works = call.op, call.works
+        for hit in (op, *works):
+            if hit is not None:
+                self._annotate(hit[2], parts)
+        if works:
+            timing = (min(w[0] for w in works), max(w[1] for w in works))
+        else:
+            timing = op[:2] if op is not None else (call.lo, call.hi)
+        first = min(works, key=lambda w: w[0]) if works else None
+        origin = op if op is not None and (first is None or op[0] <= first[0]) else first
+        flow = self.flows.source(origin[2]) if origin is not None else None
+        self.instances.append(_instance(self.interner, self.rank, parts, timing[0], timing[1], source, call.group, flow,
+                                        self.members))
 
     def _launched(self, op: tuple) -> list[tuple]:
         """The collective kernels a c10d op launched, by identity: a kernel's "External id" is
@@ -375,23 +386,12 @@ class _RankAttacher:
 
     def _kernel_timed(self, call: _GlooCall, kernels: list[tuple]) -> None:
         """The instance of an NCCL call whose kernels its op launched: they carry its annotation."""
-        parts = (self._site(call.rec.annotation), own_args(call.rec.annotation))
+        parts = self._record_parts(call.rec.annotation)
         for kernel in kernels:
             self.taken.add(id(kernel[2]))
             self._annotate(kernel[2], parts)
         self.instances.append(_instance(self.interner, self.rank, parts, kernels[0][0], max(k[1] for k in kernels),
                                         "nccl-kernel", call.group, self.flows.source(kernels[0][2]), self.members))
-
-    def _host_timed(self, call: _GlooCall) -> None:
-        """The instance of an NCCL call no kernel joined (one rank's broadcast launches none, a copy is
-        no kernel, a profile of CPU activity only): timed on the host, by its c10d op, else by its record."""
-        parts = (self._site(call.rec.annotation), own_args(call.rec.annotation))
-        if call.op is not None:
-            self._annotate(call.op[2], parts)
-        start, end = call.op[:2] if call.op is not None else (call.lo, call.hi)
-        flow = self.flows.source(call.op[2]) if call.op is not None else None
-        self.instances.append(_instance(self.interner, self.rank, parts, start, end, CPU_OP_SOURCE, call.group,
-                                        flow, self.members))
 
     def _take_op(self, rec: RecordedCollective) -> Optional[tuple]:
         """The call's ``c10d::`` op: the first of its family on the calling thread that starts
@@ -541,7 +541,7 @@ class _RankAttacher:
                 used[pg_name] = k
             if record is not None:
                 paired.add(id(record))
-                parts = (self._site(record), own_args(record))
+                parts = self._record_parts(record)
             else:
                 parts = self.interner.split(self._complete(args, derived, order))
             self._annotate(e, parts)
@@ -552,15 +552,11 @@ class _RankAttacher:
     def _comms_ops(self) -> list[tuple[int, int, dict, dict, str]]:
         """The record_param_comms ops as calls: each timed by its NCCL kernel (the same
         "External id") where one was profiled without the keys, else by the op itself."""
-        kernels = {}
-        for start, end, k in self.kernels:
-            external = (k.get("args") or {}).get(EXTERNAL_ID_KEY)
-            if external is not None and id(k) not in self.taken and nccl_kind(k.get("name", "")):
-                kernels.setdefault(external, (start, end, k))
         calls = []
         for start, end, op in self.comms_ops:
             args = op["args"]
-            kernel = kernels.pop(args.get(EXTERNAL_ID_KEY), None)
+            kernel = next((k for k in self.by_external.get(args.get(EXTERNAL_ID_KEY), ())
+                           if id(k[2]) not in self.taken and nccl_kind(k[2].get("name", ""))), None)
             calls.append((*kernel, args, "nccl-kernel") if kernel else (start, end, op, args, CPU_OP_SOURCE))
         return calls
 
