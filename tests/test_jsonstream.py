@@ -132,7 +132,7 @@ def test_a_long_whitespace_run_between_events_is_read_in_bounded_memory(tmp_path
     path.write_bytes(gzip.compress(_gapped_trace(gap), compresslevel=1))
     peak, events = _peak_bytes(path)
     assert [e["name"] for e in events] == [f"op{i}" for i in range(6)]
-    # a few read windows (1 MB each), not the gap: it used to hold the whole gap, copied at each read
+    # a few read windows (1 MB each), not the whole gap copied at each read
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MB for a {_BIG_GAP >> 20} MB gap"
 
 

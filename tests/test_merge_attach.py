@@ -149,9 +149,9 @@ def test_a_merge_shares_its_values_within_itself_and_with_no_other_merge(tmp_pat
 
 def test_a_launch_its_captures_replay_log_does_not_hold_gets_no_guessed_replay_index() -> None:
     """One replay-index rule for every join (commtag.merge.graphs): a capture that logged its
-    replays, none of them around this launch, does not say which replay it was. The exact node-id
-    join used to count launches in the trace instead (0, 1), a cross-rank key no other rank shares;
-    now the kernels stay unattributed, shown and counted, not misnamed."""
+    replays, none of them around this launch, does not say which replay it was. Counting launches
+    in the trace instead (0, 1) would give a cross-rank key no other rank shares: the kernels stay
+    unattributed, shown and counted, not misnamed."""
     far = [GraphReplay(index=40, start_ns=BASE + 500_000_000, end_ns=BASE + 500_007_000, tid=1),
            GraphReplay(index=41, start_ns=BASE + 600_000_000, end_ns=BASE + 600_007_000, tid=1)]
     instances = attach(0, _trace(True), _sidecar(far), RankFlows(0))
@@ -161,9 +161,9 @@ def test_a_launch_its_captures_replay_log_does_not_hold_gets_no_guessed_replay_i
 
 def test_an_eager_kernel_takes_the_record_of_its_own_seq_not_the_earliest_call() -> None:
     """A call recorded early on a second thread (Seq 3: launched ahead, queued behind Seq 1 and
-    2 on the group's stream) keeps its own kernel. Records used to be paired with kernels k-th
-    with k-th in call-time order, so the kernel Kineto labels Seq 1 was shown as Seq 3 and,
-    the other ranks' calls interleaving differently, one column of a group mixed Seqs."""
+    2 on the group's stream) keeps its own kernel. Pairing records with kernels k-th with k-th
+    in call-time order would show the kernel Kineto labels Seq 1 as Seq 3 and, the other ranks'
+    calls interleaving differently, mix Seqs in one column of a group."""
     calls = {3: (0, 777), 1: (100, 1), 2: (200, 1)}  # Seq -> (call start µs, thread)
     records, events = [], []
     for seq, (call_us, tid) in calls.items():

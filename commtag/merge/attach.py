@@ -400,7 +400,7 @@ class _RankAttacher:
         ops = self.c10d.get(rec.tid, ())
         fam = family(rec.annotation.collective_name)
         lo, hi = rec.start_ns + self.offset - SPAN_TOLERANCE_NS, rec.end_ns + self.offset + SPAN_TOLERANCE_NS
-        # Ops are sorted by start: skip those starting before the call (a scan from the first was quadratic).
+        # Ops are sorted by start: skip those starting before the call (a scan from the first would be quadratic).
         for op in ops[bisect.bisect_left(ops, lo, key=lambda o: o[0]):]:
             if op[0] > hi:
                 break

@@ -68,7 +68,7 @@ class ReplayLog:
 
     Both joins ask it which replay a graph launch belongs to: the closest logged
     call on the launch's thread, at most :data:`~commtag.vocab.LAUNCH_TOLERANCE_NS`
-    outside it (a linear scan per launch was quadratic).
+    outside it (a linear scan per launch would be quadratic).
     """
 
     def __init__(self, capture: GraphCapture, offset_ns: int = 0) -> None:
