@@ -381,7 +381,7 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         f"of the job, the line through the larger -j 2 worker's peak on the {manifests['small']['ranks']}- and "
         f"{ranks_big}-rank sets (a -j 2 worker receives half the records; one of {workers} receives nearly all, "
         "so its exchange step may peak higher). Under torchrun on several hosts each worker also imports torch "
-        "and joins a gloo group (about 2 s and 300 MB, README).",
+        "and joins a gloo group (about 2 s and 300 MB, docs/benchmarks.md).",
         "The all-gather and the parts sent to worker 0 over the network are not timed; their volume is given.",
         f"Output bytes per collective slice as on the {ranks_big}-rank set (--detail none writes lanes only).",
     ]

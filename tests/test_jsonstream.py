@@ -151,7 +151,7 @@ def test_spaces_inside_a_string_are_kept_while_gaps_around_it_are_squeezed(tmp_p
 
 def test_gzip_is_inflated_by_isa_l_when_it_is_installed(tmp_path: Path) -> None:
     """The merge's largest cost after parsing is inflating the traces: ISA-L does it ~3x faster
-    than zlib (docs/benchmarks.md, "Merge throughput"), giving the same events."""
+    than zlib (docs/benchmarks.md, "Where the time goes"), giving the same events."""
     igzip = pytest.importorskip("isal.igzip")
     path = tmp_path / "rank0.pt.trace.json.gz"
     path.write_bytes(gzip.compress(_awkward_trace(1)))

@@ -60,7 +60,7 @@ def _unidentifiable(call: dict) -> bool:
 
 
 def _life(uid: str) -> int:
-    """The life of the world a group uid belongs to (README: "~<generation>" from the first re-init on)."""
+    """The life of the world a group uid belongs to (docs/runtime.md: "~<generation>" from the first re-init on)."""
     _, _, generation = uid.partition("~")
     return int(generation) if generation else 0
 

@@ -32,7 +32,7 @@ from typing import BinaryIO, Iterator, Optional
 
 import orjson
 
-try:  # ISA-L's inflate reads a Kineto trace ~3x faster than zlib's (docs/benchmarks.md, "Merge throughput")
+try:  # ISA-L's inflate reads a Kineto trace ~3x faster than zlib's (docs/benchmarks.md, "Where the time goes")
     from isal import igzip as _gzip
     from isal.isal_zlib import error as _InflateError
 except ImportError:  # no wheel for this platform: the standard library's, the same bytes

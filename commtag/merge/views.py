@@ -11,7 +11,7 @@ one slice starting late in a column of aligned slices.
 
 This is where the lane slices live: a rank's process holds its CPU threads,
 GPU streams and its own profiled-window markers, and its kernels and ops
-have flows to their slices here (see the README for why there is no second
+have flows to their slices here (docs/design.md says why there is no second
 copy inside each process).
 
 Under torchrun each worker writes the rows of its own ranks; the group's
