@@ -100,7 +100,7 @@ ACCOUNT_LINES_MAX = 16
 def _account_lines(accounts: Sequence, verbose: bool) -> list[str]:
     """What became of every event read: per rank, or for a big job one line over all ranks."""
     if len(accounts) > ACCOUNT_LINES_MAX and not verbose:
-        from commtag.merge.convert import EventAccount
+        from commtag.merge.records import EventAccount
         from commtag.merge.selection import describe_numbers
 
         ranks = describe_numbers([a.rank for a in accounts])

@@ -81,7 +81,7 @@ def _status_kb(key: str) -> int:
 
 def phases(directory: Path, out: Path) -> dict:
     """Merge ``directory`` in this process (--detail none, --align collectives), timing each stage."""
-    from commtag.merge import merge, pipeline, workers
+    from commtag.merge import exchange, merge, pipeline
     from commtag.merge.analyze import MergeAnalysis
     from commtag.merge.records import Interner
     from commtag.merge.selection import Selection
@@ -119,9 +119,9 @@ def phases(directory: Path, out: Path) -> dict:
     hwm_kb = _status_kb("VmHWM")
     summaries = kept.pop("summaries")
     # What the workers exchange: this worker's records as one JSON message, and their decoding.
-    wire = orjson.dumps(workers.to_wire(summaries))
+    wire = orjson.dumps(exchange.to_wire(summaries))
     start = time.process_time()
-    workers.from_wire(orjson.loads(wire), Interner())
+    exchange.from_wire(orjson.loads(wire), Interner())
     decode_s = time.process_time() - start
     accounts = {a.rank: a for a in result.accounts}
     reasons: dict[str, int] = {}
@@ -216,7 +216,7 @@ def run_merges(directory: Path, variants: Sequence[str], outdir: Path) -> dict[s
     for variant in variants:
         out = outdir / f"{variant.replace(' ', '')}.pftrace"
         child = run_child(_merge_command(variant, directory, out), timeout_s=CHILD_TIMEOUT_S)
-        # The merge processes: under -j the child and the workers it starts (commtag.merge.workers),
+        # The merge processes: under -j the child and the workers it starts (commtag.merge.jobs),
         # under torchrun its workers (the agent, torch.distributed.run, merges nothing).
         merges = [peak for cmd, peak in child.peaks.values() if "commtag.merge" in cmd and "torch.distributed.run" not in cmd]
         runs[variant] = {
@@ -356,7 +356,7 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         ["collective slices in the job", f"{slices / 1e6:.2f} M ({slices_per_rank} per rank)"],
         ["each worker: read and convert its ranks", f"{parse:.0f} s"],
         ["each worker: --align's first pass over its ranks (optional)", f"{align:.0f} s"],
-        ["records all-gathered (JSON rows, as workers.to_wire)", f"{wire / 1e9:.2f} GB from all workers; each "
+        ["records all-gathered (JSON rows, as exchange.to_wire)", f"{wire / 1e9:.2f} GB from all workers; each "
                                                                 f"worker, worker 0 too, receives {wire * (workers - 1) / workers / 1e9:.2f} GB"],
         ["each worker: decode the others' records", f"{decode:.0f} s"],
         ["each worker (worker 0 too): gather + analysis over every record", f"{analysis[0]:.0f}-{analysis[1]:.0f} s"],

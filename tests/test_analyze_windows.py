@@ -29,7 +29,7 @@ def traces() -> Path:
 @pytest.fixture(scope="module")
 def merged(traces, tmp_path_factory) -> Path:
     from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     out = tmp_path_factory.mktemp("merged") / "merged.pftrace"
     merge(traces, out, analysis=MergeAnalysis(), progress=False)
@@ -129,7 +129,7 @@ def test_a_gap_inside_a_window_is_still_a_desync(traces, tmp_path):
 
 def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces, tmp_path):
     from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     absent = 3
     copy = tmp_path / "traces"
@@ -158,7 +158,7 @@ def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces
 
 def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(public_traces, tmp_path):
     from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     # Rank 1 was profiled but made no collective call: it is still one of the 2 ranks.
     idle = idle_rank_world()

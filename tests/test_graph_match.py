@@ -321,7 +321,7 @@ def _merged_replays(tmp_path, trace: Trace, captures: list[GraphCapture]) -> lis
     of every graph-replayed instance, and the instances from metadata-less NCCL kernels."""
     import orjson
 
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps({"baseTimeNanoseconds": BASE_NS,
                                                                   "traceEvents": trace.events}))

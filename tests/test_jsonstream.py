@@ -16,7 +16,7 @@ import pytest
 
 from commtag.merge import jsonstream
 from commtag.merge.jsonstream import TraceFormatError, TraceStream
-from commtag.merge.pipeline import merge
+from merging import merge
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import read
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from commtag.kernels import Breakdown, categorize
-from commtag.merge.pipeline import merge
+from merging import merge
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from kernel_reference import by_graph_launch, by_stream, kernels_from_events

@@ -26,7 +26,7 @@ import pytest
 from commtag.vocab import ANN_KERNELS_SCOPE
 from commtag.merge.convert import left_out_reason
 from commtag.merge.load import discover
-from commtag.merge.pipeline import merge
+from merging import merge
 from commtag.merge.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as SHARED_PUBLIC
 from gloo_world import run_world

@@ -131,7 +131,7 @@ def test_a_merge_shares_its_values_within_itself_and_with_no_other_merge(tmp_pat
     tables go with it instead of living as long as the process."""
     import orjson
 
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps(_trace(True)))
     sidecar = _sidecar([]).model_copy(update={"trace_file": "rank0.pt.trace.json"})

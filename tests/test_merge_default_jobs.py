@@ -7,7 +7,7 @@ import os
 
 from commtag.merge.budget import json_bytes
 from commtag.merge.load import discover
-from commtag.merge.workers import (
+from commtag.merge.jobs import (
     MIN_INPUT_PER_WORKER, available_memory, default_jobs, jobs_for, worker_rss_estimate,
 )
 from commtag.testing import PUBLIC_TRACES

@@ -206,7 +206,7 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
     """-j N: the other interpreters start before discovery, so that their imports do not delay
     their first rank; those discovery shows are not needed (2 ranks, -j 3) exit, and a merge
     that fails before its workers get their share leaves none behind."""
-    from commtag.merge import merge, pipeline, workers
+    from commtag.merge import jobs, merge, pipeline
 
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -221,7 +221,7 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
         return discover(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "discover", watched)
-    monkeypatch.setattr(workers, "usable_cpus", lambda: 8, raising=False)  # as many started ahead as asked for, on any machine
+    monkeypatch.setattr(jobs, "usable_cpus", lambda: 8, raising=False)  # as many started ahead as asked for, on any machine
     result = merge(inputs, tmp_path / "merged.pftrace", jobs=3, progress=False)
     assert result.ranks == [0, 1] and seen == [2]
     assert _children() - before == set()

@@ -23,7 +23,7 @@ import pytest
 from commtag.merge.analyze import MergeAnalysis
 from commtag.merge.budget import estimate, upper_bound
 from commtag.merge.load import discover
-from commtag.merge.pipeline import merge
+from merging import merge
 from commtag.merge.readback import read_instances
 from commtag.merge.selection import (
     OUTSIDE_SELECTION, Selection, file_spans, parse_detail, parse_numbers, parse_window,

@@ -86,7 +86,7 @@ def test_link_only_args_are_left_to_flows_and_the_rest_is_written(tmp_path: Path
     import orjson
 
     from commtag.vocab import LINK_ARGS
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     links = {key: 7 for key in LINK_ARGS}
     events = [

@@ -197,7 +197,7 @@ def test_unknown_template_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: Path, tmp_path: Path) -> None:
     """The set is what the merge benchmark runs on: the merge must take all of it."""
-    from commtag.merge.pipeline import merge
+    from merging import merge
     from commtag.merge.validate import validate_file
 
     result = merge(scaleset, tmp_path / "merged.pftrace", align="collectives", progress=False)

@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from commtag.merge.errors import MergeFailed, MergeInputError
+from commtag.merge.options import DEFAULT_MAX_OUTPUT, MergeOptions
 
 if TYPE_CHECKING:  # the engine loads on the first merge, not with the package
-    from commtag.merge.pipeline import AnalysisHook, MergeResult
+    from commtag.merge.options import AnalysisHook, MergeResult
     from commtag.merge.selection import Selection
 
-__all__ = ["DEFAULT_MAX_OUTPUT", "MergeFailed", "MergeInputError", "merge"]
-
-#: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.
-DEFAULT_MAX_OUTPUT = 1_500_000_000
+__all__ = ["DEFAULT_MAX_OUTPUT", "MergeFailed", "MergeInputError", "MergeOptions", "merge"]
 
 
 def merge(
@@ -69,7 +67,7 @@ def merge(
             (:class:`commtag.merge.analyze.MergeAnalysis`) and writes its
             figures, counters and markers into the trace; False writes the
             trace alone; a callable is used as the hook (see
-            :data:`commtag.merge.pipeline.AnalysisHook`).
+            :data:`commtag.merge.options.AnalysisHook`).
         selection: The profiler steps or time window kept, and the ranks whose
             whole timelines are written (:class:`commtag.merge.selection.Selection`,
             what ``--steps``, ``--window`` and ``--detail`` build; default: everything).
@@ -78,12 +76,12 @@ def merge(
             saying which ``--detail`` or ``--steps`` would fit; None: no limit.
         jobs: Merge worker processes on this host (``-j``): None takes the CPUs
             this process may use, fewer for small inputs
-            (:func:`commtag.merge.workers.default_jobs`); 1 merges in this
+            (:func:`commtag.merge.jobs.default_jobs`); 1 merges in this
             process alone. Ignored under torchrun. A custom ``analysis`` hook
             cannot be sent to other processes: with one, this process merges alone.
 
     Returns:
-        A :class:`commtag.merge.pipeline.MergeResult`: the output, the ranks
+        A :class:`commtag.merge.options.MergeResult`: the output, the ranks
         merged, every collective instance, what was skipped, notices,
         warnings and per-rank event accounts, and with ``analysis=True`` the
         :class:`commtag.merge.analyze.Analysis` (``result.analysis``). Under
@@ -93,28 +91,28 @@ def merge(
         MergeFailed: Bad input or an output that cannot be written, nothing
             written; under torchrun every worker raises every worker's errors.
     """
-    from commtag.merge import pipeline, workers
+    from commtag.merge import pipeline
+    from commtag.merge.jobs import LocalWorld, launched, request_to_wire
+    from commtag.merge.worlds import World, under_launcher
     from commtag.merge.analyze import MergeAnalysis
+    from commtag.merge.options import DEFAULT_OUTPUT, default_output
 
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
+                           rank_pattern=rank_pattern, rank=rank, progress=progress,
+                           skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
+                           selection=selection, max_output=max_output)
     hook = MergeAnalysis() if analysis is True else analysis or None
-    where = Path(output) if output else pipeline.default_output(paths) if paths else Path(pipeline.DEFAULT_OUTPUT)
+    where = Path(output) if output else default_output(paths) if paths else Path(DEFAULT_OUTPUT)
 
     local = None
-    if jobs != 1 and isinstance(analysis, bool) and not workers.under_launcher():
-        request = {"inputs": [str(p) for p in paths], "output": str(where), "align": align,
-                   "json_dir": None if json_dir is None else str(json_dir), "rank_pattern": rank_pattern,
-                   "rank": rank, "skip_bad_ranks": skip_bad_ranks, "strict": strict, "list_left_out": list_left_out,
-                   "analysis": analysis, "selection": workers.selection_to_wire(selection), "max_output": max_output}
-        local = workers.LocalWorld(jobs, where, request)
+    if jobs != 1 and isinstance(analysis, bool) and not under_launcher():
+        local = LocalWorld(jobs, where, request_to_wire(paths, where, options, analysis))
 
-    def run(world: Optional[workers.World]) -> MergeResult:
-        result = pipeline.merge(paths, output, align=align, json_dir=json_dir, rank_pattern=rank_pattern,
-                                analysis=hook, progress=progress, world=world,
-                                skip_bad_ranks=skip_bad_ranks, rank=rank, list_left_out=list_left_out,
-                                strict=strict, selection=selection, max_output=max_output)
+    def run(world: Optional[World]) -> MergeResult:
+        result = pipeline.merge(paths, output, options, analysis=hook, world=world)
         if isinstance(hook, MergeAnalysis) and result.lead:
             result.analysis = hook.result
         return result
 
-    return workers.launched(where, run, local)
+    return launched(where, run, local)

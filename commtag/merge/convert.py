@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
@@ -49,6 +48,7 @@ from commtag.vocab import (
     KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, is_graph_launch,
     nccl_kind,
 )
+from commtag.merge.records import EventAccount
 
 #: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
 MAX_DUR_US = 86_400 * 10**6
@@ -65,37 +65,6 @@ _NAMED_ROW_ORDER = 1 << 62
 _OUTSIDE = -2
 #: A row's pid or tid as the timeline keys it: a number, or the name Kineto gave it.
 RowId = Union[int, str]
-
-
-@dataclass(slots=True)
-class EventAccount:
-    """What became of one rank's trace events: every event read is either written (a
-    slice or an instant) or left out, counted under its reason."""
-
-    rank: int
-    read: int = 0
-    written: int = 0
-    #: reason -> how many events it left out.
-    left_out: dict[str, int] = field(default_factory=dict)
-    #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
-    listed: list[str] = field(default_factory=list)
-
-    def describe(self, who: Optional[str] = None) -> str:
-        """One line: read, written, and what was left out and why."""
-        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
-        return (f"{who or f'rank {self.rank}'}: {self.read} events read, {self.written} written"
-                + (f"; left out: {why}" if why else "; nothing left out"))
-
-    @staticmethod
-    def total(accounts: Sequence["EventAccount"]) -> "EventAccount":
-        """The accounts of several ranks added up (rank -1: it is nobody's own)."""
-        whole = EventAccount(-1)
-        for account in accounts:
-            whole.read += account.read
-            whole.written += account.written
-            for reason, n in account.left_out.items():
-                whole.left_out[reason] = whole.left_out.get(reason, 0) + n
-        return whole
 
 
 def left_out_reason(ph: str, cat: Optional[str]) -> str:

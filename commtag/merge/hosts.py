@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from commtag.merge.errors import MergeInputError
 from commtag.merge.load import NoTraceFound, RankInput, TraceFile, discover, nothing_left
-from commtag.merge.workers import all_done
+from commtag.merge.exchange import all_done
 
 if TYPE_CHECKING:
-    from commtag.merge.workers import World
+    from commtag.merge.worlds import World
 
 @dataclass(frozen=True)
 class Node:
@@ -213,8 +213,6 @@ def assign(copies: Sequence[dict[Node, RankInput]], workers: Sequence[tuple[int,
     workers left over join the run with the most bytes per worker they can read,
     and each run is split between its workers like one host's ranks.
     """
-    from commtag.merge.pipeline import chunks
-
     runs: list[tuple[list[dict[Node, RankInput]], set[Node]]] = []
     for held in copies:
         if runs and runs[-1][1] & held.keys():
@@ -246,4 +244,16 @@ def assign(copies: Sequence[dict[Node, RankInput]], workers: Sequence[tuple[int,
         by_number = {next(iter(c.values())).rank: c for c in run}
         for w, chunk in zip(sorted(members), chunks(ranks, len(members))):
             out[w] = [by_number[r.rank][node_of[w]] for r in chunk]
+    return out
+
+
+def chunks(ranks: Sequence[RankInput], workers: int) -> list[list[RankInput]]:
+    """Contiguous chunks in rank order, balanced by input size (worker 0 never empty)."""
+    total = sum(r.size for r in ranks) or 1
+    out: list[list[RankInput]] = [[] for _ in range(workers)]
+    done = 0
+    for r in ranks:
+        w = min(workers - 1, int(done * workers / total))
+        out[w].append(r)
+        done += r.size
     return out

@@ -40,56 +40,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
-from commtag.merge import DEFAULT_MAX_OUTPUT, budget, hosts, lanes, runs, trace_writer
+from commtag.merge import budget, hosts, lanes, runs, trace_writer
 from commtag.merge.align import Alignment, estimate_offsets
 from commtag.merge.attach import settle_inferred
-from commtag.merge.convert import EventAccount, RankConverter
+from commtag.merge.convert import RankConverter
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import TraceStream, WholeTrace
 from commtag.merge.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
 from commtag.merge.output import MergeOutput
 from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, Coverage, GroupLane, Interner, RankSummary, TraceAnnotations, describe_ranks,
+    CPU_OP_SOURCE, CollectiveInstance, Coverage, FileSpan, GroupLane, Interner, RankSummary,
+    TraceAnnotations, describe_ranks,
 )
-from commtag.merge.runs import FileSpan
 from commtag.merge.selection import (
-    NOT_IN_DETAIL, FileSpans, Selection, describe, describe_numbers, file_spans, step_marks,
+    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, file_spans, step_marks,
 )
-from commtag.merge.workers import SoloWorld, World, all_done, exchange
+from commtag.merge.exchange import all_done, exchange
+from commtag.merge.worlds import SoloWorld, World
+from commtag.merge.options import AnalysisHook, MergeOptions, MergeResult, default_output
+
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
-    from commtag.merge.analyze import Analysis
     from commtag.schema import Sidecar
-
-#: ``analysis(instances, coverage)`` may add figures to each instance's ``args``
-#: and return counters and markers for the trace. Under torchrun every merge
-#: worker calls it, over every rank's instances.
-AnalysisHook = Callable[[list[CollectiveInstance], Coverage], Optional[TraceAnnotations]]
-DEFAULT_OUTPUT = "merged.pftrace"
-ALIGN_MODES = ("none", "collectives")
-
-
-@dataclass(frozen=True)
-class MergeOptions:
-    """How to merge: the options of ``commtag merge`` (see :func:`merge` for each)."""
-
-    align: str = "none"
-    json_dir: Optional[Path] = None
-    rank_pattern: Optional[str] = None
-    rank: Optional[int] = None
-    #: None: a progress bar when stderr is a terminal.
-    progress: Optional[bool] = None
-    skip_bad_ranks: bool = False
-    list_left_out: bool = False
-    strict: bool = False
-    #: The steps or time window kept, and the ranks written in detail (default: everything).
-    selection: Optional[Selection] = None
-    #: Bytes the merged trace may take (its size is estimated before it is written); None: any.
-    max_output: Optional[int] = DEFAULT_MAX_OUTPUT
-
-    def __post_init__(self) -> None:
-        if self.align not in ALIGN_MODES:
-            raise ValueError(f"align must be one of {ALIGN_MODES}, got {self.align!r}")
 
 
 @dataclass
@@ -105,7 +77,7 @@ class MergePlan:
     world: World
     #: Every rank discovery found, in rank order.
     ranks: list[RankInput]
-    #: This worker's contiguous chunk of ``ranks`` (:func:`chunks`; on several hosts :func:`commtag.merge.hosts.assign`).
+    #: This worker's contiguous chunk of ``ranks`` (:func:`commtag.merge.hosts.chunks`; on several hosts :func:`commtag.merge.hosts.assign`).
     mine: list[RankInput]
     output: MergeOutput
     #: With ``skip_bad_ranks``, the files left out so far, each with why; else None (the first error stops).
@@ -135,92 +107,25 @@ class MergePlan:
         return self.world.index == 0
 
 
-@dataclass(slots=True)
-class MergeResult:
-    output: Path
-    ranks: list[int]
-    instances: list[CollectiveInstance]
-    alignment: Optional[Alignment] = None
-    annotations: Optional[TraceAnnotations] = None
-    #: With ``skip_bad_ranks``: the files left out, each with why (worker 0 has everyone's).
-    skipped: list[MergeInputError] = field(default_factory=list)
-    #: Things the user should know that did not stop the merge (a trace without sidecar).
-    notices: list[str] = field(default_factory=list)
-    #: Per merged rank, in rank order: events read, written, and left out by reason.
-    accounts: list[EventAccount] = field(default_factory=list)
-    #: Files that may not be of one run with the rest (``strict`` refuses them instead).
-    warnings: list[str] = field(default_factory=list)
-    #: Whether this process is the merge worker that wrote the output (always, without torchrun);
-    #: another worker's result has no instances and is not the one to report.
-    lead: bool = True
-    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker.
-    analysis: Optional[Analysis] = None
-
-
-def default_output(inputs: Sequence[Path]) -> Path:
-    first = inputs[0]
-    return (first if first.is_dir() else first.parent) / DEFAULT_OUTPUT
-
-
-def chunks(ranks: Sequence[RankInput], workers: int) -> list[list[RankInput]]:
-    """Contiguous chunks in rank order, balanced by input size (worker 0 never empty)."""
-    total = sum(r.size for r in ranks) or 1
-    out: list[list[RankInput]] = [[] for _ in range(workers)]
-    done = 0
-    for r in ranks:
-        w = min(workers - 1, int(done * workers / total))
-        out[w].append(r)
-        done += r.size
-    return out
-
-
 def merge(
     inputs: Sequence[Path | str] | Path | str,
-    output: Optional[Path | str] = None,
+    output: Optional[Path | str],
+    options: MergeOptions,
     *,
-    align: str = "none",
-    json_dir: Optional[Path | str] = None,
-    rank_pattern: Optional[str] = None,
     analysis: Optional[AnalysisHook] = None,
-    progress: Optional[bool] = None,
     world: Optional[World] = None,
-    skip_bad_ranks: bool = False,
-    rank: Optional[int] = None,
-    list_left_out: bool = False,
-    strict: bool = False,
-    selection: Optional[Selection] = None,
-    max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
-    The engine under :func:`commtag.merge.merge` (which runs the analysis by
-    default and owns the torchrun workers): here ``analysis`` is only what
-    the caller passes and ``world`` the caller's.
-
-    ``inputs``: directories (searched at any depth) and/or trace files.
-    ``rank``: the rank of a single trace that does not name it. ``output``: default
-    ``<first dir>/merged.pftrace``. ``align="collectives"`` corrects each
-    host's clock from matched collectives (two passes over the inputs).
-    ``json_dir``: also write each annotated trace there, as Chrome JSON.
-    ``analysis``: see :data:`AnalysisHook`. ``world``: torchrun workers
-    (:func:`commtag.merge.workers.launcher_world`); the result's instances are complete on worker 0.
+    The engine under :func:`commtag.merge.merge`, which builds ``options``
+    (see there for each), runs the analysis by default and owns the workers:
+    here ``analysis`` is only what the caller passes (:data:`AnalysisHook`)
+    and ``world`` the caller's (``-j`` or torchrun workers; None: this
+    process alone); the result's instances are complete on worker 0.
     Raises :class:`MergeInputError` on bad input, writing nothing; with
-    ``skip_bad_ranks`` bad files and ranks are left out and listed in the
-    result's ``skipped`` instead (an error still when nothing is left).
-    The result's ``accounts`` say, per rank, how many events were read and
-    written and why the others were left out; ``list_left_out`` also lists
-    each of those events (one line each, in ``EventAccount.listed``).
-    Files that may be of another run (:mod:`commtag.merge.runs`) are listed
-    in the result's ``warnings``; ``strict`` makes the first an error instead.
-    ``selection``: the steps or time window kept, and the ranks written in detail
-    (:mod:`commtag.merge.selection`; default: everything). ``max_output``: the
-    bytes the output may take; a merge estimated above it stops before writing
-    (:mod:`commtag.merge.budget`; None: no limit).
+    ``options.skip_bad_ranks`` bad files and ranks are left out and listed
+    in the result's ``skipped`` instead (an error still when nothing is left).
     """
-    options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
-                           rank_pattern=rank_pattern, rank=rank, progress=progress,
-                           skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
-                           selection=selection, max_output=max_output)
     plan = make_plan(inputs, output, options, world or SoloWorld())
     with plan.output:
         if options.align == "collectives":
@@ -269,7 +174,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
                 for r in ranks for f in r.files if f.sidecar is None]
     world.start(ranks)  # -j: the workers it starts are known now
     if not apart:
-        mine = chunks(ranks, world.size)[world.index]
+        mine = hosts.chunks(ranks, world.size)[world.index]
     return MergePlan(paths, options, world, ranks, mine, out, skipped, notices)
 
 

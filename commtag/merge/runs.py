@@ -18,28 +18,12 @@ is a warning (``--strict`` refuses it):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
 
 from commtag.merge.load import wall_clock
+from commtag.merge.records import FileSpan
 
 #: Files further apart than this (a day) are not one profiled window of one run.
 RUN_GAP_NS = 86_400 * 10**9
-
-
-@dataclass(slots=True)
-class FileSpan:
-    """What one merged trace file says of itself (and its sidecar, if any)."""
-
-    path: str
-    rank: int
-    #: Its events' first start and last end, absolute ns (None without timed events).
-    first_ns: Optional[int]
-    last_ns: Optional[int]
-    host: str = ""
-    sidecar_host: str = ""
-    run_id: str = ""
-    trace_id: str = ""
 
 
 def warnings(files: list[FileSpan]) -> list[tuple[str, str]]:
