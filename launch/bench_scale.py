@@ -81,10 +81,11 @@ def _status_kb(key: str) -> int:
 
 def phases(directory: Path, out: Path) -> dict:
     """Merge ``directory`` in this process (--detail none, --align collectives), timing each stage."""
-    from commtag.merge import exchange, merge, pipeline
-    from commtag.merge.analyze import MergeAnalysis
+    from commtag.merge import merge
+    from commtag.merge.engine import exchange, pipeline
+    from commtag.merge.analysis.analyze import MergeAnalysis
     from commtag.merge.records import Interner
-    from commtag.merge.selection import Selection
+    from commtag.merge.inputs.selection import Selection
 
     stages: dict[str, dict] = {}
     kept: dict[str, list] = {}
@@ -152,7 +153,7 @@ def _metadata_reason(account) -> str:
 
 def readback(path: Path) -> dict:
     """What the merged file says: ranks, lane slices, distinct collectives and the group sizes per group."""
-    from commtag.merge.readback import read_merged
+    from commtag.merge.pftrace.readback import read_merged
 
     instances, _, coverage = read_merged(path)
     collectives = {(i.pg_uid, i.seq, i.replay) for i in instances}
@@ -216,7 +217,7 @@ def run_merges(directory: Path, variants: Sequence[str], outdir: Path) -> dict[s
     for variant in variants:
         out = outdir / f"{variant.replace(' ', '')}.pftrace"
         child = run_child(_merge_command(variant, directory, out), timeout_s=CHILD_TIMEOUT_S)
-        # The merge processes: under -j the child and the workers it starts (commtag.merge.jobs),
+        # The merge processes: under -j the child and the workers it starts (commtag.merge.engine.jobs),
         # under torchrun its workers (the agent, torch.distributed.run, merges nothing).
         merges = [peak for cmd, peak in child.peaks.values() if "commtag.merge" in cmd and "torch.distributed.run" not in cmd]
         runs[variant] = {

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import commtag.merge
-from commtag.merge.options import AnalysisHook, MergeResult
+from commtag.merge.engine.options import AnalysisHook, MergeResult
 
 
 def merge(inputs: Union[Sequence[Union[Path, str]], Path, str], output: Optional[Union[Path, str]] = None, *,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.analyze import (
+from commtag.merge.analysis.analyze import (
     analyze,
     annotate,
     bandwidth_gbps,

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from commtag.merge.errors import MergeInputError
 from merging import merge
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from gloo_world import run_world
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 
-from commtag.merge.graphs import computed_node_ids, match_graph_replays
+from commtag.merge.rank.replays import computed_node_ids, match_graph_replays
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,
@@ -274,8 +274,8 @@ def test_computed_node_ids_index_the_collective_nodes() -> None:
 
 
 def test_attach_matches_exactly_then_replay_by_replay_and_every_annotated_kernel_says_how() -> None:
-    from commtag.merge.attach import RankFlows, attach
-    from commtag.merge.graphs import match
+    from commtag.merge.rank.attach import RankFlows, attach
+    from commtag.merge.rank.replays import match
     from commtag.schema import ProcessGroupInfo, Sidecar
 
     trace = Trace()

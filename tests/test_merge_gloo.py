@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from merging import merge
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from commtag.vocab import KERNEL_EAGER_KEYS, P2P_PEER_KEYS
 from pftrace_reader import read
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from commtag.merge.readback import read_trace
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing.bench import free_port
 
 pytestmark = pytest.mark.slow

@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from merging import merge
-from commtag.merge.readback import read_trace
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 
 TORCH19 = PUBLIC_TRACES / "finders" / "kineto_torch19_resnet50_worker0.pt.trace.json.gz"

@@ -15,15 +15,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.analyze import analyze
+from commtag.merge.analysis.analyze import analyze
 from commtag.merge.ids import FLOW_CROSS_RANK, flow_id
-from commtag.merge.lanes import FULL_MESH_MAX, cross_rank_flows
-from commtag.merge.load import discover
-from commtag.merge.options import MergeOptions
-from commtag.merge.pipeline import make_plan, write_ranks
+from commtag.merge.pftrace.lanes import FULL_MESH_MAX, cross_rank_flows
+from commtag.merge.inputs.load import discover
+from commtag.merge.engine.options import MergeOptions
+from commtag.merge.engine.pipeline import make_plan, write_ranks
 from commtag.merge.records import CollectiveInstance, Interner, match_groups
-from commtag.merge.exchange import from_wire, to_wire
-from commtag.merge.worlds import SoloWorld
+from commtag.merge.engine.exchange import from_wire, to_wire
+from commtag.merge.engine.worlds import SoloWorld
 from commtag.testing.bench import records_size
 
 WORLD = tuple(range(512))

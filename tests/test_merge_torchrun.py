@@ -16,8 +16,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.readback import read_trace
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 from torchrun_merge import in_started_workers, torchrun_merge
 
@@ -110,7 +110,7 @@ def test_a_worker_failing_on_its_lanes_stops_every_worker(tmp_path: Path) -> Non
     (inject / "sitecustomize.py").write_text(
         "import errno, os\n"
         "if os.environ.get('RANK') == '1':\n"
-        "    from commtag.merge import lanes\n"
+        "    from commtag.merge.pftrace import lanes\n"
         "    def write(self, stream, *args, **kwargs):\n"
         "        stream.write(b'\\x0a\\x05half')\n"
         "        raise OSError(errno.ENOSPC, 'No space left on device')\n"

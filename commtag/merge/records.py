@@ -145,8 +145,8 @@ class CollectiveInstance:
                   common_args: Optional[dict[str, object]] = None,
                   source_flow: Optional[int] = None) -> "CollectiveInstance":
         """The instance an event's eager keys and commtag's group keys in ``args`` describe: the one
-        reading of them, for the merge (commtag.merge.attach) and for a merged trace's lane slices
-        (commtag.merge.readback). A count the trace wrote as something else (null, text) reads as
+        reading of them, for the merge (commtag.merge.rank.attach) and for a merged trace's lane slices
+        (commtag.merge.pftrace.readback). A count the trace wrote as something else (null, text) reads as
         the default the analysis uses; an absent dtype as the merge's :data:`UNDEFINED_DTYPE`."""
         get = args.get
         return cls(
@@ -242,7 +242,7 @@ class RankSummary:
     world_size: Optional[int] = None
     #: Events read, written and left out (by reason); None where nothing was written.
     account: Optional[EventAccount] = None
-    #: What each merged file of the rank says of itself, for :func:`commtag.merge.runs.warnings`.
+    #: What each merged file of the rank says of itself, for :func:`commtag.merge.inputs.runs.warnings`.
     files: list[FileSpan] = field(default_factory=list)
     #: What attaching left unsaid on its events (graph replays not matched, copies not placed).
     notes: list[str] = field(default_factory=list)

@@ -1,13 +1,13 @@
 """Protobuf wire format: what the trace writer encodes by hand, and the one frame reader.
 
 The writer builds its per-event packets from byte fragments (see
-:mod:`commtag.merge.trace_writer` for why); the fragments' field tags are
+:mod:`commtag.merge.pftrace.writer` for why); the fragments' field tags are
 named here, computed at import from Perfetto's field numbers, which are
 written only here (with the enum values those packets use);
 ``tests/test_wire.py`` checks each against Perfetto's generated protos. A
 trace file is a run of ``Trace.packet`` frames (the tag, the packet's
 length, the packet); :func:`iter_frames` reads them back for
-:mod:`commtag.merge.readback` and :mod:`commtag.merge.validate`.
+:mod:`commtag.merge.pftrace.readback` and :mod:`commtag.merge.pftrace.validate`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def tag(field: int, wire_type: int) -> bytes:
 
 
 # Perfetto's field numbers (protos/perfetto/trace/...) of the hand-framed event packets, one
-# name per field (the cold packets are the generated protos' own: commtag.merge.packets).
+# name per field (the cold packets are the generated protos' own: commtag.merge.pftrace.packets).
 TRACE_PACKET = tag(1, WIRE_LEN)  # Trace.packet
 
 PACKET_TIMESTAMP = tag(8, WIRE_VARINT)

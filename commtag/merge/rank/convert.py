@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
-from commtag.merge.attach import RankFlows, attach, group_rows
+from commtag.merge.rank.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
-from commtag.merge.graphs import CapturedKernels
-from commtag.merge.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.load import check_world_size, checked_base_ns, wall_clock
+from commtag.merge.rank.replays import CapturedKernels
+from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
+from commtag.merge.inputs.load import check_world_size, checked_base_ns, wall_clock
 from commtag.merge.records import GroupLane, Interner
-from commtag.merge.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
+from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
-from commtag.merge.torchlanes import has_torch_lanes, restore_group_lanes
+from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
     EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
@@ -197,10 +197,10 @@ def _check_clock(path: Path, last_ns: Optional[int]) -> None:
 
 
 def _is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: CapturedKernels) -> bool:
-    """Might attach annotate this slice? (See commtag.merge.attach for what it joins.)
+    """Might attach annotate this slice? (See commtag.merge.rank.attach for what it joins.)
 
     ``captured``: the kernels the file's sidecar saw collectives capture into graphs
-    (:class:`commtag.merge.graphs.CapturedKernels`): a one-rank communicator's are not
+    (:class:`commtag.merge.rank.replays.CapturedKernels`): a one-rank communicator's are not
     named like NCCL's. The converter calls it only where ``cat == KERNEL_CATEGORY or cat in
     LAUNCH_CATEGORIES or name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test
     is written inline there.
@@ -449,7 +449,7 @@ class RankConverter:
     # -- files ---------------------------------------------------------------
     def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
                  spans: Optional[Spans] = None) -> tuple[Optional[int], Optional[int]]:
-        """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.jsonstream.TraceStream`).
+        """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.inputs.jsonstream.TraceStream`).
 
         ``spans``: the times (ns) in which an event or a collective must start to be
         kept (--steps/--window); the others are counted as left out.

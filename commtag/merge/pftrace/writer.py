@@ -1,21 +1,21 @@
 """The merged trace's writer: a header, then each rank's process, groups and rows.
 
-Usage (what :mod:`commtag.merge.pipeline` does, one worker writing ranks 0 and 1)::
+Usage (what :mod:`commtag.merge.engine.pipeline` does, one worker writing ranks 0 and 1)::
 
     with open("merged.pftrace", "wb") as out:
         out.write(header(first_ns, origin))
         seq = rank_sequence(0, origin)        # encodes each rank's events while they are read
-        for timeline in (rank0, rank1):       # RankTimeline, from commtag.merge.convert
+        for timeline in (rank0, rank1):       # RankTimeline, from commtag.merge.rank.convert
             write_rank(out, timeline, seq)
-        LanesWriter(origin, 0).write(out, lanes, instances, counters, markers)  # commtag.merge.lanes
+        LanesWriter(origin, 0).write(out, lanes, instances, counters, markers)  # commtag.merge.pftrace.lanes
 
-(``header`` is :func:`commtag.merge.packets.header`, re-exported here.)
+(``header`` is :func:`commtag.merge.pftrace.packets.header`, re-exported here.)
 
 Two kinds of packets, two ways of writing them:
 
 * the per-event packets (slice BEGIN and END, instants: two or three per
   source event, millions per merge) are framed here by hand from
-  precomputed byte fragments (:mod:`commtag.merge.wire`): 12 us per slice
+  precomputed byte fragments (:mod:`commtag.merge.pftrace.wire`): 12 us per slice
   written here, nesting on backing tracks included, against 20 us for one
   generated TracePacket per BEGIN and per END without it (1.7x; 100,000
   slices, 200 names, 4 annotations each; 2-core machine);
@@ -23,7 +23,7 @@ Two kinds of packets, two ways of writing them:
   generated protos' encoding;
 * the cold ones (header, track descriptors, counter values, interned data: a
   few hundred packets and one counter value per analysed collective) are
-  Perfetto's generated messages (:mod:`commtag.merge.packets`), whose module
+  Perfetto's generated messages (:mod:`commtag.merge.pftrace.packets`), whose module
   is loaded at the first of them.
 
 A marker is an instant like any other (its name, category and args go
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable, Optional
 import orjson
 
 from commtag.merge.ids import LANE_LOCAL, LocalIds, process_uuid, rank_sequence_id, synthetic_pid
-from commtag.merge.packets import counter_packet, descriptor_packet, interned_data, track_descriptor
-from commtag.merge.packets import header as header  # the writer's API: a trace starts with it
+from commtag.merge.pftrace.packets import counter_packet, descriptor_packet, interned_data, track_descriptor
+from commtag.merge.pftrace.packets import header as header  # the writer's API: a trace starts with it
 from commtag.merge.timeline import RankTimeline, Row
-from commtag.merge.wire import (
+from commtag.merge.pftrace.wire import (
     ANNOTATION_BOOL,
     ANNOTATION_DOUBLE,
     ANNOTATION_INT,
@@ -152,7 +152,7 @@ class SequenceWriter:
 
     # -- packets ---------------------------------------------------------
     def descriptor(self, desc: TrackDescriptor) -> None:
-        """A TrackDescriptor packet (:func:`commtag.merge.packets.track_descriptor`); the first
+        """A TrackDescriptor packet (:func:`commtag.merge.pftrace.packets.track_descriptor`); the first
         packet also clears the sequence's state."""
         flags = None
         if not self._started:
@@ -460,7 +460,7 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
 def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
     """The sequence rank blocks are written on, one per merge worker, named after the first rank
     it writes; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
-    (see commtag.merge.convert). One sequence for all of a worker's ranks: their interning
+    (see commtag.merge.rank.convert). One sequence for all of a worker's ranks: their interning
     tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
     other's names and args."""
     return SequenceWriter(rank_sequence_id(first_rank), origin)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from commtag.merge.records import CollectiveInstance, match_groups
-from commtag.merge.selection import describe_numbers
+from commtag.merge.inputs.selection import describe_numbers
 from commtag.vocab import SYNCHRONIZING_FAMILIES, family
 
 _ROUNDS = 30

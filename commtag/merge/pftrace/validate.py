@@ -22,9 +22,9 @@ from typing import Optional
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from commtag.merge.jsonstream import GZIP_ERRORS, open_decompressed
-from commtag.merge.readback import EMPTY, JSON, sniff
-from commtag.merge.wire import FrameError, iter_frames
+from commtag.merge.inputs.jsonstream import GZIP_ERRORS, open_decompressed
+from commtag.merge.pftrace.readback import EMPTY, JSON, sniff
+from commtag.merge.pftrace.wire import FrameError, iter_frames
 
 MAX_DEPTH = 512
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED

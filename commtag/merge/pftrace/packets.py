@@ -3,10 +3,10 @@ descriptors, counter values and interned data.
 
 A merge writes a few hundred of these (and about one counter value per
 analysed collective) against millions of slice packets, which
-:mod:`commtag.merge.trace_writer` frames by hand where that measurably pays.
+:mod:`commtag.merge.pftrace.writer` frames by hand where that measurably pays.
 Here each packet is the generated message, serialized, so what a field means
 is read from Perfetto's own names. Only the ``Trace.packet`` frame around it
-is :func:`commtag.merge.wire.frame`'s, and interned data goes out inside the
+is :func:`commtag.merge.pftrace.wire.frame`'s, and interned data goes out inside the
 hand-framed event packet that first needs it.
 
 Loading the generated module costs a process about 0.05 to 0.14 s and 9 to
@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from commtag.merge.ids import HEADER_SEQ, ROOT_UUID
-from commtag.merge.wire import frame
+from commtag.merge.pftrace.wire import frame
 
 if TYPE_CHECKING:
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackDescriptor
@@ -99,7 +99,7 @@ def header(first_ns: int, origin: int = 0) -> bytes:
     Timestamps in the file count ns from ``origin`` (a wall-clock ns shortly
     before the first event): 5-6 byte varints instead of 9. The snapshot maps
     that clock (BOOTTIME, the trace's default) to REALTIME, so the UI and
-    :mod:`commtag.merge.readback` show and give wall-clock time. The root
+    :mod:`commtag.merge.pftrace.readback` show and give wall-clock time. The root
     orders the processes by their ``sibling_order_rank`` (their rank).
     """
     pb = protos()

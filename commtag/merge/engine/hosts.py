@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from commtag.merge.errors import MergeInputError
-from commtag.merge.load import NoTraceFound, RankInput, TraceFile, discover, nothing_left
-from commtag.merge.exchange import all_done
+from commtag.merge.inputs.load import NoTraceFound, RankInput, TraceFile, discover, nothing_left
+from commtag.merge.engine.exchange import all_done
 
 if TYPE_CHECKING:
-    from commtag.merge.worlds import World
+    from commtag.merge.engine.worlds import World
 
 @dataclass(frozen=True)
 class Node:

@@ -2,7 +2,7 @@
 
 :class:`MergeOptions` is built once, by :func:`commtag.merge.merge`, and
 carried whole to every stage and to every merge worker (``-j`` sends it as
-JSON, :mod:`commtag.merge.jobs`).
+JSON, :mod:`commtag.merge.engine.jobs`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 from commtag.merge.records import CollectiveInstance, Coverage, TraceAnnotations
 
 if TYPE_CHECKING:
-    from commtag.merge.align import Alignment
-    from commtag.merge.analyze import Analysis
+    from commtag.merge.analysis.align import Alignment
+    from commtag.merge.analysis.analyze import Analysis
     from commtag.merge.errors import MergeInputError
     from commtag.merge.records import EventAccount
-    from commtag.merge.selection import Selection
+    from commtag.merge.inputs.selection import Selection
 
 #: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.
 DEFAULT_MAX_OUTPUT = 1_500_000_000

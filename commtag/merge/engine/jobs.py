@@ -25,12 +25,12 @@ import orjson
 
 from commtag.atomic import temporary
 from commtag.merge.errors import MergeFailed, MergeInputError, sigterm_stops_cleanly
-from commtag.merge.options import MergeOptions
-from commtag.merge.output import output_errors
-from commtag.merge.worlds import CLOSE_TIMEOUT_S, FileWorld, World, launcher_world, settle
+from commtag.merge.engine.options import MergeOptions
+from commtag.merge.engine.output import output_errors
+from commtag.merge.engine.worlds import CLOSE_TIMEOUT_S, FileWorld, World, launcher_world, settle
 
 if TYPE_CHECKING:
-    from commtag.merge.load import RankInput
+    from commtag.merge.inputs.load import RankInput
 
 
 #: The options a -j request carries as they are (the rest are rebuilt: a path, a selection).
@@ -42,7 +42,7 @@ _INTERRUPT_GRACE_S = 0.5
 
 
 #: What a -j worker process runs (its request comes on stdin).
-_SERVE = "from commtag.merge.jobs import serve; raise SystemExit(serve())"
+_SERVE = "from commtag.merge.engine.jobs import serve; raise SystemExit(serve())"
 
 
 #: Input (compressed bytes as found on disk) per extra worker before -j's default starts one:
@@ -103,7 +103,7 @@ def usable_cpus() -> int:
 def default_jobs(ranks: Sequence[RankInput]) -> int:
     """-j's default: the CPUs this process may use, no more than the input keeps busy and memory holds."""
     cpus = usable_cpus()
-    from commtag.merge.budget import json_bytes  # the budget's module pulls in the writer; -j's default runs once
+    from commtag.merge.engine.budget import json_bytes  # the budget's module pulls in the writer; -j's default runs once
 
     largest = max((sum(json_bytes(f.path) for f in rank.files) for rank in ranks), default=0)
     sidecars = sum(f.sidecar.stat().st_size for rank in ranks for f in rank.files if f.sidecar is not None)
@@ -236,7 +236,7 @@ def ranks_to_wire(ranks: Sequence[RankInput]) -> list:
 
 def ranks_from_wire(data: list) -> list[RankInput]:
     """The ranks :func:`ranks_to_wire` sent."""
-    from commtag.merge.load import RankInput, TraceFile
+    from commtag.merge.inputs.load import RankInput, TraceFile
 
     return [RankInput(rank, [TraceFile(Path(path), None if sidecar is None else Path(sidecar), size, base)
                              for path, sidecar, size, base in files]) for rank, files in data]
@@ -255,7 +255,7 @@ def request_to_wire(inputs: Sequence[Path], output: Path, options: MergeOptions,
 
 def options_from_wire(data: dict) -> MergeOptions:
     """The options :func:`request_to_wire` sent, for a worker: it shows no progress bar (worker 0 does)."""
-    from commtag.merge.selection import Selection
+    from commtag.merge.inputs.selection import Selection
 
     chosen = data["selection"]
     window = None if chosen is None else chosen["window"]
@@ -270,8 +270,8 @@ def options_from_wire(data: dict) -> MergeOptions:
 def serve() -> int:
     """A worker a ``-j`` merge started: merge its share of the request read from stdin; every
     error goes to worker 0 (which reports), and the exit status is the merge's."""
-    from commtag.merge import pipeline
-    from commtag.merge.analyze import MergeAnalysis
+    from commtag.merge.engine import pipeline
+    from commtag.merge.analysis.analyze import MergeAnalysis
 
     sent = sys.stdin.buffer.read()
     if not sent:  # started ahead (-j N), then not needed: fewer ranks than workers, or worker 0 stopped

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from commtag.vocab import PROFILER_STEP_PREFIX
-from commtag.merge.convert import RankConverter
-from commtag.merge.jsonstream import GZIP_MAGIC, TraceStream
-from commtag.merge.lanes import FULL_MESH_MAX, LanesWriter
-from commtag.merge.load import MergeInputError, RankInput, load_sidecar
-from commtag.merge.selection import FileSpans, Selection, describe_numbers
-from commtag.merge.trace_writer import SequenceWriter, rank_sequence, write_rank
+from commtag.merge.rank.convert import RankConverter
+from commtag.merge.inputs.jsonstream import GZIP_MAGIC, TraceStream
+from commtag.merge.pftrace.lanes import FULL_MESH_MAX, LanesWriter
+from commtag.merge.inputs.load import MergeInputError, RankInput, load_sidecar
+from commtag.merge.inputs.selection import FileSpans, Selection, describe_numbers
+from commtag.merge.pftrace.writer import SequenceWriter, rank_sequence, write_rank
 
 #: Ranks converted to measure the rest by: the first, the last and two between.
 SAMPLED_RANKS = 4

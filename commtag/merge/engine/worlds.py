@@ -1,7 +1,7 @@
 """The transports merge workers meet over, and the last word between them.
 
 A :class:`World` moves bytes between the workers of one merge; the
-exchange protocol over it is :mod:`commtag.merge.exchange`.
+exchange protocol over it is :mod:`commtag.merge.engine.exchange`.
 :func:`settle` is the last exchange: every worker learns every worker's error.
 :func:`launcher_world` tells which transport this launch needs:
 
@@ -12,11 +12,11 @@ exchange protocol over it is :mod:`commtag.merge.exchange`.
   share of most merges. The workers already share that directory (worker 0
   appends the others' shards from it).
 * :class:`TorchWorld` (workers on several hosts, each with its own disk):
-  a gloo group; each node discovers its own files (:mod:`commtag.merge.hosts`)
+  a gloo group; each node discovers its own files (:mod:`commtag.merge.engine.hosts`)
   and worker 0 receives the others' parts of the trace over the group.
 
 ``commtag merge -j N`` uses a :class:`FileWorld` without torchrun
-(:class:`commtag.merge.jobs.LocalWorld`).
+(:class:`commtag.merge.engine.jobs.LocalWorld`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from commtag.atomic import temporary, write_atomic
 from commtag.merge.errors import MergeInputError
 
 if TYPE_CHECKING:
-    from commtag.merge.load import RankInput
+    from commtag.merge.inputs.load import RankInput
 
 
 #: How long a worker waits for the others' records (they may still be merging their ranks).
@@ -154,7 +154,7 @@ TRANSFER_CHUNK = 4 << 20
 class TorchWorld:
     """torchrun's workers on several hosts, over a gloo group; no folder is shared.
 
-    Each node finds its own rank files (:mod:`commtag.merge.hosts`); the
+    Each node finds its own rank files (:mod:`commtag.merge.engine.hosts`); the
     exchanges and the workers' parts of the trace travel over the group in
     chunks of :data:`TRANSFER_CHUNK`, so no worker holds a whole part.
     """
@@ -279,7 +279,7 @@ def launcher_world(output: Path) -> Optional[World]:
         launch = hashlib.sha1(f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}:"
                               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}".encode()).hexdigest()[:16]
         # Named as a temporary of the torchrun agent (every local worker's parent): a merge after a
-        # killed launch removes it (commtag.merge.output.remove_stale).
+        # killed launch removes it (commtag.merge.engine.output.remove_stale).
         return FileWorld(int(os.environ["RANK"]), size,
                          temporary(output.parent / f"commtag-merge-{launch}", pid=os.getppid()))
     return TorchWorld()

@@ -2,7 +2,7 @@
 
 So that ``commtag summary merged.pftrace`` needs only the file users share: the
 lane slices carry the eager keys and the ``"commtag ..."`` keys (among them
-``"commtag rank"``, written by :func:`commtag.merge.analyze.annotate`), which
+``"commtag rank"``, written by :func:`commtag.merge.analysis.analyze.annotate`), which
 is all the analysis needs to rebuild its :class:`CollectiveInstance` records.
 :func:`read_instances` reads the file frame by frame, so memory stays bounded
 by one packet plus the lane slices, not the whole trace.
@@ -24,8 +24,8 @@ from typing import BinaryIO, Iterator, Optional
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.kernels import Breakdown, KernelTables
-from commtag.merge.attach import UNATTRIBUTED_UID
-from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
+from commtag.merge.rank.attach import UNATTRIBUTED_UID
+from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
@@ -34,7 +34,7 @@ from commtag.merge.records import (
     Coverage,
     ranks_of,
 )
-from commtag.merge.wire import TRACE_PACKET, FrameError, iter_frames
+from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
     ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
@@ -51,7 +51,7 @@ _REALTIME = 1
 def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
     """REALTIME minus BOOTTIME from a packet's clock snapshot (the caller checks it has one):
     what turns the file's timestamps (which count from an origin, see
-    commtag.merge.trace_writer.header) into wall-clock ns."""
+    commtag.merge.pftrace.writer.header) into wall-clock ns."""
     clocks = {c.clock_id: c.timestamp for c in packet.clock_snapshot.clocks}
     if _BOOTTIME in clocks and _REALTIME in clocks:
         return clocks[_REALTIME] - clocks[_BOOTTIME]

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence, Type
 
 from commtag.constants import SIDECAR_SUFFIX, TIME_NS_LIMIT, sidecar_name_for
 from commtag.merge.errors import MergeInputError
-from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
+from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar, SidecarHead
@@ -68,7 +68,7 @@ def check_world_size(path: Path, what: str, size: int) -> None:
 
 
 class NoTraceFound(MergeInputError):
-    """The inputs hold no trace at all (on many hosts a node may see none: :mod:`commtag.merge.hosts`)."""
+    """The inputs hold no trace at all (on many hosts a node may see none: :mod:`commtag.merge.engine.hosts`)."""
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 :func:`exchange` gives every worker every rank's :class:`RankSummary` and
 :func:`all_done` runs one step on all of them, an error on any stopping all;
-both travel as JSON bytes over the workers' :class:`commtag.merge.worlds.World`,
+both travel as JSON bytes over the workers' :class:`commtag.merge.engine.worlds.World`,
 never pickle (:func:`to_wire`, :func:`from_wire`).
 """
 
@@ -17,7 +17,7 @@ from commtag.merge.errors import MergeInputError
 from commtag.merge.records import CollectiveInstance, EventAccount, FileSpan, GroupLane, Interner, RankSummary
 
 if TYPE_CHECKING:
-    from commtag.merge.worlds import World
+    from commtag.merge.engine.worlds import World
 
 
 def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: Interner,

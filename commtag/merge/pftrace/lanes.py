@@ -1,7 +1,7 @@
 """The lanes block of the merged trace: process-group lanes, cross-rank flows, counters, markers.
 
 Written by each merge worker after its ranks' blocks (see
-:mod:`commtag.merge.trace_writer`), on its own packet sequence. Which members
+:mod:`commtag.merge.pftrace.writer`), on its own packet sequence. Which members
 of a collective get a flow between them is decided here
 (:func:`cross_rank_flows`), from what :func:`commtag.merge.records.match_groups`
 calls one collective.
@@ -14,9 +14,9 @@ from typing import BinaryIO, Collection, Optional, Sequence
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
 from commtag.merge.timeline import Row
-from commtag.merge.packets import track_descriptor
-from commtag.merge.trace_writer import SequenceWriter, track_field
-from commtag.merge.views import write_group_view
+from commtag.merge.pftrace.packets import track_descriptor
+from commtag.merge.pftrace.writer import SequenceWriter, track_field
+from commtag.merge.pftrace.views import write_group_view
 
 #: Groups up to this size get a flow between every pair of members, so that
 #: selecting any member shows all others; bigger groups get a star.

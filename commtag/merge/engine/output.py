@@ -3,7 +3,7 @@
 * :func:`check_outputs` refuses, before any work, an output that is one of
   the merge's inputs, is there but not a regular file (a directory, device
   or pipe, which renaming a file over would destroy), or lies where a later
-  merge of the same inputs would read it (:func:`commtag.merge.load.would_read`:
+  merge of the same inputs would read it (:func:`commtag.merge.inputs.load.would_read`:
   a ``.json``/``.json.gz`` under an input folder, a sidecar beside an input
   trace); the same for ``--json``'s folder and files.
 * :class:`MergeOutput` owns what one merge worker writes: its part (worker 0's
@@ -32,7 +32,7 @@ import orjson
 
 from commtag.atomic import commit, temporary, temporary_owner
 from commtag.merge.errors import MergeInputError
-from commtag.merge.load import RankInput, would_read
+from commtag.merge.inputs.load import RankInput, would_read
 
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` is running: a zombie (exited, not yet reaped by its parent) is not."""

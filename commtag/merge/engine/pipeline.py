@@ -5,11 +5,11 @@ write lanes, publish.
 :class:`MergePlan`, which holds what the merge decided before reading any
 event (inputs, options, ranks, this worker's share, alignment, time origin,
 output). Memory stays near one rank's encoded events: a rank is read in
-batches (commtag.merge.convert), written once its files are read, and only
+batches (commtag.merge.rank.convert), written once its files are read, and only
 its CollectiveInstance records are kept. After the last rank the analysis
 hook sees every instance, and the lanes block (process-group lanes,
 cross-rank flows, counters, markers) is written. The output appears
-atomically (:class:`commtag.merge.output.MergeOutput`); a failed merge leaves
+atomically (:class:`commtag.merge.engine.output.MergeOutput`); a failed merge leaves
 any previous output untouched.
 
 Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a
@@ -19,7 +19,7 @@ the lanes of its own ranks after them, and worker 0 appends the others'
 parts after its own. Blocks only use ids derived from their rank, so the
 file shows exactly what the single-process one shows (each worker's
 packet sequences and interned ids are its own). On several hosts
-(:mod:`commtag.merge.hosts`) each node finds its own files, each worker
+(:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker
 takes consecutive ranks its node holds, and worker 0 writes the header and
 then every worker's part, received over the gloo group, in rank order.
 
@@ -40,24 +40,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
-from commtag.merge import budget, hosts, lanes, runs, trace_writer
-from commtag.merge.align import Alignment, estimate_offsets
-from commtag.merge.attach import settle_inferred
-from commtag.merge.convert import RankConverter
+from commtag.merge.engine import budget, hosts
+from commtag.merge.inputs import runs
+from commtag.merge.pftrace import lanes, writer
+from commtag.merge.analysis.align import Alignment, estimate_offsets
+from commtag.merge.rank.attach import settle_inferred
+from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
-from commtag.merge.jsonstream import TraceStream, WholeTrace
-from commtag.merge.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
-from commtag.merge.output import MergeOutput
+from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
+from commtag.merge.inputs.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
+from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import (
     CPU_OP_SOURCE, CollectiveInstance, Coverage, FileSpan, GroupLane, Interner, RankSummary,
     TraceAnnotations, describe_ranks,
 )
-from commtag.merge.selection import (
+from commtag.merge.inputs.selection import (
     NOT_IN_DETAIL, FileSpans, describe, describe_numbers, file_spans, step_marks,
 )
-from commtag.merge.exchange import all_done, exchange
-from commtag.merge.worlds import SoloWorld, World
-from commtag.merge.options import AnalysisHook, MergeOptions, MergeResult, default_output
+from commtag.merge.engine.exchange import all_done, exchange
+from commtag.merge.engine.worlds import SoloWorld, World
+from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
 
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -77,7 +79,8 @@ class MergePlan:
     world: World
     #: Every rank discovery found, in rank order.
     ranks: list[RankInput]
-    #: This worker's contiguous chunk of ``ranks`` (:func:`commtag.merge.hosts.chunks`; on several hosts :func:`commtag.merge.hosts.assign`).
+    #: This worker's contiguous chunk of ``ranks`` (:func:`commtag.merge.engine.hosts.chunks`; on several
+    #: hosts :func:`commtag.merge.engine.hosts.assign`).
     mine: list[RankInput]
     output: MergeOutput
     #: With ``skip_bad_ranks``, the files left out so far, each with why; else None (the first error stops).
@@ -294,7 +297,7 @@ def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional
     firsts = [(plan.mine[0].rank if plan.mine else None) if part is None else part["first"] for part in shards]
     order = sorted((first, index) for index, first in enumerate(firsts) if first is not None)
     first_ns = everyone[0].first_ns if everyone else None
-    plan.output.assemble(trace_writer.header(first_ns or plan.origin, plan.origin),
+    plan.output.assemble(writer.header(first_ns or plan.origin, plan.origin),
                          [plan.output.copy_part if index == plan.world.index
                           else functools.partial(plan.world.receive_part, index) for _, index in order])
 
@@ -529,7 +532,7 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
         ranks = tqdm(plan.mine, desc="commtag merge", unit="rank")
     summaries = []
     header = plan.lead and not plan.output.apart  # apart: worker 0 writes it when it assembles the parts
-    seq = trace_writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
+    seq = writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
     with plan.output.open_part() as stream:
         for rank in ranks:
             with _collector_paused():
@@ -549,7 +552,7 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
                        converter.windows, converter.world_size, files=files, notes=converter.notes)
 
 
-def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank: RankInput,
+def _write_rank(plan: MergePlan, stream, seq: writer.SequenceWriter, rank: RankInput,
                 header: bool) -> Optional[RankSummary]:
     """Stream, attach and write one rank on the worker's sequence ``seq`` (after the trace's
     header when ``header``); its summary, or None when the plan's ``skipped`` took it
@@ -569,8 +572,8 @@ def _write_rank(plan: MergePlan, stream, seq: trace_writer.SequenceWriter, rank:
     summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
     summary.account = converter.account()
     if header:
-        stream.write(trace_writer.header(timeline.first_ns or plan.origin, plan.origin))
-    trace_writer.write_rank(stream, timeline, seq)
+        stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))
+    writer.write_rank(stream, timeline, seq)
     if plan.options.json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
         for path, trace in _attached_whole(rank, offset, plan.interner):

@@ -30,7 +30,7 @@ eager NCCL kernels
     "External id") where there is one, else by the op (host time: the call,
     not the transfer; :data:`CPU_OP_SOURCE`). An older torch's integer
     "Process Group ID" is read through pg_config's uid.
-graph-replayed kernels (:func:`commtag.merge.graphs.match`, called once per file)
+graph-replayed kernels (:func:`commtag.merge.rank.replays.match`, called once per file)
     Joined to the captured collectives of the sidecar exactly where the
     kernel's ids allow (torch's own annotation, tools ids, node ids), then
     replay by replay (order confirmed by kernel names); the replay index
@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from commtag.constants import MIN_LANE_ID, parse_rank_list
 from commtag.identity import GroupRow, group_info
-from commtag.merge import graphs
+from commtag.merge.rank import replays
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
-from commtag.merge.load import base_ns, event_ns
+from commtag.merge.inputs.load import base_ns, event_ns
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
@@ -596,13 +596,13 @@ class _RankAttacher:
         if not captures:
             return
         kernels = [e for _, _, e in self.kernels]
-        result = graphs.match(kernels, self.launches, captures, self.base - self.offset)
+        result = replays.match(kernels, self.launches, captures, self.base - self.offset)
         matches = result.matches
         self.notes += result.notes
         reasons = Counter(unmatched.reason for unmatched in result.unmatched)
         self.notes += [f"{n} graph replay(s) carrying captured collectives left unannotated: {reason}"
                        for reason, n in reasons.items()]
-        grouped: dict[tuple[int, int, int], list[graphs.ReplayMatch]] = {}
+        grouped: dict[tuple[int, int, int], list[replays.ReplayMatch]] = {}
         for m in matches:
             grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m)
         sites: dict[tuple[int, int, str], dict] = {}

@@ -28,15 +28,15 @@ from commtag.kernels import summary_name
 from commtag.merge.ids import group_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker
 from commtag.merge.timeline import Row
-from commtag.merge.packets import track_descriptor
-from commtag.merge.trace_writer import emit_rows
+from commtag.merge.pftrace.packets import track_descriptor
+from commtag.merge.pftrace.writer import emit_rows
 from commtag.vocab import ANN_KERNELS, ANN_LANE
 
 #: Sibling order of the group views among the top-level tracks: below every process's (its rank).
 GROUP_ORDER_BASE = -(1 << 30)
 #: Sibling order of a group's counter tracks: after every member row (ranks are below 2**24).
 _AFTER_MEMBERS = 1 << 24
-#: The marker key naming the lane a marker belongs to (set by commtag.merge.analyze).
+#: The marker key naming the lane a marker belongs to (set by commtag.merge.analysis.analyze).
 MARKER_LANE_KEY = ANN_LANE
 
 
@@ -69,7 +69,7 @@ def write_group_view(writer, stream: BinaryIO, layout: dict[int, list[tuple[str,
                      lane_kernels: dict[tuple[int, str], dict], counters: Sequence[CounterSeries],
                      markers: Sequence[Marker], wanted: Optional[Collection[int]]) -> tuple[list, list]:
     """Write the group view's rows of the ranks in ``wanted`` (None: all) with ``writer``'s
-    sequence and ids (a :class:`commtag.merge.lanes.LanesWriter`), taking their instances out of
+    sequence and ids (a :class:`commtag.merge.pftrace.lanes.LanesWriter`), taking their instances out of
     ``by_lane``. Returns the counters and markers that belong to no group (the caller writes them
     in their rank's process)."""
     seq = writer.seq
