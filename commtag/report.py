@@ -19,7 +19,7 @@ import orjson
 from commtag.atomic import write_atomic
 from commtag.kernels import Breakdown
 from commtag.merge.analysis.analyze import NO_PAYLOAD, Analysis, GroupSummary, summarize
-from commtag.merge.rank.attach import UNATTRIBUTED_UID
+from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.engine.output import not_regular
 from commtag.merge.records import CPU_OP_SOURCE
 

@@ -440,7 +440,8 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
 
 def _check_hypothesis2(graph_trace: dict, captures: list, base: int, checks: Checks) -> None:
     """Hypothesis 2: the same replays, node ids erased, match by order alone."""
-    from commtag.merge.rank.replays import comm_nodes, match_graph_replays
+    from commtag.merge.rank.captures import comm_nodes
+    from commtag.merge.rank.replays import match_graph_replays
 
     findings = checks.findings
     stripped = json.loads(json.dumps(graph_trace["traceEvents"]))

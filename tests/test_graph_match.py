@@ -13,7 +13,8 @@ from typing import Optional
 
 import pytest
 
-from commtag.merge.rank.replays import computed_node_ids, match_graph_replays
+from commtag.merge.rank.captures import computed_node_ids
+from commtag.merge.rank.replays import match_graph_replays
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,

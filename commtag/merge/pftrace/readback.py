@@ -24,7 +24,7 @@ from typing import BinaryIO, Iterator, Optional
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.kernels import Breakdown, KernelTables
-from commtag.merge.rank.attach import UNATTRIBUTED_UID
+from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
-from commtag.merge.rank.attach import RankFlows, attach, group_rows
+from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
+from commtag.merge.rank.events import RankFlows, group_rows
 from commtag.merge.errors import MergeInputError
-from commtag.merge.rank.replays import CapturedKernels
+from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.load import check_world_size, checked_base_ns, wall_clock
 from commtag.merge.records import GroupLane, Interner
@@ -43,10 +44,9 @@ from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spa
 from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY,
-    EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
-    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY, is_graph_launch,
-    nccl_kind,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
+    EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
+    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY,
 )
 from commtag.merge.records import EventAccount
 
@@ -196,25 +196,6 @@ def _check_clock(path: Path, last_ns: Optional[int]) -> None:
                                     "(check its baseTimeNanoseconds and ts)")
 
 
-def _is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: CapturedKernels) -> bool:
-    """Might attach annotate this slice? (See commtag.merge.rank.attach for what it joins.)
-
-    ``captured``: the kernels the file's sidecar saw collectives capture into graphs
-    (:class:`commtag.merge.rank.replays.CapturedKernels`): a one-rank communicator's are not
-    named like NCCL's. The converter calls it only where ``cat == KERNEL_CATEGORY or cat in
-    LAUNCH_CATEGORIES or name[:1] in "cgr"`` (c10d, gloo, record_param_comms): that first test
-    is written inline there.
-    """
-    if cat == KERNEL_CATEGORY:
-        return (bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None
-                or bool(captured) and name in captured)
-    if cat in LAUNCH_CATEGORIES:
-        return is_graph_launch(name)
-    if name == COMMS_OP:
-        return bool(args and COLLECTIVE_NAME_KEY in args)
-    return name.startswith("c10d::") or name.startswith("gloo:")
-
-
 class _File:
     """Per-file state: correlation ids are per file, so launch flows are settled per file."""
 
@@ -223,7 +204,7 @@ class _File:
     def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
                  captured: Optional[CapturedKernels] = None) -> None:
         self.path = path
-        #: Kernels its sidecar's graph captures hold (see :func:`_is_candidate`).
+        #: Kernels its sidecar's graph captures hold (see :func:`commtag.merge.rank.attach.is_candidate`).
         self.captured = captured if captured is not None else CapturedKernels(())
         #: --steps/--window: whether an event starting at a time (ns) is kept; None keeps all.
         self.keep = keep
@@ -351,7 +332,7 @@ class RankConverter:
                 self.outside += 1
                 if listed is not None:
                     listed.append(f"{path}: traceEvents[{i}] {name!r}: {OUTSIDE_SELECTION}")
-                if ph == "X" and _is_candidate(name, cat, args, file.captured):
+                if ph == "X" and is_candidate(name, cat, args, file.captured):
                     # attach still sees it, so the kept collectives are joined as in a whole merge
                     if pc is not int or ic is not int:
                         self._place(e, pid, tid)
@@ -372,8 +353,9 @@ class RankConverter:
                         _drop_links(args)
                     row.add(start, start, body(name, cat, args))
                 continue
-            # _is_candidate's cheap first test, written here because it runs per event.
-            candidate = (cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in "cgr") and _is_candidate(name, cat, args, file.captured)
+            # is_candidate's cheap first test, written here because it runs per event.
+            candidate = ((cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in CANDIDATE_INITIALS)
+                         and is_candidate(name, cat, args, file.captured))
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))
