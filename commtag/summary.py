@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, SCOPES, STREAM_SCOPE, DeviceWork, KernelTables
-from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, Analysis, analyze
+from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
+from commtag.merge.analysis.results import Analysis
 from commtag.merge.records import Coverage
 
 

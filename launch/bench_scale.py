@@ -83,7 +83,7 @@ def phases(directory: Path, out: Path) -> dict:
     """Merge ``directory`` in this process (--detail none, --align collectives), timing each stage."""
     from commtag.merge import merge
     from commtag.merge.engine import exchange, pipeline
-    from commtag.merge.analysis.analyze import MergeAnalysis
+    from commtag.merge.analysis.hook import MergeAnalysis
     from commtag.merge.records import Interner
     from commtag.merge.inputs.selection import Selection
 

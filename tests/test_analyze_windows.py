@@ -28,7 +28,7 @@ def traces() -> Path:
 
 @pytest.fixture(scope="module")
 def merged(traces, tmp_path_factory) -> Path:
-    from commtag.merge.analysis.analyze import MergeAnalysis
+    from commtag.merge.analysis.hook import MergeAnalysis
     from merging import merge
 
     out = tmp_path_factory.mktemp("merged") / "merged.pftrace"
@@ -128,7 +128,7 @@ def test_a_gap_inside_a_window_is_still_a_desync(traces, tmp_path):
 
 
 def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces, tmp_path):
-    from commtag.merge.analysis.analyze import MergeAnalysis
+    from commtag.merge.analysis.hook import MergeAnalysis
     from merging import merge
 
     absent = 3
@@ -157,7 +157,7 @@ def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces
 
 
 def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(public_traces, tmp_path):
-    from commtag.merge.analysis.analyze import MergeAnalysis
+    from commtag.merge.analysis.hook import MergeAnalysis
     from merging import merge
 
     # Rank 1 was profiled but made no collective call: it is still one of the 2 ranks.

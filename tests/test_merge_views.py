@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.analysis.analyze import MergeAnalysis
+from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.budget import estimate, upper_bound
 from commtag.merge.inputs.load import discover
 from merging import merge

@@ -74,7 +74,7 @@ def merge(
         list_left_out: List every event left out in the result's accounts.
         progress: Show a progress bar; None shows one when stderr is a terminal.
         analysis: True runs the skew, busbw and desync analysis
-            (:class:`commtag.merge.analysis.analyze.MergeAnalysis`) and writes its
+            (:class:`commtag.merge.analysis.hook.MergeAnalysis`) and writes its
             figures, counters and markers into the trace; False writes the
             trace alone; a callable is used as the hook (see
             :data:`commtag.merge.engine.options.AnalysisHook`).
@@ -94,7 +94,7 @@ def merge(
         A :class:`commtag.merge.engine.options.MergeResult`: the output, the ranks
         merged, every collective instance, what was skipped, notices,
         warnings and per-rank event accounts, and with ``analysis=True`` the
-        :class:`commtag.merge.analysis.analyze.Analysis` (``result.analysis``). Under
+        :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``). Under
         torchrun only worker 0's (``result.lead``) holds the instances.
 
     Raises:
@@ -104,7 +104,7 @@ def merge(
     from commtag.merge.engine import pipeline
     from commtag.merge.engine.jobs import LocalWorld, launched, request_to_wire
     from commtag.merge.engine.worlds import World, under_launcher
-    from commtag.merge.analysis.analyze import MergeAnalysis
+    from commtag.merge.analysis.hook import MergeAnalysis
     from commtag.merge.engine.options import DEFAULT_OUTPUT, default_output
 
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]

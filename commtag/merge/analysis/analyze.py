@@ -71,29 +71,22 @@ Stragglers
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 from commtag.merge.records import (
-    ALL_TIME,
     CPU_OP_SOURCE,
-    WINDOW_MARKER,
     CollectiveInstance,
-    CounterSeries,
     Coverage,
     Marker,
-    TraceAnnotations,
-    describe_ranks,
     match_groups,
 )
+from commtag.merge.analysis.checks import SeqIndex, check, seq_gaps
+from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.vocab import (
-    ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_LAST_RANK, ANN_MARKER,
-    ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_PG_UID, ANN_RANKS_MATCHED, ANN_SEQ_FROM, ANN_SKEW_US, ANN_STRAGGLER,
-    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, BUSBW_FACTORS, COLLECTIVES, COLLECTIVE_NAME_KEY,
-    DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, RECV, SCALAR_TYPE_BYTES, SEND, SEQ_KEY,
+    ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_MARKER, ANN_PG_UID, ANN_SKEW_US, BUSBW_FACTORS, COLLECTIVES,
+    COLLECTIVE_NAME_KEY, SCALAR_TYPE_BYTES, SEND, SEQ_KEY,
 )
 
 #: What a matched p2p instance is called: one transfer is a send and its receive, whichever
@@ -113,162 +106,6 @@ _GB = 1e9
 
 #: Ops that move no data: their size is nothing, not unknown (catalogue rows with no busbw size).
 NO_PAYLOAD = frozenset(row.name for row in COLLECTIVES.values() if row.busbw_size is None)
-
-
-@dataclass(slots=True)
-class Finding:
-    """One thing the ranks disagree on (or a warning), named so a user can find it."""
-
-    #: op_mismatch, size_mismatch, dtype_mismatch, missing_ranks or seq_gap.
-    kind: str
-    pg_uid: str
-    lane_name: str
-    seq: int
-    replay: Optional[int]
-    is_p2p: bool
-    #: Global ranks concerned (the odd ones out, the missing ones, the gapped one).
-    ranks: tuple[int, ...]
-    #: Eager keys that disagree (e.g. "In msg nelems", "dtype").
-    fields: tuple[str, ...]
-    detail: str
-    #: False for a warning that no rank disagrees on (a shared Seq gap).
-    desync: bool = True
-
-    @property
-    def message(self) -> str:
-        """One line naming group, Seq, ranks and fields, for logs and --strict."""
-        where = f"group {self.pg_uid}" + (f" ({self.lane_name})" if self.lane_name else "")
-        seq = f"{'p2p ' if self.is_p2p else ''}Seq {self.seq}" + (
-            f" replay {self.replay}" if self.replay is not None else ""
-        )
-        fields = f" [{', '.join(self.fields)}]" if self.fields else ""
-        label = "desync" if self.desync else "warning"
-        return f"{label} {self.kind} in {where} {seq}: ranks {list(self.ranks)}{fields}: {self.detail}"
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "kind": self.kind,
-            "pg": self.pg_uid,
-            "seq": self.seq,
-            "replay": self.replay,
-            "p2p": self.is_p2p,
-            "ranks": list(self.ranks),
-            "fields": list(self.fields),
-            "desync": self.desync,
-            "message": self.message,
-        }
-
-
-@dataclass(slots=True)
-class MatchedCollective:
-    """One collective instance across the ranks that ran it, with its figures."""
-
-    pg_uid: str
-    lane_name: str
-    is_p2p: bool
-    seq: int
-    replay: Optional[int]
-    collective: str
-    dtype: str
-    group_size: int
-    #: Rank -> that rank's instance (global ranks).
-    members: dict[int, CollectiveInstance]
-    #: Member ranks that have no such instance (no trace, not profiled then, or a desync).
-    missing_ranks: tuple[int, ...]
-    #: Of those, the ones whose trace covers the collective's time: a desync.
-    blamed_ranks: tuple[int, ...]
-    first_rank: int
-    #: The last arrival; None when incomplete (an absent rank may have been later).
-    last_rank: Optional[int]
-    first_start_ns: int
-    last_start_ns: int
-    #: None when incomplete.
-    skew_ns: Optional[int]
-    #: First start to last end, over the members that recorded it.
-    span_ns: int
-    #: The last arrival's own duration (see the module docstring); None when incomplete.
-    transfer_ns: Optional[int]
-    bytes: Optional[int]
-    algbw_gbps: Optional[float]
-    busbw_gbps: Optional[float]
-    straggler: bool = False
-    findings: list[Finding] = field(default_factory=list)
-    #: Members of an unknown group (an NCCL kernel without metadata) that no rank's trace
-    #: matched: there are this many, but which ranks is not known (so not in missing_ranks).
-    unnamed_missing: int = 0
-
-    @property
-    def ranks(self) -> tuple[int, ...]:
-        return tuple(sorted(self.members))
-
-    @property
-    def waits_ns(self) -> dict[int, int]:
-        """Rank -> how long it waited for the last arrival (empty when incomplete). Made when asked:
-        kept, a dict per collective of every member was a tenth of a 512-rank merge's peak."""
-        if self.last_rank is None:
-            return {}
-        return {rank: self.last_start_ns - inst.start_ns for rank, inst in self.members.items()}
-
-    @property
-    def desync(self) -> bool:
-        return any(f.desync for f in self.findings)
-
-    @property
-    def complete(self) -> bool:
-        """Every member rank recorded it: only then are skew and bandwidth measured."""
-        return not self.missing_ranks and not self.unnamed_missing
-
-    def to_dict(self) -> dict[str, object]:
-        """The JSON record of ``commtag summary --format json``."""
-        return {
-            "pg": self.pg_uid,
-            "lane": self.lane_name,
-            "seq": self.seq,
-            "replay": self.replay,
-            "p2p": self.is_p2p,
-            "collective": self.collective,
-            "dtype": self.dtype,
-            "group_size": self.group_size,
-            "ranks": list(self.ranks),
-            "missing_ranks": list(self.missing_ranks),
-            "unnamed_missing": self.unnamed_missing,
-            "first_rank": self.first_rank,
-            "last_rank": self.last_rank,
-            "start_ns": self.first_start_ns,
-            "skew_us": _us(self.skew_ns) if self.skew_ns is not None else None,
-            "wait_us": {str(r): _us(w) for r, w in sorted(self.waits_ns.items())},
-            "duration_us": {str(r): _us(i.duration_ns) for r, i in sorted(self.members.items())},
-            "span_us": _us(self.span_ns),
-            "transfer_us": _us(self.transfer_ns) if self.transfer_ns is not None else None,
-            "bytes": self.bytes,
-            "algbw_gbps": self.algbw_gbps,
-            "busbw_gbps": self.busbw_gbps,
-            "straggler": self.straggler,
-            "desync": [f.to_dict() for f in self.findings],
-        }
-
-
-@dataclass(slots=True)
-class Analysis:
-    """Everything the analysis found, for the trace, the report and --strict."""
-
-    collectives: list[MatchedCollective]
-    #: All findings, including Seq gaps that belong to no recorded instance.
-    findings: list[Finding]
-    #: pg uid -> busbw step series ``(ts_ns, GB/s)``, time ordered (sum over overlapping transfers).
-    busbw: dict[str, list[tuple[int, float]]]
-    #: Straggler and desync instants, each on a rank's marker track.
-    markers: list[Marker]
-    #: The ranks read, their profiled windows, the world size.
-    coverage: Coverage = field(default_factory=lambda: Coverage({}))
-
-    @property
-    def desyncs(self) -> list[Finding]:
-        return [f for f in self.findings if f.desync]
-
-
-def _us(ns: int) -> float:
-    return round(ns / 1000.0, 3)
 
 
 def element_bytes(dtype: str) -> Optional[float]:
@@ -318,7 +155,7 @@ def analyze(
     instances = list(instances)
     if coverage is None:
         coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else {i.rank for i in instances})
-    seqs = _SeqIndex(instances, coverage)
+    seqs = SeqIndex(instances, coverage)
     matched = [
         _measure(members, coverage, seqs)
         for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
@@ -326,9 +163,9 @@ def analyze(
     matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
     _flag_stragglers(matched, coverage, straggler_min_skew_us)
     for m in matched:
-        m.findings.extend(_check(m))
+        m.findings.extend(check(m))
     by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
-    gaps = _seq_gaps(seqs, coverage)
+    gaps = seq_gaps(seqs, coverage)
     for gap in gaps:
         target = by_key.get((gap.pg_uid, False, gap.seq, gap.replay))
         if target is not None:
@@ -365,54 +202,7 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
     return max(0, (2 if first.is_p2p else first.group_size) - len({i.rank for i in members}))
 
 
-class _SeqIndex:
-    """Each rank's Seq numbers per group (collectives) issued in its windows, with the window each ran in.
-
-    A graph replay is left out: it carries the Seq its call took at capture time, which was
-    issued then, not in the window the replay ran in (between two captured calls, others may
-    run outside any capture and any window). So is a Seq the merge numbered itself (a kernel
-    that named none and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
-    """
-
-    def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
-        found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
-        self.groups: dict[str, CollectiveInstance] = {}
-        for inst in instances:
-            if not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None:
-                found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
-                self.groups.setdefault(inst.pg_uid, inst)
-        #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
-        self.by_rank = {
-            key: [(s, coverage.window_of(key[1], i.start_ns), i.start_ns, i.end_ns) for s, i in sorted(seqs.items())]
-            for key, seqs in found.items()
-        }
-
-    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
-        """(pg, Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
-        skipped between two it recorded in one window (between windows nothing is known)."""
-        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
-        for (pg, rank), seqs in self.by_rank.items():
-            for (a, wa, _, end_a), (b, wb, start_b, _) in zip(seqs, seqs[1:]):
-                if wa is not None and wa == wb:
-                    for s in range(a + 1, b):
-                        out[(pg, s)][rank] = (end_a, start_b)
-        return out
-
-    def recorded(self, pg: str, rank: int, seq: int) -> bool:
-        seqs = self.by_rank.get((pg, rank), [])
-        at = bisect.bisect_left(seqs, (seq,))
-        return at < len(seqs) and seqs[at][0] == seq
-
-    def passed(self, pg: str, rank: int, seq: int) -> bool:
-        """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
-        if self.recorded(pg, rank, seq):
-            return True
-        seqs = self.by_rank.get((pg, rank), [])
-        at = bisect.bisect_left(seqs, (seq,))
-        return 0 < at < len(seqs) and seqs[at - 1][1] is not None and seqs[at - 1][1] == seqs[at][1]
-
-
-def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIndex) -> MatchedCollective:
+def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqIndex) -> MatchedCollective:
     by_rank = {i.rank: i for i in members}
     first = min(members, key=lambda i: (i.start_ns, i.rank))
     last = max(members, key=lambda i: (i.start_ns, -i.rank))
@@ -482,111 +272,6 @@ def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) ->
     return senders[0] if senders else last.seq
 
 
-def _check(m: MatchedCollective) -> list[Finding]:
-    """The Flight Recorder checks on one matched instance."""
-    found: list[Finding] = []
-
-    def add(kind: str, ranks: Iterable[int], fields: tuple[str, ...], detail: str) -> None:
-        found.append(
-            Finding(kind, m.pg_uid, m.lane_name, m.seq, m.replay, m.is_p2p, tuple(sorted(ranks)), fields, detail)
-        )
-
-    if m.blamed_ranks:
-        add("missing_ranks", m.blamed_ranks, (), f"{m.collective} ran on ranks {list(m.ranks)} only")
-    insts = list(m.members.values())
-    if m.is_p2p:
-        _check_p2p(insts, add)
-        return found
-    for kind, key, attr in (("op_mismatch", COLLECTIVE_NAME_KEY, "collective"), ("dtype_mismatch", DTYPE_KEY, "dtype")):
-        odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
-        if odd:
-            add(kind, odd, (key,), detail)
-    if any(f.kind == "op_mismatch" for f in found):
-        return found  # sizes of different ops are not comparable
-    op = m.collective
-    row = COLLECTIVES.get(op)
-    shape = row.shape if row else None
-    checked = [(key, attr) for key, attr, equal in (
-        (IN_NELEMS_KEY, "in_nelems", row.equal_in if row else True),
-        (OUT_NELEMS_KEY, "out_nelems", row.equal_out if row else True),
-    ) if equal]
-    differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
-    if differing:
-        odd, detail = _odd_ones(insts, lambda i: _show(getattr(i, attr) for _, attr in differing))
-        add("size_mismatch", odd, tuple(key for key, _ in differing), detail)
-    n = m.group_size
-    for inst in insts:
-        if shape == "out = in x n" and inst.out_nelems != inst.in_nelems * n:
-            add("size_mismatch", [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
-                f"rank {inst.rank} gathers {inst.in_nelems} x {n} ranks into {inst.out_nelems}")
-        if shape == "in = out x n" and inst.in_nelems != inst.out_nelems * n:
-            add("size_mismatch", [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
-                f"rank {inst.rank} scatters {inst.in_nelems} over {n} ranks into {inst.out_nelems}")
-    if shape == "sum in = sum out" and not m.missing_ranks:
-        total_in, total_out = sum(i.in_nelems for i in insts), sum(i.out_nelems for i in insts)
-        if total_in != total_out:
-            add("size_mismatch", m.ranks, (IN_NELEMS_KEY, OUT_NELEMS_KEY),
-                f"ranks send {total_in} elements in total but receive {total_out}")
-    return found
-
-
-def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
-    if any(i.collective not in P2P_COLLECTIVES for i in insts):
-        return  # e.g. NCCL SendRecv kernels without metadata: both ends send and receive
-    sends = [i for i in insts if i.collective == SEND]
-    recvs = [i for i in insts if i.collective == RECV]
-    if len(insts) == 2 and (len(sends), len(recvs)) != (1, 1):
-        add("op_mismatch", [i.rank for i in insts], (COLLECTIVE_NAME_KEY,),
-            f"expected a send and a recv, found {sorted(i.collective for i in insts)}")
-        return
-    if len(sends) == 1 and len(recvs) == 1:
-        s, r = sends[0], recvs[0]
-        if s.dtype != r.dtype:
-            add("dtype_mismatch", [s.rank, r.rank], (DTYPE_KEY,), f"send is {s.dtype}, recv is {r.dtype}")
-        if s.in_nelems != r.out_nelems:
-            add("size_mismatch", [s.rank, r.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
-                f"rank {s.rank} sends {s.in_nelems} elements, rank {r.rank} receives {r.out_nelems}")
-
-
-def _show(values: Iterable[object]) -> str:
-    """One value as is, several as 'a/b' (In/Out msg nelems)."""
-    return "/".join(str(v) for v in values)
-
-
-def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstance], object]) -> tuple[list[int], str]:
-    """Ranks whose value differs from the most common one, and a detail line."""
-    by_value: dict[object, list[int]] = defaultdict(list)
-    for inst in insts:
-        by_value[value(inst)].append(inst.rank)
-    if len(by_value) < 2:
-        return [], ""
-    # The majority is taken as right; on a tie, the value of the lowest rank.
-    common = max(by_value, key=lambda v: (len(by_value[v]), -min(by_value[v])))
-    odd = sorted(r for v, ranks in by_value.items() if v != common for r in ranks)
-    detail = "; ".join(f"{v!s} on ranks {sorted(r)}" for v, r in sorted(by_value.items(), key=lambda kv: min(kv[1])))
-    return odd, detail
-
-
-def _seq_gaps(seqs: _SeqIndex, coverage: Coverage) -> list[Finding]:
-    """Seq numbers a rank skipped inside one of its windows, where every member was profiled."""
-    found = []
-    for (pg, s), gapped in sorted(seqs.holes().items()):
-        ref = seqs.groups[pg]
-        members = (set(ref.group_ranks) or {r for (p, r) in seqs.by_rank if p == pg}) & set(coverage.windows)
-        start, end = next(iter(gapped.values()))
-        if not all(r in gapped or seqs.passed(pg, r, s) or coverage.covers(r, start, end) for r in members):
-            continue  # some member was not profiled then: nothing to compare with
-        shared = not any(seqs.recorded(pg, r, s) for r in members)
-        ranks = tuple(sorted(gapped))
-        detail = (
-            f"no rank recorded Seq {s} (issued where commtag could not see it?)"
-            if shared
-            else f"Seq {s} is missing on {describe_ranks(ranks)} between their neighbouring Seqs"
-        )
-        found.append(Finding("seq_gap", pg, ref.lane_name, s, None, False, ranks, (SEQ_KEY,), detail, desync=not shared))
-    return found
-
-
 def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
     """Per group, a step counter: the summed busbw of the transfers running at each moment."""
     edges: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -619,7 +304,7 @@ def _markers(matched: list[MatchedCollective]) -> list[Marker]:
             out.append(Marker(
                 m.last_rank, m.members[m.last_rank].start_ns,
                 f"straggler: rank {m.last_rank} {m.skew_ns / 1e6:.3f} ms late ({m.collective} Seq {m.seq})",
-                {**where, ANN_MARKER: "straggler", ANN_SKEW_US: _us(m.skew_ns)},
+                {**where, ANN_MARKER: "straggler", ANN_SKEW_US: to_us(m.skew_ns)},
             ))
         desyncs = [f for f in m.findings if f.desync]
         if desyncs:
@@ -631,185 +316,3 @@ def _markers(matched: list[MatchedCollective]) -> list[Marker]:
                 ))
     out.sort(key=lambda mk: (mk.ts_ns, mk.rank))
     return out
-
-
-def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] = None) -> TraceAnnotations:
-    """Counters and markers for the Perfetto writer.
-
-    One busbw counter per process group, under the lowest member rank's lanes
-    (one track per group, not one copy per member). Each rank's profiled
-    windows become instants too, so that the merged file alone can be analyzed.
-    """
-    owner: dict[str, int] = {}
-    names: dict[str, str] = dict(lane_names or {})
-    for m in analysis.collectives:
-        owner[m.pg_uid] = min(owner.get(m.pg_uid, m.first_rank), *m.members)
-        names.setdefault(m.pg_uid, m.lane_name or m.pg_uid)
-    counters = [
-        CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s", lane=names[pg])
-        for pg, points in sorted(analysis.busbw.items())
-    ]
-    return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])
-
-
-def _window_markers(coverage: Coverage) -> list[Marker]:
-    out = []
-    for rank, windows in sorted(coverage.windows.items()):
-        for k, (first, last) in enumerate(w for w in windows if w != ALL_TIME):
-            args: dict[str, object] = {ANN_MARKER: WINDOW_MARKER, ANN_WINDOW_RANK: rank, ANN_WINDOW_NS: last - first}
-            if coverage.world_size:
-                args[ANN_WORLD_SIZE] = coverage.world_size
-            out.append(Marker(rank, first, f"profiled window {k + 1} of {len(windows)} ({(last - first) / 1e6:.1f} ms)",
-                              args))
-    return out
-
-
-def annotate(analysis: Analysis) -> None:
-    """Write the figures into each member's annotations (its lane slice's): the collective's
-    into one common dict its members share, each rank's wait into that rank's own args."""
-    for m in analysis.collectives:
-        figures: dict[str, object] = {ANN_RANKS_MATCHED: f"[{', '.join(map(str, m.ranks))}]"}
-        if m.complete:
-            figures[ANN_SKEW_US] = _us(m.skew_ns)
-            figures[ANN_LAST_RANK] = m.last_rank
-        else:
-            figures[ANN_MISSING_RANKS] = f"[{', '.join(map(str, m.missing_ranks))}]"
-            if m.unnamed_missing:
-                figures[ANN_MEMBERS_NOT_FOUND] = m.unnamed_missing
-        if m.bytes is not None:
-            figures[ANN_BYTES] = m.bytes
-        if m.algbw_gbps is not None:
-            figures[ANN_ALGBW] = round(m.algbw_gbps, 6)
-        if m.busbw_gbps is not None:
-            figures[ANN_BUSBW] = round(m.busbw_gbps, 6)
-        if m.findings:
-            figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
-        joined: dict[int, dict] = {}
-        waits = m.waits_ns
-        for rank, inst in m.members.items():
-            base = inst.common_args
-            both = joined.get(id(base))
-            if both is None:
-                both = joined[id(base)] = {**base, **figures}
-            inst.common_args = both
-            if rank in waits:
-                inst.args[ANN_WAIT_US] = _us(waits[rank])
-            if m.straggler and rank == m.last_rank:
-                inst.args[ANN_STRAGGLER] = True
-
-
-def percentile(values: list[float], q: float) -> Optional[float]:
-    """Linear-interpolated percentile (q in 0..100) of values; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def median(values: list[float]) -> Optional[float]:
-    return statistics.median(values) if values else None
-
-
-@dataclass(slots=True)
-class GroupSummary:
-    """One row of the summary table: one op in one process group."""
-
-    pg_uid: str
-    lane_name: str
-    collective: str
-    count: int
-    #: Sum of the instances' bytes (nccl-tests' S); None when some instance's size is unknown.
-    bytes: Optional[int]
-    #: Sum over instances of the mean per-rank duration: the time a rank spends in the op, waits included.
-    total_time_us: float
-    skew_p50_us: Optional[float]
-    skew_max_us: Optional[float]
-    busbw_p50_gbps: Optional[float]
-    busbw_p95_gbps: Optional[float]
-    #: Global rank -> how many straggler instances it was the late rank of.
-    stragglers: dict[int, int]
-    desyncs: int
-    #: Instances some member rank did not record (left out of skew and busbw).
-    incomplete: int = 0
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "pg": self.pg_uid,
-            "lane": self.lane_name,
-            "collective": self.collective,
-            "count": self.count,
-            "bytes": self.bytes,
-            "total_time_us": self.total_time_us,
-            "skew_p50_us": self.skew_p50_us,
-            "skew_max_us": self.skew_max_us,
-            "busbw_p50_gbps": self.busbw_p50_gbps,
-            "busbw_p95_gbps": self.busbw_p95_gbps,
-            "stragglers": {str(r): n for r, n in sorted(self.stragglers.items())},
-            "desyncs": self.desyncs,
-            "incomplete": self.incomplete,
-        }
-
-
-def summarize(analysis: Analysis) -> list[GroupSummary]:
-    """The per process group and op table, ordered by group, then total time (largest first)."""
-    rows: dict[tuple[str, str], list[MatchedCollective]] = defaultdict(list)
-    for m in analysis.collectives:
-        rows[(m.pg_uid, m.collective)].append(m)
-    out = []
-    for (pg, op), ms in rows.items():
-        skews = [m.skew_ns / 1000.0 for m in ms if m.skew_ns is not None]
-        bws = [m.busbw_gbps for m in ms if m.busbw_gbps is not None]
-        stragglers: dict[int, int] = defaultdict(int)
-        for m in ms:
-            if m.straggler:
-                stragglers[m.last_rank] += 1
-        total = sum(statistics.fmean(i.duration_ns for i in m.members.values()) for m in ms) / 1000.0
-        out.append(GroupSummary(
-            pg_uid=pg,
-            lane_name=ms[0].lane_name,
-            collective=op,
-            count=len(ms),
-            bytes=None if any(m.bytes is None for m in ms) else sum(m.bytes for m in ms),
-            total_time_us=round(total, 3),
-            skew_p50_us=_round(median(skews)),
-            skew_max_us=_round(max(skews, default=None)),
-            busbw_p50_gbps=_significant(percentile(bws, 50)),
-            busbw_p95_gbps=_significant(percentile(bws, 95)),
-            stragglers=dict(stragglers),
-            desyncs=sum(1 for m in ms if m.desync),
-            incomplete=sum(1 for m in ms if not m.complete),
-        ))
-    out.sort(key=lambda g: (g.lane_name or g.pg_uid, -g.total_time_us, g.collective))
-    return out
-
-
-def _round(value: Optional[float]) -> Optional[float]:
-    return round(value, 3) if value is not None else None
-
-
-def _significant(value: Optional[float]) -> Optional[float]:
-    """Four significant digits: gloo's MB/s and NVLink's hundreds of GB/s both stay readable."""
-    return float(f"{value:.4g}") if value is not None else None
-
-
-class MergeAnalysis:
-    """The merge's analysis hook (``pipeline.merge(analysis=...)``).
-
-    Puts the figures on every instance's args before the lanes are written,
-    returns the busbw counters and the markers, and keeps the result so that
-    ``merge --strict`` can fail on its desyncs.
-    """
-
-    def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US) -> None:
-        self.straggler_min_skew_us = straggler_min_skew_us
-        self.result: Optional[Analysis] = None
-
-    def __call__(self, instances: list[CollectiveInstance], coverage: Optional[Coverage] = None) -> TraceAnnotations:
-        self.result = analyze(instances, coverage=coverage, straggler_min_skew_us=self.straggler_min_skew_us)
-        annotate(self.result)
-        return trace_annotations(self.result)

@@ -271,7 +271,7 @@ def serve() -> int:
     """A worker a ``-j`` merge started: merge its share of the request read from stdin; every
     error goes to worker 0 (which reports), and the exit status is the merge's."""
     from commtag.merge.engine import pipeline
-    from commtag.merge.analysis.analyze import MergeAnalysis
+    from commtag.merge.analysis.hook import MergeAnalysis
 
     sent = sys.stdin.buffer.read()
     if not sent:  # started ahead (-j N), then not needed: fewer ranks than workers, or worker 0 stopped

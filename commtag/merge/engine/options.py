@@ -15,7 +15,7 @@ from commtag.merge.records import CollectiveInstance, Coverage, TraceAnnotations
 
 if TYPE_CHECKING:
     from commtag.merge.analysis.align import Alignment
-    from commtag.merge.analysis.analyze import Analysis
+    from commtag.merge.analysis.results import Analysis
     from commtag.merge.errors import MergeInputError
     from commtag.merge.records import EventAccount
     from commtag.merge.inputs.selection import Selection

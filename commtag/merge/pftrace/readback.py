@@ -2,7 +2,7 @@
 
 So that ``commtag summary merged.pftrace`` needs only the file users share: the
 lane slices carry the eager keys and the ``"commtag ..."`` keys (among them
-``"commtag rank"``, written by :func:`commtag.merge.analysis.analyze.annotate`), which
+``"commtag rank"``, written by :func:`commtag.merge.analysis.hook.annotate`), which
 is all the analysis needs to rebuild its :class:`CollectiveInstance` records.
 :func:`read_instances` reads the file frame by frame, so memory stays bounded
 by one packet plus the lane slices, not the whole trace.

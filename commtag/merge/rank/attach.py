@@ -8,7 +8,7 @@ in this order (an event gets at most one annotation):
 gloo (sidecar records; :mod:`commtag.merge.rank.gloo`)
     A recorded call is joined to the ``c10d::*`` CPU op of its family that
     starts within it on its thread, then to the ``gloo:*`` work event(s) that
-    ran it, by identity (see :class:`_GlooCall`): p2p works start inside the
+    ran it, by identity (see :class:`commtag.merge.rank.gloo.GlooCall`): p2p works start inside the
     op on the calling thread; an async work is the event on the worker thread
     that the runtime saw complete it, holding that moment; any other work is
     the one of its family inside the call on a worker of its group, taken only
