@@ -15,13 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from commtag.errors import CommtagError
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, SCOPES, STREAM_SCOPE, DeviceWork, KernelTables
 from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
 from commtag.merge.analysis.results import Analysis
 from commtag.merge.records import Coverage
 
 
-class SummaryInputError(Exception):
+class SummaryInputError(CommtagError):
     """The input cannot be summarized; the message names the file and the problem."""
 
 

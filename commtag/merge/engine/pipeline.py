@@ -30,9 +30,7 @@ every event back.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,11 +45,10 @@ from commtag.merge.analysis.align import Alignment, estimate_offsets
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
-from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
-from commtag.merge.inputs.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
+from commtag.merge.inputs.load import RankInput, discover, nothing_left
 from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, Coverage, FileSpan, GroupLane, Interner, RankSummary,
+    CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary,
     TraceAnnotations, describe_ranks,
 )
 from commtag.merge.inputs.selection import (
@@ -60,10 +57,11 @@ from commtag.merge.inputs.selection import (
 from commtag.merge.engine.exchange import all_done, exchange
 from commtag.merge.engine.worlds import SoloWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
+from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, rank_summary, summaries_only
 
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
-    from commtag.schema import Sidecar
+    pass
 
 
 @dataclass
@@ -139,7 +137,7 @@ def merge(
         # A bad input in any worker's ranks reaches every worker through the exchange.
         everyone = exchange(plan.world, lambda: write_ranks(plan), plan.interner, plan.skipped, plan.notices)
         instances, warned = gather(plan, everyone)
-        with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
+        with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations))
@@ -184,7 +182,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
 def align_clocks(plan: MergePlan) -> None:
     """--align collectives: a first pass over every rank's collectives estimates each host's
     clock offset; ranks the pass left out (skipped) are not written."""
-    everyone = exchange(plan.world, lambda: _summaries_only(plan.mine, plan.interner, plan.skipped),
+    everyone = exchange(plan.world, lambda: summaries_only(plan.mine, plan.interner, plan.skipped),
                         plan.interner, plan.skipped)
     kept = {s.rank for s in everyone}
     plan.mine = [r for r in plan.mine if r.rank in kept]
@@ -331,9 +329,9 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
 def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
                 annotations: Optional[TraceAnnotations]) -> dict:
     """The lanes block of this worker's ranks, after them in its part; where the part is."""
-    with plan.output.open_part("ab") as stream, _collector_paused():
+    with plan.output.open_part("ab") as stream, collector_paused():
         lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
-            stream, _lane_layout(everyone), instances,
+            stream, lanes.lane_layout(everyone), instances,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
             {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
             ranks={r.rank for r in plan.mine},
@@ -365,7 +363,7 @@ def collect(
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern, rank=rank)
-    summaries = _summaries_only(ranks, Interner(), None, on_rank)
+    summaries = summaries_only(ranks, Interner(), None, on_rank)
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
@@ -377,148 +375,6 @@ def collect(
             s.windows = [(first + shift, last + shift) for first, last in s.windows]
     settle_inferred(instances)
     return coverage(summaries), instances
-
-
-def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optional[Sidecar]:
-    """The file's sidecar, validated in full (discovery read only its head). A sidecar that
-    fails is an error, or with ``skipped`` left out and its trace merged alone."""
-    try:
-        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
-    except MergeInputError as exc:
-        if skipped is None:
-            raise
-        _note(skipped, exc.path, exc.problem)
-        return None
-    return sidecar
-
-
-def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
-    """Several files of one rank are steps one after another: their times must not overlap."""
-    timed = sorted((f for f in files if f.first_ns is not None), key=lambda f: f.first_ns)
-    for before, after in zip(timed, timed[1:]):
-        if after.first_ns < before.last_ns:
-            raise MergeInputError(after.path, f"claims rank {rank.rank} like {before.path}, and their times overlap: "
-                                              "one rank cannot record two traces at once")
-
-
-#: How far outside its trace's time span a sidecar's recorded calls may start (rounding, the
-#: profiler starting its first event late): beyond it no call of the sidecar is in the trace.
-PAIR_SLACK_NS = 10**9
-
-
-def _check_pair(f: TraceFile, sidecar: Optional[Sidecar], first: Optional[int], last: Optional[int],
-                offset: int) -> None:
-    """A sidecar and its trace must record the same window: a sidecar none of whose calls starts
-    within its trace's span comes from another run than the trace (one of them is stale)."""
-    starts = [c.start_ns + offset for c in sidecar.collectives] if sidecar is not None else []
-    if not starts or first is None or any(first - PAIR_SLACK_NS <= t <= last + PAIR_SLACK_NS for t in starts):
-        return
-    raise MergeInputError(
-        f.path, f"its sidecar {f.sidecar} records {len(starts)} calls from {wall_clock(min(starts) - offset)} "
-                f"to {wall_clock(max(starts) - offset)}, none within this trace's {wall_clock(first - offset)} to "
-                f"{wall_clock(last - offset)}: the two come from different runs")
-
-
-def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
-    """Add a skipped file once (--align reads every file twice)."""
-    if not any((e.path, e.problem) == (path, problem) for e in skipped):
-        skipped.append(MergeInputError(path, problem))
-
-
-def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
-                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream,
-                  spans_of: Optional[FileSpans] = None) -> Optional[tuple[RankConverter, list[FileSpan]]]:
-    """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``,
-    and what each file says of itself; ``spans_of`` gives the times each file keeps (--steps/--window).
-
-    With ``skipped`` (--skip-bad-ranks), a bad file and its sidecar are left out and listed
-    there, and the rank is converted again from its other files: None when none is left.
-    """
-    files = list(rank.files)
-    while files:
-        converter = new_converter()
-        try:
-            told = []
-            for f in files:
-                sidecar = _sidecar_of(f, skipped)
-                stream = source(f.path)
-                spans = spans_of(f.path, converter.offset) if spans_of is not None else None
-                first, last = converter.add_file(f.path, stream, sidecar, spans)
-                _check_pair(f, sidecar, first, last, converter.offset)
-                told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset))
-            _check_spans(rank, told)
-            return converter, told
-        except MergeInputError as exc:
-            bad = next((f for f in files if exc.path in (f.path, f.sidecar)), None)
-            if skipped is None:
-                raise
-            if bad is None:  # not one file's fault: the whole rank goes
-                _note(skipped, exc.path, f"rank {rank.rank} skipped: {exc.problem}")
-                return None
-            files.remove(bad)
-            why = f"left out of rank {rank.rank}" if files else f"rank {rank.rank} skipped"
-            _note(skipped, exc.path, f"{why}: {exc.problem}")
-            if bad.sidecar is not None and exc.path == bad.path:
-                _note(skipped, bad.sidecar, f"its trace {bad.path.name!r} was skipped")
-    return None
-
-
-def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar], first: Optional[int],
-               last: Optional[int], offset: int) -> FileSpan:
-    """What a converted file says of itself: its own clock's span (without --align's offset), host, ids."""
-    return FileSpan(str(f.path), rank, None if first is None else first - offset,
-                    None if last is None else last - offset, str(header.get("host_name") or ""),
-                    sidecar.host if sidecar is not None else "", sidecar.run_id if sidecar is not None else "",
-                    str(header.get("trace_id") or ""))
-
-
-def _attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tuple[Path, dict]]:
-    """The rank's files read whole, their events annotated in place as the merge annotates them."""
-    read: list[tuple[Path, WholeTrace]] = []
-
-    def whole(path: Path) -> WholeTrace:
-        read.append((path, WholeTrace(path)))
-        return read[-1][1]
-
-    _convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset, interner=interner), None, whole)
-    return [(path, w.trace) for path, w in read]
-
-
-def _summaries_only(ranks: list[RankInput], interner: Interner,
-                    skipped: Optional[list[MergeInputError]],
-                    on_rank: Optional[Callable[[int, DeviceWork], None]] = None) -> list[RankSummary]:
-    """Each rank's collective instances (and kernel breakdowns, to ``on_rank``), streamed
-    like the merge itself: --align's first pass and :func:`collect`."""
-    summaries = []
-    for rank in ranks:
-        with _collector_paused():
-            converted = _convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None,
-                                                                  interner=interner), skipped)
-            if converted is not None:
-                converter, files = converted
-                summaries.append(_rank_summary(rank, converter, None, {}, files))
-                if on_rank is not None:
-                    converter.categories.finish()
-                    on_rank(rank.rank, converter.categories)
-    return summaries
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """No cyclic garbage collection while a rank is in memory.
-
-    A parsed rank is millions of container objects without reference cycles:
-    every full collection walks all of them and frees none (about a quarter
-    of a merge's time). They are freed by reference counting when the rank is
-    dropped; the collector resumes then, with little left to walk.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def write_ranks(plan: MergePlan) -> list[RankSummary]:
@@ -535,21 +391,12 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
     seq = writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
     with plan.output.open_part() as stream:
         for rank in ranks:
-            with _collector_paused():
+            with collector_paused():
                 summary = _write_rank(plan, stream, seq, rank, header)
             if summary is not None:
                 header = False
                 summaries.append(summary)
     return summaries
-
-
-def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[int],
-                  lane_kernels: dict[str, dict], files: list[FileSpan]) -> RankSummary:
-    groups = dict(converter.groups)
-    for inst in converter.instances:
-        groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
-    return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
-                       converter.windows, converter.world_size, files=files, notes=converter.notes)
 
 
 def _write_rank(plan: MergePlan, stream, seq: writer.SequenceWriter, rank: RankInput,
@@ -561,7 +408,7 @@ def _write_rank(plan: MergePlan, stream, seq: writer.SequenceWriter, rank: RankI
     lanes come with everyone's."""
     offset = plan.offset(rank.rank)
     encoder = seq if plan.detailed(rank.rank) else None
-    converted = _convert_rank(
+    converted = convert_rank(
         rank, lambda: RankConverter(rank.rank, encoder, offset_ns=offset, list_left_out=plan.options.list_left_out,
                                     breakdowns=True, interner=plan.interner),
         plan.skipped, spans_of=plan.spans_of)
@@ -569,14 +416,14 @@ def _write_rank(plan: MergePlan, stream, seq: writer.SequenceWriter, rank: RankI
         return None
     converter, files = converted
     timeline = converter.timeline()
-    summary = _rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
+    summary = rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
     summary.account = converter.account()
     if header:
         stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))
     writer.write_rank(stream, timeline, seq)
     if plan.options.json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
-        for path, trace in _attached_whole(rank, offset, plan.interner):
+        for path, trace in attached_whole(rank, offset, plan.interner):
             plan.output.stage_json(path.name, trace)
     return summary
 
@@ -600,38 +447,3 @@ def time_origin(ranks: Sequence[RankInput], offsets: dict[int, int]) -> int:
     return max(0, min(bases) - ORIGIN_MARGIN_NS)
 
 
-def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:
-    """Each rank's lanes, in one global order: a group's lane on every loaded member.
-
-    Larger groups come first (the world group on top), then groups by their
-    name as torch numbers them ("1" before "10"), so the order reads like the
-    program's group creation. Only groups with at least one collective
-    anywhere get lanes; membership comes from the group tables (ranks), or
-    from having instances on it.
-    """
-    used = {i.lane_name for s in summaries for i in s.instances}
-    sort_keys: dict[str, tuple] = {}
-    members: dict[str, set[int]] = {}
-    loaded = {s.rank for s in summaries}
-
-    def lane(name: str, pg_uid: str, size: int) -> None:
-        group_name = pg_uid.rpartition(":")[0] or pg_uid
-        numbered = (0, int(group_name), "") if group_name.isdigit() else (1, 0, group_name)
-        sort_keys.setdefault(name, (-size, numbered, name))
-
-    for s in summaries:
-        for group in s.groups:
-            if group.lane_name in used:
-                lane(group.lane_name, group.pg_uid, len(group.ranks))
-                members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
-        for inst in s.instances:
-            lane(inst.lane_name, inst.pg_uid, inst.group_size)
-            members.setdefault(inst.lane_name, set()).add(s.rank)
-    order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}
-    layout: dict[int, list[tuple[str, int]]] = {}
-    for name, ranks in members.items():
-        for r in ranks:
-            layout.setdefault(r, []).append((name, order[name]))
-    for rows in layout.values():
-        rows.sort(key=lambda row: row[1])
-    return layout

@@ -32,6 +32,8 @@ from typing import BinaryIO, Iterator, Optional
 
 import orjson
 
+from commtag.errors import CommtagError
+
 try:  # ISA-L's inflate reads a Kineto trace ~3x faster than zlib's (docs/benchmarks.md, "Merge throughput")
     from isal import igzip as _gzip
     from isal.isal_zlib import error as _InflateError
@@ -73,7 +75,7 @@ def open_decompressed(path: Path) -> BinaryIO:
     return _gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
-class TraceFormatError(Exception):
+class TraceFormatError(CommtagError):
     """The file is not a readable Chrome-JSON trace; the message says why."""
 
 

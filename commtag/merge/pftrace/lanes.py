@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import BinaryIO, Collection, Optional, Sequence
 
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
-from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
 from commtag.merge.timeline import Row
 from commtag.merge.pftrace.packets import track_descriptor
 from commtag.merge.pftrace.writer import SequenceWriter, track_field
@@ -160,3 +160,40 @@ class LanesWriter:
                                                      sibling_order_rank=_AFTER_LANES + 1))
                 track = tracks[marker.rank] = track_field(uuid)
             self.seq.instant(marker.ts_ns, track, self.seq.body(marker.name, "commtag", marker.args))
+
+
+def lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:
+    """Each rank's lanes, in one global order: a group's lane on every loaded member.
+
+    Larger groups come first (the world group on top), then groups by their
+    name as torch numbers them ("1" before "10"), so the order reads like the
+    program's group creation. Only groups with at least one collective
+    anywhere get lanes; membership comes from the group tables (ranks), or
+    from having instances on it.
+    """
+    used = {i.lane_name for s in summaries for i in s.instances}
+    sort_keys: dict[str, tuple] = {}
+    members: dict[str, set[int]] = {}
+    loaded = {s.rank for s in summaries}
+
+    def lane(name: str, pg_uid: str, size: int) -> None:
+        group_name = pg_uid.rpartition(":")[0] or pg_uid
+        numbered = (0, int(group_name), "") if group_name.isdigit() else (1, 0, group_name)
+        sort_keys.setdefault(name, (-size, numbered, name))
+
+    for s in summaries:
+        for group in s.groups:
+            if group.lane_name in used:
+                lane(group.lane_name, group.pg_uid, len(group.ranks))
+                members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
+        for inst in s.instances:
+            lane(inst.lane_name, inst.pg_uid, inst.group_size)
+            members.setdefault(inst.lane_name, set()).add(s.rank)
+    order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}
+    layout: dict[int, list[tuple[str, int]]] = {}
+    for name, ranks in members.items():
+        for r in ranks:
+            layout.setdefault(r, []).append((name, order[name]))
+    for rows in layout.values():
+        rows.sort(key=lambda row: row[1])
+    return layout

@@ -23,6 +23,7 @@ from typing import BinaryIO, Iterator, Optional
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from commtag.errors import CommtagError
 from commtag.kernels import Breakdown, KernelTables
 from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
@@ -58,7 +59,7 @@ def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
     return None
 
 
-class ReadbackError(ValueError):
+class ReadbackError(CommtagError, ValueError):
     """The file is not a Perfetto trace commtag can read lane slices from."""
 
 

@@ -22,6 +22,7 @@ from typing import Optional
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from commtag.errors import CommtagError
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, open_decompressed
 from commtag.merge.pftrace.readback import EMPTY, JSON, sniff
 from commtag.merge.pftrace.wire import FrameError, iter_frames
@@ -35,7 +36,7 @@ _MERGE_BY_KEY = pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
 _MERGE_NONE = pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_NONE
 
 
-class TraceReadError(Exception):
+class TraceReadError(CommtagError):
     """The file cannot be read as a Perfetto trace at all."""
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import BinaryIO, Callable, Iterator
 
+from commtag.errors import CommtagError
+
 WIRE_VARINT, WIRE_I64, WIRE_LEN = 0, 1, 2
 
 
@@ -128,7 +130,7 @@ def timestamp_encoder(origin: int, highs: dict[int, bytes]) -> Callable[[int], b
     return encode
 
 
-class FrameError(ValueError):
+class FrameError(CommtagError, ValueError):
     """The bytes are not a run of ``Trace.packet`` frames (the message says where)."""
 
 
