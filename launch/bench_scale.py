@@ -63,7 +63,7 @@ BIG = "big"
 PROJECT_RANKS = 16_384
 PROJECT_HOSTS = 64
 PROJECT_WORKERS_PER_HOST = 2
-#: What --detail none leaves out of every rank, besides nothing else (convert.left_out_reason's words).
+#: What --detail none leaves out of every rank, besides nothing else (rows.left_out_reason's words).
 EXPECTED_LEFT_OUT = ("timeline not written (--detail)", "launch flows 'ac2g'", "metadata (")
 CHILD_TIMEOUT_S = 900.0
 

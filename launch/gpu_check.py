@@ -292,7 +292,7 @@ def _device_events(trace: dict) -> list[dict]:
 def analyse(out: Path, checks: Checks) -> None:
     """The five checks of the module docstring on the traces and sidecars ``run_workload`` wrote."""
     from commtag.merge.rank.replays import match_graph_replays
-    from commtag.merge.inputs.load import base_ns
+    from commtag.merge.inputs.clock import base_ns
     from commtag.schema import Sidecar
 
     eager_trace = _load(_one(out / "eager", ".pt.trace.json.gz"))
@@ -333,7 +333,7 @@ def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[tup
     for e in eager:
         eager_by_name.setdefault((e["args"][COLLECTIVE_NAME_KEY], e["args"].get(PG_DESC_KEY, "")), []).append(e)
     # Each record is paired with the annotated kernels launched inside its own call: by identity, not by order.
-    from commtag.merge.inputs.load import base_ns, event_ns
+    from commtag.merge.inputs.clock import base_ns, event_ns
 
     base = base_ns(eager_trace)
     launched_at = {e["args"][CORRELATION_KEY]: event_ns(e, base)[0] for e in eager_trace["traceEvents"]
@@ -502,7 +502,7 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any,
 def _check_compiled(out: Path, checks: Checks) -> None:
     """Step 5 (optional): torch.compile(mode="reduce-overhead")'s graphs, matched as the merge would."""
     from commtag.merge.rank.replays import match_graph_replays
-    from commtag.merge.inputs.load import base_ns
+    from commtag.merge.inputs.clock import base_ns
     from commtag.schema import Sidecar
 
     findings = checks.findings

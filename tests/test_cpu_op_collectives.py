@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.inputs.load import base_ns, event_ns
+from commtag.merge.inputs.clock import base_ns, event_ns
 from merging import merge
 from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC

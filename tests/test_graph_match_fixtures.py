@@ -25,7 +25,7 @@ import pytest
 
 from commtag.merge.rank.replays import match_graph_replays
 from commtag.merge.records import CPU_OP_SOURCE
-from commtag.merge.inputs.load import base_ns
+from commtag.merge.inputs.clock import base_ns
 from commtag.merge import merge
 from commtag.merge.pftrace.validate import validate_file
 from commtag.schema import GraphCapture, Sidecar

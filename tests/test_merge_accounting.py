@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from commtag.vocab import ANN_KERNELS_SCOPE
-from commtag.merge.rank.convert import left_out_reason
+from commtag.merge.rank.rows import left_out_reason
 from commtag.merge.inputs.load import discover
 from merging import merge
 from commtag.merge.pftrace.validate import validate_file

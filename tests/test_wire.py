@@ -21,7 +21,8 @@ from commtag.merge.pftrace import wire
 from commtag.merge.ids import LocalIds
 from commtag.merge.timeline import Row
 from commtag.merge.pftrace.packets import track_descriptor
-from commtag.merge.pftrace.writer import SequenceWriter, emit_rows, header, track_field
+from commtag.merge.pftrace.sequence import SequenceWriter, track_field
+from commtag.merge.pftrace.writer import emit_rows, header
 
 T0 = 1_700_000_000_000_000_000
 SEQ = 16

@@ -79,7 +79,7 @@ class Track:
     #: Explicit order within the group (lower first).
     order: int
     #: Slices: (start, end, payload); the payload holds name, category, args
-    #: and flows, encoded (commtag.merge.pftrace.writer.SequenceWriter.body).
+    #: and flows, encoded (commtag.merge.pftrace.sequence.SequenceWriter.body).
     slices: Row = field(default_factory=Row)
     #: Instants: start == end.
     instants: Row = field(default_factory=Row)

@@ -28,7 +28,8 @@ from commtag.merge.inputs.jsonstream import GZIP_MAGIC, TraceStream
 from commtag.merge.pftrace.lanes import FULL_MESH_MAX, LanesWriter
 from commtag.merge.inputs.load import MergeInputError, RankInput, load_sidecar
 from commtag.merge.inputs.selection import FileSpans, Selection, describe_numbers
-from commtag.merge.pftrace.writer import SequenceWriter, rank_sequence, write_rank
+from commtag.merge.pftrace.sequence import SequenceWriter
+from commtag.merge.pftrace.writer import rank_sequence, write_rank
 
 #: Ranks converted to measure the rest by: the first, the last and two between.
 SAMPLED_RANKS = 4

@@ -41,6 +41,7 @@ from commtag.kernels import DeviceWork
 from commtag.merge.engine import budget, hosts
 from commtag.merge.inputs import runs
 from commtag.merge.pftrace import lanes, writer
+from commtag.merge.pftrace.sequence import SequenceWriter
 from commtag.merge.analysis.align import Alignment, estimate_offsets
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.rank.convert import RankConverter
@@ -399,7 +400,7 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
     return summaries
 
 
-def _write_rank(plan: MergePlan, stream, seq: writer.SequenceWriter, rank: RankInput,
+def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
                 header: bool) -> Optional[RankSummary]:
     """Stream, attach and write one rank on the worker's sequence ``seq`` (after the trace's
     header when ``header``); its summary, or None when the plan's ``skipped`` took it

@@ -19,7 +19,7 @@ is a warning (``--strict`` refuses it):
 from __future__ import annotations
 
 
-from commtag.merge.inputs.load import wall_clock
+from commtag.merge.inputs.clock import wall_clock
 from commtag.merge.records import FileSpan
 
 #: Files further apart than this (a day) are not one profiled window of one run.

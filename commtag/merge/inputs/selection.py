@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream
-from commtag.merge.inputs.load import MergeInputError, checked_base_ns
+from commtag.merge.inputs.load import MergeInputError
+from commtag.merge.inputs.clock import checked_base_ns
 from commtag.vocab import PROFILER_STEP_PREFIX
 
 #: The account's reason for events a --steps or --window selection left out.

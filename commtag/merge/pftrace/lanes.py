@@ -15,7 +15,7 @@ from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds,
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
 from commtag.merge.timeline import Row
 from commtag.merge.pftrace.packets import track_descriptor
-from commtag.merge.pftrace.writer import SequenceWriter, track_field
+from commtag.merge.pftrace.sequence import SequenceWriter, track_field
 from commtag.merge.pftrace.views import write_group_view
 
 #: Groups up to this size get a flow between every pair of members, so that

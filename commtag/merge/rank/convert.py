@@ -27,10 +27,8 @@ their own, and old categories take today's names
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
+from typing import Iterable, Optional
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
@@ -38,187 +36,25 @@ from commtag.merge.rank.events import RankFlows, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
-from commtag.merge.inputs.load import check_world_size, checked_base_ns, wall_clock
+from commtag.merge.inputs.clock import checked_base_ns
 from commtag.merge.records import GroupLane, Interner
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
-from commtag.merge.timeline import CPU_GROUP, RankTimeline, Row, Track
+from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_LANE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
-    EV_IDX_KEY, EXTERNAL_ID_KEY, GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LAUNCH_FLOW_CATEGORIES,
-    KINETO_LEGACY_CATEGORIES, KINETO_STREAM_TID_PREFIX, LAUNCH_CATEGORIES, RECORD_FUNCTION_ID_KEY,
+    ANN_LANE, CORRELATION_KEY,
+    GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
 )
 from commtag.merge.records import EventAccount
+from commtag.merge.rank.checks import MAX_DUR_US, check_clock, check_ids, refuse, check_distributed_info
+from commtag.merge.rank.rows import (
+    OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
+    left_out_reason,
+)
 
-#: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
-MAX_DUR_US = 86_400 * 10**6
-#: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
-#: clock is absurd (a base time shifted by years), not a real run's.
-MAX_AHEAD_NS = 86_400 * 10**9
 _MAX_NS = (1 << 63) - 1
 _INF = float("inf")
 _MISSING = object()
-_NUMBER = re.compile(r"-?[0-9]+")
-#: Sibling order of rows named by a string (after the numbered threads and streams).
-_NAMED_ROW_ORDER = 1 << 62
-#: The index of a candidate event a --steps/--window selection left out (seen by attach, not written).
-_OUTSIDE = -2
-#: A row's pid or tid as the timeline keys it: a number, or the name Kineto gave it.
-RowId = Union[int, str]
-
-
-def left_out_reason(ph: str, cat: Optional[str]) -> str:
-    """Why an event of phase ``ph`` and category ``cat`` is not in the merged trace."""
-    if ph == "M":
-        return "metadata (process and thread names: they name the rows)"
-    if ph in ("s", "t", "f"):
-        if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
-            return f"launch flows {cat!r} (redrawn from correlation ids)"
-        return f"flows {cat!r} (not drawn)"
-    return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
-
-
-def _kind(ph: object, cat: object) -> tuple[str, Optional[str]]:
-    """An event's (phase, category) as counted: a phase that is not text by its repr, a
-    category that is not text as none."""
-    return (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
-
-
-def _row_id(value: RowId) -> tuple[RowId, bool]:
-    """A pid or tid as the timeline keys it, and whether it names a GPU stream (``"stream 7"``)."""
-    if value.__class__ is int:
-        return value, False
-    if _NUMBER.fullmatch(value):
-        return int(value), False
-    if value.startswith(KINETO_STREAM_TID_PREFIX) and _NUMBER.fullmatch(value[len(KINETO_STREAM_TID_PREFIX):]):
-        return int(value[len(KINETO_STREAM_TID_PREFIX):]), True
-    return value, False
-
-
-def _row_order(key: tuple[RowId, RowId]) -> tuple:
-    """Sort rows numbered first, then named (pids and tids may be either)."""
-    return tuple((part.__class__ is str, part) for part in key)
-
-
-def _drop_links(args: dict) -> None:
-    """Remove :data:`commtag.vocab.LINK_ARGS` from ``args``: five pops cost a third of a set intersection
-    and a delete loop, and this runs for nearly every event."""
-    pop = args.pop
-    pop(EXTERNAL_ID_KEY, None)
-    pop(CORRELATION_KEY, None)
-    pop(CBID_KEY, None)
-    pop(EV_IDX_KEY, None)
-    pop(RECORD_FUNCTION_ID_KEY, None)
-
-
-class Encoder(Protocol):
-    """What the writer offers the converter: opaque bytes per event."""
-
-    def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes: ...
-
-    def flows(self, out: Optional[Sequence[int]], into: Optional[Sequence[int]]) -> bytes: ...
-
-    def flow_fields(self, fid: int) -> tuple[bytes, bytes]: ...
-
-    def annotations(self, args: dict) -> bytes: ...
-
-    def shared_annotations(self, args: dict) -> bytes: ...
-
-
-def _number(value: object) -> bool:
-    return value.__class__ in (int, float) and value == value and abs(value) != _INF
-
-
-def _count(value: object, least: int) -> bool:
-    return value.__class__ is int and value >= least
-
-
-def check_distributed_info(path: Path, info: object) -> None:
-    """The fields of distributedInfo the merge reads must have their types (rank, world, groups)."""
-    if not info:
-        return
-    if info.__class__ is not dict:
-        raise MergeInputError(path, "distributedInfo is not an object")
-    for key, least in (("rank", 0), ("world_size", 1)):
-        if key in info and not _count(info[key], least):
-            raise MergeInputError(path, f"distributedInfo.{key} {info[key]!r} is not an integer >= {least}")
-    check_world_size(path, "distributedInfo.world_size", info.get("world_size", 0))
-    if "rank" in info and "world_size" in info and info["rank"] >= info["world_size"]:
-        raise MergeInputError(path, f"distributedInfo.rank {info['rank']} is outside world_size {info['world_size']}")
-    groups = info.get("pg_config") or []
-    if groups.__class__ is not list:
-        raise MergeInputError(path, "distributedInfo.pg_config is not a list")
-    for i, pg in enumerate(groups):
-        if pg.__class__ is not dict:
-            raise MergeInputError(path, f"distributedInfo.pg_config[{i}] is not an object")
-        ranks = pg.get("ranks", [])
-        if ranks.__class__ is not list or not all(_count(r, 0) for r in ranks):
-            raise MergeInputError(path, f"distributedInfo.pg_config[{i}].ranks is not a list of ranks")
-
-
-def _check_ids(path: Path, i: int, e: dict) -> None:
-    """pid and tid are numbers or names (Kineto writes both), args an object (or null)."""
-    for key in ("pid", "tid"):
-        if key in e and e[key].__class__ is not int and e[key].__class__ is not str:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): {key} {e[key]!r} is not a number or name")
-    if e.get("args") is not None and e["args"].__class__ is not dict:
-        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): args is not an object")
-
-
-def _refuse(path: Path, i: int, e: dict, base: int) -> None:
-    """Raise the error that says what is wrong with ``traceEvents[i]``, a slice or instant the loop refused."""
-    ph = e.get("ph")
-    ts = e.get("ts")
-    if ts is None:
-        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing 'ts'")
-    if not _number(ts) or ts < 0:
-        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): ts {ts!r} is not a finite non-negative number")
-    dur = e.get("dur", 0) if ph == "X" else 0
-    if not _number(dur) or not 0 <= dur <= MAX_DUR_US:
-        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): dur {dur!r} is not a duration in [0, 1 day] (us)")
-    for key in ("name", "cat"):
-        if key in e and e[key].__class__ is not str:
-            raise MergeInputError(path, f"traceEvents[{i}]: {key} {e[key]!r} is not a string")
-    for key in ("pid", "tid"):
-        if key not in e:
-            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
-    _check_ids(path, i, e)
-    start = round(ts * 1000) + base
-    raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
-
-
-def _check_clock(path: Path, last_ns: Optional[int]) -> None:
-    """A trace cannot end long after the merging machine's clock: such times are bad input."""
-    now = time.time_ns()
-    if last_ns is not None and last_ns > now + MAX_AHEAD_NS:
-        raise MergeInputError(path, f"its clock is absurd: it ends at {wall_clock(last_ns)}, "
-                                    f"{(last_ns - now) / 86_400e9:.0f} days after this machine's clock "
-                                    "(check its baseTimeNanoseconds and ts)")
-
-
-class _File:
-    """Per-file state: correlation ids are per file, so launch flows are settled per file."""
-
-    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work")
-
-    def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
-                 captured: Optional[CapturedKernels] = None) -> None:
-        self.path = path
-        #: Kernels its sidecar's graph captures hold (see :func:`commtag.merge.rank.attach.is_candidate`).
-        self.captured = captured if captured is not None else CapturedKernels(())
-        #: --steps/--window: whether an event starting at a time (ns) is kept; None keeps all.
-        self.keep = keep
-        self.index = 0
-        self.first: Optional[int] = None
-        self.last: Optional[int] = None
-        #: (event, row, index in row) of the events attach may annotate.
-        self.candidates: list[tuple[dict, Row, int]] = []
-        #: correlation -> (row, index) of a runtime launch.
-        self.launches: dict[object, tuple[Row, int]] = {}
-        #: (row, index, correlation) of device work.
-        self.work: list[tuple[Row, int, object]] = []
-
-
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups.
 
@@ -267,7 +103,7 @@ class RankConverter:
         self.outside = 0
 
     # -- events ------------------------------------------------------------
-    def feed(self, file: _File, events: Iterable, base: int) -> None:
+    def feed(self, file: FileState, events: Iterable, base: int) -> None:
         """Check, place and encode one batch of a file's events (``base``: ns of ts 0, with the offset)."""
         path = file.path
         encoder = self.encoder
@@ -291,7 +127,7 @@ class RankConverter:
                 dur = e.get("dur", 0)
                 dc = dur.__class__
                 if (dc is not int and dc is not float) or not 0 <= dur <= MAX_DUR_US:
-                    _refuse(path, i, e, base)
+                    refuse(path, i, e, base)
             elif ph == "i" or ph == "I":
                 dur = 0
                 dc = int
@@ -302,9 +138,9 @@ class RankConverter:
                     self._leave_out(ph, e.get("cat"))
                 if listed is not None:
                     listed.append(f"{path}: traceEvents[{i}] {e.get('name')!r}: "
-                                  f"{left_out_reason(*_kind(ph, e.get('cat')))}")
+                                  f"{left_out_reason(*event_kind(ph, e.get('cat')))}")
                 if ph == "M":
-                    _check_ids(path, i, e)
+                    check_ids(path, i, e)
                     if body is not None:
                         self._meta(e)
                 continue
@@ -321,13 +157,13 @@ class RankConverter:
                     or name.__class__ is not str or (cat is not None and cat.__class__ is not str)
                     or (pc is not int and pc is not str) or (ic is not int and ic is not str)
                     or (args is not None and args.__class__ is not dict)):
-                _refuse(path, i, e, base)
+                refuse(path, i, e, base)
             if cat in legacy:
                 cat = e["cat"] = legacy[cat]
             start = (ts * 1000 if tc is int else round(ts * 1000)) + base
             end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
             if start < 0 or end > _MAX_NS:
-                _refuse(path, i, e, base)
+                refuse(path, i, e, base)
             if keep is not None and not keep(start):
                 self.outside += 1
                 if listed is not None:
@@ -336,7 +172,7 @@ class RankConverter:
                     # attach still sees it, so the kept collectives are joined as in a whole merge
                     if pc is not int or ic is not int:
                         self._place(e, pid, tid)
-                    file.candidates.append((e, None, _OUTSIDE))
+                    file.candidates.append((e, None, OUTSIDE))
                 continue
             if first is None or start < first:
                 first = start
@@ -350,7 +186,7 @@ class RankConverter:
                     if row is None:
                         row = self.instants[(pid, tid)] = Row()
                     if args:
-                        _drop_links(args)
+                        drop_links(args)
                     row.add(start, start, body(name, cat, args))
                 continue
             # is_candidate's cheap first test, written here because it runs per event.
@@ -386,7 +222,7 @@ class RankConverter:
             if args:
                 if cat in WORK_CATEGORIES:
                     categories.kernel(key, name, cat, dur, args)
-                _drop_links(args)
+                drop_links(args)
             # Row.add, inlined: it runs once per event.
             row.starts.append(start)
             row.ends.append(end)
@@ -397,8 +233,8 @@ class RankConverter:
         file.first, file.last = first, last
 
     def _leave_out(self, ph: object, cat: object) -> None:
-        """Count an event left out whose kind the loop's counter has not seen (see :func:`_kind`)."""
-        ph, cat = _kind(ph, cat)
+        """Count an event left out whose kind the loop's counter has not seen (see :func:`event_kind`)."""
+        ph, cat = event_kind(ph, cat)
         by_cat = self.left_out.setdefault(ph, {})
         by_cat[cat] = by_cat.get(cat, 0) + 1
 
@@ -407,8 +243,8 @@ class RankConverter:
         written back into the event, so attach and ``--json`` see the same row."""
         placed = self.placed.get((pid, tid))
         if placed is None:
-            row_pid = _row_id(pid)[0]
-            row_tid, stream = _row_id(tid)
+            row_pid = row_id(pid)[0]
+            row_tid, stream = row_id(tid)
             if stream:
                 self.gpu_pids.add(row_pid)
             placed = self.placed[(pid, tid)] = (row_pid, row_tid)
@@ -438,7 +274,7 @@ class RankConverter:
         Returns the file's first and last ns (None without timed events).
         """
         keep = keeper(spans) if spans is not None else None
-        file = _File(path, keep, CapturedKernels(sidecar.captures) if sidecar is not None else None)
+        file = FileState(path, keep, CapturedKernels(sidecar.captures) if sidecar is not None else None)
         header = stream.header
         base = None
         marks = {key: len(row) for key, row in [*self.rows.items(), *(((k, "i"), r) for k, r in self.instants.items())]}
@@ -457,12 +293,12 @@ class RankConverter:
         final = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
         if base is not None and final != base:
             self._shift(file, marks, final - base)
-        _check_clock(path, None if file.last is None else file.last - self.offset)
+        check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
                           annotated=self.annotated if self.encoder is not None else None, notes=self.notes)
         if keep is not None:
-            attached = self._selected(file, attached, keep)
+            attached = kept_by_selection(file, attached, keep, self.flows, self.annotated)
         if self.encoder is None:  # no event is written, so no flow may end on one
             for inst in attached:
                 inst.source_flow = None
@@ -481,28 +317,7 @@ class RankConverter:
         file.candidates.clear()
         return file.first, file.last
 
-    def _selected(self, file: _File, attached: list, keep: Callable[[int], bool]) -> list:
-        """The instances a --steps/--window selection keeps (those starting in it, as events),
-        joined as a whole merge joins them; a flow between a kept and a left-out one goes."""
-        kept = [inst for inst in attached if keep(inst.start_ns)]
-        gone = {inst.source_flow for inst in attached if inst.source_flow is not None and not keep(inst.start_ns)}
-        outside = [e for e, _, index in file.candidates if index == _OUTSIDE]
-        for e in outside:
-            gone.update(self.flows.out.pop(id(e), ()))
-            self.annotated.pop(id(e), None)
-        if gone:
-            for ref, fids in list(self.flows.out.items()):
-                fids[:] = [fid for fid in fids if fid not in gone]
-                if not fids:
-                    del self.flows.out[ref]
-            for inst in kept:
-                if inst.source_flow in gone:
-                    inst.source_flow = None
-        if outside:
-            file.candidates = [c for c in file.candidates if c[2] != _OUTSIDE]
-        return kept
-
-    def _window(self, file: _File, attached: list, world_size: Optional[int], evidence: bool,
+    def _window(self, file: FileState, attached: list, world_size: Optional[int], evidence: bool,
                 spans: Optional[Spans] = None) -> None:
         """Record the time the file covers (a collective timed from the sidecar may reach past
         its events) and the world size it claims. A file that shows no collective and has
@@ -523,7 +338,7 @@ class RankConverter:
                                  if max(low, first) < min(high, last)]
             self.windows.sort()
 
-    def _categorize(self, file: _File) -> None:
+    def _categorize(self, file: FileState) -> None:
         """Add the attached kernels to the breakdowns: only now is their lane known (from
         their annotation), and they still carry their correlation (:meth:`_settle` drops it)."""
         categories = self.categories
@@ -537,7 +352,7 @@ class RankConverter:
                 if args or parts is not None:
                     categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args, lane)
 
-    def _shift(self, file: _File, marks: dict, delta: int) -> None:
+    def _shift(self, file: FileState, marks: dict, delta: int) -> None:
         """A base time found after the events (not Kineto's order): move this file's times,
         checked first (a row's times are int64: an overflow there would be no clear error)."""
         if file.first is not None and (file.first + delta < 0 or file.last + delta > _MAX_NS):
@@ -549,7 +364,7 @@ class RankConverter:
         file.first = None if file.first is None else file.first + delta
         file.last = None if file.last is None else file.last + delta
 
-    def _settle(self, file: _File) -> None:
+    def _settle(self, file: FileState) -> None:
         """Encode the attached events (already categorized), then add this file's launch flows
         and graph-launch breakdowns."""
         encoder = self.encoder
@@ -559,7 +374,7 @@ class RankConverter:
         for e, row, index in file.candidates:
             args = e.get("args")
             if args:
-                _drop_links(args)
+                drop_links(args)
             ref = id(e)
             out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
             # Kineto's args (through the writer's block cache: a kernel's repeat), then the
@@ -573,10 +388,10 @@ class RankConverter:
         self._launch_flows(file)
         for corr in categories.end_trace():
             row, index = file.launches[corr]
-            extra = _kernel_args(self.rank, LAUNCH_SCOPE, corr, categories.launches[corr])
+            extra = kernel_args(self.rank, LAUNCH_SCOPE, corr, categories.launches[corr])
             row.append_to(index, encoder.annotations(extra))
 
-    def _launch_flows(self, file: _File) -> None:
+    def _launch_flows(self, file: FileState) -> None:
         """One flow per piece of device work, from its launch (or from the work if it starts first)."""
         flow_fields = self.encoder.flow_fields
         launches = file.launches
@@ -615,9 +430,9 @@ class RankConverter:
         """The rank's rows, named and ordered, with its kernel-category summaries."""
         categories = self.categories
         categories.finish()
-        summaries = {key: (summary_name(b.describe()), _kernel_args(self.rank, STREAM_SCOPE, key[1], b))
+        summaries = {key: (summary_name(b.describe()), kernel_args(self.rank, STREAM_SCOPE, key[1], b))
                      for key, b in categories.streams.items()}
-        tracks = _tracks(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
+        tracks = tracks_of(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
         starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]
         devices = sorted((p for p in self.gpu_pids if any(k[0] == p for k in self.rows)),
                          key=lambda p: (p.__class__ is str, p))
@@ -625,47 +440,8 @@ class RankConverter:
         if self.encoder is None:
             device = "lanes only (--detail)"
         name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"
-        lanes = {lane: _kernel_args(self.rank, LANE_SCOPE, lane, b) for lane, b in categories.lanes.items()}
+        lanes = {lane: kernel_args(self.rank, LANE_SCOPE, lane, b) for lane, b in categories.lanes.items()}
         return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,
                             first_ns=min(starts) if starts else None, lane_kernels=lanes)
 
 
-def _kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
-    """Debug annotations naming a breakdown's scope and carrying its figures."""
-    return {ANN_RANK: rank, ANN_KERNELS_SCOPE: scope, ANN_KERNELS_ID: ident, **breakdown.annotations()}
-
-
-def _tracks(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,
-            summaries: Optional[dict] = None) -> list[Track]:
-    """Name and order the rows: main thread first then by name; streams by id; rows Kineto
-    named with a string (its own spans: pid "Spans") in a group of that name.
-
-    ``summaries``: (pid, tid) -> (name, args) of the row's kernel-category instant.
-    """
-    cpu_pids = [pid for pid, _ in rows if pid not in gpu_pids and pid.__class__ is int]
-    main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
-    tracks = []
-    for key in sorted(set(rows) | set(instants), key=_row_order):
-        pid, tid = key
-        named = tid.__class__ is str
-        if pid.__class__ is str:
-            group = pid or "no pid"
-            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
-            order = _NAMED_ROW_ORDER if named else tid
-        elif pid in gpu_pids:
-            group = f"GPU {pid}"
-            name = thread_names.get(key) or (tid or "no tid" if named else f"stream {tid}")
-            order = _NAMED_ROW_ORDER if named else tid
-        else:
-            group = CPU_GROUP
-            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
-            if pid != main_pid:
-                name = f"pid {pid} · {name}"
-            order = _NAMED_ROW_ORDER if named else -1 if tid == pid else tid
-        tracks.append(Track(name=name, group=group, order=order, slices=rows.get(key) or Row(),
-                            instants=instants.get(key) or Row(), summary=(summaries or {}).get(key)))
-    for group in {t.group for t in tracks}:
-        members = sorted((t for t in tracks if t.group == group), key=lambda t: (t.order, t.name))
-        for i, t in enumerate(members):
-            t.order = i
-    return tracks

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 from commtag.identity import GroupRow, group_info
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
-from commtag.merge.inputs.load import base_ns, event_ns
+from commtag.merge.inputs.clock import base_ns, event_ns
 from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
     ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, RANK_KEY,

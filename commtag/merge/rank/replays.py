@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from commtag.merge.inputs.load import event_ns
+from commtag.merge.inputs.clock import event_ns
 from commtag.merge.rank.events import FileEvents, make_instance, own_args
 from commtag.vocab import (
     ANN_MATCH, ANN_REPLAY, CORRELATION_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,

@@ -18,7 +18,8 @@ from commtag.kernels import DeviceWork
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
-from commtag.merge.inputs.load import RankInput, TraceFile, load_sidecar, wall_clock
+from commtag.merge.inputs.load import RankInput, TraceFile, load_sidecar
+from commtag.merge.inputs.clock import wall_clock
 from commtag.merge.records import (
     FileSpan, GroupLane, Interner, RankSummary,
 )
