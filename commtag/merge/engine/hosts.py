@@ -14,7 +14,7 @@ times: no event) and decides, the same on every worker:
 * each worker merges consecutive ranks that its own node holds
   (:func:`assign`), so that its part of the trace fits between the others'
   in rank order; worker 0 receives the parts over the gloo group
-  (:mod:`commtag.merge.workers`) and writes the file.
+  (:mod:`commtag.merge.engine.worlds`) and writes the file.
 * a node that found no trace merges nothing, and the merge says so; when no
   node found any, that is the error it would be on one host.
 """

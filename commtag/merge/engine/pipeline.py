@@ -12,7 +12,7 @@ cross-rank flows, counters, markers) is written. The output appears
 atomically (:class:`commtag.merge.engine.output.MergeOutput`); a failed merge leaves
 any previous output untouched.
 
-Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a
+Under torchrun (:mod:`commtag.merge.engine.worlds`) each merge worker takes a
 contiguous chunk of ranks and writes them to a part of its own; workers
 exchange their records, each runs the analysis over all of them and writes
 the lanes of its own ranks after them, and worker 0 appends the others'
