@@ -9,7 +9,7 @@ so the rule lives here, below both, with the standard library only.
   for writers that pick compression by suffix). From the name alone
   :func:`temporary_owner` tells the process of this host that wrote it, so a
   later merge can remove what a killed process left
-  (:func:`commtag.merge.output.remove_stale`) and never what a live one is
+  (:func:`commtag.merge.engine.output.remove_stale`) and never what a live one is
   writing. One process writes one target at a time.
 * fsync policy, decided once: :func:`commit` and :func:`claim` fsync the temporary before the
   rename, always. Without it a crash soon after can leave the final name on an

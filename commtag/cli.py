@@ -64,7 +64,7 @@ def _can_plot() -> bool:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge import MergeFailed, merge
 
-    from commtag.merge.budget import parse_size
+    from commtag.merge.engine.budget import parse_size
 
     try:
         selection = _selection(args)
@@ -100,8 +100,8 @@ ACCOUNT_LINES_MAX = 16
 def _account_lines(accounts: Sequence, verbose: bool) -> list[str]:
     """What became of every event read: per rank, or for a big job one line over all ranks."""
     if len(accounts) > ACCOUNT_LINES_MAX and not verbose:
-        from commtag.merge.convert import EventAccount
-        from commtag.merge.selection import describe_numbers
+        from commtag.merge.records import EventAccount
+        from commtag.merge.inputs.selection import describe_numbers
 
         ranks = describe_numbers([a.rank for a in accounts])
         return [EventAccount.total(accounts).describe(f"{len(accounts)} ranks ({ranks})")
@@ -118,7 +118,7 @@ def _say(lines: list[str]) -> None:
 
 def _selection(args: argparse.Namespace):
     """The --steps/--window/--detail choice, or None for the whole job (ValueError: a bad spec)."""
-    from commtag.merge.selection import Selection, parse_detail, parse_numbers, parse_window
+    from commtag.merge.inputs.selection import Selection, parse_detail, parse_numbers, parse_window
 
     if args.steps is None and args.window is None and args.detail is None:
         return None
@@ -144,7 +144,7 @@ def _report_desyncs(desyncs: list[str], strict: bool) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from commtag.merge.validate import TraceReadError, validate_file
+    from commtag.merge.pftrace.validate import TraceReadError, validate_file
 
     try:
         violations = validate_file(args.file)

@@ -35,6 +35,12 @@ LANE_SPAN = 2**24
 #: The profiler lists at most this many entries (ranks, split sizes) in full.
 MAX_LIST_ENTRIES = 30
 
+#: The lane of NCCL kernels with no metadata at all (old traces): its group is unknown, so it is named
+#: here, beside every group's lane name, and numbered above every group's lane id.
+UNATTRIBUTED_UID = "unattributed"
+UNATTRIBUTED_LANE = "NCCL kernels (no metadata)"
+UNATTRIBUTED_LANE_ID = MIN_LANE_ID + (1 << 30)
+
 
 def format_list(values: Sequence[int]) -> str:
     """The profiler's list string: ``"[1, 2]"``; beyond 30 entries the first 29, ``...``, the last."""

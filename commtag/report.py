@@ -1,6 +1,6 @@
 """``commtag summary`` output: tables (text, CSV, JSON) and the skew/bandwidth figure.
 
-Everything here formats an :class:`~commtag.merge.analyze.Analysis`; nothing
+Everything here formats an :class:`~commtag.merge.analysis.results.Analysis`; nothing
 computes a figure of its own, so the report, the JSON and the trace agree.
 """
 
@@ -18,9 +18,11 @@ import orjson
 
 from commtag.atomic import write_atomic
 from commtag.kernels import Breakdown
-from commtag.merge.analyze import NO_PAYLOAD, Analysis, GroupSummary, summarize
-from commtag.merge.attach import UNATTRIBUTED_UID
-from commtag.merge.output import not_regular
+from commtag.merge.analysis.analyze import NO_PAYLOAD
+from commtag.merge.analysis.results import Analysis
+from commtag.merge.analysis.table import GroupSummary, summarize
+from commtag.identity import UNATTRIBUTED_UID
+from commtag.merge.engine.output import not_regular
 from commtag.merge.records import CPU_OP_SOURCE
 
 #: Version of the JSON report's layout (bump on an incompatible change).

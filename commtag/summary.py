@@ -3,10 +3,10 @@
 A directory goes through the merge's collection stage (each rank streamed,
 attached and aligned as the merge does; no Perfetto file is written), which
 also sums its GPU activity by kernel category. A merged .pftrace is read back
-(:mod:`commtag.merge.readback`): the lane slices carry every key the analysis
+(:mod:`commtag.merge.pftrace.readback`): the lane slices carry every key the analysis
 needs, and the graph launch slices and the instants opening each GPU stream
 and lane row carry the kernel breakdowns, so the one file a user shares is
-enough. Either way the same :func:`commtag.merge.analyze.analyze` runs, so the
+enough. Either way the same :func:`commtag.merge.analysis.analyze.analyze` runs, so the
 numbers match the trace's.
 """
 
@@ -15,12 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from commtag.errors import CommtagError
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, SCOPES, STREAM_SCOPE, DeviceWork, KernelTables
-from commtag.merge.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, Analysis, analyze
+from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
+from commtag.merge.analysis.results import Analysis
 from commtag.merge.records import Coverage
 
 
-class SummaryInputError(Exception):
+class SummaryInputError(CommtagError):
     """The input cannot be summarized; the message names the file and the problem."""
 
 
@@ -33,7 +35,7 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
     if path.is_dir():
         instances, coverage, kernels = _from_traces(path, rank_pattern, rank)
     elif path.is_file():
-        from commtag.merge import readback  # protobuf: only a file needs it
+        from commtag.merge.pftrace import readback  # protobuf: only a file needs it
 
         try:
             kind = readback.sniff(path)[0]
@@ -53,7 +55,7 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
 def _from_pftrace(path: Path) -> tuple[list, Coverage, KernelTables]:
     """A merged trace (gzipped or not) read back; a merge of ranks without collectives has
     no lane slices, but its ranks' processes tell it from a trace commtag did not write."""
-    from commtag.merge.readback import ReadbackError, read_merged
+    from commtag.merge.pftrace.readback import ReadbackError, read_merged
 
     try:
         instances, kernels, coverage = read_merged(path)
@@ -74,7 +76,7 @@ def _tables(found: KernelTables) -> KernelTables:
 
 def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int]):
     from commtag.merge.errors import MergeInputError
-    from commtag.merge.pipeline import collect
+    from commtag.merge.engine.pipeline import collect
 
     tables: KernelTables = {scope: {} for scope in SCOPES}
 

@@ -46,7 +46,7 @@ def record_bytes(directory: Path) -> dict:
     import tracemalloc
 
     from commtag.merge import merge
-    from commtag.merge.lanes import cross_rank_flows
+    from commtag.merge.pftrace.lanes import cross_rank_flows
 
     with tempfile.TemporaryDirectory() as out:
         instances = merge(directory, Path(out) / "merged.pftrace", progress=False, jobs=1).instances

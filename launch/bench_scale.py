@@ -63,7 +63,7 @@ BIG = "big"
 PROJECT_RANKS = 16_384
 PROJECT_HOSTS = 64
 PROJECT_WORKERS_PER_HOST = 2
-#: What --detail none leaves out of every rank, besides nothing else (convert.left_out_reason's words).
+#: What --detail none leaves out of every rank, besides nothing else (rows.left_out_reason's words).
 EXPECTED_LEFT_OUT = ("timeline not written (--detail)", "launch flows 'ac2g'", "metadata (")
 CHILD_TIMEOUT_S = 900.0
 
@@ -81,10 +81,11 @@ def _status_kb(key: str) -> int:
 
 def phases(directory: Path, out: Path) -> dict:
     """Merge ``directory`` in this process (--detail none, --align collectives), timing each stage."""
-    from commtag.merge import merge, pipeline, workers
-    from commtag.merge.analyze import MergeAnalysis
+    from commtag.merge import merge
+    from commtag.merge.engine import exchange, pipeline
+    from commtag.merge.analysis.hook import MergeAnalysis
     from commtag.merge.records import Interner
-    from commtag.merge.selection import Selection
+    from commtag.merge.inputs.selection import Selection
 
     stages: dict[str, dict] = {}
     kept: dict[str, list] = {}
@@ -119,9 +120,9 @@ def phases(directory: Path, out: Path) -> dict:
     hwm_kb = _status_kb("VmHWM")
     summaries = kept.pop("summaries")
     # What the workers exchange: this worker's records as one JSON message, and their decoding.
-    wire = orjson.dumps(workers.to_wire(summaries))
+    wire = orjson.dumps(exchange.to_wire(summaries))
     start = time.process_time()
-    workers.from_wire(orjson.loads(wire), Interner())
+    exchange.from_wire(orjson.loads(wire), Interner())
     decode_s = time.process_time() - start
     accounts = {a.rank: a for a in result.accounts}
     reasons: dict[str, int] = {}
@@ -152,7 +153,7 @@ def _metadata_reason(account) -> str:
 
 def readback(path: Path) -> dict:
     """What the merged file says: ranks, lane slices, distinct collectives and the group sizes per group."""
-    from commtag.merge.readback import read_merged
+    from commtag.merge.pftrace.readback import read_merged
 
     instances, _, coverage = read_merged(path)
     collectives = {(i.pg_uid, i.seq, i.replay) for i in instances}
@@ -216,7 +217,7 @@ def run_merges(directory: Path, variants: Sequence[str], outdir: Path) -> dict[s
     for variant in variants:
         out = outdir / f"{variant.replace(' ', '')}.pftrace"
         child = run_child(_merge_command(variant, directory, out), timeout_s=CHILD_TIMEOUT_S)
-        # The merge processes: under -j the child and the workers it starts (commtag.merge.workers),
+        # The merge processes: under -j the child and the workers it starts (commtag.merge.engine.jobs),
         # under torchrun its workers (the agent, torch.distributed.run, merges nothing).
         merges = [peak for cmd, peak in child.peaks.values() if "commtag.merge" in cmd and "torch.distributed.run" not in cmd]
         runs[variant] = {
@@ -356,7 +357,7 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         ["collective slices in the job", f"{slices / 1e6:.2f} M ({slices_per_rank} per rank)"],
         ["each worker: read and convert its ranks", f"{parse:.0f} s"],
         ["each worker: --align's first pass over its ranks (optional)", f"{align:.0f} s"],
-        ["records all-gathered (JSON rows, as workers.to_wire)", f"{wire / 1e9:.2f} GB from all workers; each "
+        ["records all-gathered (JSON rows, as exchange.to_wire)", f"{wire / 1e9:.2f} GB from all workers; each "
                                                                 f"worker, worker 0 too, receives {wire * (workers - 1) / workers / 1e9:.2f} GB"],
         ["each worker: decode the others' records", f"{decode:.0f} s"],
         ["each worker (worker 0 too): gather + analysis over every record", f"{analysis[0]:.0f}-{analysis[1]:.0f} s"],

@@ -22,7 +22,7 @@ Then, with ``commtag.install()`` active throughout:
 2. graph: the same step captured with ``torch.cuda.graph`` and replayed 3
    times under the profiler; plus a second graph captured with
    ``CUDAGraph.capture_begin/capture_end`` holding one all_reduce(AVG);
-3. matching: ``commtag.merge.graphs.match_graph_replays`` on the graph trace
+3. matching: ``commtag.merge.rank.replays.match_graph_replays`` on the graph trace
    and its sidecar; every collective that launched device work eagerly must
    be annotated on every replay with the eager profiler's values, key by key
    (exception: ``Seq`` -- a replay carries its capture-time Seq, which is
@@ -291,8 +291,8 @@ def _device_events(trace: dict) -> list[dict]:
 
 def analyse(out: Path, checks: Checks) -> None:
     """The five checks of the module docstring on the traces and sidecars ``run_workload`` wrote."""
-    from commtag.merge.graphs import match_graph_replays
-    from commtag.merge.load import base_ns
+    from commtag.merge.rank.replays import match_graph_replays
+    from commtag.merge.inputs.clock import base_ns
     from commtag.schema import Sidecar
 
     eager_trace = _load(_one(out / "eager", ".pt.trace.json.gz"))
@@ -333,7 +333,7 @@ def _check_eager(eager_trace: dict, eager_side: Any, checks: Checks) -> dict[tup
     for e in eager:
         eager_by_name.setdefault((e["args"][COLLECTIVE_NAME_KEY], e["args"].get(PG_DESC_KEY, "")), []).append(e)
     # Each record is paired with the annotated kernels launched inside its own call: by identity, not by order.
-    from commtag.merge.load import base_ns, event_ns
+    from commtag.merge.inputs.clock import base_ns, event_ns
 
     base = base_ns(eager_trace)
     launched_at = {e["args"][CORRELATION_KEY]: event_ns(e, base)[0] for e in eager_trace["traceEvents"]
@@ -440,7 +440,8 @@ def _check_hypothesis1(graph_trace: dict, graphed: list[dict], captures: list, r
 
 def _check_hypothesis2(graph_trace: dict, captures: list, base: int, checks: Checks) -> None:
     """Hypothesis 2: the same replays, node ids erased, match by order alone."""
-    from commtag.merge.graphs import comm_nodes, match_graph_replays
+    from commtag.merge.rank.captures import comm_nodes
+    from commtag.merge.rank.replays import match_graph_replays
 
     findings = checks.findings
     stripped = json.loads(json.dumps(graph_trace["traceEvents"]))
@@ -500,8 +501,8 @@ def _check_replayed_keys(graph_trace: dict, captures: list, result: Any,
 
 def _check_compiled(out: Path, checks: Checks) -> None:
     """Step 5 (optional): torch.compile(mode="reduce-overhead")'s graphs, matched as the merge would."""
-    from commtag.merge.graphs import match_graph_replays
-    from commtag.merge.load import base_ns
+    from commtag.merge.rank.replays import match_graph_replays
+    from commtag.merge.inputs.clock import base_ns
     from commtag.schema import Sidecar
 
     findings = checks.findings

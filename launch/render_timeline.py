@@ -28,8 +28,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 from matplotlib.transforms import blended_transform_factory
 
-from commtag.merge.readback import ParsedTrace, ReadbackError, Slice, read_trace
-from commtag.merge.selection import parse_numbers
+from commtag.merge.pftrace.readback import ParsedTrace, ReadbackError, Slice, read_trace
+from commtag.merge.inputs.selection import parse_numbers
 from commtag.vocab import ANN_PG_UID, ANN_RANK, PG_RANKS_KEY, SEQ_KEY
 
 ROW_H = 0.2  # inches per slice row

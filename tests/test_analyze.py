@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.analyze import (
-    analyze,
-    annotate,
-    bandwidth_gbps,
-    busbw_factor,
-    summarize,
-    trace_annotations,
-)
+from commtag.merge.analysis.analyze import analyze, bandwidth_gbps, busbw_factor
+from commtag.merge.analysis.hook import annotate, trace_annotations
+from commtag.merge.analysis.results import FindingKind
+from commtag.merge.analysis.table import summarize
 from commtag.merge.records import CollectiveInstance
 from commtag.vocab import ANN_SEQ_FROM
 
@@ -373,3 +369,13 @@ def test_a_seq_numbered_by_kernel_order_never_meets_a_recorded_calls_seq():
     got = sorted((m.collective, sorted(m.members), not m.missing_ranks) for m in analysis.collectives)
     assert got == [("allgather", [0, 1, 2, 3], True), ("allreduce", [0, 1, 2, 3], True)]
     assert not analysis.findings, [f.message for f in analysis.findings]
+
+
+def test_a_finding_kind_is_one_of_the_enum_and_prints_as_its_name() -> None:
+    members = world(9)
+    members[0] = inst(0, 9, op="broadcast")
+    found = analyze(members).findings
+    assert found and all(isinstance(f.kind, FindingKind) for f in found)
+    assert {f.kind for f in found} == {FindingKind.OP_MISMATCH}
+    assert f"{FindingKind.OP_MISMATCH}" == "op_mismatch" == found[0].to_dict()["kind"]
+    assert found[0].message.startswith("desync op_mismatch in ")

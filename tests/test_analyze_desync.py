@@ -115,7 +115,7 @@ def test_strict_merge_passes_on_the_clean_run(sleep_run, tmp_path):
 
 def test_two_torchrun_workers_name_each_desync_once(desynced, tmp_path):
     # Each worker runs the analysis to write its own ranks' lanes; only one may report.
-    from commtag.merge.readback import read_trace
+    from commtag.merge.pftrace.readback import read_trace
     from torchrun_merge import torchrun_merge
 
     path, planted = desynced

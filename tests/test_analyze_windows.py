@@ -28,8 +28,8 @@ def traces() -> Path:
 
 @pytest.fixture(scope="module")
 def merged(traces, tmp_path_factory) -> Path:
-    from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.pipeline import merge
+    from commtag.merge.analysis.hook import MergeAnalysis
+    from merging import merge
 
     out = tmp_path_factory.mktemp("merged") / "merged.pftrace"
     merge(traces, out, analysis=MergeAnalysis(), progress=False)
@@ -58,7 +58,7 @@ def _rows(text: str) -> dict[str, list[str]]:
 
 
 def test_each_transfer_is_counted_once_as_a_send_recv_pair(traces, merged):
-    from commtag.merge.readback import read_instances
+    from commtag.merge.pftrace.readback import read_instances
     from commtag.summary import load
 
     analysis, _ = load(traces)
@@ -128,8 +128,8 @@ def test_a_gap_inside_a_window_is_still_a_desync(traces, tmp_path):
 
 
 def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces, tmp_path):
-    from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.pipeline import merge
+    from commtag.merge.analysis.hook import MergeAnalysis
+    from merging import merge
 
     absent = 3
     copy = tmp_path / "traces"
@@ -157,8 +157,8 @@ def test_a_rank_without_files_is_named_and_its_collectives_are_incomplete(traces
 
 
 def test_summary_counts_ranks_groups_and_unknown_sizes_as_they_are(public_traces, tmp_path):
-    from commtag.merge.analyze import MergeAnalysis
-    from commtag.merge.pipeline import merge
+    from commtag.merge.analysis.hook import MergeAnalysis
+    from merging import merge
 
     # Rank 1 was profiled but made no collective call: it is still one of the 2 ranks.
     idle = idle_rank_world()

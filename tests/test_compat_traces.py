@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.pipeline import merge
+from merging import merge
 from test_merge_accounting import assert_accounted
 
 DATA = Path(__file__).resolve().parent / "data" / "torch-traces"

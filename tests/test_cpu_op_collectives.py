@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.load import base_ns, event_ns
-from commtag.merge.pipeline import merge
-from commtag.merge.validate import validate_file
+from commtag.merge.inputs.clock import base_ns, event_ns
+from merging import merge
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from commtag.vocab import GPU_CATEGORIES, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from commtag.constants import SIDECAR_SUFFIX
-from commtag.merge.readback import read_trace
+from commtag.merge.pftrace.readback import read_trace
 from pftrace_reader import lane_of
 from commtag.runtime.sidecar import read_sidecar
 

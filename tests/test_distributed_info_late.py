@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.load import discover
+from commtag.merge.inputs.load import discover
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import read
 

@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from commtag.merge.errors import MergeInputError
-from commtag.merge.pipeline import merge
-from commtag.merge.validate import validate_file
+from merging import merge
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from gloo_world import run_world
 

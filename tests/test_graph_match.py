@@ -13,7 +13,8 @@ from typing import Optional
 
 import pytest
 
-from commtag.merge.graphs import computed_node_ids, match_graph_replays
+from commtag.merge.rank.captures import computed_node_ids
+from commtag.merge.rank.replays import match_graph_replays
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,
@@ -274,8 +275,8 @@ def test_computed_node_ids_index_the_collective_nodes() -> None:
 
 
 def test_attach_matches_exactly_then_replay_by_replay_and_every_annotated_kernel_says_how() -> None:
-    from commtag.merge.attach import RankFlows, attach
-    from commtag.merge.graphs import match
+    from commtag.merge.rank.attach import RankFlows, attach
+    from commtag.merge.rank.replays import match
     from commtag.schema import ProcessGroupInfo, Sidecar
 
     trace = Trace()
@@ -321,7 +322,7 @@ def _merged_replays(tmp_path, trace: Trace, captures: list[GraphCapture]) -> lis
     of every graph-replayed instance, and the instances from metadata-less NCCL kernels."""
     import orjson
 
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps({"baseTimeNanoseconds": BASE_NS,
                                                                   "traceEvents": trace.events}))

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from commtag.merge.graphs import match_graph_replays
+from commtag.merge.rank.replays import match_graph_replays
 from commtag.merge.records import CPU_OP_SOURCE
-from commtag.merge.load import base_ns
+from commtag.merge.inputs.clock import base_ns
 from commtag.merge import merge
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from commtag.schema import GraphCapture, Sidecar
 from commtag.vocab import (
     ANN_LANE_ID, ANN_MATCH, ANN_REPLAY, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, PG_DESC_KEY,

@@ -1,6 +1,6 @@
 """The streaming reader gives exactly what parsing the whole file gives, whatever the file's layout.
 
-The merge reads every trace through commtag.merge.jsonstream; a wrong cut
+The merge reads every trace through commtag.merge.inputs.jsonstream; a wrong cut
 would drop, split or duplicate events silently. Small batch and read sizes
 force thousands of cuts (and cuts that land inside strings and nested values).
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge import jsonstream
-from commtag.merge.jsonstream import TraceFormatError, TraceStream
-from commtag.merge.pipeline import merge
+from commtag.merge.inputs import jsonstream
+from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream
+from merging import merge
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import read
 

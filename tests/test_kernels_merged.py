@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from commtag.kernels import Breakdown, categorize
-from commtag.merge.pipeline import merge
-from commtag.merge.validate import validate_file
+from merging import merge
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from kernel_reference import by_graph_launch, by_stream, kernels_from_events
 from pftrace_reader import read

@@ -13,9 +13,9 @@ import io
 from itertools import combinations
 from pathlib import Path
 
-from commtag.merge import trace_writer
-from commtag.merge.lanes import LanesWriter
-from commtag.merge.analyze import analyze
+from commtag.merge.pftrace import writer
+from commtag.merge.pftrace.lanes import LanesWriter
+from commtag.merge.analysis.analyze import analyze
 from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import RankTimeline
 from pftrace_reader import read
@@ -59,9 +59,9 @@ def _linked_pairs(instances: list[CollectiveInstance], tmp_path: Path) -> set[fr
     """Pairs of instance indices that the written trace links with a cross-rank flow."""
     lanes = {r: [(name, n) for n, name in enumerate(sorted({i.lane_name for i in instances}))] for r in RANKS}
     buf = io.BytesIO()
-    buf.write(trace_writer.header(T0))
+    buf.write(writer.header(T0))
     for r in RANKS:
-        trace_writer.write_rank(buf, RankTimeline(rank=r, process_name=f"rank {r}", tracks=[]))
+        writer.write_rank(buf, RankTimeline(rank=r, process_name=f"rank {r}", tracks=[]))
     LanesWriter().write(buf, lanes, instances)
     path = tmp_path / "lanes.pftrace"
     path.write_bytes(buf.getvalue())

@@ -24,10 +24,10 @@ import orjson
 import pytest
 
 from commtag.vocab import ANN_KERNELS_SCOPE
-from commtag.merge.convert import left_out_reason
-from commtag.merge.load import discover
-from commtag.merge.pipeline import merge
-from commtag.merge.validate import validate_file
+from commtag.merge.rank.rows import left_out_reason
+from commtag.merge.inputs.load import discover
+from merging import merge
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as SHARED_PUBLIC
 from gloo_world import run_world
 from pftrace_reader import lane_of, read

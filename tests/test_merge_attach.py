@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.attach import RankFlows, attach
+from commtag.merge.rank.attach import RankFlows, attach
 from commtag.merge.records import Interner
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
@@ -131,7 +131,7 @@ def test_a_merge_shares_its_values_within_itself_and_with_no_other_merge(tmp_pat
     tables go with it instead of living as long as the process."""
     import orjson
 
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps(_trace(True)))
     sidecar = _sidecar([]).model_copy(update={"trace_file": "rank0.pt.trace.json"})
@@ -148,7 +148,7 @@ def test_a_merge_shares_its_values_within_itself_and_with_no_other_merge(tmp_pat
 
 
 def test_a_launch_its_captures_replay_log_does_not_hold_gets_no_guessed_replay_index() -> None:
-    """One replay-index rule for every join (commtag.merge.graphs): a capture that logged its
+    """One replay-index rule for every join (commtag.merge.rank.replays): a capture that logged its
     replays, none of them around this launch, does not say which replay it was. Counting launches
     in the trace instead (0, 1) would give a cross-rank key no other rank shares: the kernels stay
     unattributed, shown and counted, not misnamed."""

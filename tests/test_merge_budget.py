@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from commtag.merge import merge
-from commtag.merge.budget import estimate, json_bytes, parse_size, upper_bound
-from commtag.merge.load import discover
+from commtag.merge.engine.budget import estimate, json_bytes, parse_size, upper_bound
+from commtag.merge.inputs.load import discover
 from commtag.testing import PUBLIC_TRACES
 
 SETS = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 import os
 
-from commtag.merge.budget import json_bytes
-from commtag.merge.load import discover
-from commtag.merge.workers import (
+from commtag.merge.engine.budget import json_bytes
+from commtag.merge.inputs.load import discover
+from commtag.merge.engine.jobs import (
     MIN_INPUT_PER_WORKER, available_memory, default_jobs, jobs_for, worker_rss_estimate,
 )
 from commtag.testing import PUBLIC_TRACES

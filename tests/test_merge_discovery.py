@@ -22,7 +22,7 @@ import pytest
 
 from commtag.cli import main
 from commtag.constants import TRACE_SUFFIX, sidecar_name_for
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from gloo_world import profiled_pair_job, run_world
 from pftrace_reader import read

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from commtag.merge import MergeFailed, MergeInputError, merge
-from commtag.merge.readback import read_trace
+from commtag.merge.pftrace.readback import read_trace
 from commtag.testing import PUBLIC_TRACES
 
 DLRM = PUBLIC_TRACES / "param-dlrm-8rank"

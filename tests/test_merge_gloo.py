@@ -17,8 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.pipeline import merge
-from commtag.merge.validate import validate_file
+from merging import merge
+from commtag.merge.pftrace.validate import validate_file
 from commtag.vocab import KERNEL_EAGER_KEYS, P2P_PEER_KEYS
 from pftrace_reader import read
 

@@ -1,4 +1,4 @@
-"""Which worker merges which ranks on several hosts (:func:`commtag.merge.hosts.assign`): each
+"""Which worker merges which ranks on several hosts (:func:`commtag.merge.engine.hosts.assign`): each
 worker takes consecutive ranks its own node holds, so the parts fit together in rank order."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from commtag.merge.errors import MergeInputError
-from commtag.merge.hosts import Node, assign
-from commtag.merge.load import RankInput, TraceFile
+from commtag.merge.engine.hosts import Node, assign
+from commtag.merge.inputs.load import RankInput, TraceFile
 
 A, B = Node(0, "a"), Node(1, "b")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from commtag.merge.errors import MergeFailed
-from commtag.merge.readback import read_trace
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 from torchrun_merge import ctrl_c_as_at_a_terminal, in_started_workers
 
@@ -158,7 +158,7 @@ def test_an_interrupted_merge_stops_its_workers_and_leaves_nothing(tmp_path: Pat
 
 
 def test_a_worker_that_crashes_stops_the_merge_naming_why(tmp_path: Path) -> None:
-    pythonpath = in_started_workers(tmp_path, "from commtag.merge import lanes\n"
+    pythonpath = in_started_workers(tmp_path, "from commtag.merge.pftrace import lanes\n"
                                                 "def write(self, *args, **kwargs):\n"
                                                 "    raise RuntimeError('boom')\n"
                                                 "lanes.LanesWriter.write = write\n")
@@ -178,7 +178,7 @@ def test_a_worker_that_crashes_stops_the_merge_naming_why(tmp_path: Path) -> Non
 def test_appending_a_part_puts_its_bytes_where_the_output_ends(tmp_path: Path, mode: str) -> None:
     """Worker 0 appends the other parts with copy_file_range (kernel-side, outside Python's
     buffer): every byte lands after what the output held, and what is written next follows it."""
-    from commtag.merge.output import append_file
+    from commtag.merge.engine.output import append_file
 
     part = tmp_path / "part"
     part.write_bytes(os.urandom(3 << 20))
@@ -206,7 +206,8 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
     """-j N: the other interpreters start before discovery, so that their imports do not delay
     their first rank; those discovery shows are not needed (2 ranks, -j 3) exit, and a merge
     that fails before its workers get their share leaves none behind."""
-    from commtag.merge import merge, pipeline, workers
+    from commtag.merge import merge
+    from commtag.merge.engine import jobs, pipeline
 
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -221,7 +222,7 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
         return discover(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "discover", watched)
-    monkeypatch.setattr(workers, "usable_cpus", lambda: 8, raising=False)  # as many started ahead as asked for, on any machine
+    monkeypatch.setattr(jobs, "usable_cpus", lambda: 8, raising=False)  # as many started ahead as asked for, on any machine
     result = merge(inputs, tmp_path / "merged.pftrace", jobs=3, progress=False)
     assert result.ranks == [0, 1] and seen == [2]
     assert _children() - before == set()
@@ -234,7 +235,7 @@ def test_workers_asked_for_start_while_worker_0_discovers_and_go_when_not_needed
 def test_workers_take_the_ranks_worker_0_discovered(tmp_path: Path) -> None:
     """Discovery reads every file's head (and sidecar head): the other workers take what worker 0
     found instead of reading them all again before their first rank."""
-    pythonpath = in_started_workers(tmp_path, "from commtag.merge import pipeline\n"
+    pythonpath = in_started_workers(tmp_path, "from commtag.merge.engine import pipeline\n"
                                                 "def discover(*args, **kwargs):\n"
                                                 "    raise RuntimeError('discovered again')\n"
                                                 "pipeline.discover = discover\n")

@@ -19,9 +19,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.pipeline import merge
-from commtag.merge.readback import read_trace
-from commtag.merge.validate import validate_file
+from merging import merge
+from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 
 TORCH19 = PUBLIC_TRACES / "finders" / "kineto_torch19_resnet50_worker0.pt.trace.json.gz"
@@ -38,6 +38,7 @@ def _load(path: Path) -> dict:
     return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
+@pytest.mark.slow  # it runs `python -m commtag summary` on the merged file
 @pytest.mark.parametrize("trace", [METRICS, TORCH19], ids=lambda p: p.name)
 def test_real_2021_traces_are_placed_on_their_threads_and_streams(tmp_path: Path, trace: Path) -> None:
     if not trace.exists():

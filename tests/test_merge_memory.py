@@ -15,13 +15,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.analyze import analyze
+from commtag.merge.analysis.analyze import analyze
 from commtag.merge.ids import FLOW_CROSS_RANK, flow_id
-from commtag.merge.lanes import FULL_MESH_MAX, cross_rank_flows
-from commtag.merge.load import discover
-from commtag.merge.pipeline import MergeOptions, make_plan, write_ranks
+from commtag.merge.pftrace.lanes import FULL_MESH_MAX, cross_rank_flows
+from commtag.merge.inputs.load import discover
+from commtag.merge.engine.options import MergeOptions
+from commtag.merge.engine.pipeline import make_plan, write_ranks
 from commtag.merge.records import CollectiveInstance, Interner, match_groups
-from commtag.merge.workers import SoloWorld, from_wire, to_wire
+from commtag.merge.engine.exchange import from_wire, to_wire
+from commtag.merge.engine.worlds import SoloWorld
 from commtag.testing.bench import records_size
 
 WORLD = tuple(range(512))
@@ -102,6 +104,7 @@ def test_the_analysis_keeps_little_per_member_of_a_512_rank_world() -> None:
     assert held / len(instances) < 80, f"{held / len(instances):.0f} bytes per instance"
 
 
+@pytest.mark.slow  # a real 4-rank gloo run (the gloo_run fixture)
 def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: Path) -> None:
     plan = make_plan([gloo_run], tmp_path / "merged.pftrace", MergeOptions(progress=False), SoloWorld())
     with plan.output:
@@ -119,6 +122,7 @@ def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: P
         assert all(ranks is lists[0] for ranks in lists), f"group {uid}: each rank holds its own member list"
 
 
+@pytest.mark.slow  # a real 4-rank gloo run (the gloo_run fixture)
 def test_records_from_another_worker_take_no_more_memory_than_where_they_were_made(gloo_run: Path,
                                                                                 tmp_path: Path) -> None:
     """A merge worker holds every other worker's records as it decoded them from the exchange:

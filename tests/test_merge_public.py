@@ -11,9 +11,9 @@ import pytest
 
 from commtag.vocab import LINK_ARGS
 from commtag.merge.errors import MergeInputError
-from commtag.merge.load import discover
-from commtag.merge.pipeline import merge
-from commtag.merge.validate import validate_file
+from commtag.merge.inputs.load import discover
+from merging import merge
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES as PUBLIC
 from pftrace_reader import lane_of, read
 

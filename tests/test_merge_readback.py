@@ -12,9 +12,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from commtag.merge import trace_writer
-from commtag.merge.lanes import LanesWriter
-from commtag.merge.readback import read_merged
+from commtag.merge.pftrace import writer
+from commtag.merge.pftrace.lanes import LanesWriter
+from commtag.merge.pftrace.readback import read_merged
 from commtag.merge.records import CollectiveInstance, Interner
 from commtag.merge.timeline import RankTimeline
 from commtag.vocab import (
@@ -33,7 +33,7 @@ def test_readback_reads_each_lane_slice_as_the_merge_read_its_event(tmp_path: Pa
              ANN_LANE_ID: 60}
     interner = Interner()
     common = interner.with_source(interner.common(eager), "gloo")
-    # What commtag.merge.attach made of the two ranks' events (the analysis read these counts).
+    # What commtag.merge.rank.attach made of the two ranks' events (the analysis read these counts).
     merged = [CollectiveInstance(rank=rank, pg_uid="0:abc", is_p2p=False, seq=3, replay=None, collective="allreduce",
                                  in_nelems=0, out_nelems=64, dtype="Float", group_size=2, group_ranks=(0, 1),
                                  start_ns=T0 + 1000 * (rank + 1), end_ns=T0 + 50_000, source="gloo",
@@ -42,9 +42,9 @@ def test_readback_reads_each_lane_slice_as_the_merge_read_its_event(tmp_path: Pa
               for rank in (0, 1)]
 
     buf = io.BytesIO()
-    buf.write(trace_writer.header(T0))
+    buf.write(writer.header(T0))
     for rank in (0, 1):
-        trace_writer.write_rank(buf, RankTimeline(rank=rank, process_name=f"rank {rank}", tracks=[]))
+        writer.write_rank(buf, RankTimeline(rank=rank, process_name=f"rank {rank}", tracks=[]))
     LanesWriter().write(buf, {rank: [("PG 0 [0, 1]", 0)] for rank in (0, 1)}, merged)
     path = tmp_path / "merged.pftrace"
     path.write_bytes(buf.getvalue())

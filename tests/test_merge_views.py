@@ -20,15 +20,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.analyze import MergeAnalysis
-from commtag.merge.budget import estimate, upper_bound
-from commtag.merge.load import discover
-from commtag.merge.pipeline import merge
-from commtag.merge.readback import read_instances
-from commtag.merge.selection import (
+from commtag.merge.analysis.hook import MergeAnalysis
+from commtag.merge.engine.budget import estimate, upper_bound
+from commtag.merge.inputs.load import discover
+from merging import merge
+from commtag.merge.pftrace.readback import read_instances
+from commtag.merge.inputs.selection import (
     OUTSIDE_SELECTION, Selection, file_spans, parse_detail, parse_numbers, parse_window,
 )
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from gloo_world import run_world
 from pftrace_reader import lane_of, read
 from torchrun_merge import torchrun_merge

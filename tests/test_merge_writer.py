@@ -8,9 +8,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commtag.merge import ids, trace_writer, wire
+from commtag.merge import ids
+from commtag.merge.pftrace import wire, writer
 from commtag.merge.timeline import RankTimeline, Row, Track
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from pftrace_reader import read
 
 T0 = 1_700_000_000_000_000_000
@@ -21,14 +22,14 @@ intervals = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), min_size
 @settings(max_examples=60, deadline=None)
 @given(intervals)
 def test_any_overlap_is_kept_on_backing_tracks(tmp_path_factory, spans) -> None:
-    seq = trace_writer.rank_sequence(3)
+    seq = writer.rank_sequence(3)
     row = Row()
     for i, (a, d) in enumerate(spans):
         row.add(T0 + a * 10, T0 + (a + d) * 10, seq.body(f"s{i}", "cat", {"i": i}))
     timeline = RankTimeline(rank=3, process_name="rank 3", tracks=[Track("stream 7", "GPU 0", 0, row)])
     buf = io.BytesIO()
-    buf.write(trace_writer.header(T0))
-    trace_writer.write_rank(buf, timeline, seq)
+    buf.write(writer.header(T0))
+    writer.write_rank(buf, timeline, seq)
     path = Path(tmp_path_factory.mktemp("w")) / "t.pftrace"
     path.write_bytes(buf.getvalue())
     assert validate_file(path) == []
@@ -58,13 +59,13 @@ def test_a_long_repeated_value_is_written_once(tmp_path: Path) -> None:
     # A 1024-rank group's rank list (~6 KB) repeats on every slice of its lane: the file
     # must hold it once and every slice must still read it back whole.
     ranks = f"[{', '.join(map(str, range(1024)))}]"
-    seq = trace_writer.rank_sequence(0)
+    seq = writer.rank_sequence(0)
     row = Row()
     for i in range(50):
         row.add(T0 + i * 10, T0 + i * 10 + 5, seq.body("allreduce", "collective", {"Process Group Ranks": ranks, "Seq": i}))
     buf = io.BytesIO()
-    buf.write(trace_writer.header(T0))
-    trace_writer.write_rank(buf, RankTimeline(rank=0, process_name="rank 0", tracks=[Track("lane", "Comm lanes", 0, row)]), seq)
+    buf.write(writer.header(T0))
+    writer.write_rank(buf, RankTimeline(rank=0, process_name="rank 0", tracks=[Track("lane", "Comm lanes", 0, row)]), seq)
     path = tmp_path / "t.pftrace"
     path.write_bytes(buf.getvalue())
     assert buf.getvalue().count(ranks.encode()) == 1
@@ -86,7 +87,7 @@ def test_link_only_args_are_left_to_flows_and_the_rest_is_written(tmp_path: Path
     import orjson
 
     from commtag.vocab import LINK_ARGS
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     links = {key: 7 for key in LINK_ARGS}
     events = [

@@ -21,8 +21,8 @@ import orjson
 import pytest
 
 from commtag.cli import main
-from commtag.merge import lanes, trace_writer
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace import lanes, writer
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 
 DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
@@ -93,8 +93,8 @@ def test_disk_full_mid_write_keeps_the_previous_output(stage: str, traces: Path,
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if stage == "rank":
-        real = trace_writer.write_rank
-        monkeypatch.setattr(trace_writer, "write_rank", full_disk)
+        real = writer.write_rank
+        monkeypatch.setattr(writer, "write_rank", full_disk)
     else:
         real = lanes.LanesWriter.write
         monkeypatch.setattr(lanes.LanesWriter, "write", lambda self, stream, *a, **kw: full_disk(stream, *a, **kw))
@@ -123,8 +123,8 @@ def test_killed_mid_write_leaves_the_previous_output(traces: Path, tmp_path: Pat
     good = _good_outputs(traces, out, json_dir, capsys)
     script = textwrap.dedent(f"""
         import os, signal, sys
-        from commtag.merge import trace_writer
-        real, calls = trace_writer.write_rank, []
+        from commtag.merge.pftrace import writer
+        real, calls = writer.write_rank, []
         def write_rank(stream, *args, **kwargs):
             calls.append(1)
             if len(calls) == 3:
@@ -132,7 +132,7 @@ def test_killed_mid_write_leaves_the_previous_output(traces: Path, tmp_path: Pat
                 stream.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(stream, *args, **kwargs)
-        trace_writer.write_rank = write_rank
+        writer.write_rank = write_rank
         from commtag.cli import main
         sys.exit(main(["merge", "--no-progress", {str(traces)!r}, "-o", {str(out)!r}, "--json", {str(json_dir)!r}]))
     """)

@@ -20,7 +20,7 @@ import pytest
 
 import commtag
 from commtag.cli import main
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 
 PACKAGE = Path(commtag.__file__).resolve().parent

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from commtag.cli import main
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from gloo_world import PROFILED_GROUPS_WORLD
 from pftrace_reader import read
 

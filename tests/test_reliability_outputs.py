@@ -19,7 +19,7 @@ from typing import Callable
 
 import pytest
 
-from commtag.merge.validate import validate_file
+from commtag.merge.pftrace.validate import validate_file
 from commtag.testing import PUBLIC_TRACES
 from torchrun_merge import ctrl_c_as_at_a_terminal, torchrun_command
 

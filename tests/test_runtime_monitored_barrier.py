@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.merge.pipeline import merge
+from merging import merge
 from commtag.schema import Sidecar
 from gloo_world import run_world
 from pftrace_reader import read

@@ -197,8 +197,8 @@ def test_unknown_template_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: Path, tmp_path: Path) -> None:
     """The set is what the merge benchmark runs on: the merge must take all of it."""
-    from commtag.merge.pipeline import merge
-    from commtag.merge.validate import validate_file
+    from merging import merge
+    from commtag.merge.pftrace.validate import validate_file
 
     result = merge(scaleset, tmp_path / "merged.pftrace", align="collectives", progress=False)
     assert validate_file(result.output) == []
@@ -212,7 +212,7 @@ def test_the_merge_attaches_every_collective_and_recovers_the_clocks(scaleset: P
         logged = {(c.collectives[0].annotation.pg_uid, r.index) for c in sidecar.captures for r in c.replays}
         assert logged <= {(i.pg_uid, i.replay) for i in mine["graph-replay"]}, "replay indices from the log"
     # each lane slice says what the kernel it came from says (flow from kernel to lane)
-    from commtag.merge.readback import read_trace
+    from commtag.merge.pftrace.readback import read_trace
     from commtag.vocab import KERNEL_EAGER_KEYS
 
     slices = read_trace(result.output).slices

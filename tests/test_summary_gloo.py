@@ -120,7 +120,7 @@ def test_merged_trace_carries_the_figures_and_summary_reads_it_back(traces, tmp_
             instants.append(names.get((p.trusted_packet_sequence_id, p.track_event.name_iid), p.track_event.name))
     assert any(n.startswith(f"straggler: rank {SLEEPER} ") and "allreduce" in n for n in instants), instants
     # Each lane slice carries the figures as debug annotations.
-    from commtag.merge.readback import read_instances
+    from commtag.merge.pftrace.readback import read_instances
 
     lane_slices = read_instances(merged)
     seq = _slept(dir_doc["collectives"])["seq"]

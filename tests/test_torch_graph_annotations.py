@@ -22,7 +22,7 @@ from typing import Optional
 import orjson
 import pytest
 
-from commtag.merge.pipeline import merge
+from merging import merge
 from commtag.runtime.capture import CaptureTracker
 from commtag.runtime.torch_marks import TorchMarks
 from pftrace_reader import lane_of, read

@@ -37,7 +37,7 @@ from typing import Any, Optional
 import pytest
 
 import truth_world
-from commtag.merge.pipeline import merge
+from merging import merge
 from gloo_world import run_world
 from pftrace_reader import read
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from commtag.merge.validate import TraceReadError, validate_file
+from commtag.merge.pftrace.validate import TraceReadError, validate_file
 
 B, E = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
 

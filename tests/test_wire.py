@@ -1,7 +1,7 @@
 """The hand-framed writer against Perfetto's generated protos, byte for byte, and the one frame reader.
 
 The cold packets (descriptors, the header, counters, interned data) are the
-generated messages themselves (commtag.merge.packets); framed, they must equal
+generated messages themselves (commtag.merge.pftrace.packets); framed, they must equal
 the generated protos' ``SerializeToString`` of a Trace. Event packets put the
 event's type and track before the payload encoded while the trace was read,
 so their fields are not in that order (protobuf allows any order); there the
@@ -17,11 +17,12 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from commtag.merge import wire
+from commtag.merge.pftrace import wire
 from commtag.merge.ids import LocalIds
 from commtag.merge.timeline import Row
-from commtag.merge.packets import track_descriptor
-from commtag.merge.trace_writer import SequenceWriter, emit_rows, header, track_field
+from commtag.merge.pftrace.packets import track_descriptor
+from commtag.merge.pftrace.sequence import SequenceWriter, track_field
+from commtag.merge.pftrace.writer import emit_rows, header
 
 T0 = 1_700_000_000_000_000_000
 SEQ = 16
@@ -239,8 +240,8 @@ def test_iter_frames_names_where_the_frames_break(data: bytes, message: str) -> 
 
 
 def test_readback_and_validate_read_a_cut_trace_with_the_one_frame_reader(tmp_path) -> None:
-    from commtag.merge.readback import ReadbackError, read_merged
-    from commtag.merge.validate import TraceReadError, validate_file
+    from commtag.merge.pftrace.readback import ReadbackError, read_merged
+    from commtag.merge.pftrace.validate import TraceReadError, validate_file
 
     whole = header(T0 + 500, T0) + wire.frame(b"\x08\x01" * 40)
     path = tmp_path / "cut.pftrace"

@@ -10,7 +10,17 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import commtag
 from commtag.testing.bench import free_port
+
+#: The folder of commtag's own code, wherever the clone is and whatever it is named (a clone named
+#: ``commtag`` holds the venv's files under ``.../commtag/`` too).
+_PACKAGE = Path(commtag.__file__).resolve().parent
+
+
+def traceback_in_commtag(stderr: str) -> bool:
+    """Whether ``stderr`` shows a traceback frame in commtag's own code (torchrun's own may be there)."""
+    return f'File "{_PACKAGE}{os.sep}' in stderr or f'File "{Path(commtag.__file__).parent}{os.sep}' in stderr
 
 
 def torchrun_command(args: list[str], workers: int = 2,

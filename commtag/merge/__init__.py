@@ -7,7 +7,7 @@
     result = merge("traces/")          # writes traces/merged.pftrace
     print(result.output, len(result.instances))
 
-The stages themselves are in :mod:`commtag.merge.pipeline`.
+The stages themselves are in :mod:`commtag.merge.engine.pipeline`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from commtag.merge.errors import MergeFailed, MergeInputError
+from commtag.merge.engine.options import DEFAULT_MAX_OUTPUT, MergeOptions, MergeResult
 
-if TYPE_CHECKING:  # the engine loads on the first merge, not with the package
-    from commtag.merge.pipeline import AnalysisHook, MergeResult
-    from commtag.merge.selection import Selection
+if TYPE_CHECKING:  # the rest of the engine loads on the first merge, not with the package
+    from commtag.merge.engine.options import AnalysisHook
+    from commtag.merge.inputs.selection import Selection
 
-__all__ = ["DEFAULT_MAX_OUTPUT", "MergeFailed", "MergeInputError", "merge"]
+__all__ = ["DEFAULT_MAX_OUTPUT", "MergeFailed", "MergeInputError", "MergeOptions", "MergeResult", "Selection", "merge"]
 
-#: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.
-DEFAULT_MAX_OUTPUT = 1_500_000_000
+
+def __getattr__(name: str) -> object:
+    """``Selection`` on first use: its module loads orjson and the
+    inputs' readers, which ``import commtag.merge`` alone does not need."""
+    if name == "Selection":
+        from commtag.merge.inputs.selection import Selection
+
+        return Selection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def merge(
@@ -66,55 +74,55 @@ def merge(
         list_left_out: List every event left out in the result's accounts.
         progress: Show a progress bar; None shows one when stderr is a terminal.
         analysis: True runs the skew, busbw and desync analysis
-            (:class:`commtag.merge.analyze.MergeAnalysis`) and writes its
+            (:class:`commtag.merge.analysis.hook.MergeAnalysis`) and writes its
             figures, counters and markers into the trace; False writes the
             trace alone; a callable is used as the hook (see
-            :data:`commtag.merge.pipeline.AnalysisHook`).
+            :data:`commtag.merge.engine.options.AnalysisHook`).
         selection: The profiler steps or time window kept, and the ranks whose
-            whole timelines are written (:class:`commtag.merge.selection.Selection`,
+            whole timelines are written (:class:`commtag.merge.inputs.selection.Selection`,
             what ``--steps``, ``--window`` and ``--detail`` build; default: everything).
         max_output: The bytes the trace may take: a merge whose estimated size
-            (:mod:`commtag.merge.budget`) is above it stops before writing,
+            (:mod:`commtag.merge.engine.budget`) is above it stops before writing,
             saying which ``--detail`` or ``--steps`` would fit; None: no limit.
         jobs: Merge worker processes on this host (``-j``): None takes the CPUs
             this process may use, fewer for small inputs
-            (:func:`commtag.merge.workers.default_jobs`); 1 merges in this
+            (:func:`commtag.merge.engine.jobs.default_jobs`); 1 merges in this
             process alone. Ignored under torchrun. A custom ``analysis`` hook
             cannot be sent to other processes: with one, this process merges alone.
 
     Returns:
-        A :class:`commtag.merge.pipeline.MergeResult`: the output, the ranks
+        A :class:`commtag.merge.engine.options.MergeResult`: the output, the ranks
         merged, every collective instance, what was skipped, notices,
         warnings and per-rank event accounts, and with ``analysis=True`` the
-        :class:`commtag.merge.analyze.Analysis` (``result.analysis``). Under
+        :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``). Under
         torchrun only worker 0's (``result.lead``) holds the instances.
 
     Raises:
         MergeFailed: Bad input or an output that cannot be written, nothing
             written; under torchrun every worker raises every worker's errors.
     """
-    from commtag.merge import pipeline, workers
-    from commtag.merge.analyze import MergeAnalysis
+    from commtag.merge.engine import pipeline
+    from commtag.merge.engine.jobs import LocalWorld, launched, request_to_wire
+    from commtag.merge.engine.worlds import World, under_launcher
+    from commtag.merge.analysis.hook import MergeAnalysis
+    from commtag.merge.engine.options import DEFAULT_OUTPUT, default_output
 
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
+                           rank_pattern=rank_pattern, rank=rank, progress=progress,
+                           skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
+                           selection=selection, max_output=max_output)
     hook = MergeAnalysis() if analysis is True else analysis or None
-    where = Path(output) if output else pipeline.default_output(paths) if paths else Path(pipeline.DEFAULT_OUTPUT)
+    where = Path(output) if output else default_output(paths) if paths else Path(DEFAULT_OUTPUT)
 
     local = None
-    if jobs != 1 and isinstance(analysis, bool) and not workers.under_launcher():
-        request = {"inputs": [str(p) for p in paths], "output": str(where), "align": align,
-                   "json_dir": None if json_dir is None else str(json_dir), "rank_pattern": rank_pattern,
-                   "rank": rank, "skip_bad_ranks": skip_bad_ranks, "strict": strict, "list_left_out": list_left_out,
-                   "analysis": analysis, "selection": workers.selection_to_wire(selection), "max_output": max_output}
-        local = workers.LocalWorld(jobs, where, request)
+    if jobs != 1 and isinstance(analysis, bool) and not under_launcher():
+        local = LocalWorld(jobs, where, request_to_wire(paths, where, options, analysis))
 
-    def run(world: Optional[workers.World]) -> MergeResult:
-        result = pipeline.merge(paths, output, align=align, json_dir=json_dir, rank_pattern=rank_pattern,
-                                analysis=hook, progress=progress, world=world,
-                                skip_bad_ranks=skip_bad_ranks, rank=rank, list_left_out=list_left_out,
-                                strict=strict, selection=selection, max_output=max_output)
+    def run(world: Optional[World]) -> MergeResult:
+        result = pipeline.merge(paths, output, options, analysis=hook, world=world)
         if isinstance(hook, MergeAnalysis) and result.lead:
             result.analysis = hook.result
         return result
 
-    return workers.launched(where, run, local)
+    return launched(where, run, local)

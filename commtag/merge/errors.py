@@ -8,8 +8,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from commtag.errors import CommtagError
 
-class MergeInputError(Exception):
+
+class MergeInputError(CommtagError):
     """Bad input: the message names the file and the problem."""
 
     def __init__(self, path: Path | str, problem: str) -> None:

@@ -2,7 +2,7 @@
 
 Written once here because both sides read it: the attacher numbers the
 flows it links Kineto events with, the writer numbers tracks and sequences,
-and :mod:`commtag.merge.readback` recognises a rank's process by its ids.
+and :mod:`commtag.merge.pftrace.readback` recognises a rank's process by its ids.
 Every id is derived from a rank, so merge workers writing different ranks
 never collide and their parts concatenate.
 
@@ -58,7 +58,7 @@ def _spread(n: int) -> int:
 
 def group_uuid(order: int) -> int:
     """The track group of the process-group view at place ``order`` of the lane order: the
-    locals of "rank -1", which no rank's tracks use (see :mod:`commtag.merge.views`)."""
+    locals of "rank -1", which no rank's tracks use (see :mod:`commtag.merge.pftrace.views`)."""
     return track_uuid(-1, order + 1)
 
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Optional, Sequence
-
-if TYPE_CHECKING:  # the converter and run checks build these; records import neither
-    from commtag.merge.convert import EventAccount
-    from commtag.merge.runs import FileSpan
+from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.vocab import (
@@ -149,8 +145,8 @@ class CollectiveInstance:
                   common_args: Optional[dict[str, object]] = None,
                   source_flow: Optional[int] = None) -> "CollectiveInstance":
         """The instance an event's eager keys and commtag's group keys in ``args`` describe: the one
-        reading of them, for the merge (commtag.merge.attach) and for a merged trace's lane slices
-        (commtag.merge.readback). A count the trace wrote as something else (null, text) reads as
+        reading of them, for the merge (commtag.merge.rank.attach) and for a merged trace's lane slices
+        (commtag.merge.pftrace.readback). A count the trace wrote as something else (null, text) reads as
         the default the analysis uses; an absent dtype as the merge's :data:`UNDEFINED_DTYPE`."""
         get = args.get
         return cls(
@@ -246,7 +242,7 @@ class RankSummary:
     world_size: Optional[int] = None
     #: Events read, written and left out (by reason); None where nothing was written.
     account: Optional[EventAccount] = None
-    #: What each merged file of the rank says of itself, for :func:`commtag.merge.runs.warnings`.
+    #: What each merged file of the rank says of itself, for :func:`commtag.merge.inputs.runs.warnings`.
     files: list[FileSpan] = field(default_factory=list)
     #: What attaching left unsaid on its events (graph replays not matched, copies not placed).
     notes: list[str] = field(default_factory=list)
@@ -403,3 +399,49 @@ def describe_ranks(ranks: Sequence[int]) -> str:
             runs.append(str(start) if start == prev else f"{start}-{prev}")
         start = prev = r
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(runs)
+
+
+@dataclass(slots=True)
+class EventAccount:
+    """What became of one rank's trace events: every event read is either written (a
+    slice or an instant) or left out, counted under its reason."""
+
+    rank: int
+    read: int = 0
+    written: int = 0
+    #: reason -> how many events it left out.
+    left_out: dict[str, int] = field(default_factory=dict)
+    #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
+    listed: list[str] = field(default_factory=list)
+
+    def describe(self, who: Optional[str] = None) -> str:
+        """One line: read, written, and what was left out and why."""
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
+        return (f"{who or f'rank {self.rank}'}: {self.read} events read, {self.written} written"
+                + (f"; left out: {why}" if why else "; nothing left out"))
+
+    @staticmethod
+    def total(accounts: Sequence["EventAccount"]) -> "EventAccount":
+        """The accounts of several ranks added up (rank -1: it is nobody's own)."""
+        whole = EventAccount(-1)
+        for account in accounts:
+            whole.read += account.read
+            whole.written += account.written
+            for reason, n in account.left_out.items():
+                whole.left_out[reason] = whole.left_out.get(reason, 0) + n
+        return whole
+
+
+@dataclass(slots=True)
+class FileSpan:
+    """What one merged trace file says of itself (and its sidecar, if any)."""
+
+    path: str
+    rank: int
+    #: Its events' first start and last end, absolute ns (None without timed events).
+    first_ns: Optional[int]
+    last_ns: Optional[int]
+    host: str = ""
+    sidecar_host: str = ""
+    run_id: str = ""
+    trace_id: str = ""

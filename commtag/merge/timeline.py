@@ -65,7 +65,7 @@ class Row:
 
 #: The track group of a rank's CPU threads, directly under its process. Perfetto orders a
 #: process's direct children by name: CPU threads, then GPUs, then commtag's markers.
-#: (The process-group lanes are not in the process: see commtag.merge.views.)
+#: (The process-group lanes are not in the process: see commtag.merge.pftrace.views.)
 CPU_GROUP = "CPU threads"
 
 
@@ -79,7 +79,7 @@ class Track:
     #: Explicit order within the group (lower first).
     order: int
     #: Slices: (start, end, payload); the payload holds name, category, args
-    #: and flows, encoded (commtag.merge.trace_writer.SequenceWriter.body).
+    #: and flows, encoded (commtag.merge.pftrace.sequence.SequenceWriter.body).
     slices: Row = field(default_factory=Row)
     #: Instants: start == end.
     instants: Row = field(default_factory=Row)

@@ -32,10 +32,11 @@ from pydantic import ValidationError
 
 from commtag.atomic import claim, write_atomic
 from commtag.constants import TRACE_SUFFIX, newer_version, sidecar_name_for
+from commtag.errors import CommtagError
 from commtag.schema import SIDECAR_KIND, Sidecar
 
 
-class SidecarError(ValueError):
+class SidecarError(CommtagError, ValueError):
     """A sidecar file that cannot be used; the message names the file."""
 
 

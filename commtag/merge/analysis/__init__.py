@@ -1,0 +1,1 @@
+"""What the merged records say: clock alignment, matching, skew, bandwidth, desync."""

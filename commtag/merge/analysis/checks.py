@@ -1,0 +1,170 @@
+"""The desync checks: what the ranks of one matched collective disagree on, and the Seq gaps of a group."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from typing import Callable, Iterable
+
+from commtag.merge.records import (
+    CollectiveInstance,
+    Coverage,
+    describe_ranks,
+)
+from commtag.vocab import (
+    ANN_SEQ_FROM, COLLECTIVES, COLLECTIVE_NAME_KEY,
+    DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
+)
+from commtag.merge.analysis.results import Finding, FindingKind, MatchedCollective
+
+
+class SeqIndex:
+    """Each rank's Seq numbers per group (collectives) issued in its windows, with the window each ran in.
+
+    A graph replay is left out: it carries the Seq its call took at capture time, which was
+    issued then, not in the window the replay ran in (between two captured calls, others may
+    run outside any capture and any window). So is a Seq the merge numbered itself (a kernel
+    that named none and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
+    """
+
+    def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
+        found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
+        self.groups: dict[str, CollectiveInstance] = {}
+        for inst in instances:
+            if not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None:
+                found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
+                self.groups.setdefault(inst.pg_uid, inst)
+        #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
+        self.by_rank = {
+            key: [(s, coverage.window_of(key[1], i.start_ns), i.start_ns, i.end_ns) for s, i in sorted(seqs.items())]
+            for key, seqs in found.items()
+        }
+
+    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
+        """(pg, Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
+        skipped between two it recorded in one window (between windows nothing is known)."""
+        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+        for (pg, rank), seqs in self.by_rank.items():
+            for (a, wa, _, end_a), (b, wb, start_b, _) in zip(seqs, seqs[1:]):
+                if wa is not None and wa == wb:
+                    for s in range(a + 1, b):
+                        out[(pg, s)][rank] = (end_a, start_b)
+        return out
+
+    def recorded(self, pg: str, rank: int, seq: int) -> bool:
+        seqs = self.by_rank.get((pg, rank), [])
+        at = bisect.bisect_left(seqs, (seq,))
+        return at < len(seqs) and seqs[at][0] == seq
+
+    def passed(self, pg: str, rank: int, seq: int) -> bool:
+        """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
+        if self.recorded(pg, rank, seq):
+            return True
+        seqs = self.by_rank.get((pg, rank), [])
+        at = bisect.bisect_left(seqs, (seq,))
+        return 0 < at < len(seqs) and seqs[at - 1][1] is not None and seqs[at - 1][1] == seqs[at][1]
+
+
+def check(m: MatchedCollective) -> list[Finding]:
+    """The Flight Recorder checks on one matched instance."""
+    found: list[Finding] = []
+
+    def add(kind: FindingKind, ranks: Iterable[int], fields: tuple[str, ...], detail: str) -> None:
+        found.append(
+            Finding(kind, m.pg_uid, m.lane_name, m.seq, m.replay, m.is_p2p, tuple(sorted(ranks)), fields, detail)
+        )
+
+    if m.blamed_ranks:
+        add(FindingKind.MISSING_RANKS, m.blamed_ranks, (), f"{m.collective} ran on ranks {list(m.ranks)} only")
+    insts = list(m.members.values())
+    if m.is_p2p:
+        _check_p2p(insts, add)
+        return found
+    for kind, key, attr in ((FindingKind.OP_MISMATCH, COLLECTIVE_NAME_KEY, "collective"), (FindingKind.DTYPE_MISMATCH, DTYPE_KEY, "dtype")):
+        odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
+        if odd:
+            add(kind, odd, (key,), detail)
+    if any(f.kind == FindingKind.OP_MISMATCH for f in found):
+        return found  # sizes of different ops are not comparable
+    op = m.collective
+    row = COLLECTIVES.get(op)
+    shape = row.shape if row else None
+    checked = [(key, attr) for key, attr, equal in (
+        (IN_NELEMS_KEY, "in_nelems", row.equal_in if row else True),
+        (OUT_NELEMS_KEY, "out_nelems", row.equal_out if row else True),
+    ) if equal]
+    differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
+    if differing:
+        odd, detail = _odd_ones(insts, lambda i: _show(getattr(i, attr) for _, attr in differing))
+        add(FindingKind.SIZE_MISMATCH, odd, tuple(key for key, _ in differing), detail)
+    n = m.group_size
+    for inst in insts:
+        if shape == "out = in x n" and inst.out_nelems != inst.in_nelems * n:
+            add(FindingKind.SIZE_MISMATCH, [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
+                f"rank {inst.rank} gathers {inst.in_nelems} x {n} ranks into {inst.out_nelems}")
+        if shape == "in = out x n" and inst.in_nelems != inst.out_nelems * n:
+            add(FindingKind.SIZE_MISMATCH, [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
+                f"rank {inst.rank} scatters {inst.in_nelems} over {n} ranks into {inst.out_nelems}")
+    if shape == "sum in = sum out" and not m.missing_ranks:
+        total_in, total_out = sum(i.in_nelems for i in insts), sum(i.out_nelems for i in insts)
+        if total_in != total_out:
+            add(FindingKind.SIZE_MISMATCH, m.ranks, (IN_NELEMS_KEY, OUT_NELEMS_KEY),
+                f"ranks send {total_in} elements in total but receive {total_out}")
+    return found
+
+
+def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
+    if any(i.collective not in P2P_COLLECTIVES for i in insts):
+        return  # e.g. NCCL SendRecv kernels without metadata: both ends send and receive
+    sends = [i for i in insts if i.collective == SEND]
+    recvs = [i for i in insts if i.collective == RECV]
+    if len(insts) == 2 and (len(sends), len(recvs)) != (1, 1):
+        add(FindingKind.OP_MISMATCH, [i.rank for i in insts], (COLLECTIVE_NAME_KEY,),
+            f"expected a send and a recv, found {sorted(i.collective for i in insts)}")
+        return
+    if len(sends) == 1 and len(recvs) == 1:
+        s, r = sends[0], recvs[0]
+        if s.dtype != r.dtype:
+            add(FindingKind.DTYPE_MISMATCH, [s.rank, r.rank], (DTYPE_KEY,), f"send is {s.dtype}, recv is {r.dtype}")
+        if s.in_nelems != r.out_nelems:
+            add(FindingKind.SIZE_MISMATCH, [s.rank, r.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
+                f"rank {s.rank} sends {s.in_nelems} elements, rank {r.rank} receives {r.out_nelems}")
+
+
+def _show(values: Iterable[object]) -> str:
+    """One value as is, several as 'a/b' (In/Out msg nelems)."""
+    return "/".join(str(v) for v in values)
+
+
+def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstance], object]) -> tuple[list[int], str]:
+    """Ranks whose value differs from the most common one, and a detail line."""
+    by_value: dict[object, list[int]] = defaultdict(list)
+    for inst in insts:
+        by_value[value(inst)].append(inst.rank)
+    if len(by_value) < 2:
+        return [], ""
+    # The majority is taken as right; on a tie, the value of the lowest rank.
+    common = max(by_value, key=lambda v: (len(by_value[v]), -min(by_value[v])))
+    odd = sorted(r for v, ranks in by_value.items() if v != common for r in ranks)
+    detail = "; ".join(f"{v!s} on ranks {sorted(r)}" for v, r in sorted(by_value.items(), key=lambda kv: min(kv[1])))
+    return odd, detail
+
+
+def seq_gaps(seqs: SeqIndex, coverage: Coverage) -> list[Finding]:
+    """Seq numbers a rank skipped inside one of its windows, where every member was profiled."""
+    found = []
+    for (pg, s), gapped in sorted(seqs.holes().items()):
+        ref = seqs.groups[pg]
+        members = (set(ref.group_ranks) or {r for (p, r) in seqs.by_rank if p == pg}) & set(coverage.windows)
+        start, end = next(iter(gapped.values()))
+        if not all(r in gapped or seqs.passed(pg, r, s) or coverage.covers(r, start, end) for r in members):
+            continue  # some member was not profiled then: nothing to compare with
+        shared = not any(seqs.recorded(pg, r, s) for r in members)
+        ranks = tuple(sorted(gapped))
+        detail = (
+            f"no rank recorded Seq {s} (issued where commtag could not see it?)"
+            if shared
+            else f"Seq {s} is missing on {describe_ranks(ranks)} between their neighbouring Seqs"
+        )
+        found.append(Finding(FindingKind.SEQ_GAP, pg, ref.lane_name, s, None, False, ranks, (SEQ_KEY,), detail, desync=not shared))
+    return found

@@ -1,0 +1,1 @@
+"""What runs the stages: the options, the pipeline, the workers and the output."""

@@ -1,0 +1,203 @@
+"""The exchange between merge workers: every worker gets every rank's records.
+
+:func:`exchange` gives every worker every rank's :class:`RankSummary` and
+:func:`all_done` runs one step on all of them, an error on any stopping all;
+both travel as JSON bytes over the workers' :class:`commtag.merge.engine.worlds.World`,
+never pickle (:func:`to_wire`, :func:`from_wire`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, astuple, fields
+from typing import TYPE_CHECKING, Callable, Optional
+
+import orjson
+
+from commtag.merge.errors import MergeInputError
+from commtag.merge.records import CollectiveInstance, EventAccount, FileSpan, GroupLane, Interner, RankSummary
+
+if TYPE_CHECKING:
+    from commtag.merge.engine.worlds import World
+
+
+def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: Interner,
+             skipped: Optional[list[MergeInputError]] = None,
+             notices: Optional[list[str]] = None) -> list[RankSummary]:
+    """Every worker's summaries (``produce`` makes this worker's), in rank order; an input
+    error anywhere stops all workers.
+
+    ``skipped`` (--skip-bad-ranks) becomes every worker's skipped files, and
+    ``notices`` every worker's notices (those ``produce`` added while reading
+    its ranks too), each once, in worker order. A worker keeps its own
+    summaries as they are and decodes only the others'.
+    """
+    if world.size == 1:
+        # Nothing to exchange: a JSON round trip of every instance would cost more than the merge.
+        return sorted(produce(), key=lambda s: s.rank)
+    mine: list[RankSummary] = []
+    batches: list[list[RankSummary]] = [[]]
+
+    def step() -> dict:
+        nonlocal mine, batches
+        mine = produce()
+        batches = _rounds(mine)
+        return {**to_wire(batches[0]), "rounds": len(batches),
+                "skipped": [[str(e.path), e.problem] for e in skipped or ()], "notices": list(notices or ())}
+
+    parts = all_done(world, step)
+    if notices is not None:
+        notices[:] = dict.fromkeys(n for part in parts for n in (notices if part is None else part["notices"]))
+    if skipped is not None:
+        every = [[[str(e.path), e.problem] for e in skipped] if part is None else part["skipped"] for part in parts]
+        union = dict.fromkeys((path, problem) for listed in every for path, problem in listed)
+        skipped[:] = [MergeInputError(path, problem) for path, problem in union]
+    rounds = max([len(batches)] + [part["rounds"] for part in parts if part is not None])
+    others = [s for part in parts if part is not None for s in from_wire(part, interner)]
+    del parts
+    for r in range(1, rounds):
+        for part in all_done(world, lambda r=r: to_wire(batches[r] if r < len(batches) else [])):
+            if part is not None:
+                others += from_wire(part, interner)
+    return sorted(mine + others, key=lambda s: s.rank)
+
+
+#: Collective instances a merge worker sends per exchange round. orjson parses a whole document
+#: into a tree of its own before it makes the Python objects: a 512-rank torchrun-2 worker's part
+#: (11.5 MB of JSON) took 69 MB at once. Rounds of this many keep that peak a few MB.
+EXCHANGE_ROUND_INSTANCES = 8192
+
+
+def _rounds(summaries: list[RankSummary]) -> list[list[RankSummary]]:
+    """Consecutive summaries, each round at most EXCHANGE_ROUND_INSTANCES instances (a rank
+    with more goes alone); at least one round, maybe empty."""
+    rounds: list[list[RankSummary]] = [[]]
+    count = 0
+    for summary in summaries:
+        if rounds[-1] and count + len(summary.instances) > EXCHANGE_ROUND_INSTANCES:
+            rounds.append([])
+            count = 0
+        rounds[-1].append(summary)
+        count += len(summary.instances)
+    return rounds
+
+
+def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[dict]]:
+    """Run ``step`` on every worker and gather what each returned (None in this worker's own
+    place); an input or output error on any worker stops all of them, each naming the first."""
+    if world.size == 1:
+        step()
+        return [None]
+    error: Optional[MergeInputError] = None
+    try:
+        payload = orjson.dumps(step() or {})
+    except MergeInputError as exc:
+        error = exc
+        payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
+    blobs = world.all_gather_bytes(payload)
+    del payload
+    # Each part parsed, then its bytes dropped: every worker's records are in memory once at a time, not twice.
+    parts: list[Optional[dict]] = []
+    for i in range(len(blobs)):
+        blob, blobs[i] = blobs[i], b""
+        parts.append(None if i == world.index else orjson.loads(blob))
+        del blob
+    for part in parts:
+        if part is None and error is not None:
+            raise error
+        if part is not None and "error" in part:
+            raise MergeInputError(*part["error"])
+    return parts
+
+
+_FIELDS = [f.name for f in fields(CollectiveInstance)]
+
+
+_COMMON_AT = _FIELDS.index("common_args")
+
+
+_RANKS_AT = _FIELDS.index("group_ranks")
+
+
+#: Fields sent as an index into a table of texts: a lane name holds the group's ranks.
+_TEXTS_AT = [_FIELDS.index(name) for name in ("pg_uid", "collective", "dtype", "source", "lane_name")]
+
+
+#: Numbers that many instances repeat (a rank, a call site's sizes): after decoding, one object each
+#: (those of the call sites' args where they hold them), as where the instances were made, not
+#: 28 bytes per instance each (an int above 256 is a new object each time orjson reads it).
+_REPEATED_AT = [_FIELDS.index(name) for name in ("rank", "in_nelems", "out_nelems", "group_size", "lane_id")]
+
+
+_ARGS_AT = _FIELDS.index("args")
+
+
+def to_wire(summaries: list[RankSummary]) -> dict:
+    """Summaries as JSON data: a rank's instances as one column per field (not a list per
+    instance: on both ends those were most of what the exchange added to a worker's peak), their
+    ``common_args``, texts and member ranks indexes into tables, so that what many instances
+    share travels once. Shared objects are found by identity (member tuples are interned), not
+    hashed again for every instance."""
+    index: dict[int, int] = {}
+    table: list[dict] = []
+    texts: dict[str, int] = {}
+    rank_lists: dict[int, tuple[int, tuple]] = {}
+    out = []
+    for s in summaries:
+        columns: list[list] = [[] for _ in _FIELDS]
+        for inst in s.instances:
+            row = [getattr(inst, name) for name in _FIELDS]
+            ref = index.get(id(inst.common_args))
+            if ref is None:
+                ref = index[id(inst.common_args)] = len(table)
+                table.append(inst.common_args)
+            row[_COMMON_AT] = ref
+            for at in _TEXTS_AT:
+                row[at] = texts.setdefault(row[at], len(texts))
+            ranks = row[_RANKS_AT]
+            found = rank_lists.get(id(ranks))
+            if found is None:  # held with its number, so that its id stays its own
+                found = rank_lists[id(ranks)] = (len(rank_lists), ranks)
+            row[_RANKS_AT] = found[0]
+            for column, value in zip(columns, row):
+                column.append(value)
+        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": [list(g) for g in s.groups],
+                    "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
+                    "files": [astuple(f) for f in s.files], "instances": columns, "notes": s.notes,
+                    "account": None if s.account is None else asdict(s.account)})
+    return {"common": table, "texts": list(texts), "ranks": [ranks for _, ranks in rank_lists.values()],
+            "summaries": out}
+
+
+def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
+    """The summaries :func:`to_wire` sent, their shared args and rank lists interned again (by the merge's ``interner``)."""
+    # Rebuilt key by key, texts shared: orjson sizes a dict's table for more keys than it holds (a
+    # 21-key call site's args took 1,168 bytes against 464) and gives every dict its own copy of a
+    # text that many call sites repeat (a group's ranks); these are kept for the whole merge.
+    table = [interner.common({key: interner.shared(value) if value.__class__ is str else value
+                              for key, value in args.items()}) for args in data["common"]]
+    texts = [interner.shared(text) for text in data["texts"]]  # the same objects as the args' (a pg uid, a lane)
+    rank_lists = [interner.shared(tuple(ranks)) for ranks in data["ranks"]]
+    # The call sites' numbers first, for the instance fields that repeat them (sizes, lane id).
+    same = {value: value for args in table for value in args.values() if value.__class__ is int}
+    summaries = []
+    for s in data["summaries"]:
+        instances = []
+        columns = s.pop("instances")
+        for at in _REPEATED_AT:
+            columns[at] = [same.setdefault(value, value) for value in columns[at]]
+        columns[_ARGS_AT] = [{key: same.setdefault(value, value) if value.__class__ is int else value
+                              for key, value in own.items()} for own in columns[_ARGS_AT]]
+        for values in zip(*columns):
+            row = list(values)
+            row[_COMMON_AT] = table[row[_COMMON_AT]]
+            row[_RANKS_AT] = rank_lists[row[_RANKS_AT]]
+            for at in _TEXTS_AT:
+                row[at] = texts[row[at]]
+            instances.append(CollectiveInstance(*row))
+        s["groups"] = [GroupLane(name, lane_id, uid, interner.shared(tuple(ranks)))
+                       for name, lane_id, uid, ranks in s["groups"]]
+        s["windows"] = [tuple(w) for w in s["windows"]]
+        s["account"] = None if s["account"] is None else EventAccount(**s["account"])
+        s["files"] = [FileSpan(*f) for f in s["files"]]
+        summaries.append(RankSummary(**s, instances=instances))
+    return summaries

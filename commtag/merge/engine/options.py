@@ -1,0 +1,81 @@
+"""What a merge is asked to do and what it returns.
+
+:class:`MergeOptions` is built once, by :func:`commtag.merge.merge`, and
+carried whole to every stage and to every merge worker (``-j`` sends it as
+JSON, :mod:`commtag.merge.engine.jobs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+from commtag.merge.records import CollectiveInstance, Coverage, TraceAnnotations
+
+if TYPE_CHECKING:
+    from commtag.merge.analysis.align import Alignment
+    from commtag.merge.analysis.results import Analysis
+    from commtag.merge.errors import MergeInputError
+    from commtag.merge.records import EventAccount
+    from commtag.merge.inputs.selection import Selection
+
+#: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.
+DEFAULT_MAX_OUTPUT = 1_500_000_000
+
+#: ``analysis(instances, coverage)`` may add figures to each instance's ``args``
+#: and return counters and markers for the trace. Under torchrun every merge
+#: worker calls it, over every rank's instances.
+AnalysisHook = Callable[[list[CollectiveInstance], Coverage], Optional[TraceAnnotations]]
+DEFAULT_OUTPUT = "merged.pftrace"
+ALIGN_MODES = ("none", "collectives")
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """How to merge: the options of ``commtag merge`` (see :func:`merge` for each)."""
+
+    align: str = "none"
+    json_dir: Optional[Path] = None
+    rank_pattern: Optional[str] = None
+    rank: Optional[int] = None
+    #: None: a progress bar when stderr is a terminal.
+    progress: Optional[bool] = None
+    skip_bad_ranks: bool = False
+    list_left_out: bool = False
+    strict: bool = False
+    #: The steps or time window kept, and the ranks written in detail (default: everything).
+    selection: Optional[Selection] = None
+    #: Bytes the merged trace may take (its size is estimated before it is written); None: any.
+    max_output: Optional[int] = DEFAULT_MAX_OUTPUT
+
+    def __post_init__(self) -> None:
+        if self.align not in ALIGN_MODES:
+            raise ValueError(f"align must be one of {ALIGN_MODES}, got {self.align!r}")
+
+
+@dataclass(slots=True)
+class MergeResult:
+    output: Path
+    ranks: list[int]
+    instances: list[CollectiveInstance]
+    alignment: Optional[Alignment] = None
+    annotations: Optional[TraceAnnotations] = None
+    #: With ``skip_bad_ranks``: the files left out, each with why (worker 0 has everyone's).
+    skipped: list[MergeInputError] = field(default_factory=list)
+    #: Things the user should know that did not stop the merge (a trace without sidecar).
+    notices: list[str] = field(default_factory=list)
+    #: Per merged rank, in rank order: events read, written, and left out by reason.
+    accounts: list[EventAccount] = field(default_factory=list)
+    #: Files that may not be of one run with the rest (``strict`` refuses them instead).
+    warnings: list[str] = field(default_factory=list)
+    #: Whether this process is the merge worker that wrote the output (always, without torchrun);
+    #: another worker's result has no instances and is not the one to report.
+    lead: bool = True
+    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker.
+    analysis: Optional[Analysis] = None
+
+
+def default_output(inputs: Sequence[Path]) -> Path:
+    first = inputs[0]
+    return (first if first.is_dir() else first.parent) / DEFAULT_OUTPUT

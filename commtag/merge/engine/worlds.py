@@ -1,0 +1,287 @@
+"""The transports merge workers meet over, and the last word between them.
+
+A :class:`World` moves bytes between the workers of one merge; the
+exchange protocol over it is :mod:`commtag.merge.engine.exchange`.
+:func:`settle` is the last exchange: every worker learns every worker's error.
+:func:`launcher_world` tells which transport this launch needs:
+
+* :class:`SoloWorld`: one process, nothing to exchange.
+* :class:`FileWorld` (all workers on one host, the usual case): files in a
+  hidden directory beside the output. Why not a gloo group: importing torch
+  and forming the group cost each worker ~2 s and ~300 MB, more than its
+  share of most merges. The workers already share that directory (worker 0
+  appends the others' shards from it).
+* :class:`TorchWorld` (workers on several hosts, each with its own disk):
+  a gloo group; each node discovers its own files (:mod:`commtag.merge.engine.hosts`)
+  and worker 0 receives the others' parts of the trace over the group.
+
+``commtag merge -j N`` uses a :class:`FileWorld` without torchrun
+(:class:`commtag.merge.engine.jobs.LocalWorld`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Protocol, Sequence
+
+import orjson
+
+from commtag.atomic import temporary, write_atomic
+from commtag.merge.errors import MergeInputError
+
+if TYPE_CHECKING:
+    from commtag.merge.inputs.load import RankInput
+
+
+#: How long a worker waits for the others' records (they may still be merging their ranks).
+EXCHANGE_TIMEOUT_S = float(os.environ.get("COMMTAG_MERGE_EXCHANGE_TIMEOUT_S", "7200"))
+_POLL_S = 0.01
+#: How long closing waits for the other workers to finish reading.
+CLOSE_TIMEOUT_S = 60.0
+
+
+class World(Protocol):
+    """The merge job's workers (one, or torchrun's)."""
+
+    index: int
+    size: int
+    #: Whether each worker sees only its own host's files (:class:`TorchWorld`), not one shared folder.
+    apart: bool
+    #: The ranks worker 0 discovered, when it sent them (a ``-j`` worker): not discovered again.
+    discovered: Optional[list[RankInput]]
+
+    def start(self, ranks: int) -> None:
+        """Discovery found ``ranks`` ranks: a world that starts its own workers starts them now."""
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+class SoloWorld:
+    index = 0
+    size = 1
+    apart = False
+    discovered = None
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        pass
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        return [data]
+
+    def close(self) -> None:
+        pass
+
+
+class FileWorld:
+    """Workers of one torchrun launch on one host, exchanging through ``directory``.
+
+    Round ``k`` of :meth:`all_gather_bytes` is a file per worker, written
+    under a temporary name and renamed, so a reader never sees half of one.
+    The directory is named after the launch (hostname and the torchrun
+    agent's pid, which is every local worker's parent), so concurrent merges
+    into one directory do not meet. Worker 0 removes it once every worker
+    has said it is done reading.
+    """
+
+    apart = False
+
+    def __init__(self, index: int, size: int, folder: Path,
+                 watch: Callable[[], Optional[str]] = lambda: None,
+                 discovered: Optional[list[RankInput]] = None) -> None:
+        self.index = index
+        self.size = size
+        self.discovered = discovered
+        self._dir = folder
+        #: Why waiting on is pointless (a worker is gone), else None; asked while waiting.
+        self._watch = watch
+        self._round = 0
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        pass
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        self._round += 1
+        self._publish(f"r{self._round}", data)
+        paths = self._wait(f"r{self._round}")
+        # Its own part is ``data``: read back, it was every worker's records once more in memory.
+        return [data if w == self.index else p.read_bytes() for w, p in enumerate(paths)]
+
+    def close(self) -> None:
+        """Say this worker is done; worker 0 waits for everyone's word, then removes the exchange;
+        the others wait for that, so worker 0 is never stopped halfway by torchrun (which stops
+        every worker once one has exited with an error)."""
+        try:
+            self._publish("done", b"")
+            if self.index == 0:
+                self._wait("done", timeout_s=CLOSE_TIMEOUT_S)
+                shutil.rmtree(self._dir, ignore_errors=True)
+            else:
+                deadline = time.monotonic() + CLOSE_TIMEOUT_S
+                while self._dir.exists() and time.monotonic() < deadline and self._watch() is None:
+                    time.sleep(_POLL_S)
+        except (OSError, MergeInputError):
+            pass  # leaving the hidden directory behind must not fail a merge that succeeded
+
+    def _publish(self, what: str, data: bytes) -> None:
+        self._dir.mkdir(exist_ok=True)
+        write_atomic(self._dir / f"{what}.w{self.index}", data)
+
+    def _wait(self, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> list[Path]:
+        paths = [self._dir / f"{what}.w{w}" for w in range(self.size)]
+        deadline = time.monotonic() + timeout_s
+        while not all(p.exists() for p in paths):
+            if time.monotonic() > deadline:
+                missing = [w for w, p in enumerate(paths) if not p.exists()]
+                raise MergeInputError(self._dir, f"merge workers {missing} sent nothing for {timeout_s:.0f} s")
+            gone = self._watch()
+            if gone is not None:
+                raise MergeInputError(self._dir, gone)
+            time.sleep(_POLL_S)
+        return paths
+
+
+#: Bytes one gloo message of the exchange or of a part carries: what a worker holds in flight per peer.
+TRANSFER_CHUNK = 4 << 20
+
+
+class TorchWorld:
+    """torchrun's workers on several hosts, over a gloo group; no folder is shared.
+
+    Each node finds its own rank files (:mod:`commtag.merge.engine.hosts`); the
+    exchanges and the workers' parts of the trace travel over the group in
+    chunks of :data:`TRANSFER_CHUNK`, so no worker holds a whole part.
+    """
+
+    #: The workers' folders are their own: discovery and the parts go through the group.
+    apart = True
+    discovered = None
+
+    def __init__(self) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if not dist.is_initialized():  # as long as a worker may wait for another's merge
+            dist.init_process_group("gloo", timeout=timedelta(seconds=EXCHANGE_TIMEOUT_S))
+        self._dist = dist
+        self.index = dist.get_rank()
+        self.size = dist.get_world_size()
+
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        pass
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        import torch
+
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        self._dist.all_gather(sizes, size)
+        lengths = [int(s.item()) for s in sizes]
+        # A round holds a chunk from every worker: TRANSFER_CHUNK in all (at least 64 KiB each).
+        step = max(1, min(max(lengths), max(TRANSFER_CHUNK // self.size, 1 << 16)))
+        out = [bytearray() for _ in range(self.size)]
+        for at in range(0, max(lengths), step):
+            piece = data[at:at + step]
+            mine = torch.zeros(step, dtype=torch.uint8)
+            if piece:
+                mine[: len(piece)] = torch.frombuffer(bytearray(piece), dtype=torch.uint8)
+            chunks = [torch.zeros(step, dtype=torch.uint8) for _ in range(self.size)]
+            self._dist.all_gather(chunks, mine)
+            for got, chunk, length in zip(out, chunks, lengths):
+                got += chunk[: max(0, min(step, length - at))].numpy().tobytes()
+        # One part at a time to bytes, its bytearray dropped: copying all at once held every part twice.
+        gathered = []
+        while out:
+            gathered.append(bytes(out.pop(0)))
+        return gathered
+
+    def send_part(self, path: Path) -> None:
+        """Send this worker's part to worker 0, chunk by chunk (a length, then the bytes; 0 ends it,
+        -1 says it could not be read, and worker 0 stops the merge)."""
+        import torch
+
+        try:
+            with open(path, "rb") as stream:
+                while block := stream.read(TRANSFER_CHUNK):
+                    self._dist.send(torch.tensor([len(block)], dtype=torch.int64), dst=0)
+                    self._dist.send(torch.frombuffer(bytearray(block), dtype=torch.uint8), dst=0)
+        except OSError as exc:
+            self._dist.send(torch.tensor([-1], dtype=torch.int64), dst=0)
+            raise MergeInputError(path, f"cannot read this worker's part: {exc.strerror or exc}") from None
+        self._dist.send(torch.tensor([0], dtype=torch.int64), dst=0)
+
+    def receive_part(self, source: int, sink: BinaryIO) -> None:
+        """Worker 0: write worker ``source``'s part into ``sink`` as it comes; every chunk is
+        received even when writing fails, so that the sender is never left waiting."""
+        import torch
+
+        failed: Optional[OSError] = None
+        length = torch.zeros(1, dtype=torch.int64)
+        while True:
+            self._dist.recv(length, src=source)
+            n = int(length.item())
+            if n == -1:
+                raise MergeInputError(f"merge worker {source}", "could not read its part of the trace")
+            if n == 0:
+                break
+            block = torch.empty(n, dtype=torch.uint8)
+            self._dist.recv(block, src=source)
+            if failed is None:
+                try:
+                    sink.write(block.numpy().tobytes())
+                except OSError as exc:
+                    failed = exc
+        if failed is not None:
+            raise failed
+
+    def close(self) -> None:
+        self._dist.destroy_process_group()
+
+
+def settle(world: World, error: Optional[MergeInputError]) -> list[MergeInputError]:
+    """Every worker's error, each distinct one once, in worker order (empty: all succeeded).
+
+    The last exchange of a merge under torchrun: a worker may fail where the
+    others did not (a rename of its own files), and each must exit with the
+    same status while one of them (worker 0) reports. Sent as the merge's
+    exchanges send an error, so a worker still in one of those stops too.
+    """
+    mine = {"error": [str(error.path), error.problem]} if error is not None else {}
+    try:
+        parts = [orjson.loads(blob) for blob in world.all_gather_bytes(orjson.dumps(mine))]
+    except MergeInputError as exc:  # a worker that never answered
+        parts = [mine, {"error": [str(exc.path), exc.problem]}]
+    found = dict.fromkeys(tuple(part["error"]) for part in parts if isinstance(part, dict) and "error" in part)
+    return [MergeInputError(path, problem) for path, problem in found]
+
+
+def under_launcher() -> bool:
+    """Whether a launcher (torchrun) started this process as one of its workers, even as its only
+    one (``--nproc-per-node=1``): then each worker is one merge worker and ``-j`` starts none."""
+    return "WORLD_SIZE" in os.environ
+
+
+def launcher_world(output: Path) -> Optional[World]:
+    """The workers of this launch when torchrun started several; None for a plain process."""
+    if not under_launcher():
+        return None
+    size = int(os.environ["WORLD_SIZE"])
+    if size <= 1:
+        return None
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == size:
+        launch = hashlib.sha1(f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}:"
+                              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}".encode()).hexdigest()[:16]
+        # Named as a temporary of the torchrun agent (every local worker's parent): a merge after a
+        # killed launch removes it (commtag.merge.engine.output.remove_stale).
+        return FileWorld(int(os.environ["RANK"]), size,
+                         temporary(output.parent / f"commtag-merge-{launch}", pid=os.getppid()))
+    return TorchWorld()
+
+

@@ -1,0 +1,1 @@
+"""What the ranks wrote: discovery, reading, run checks, the selection."""

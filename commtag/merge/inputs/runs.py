@@ -1,0 +1,85 @@
+"""Do the merged files come from one run? What each file says of itself, compared.
+
+Discovery already refuses what the first bytes prove (sidecars of another run
+id, another world size), and the conversion a sidecar whose calls lie outside
+its trace. What is left can only be suspected once every rank is read, so it
+is a warning (``--strict`` refuses it):
+
+* files far apart in time: every file of every rank is placed in time, and
+  files more than :data:`RUN_GAP_NS` from the largest group of files (by
+  ranks) are named: a file of another run, or a clock days off. A later file
+  of a rank that also has files in that group, with the same sidecar run id,
+  is a later profile of the same run and is not named;
+* a trace whose ``host_name`` differs from its sidecar's ``host``, and files of
+  one rank written on different hosts (one rank of one run is one process);
+* two ranks claiming copies of one profile (the same ``trace_id`` and the
+  same time span).
+"""
+
+from __future__ import annotations
+
+
+from commtag.merge.inputs.clock import wall_clock
+from commtag.merge.records import FileSpan
+
+#: Files further apart than this (a day) are not one profiled window of one run.
+RUN_GAP_NS = 86_400 * 10**9
+
+
+def warnings(files: list[FileSpan]) -> list[tuple[str, str]]:
+    """``(path, problem)`` for each file the checks above suspect, in the order of the checks."""
+    return [*_far_apart(files), *_hosts(files), *_copies(files)]
+
+
+def _far_apart(files: list[FileSpan]) -> list[tuple[str, str]]:
+    timed = sorted((f for f in files if f.first_ns is not None), key=lambda f: f.first_ns)
+    groups: list[list[FileSpan]] = []
+    for f in timed:
+        if groups and f.first_ns - max(g.last_ns for g in groups[-1]) <= RUN_GAP_NS:
+            groups[-1].append(f)
+        else:
+            groups.append([f])
+    if len(groups) < 2:
+        return []
+    main = max(groups, key=lambda g: (len({f.rank for f in g}), len(g)))  # the earliest on a tie
+    start, end = min(f.first_ns for f in main), max(f.last_ns for f in main)
+    run_of_rank = {(f.rank, f.run_id) for f in main if f.run_id}
+    out = []
+    for f in timed:
+        if any(f is g for g in main) or (f.rank, f.run_id) in run_of_rank:
+            continue
+        days = max(f.first_ns - end, start - f.last_ns) / 86_400e9
+        out.append((f.path, f"rank {f.rank}: its events lie {days:.1f} days from those of the other files "
+                            f"({wall_clock(start)} to {wall_clock(end)}): a file of another run, or a clock "
+                            "days off?"))
+    return out
+
+
+def _hosts(files: list[FileSpan]) -> list[tuple[str, str]]:
+    out = []
+    first_host: dict[int, FileSpan] = {}
+    for f in files:
+        if f.host and f.sidecar_host and f.host != f.sidecar_host:
+            out.append((f.path, f"its host_name {f.host!r} differs from host {f.sidecar_host!r} of its sidecar: "
+                                "a trace and sidecar of different machines"))
+        host = f.sidecar_host or f.host
+        if not host:
+            continue
+        seen = first_host.setdefault(f.rank, f)
+        if (seen.sidecar_host or seen.host) != host:
+            out.append((f.path, f"rank {f.rank} ran on {seen.sidecar_host or seen.host!r} in {seen.path} but on "
+                                f"{host!r} here: one rank of one run is one process, on one host"))
+    return out
+
+
+def _copies(files: list[FileSpan]) -> list[tuple[str, str]]:
+    out = []
+    seen: dict[tuple, FileSpan] = {}
+    for f in files:
+        if not f.trace_id or f.first_ns is None:
+            continue
+        other = seen.setdefault((f.trace_id, f.first_ns, f.last_ns), f)
+        if other is not f and other.rank != f.rank:
+            out.append((f.path, f"rank {f.rank}'s trace is a copy of {other.path} (rank {other.rank}): the same "
+                                f"trace_id {f.trace_id!r} and time span"))
+    return out

@@ -1,0 +1,199 @@
+"""The lanes block of the merged trace: process-group lanes, cross-rank flows, counters, markers.
+
+Written by each merge worker after its ranks' blocks (see
+:mod:`commtag.merge.pftrace.writer`), on its own packet sequence. Which members
+of a collective get a flow between them is decided here
+(:func:`cross_rank_flows`), from what :func:`commtag.merge.records.match_groups`
+calls one collective.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Collection, Optional, Sequence
+
+from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
+from commtag.merge.timeline import Row
+from commtag.merge.pftrace.packets import track_descriptor
+from commtag.merge.pftrace.sequence import SequenceWriter, track_field
+from commtag.merge.pftrace.views import write_group_view
+
+#: Groups up to this size get a flow between every pair of members, so that
+#: selecting any member shows all others; bigger groups get a star.
+FULL_MESH_MAX = 8
+#: Sibling order of a rank's counter and marker tracks: after every lane.
+_AFTER_LANES = 1 << 20
+
+#: Flows of one instance, by ``id(instance)``: (flow ids it starts, flow ids it terminates), None for
+#: none; or one id alone, the only flow it terminates (a big group's members but the first). Held for
+#: every instance at once: tuples of each one's ids were most of a 512-rank merge's peak memory.
+InstanceFlows = dict[int, "int | tuple[Optional[Sequence[int]], Optional[Sequence[int]]]"]
+
+
+def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
+                     ranks: Optional[Collection[int]] = None) -> tuple[InstanceFlows, int]:
+    """Flows linking the members of each matched instance, numbered in the order of ``instances``
+    after the ``numbered`` flows written before; and the count with these. Only the members on
+    ``ranks`` (None: all) are in the result (a merge worker writes its own ranks' lanes, but
+    numbers the flows of every rank's).
+
+    Members are what :func:`~commtag.merge.records.match_groups` (the
+    analysis's rule too) calls one collective. The earlier starting slice
+    of a pair starts the flow (ties: lower rank, which a lanes block writes
+    first): trace_processor drops a terminating id it has not seen start.
+    Pairs are numbered member by member (first member with each later one,
+    then the second's, ...), so the ids a member starts are one run.
+    """
+    flows: InstanceFlows = {}
+    counter = numbered
+    for members in match_groups(instances):
+        n = len(members)
+        if n < 2 or len({m.rank for m in members}) != n:
+            continue
+        members.sort(key=lambda m: (m.start_ns, m.rank))
+        first = flow_id(FLOW_CROSS_RANK, 0, counter + 1)  # the id of this group's pair number k is first + k
+        if n <= FULL_MESH_MAX:
+            # Pair (i, j), i < j, is number starts[i] + (j - i - 1), where starts[i] counts the pairs before i's.
+            starts = [0] * n
+            for i in range(1, n):
+                starts[i] = starts[i - 1] + n - i
+            for j, member in enumerate(members):
+                if ranks is not None and member.rank not in ranks:
+                    continue
+                out = range(first + starts[j], first + starts[j] + n - 1 - j) if j < n - 1 else None
+                into = tuple(first + starts[i] + j - i - 1 for i in range(j)) or None
+                flows[id(member)] = (out, into)
+            counter += n * (n - 1) // 2
+        else:  # a star from the first member
+            if ranks is None or members[0].rank in ranks:
+                flows[id(members[0])] = (range(first, first + n - 1), None)
+            for j in range(1, n):
+                if ranks is None or members[j].rank in ranks:
+                    flows[id(members[j])] = first + j - 1
+            counter += n - 1
+    return flows, counter
+
+
+class LanesWriter:
+    """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
+
+    ``first_rank``: the first rank of the worker's chunk, which names its sequence.
+    """
+
+    def __init__(self, origin: int = 0, first_rank: int = 0) -> None:
+        self.seq = SequenceWriter(lanes_sequence_id(first_rank), origin)
+        self._ids: dict[int, LocalIds] = {}
+        #: Cross-rank flows numbered so far (a second write goes on from there).
+        self._flows_numbered = 0
+
+    def rank_ids(self, rank: int) -> LocalIds:
+        """``rank``'s track uuids in the lanes block (the process-group view takes its rows from them too)."""
+        ids = self._ids.get(rank)
+        if ids is None:
+            ids = self._ids[rank] = LocalIds(rank, LANE_LOCAL, 1 << LOCAL_BITS)
+        return ids
+
+    def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
+              instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
+              markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
+              ranks: Optional[Collection[int]] = None) -> None:
+        """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
+        (default: every rank).
+
+        ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
+        being the lane's position in the one global lane order, so a group's
+        lane sits at the same place on every member rank. ``instances``:
+        every rank's, as the cross-rank flows are numbered over all of them
+        (so workers writing different ranks agree on them); each goes to the
+        lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
+        -> annotations of the lane's kernel categories, an instant at its first slice.
+        """
+        wanted = None if ranks is None else set(ranks)
+        flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
+        by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
+        for inst in instances:
+            if wanted is None or inst.rank in wanted:
+                by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+        counters, markers = write_group_view(self, stream, lanes, by_lane, flows, lane_kernels or {}, counters,
+                                             markers, wanted)
+        if by_lane:
+            raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
+        for series in counters:
+            self._counter(series)
+        self._markers(markers)
+        stream.write(self.seq.out)
+        self.seq.out.clear()
+
+    def lane_slices(self, instances: Sequence[CollectiveInstance], flows: InstanceFlows) -> Row:
+        """One lane's slices, encoded on this writer's sequence, with their cross-rank and source
+        flows (the common args of a call site's steps and replays are encoded once)."""
+        seq = self.seq
+        row = Row()
+        for inst in instances:
+            found = flows.get(id(inst))
+            fout, fin = (None, None) if found is None else (None, (found,)) if found.__class__ is int else found
+            if inst.source_flow is not None:
+                fin = (*(fin or ()), inst.source_flow)
+            data = seq.body(inst.collective, "collective", None)
+            common, own = inst.common_args, inst.args
+            if own.keys().isdisjoint(common):  # then all_args() encodes as common, then own
+                data += seq.shared_annotations(common) + seq.annotations(own)
+            else:
+                data += seq.annotations(inst.all_args())
+            row.add(inst.start_ns, inst.end_ns, data + seq.flows(fout, fin) if fout or fin else data)
+        return row
+
+    def _counter(self, series: CounterSeries) -> None:
+        uuid = self.rank_ids(series.rank)()
+        self.seq.descriptor(track_descriptor(uuid, series.track, parent=process_uuid(series.rank),
+                                             sibling_order_rank=_AFTER_LANES, counter_unit=series.unit))
+        for ts, value in sorted(series.points):
+            self.seq.counter(ts, uuid, float(value))
+
+    def _markers(self, markers: Sequence[Marker]) -> None:
+        tracks: dict[int, bytes] = {}
+        for marker in sorted(markers, key=lambda m: (m.rank, m.ts_ns)):
+            track = tracks.get(marker.rank)
+            if track is None:
+                uuid = self.rank_ids(marker.rank)()
+                self.seq.descriptor(track_descriptor(uuid, "commtag markers", parent=process_uuid(marker.rank),
+                                                     sibling_order_rank=_AFTER_LANES + 1))
+                track = tracks[marker.rank] = track_field(uuid)
+            self.seq.instant(marker.ts_ns, track, self.seq.body(marker.name, "commtag", marker.args))
+
+
+def lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:
+    """Each rank's lanes, in one global order: a group's lane on every loaded member.
+
+    Larger groups come first (the world group on top), then groups by their
+    name as torch numbers them ("1" before "10"), so the order reads like the
+    program's group creation. Only groups with at least one collective
+    anywhere get lanes; membership comes from the group tables (ranks), or
+    from having instances on it.
+    """
+    used = {i.lane_name for s in summaries for i in s.instances}
+    sort_keys: dict[str, tuple] = {}
+    members: dict[str, set[int]] = {}
+    loaded = {s.rank for s in summaries}
+
+    def lane(name: str, pg_uid: str, size: int) -> None:
+        group_name = pg_uid.rpartition(":")[0] or pg_uid
+        numbered = (0, int(group_name), "") if group_name.isdigit() else (1, 0, group_name)
+        sort_keys.setdefault(name, (-size, numbered, name))
+
+    for s in summaries:
+        for group in s.groups:
+            if group.lane_name in used:
+                lane(group.lane_name, group.pg_uid, len(group.ranks))
+                members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
+        for inst in s.instances:
+            lane(inst.lane_name, inst.pg_uid, inst.group_size)
+            members.setdefault(inst.lane_name, set()).add(s.rank)
+    order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}
+    layout: dict[int, list[tuple[str, int]]] = {}
+    for name, ranks in members.items():
+        for r in ranks:
+            layout.setdefault(r, []).append((name, order[name]))
+    for rows in layout.values():
+        rows.sort(key=lambda row: row[1])
+    return layout

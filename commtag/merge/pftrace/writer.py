@@ -1,0 +1,196 @@
+"""The merged trace's writer: a header, then each rank's process, groups and rows.
+
+Usage (what :mod:`commtag.merge.engine.pipeline` does, one worker writing ranks 0 and 1)::
+
+    with open("merged.pftrace", "wb") as out:
+        out.write(header(first_ns, origin))
+        seq = rank_sequence(0, origin)        # encodes each rank's events while they are read
+        for timeline in (rank0, rank1):       # RankTimeline, from commtag.merge.rank.convert
+            write_rank(out, timeline, seq)
+        LanesWriter(origin, 0).write(out, lanes, instances, counters, markers)  # commtag.merge.pftrace.lanes
+
+(``header`` is :func:`commtag.merge.pftrace.packets.header`, re-exported here.)
+
+Two kinds of packets, two ways of writing them:
+
+* the per-event packets (slice BEGIN and END, instants: two or three per
+  source event, millions per merge) are framed here by hand from
+  precomputed byte fragments (:mod:`commtag.merge.pftrace.wire`): 12 us per slice
+  written here, nesting on backing tracks included, against 20 us for one
+  generated TracePacket per BEGIN and per END without it (1.7x; 100,000
+  slices, 200 names, 4 annotations each; 2-core machine);
+  ``tests/test_wire.py`` checks each such packet, byte for byte, against the
+  generated protos' encoding;
+* the cold ones (header, track descriptors, counter values, interned data: a
+  few hundred packets and one counter value per analysed collective) are
+  Perfetto's generated messages (:mod:`commtag.merge.pftrace.packets`), whose module
+  is loaded at the first of them.
+
+A marker is an instant like any other (its name, category and args go
+through the one annotation encoder of :class:`SequenceWriter`); its track is
+a cold descriptor. The rules this writer follows are
+those trace_processor applies at import (see the project's reference
+perfetto-import-rules.md), and ``commtag validate`` checks them.
+
+Layout of the file: a header (ClockSnapshot, root descriptor ordering the
+processes), then per merge worker one block per rank of its chunk, then the
+lanes block of those ranks (process-group lanes, cross-rank flows, the
+analysis's counters and markers). Ids come from :mod:`commtag.merge.ids`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, BinaryIO, Optional
+
+
+from commtag.merge.ids import LANE_LOCAL, LocalIds, process_uuid, rank_sequence_id, synthetic_pid
+from commtag.merge.pftrace.packets import track_descriptor
+from commtag.merge.pftrace.packets import header as header  # the writer's API: a trace starts with it
+from commtag.merge.timeline import RankTimeline, Row
+from commtag.merge.pftrace.wire import (
+    LOW14,
+    MASK14,
+    PACKET_TIMESTAMP,
+    SMALL_VARINTS,
+    TRACE_PACKET,
+    varint,
+)
+from commtag.merge.pftrace.sequence import BEGIN, SequenceWriter, track_field
+
+if TYPE_CHECKING:
+    pass
+
+
+
+
+def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, name: str, order: int,
+              merge_key: str, ids: LocalIds, instants: Optional[Row] = None,
+              summary: Optional[tuple[str, dict]] = None) -> None:
+    """Write the slices of one source row on as few backing tracks as proper nesting allows.
+
+    Each backing track gets the slices that nest properly on it; a slice that
+    would cross one goes to the next. All backing tracks share parent, name
+    and sibling_merge_key, so the UI shows them as one row with the
+    overlapping slices stacked, and no timestamp changes. ``summary`` (name,
+    args): an instant at the row's first slice that describes the whole row
+    (its kernel categories), clickable where the row starts.
+    """
+    order_ = slices.in_start_order()
+    starts, ends, offsets, data, extra = slices.starts, slices.ends, slices.offsets, slices.data, slices.extra
+    body = bytearray()
+    stacks: list[list[int]] = []
+    tails: list[bytes] = []
+    tracks: list[bytes] = []
+    uuids: list[int] = []
+    #: Per backing track: a BEGIN's first fields, and an END packet's bytes before its timestamp by the
+    #: timestamp's varint length (the packet's size depends only on that).
+    begins: list[bytes] = []
+    end_heads: list[tuple[bytes, ...]] = []
+    # BEGIN and END packets (SequenceWriter.event and .end), inlined for the plain case: this loop runs twice
+    # per slice of the whole merge. So is the timestamp's varint where its high bits are cached: 28 low bits
+    # by table and the cached rest. Packets are appended field by field: no temporary bytes per packet.
+    ts_bytes, after_ts = seq.encode_timestamp, seq.after_timestamp
+    origin, highs, low, mask, small = seq.origin, seq.timestamp_highs, LOW14, MASK14, SMALL_VARINTS
+    packet_tag, ts_tag = TRACE_PACKET, PACKET_TIMESTAMP
+    fixed = len(ts_tag) + len(after_ts)
+    for i in order_:
+        start, stop = starts[i], ends[i]
+        k = 0
+        for stack in stacks:
+            while stack and stack[-1] <= start:
+                n = stack.pop() - origin
+                tail = highs.get(n >> 28) if n >= 0x10000000 else None
+                ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(n + origin)
+                body += end_heads[k][len(ts_b)]
+                body += ts_b
+                body += tails[k]
+            if not stack or stop <= stack[-1]:
+                break
+            k += 1
+        else:
+            uuid = ids()
+            uuids.append(uuid)
+            track = track_field(uuid)
+            tracks.append(track)
+            tails.append(seq.end_tail(track))
+            end_heads.append(tuple(packet_tag + varint(len(ts_tag) + size + len(tails[-1])) + ts_tag
+                                   for size in range(11)))
+            begins.append(BEGIN + track)
+            stacks.append([])
+        stacks[k].append(stop)
+        more = extra.get(i)
+        event = begins[k] + data[offsets[i]:offsets[i + 1]]
+        if more:
+            event += more
+        if not seq.plain:
+            seq.event(start, event, body)
+            continue
+        n = start - origin
+        tail = highs.get(n >> 28) if n >= 0x10000000 else None
+        ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(start)
+        n = len(event)
+        length = small[n] if n < 0x4000 else varint(n)
+        size = fixed + len(ts_b) + len(length) + n
+        body += packet_tag
+        body += small[size] if size < 0x4000 else varint(size)
+        body += ts_tag
+        body += ts_b
+        body += after_ts
+        body += length
+        body += event
+    for k, stack in enumerate(stacks):
+        while stack:
+            seq.end(stack.pop(), tails[k], body)
+    if not tracks:  # a row with only instants, or an empty lane: still one track
+        uuid = ids()
+        uuids.append(uuid)
+        tracks.append(track_field(uuid))
+    if instants is not None:
+        instant, payload = seq.instant, instants.payload
+        for i, ts in enumerate(instants.starts):
+            instant(ts, tracks[0], payload(i), body)
+    if summary is not None and order_:
+        seq.instant(starts[order_[0]], tracks[0], seq.body(summary[0], "commtag", summary[1]), body)
+    for uuid in uuids:
+        seq.descriptor(track_descriptor(
+            uuid, name, parent=parent, sibling_order_rank=order,
+            merge_key=merge_key if len(uuids) > 1 else None,
+        ))
+    # The sequence's packets so far (descriptors last), then the row's: written, not
+    # appended to seq.out, which would copy the row's packets (megabytes) once more.
+    stream.write(seq.out)
+    seq.out.clear()
+    stream.write(body)
+
+
+def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
+    """The sequence rank blocks are written on, one per merge worker, named after the first rank
+    it writes; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
+    (see commtag.merge.rank.convert). One sequence for all of a worker's ranks: their interning
+    tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
+    other's names and args."""
+    return SequenceWriter(rank_sequence_id(first_rank), origin)
+
+
+def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceWriter] = None) -> None:
+    """Write one rank's process, groups and rows (slices already encoded by ``seq``, which may go
+    on to the worker's next rank)."""
+    rank = timeline.rank
+    seq = seq or rank_sequence(rank)
+    proc = process_uuid(rank)
+    seq.descriptor(track_descriptor(
+        proc, timeline.process_name, pid=synthetic_pid(rank), process_name=timeline.process_name,
+        labels=timeline.labels, sibling_order_rank=rank,
+    ))
+    ids = LocalIds(rank, 2, LANE_LOCAL)
+    groups: dict[str, int] = {}
+    for track in sorted(timeline.tracks, key=lambda t: (t.group, t.order, t.name)):
+        parent = groups.get(track.group)
+        if parent is None:
+            parent = groups[track.group] = ids()
+            seq.descriptor(track_descriptor(parent, track.group, parent=proc, explicit_child_order=True))
+        key = f"r{rank}:{track.group}:{track.name}"
+        emit_rows(stream, seq, track.slices, parent, track.name, track.order, key, ids, track.instants,
+                  track.summary)
+    stream.write(seq.out)
+    seq.out.clear()

@@ -1,0 +1,1 @@
+"""One rank's pass: its trace converted, then the annotations attached by source."""

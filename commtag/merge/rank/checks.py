@@ -1,0 +1,93 @@
+"""What a trace event must be for the merge to place it, and the one-line refusal of one that is not."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from commtag.merge.errors import MergeInputError
+from commtag.merge.inputs.load import check_world_size
+from commtag.merge.inputs.clock import wall_clock
+
+_INF = float("inf")
+
+
+#: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
+MAX_DUR_US = 86_400 * 10**6
+
+
+#: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
+#: clock is absurd (a base time shifted by years), not a real run's.
+MAX_AHEAD_NS = 86_400 * 10**9
+
+
+def _number(value: object) -> bool:
+    return value.__class__ in (int, float) and value == value and abs(value) != _INF
+
+
+def _count(value: object, least: int) -> bool:
+    return value.__class__ is int and value >= least
+
+
+def check_distributed_info(path: Path, info: object) -> None:
+    """The fields of distributedInfo the merge reads must have their types (rank, world, groups)."""
+    if not info:
+        return
+    if info.__class__ is not dict:
+        raise MergeInputError(path, "distributedInfo is not an object")
+    for key, least in (("rank", 0), ("world_size", 1)):
+        if key in info and not _count(info[key], least):
+            raise MergeInputError(path, f"distributedInfo.{key} {info[key]!r} is not an integer >= {least}")
+    check_world_size(path, "distributedInfo.world_size", info.get("world_size", 0))
+    if "rank" in info and "world_size" in info and info["rank"] >= info["world_size"]:
+        raise MergeInputError(path, f"distributedInfo.rank {info['rank']} is outside world_size {info['world_size']}")
+    groups = info.get("pg_config") or []
+    if groups.__class__ is not list:
+        raise MergeInputError(path, "distributedInfo.pg_config is not a list")
+    for i, pg in enumerate(groups):
+        if pg.__class__ is not dict:
+            raise MergeInputError(path, f"distributedInfo.pg_config[{i}] is not an object")
+        ranks = pg.get("ranks", [])
+        if ranks.__class__ is not list or not all(_count(r, 0) for r in ranks):
+            raise MergeInputError(path, f"distributedInfo.pg_config[{i}].ranks is not a list of ranks")
+
+
+def check_ids(path: Path, i: int, e: dict) -> None:
+    """pid and tid are numbers or names (Kineto writes both), args an object (or null)."""
+    for key in ("pid", "tid"):
+        if key in e and e[key].__class__ is not int and e[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): {key} {e[key]!r} is not a number or name")
+    if e.get("args") is not None and e["args"].__class__ is not dict:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+
+
+def refuse(path: Path, i: int, e: dict, base: int) -> None:
+    """Raise the error that says what is wrong with ``traceEvents[i]``, a slice or instant the loop refused."""
+    ph = e.get("ph")
+    ts = e.get("ts")
+    if ts is None:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing 'ts'")
+    if not _number(ts) or ts < 0:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): ts {ts!r} is not a finite non-negative number")
+    dur = e.get("dur", 0) if ph == "X" else 0
+    if not _number(dur) or not 0 <= dur <= MAX_DUR_US:
+        raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): dur {dur!r} is not a duration in [0, 1 day] (us)")
+    for key in ("name", "cat"):
+        if key in e and e[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents[{i}]: {key} {e[key]!r} is not a string")
+    for key in ("pid", "tid"):
+        if key not in e:
+            raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): missing {key!r}")
+    check_ids(path, i, e)
+    start = round(ts * 1000) + base
+    raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
+
+
+def check_clock(path: Path, last_ns: Optional[int]) -> None:
+    """A trace cannot end long after the merging machine's clock: such times are bad input."""
+    now = time.time_ns()
+    if last_ns is not None and last_ns > now + MAX_AHEAD_NS:
+        raise MergeInputError(path, f"its clock is absurd: it ends at {wall_clock(last_ns)}, "
+                                    f"{(last_ns - now) / 86_400e9:.0f} days after this machine's clock "
+                                    "(check its baseTimeNanoseconds and ts)")

@@ -1,0 +1,447 @@
+"""One rank's Kineto events, batch by batch, into the writer's rows.
+
+Why streaming: a parsed trace is about ten times its JSON in Python objects,
+so a rank is never held as dicts. Each event is checked (anything the merge
+cannot place stops it with an error naming the event), then either
+
+* encoded at once by the writer's :class:`Encoder` (most events): only its
+  times and opaque bytes are kept; or
+* kept as a dict until its file is complete, when attach may annotate it:
+  collective and graph kernels, graph launches, ``c10d::`` and ``gloo:``
+  ops. They are a few per thousand events.
+
+Flows are added to the kept bytes when a file ends (a launch may come after
+its kernels), and so are the kernel-category breakdowns of graph launches.
+Args that only link events, which the merged trace draws as flows instead
+(:data:`commtag.vocab.LINK_ARGS`), are not written.
+
+Every complete ("X") and instant ("i"/"I") event is written. Traces of
+torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream
+7"``, ``"pid": "Spans"``) and use other category names: numeric strings are
+read as numbers, ``stream N`` as GPU stream N, other strings name rows of
+their own, and old categories take today's names
+(:data:`commtag.vocab.KINETO_LEGACY_CATEGORIES`). Everything else
+(metadata, flow events, other phases) is counted per reason in the rank's
+:class:`EventAccount`, the merge's receipt for what it left out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
+from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
+from commtag.merge.rank.events import RankFlows, group_rows
+from commtag.merge.errors import MergeInputError
+from commtag.merge.rank.captures import CapturedKernels
+from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
+from commtag.merge.inputs.clock import checked_base_ns
+from commtag.merge.records import GroupLane, Interner
+from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
+from commtag.merge.timeline import RankTimeline, Row
+from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
+from commtag.vocab import (
+    ANN_LANE, CORRELATION_KEY,
+    GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
+)
+from commtag.merge.records import EventAccount
+from commtag.merge.rank.checks import MAX_DUR_US, check_clock, check_ids, refuse, check_distributed_info
+from commtag.merge.rank.rows import (
+    OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
+    left_out_reason,
+)
+
+_MAX_NS = (1 << 63) - 1
+_INF = float("inf")
+_MISSING = object()
+class RankConverter:
+    """Everything one rank contributes: rows of encoded slices, instances, groups.
+
+    ``encoder`` None: place and encode nothing, only check the events and
+    attach (the instances alone: --align's first pass, ``commtag summary``,
+    ``--json``), and with ``breakdowns`` fill ``categories`` (``commtag
+    summary``'s kernel tables; with an encoder they are always filled).
+    """
+
+    def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
+                 flows: Optional[RankFlows] = None, breakdowns: bool = False, list_left_out: bool = False,
+                 interner: Optional[Interner] = None) -> None:
+        self.rank = rank
+        self.encoder = encoder
+        #: The merge's: equal values of its instances are one object (see attach).
+        self.interner = interner or Interner()
+        self.breakdowns = breakdowns or encoder is not None
+        self.offset = offset_ns
+        self.flows = flows or RankFlows(rank)
+        self.rows: dict[tuple, Row] = {}
+        self.instants: dict[tuple, Row] = {}
+        self.thread_names: dict = {}
+        self.labels: dict = {}
+        self.gpu_pids: set = set()
+        self.categories = DeviceWork()
+        self.instances: list = []
+        #: What attach said its files' events are left without.
+        self.notes: list[str] = []
+        #: uid -> the groups this rank knows.
+        self.groups: dict[str, GroupLane] = {}
+        self.host = ""
+        #: ``(first_ns, last_ns)`` each file covers, its collectives included: the rank's profiled windows.
+        self.windows: list[tuple[int, int]] = []
+        #: The world size its sidecar or distributedInfo claims (None: neither says).
+        self.world_size: Optional[int] = None
+        #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
+        self.annotated: dict[int, tuple[dict, dict]] = {}
+        #: (pid, tid) as a trace wrote them, when not both ints -> the row they name.
+        self.placed: dict[tuple, tuple[RowId, RowId]] = {}
+        #: Events read from every file of the rank.
+        self.read = 0
+        #: phase -> category -> events of that kind not written.
+        self.left_out: dict[str, dict[Optional[str], int]] = {}
+        self.listed: Optional[list[str]] = [] if list_left_out else None
+        #: Timed events a --steps/--window selection left out.
+        self.outside = 0
+
+    # -- events ------------------------------------------------------------
+    def feed(self, file: FileState, events: Iterable, base: int) -> None:
+        """Check, place and encode one batch of a file's events (``base``: ns of ts 0, with the offset)."""
+        path = file.path
+        encoder = self.encoder
+        body = encoder.body if encoder is not None else None
+        rows = self.rows
+        categories = self.categories
+        inf = _INF
+        breakdowns = self.breakdowns
+        first, last = file.first, file.last
+        left_out = self.left_out
+        listed = self.listed
+        legacy = KINETO_LEGACY_CATEGORIES
+        keep = file.keep
+        i = file.index - 1
+        for e in events:
+            i += 1
+            if e.__class__ is not dict:
+                raise MergeInputError(path, f"traceEvents[{i}] is not an object")
+            ph = e.get("ph")
+            if ph == "X":
+                dur = e.get("dur", 0)
+                dc = dur.__class__
+                if (dc is not int and dc is not float) or not 0 <= dur <= MAX_DUR_US:
+                    refuse(path, i, e, base)
+            elif ph == "i" or ph == "I":
+                dur = 0
+                dc = int
+            else:
+                try:  # by phase, then category: two lookups of cached str hashes, no tuple, no call
+                    left_out[ph][e["cat"]] += 1
+                except (KeyError, TypeError):  # the first of its kind, no category ("M"), or not text
+                    self._leave_out(ph, e.get("cat"))
+                if listed is not None:
+                    listed.append(f"{path}: traceEvents[{i}] {e.get('name')!r}: "
+                                  f"{left_out_reason(*event_kind(ph, e.get('cat')))}")
+                if ph == "M":
+                    check_ids(path, i, e)
+                    if body is not None:
+                        self._meta(e)
+                continue
+            ts = e.get("ts")
+            tc = ts.__class__
+            pid = e.get("pid", _MISSING)
+            tid = e.get("tid", _MISSING)
+            pc = pid.__class__
+            ic = tid.__class__
+            args = e.get("args")
+            name = e.get("name", "")
+            cat = e.get("cat")
+            if ((tc is not int and tc is not float) or not 0 <= ts < inf
+                    or name.__class__ is not str or (cat is not None and cat.__class__ is not str)
+                    or (pc is not int and pc is not str) or (ic is not int and ic is not str)
+                    or (args is not None and args.__class__ is not dict)):
+                refuse(path, i, e, base)
+            if cat in legacy:
+                cat = e["cat"] = legacy[cat]
+            start = (ts * 1000 if tc is int else round(ts * 1000)) + base
+            end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
+            if start < 0 or end > _MAX_NS:
+                refuse(path, i, e, base)
+            if keep is not None and not keep(start):
+                self.outside += 1
+                if listed is not None:
+                    listed.append(f"{path}: traceEvents[{i}] {name!r}: {OUTSIDE_SELECTION}")
+                if ph == "X" and is_candidate(name, cat, args, file.captured):
+                    # attach still sees it, so the kept collectives are joined as in a whole merge
+                    if pc is not int or ic is not int:
+                        self._place(e, pid, tid)
+                    file.candidates.append((e, None, OUTSIDE))
+                continue
+            if first is None or start < first:
+                first = start
+            if last is None or end > last:
+                last = end
+            if pc is not int or ic is not int:
+                pid, tid = self._place(e, pid, tid)
+            if ph != "X":
+                if body is not None:
+                    row = self.instants.get((pid, tid))
+                    if row is None:
+                        row = self.instants[(pid, tid)] = Row()
+                    if args:
+                        drop_links(args)
+                    row.add(start, start, body(name, cat, args))
+                continue
+            # is_candidate's cheap first test, written here because it runs per event.
+            candidate = ((cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in CANDIDATE_INITIALS)
+                         and is_candidate(name, cat, args, file.captured))
+            if body is None:
+                if candidate:
+                    file.candidates.append((e, None, -1))
+                if args and breakdowns:
+                    if cat in LAUNCH_CATEGORIES:
+                        categories.launch(name, args.get(CORRELATION_KEY))
+                    elif not candidate and cat in WORK_CATEGORIES:
+                        categories.kernel((pid, tid), name, cat, dur, args)
+                continue
+            key = (pid, tid)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = Row()
+            index = len(row.starts)
+            if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
+                corr = args.get(CORRELATION_KEY)
+                if corr.__class__ is int:
+                    if cat in LAUNCH_CATEGORIES:
+                        file.launches[corr] = (row, index)
+                        categories.launch(name, corr)
+                    else:
+                        self.gpu_pids.add(pid)
+                        file.work.append((row, index, corr))
+            if candidate:
+                file.candidates.append((e, row, index))
+                row.add(start, end, b"")  # encoded once attach has run (_settle)
+                continue
+            if args:
+                if cat in WORK_CATEGORIES:
+                    categories.kernel(key, name, cat, dur, args)
+                drop_links(args)
+            # Row.add, inlined: it runs once per event.
+            row.starts.append(start)
+            row.ends.append(end)
+            data = row.data
+            data += body(name, cat, args)
+            row.offsets.append(len(data))
+        file.index = i + 1
+        file.first, file.last = first, last
+
+    def _leave_out(self, ph: object, cat: object) -> None:
+        """Count an event left out whose kind the loop's counter has not seen (see :func:`event_kind`)."""
+        ph, cat = event_kind(ph, cat)
+        by_cat = self.left_out.setdefault(ph, {})
+        by_cat[cat] = by_cat.get(cat, 0) + 1
+
+    def _place(self, e: dict, pid: RowId, tid: RowId) -> tuple[RowId, RowId]:
+        """The row of an event whose pid or tid is a string (torch 1.8-1.10, Kineto's own spans):
+        written back into the event, so attach and ``--json`` see the same row."""
+        placed = self.placed.get((pid, tid))
+        if placed is None:
+            row_pid = row_id(pid)[0]
+            row_tid, stream = row_id(tid)
+            if stream:
+                self.gpu_pids.add(row_pid)
+            placed = self.placed[(pid, tid)] = (row_pid, row_tid)
+        e["pid"], e["tid"] = placed
+        return placed
+
+    def _meta(self, e: dict) -> None:
+        """Take a thread's name or a process's labels from an "M" event."""
+        what = e.get("name")
+        args = e.get("args") or {}
+        pid, tid = e.get("pid", ""), e.get("tid", "")
+        if what == "thread_name":
+            self.thread_names[self._place(e, pid, tid)] = str(args.get("name", "")).strip()
+        elif what == "process_labels":
+            pid = self._place(e, pid, tid)[0]
+            self.labels[pid] = str(args.get("labels", ""))
+            if str(args.get("labels", "")).startswith("GPU"):
+                self.gpu_pids.add(pid)
+
+    # -- files ---------------------------------------------------------------
+    def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
+                 spans: Optional[Spans] = None) -> tuple[Optional[int], Optional[int]]:
+        """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.inputs.jsonstream.TraceStream`).
+
+        ``spans``: the times (ns) in which an event or a collective must start to be
+        kept (--steps/--window); the others are counted as left out.
+        Returns the file's first and last ns (None without timed events).
+        """
+        keep = keeper(spans) if spans is not None else None
+        file = FileState(path, keep, CapturedKernels(sidecar.captures) if sidecar is not None else None)
+        header = stream.header
+        base = None
+        marks = {key: len(row) for key, row in [*self.rows.items(), *(((k, "i"), r) for k, r in self.instants.items())]}
+        try:
+            for batch in stream.batches():
+                if base is None:
+                    base = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
+                if has_torch_lanes(header):  # torch writes the flag before traceEvents
+                    restore_group_lanes(batch)  # one lane per group: commtag's (see torchlanes)
+                self.feed(file, batch, base)
+                del batch
+        except TraceFormatError as exc:
+            raise MergeInputError(path, str(exc)) from None
+        self.read += file.index
+        check_distributed_info(path, header.get("distributedInfo"))
+        final = checked_base_ns(path, header.get("baseTimeNanoseconds", 0)) + self.offset
+        if base is not None and final != base:
+            self._shift(file, marks, final - base)
+        check_clock(path, None if file.last is None else file.last - self.offset)
+        trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
+        attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
+                          annotated=self.annotated if self.encoder is not None else None, notes=self.notes)
+        if keep is not None:
+            attached = kept_by_selection(file, attached, keep, self.flows, self.annotated)
+        if self.encoder is None:  # no event is written, so no flow may end on one
+            for inst in attached:
+                inst.source_flow = None
+        self.instances += attached
+        claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
+        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
+        for g in group_rows(trace, sidecar):
+            self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, self.interner.shared(tuple(g.ranks)))
+        self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
+        if self.breakdowns:
+            self._categorize(file)
+        if self.encoder is not None:
+            self._settle(file)
+        elif self.breakdowns:
+            self.categories.end_trace()
+        file.candidates.clear()
+        return file.first, file.last
+
+    def _window(self, file: FileState, attached: list, world_size: Optional[int], evidence: bool,
+                spans: Optional[Spans] = None) -> None:
+        """Record the time the file covers (a collective timed from the sidecar may reach past
+        its events) and the world size it claims. A file that shows no collective and has
+        no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing.
+        With ``spans`` (--steps/--window) it covers what it kept of each span, one window each:
+        collectives of steps left out between them are not missing."""
+        self.world_size = self.world_size or world_size
+        if not evidence:
+            return
+        starts = [t for t in (file.first, *(i.start_ns for i in attached)) if t is not None]
+        ends = [t for t in (file.last, *(i.end_ns for i in attached)) if t is not None]
+        if starts and ends:
+            first, last = min(starts), max(ends)
+            if spans is None:
+                self.windows.append((first, last))
+            else:
+                self.windows += [(max(low, first), min(high, last)) for low, high in spans
+                                 if max(low, first) < min(high, last)]
+            self.windows.sort()
+
+    def _categorize(self, file: FileState) -> None:
+        """Add the attached kernels to the breakdowns: only now is their lane known (from
+        their annotation), and they still carry their correlation (:meth:`_settle` drops it)."""
+        categories = self.categories
+        annotated = self.annotated
+        for e, _, _ in file.candidates:
+            cat = e.get("cat")
+            if cat in WORK_CATEGORIES:
+                parts = annotated.get(id(e))
+                args = e.get("args") or {}
+                lane = parts[0].get(ANN_LANE) if parts is not None else args.get(ANN_LANE)
+                if args or parts is not None:
+                    categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args, lane)
+
+    def _shift(self, file: FileState, marks: dict, delta: int) -> None:
+        """A base time found after the events (not Kineto's order): move this file's times,
+        checked first (a row's times are int64: an overflow there would be no clear error)."""
+        if file.first is not None and (file.first + delta < 0 or file.last + delta > _MAX_NS):
+            raise MergeInputError(file.path, "baseTimeNanoseconds puts its events outside int64 nanoseconds")
+        for key, row in self.rows.items():
+            row.shift(marks.get(key, 0), delta)
+        for key, row in self.instants.items():
+            row.shift(marks.get((key, "i"), 0), delta)
+        file.first = None if file.first is None else file.first + delta
+        file.last = None if file.last is None else file.last + delta
+
+    def _settle(self, file: FileState) -> None:
+        """Encode the attached events (already categorized), then add this file's launch flows
+        and graph-launch breakdowns."""
+        encoder = self.encoder
+        flows_out, flows_in = self.flows.out, self.flows.into
+        categories = self.categories
+        annotated = self.annotated
+        for e, row, index in file.candidates:
+            args = e.get("args")
+            if args:
+                drop_links(args)
+            ref = id(e)
+            out, into = flows_out.pop(ref, None), flows_in.pop(ref, None)
+            # Kineto's args (through the writer's block cache: a kernel's repeat), then the
+            # annotation: its call site's common args (encoded once), then its own.
+            data = encoder.body(e.get("name", ""), e.get("cat"), args)
+            parts = annotated.pop(ref, None)
+            if parts is not None:
+                data += encoder.shared_annotations(parts[0]) + encoder.annotations(parts[1])
+            row.append_to(index, encoder.flows(out, into) + data if out or into else data)
+        file.candidates.clear()
+        self._launch_flows(file)
+        for corr in categories.end_trace():
+            row, index = file.launches[corr]
+            extra = kernel_args(self.rank, LAUNCH_SCOPE, corr, categories.launches[corr])
+            row.append_to(index, encoder.annotations(extra))
+
+    def _launch_flows(self, file: FileState) -> None:
+        """One flow per piece of device work, from its launch (or from the work if it starts first)."""
+        flow_fields = self.encoder.flow_fields
+        launches = file.launches
+        for (row, index, corr), fid in zip(file.work, self.flows.launches(len(file.work))):
+            hit = launches.get(corr)
+            if hit is None:
+                continue
+            lrow, lindex = hit
+            starts, ends = flow_fields(fid)
+            if lrow.starts[lindex] <= row.starts[index]:
+                lrow.append_to(lindex, starts)
+                row.append_to(index, ends)
+            else:
+                row.append_to(index, starts)
+                lrow.append_to(lindex, ends)
+        file.work.clear()
+
+    # -- the rank ------------------------------------------------------------
+    def account(self) -> EventAccount:
+        """The rank's receipt: events read, written (counted on the rows), and left out by reason."""
+        written = sum(len(row) for row in self.rows.values()) + sum(len(row) for row in self.instants.values())
+        reasons: dict[str, int] = {}
+        for ph, by_cat in self.left_out.items():
+            for cat, n in by_cat.items():
+                reason = left_out_reason(ph, cat)
+                reasons[reason] = reasons.get(reason, 0) + n
+        if self.outside:
+            reasons[OUTSIDE_SELECTION] = self.outside
+        if self.encoder is None:  # --detail: the rank's events were read and checked, not written
+            timed = self.read - sum(reasons.values())
+            if timed:
+                reasons[NOT_IN_DETAIL] = timed
+        return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()))
+
+    def timeline(self) -> RankTimeline:
+        """The rank's rows, named and ordered, with its kernel-category summaries."""
+        categories = self.categories
+        categories.finish()
+        summaries = {key: (summary_name(b.describe()), kernel_args(self.rank, STREAM_SCOPE, key[1], b))
+                     for key, b in categories.streams.items()}
+        tracks = tracks_of(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
+        starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]
+        devices = sorted((p for p in self.gpu_pids if any(k[0] == p for k in self.rows)),
+                         key=lambda p: (p.__class__ is str, p))
+        device = ", ".join(self.labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
+        if self.encoder is None:
+            device = "lanes only (--detail)"
+        name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"
+        lanes = {lane: kernel_args(self.rank, LANE_SCOPE, lane, b) for lane, b in categories.lanes.items()}
+        return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,
+                            first_ns=min(starts) if starts else None, lane_kernels=lanes)
+
+

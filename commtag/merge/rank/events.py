@@ -1,0 +1,237 @@
+"""One trace file's events as attach reads them, and what attaching one annotation does.
+
+:class:`FileEvents` indexes the file's candidate events once (kernels, gloo
+works, c10d ops, record_param_comms ops, graph launches) and holds what the
+per-source passes share: the events ``taken`` (an event gets at most one
+annotation), the instances made, the groups, the flows. Each source is a
+module of functions over it: :mod:`commtag.merge.rank.gloo`,
+:mod:`commtag.merge.rank.eager`, :mod:`commtag.merge.rank.replays`; the
+order they run in is :func:`commtag.merge.rank.attach.attach`'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
+
+from commtag.identity import GroupRow, group_info
+from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
+from commtag.merge.inputs.clock import base_ns, event_ns
+from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
+from commtag.vocab import (
+    ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, RANK_KEY,
+    GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, PG_RANKS_KEY, SEQ_KEY,
+    family, is_graph_launch,
+)
+
+if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
+    from commtag.schema import CollectiveAnnotation, RecordedCollective, Sidecar
+
+#: The names of the CPU events attach joins: a collective's ``c10d::`` op and gloo's ``gloo:`` work
+#: events (record_param_comms is :data:`commtag.vocab.COMMS_OP`).
+C10D_OP_PREFIX = "c10d::"
+GLOO_WORK_PREFIX = "gloo:"
+
+
+def group_rows(trace: dict, sidecar: Optional[Sidecar]) -> list[GroupRow]:
+    """Every group of a rank: the sidecar's table, else rebuilt from distributedInfo's pg_config.
+
+    A sidecar may hold one name several times, once per life of the world
+    (a re-init names its groups again), each life with its own uid.
+    """
+    if sidecar is not None:
+        return [GroupRow(uid=pg.uid, name=pg.name, desc=pg.desc, ranks=pg.ranks, backend=pg.backend,
+                         lane_id=pg.lane_id, lane_name=pg.lane_name)
+                for pg in sidecar.process_groups]
+    info = trace.get("distributedInfo") or {}
+    rows = []
+    for pg in info.get("pg_config") or ():
+        ranks = pg.get("ranks")
+        if isinstance(ranks, list) and ranks and "pg_name" in pg:
+            name = str(pg["pg_name"])
+            rows.append(group_info(name, str(pg.get("pg_desc", "")), ranks, str(pg.get("backend_config", ""))))
+    return rows
+
+
+def group_table(rows: Sequence[GroupRow]) -> dict[str, GroupRow]:
+    """Groups by pg name, for kernels that name only that: of several lives, the latest (a sidecar lists them in order)."""
+    return {row.name: row for row in rows}
+
+
+class RankFlows:
+    """Flow ids of one rank's block (deterministic: derived from the rank and a counter)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._next = 0
+        self.out: dict[int, list[int]] = {}
+        self.into: dict[int, list[int]] = {}
+
+    def source(self, event: dict) -> int:
+        """A flow that ``event`` starts and its lane slice will end."""
+        self._next += 1
+        fid = flow_id(FLOW_SOURCE, self.rank, self._next)
+        self.out.setdefault(id(event), []).append(fid)
+        return fid
+
+    def launches(self, n: int) -> range:
+        """The ids of the next ``n`` flows from a launch to its device work."""
+        first = flow_id(FLOW_LAUNCH, self.rank, self._next + 1)
+        self._next += n
+        return range(first, first + n)
+
+
+#: CollectiveAnnotation fields behind OWN_ORDER's eager keys (an annotation has no "commtag rank").
+_OWN_FIELDS = (("rank", RANK_KEY), ("seq", SEQ_KEY), ("p2p_pair_seq", ANN_P2P_PAIR_SEQ), ("replay", ANN_REPLAY))
+_OWN_FIELD_NAMES = frozenset(name for name, _ in _OWN_FIELDS)
+
+
+def own_args(annotation: CollectiveAnnotation, **more: object) -> dict:
+    """A sidecar annotation's own keys (Seq, Rank, ...), as its eager dict has them."""
+    own = {}
+    for name, key in _OWN_FIELDS:
+        value = getattr(annotation, name)
+        if value is not None:
+            own[key] = value
+    own.update(more)
+    return own
+
+
+def make_instance(interner: Interner, rank: int, parts: tuple[dict, dict], start: int, end: int, source: str,
+              group: Optional[GroupRow], flow: Optional[int], members: dict[tuple, tuple[int, ...]]) -> CollectiveInstance:
+    """The instance whose slices carry ``parts`` (an event's common and own args), with its
+    rank and source added. ``members``: the file's member tuples by group (made once per group:
+    a world's ranks copied and hashed for each instance grew with the square of the ranks)."""
+    event_common, own = parts
+    common_args = interner.with_source(event_common, source)
+    key = (True, group.uid) if group else (False, str(common_args.get(PG_RANKS_KEY, "[]")))
+    ranks = members.get(key)
+    if ranks is None:
+        ranks = members[key] = interner.shared(tuple(group.ranks) if group else ranks_of(common_args))
+    return CollectiveInstance.from_args(
+        common_args, rank=rank, seq=whole(own.get(SEQ_KEY), 0), replay=own.get(ANN_REPLAY), group_ranks=ranks,
+        start_ns=start, end_ns=end, source=source, own={**own, ANN_RANK: rank}, common_args=common_args,
+        source_flow=flow)
+
+
+class HostCall(Protocol):
+    """A recorded call as :meth:`FileEvents.host_timed` times it (:class:`commtag.merge.rank.gloo.GlooCall`)."""
+
+    rec: RecordedCollective
+    group: Optional[GroupRow]
+    op: Optional[tuple]
+    works: list[tuple]
+    lo: int
+    hi: int
+
+
+class FileEvents:
+    """One trace file's candidate events, indexed once, and the state attach's passes share."""
+
+    def __init__(self, rank: int, trace: dict, sidecar: Optional[Sidecar], offset_ns: int,
+                 flows: RankFlows, interner: Interner, annotated: Optional[dict], notes: list[str]) -> None:
+        self.rank = rank
+        #: What this file's events are left without, said in the merge's report.
+        self.notes = notes
+        self.interner = interner
+        self.annotated = annotated
+        #: A sidecar call site's fields (all but its own) -> its common args.
+        self.sites: dict[tuple, dict] = {}
+        self.trace = trace
+        self.sidecar = sidecar
+        self.base = base_ns(trace) + offset_ns
+        self.offset = offset_ns
+        self.flows = flows
+        rows = group_rows(trace, sidecar)
+        self.groups = group_table(rows)
+        self.by_uid = {g.uid: g for g in rows}
+        #: Each group's member ranks as the merge's one tuple (see :func:`_instance`).
+        self.members: dict[tuple, tuple[int, ...]] = {}
+        self.instances: list[CollectiveInstance] = []
+        self.taken: set[int] = set()
+        self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
+        self.gloo: list[tuple[int, int, dict, str, int]] = []
+        self.kernels: list[tuple[int, int, dict]] = []
+        #: record_param_comms ops of collectives, in start order.
+        self.comms_ops: list[tuple[int, int, dict]] = []
+        #: pg_config's uid -> pg_name, for an older torch's "Process Group ID".
+        self.pg_ids = {pg["uid"]: str(pg["pg_name"]) for pg in (trace.get("distributedInfo") or {}).get("pg_config") or ()
+                       if isinstance(pg, dict) and "uid" in pg and "pg_name" in pg}
+        self.launches: dict[int, dict] = {}
+        #: Eager kernels by "External id" (that of the CPU op that launched them), in start order.
+        self.by_external: dict[object, list[tuple[int, int, dict]]] = {}
+        #: record_param_comms ops by thread, in start order: inside a c10d op, they launch its kernels.
+        self.comms_by_tid: dict[object, list[tuple[int, int, dict]]] = {}
+        for e in trace["traceEvents"]:
+            # Only slices the timeline places (int pid and tid): a flow to any other would dangle.
+            if e.get("ph") != "X" or "ts" not in e or e.get("pid").__class__ is not int or e.get("tid").__class__ is not int:
+                continue
+            name = e.get("name", "")
+            cat = e.get("cat")
+            if cat == KERNEL_CATEGORY:
+                self.kernels.append((*event_ns(e, self.base), e))
+            elif name.startswith(GLOO_WORK_PREFIX):
+                self.gloo.append((*event_ns(e, self.base), e, family(name), e.get("tid")))
+            elif name.startswith(C10D_OP_PREFIX):
+                self.c10d.setdefault(e.get("tid"), []).append((*event_ns(e, self.base), e))
+            elif name == COMMS_OP:
+                op = (*event_ns(e, self.base), e)
+                self.comms_by_tid.setdefault(e.get("tid"), []).append(op)
+                if (e.get("args") or {}).get(COLLECTIVE_NAME_KEY) not in (None, *NON_COLLECTIVE_NAMES):
+                    self.comms_ops.append(op)
+            elif cat in LAUNCH_CATEGORIES and is_graph_launch(name):
+                corr = (e.get("args") or {}).get(CORRELATION_KEY)
+                if corr is not None:
+                    self.launches[corr] = e
+        self.kernels.sort(key=lambda k: k[0])
+        for kernel in self.kernels:  # in start order
+            args = kernel[2].get("args") or {}
+            if EXTERNAL_ID_KEY in args and not args.get(GRAPH_NODE_ID_KEY):
+                self.by_external.setdefault(args[EXTERNAL_ID_KEY], []).append(kernel)
+        self.comms_ops.sort(key=lambda o: o[0])
+        self.gloo.sort(key=lambda g: g[0])
+        for ops in (*self.c10d.values(), *self.comms_by_tid.values()):
+            ops.sort(key=lambda o: o[0])
+
+    def annotate(self, event: dict, parts: tuple[dict, dict]) -> None:
+        """Give ``event`` its annotation, ``(common, own)`` args: merged into its args, or
+        handed to the writer in ``annotated`` (which encodes a call site's common args once)."""
+        args = event.get("args")
+        if self.annotated is None:
+            if args is None:
+                args = event["args"] = {}
+            args.update(parts[0])
+            args.update(parts[1])
+            return
+        if args and not (args.keys().isdisjoint(parts[0]) and args.keys().isdisjoint(parts[1])):
+            for key in (*parts[0], *parts[1]):  # Kineto's own eager keys, which the annotation restates
+                args.pop(key, None)
+        self.annotated[id(event)] = parts
+
+    def site(self, annotation: CollectiveAnnotation) -> dict:
+        """The common args of a sidecar annotation's call site (its eager dict is made once per site)."""
+        key = tuple([value for name, value in annotation.__dict__.items() if name not in _OWN_FIELD_NAMES])
+        found = self.sites.get(key)
+        if found is None:
+            found = self.sites[key] = self.interner.split(annotation.eager_dict())[0]
+        return found
+
+    def record_parts(self, annotation: CollectiveAnnotation) -> tuple[dict, dict]:
+        """A sidecar annotation as an event's (common, own) args."""
+        return self.site(annotation), own_args(annotation)
+
+    def host_timed(self, call: HostCall, parts: tuple[dict, dict], source: str) -> None:
+        """The instance of a call timed on the host: by its gloo works, else its c10d op, else its
+        record; its op and works carry ``parts``."""
+        op, works = call.op, call.works
+        for hit in (op, *works):
+            if hit is not None:
+                self.annotate(hit[2], parts)
+        if works:
+            timing = (min(w[0] for w in works), max(w[1] for w in works))
+        else:
+            timing = op[:2] if op is not None else (call.lo, call.hi)
+        first = min(works, key=lambda w: w[0]) if works else None
+        origin = op if op is not None and (first is None or op[0] <= first[0]) else first
+        flow = self.flows.source(origin[2]) if origin is not None else None
+        self.instances.append(make_instance(self.interner, self.rank, parts, timing[0], timing[1], source, call.group, flow,
+                                        self.members))

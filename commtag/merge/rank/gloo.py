@@ -1,0 +1,232 @@
+"""gloo collectives: a sidecar's recorded calls joined to their c10d ops and gloo work events.
+
+A recorded call is joined to the ``c10d::*`` CPU op of its family that starts
+within it on its thread (:func:`_take_op`), then to the ``gloo:*`` work
+event(s) that ran it, by identity (see :class:`GlooCall`). A call of an NCCL
+group takes the kernels its op launched (:func:`commtag.merge.rank.eager.launched`);
+one none joined is left to the eager pass. The slice of a gloo call is timed
+by its works' span, else its op's, else the recorded span; a call whose work
+is not identified keeps its op and says ``"commtag gloo work": "not identified"``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Optional
+
+from commtag.identity import GroupRow
+from commtag.merge.rank.eager import kernel_timed, launched
+from commtag.merge.rank.events import FileEvents
+from commtag.vocab import (
+    ANN_GLOO_WORK, C10D_OPS_WITHOUT_GLOO_WORK, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
+    SPAN_TOLERANCE_NS, family,
+)
+
+if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
+    from commtag.schema import RecordedCollective
+
+
+class GlooCall:
+    """One recorded call on its way to its gloo events.
+
+    Identity, strongest first: a p2p work runs on the calling thread and starts
+    inside the call's c10d op; an async work whose completion the runtime saw on
+    a worker thread (``done_tid``) is the event there that holds that moment
+    (a worker runs one work at a time); any other work is the one of its family
+    that runs inside the call on a worker of its group (each group has its own
+    workers, learned from the matches before), taken only when that leaves no
+    choice and no other waiting call of the group could have run it. An async
+    work whose completion was never seen (gloo's reduce_scatter) is never
+    guessed. Time only bounds where to look: a candidate never starts before
+    its c10d op.
+    """
+
+    __slots__ = ("rec", "group", "op", "uid", "family", "need", "works", "lo", "hi", "on_caller",
+                 "done_on_worker", "bounded", "settled")
+
+    def __init__(self, rec: RecordedCollective, group: Optional[GroupRow], op: Optional[tuple], offset: int) -> None:
+        ann = rec.annotation
+        self.rec = rec
+        self.group = group
+        self.op = op
+        self.uid = ann.pg_uid
+        fam = family(ann.collective_name)
+        self.family = GLOO_WORK_FAMILY.get(fam, fam)
+        self.need = ann.group_size if ann.collective_name in GLOO_WORK_PER_MEMBER else 1
+        if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
+            self.need = 0  # its own work is the op's inner gloo:send/recv: a worker event is another call's
+        self.works: list[tuple] = []
+        #: The call on the trace's clock: from its op's start (or its recorded start) to its recorded end.
+        self.lo = op[0] if op is not None else rec.start_ns + offset
+        self.hi = rec.end_ns + offset
+        self.on_caller = self.family in GLOO_CALLER_FAMILIES
+        self.done_on_worker = rec.done_tid is not None and rec.done_tid != rec.tid
+        #: Its work ended by ``hi``: a sync call waited for it; an async one saw it complete.
+        self.bounded = not ann.async_op or rec.done_tid is not None
+        #: Unbounded only: when all its works had surely started (see _gloo_works).
+        self.settled: Optional[int] = None
+
+
+class _Peers:
+    """The bounded gloo calls of each (group, work family), by start: which could share works."""
+
+    def __init__(self, calls: list[GlooCall]) -> None:
+        self._by_key: dict[tuple[str, str], tuple[list[int], list[GlooCall], int]] = {}
+        grouped: dict[tuple[str, str], list[GlooCall]] = {}
+        for call in calls:
+            grouped.setdefault((call.uid, call.family), []).append(call)
+        for key, members in grouped.items():
+            members.sort(key=lambda c: c.lo)
+            self._by_key[key] = ([c.lo for c in members], members, max(c.hi - c.lo for c in members))
+
+    def overlapping(self, call: GlooCall, since: int) -> list[GlooCall]:
+        """The others whose span meets [since, the call's end]."""
+        los, members, longest = self._by_key.get((call.uid, call.family), ((), (), 0))
+        last = bisect.bisect_right(los, call.hi + SPAN_TOLERANCE_NS)
+        first = bisect.bisect_left(los, since - longest - SPAN_TOLERANCE_NS)
+        return [other for other in members[first:last] if other is not call and other.hi + SPAN_TOLERANCE_NS >= since]
+
+
+def join_recorded(events: FileEvents) -> list[GlooCall]:
+    """Join sidecar records to their c10d ops and gloo works, or to the NCCL kernels their
+    op launched; return the calls of NCCL groups left for the kernel join (:func:`commtag.merge.rank.eager.pair_calls`)."""
+    calls = []
+    for rec in sorted(events.sidecar.collectives, key=lambda r: r.start_ns):
+        group = events.by_uid.get(rec.annotation.pg_uid)
+        calls.append(GlooCall(rec, group, _take_op(events, rec), events.offset))
+    _gloo_works(events, calls)
+    leftover = []
+    for call in calls:
+        op, works, ann = call.op, call.works, call.rec.annotation
+        backend = call.group.backend if call.group is not None else ""
+        kernels = launched(events, op) if op is not None and not works and "nccl" in backend else []
+        if kernels:
+            kernel_timed(events, call, kernels)
+            continue
+        if not works and call.group is not None and "gloo" not in backend:
+            leftover.append(call)  # NCCL: paired with its kernel by Seq or order, else timed on the host (run)
+            continue
+        site, own = events.record_parts(ann)
+        if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
+            site = events.interner.common({**site, ANN_GLOO_WORK: "not identified"})
+        events.host_timed(call, (site, own), "gloo")
+    return leftover
+
+
+def _take_op(events: FileEvents, rec: RecordedCollective) -> Optional[tuple]:
+    """The call's ``c10d::`` op: the first of its family on the calling thread that starts
+    within the call. (The recorded end of an async call is its completion, which can come
+    before the op returns: only the op's start is compared.)"""
+    ops = events.c10d.get(rec.tid, ())
+    fam = family(rec.annotation.collective_name)
+    lo, hi = rec.start_ns + events.offset - SPAN_TOLERANCE_NS, rec.end_ns + events.offset + SPAN_TOLERANCE_NS
+    # Ops are sorted by start: skip those starting before the call (a scan from the first would be quadratic).
+    for op in ops[bisect.bisect_left(ops, lo, key=lambda o: o[0]):]:
+        if op[0] > hi:
+            break
+        if id(op[2]) not in events.taken and family(op[2].get("name", "")) == fam:
+            events.taken.add(id(op[2]))
+            return op
+    return None
+
+
+def _gloo_works(events: FileEvents, calls: list[GlooCall]) -> None:
+    """Find each call's ``gloo:`` work events, by identity first (see :class:`GlooCall`)."""
+    owner: dict[int, str] = {}  # worker thread -> the group it serves (each group has its own)
+    by_tid: dict[int, list[tuple]] = {}
+    for g in events.gloo:
+        by_tid.setdefault(g[4], []).append(g)
+    for call in calls:
+        if call.on_caller and call.op is not None:
+            # p2p runs on the calling thread and starts inside its op: nesting on one thread.
+            op_start, op_end = call.op[0], call.op[1]
+            mine = by_tid.get(call.rec.tid, [])
+            for g in mine[bisect.bisect_left(mine, op_start, key=lambda g: g[0]):]:
+                if g[0] > op_end:
+                    break
+                if g[3] == call.family and id(g[2]) not in events.taken:
+                    _take_work(events, call, g, None)
+                    break
+        elif call.done_on_worker:
+            # Its completion was seen on a worker thread, inside the work's event there: a
+            # worker runs one work at a time, so that is the last one starting before it
+            # (two looked at, for the clocks' rounding).
+            t = call.hi
+            theirs = by_tid.get(call.rec.done_tid, [])
+            last = bisect.bisect_right(theirs, t + SPAN_TOLERANCE_NS, key=lambda g: g[0])
+            near = [g for g in theirs[max(0, last - 2):last]
+                    if g[3] == call.family and id(g[2]) not in events.taken and g[0] >= call.lo
+                    and t <= g[1] + SPAN_TOLERANCE_NS]
+            if near:
+                _take_work(events, call, min(near, key=lambda g: max(g[0] - t, t - g[1], 0)), owner)
+    # The rest (sync calls, async ones completed before their callback was added, a list
+    # reduce_scatter's other works): gloo works of the call's family that run inside the
+    # call on a worker thread of its group (or of no group known yet), when unambiguous.
+    # An async call whose completion was never seen (gloo's reduce_scatter works have no
+    # future) is not bounded: its work could be any later one of its group's, so none is
+    # taken for it (start order is not queue order when two workers dequeue at once), and
+    # no later call of its group takes a work it could have run.
+    unbounded = [call for call in calls if call.need and not call.on_caller and not call.bounded]
+    for call in unbounded:
+        # Its works were queued before any later call's: all have started by the time the
+        # next sync call of its group has returned (that call waited for its own work).
+        call.settled = next((later.hi for later in calls if later.uid == call.uid and not later.on_caller
+                             and not later.rec.annotation.async_op and later.lo >= call.lo), None)
+    bounded = [call for call in calls if call.need and not call.on_caller and call.bounded]
+    peers = _Peers(bounded)
+    for owned_only in (False, True):
+        progress = True
+        while progress and bounded:
+            progress = False
+            for call in list(bounded):
+                found = _inside(events, call, owner)
+                if owned_only:
+                    found = [g for g in found if owner.get(g[4]) == call.uid]
+                if len(found) == call.need and not _contested(events, call, found, peers, unbounded, owner):
+                    for g in found:
+                        _take_work(events, call, g, owner)
+                    bounded.remove(call)
+                    progress = True
+
+
+def _contested(events: FileEvents, call: GlooCall, found: list[tuple], peers: _Peers,
+               unbounded: list[GlooCall], owner: dict[int, str]) -> bool:
+    """Could another call of the same group still waiting for its work have run one of these?"""
+    ids = {id(g[2]) for g in found}
+    for other in peers.overlapping(call, min(g[0] for g in found)):
+        if other.need and ids & {id(g[2]) for g in _inside(events, other, {})}:
+            return True
+    # Works of unbounded calls queued before this one, still unstarted when it was queued?
+    pending = [other for other in unbounded if other.uid == call.uid and other.family == call.family
+               and other.lo < call.lo and (other.settled is None or call.lo < other.settled)]
+    if not pending:
+        return False
+    since = min(other.lo for other in pending)
+    started = sum(1 for g in events.gloo[bisect.bisect_left(events.gloo, since, key=lambda g: g[0]):
+                                       bisect.bisect_left(events.gloo, call.lo, key=lambda g: g[0])]
+                  if g[3] == call.family and id(g[2]) not in events.taken and g[4] != call.rec.tid
+                  and owner.get(g[4], call.uid) == call.uid)
+    return started < sum(other.need for other in pending)
+
+
+def _inside(events: FileEvents, call: GlooCall, owner: dict[int, str]) -> list[tuple]:
+    """Untaken works of the call's family that start inside it (and for a sync call also
+    end inside it) on a worker thread that serves its group or no known group."""
+    found = []
+    start_at = bisect.bisect_left(events.gloo, call.lo, key=lambda g: g[0])
+    for g in events.gloo[start_at:]:
+        if g[0] > call.hi + SPAN_TOLERANCE_NS:
+            break
+        if (g[3] == call.family and g[4] != call.rec.tid and id(g[2]) not in events.taken
+                and owner.get(g[4], call.uid) == call.uid
+                and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)):
+            found.append(g)
+    return found
+
+
+def _take_work(events: FileEvents, call: GlooCall, work: tuple, owner: Optional[dict[int, str]]) -> None:
+    events.taken.add(id(work[2]))
+    call.works.append(work)
+    call.need -= 1
+    if owner is not None:
+        owner.setdefault(work[4], call.uid)

@@ -1,0 +1,174 @@
+"""Where a rank's events go: their rows and tracks, the state kept per file, and why one is left out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Sequence, Union
+
+from commtag.merge.rank.captures import CapturedKernels
+from commtag.merge.rank.events import RankFlows
+from commtag.merge.timeline import CPU_GROUP, Row, Track
+from commtag.vocab import (
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
+    EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_LAUNCH_FLOW_CATEGORIES,
+    KINETO_STREAM_TID_PREFIX, RECORD_FUNCTION_ID_KEY,
+)
+
+
+_NUMBER = re.compile(r"-?[0-9]+")
+
+
+#: Sibling order of rows named by a string (after the numbered threads and streams).
+_NAMED_ROW_ORDER = 1 << 62
+
+
+def left_out_reason(ph: str, cat: Optional[str]) -> str:
+    """Why an event of phase ``ph`` and category ``cat`` is not in the merged trace."""
+    if ph == "M":
+        return "metadata (process and thread names: they name the rows)"
+    if ph in ("s", "t", "f"):
+        if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
+            return f"launch flows {cat!r} (redrawn from correlation ids)"
+        return f"flows {cat!r} (not drawn)"
+    return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
+
+
+def event_kind(ph: object, cat: object) -> tuple[str, Optional[str]]:
+    """An event's (phase, category) as counted: a phase that is not text by its repr, a
+    category that is not text as none."""
+    return (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
+
+
+def row_id(value: RowId) -> tuple[RowId, bool]:
+    """A pid or tid as the timeline keys it, and whether it names a GPU stream (``"stream 7"``)."""
+    if value.__class__ is int:
+        return value, False
+    if _NUMBER.fullmatch(value):
+        return int(value), False
+    if value.startswith(KINETO_STREAM_TID_PREFIX) and _NUMBER.fullmatch(value[len(KINETO_STREAM_TID_PREFIX):]):
+        return int(value[len(KINETO_STREAM_TID_PREFIX):]), True
+    return value, False
+
+
+def _row_order(key: tuple[RowId, RowId]) -> tuple:
+    """Sort rows numbered first, then named (pids and tids may be either)."""
+    return tuple((part.__class__ is str, part) for part in key)
+
+
+def drop_links(args: dict) -> None:
+    """Remove :data:`commtag.vocab.LINK_ARGS` from ``args``: five pops cost a third of a set intersection
+    and a delete loop, and this runs for nearly every event."""
+    pop = args.pop
+    pop(EXTERNAL_ID_KEY, None)
+    pop(CORRELATION_KEY, None)
+    pop(CBID_KEY, None)
+    pop(EV_IDX_KEY, None)
+    pop(RECORD_FUNCTION_ID_KEY, None)
+
+
+class Encoder(Protocol):
+    """What the writer offers the converter: opaque bytes per event."""
+
+    def body(self, name: str, cat: Optional[str], args: Optional[dict]) -> bytes: ...
+
+    def flows(self, out: Optional[Sequence[int]], into: Optional[Sequence[int]]) -> bytes: ...
+
+    def flow_fields(self, fid: int) -> tuple[bytes, bytes]: ...
+
+    def annotations(self, args: dict) -> bytes: ...
+
+    def shared_annotations(self, args: dict) -> bytes: ...
+
+
+def kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
+    """Debug annotations naming a breakdown's scope and carrying its figures."""
+    return {ANN_RANK: rank, ANN_KERNELS_SCOPE: scope, ANN_KERNELS_ID: ident, **breakdown.annotations()}
+
+
+def tracks_of(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,
+            summaries: Optional[dict] = None) -> list[Track]:
+    """Name and order the rows: main thread first then by name; streams by id; rows Kineto
+    named with a string (its own spans: pid "Spans") in a group of that name.
+
+    ``summaries``: (pid, tid) -> (name, args) of the row's kernel-category instant.
+    """
+    cpu_pids = [pid for pid, _ in rows if pid not in gpu_pids and pid.__class__ is int]
+    main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
+    tracks = []
+    for key in sorted(set(rows) | set(instants), key=_row_order):
+        pid, tid = key
+        named = tid.__class__ is str
+        if pid.__class__ is str:
+            group = pid or "no pid"
+            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
+            order = _NAMED_ROW_ORDER if named else tid
+        elif pid in gpu_pids:
+            group = f"GPU {pid}"
+            name = thread_names.get(key) or (tid or "no tid" if named else f"stream {tid}")
+            order = _NAMED_ROW_ORDER if named else tid
+        else:
+            group = CPU_GROUP
+            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
+            if pid != main_pid:
+                name = f"pid {pid} · {name}"
+            order = _NAMED_ROW_ORDER if named else -1 if tid == pid else tid
+        tracks.append(Track(name=name, group=group, order=order, slices=rows.get(key) or Row(),
+                            instants=instants.get(key) or Row(), summary=(summaries or {}).get(key)))
+    for group in {t.group for t in tracks}:
+        members = sorted((t for t in tracks if t.group == group), key=lambda t: (t.order, t.name))
+        for i, t in enumerate(members):
+            t.order = i
+    return tracks
+
+
+#: The index of a candidate event a --steps/--window selection left out (seen by attach, not written).
+OUTSIDE = -2
+#: A row's pid or tid as the timeline keys it: a number, or the name Kineto gave it.
+RowId = Union[int, str]
+
+
+class FileState:
+    """Per-file state: correlation ids are per file, so launch flows are settled per file."""
+
+    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work")
+
+    def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
+                 captured: Optional[CapturedKernels] = None) -> None:
+        self.path = path
+        #: Kernels its sidecar's graph captures hold (see :func:`commtag.merge.rank.attach.is_candidate`).
+        self.captured = captured if captured is not None else CapturedKernels(())
+        #: --steps/--window: whether an event starting at a time (ns) is kept; None keeps all.
+        self.keep = keep
+        self.index = 0
+        self.first: Optional[int] = None
+        self.last: Optional[int] = None
+        #: (event, row, index in row) of the events attach may annotate.
+        self.candidates: list[tuple[dict, Row, int]] = []
+        #: correlation -> (row, index) of a runtime launch.
+        self.launches: dict[object, tuple[Row, int]] = {}
+        #: (row, index, correlation) of device work.
+        self.work: list[tuple[Row, int, object]] = []
+
+
+def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], bool], flows: RankFlows,
+                      annotated: Optional[dict]) -> list:
+    """The instances of ``file`` a --steps/--window selection keeps (those starting in it, as events),
+    joined as a whole merge joins them; a flow between a kept and a left-out one goes."""
+    kept = [inst for inst in attached if keep(inst.start_ns)]
+    gone = {inst.source_flow for inst in attached if inst.source_flow is not None and not keep(inst.start_ns)}
+    outside = [e for e, _, index in file.candidates if index == OUTSIDE]
+    for e in outside:
+        gone.update(flows.out.pop(id(e), ()))
+        annotated.pop(id(e), None)
+    if gone:
+        for ref, fids in list(flows.out.items()):
+            fids[:] = [fid for fid in fids if fid not in gone]
+            if not fids:
+                del flows.out[ref]
+        for inst in kept:
+            if inst.source_flow in gone:
+                inst.source_flow = None
+    if outside:
+        file.candidates = [c for c in file.candidates if c[2] != OUTSIDE]
+    return kept

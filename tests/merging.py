@@ -1,0 +1,16 @@
+"""The merge as most tests run it: the facade, in this process alone, with the analysis only where a
+test passes one (a hook, or True), so that a test of one stage does not also run the analysis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import commtag.merge
+from commtag.merge.engine.options import AnalysisHook, MergeResult
+
+
+def merge(inputs: Union[Sequence[Union[Path, str]], Path, str], output: Optional[Union[Path, str]] = None, *,
+          analysis: Union[bool, AnalysisHook] = False, **options) -> MergeResult:
+    """:func:`commtag.merge.merge` with ``jobs=1`` and ``analysis=False`` unless given."""
+    return commtag.merge.merge(inputs, output, jobs=1, analysis=analysis, **options)
