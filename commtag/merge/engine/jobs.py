@@ -129,9 +129,8 @@ class LocalWorld(FileWorld):
     """
 
     def __init__(self, jobs: Optional[int], output: Path, request: dict) -> None:
-        super().__init__(0, 1, temporary(output.parent / "commtag-merge-j", pid=os.getpid()), self._gone)
+        super().__init__(0, 1, temporary(output.parent / "commtag-merge-j", pid=os.getpid()), output, self._gone)
         self._jobs = jobs
-        self._output = output
         self._request = request
         self._children: list[subprocess.Popen] = []
         self._errors: list[BinaryIO] = []
@@ -160,6 +159,7 @@ class LocalWorld(FileWorld):
             with output_errors(self._output, " the output"):  # the folder goes beside it
                 if size > 1:
                     self._dir.mkdir(exist_ok=True)
+                    self.set_aside(range(size))
                 found = ranks_to_wire(ranks)  # what worker 0 discovered: each worker would find the same
                 for index in range(1, size):
                     child, err = self._waiting.pop(0) if self._waiting else self._spawn()
@@ -279,7 +279,7 @@ def serve() -> int:
     request = orjson.loads(sent)
     owner = request.pop("owner")
     world = FileWorld(request.pop("index"), request.pop("size"), Path(request.pop("folder")),
-                      lambda: None if os.getppid() == owner else "merge worker 0 is gone",
+                      Path(request["output"]), lambda: None if os.getppid() == owner else "merge worker 0 is gone",
                       ranks_from_wire(request.pop("ranks")))
     analysis = MergeAnalysis() if request["analysis"] else None
     error: Optional[MergeInputError] = None
