@@ -17,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Sequence, TypeVar
 
@@ -31,10 +30,6 @@ from commtag.merge.engine.worlds import CLOSE_TIMEOUT_S, FileWorld, World, launc
 
 if TYPE_CHECKING:
     from commtag.merge.inputs.load import RankInput
-
-
-#: The options a -j request carries as they are (the rest are rebuilt: a path, a selection).
-_OPTION_FIELDS = [f.name for f in fields(MergeOptions)]
 
 
 #: How long an interrupted -j merge lets its workers stop by themselves (a Ctrl-C reaches them too).
@@ -244,13 +239,8 @@ def ranks_from_wire(data: list) -> list[RankInput]:
 
 def request_to_wire(inputs: Sequence[Path], output: Path, options: MergeOptions, analysis: bool) -> dict:
     """What a -j worker is asked to merge, as JSON data: the inputs, the output and the options whole."""
-    selection = options.selection
-    sent = {name: getattr(options, name) for name in _OPTION_FIELDS}
-    sent["json_dir"] = None if options.json_dir is None else str(options.json_dir)
-    sent["selection"] = None if selection is None else {
-        name: None if value is None else sorted(value) if isinstance(value, frozenset) else list(value)
-        for name, value in (("steps", selection.steps), ("window", selection.window), ("detail", selection.detail))}
-    return {"inputs": [str(p) for p in inputs], "output": str(output), "options": sent, "analysis": analysis}
+    return {"inputs": [str(p) for p in inputs], "output": str(output), "options": options.to_wire(),
+            "analysis": analysis}
 
 
 def options_from_wire(data: dict) -> MergeOptions:
