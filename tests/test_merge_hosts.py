@@ -17,35 +17,41 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.pftrace.validate import validate_file
+from commtag.testing import PUBLIC_TRACES
 from commtag.testing.bench import free_port
 from torchrun_merge import traceback_in_commtag
 
 pytestmark = pytest.mark.slow
 
 HOST = socket.gethostname()
+DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 #: No launch here takes more than a minute; a hang fails the test instead of blocking it.
 _TIMEOUT_S = 240
 
 
-def _nodes(folders: list[Path], args: list[str], per_node: int = 1) -> list[subprocess.CompletedProcess]:
+def _nodes(folders: list[Path], args: list[str], per_node: int = 1,
+           own: Sequence[list[str]] = ()) -> list[subprocess.CompletedProcess]:
     """Run ``python -m commtag.merge <folder> *args`` under one torchrun agent per folder, all of one
-    c10d rendezvous (``--nnodes=len(folders)``); each agent's result, stdout and stderr as text."""
+    c10d rendezvous (``--nnodes=len(folders)``), agent ``i`` given ``own[i]`` after ``args`` too;
+    each agent's result, stdout and stderr as text."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     agents = []
     logs = []
-    for folder in folders:
+    for node, folder in enumerate(folders):
         out, err = (open(folder.parent / f".{folder.name}.{s}", "w+") for s in ("out", "err"))
         logs.append((out, err))
         agents.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(folders)}",
              f"--nproc-per-node={per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-             f"--rdzv-id={run_id}", "--max-restarts=0", "-m", "commtag.merge", str(folder), *args, "--no-progress"],
+             f"--rdzv-id={run_id}", "--max-restarts=0", "-m", "commtag.merge", str(folder), *args,
+             *(own[node] if node < len(own) else ()), "--no-progress"],
             stdout=out, stderr=err, text=True, env=env))
     results = []
     try:
@@ -226,3 +232,32 @@ def test_two_nodes_with_options_write_what_one_process_writes(gloo_run: Path, tm
         assert skipped == [line for line in one.stderr.splitlines() if line.startswith("commtag merge: skipped")]
         assert str(broken) in skipped[0] and "rank 3 skipped" in skipped[0], skipped
         assert ": 3 ranks," in "".join(r.stdout for r in results) and ": 3 ranks," in one.stdout
+
+
+@pytest.mark.parametrize(("own", "said"), [
+    (["--detail", "0,1"], 'node 1 ({host}) was given detail [0,1], node 0 ({host}) detail (not given)'),
+    (["--steps", "12"], 'node 1 ({host}) was given steps [12], node 0 ({host}) steps (not given)'),
+    (["-o", "{elsewhere}"], 'node 1 ({host}) was given output "{elsewhere}", node 0 ({host}) output "{out}"'),
+])
+def test_nodes_given_other_options_stop_in_one_line_naming_both(tmp_path: Path, own: list[str], said: str) -> None:
+    """Each node would apply its own options to its ranks (a half-filtered trace, exit 0, written where
+    worker 0's node said): the workers compare them first. DLRM's ranks, half on each node, hold step 12."""
+    folders = []
+    for node, ranks in enumerate((range(4), range(4, 8))):
+        folders.append(tmp_path / f"node{node}")
+        folders[-1].mkdir()
+        for r in ranks:
+            source = next(DLRM.glob(f"worker{r}_*"))
+            (folders[-1] / source.name).symlink_to(source)
+    out, elsewhere = tmp_path / "merged.pftrace", tmp_path / "elsewhere.pftrace"
+    fill = {"host": HOST, "out": out, "elsewhere": elsewhere}
+    results = _nodes(folders, ["-o", str(out)], own=[[], [arg.format(**fill) for arg in own]])
+    assert all(r.returncode != 0 for r in results), [r.stderr[-3000:] for r in results]
+    lines = [line for r in results for line in r.stderr.splitlines() if line.startswith("commtag merge:")]
+    assert lines == [f"commtag merge: error: {out}: {said.format(**fill)}: every node of a merge must be given "
+                     "the same options (all but its input folders)"], [r.stderr[-3000:] for r in results]
+    exits = dict(re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+)",
+                            "".join(r.stderr for r in results)))
+    assert exits == {"0": "2", "1": "2"}, [r.stderr[-3000:] for r in results]
+    assert not any(traceback_in_commtag(r.stderr) for r in results)
+    assert not out.exists() and not elsewhere.exists()

@@ -15,6 +15,7 @@ import orjson
 
 from commtag.merge.errors import MergeInputError
 from commtag.merge.records import CollectiveInstance, EventAccount, FileSpan, GroupLane, Interner, RankSummary
+from commtag.merge.engine.worlds import NotSent
 
 if TYPE_CHECKING:
     from commtag.merge.engine.worlds import World
@@ -92,8 +93,12 @@ def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[
         payload = orjson.dumps(step() or {})
     except MergeInputError as exc:
         error = exc
-        payload = orjson.dumps({"error": [str(exc.path), exc.problem]})
-    blobs = world.all_gather_bytes(payload)
+        payload = _error_payload(exc)
+    try:
+        blobs = world.all_gather_bytes(payload)
+    except NotSent as exc:  # a full disk took this worker's data: it sends why it stops in its place
+        error = error or exc
+        blobs = world.all_gather_bytes(_error_payload(error))
     del payload
     # Each part parsed, then its bytes dropped: every worker's records are in memory once at a time, not twice.
     parts: list[Optional[dict]] = []
@@ -107,6 +112,10 @@ def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[
         if part is not None and "error" in part:
             raise MergeInputError(*part["error"])
     return parts
+
+
+def _error_payload(error: MergeInputError) -> bytes:
+    return orjson.dumps({"error": [str(error.path), error.problem]})
 
 
 _FIELDS = [f.name for f in fields(CollectiveInstance)]

@@ -3,7 +3,9 @@
 Under ``torchrun --nnodes=M`` each node's workers discover the rank files of
 the folders given on that node's command line (each node its own local
 disk). :func:`share` gathers what every node found (paths, sizes, base
-times: no event) and decides, the same on every worker:
+times: no event) and what each node was given (the options and the output:
+they must be one merge's, else an error naming both values), and decides,
+the same on every worker:
 
 * a rank found on several nodes is taken once, from one of them, when every
   copy holds the same files: the same path, size and modification time (one
@@ -28,7 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+import orjson
+
 from commtag.merge.errors import MergeInputError
+from commtag.merge.engine.options import MergeOptions
 from commtag.merge.inputs.load import NoTraceFound, RankInput, TraceFile, discover, nothing_left
 from commtag.merge.engine.exchange import all_done
 
@@ -61,10 +66,13 @@ class Shares:
     notices: list[str]
 
 
-def share(world: World, inputs: Sequence[Path], rank_pattern: Optional[str],
-          skipped: Optional[list[MergeInputError]], rank: Optional[int]) -> Shares:
-    """Discover on every node, take each rank once, and give each worker its consecutive ranks."""
+def share(world: World, inputs: Sequence[Path], options: MergeOptions, output: Optional[Path],
+          skipped: Optional[list[MergeInputError]]) -> Shares:
+    """Check that every node was given the same options (:func:`_check_given`), discover on every
+    node, take each rank once, and give each worker its consecutive ranks. ``output``: as given (None:
+    the default, each node's own first folder's)."""
     node = this_node()
+    rank_pattern, rank = options.rank_pattern, options.rank
     local: list[RankInput] = []
     own: dict = {}
 
@@ -79,11 +87,12 @@ def share(world: World, inputs: Sequence[Path], rank_pattern: Optional[str],
             raise MergeInputError(exc.path, f"{exc.problem} (on {node})") from None
         own = {"node": [node.rank, node.host], "inputs": [str(p) for p in inputs],
                "ranks": [_rank_to_wire(r) for r in local],
-               "skipped": [[str(e.path), e.problem] for e in node_skipped or ()]}
+               "skipped": [[str(e.path), e.problem] for e in node_skipped or ()], "given": _given(options, output)}
         return own
 
     views = [(index, Node(*part["node"]), part)
              for index, part in enumerate(own if p is None else p for p in all_done(world, found))]
+    _check_given(views)
     if skipped is not None:
         every = [tuple(pair) for _, _, part in views for pair in part["skipped"]]
         skipped[:] = [MergeInputError(path, problem) for path, problem in dict.fromkeys(every)]
@@ -108,6 +117,35 @@ def share(world: World, inputs: Sequence[Path], rank_pattern: Optional[str],
     copies = [{where: copy.rank for where, copy in held[r].items()} for r in sorted(held)]
     assigned = assign(copies, [(index, where) for index, where, _ in views])
     return Shares([next(iter(c.values())) for c in copies], assigned[world.index], local, notices)
+
+
+def _given(options: MergeOptions, output: Optional[Path]) -> dict[str, object]:
+    """What a node's command line asked beside its input folders (which are each node's own): the
+    output as given and every option, the selection's parts each by name. The progress bar is left
+    out: it is each node's own display, not part of the trace."""
+    wired = options.to_wire()
+    del wired["progress"]
+    selection = wired.pop("selection") or {}
+    return {"output": None if output is None else str(output), **wired,
+            **{part: selection.get(part) for part in ("steps", "window", "detail")}}
+
+
+def _check_given(views: Sequence[tuple[int, Node, dict]]) -> None:
+    """Every node must merge as worker 0's asks: a node given other options would apply its own to
+    its ranks (half a trace filtered) or name another output. An error naming both values, the same
+    on every worker, otherwise."""
+    _, lead, first = views[0]
+    for _, where, part in views[1:]:
+        for name, value in part["given"].items():
+            if value != first["given"].get(name):
+                raise MergeInputError(first["given"]["output"] or first["inputs"][0],
+                                      f"{where} was given {name} {_shown(value)}, {lead} {name} "
+                                      f"{_shown(first['given'].get(name))}: every node of a merge must be given "
+                                      "the same options (all but its input folders)")
+
+
+def _shown(value: object) -> str:
+    return "(not given)" if value is None else orjson.dumps(value).decode()
 
 
 @dataclass

@@ -17,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Sequence, TypeVar
 
@@ -31,10 +30,6 @@ from commtag.merge.engine.worlds import CLOSE_TIMEOUT_S, FileWorld, World, launc
 
 if TYPE_CHECKING:
     from commtag.merge.inputs.load import RankInput
-
-
-#: The options a -j request carries as they are (the rest are rebuilt: a path, a selection).
-_OPTION_FIELDS = [f.name for f in fields(MergeOptions)]
 
 
 #: How long an interrupted -j merge lets its workers stop by themselves (a Ctrl-C reaches them too).
@@ -129,9 +124,8 @@ class LocalWorld(FileWorld):
     """
 
     def __init__(self, jobs: Optional[int], output: Path, request: dict) -> None:
-        super().__init__(0, 1, temporary(output.parent / "commtag-merge-j", pid=os.getpid()), self._gone)
+        super().__init__(0, 1, temporary(output.parent / "commtag-merge-j", pid=os.getpid()), output, self._gone)
         self._jobs = jobs
-        self._output = output
         self._request = request
         self._children: list[subprocess.Popen] = []
         self._errors: list[BinaryIO] = []
@@ -160,6 +154,7 @@ class LocalWorld(FileWorld):
             with output_errors(self._output, " the output"):  # the folder goes beside it
                 if size > 1:
                     self._dir.mkdir(exist_ok=True)
+                    self.set_aside(range(size))
                 found = ranks_to_wire(ranks)  # what worker 0 discovered: each worker would find the same
                 for index in range(1, size):
                     child, err = self._waiting.pop(0) if self._waiting else self._spawn()
@@ -244,13 +239,8 @@ def ranks_from_wire(data: list) -> list[RankInput]:
 
 def request_to_wire(inputs: Sequence[Path], output: Path, options: MergeOptions, analysis: bool) -> dict:
     """What a -j worker is asked to merge, as JSON data: the inputs, the output and the options whole."""
-    selection = options.selection
-    sent = {name: getattr(options, name) for name in _OPTION_FIELDS}
-    sent["json_dir"] = None if options.json_dir is None else str(options.json_dir)
-    sent["selection"] = None if selection is None else {
-        name: None if value is None else sorted(value) if isinstance(value, frozenset) else list(value)
-        for name, value in (("steps", selection.steps), ("window", selection.window), ("detail", selection.detail))}
-    return {"inputs": [str(p) for p in inputs], "output": str(output), "options": sent, "analysis": analysis}
+    return {"inputs": [str(p) for p in inputs], "output": str(output), "options": options.to_wire(),
+            "analysis": analysis}
 
 
 def options_from_wire(data: dict) -> MergeOptions:
@@ -279,7 +269,7 @@ def serve() -> int:
     request = orjson.loads(sent)
     owner = request.pop("owner")
     world = FileWorld(request.pop("index"), request.pop("size"), Path(request.pop("folder")),
-                      lambda: None if os.getppid() == owner else "merge worker 0 is gone",
+                      Path(request["output"]), lambda: None if os.getppid() == owner else "merge worker 0 is gone",
                       ranks_from_wire(request.pop("ranks")))
     analysis = MergeAnalysis() if request["analysis"] else None
     error: Optional[MergeInputError] = None

@@ -7,7 +7,7 @@ JSON, :mod:`commtag.merge.engine.jobs`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -52,6 +52,18 @@ class MergeOptions:
     def __post_init__(self) -> None:
         if self.align not in ALIGN_MODES:
             raise ValueError(f"align must be one of {ALIGN_MODES}, got {self.align!r}")
+
+    def to_wire(self) -> dict:
+        """The options as JSON data, whole: what a ``-j`` worker is sent
+        (:func:`commtag.merge.engine.jobs.options_from_wire`) and what the nodes of a merge
+        compare (:func:`commtag.merge.engine.hosts.share`)."""
+        sent = {f.name: getattr(self, f.name) for f in fields(self)}
+        sent["json_dir"] = None if self.json_dir is None else str(self.json_dir)
+        chosen = self.selection
+        sent["selection"] = None if chosen is None else {
+            name: None if value is None else sorted(value) if isinstance(value, frozenset) else list(value)
+            for name, value in (("steps", chosen.steps), ("window", chosen.window), ("detail", chosen.detail))}
+        return sent
 
 
 @dataclass(slots=True)

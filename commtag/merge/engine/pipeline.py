@@ -163,7 +163,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
     skipped: Optional[list[MergeInputError]] = [] if options.skip_bad_ranks else None
     apart = world.apart
     if apart:  # hosts of their own: each node finds its files, and each worker merges some its node holds
-        shares = hosts.share(world, paths, options.rank_pattern, skipped, options.rank)
+        shares = hosts.share(world, paths, options, Path(output) if output else None, skipped)
         ranks, mine, local, notices = shares.ranks, shares.mine, shares.local, shares.notices
     else:
         # A -j worker takes what worker 0 discovered (it says what it skipped in the exchange).

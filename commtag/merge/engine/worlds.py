@@ -21,13 +21,14 @@ exchange protocol over it is :mod:`commtag.merge.engine.exchange`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterable, Optional, Protocol, Sequence
 
 import orjson
 
@@ -43,6 +44,14 @@ EXCHANGE_TIMEOUT_S = float(os.environ.get("COMMTAG_MERGE_EXCHANGE_TIMEOUT_S", "7
 _POLL_S = 0.01
 #: How long closing waits for the other workers to finish reading.
 CLOSE_TIMEOUT_S = 60.0
+#: Room each worker of a :class:`FileWorld` holds in the exchange folder for saying why it stopped
+#: (an error is a path and a sentence) when the disk is full.
+RESERVE_BYTES = 64 << 10
+
+
+class NotSent(MergeInputError):
+    """This worker's data of an exchange round could not be written (a full disk): the round is
+    not spent, and the worker may send its error in that place (:func:`commtag.merge.engine.exchange.all_done`)."""
 
 
 class World(Protocol):
@@ -88,28 +97,71 @@ class FileWorld:
     agent's pid, which is every local worker's parent), so concurrent merges
     into one directory do not meet. Worker 0 removes it once every worker
     has said it is done reading.
+
+    A full disk (the output's folder, where the workers' parts fill it)
+    must not leave the others waiting for a round a worker could not
+    write: each holds a reserve there, allocated before any part is
+    written, that takes the error it sends instead (:class:`NotSent`).
     """
 
     apart = False
 
-    def __init__(self, index: int, size: int, folder: Path,
+    def __init__(self, index: int, size: int, folder: Path, output: Path,
                  watch: Callable[[], Optional[str]] = lambda: None,
                  discovered: Optional[list[RankInput]] = None) -> None:
         self.index = index
         self.size = size
         self.discovered = discovered
         self._dir = folder
+        #: The merge's output, which a write the exchange (beside it) cannot make names.
+        self._output = output
         #: Why waiting on is pointless (a worker is gone), else None; asked while waiting.
         self._watch = watch
         self._round = 0
+        #: This worker's :data:`RESERVE_BYTES`, set aside by :meth:`start` (None: spent, or none).
+        self._reserve: Optional[Path] = None
+        #: What the reserve carried and the round file it became, for later rounds saying the same.
+        self._spent: Optional[tuple[bytes, Path]] = None
 
     def start(self, ranks: Sequence[RankInput]) -> None:
-        pass
+        """Set aside this worker's reserve, then wait for everyone's: no part is written before all are.
+        A worker of ``-j`` takes the one worker 0 set aside for it (:meth:`set_aside`)."""
+        if self.discovered is not None:
+            self._reserve = self._reserve_of(self.index) if self._reserve_of(self.index).exists() else None
+            return
+        self.set_aside([self.index])
+        self.all_gather_bytes(b"")
+
+    def _reserve_of(self, index: int) -> Path:
+        return self._dir / f"reserve.w{index}"
+
+    def set_aside(self, workers: Iterable[int]) -> None:
+        """Before any part is written, allocate the reserve of each of ``workers`` in the exchange
+        folder: on a full disk (the merge's own parts fill it) a worker must still tell the others why
+        it stops, or every worker would wait for its round. Without room even now, they go without."""
+        for index in workers:
+            reserve = self._reserve_of(index)
+            try:
+                self._dir.mkdir(exist_ok=True)
+                fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                try:
+                    os.posix_fallocate(fd, 0, RESERVE_BYTES)
+                finally:
+                    os.close(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    reserve.unlink(missing_ok=True)
+                continue
+            if index == self.index:
+                self._reserve = reserve
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every worker's ``data`` of this round; :class:`NotSent` when this worker's could not be
+        written: the round is not spent, and the caller sends something shorter in its place."""
+        what = f"r{self._round + 1}"
+        self._publish(what, data)
         self._round += 1
-        self._publish(f"r{self._round}", data)
-        paths = self._wait(f"r{self._round}")
+        paths = self._wait(what)
         # Its own part is ``data``: read back, it was every worker's records once more in memory.
         return [data if w == self.index else p.read_bytes() for w, p in enumerate(paths)]
 
@@ -130,8 +182,32 @@ class FileWorld:
             pass  # leaving the hidden directory behind must not fail a merge that succeeded
 
     def _publish(self, what: str, data: bytes) -> None:
-        self._dir.mkdir(exist_ok=True)
-        write_atomic(self._dir / f"{what}.w{self.index}", data)
+        target = self._dir / f"{what}.w{self.index}"
+        try:
+            self._dir.mkdir(exist_ok=True)
+            write_atomic(target, data)
+        except OSError as exc:
+            if not self._from_reserve(target, data):
+                raise NotSent(self._output, f"cannot write the output: {exc.strerror or exc}") from None
+
+    def _from_reserve(self, target: Path, data: bytes) -> bool:
+        """Publish ``data`` as ``target`` without new space: written over the reserve's own blocks,
+        which then takes the round's name; the same bytes again (the last word repeating the error
+        that spent it) as a hard link to that file. Whether it could."""
+        try:
+            if self._reserve is not None and len(data) <= RESERVE_BYTES:
+                with open(self._reserve, "r+b") as stream:
+                    stream.write(data)
+                    stream.truncate(len(data))
+                os.replace(self._reserve, target)
+                self._reserve, self._spent = None, (data, target)
+                return True
+            if self._spent is not None and self._spent[0] == data:
+                os.link(self._spent[1], target)
+                return True
+        except OSError:
+            pass
+        return False
 
     def _wait(self, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> list[Path]:
         paths = [self._dir / f"{what}.w{w}" for w in range(self.size)]
@@ -281,7 +357,7 @@ def launcher_world(output: Path) -> Optional[World]:
         # Named as a temporary of the torchrun agent (every local worker's parent): a merge after a
         # killed launch removes it (commtag.merge.engine.output.remove_stale).
         return FileWorld(int(os.environ["RANK"]), size,
-                         temporary(output.parent / f"commtag-merge-{launch}", pid=os.getppid()))
+                         temporary(output.parent / f"commtag-merge-{launch}", pid=os.getppid()), output)
     return TorchWorld()
 
 
