@@ -560,6 +560,9 @@ ANN_CROSS_RANK = "commtag cross-rank"
 ANN_INFERRED = "commtag inferred"
 #: "not identified" where a gloo call's work event could not be told apart.
 ANN_GLOO_WORK = "commtag gloo work"
+#: On a call that had not finished when its window's trace was handed over: what its end is.
+ANN_UNFINISHED = "commtag unfinished"
+UNFINISHED_END = "still running when its trace was written; its end is not in this trace"
 # Written by the analysis on a matched instance's slices and markers.
 ANN_RANKS_MATCHED = "commtag ranks matched"
 ANN_SKEW_US = "commtag skew us"

@@ -57,11 +57,11 @@ from commtag.merge.load import base_ns, event_ns
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
-    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
+    ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, ANN_UNFINISHED, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
     CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
     GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, P2P_COLLECTIVES,
     P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS,
-    SRC_RANK_KEY, family, is_graph_launch, nccl_kind,
+    SRC_RANK_KEY, UNFINISHED_END, family, is_graph_launch, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -187,7 +187,7 @@ class _GlooCall:
         self.on_caller = self.family in GLOO_CALLER_FAMILIES
         self.done_on_worker = rec.done_tid is not None and rec.done_tid != rec.tid
         #: Its work ended by ``hi``: a sync call waited for it; an async one saw it complete.
-        self.bounded = not ann.async_op or rec.done_tid is not None
+        self.bounded = (not ann.async_op or rec.done_tid is not None) and not rec.unfinished
         #: Unbounded only: when all its works had surely started (see _gloo_works).
         self.settled: Optional[int] = None
 
@@ -343,6 +343,8 @@ class _RankAttacher:
             site, own = self._record_parts(ann)
             if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
                 site = self.interner.common({**site, ANN_GLOO_WORK: "not identified"})
+            if call.rec.unfinished:
+                site = self.interner.common({**site, ANN_UNFINISHED: UNFINISHED_END})
             self._host_timed(call, (site, own), "gloo")
         return leftover
 

@@ -82,6 +82,7 @@ from commtag.runtime.metadata import p2p_call as _p2p_call
 from commtag.vocab import RECV, SEND
 
 _profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
+_IN_FLIGHT = recorder.IN_FLIGHT
 _now_ns = time.time_ns
 
 class _ThreadState:
@@ -132,6 +133,8 @@ class _Pending(CallRecord):
         self.error = None
         self.recording = recording
         self.token = token
+        if recording:  # until recorder.add: a window that ends first writes it as unfinished
+            _IN_FLIGHT[id(self)] = self
 
 
 class _Block:
