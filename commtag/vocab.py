@@ -531,6 +531,10 @@ GLOO_WORK_PER_MEMBER = frozenset({"reduce_scatter"})
 #: Families whose gloo work runs on the calling thread, starting inside its c10d op (p2p);
 #: the rest run on the group's own worker threads (``pt_gloo_runloop``), in queue order.
 GLOO_CALLER_FAMILIES = frozenset({"send", "recv"})
+#: Work families whose gloo event shows, in its "Input Dims" (``record_shapes``), exactly the
+#: tensors its one-work call reduces (all_reduce, all_reduce_coalesced, a fused coalescing
+#: block, reduce_scatter_tensor's input): a work showing another element count is another call's.
+GLOO_SHAPED_FAMILIES = frozenset({"allreduce"})
 
 
 # ---------------------------------------------------------------------------- commtag's own keys

@@ -58,7 +58,8 @@ from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner, r
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_GLOO_WORK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_MATCH, ANN_P2P, ANN_P2P_PAIR_SEQ,
     ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM, ANN_UNFINISHED, C10D_OPS_WITHOUT_GLOO_WORK, COLLECTIVE_NAME_KEY, COMMS_OP,
-    CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
+    CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GLOO_CALLER_FAMILIES, GLOO_SHAPED_FAMILIES, GLOO_WORK_FAMILY,
+    GLOO_WORK_PER_MEMBER,
     GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, KERNEL_EAGER_KEYS, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, P2P_COLLECTIVES,
     P2P_FAMILIES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SPAN_TOLERANCE_NS,
     SRC_RANK_KEY, UNFINISHED_END, family, is_graph_launch, nccl_kind,
@@ -167,7 +168,7 @@ class _GlooCall:
     """
 
     __slots__ = ("rec", "group", "op", "uid", "family", "need", "works", "lo", "hi", "on_caller",
-                 "done_on_worker", "bounded", "settled")
+                 "done_on_worker", "bounded", "settled", "sizes")
 
     def __init__(self, rec: RecordedCollective, group: Optional[GroupRow], op: Optional[tuple], offset: int) -> None:
         ann = rec.annotation
@@ -178,6 +179,10 @@ class _GlooCall:
         fam = family(ann.collective_name)
         self.family = GLOO_WORK_FAMILY.get(fam, fam)
         self.need = ann.group_size if ann.collective_name in GLOO_WORK_PER_MEMBER else 1
+        #: The element counts its one work may show (complex tensors show half the recorded
+        #: count); None where a work's shapes do not tell (see GLOO_SHAPED_FAMILIES).
+        self.sizes = ((ann.in_msg_nelems, ann.in_msg_nelems / 2)
+                      if self.family in GLOO_SHAPED_FAMILIES and self.need == 1 else None)
         if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
             self.need = 0  # its own work is the op's inner gloo:send/recv: a worker event is another call's
         self.works: list[tuple] = []
@@ -498,7 +503,8 @@ class _RankAttacher:
                 break
             if (g[3] == call.family and g[4] != call.rec.tid and id(g[2]) not in self.taken
                     and owner.get(g[4], call.uid) == call.uid
-                    and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)):
+                    and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)
+                    and (call.sizes is None or _shown_nelems(g[2]) in (None, *call.sizes))):
                 found.append(g)
         return found
 
@@ -648,6 +654,22 @@ class _RankAttacher:
                              self.members)
             inst.group_size = int(world)
             self.instances.append(inst)
+
+
+def _shown_nelems(event: dict) -> Optional[int]:
+    """The elements of all inputs a work event shows in its "Input Dims"; None where it shows none."""
+    dims = (event.get("args") or {}).get("Input Dims")
+    if not isinstance(dims, list) or not dims:
+        return None
+    total = 0
+    for shape in dims:
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) for d in shape):
+            return None
+        count = 1
+        for d in shape:
+            count *= d
+        total += count
+    return total
 
 
 def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows, *,
