@@ -168,6 +168,9 @@ class RecordedCollective(BaseModel):
     #: on, at ``end_ns``. A thread other than ``tid`` ran the work (a gloo worker), and
     #: ``end_ns`` falls inside that work's event on it: the merge's identity for the event.
     done_tid: Optional[int] = None
+    #: True: the call had not finished when its window's trace was handed over (an async work
+    #: still pending, another thread's call still running); ``end_ns`` is that moment.
+    unfinished: Optional[bool] = None
 
     @model_validator(mode="after")
     def _ordered(self) -> "RecordedCollective":

@@ -184,6 +184,8 @@ KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
 EXTERNAL_ID_KEY = "External id"
 #: Arg joining a runtime launch to the device work it launched: both ends carry it.
 CORRELATION_KEY = "correlation"
+#: The shapes of an op's inputs, one list per tensor (written with ``record_shapes``).
+INPUT_DIMS_KEY = "Input Dims"
 #: Arg numbering a CPU op within its trace.
 EV_IDX_KEY = "Ev Idx"
 #: Arg giving a runtime launch's CUPTI callback id.
@@ -531,6 +533,10 @@ GLOO_WORK_PER_MEMBER = frozenset({"reduce_scatter"})
 #: Families whose gloo work runs on the calling thread, starting inside its c10d op (p2p);
 #: the rest run on the group's own worker threads (``pt_gloo_runloop``), in queue order.
 GLOO_CALLER_FAMILIES = frozenset({"send", "recv"})
+#: Work families whose gloo event shows, in its "Input Dims" (``record_shapes``), exactly the
+#: tensors its one-work call reduces (all_reduce, all_reduce_coalesced, a fused coalescing
+#: block, reduce_scatter_tensor's input): a work showing another element count is another call's.
+GLOO_SHAPED_FAMILIES = frozenset({"allreduce"})
 
 
 # ---------------------------------------------------------------------------- commtag's own keys
@@ -560,6 +566,9 @@ ANN_CROSS_RANK = "commtag cross-rank"
 ANN_INFERRED = "commtag inferred"
 #: "not identified" where a gloo call's work event could not be told apart.
 ANN_GLOO_WORK = "commtag gloo work"
+#: On a call that had not finished when its window's trace was handed over: what its end is.
+ANN_UNFINISHED = "commtag unfinished"
+UNFINISHED_END = "still running when its trace was written; its end is not in this trace"
 # Written by the analysis on a matched instance's slices and markers.
 ANN_RANKS_MATCHED = "commtag ranks matched"
 ANN_SKEW_US = "commtag skew us"

@@ -39,6 +39,13 @@ LARGE_TRACE_BYTES = 500_000
 GLOO_RUN_WORLD = 4
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The seeds of tests/test_truth.py that this commit picked (they move with each commit)."""
+    from truth_world import moving_seeds
+
+    return f"truth seeds of this commit: {', '.join(map(str, moving_seeds()))}"
+
+
 @pytest.fixture(scope="session")
 def public_traces() -> Path:
     """../shared/data/public-traces: real traces other projects wrote (see its PROVENANCE.md)."""

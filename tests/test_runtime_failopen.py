@@ -209,14 +209,15 @@ def _compiled(rank: int, world_size: int) -> tuple[list[float], int, bool]:
 
     compiled = torch.compile(step, backend="eager")
     out = compiled(torch.ones(2))
-    dist.all_reduce(torch.ones(1))  # eager: counted
-    # The Seq the next collective would take, less one: how many took a Seq.
+    dist.all_reduce(torch.ones(1))  # eager
+    # The Seq the next collective would take, less one: gloo counts both calls of the group.
     return out.tolist(), state_for(None).next_collective_seq() - 1, commtag.is_installed()
 
 
 def test_torch_compile_traces_through_the_wrappers():
-    # 1 + 2 = 3 summed over both ranks, plus one; only the eager call took a Seq.
-    assert run_world(_compiled, 2) == [([4.0, 4.0], 1, True)] * 2
+    # 1 + 2 = 3 summed over both ranks, plus one; the traced call ran on the group too, so the
+    # eager one is its second call (Seq is the group's own count, not the calls commtag saw).
+    assert run_world(_compiled, 2) == [([4.0, 4.0], 2, True)] * 2
 
 
 @pytest.mark.parametrize("when", ["before", "after"])

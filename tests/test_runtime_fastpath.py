@@ -172,10 +172,12 @@ def _toggle_inside(rank: int, world: int) -> list[int]:
     x, out = torch.ones(2), torch.empty(2 * world)
     steps = []
     def numbered(call) -> int:
-        """Seq numbers ``call`` took (each reading of the next Seq takes one as well, on every rank)."""
-        before = state_for(None).next_collective_seq()
+        """Seq numbers ``call`` took (a group commtag counts itself also gives one to each reading)."""
+        state = state_for(None)
+        read_takes = 0 if state.gloo is not None else 1
+        before = state.next_collective_seq()
         call()
-        return state_for(None).next_collective_seq() - before - 1
+        return state.next_collective_seq() - before - read_takes
 
     for op in (lambda: dist.all_reduce(x), lambda: dist.all_gather_into_tensor(out, x)):
         op()  # the group is known: the next calls can take the fast path

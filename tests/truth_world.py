@@ -25,9 +25,11 @@ many re-inits came before it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import subprocess
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
@@ -50,6 +52,25 @@ DTYPES = {"float32": "Float", "float64": "Double", "int32": "Int", "int64": "Lon
 _REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced",
              "coalescing_manager")
 WAIT, WARMUP, ACTIVE = 1, 1, 2
+#: Where the seeds that move with each commit are drawn from (past the fixed and soak seeds).
+MOVING_SEEDS_FROM, MOVING_SEEDS_SPAN = 15, 10_000
+#: How many seeds each commit picks.
+MOVING_SEED_COUNT = 2
+
+
+def moving_seeds(count: int = MOVING_SEED_COUNT) -> tuple[int, ...]:
+    """``count`` consecutive seeds the checked-out commit picks: each commit tries other plans,
+    and a failure repeats on its commit. ``COMMTAG_TRUTH_SEEDS="27,33"`` names them instead."""
+    named = os.environ.get("COMMTAG_TRUTH_SEEDS", "").strip()
+    if named:
+        return tuple(int(seed) for seed in named.split(","))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""  # not a checkout: the same seeds every time
+    first = MOVING_SEEDS_FROM + int(hashlib.sha256(commit.encode()).hexdigest(), 16) % MOVING_SEEDS_SPAN
+    return tuple(range(first, first + count))
 
 
 @dataclass
@@ -263,12 +284,14 @@ def _run_window(rank: int, steps: list[Step], plan: Plan, handles: list, names: 
                 continue
             seq = truth.p2p(step.group)
             pair_seq = truth.pair(step.group, step.src, step.dst)
+            # The step's own tag: a recv from any source takes only this step's message, not
+            # another peer's (a batched isend still in flight, a later step's send).
             if rank == step.src:
-                dist.send(ones(m), dst=step.dst, group=group)
+                dist.send(ones(m), dst=step.dst, group=group, tag=step.op_id)
                 exp = _expected("send", m, m, step.dtype, members.index(step.dst), seq, members, False,
                                 p2p=("send", step.dst, pair_seq))
             else:
-                got = dist.recv(zeros(m), src=None if step.any_source else step.src, group=group)
+                got = dist.recv(zeros(m), src=None if step.any_source else step.src, group=group, tag=step.op_id)
                 assert got == step.src
                 exp = _expected("recv", m, m, step.dtype, members.index(step.src), seq, members, False,
                                 p2p=("recv", step.src, pair_seq))

@@ -27,12 +27,20 @@ an install after init or after a re-init still agrees across ranks.
 
 **Seq** follows ProcessGroupNCCL's counters: one counter for collectives
 (barrier included; a whole coalescing block takes one number) and a separate
-one for point-to-point (a whole ``batch_isend_irecv`` takes one number). On
-NCCL the backend's own collective counter is read, so the value equals what
-the profiler records for eager kernels; elsewhere commtag counts with the
-same rule, because gloo's counter also advances on p2p and so drifts apart
-between ranks that did and did not send. NCCL's p2p counter counts every
-peer together, so it cannot pair a send with its recv; commtag also keeps a
+one for point-to-point (a whole ``batch_isend_irecv`` takes one number). A
+collective's Seq is read from the backend's own per-group count
+(:data:`BACKEND_SEQ`), which every member advances for the same calls since
+the group was made, so it does not depend on when commtag was installed or
+which calls it saw: on NCCL that count is the collectives' (the value the
+profiler records for eager kernels); gloo's also advances on each
+point-to-point op of this rank (and more than once for a few calls that run
+point-to-point inside, :data:`GLOO_INNER_P2P`), so commtag takes those
+advances off (:attr:`GroupState.gloo_extra`), counting the p2p ops it sees.
+p2p calls made on a gloo group while commtag was not installed are not seen:
+where the members made different numbers of them, their later Seqs differ.
+Other backends, and a group with two backends, are counted by commtag from
+the moment it was installed. NCCL's p2p counter counts every peer together,
+so it cannot pair a send with its recv; commtag also keeps a
 per-(group, src, dst) counter, ``p2p_pair_seq``, which can.
 """
 
@@ -49,6 +57,15 @@ from torch.distributed import distributed_c10d as c10d
 
 from commtag.identity import format_list, group_uid, lane_id, lane_name
 from commtag.schema import ProcessGroupInfo
+
+#: torch's per-group call count on a backend (c10d ``Backend::getSequenceNumberForGroup``; present
+#: on ProcessGroupNCCL and ProcessGroupGloo in torch 2.11-2.15, 0 at the group's creation, advanced
+#: when a call is issued, before it completes). A backend without it is counted by commtag.
+BACKEND_SEQ = "_get_sequence_number_for_group"
+#: Collectives that gloo runs as point-to-point ops of its own, each advancing the group's count:
+#: their advance is measured around the call (torch 2.13: a list reduce_scatter advances it by the
+#: group size, a monitored_barrier by 2 per peer on rank 0, 2 elsewhere).
+GLOO_INNER_P2P = frozenset({"reduce_scatter", "monitored_barrier"})
 
 
 def _start_and_stride(ranks: list[int], is_default: bool) -> tuple[Optional[int], Optional[int]]:
@@ -81,8 +98,12 @@ class GroupState:
     lane_name: str
     #: The life of the world the group belongs to (0 = the first; see the module docstring).
     generation: int
-    #: The NCCL backend whose collective counter is read; None elsewhere.
-    nccl: Any = None
+    #: The NCCL backend's collective count (its bound :data:`BACKEND_SEQ`); None elsewhere.
+    nccl: Optional[Callable[[], int]] = None
+    #: The gloo backend's call count (its bound :data:`BACKEND_SEQ`); None elsewhere.
+    gloo: Optional[Callable[[], int]] = None
+    #: How far this rank's gloo counter has advanced beyond one per collective (its p2p ops).
+    gloo_extra: int = 0
     p2p_seq: int = 0
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -115,9 +136,21 @@ class GroupState:
         counter for the block being numbered.
         """
         if self.nccl is not None:
-            value = int(self.nccl._get_sequence_number_for_group())
+            value = int(self.nccl())
             return value if already_bumped else value + 1
+        if self.gloo is not None:
+            return int(self.gloo()) + 1 - self.gloo_extra
         return self.bump()
+
+    def backend_count(self) -> Optional[int]:
+        """gloo's count of this group's calls now; None on any other backend."""
+        return None if self.gloo is None else int(self.gloo())
+
+    def gloo_advanced(self, steps: int) -> None:
+        """gloo's counter moved ``steps`` further than one per collective (p2p ops, inner p2p)."""
+        if self.gloo is not None and steps:
+            with self.lock:
+                self.gloo_extra += steps
 
     def next_p2p_seq(self) -> int:
         with self.lock:
@@ -269,20 +302,26 @@ def build_state(pg: Any) -> GroupState:
         lane_name=lane_name(name, desc, ranks, generation),
         generation=generation,
         nccl=_nccl_backend(pg, backend),
+        gloo=_counting_backend(pg, torch.device("cpu")) if backend == "gloo" else None,
     )
 
 
-def _nccl_backend(pg: Any, backend: str) -> Any:
-    """The NCCL backend object whose counter gives the eager Seq, if the group is NCCL-only.
+def _nccl_backend(pg: Any, backend: str) -> Optional[Callable[[], int]]:
+    """The NCCL backend's counter that gives the eager Seq, if the group is NCCL-only.
 
     A mixed group ("cpu:gloo,cuda:nccl") sends CPU tensors to gloo, which
     would not advance NCCL's counter: commtag counts those itself.
     """
     if backend != "nccl" or not torch.cuda.is_available():
         return None
+    return _counting_backend(pg, torch.device("cuda"))
+
+
+def _counting_backend(pg: Any, device: torch.device) -> Optional[Callable[[], int]]:
+    """The per-group call count of the group's backend for ``device``, if it tells one."""
     try:
-        nccl = pg._get_backend(torch.device("cuda"))
-        nccl._get_sequence_number_for_group()
-        return nccl
-    except (RuntimeError, AttributeError):
+        count = getattr(pg._get_backend(device), BACKEND_SEQ)
+        int(count())
+        return count
+    except (RuntimeError, AttributeError, TypeError, ValueError):
         return None

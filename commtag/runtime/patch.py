@@ -75,13 +75,14 @@ from commtag.runtime.idle import (
 from commtag.runtime.failopen import log_once
 from commtag.runtime.calls import CallRecord, OpCall, reduce_name
 from commtag.runtime.capture import OPEN_CAPTURES
-from commtag.runtime.groups import GROUP_STATES, GroupState, lookup, state_for
+from commtag.runtime.groups import GLOO_INNER_P2P, GROUP_STATES, GroupState, lookup, state_for
 from commtag.runtime.recorder import autograd_profiler, thread_profiled
 from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS
 from commtag.runtime.metadata import p2p_call as _p2p_call
 from commtag.vocab import RECV, SEND
 
 _profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
+_IN_FLIGHT = recorder.IN_FLIGHT
 _now_ns = time.time_ns
 
 class _ThreadState:
@@ -132,6 +133,8 @@ class _Pending(CallRecord):
         self.error = None
         self.recording = recording
         self.token = token
+        if recording:  # until recorder.add: a window that ends first writes it as unfinished
+            _IN_FLIGHT[id(self)] = self
 
 
 class _Block:
@@ -293,8 +296,10 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
     describe = _unseen(OPS[name])
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
-    #: May take the idle fast path (a plain collective: p2p and unreadable ops never do).
-    fast = not p2p and shape.kind == reentry.PLAIN
+    #: May take the idle fast path (a plain collective: p2p, unreadable ops and those whose gloo
+    #: count is measured never do).
+    measured = name in GLOO_INNER_P2P
+    fast = not p2p and not measured and shape.kind == reentry.PLAIN
     #: The original's code could not be read: any call may re-enter a wrapper.
     unknown = shape.kind == reentry.UNKNOWN
     #: The original dispatches to __torch_function__ on its positional argument tf_index.
@@ -322,6 +327,10 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             return original(*args, **kwargs)
         pending = None
         reentrant = True
+        #: The group of a p2p call (its gloo count advances once), and of a call whose advance is
+        #: measured, with the count before it.
+        p2p_state: Optional[GroupState] = None
+        before: Optional[tuple[GroupState, int]] = None
         #: What went wrong describing the call: logged only if the original accepts the call
         #: (a call torch rejects is the caller's mistake, and torch's error says so).
         failure = None
@@ -329,12 +338,16 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             if p2p or thread.blocks:
                 call = describe(*args, **kwargs)
                 pending = None if call is None else _start(call, thread)
+                if p2p and call is not None:
+                    p2p_state = call.state
             else:
                 # A plain collective needs only its group to be numbered; it is described
                 # only when it will be annotated.
                 group = kwargs["group"] if "group" in kwargs else (args[group_index] if len(args) > group_index else None)
                 state = GROUP_STATES.get(c10d_world._default_pg if group is None else group) or lookup(group)
                 if state is not None:
+                    if measured and state.gloo is not None:
+                        before = (state, state.gloo())
                     seq = state.next_collective_seq()
                     recording = thread_profiled() or autograd_profiler._is_profiler_enabled
                     token = capture.before_collective() if OPEN_CAPTURES else None
@@ -364,6 +377,10 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             thread.depth -= 1
             if reentrant:
                 less_slow()
+            if before is not None:
+                _measure_gloo(*before)
+        if p2p_state is not None:
+            p2p_state.gloo_advanced(1)
         if failure is not None:
             log_once("describing a collective", failure)
         if pending is not None:
@@ -376,6 +393,15 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
     wrapper.__commtag_original__ = original  # type: ignore[attr-defined]
     wrapper.__commtag_shape__ = shape  # type: ignore[attr-defined]
     return wrapper
+
+
+def _measure_gloo(state: GroupState, before: int) -> None:
+    """Keep how far a call that gloo runs as p2p ops of its own moved the group's count beyond
+    one (none if it never reached the backend)."""
+    try:
+        state.gloo_advanced(max(int(state.gloo()) - before - 1, 0))
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("reading gloo's sequence number", exc)
 
 
 def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -400,6 +426,7 @@ def _wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
             thread.depth -= 1
         if failure is not None:  # logged only for a batch torch accepted (else the caller's mistake)
             log_once("describing batch_isend_irecv", failure)
+        _batch_counted(p2p_op_list)
         _after_batch(pendings, works)
         return works
 
@@ -434,6 +461,17 @@ def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> tuple[list[_Pending
         ], None
     except Exception as exc:  # noqa: BLE001 - fail open
         return [], exc
+
+
+def _batch_counted(p2p_op_list: Any) -> None:
+    """Each op of an issued batch advanced its gloo group's count once."""
+    try:
+        for op in p2p_op_list:
+            state = lookup(op.group)
+            if state is not None:
+                state.gloo_advanced(1)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("counting batch_isend_irecv", exc)
 
 
 def _after_batch(pendings: list[_Pending], works: Any) -> None:

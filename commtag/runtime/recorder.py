@@ -6,6 +6,11 @@ a job that is not being profiled accumulates nothing. An entry is the
 wrapper's own record of the call (cheap on the hot path), which builds the
 annotation's fields itself; they are built and validated once, when
 :func:`trace_handler` writes the sidecar.
+
+A call belongs to the window it started in. One still running when that
+window's trace is handed over (an async work not complete yet, another
+thread's call) is written there as unfinished, ending at that moment
+(:func:`drain`), and its own end, when it comes, is not kept again.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from pathlib import Path
@@ -34,6 +40,7 @@ from commtag.schema import RecordedCollective, Sidecar
 #: flag, bound once: the collectives' idle path reads them on every call.
 thread_profiled: Callable[[], bool] = torch._C._autograd._profiler_enabled
 autograd_profiler = torch.autograd.profiler
+_now_ns = time.time_ns
 
 
 def profiler_enabled() -> bool:
@@ -60,6 +67,13 @@ class Entry(Protocol):
 
 _buffer: list[tuple[Entry, int, Optional[int]]] = []
 _buffer_lock = threading.Lock()
+#: Recorded calls started and not finished yet, by id (the wrappers put each in as it starts):
+#: what a window's end finds still running.
+IN_FLIGHT: dict[int, Entry] = {}
+#: Calls already written as unfinished, by id, until their own end arrives (then not kept again).
+_written_unfinished: dict[int, Entry] = {}
+#: The end of a call drained while it ran: it is written ending at the drain, as unfinished.
+_NO_END = -1
 
 
 def add(entry: Entry, end_ns: int, done_tid: Optional[int] = None) -> None:
@@ -69,22 +83,33 @@ def add(entry: Entry, end_ns: int, done_tid: Optional[int] = None) -> None:
     :func:`drain`, off the collective's path. ``done_tid``: the thread that
     saw an async work complete, at ``end_ns`` (see ``RecordedCollective.done_tid``).
     """
-    _buffer.append((entry, end_ns, done_tid))
+    with _buffer_lock:  # against drain: a call is written once, finished or not
+        if IN_FLIGHT.pop(id(entry), None) is None and _written_unfinished.pop(id(entry), None) is entry:
+            return  # its window was written while it ran: it is there, unfinished
+        _buffer.append((entry, end_ns, done_tid))
 
 
 def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
-    """Take every kept collective (started at or after ``since_ns``), validated.
+    """Take every kept collective (started at or after ``since_ns``), validated, and every call
+    started since then and still running, as unfinished at this moment.
 
     An entry whose fields cannot be built or fail validation is dropped and
     logged once: the rest of the sidecar is still worth writing.
     """
     global _buffer
     with _buffer_lock:
+        now = _now_ns()
+        running = [e for e in IN_FLIGHT.values() if since_ns is None or e.start_ns >= since_ns]
+        for entry in running:
+            del IN_FLIGHT[id(entry)]
+            _written_unfinished[id(entry)] = entry
         taken, _buffer = _buffer, []
+    taken.extend((entry, _NO_END, None) for entry in running)
     recorded = []
     for entry, end_ns, done_tid in taken:
         if since_ns is not None and entry.start_ns < since_ns:
             continue
+        unfinished = end_ns == _NO_END
         try:
             annotation = entry.annotation_fields()
         except Exception as exc:  # noqa: BLE001 - one bad entry must not cost the sidecar
@@ -96,10 +121,11 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
                     {
                         "annotation": annotation,
                         "start_ns": entry.start_ns,
-                        "end_ns": end_ns,
+                        "end_ns": max(now, entry.start_ns) if unfinished else end_ns,
                         "tid": entry.tid,
                         "thread_name": entry.thread_name,
                         "done_tid": done_tid,
+                        "unfinished": True if unfinished else None,
                     }
                 )
             )

@@ -18,8 +18,8 @@ from commtag.identity import GroupRow
 from commtag.merge.rank.eager import kernel_timed, launched
 from commtag.merge.rank.events import FileEvents
 from commtag.vocab import (
-    ANN_GLOO_WORK, C10D_OPS_WITHOUT_GLOO_WORK, GLOO_CALLER_FAMILIES, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER,
-    SPAN_TOLERANCE_NS, family,
+    ANN_GLOO_WORK, ANN_UNFINISHED, C10D_OPS_WITHOUT_GLOO_WORK, GLOO_CALLER_FAMILIES, GLOO_SHAPED_FAMILIES,
+    GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, INPUT_DIMS_KEY, SPAN_TOLERANCE_NS, UNFINISHED_END, family,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -42,7 +42,7 @@ class GlooCall:
     """
 
     __slots__ = ("rec", "group", "op", "uid", "family", "need", "works", "lo", "hi", "on_caller",
-                 "done_on_worker", "bounded", "settled")
+                 "done_on_worker", "bounded", "settled", "sizes")
 
     def __init__(self, rec: RecordedCollective, group: Optional[GroupRow], op: Optional[tuple], offset: int) -> None:
         ann = rec.annotation
@@ -53,6 +53,10 @@ class GlooCall:
         fam = family(ann.collective_name)
         self.family = GLOO_WORK_FAMILY.get(fam, fam)
         self.need = ann.group_size if ann.collective_name in GLOO_WORK_PER_MEMBER else 1
+        #: The element counts its one work may show (complex tensors show half the recorded
+        #: count); None where a work's shapes do not tell (see GLOO_SHAPED_FAMILIES).
+        self.sizes = ((ann.in_msg_nelems, ann.in_msg_nelems / 2)
+                      if self.family in GLOO_SHAPED_FAMILIES and self.need == 1 else None)
         if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
             self.need = 0  # its own work is the op's inner gloo:send/recv: a worker event is another call's
         self.works: list[tuple] = []
@@ -62,7 +66,7 @@ class GlooCall:
         self.on_caller = self.family in GLOO_CALLER_FAMILIES
         self.done_on_worker = rec.done_tid is not None and rec.done_tid != rec.tid
         #: Its work ended by ``hi``: a sync call waited for it; an async one saw it complete.
-        self.bounded = not ann.async_op or rec.done_tid is not None
+        self.bounded = (not ann.async_op or rec.done_tid is not None) and not rec.unfinished
         #: Unbounded only: when all its works had surely started (see _gloo_works).
         self.settled: Optional[int] = None
 
@@ -109,6 +113,8 @@ def join_recorded(events: FileEvents) -> list[GlooCall]:
         site, own = events.record_parts(ann)
         if call.need and "gloo" in backend and "nccl" not in backend:  # a gloo work not identified: no guess
             site = events.interner.common({**site, ANN_GLOO_WORK: "not identified"})
+        if call.rec.unfinished:
+            site = events.interner.common({**site, ANN_UNFINISHED: UNFINISHED_END})
         events.host_timed(call, (site, own), "gloo")
     return leftover
 
@@ -219,9 +225,26 @@ def _inside(events: FileEvents, call: GlooCall, owner: dict[int, str]) -> list[t
             break
         if (g[3] == call.family and g[4] != call.rec.tid and id(g[2]) not in events.taken
                 and owner.get(g[4], call.uid) == call.uid
-                and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)):
+                and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)
+                and (call.sizes is None or _shown_nelems(g[2]) in (None, *call.sizes))):
             found.append(g)
     return found
+
+
+def _shown_nelems(event: dict) -> Optional[int]:
+    """The elements of all inputs a work event shows in its "Input Dims"; None where it shows none."""
+    dims = (event.get("args") or {}).get(INPUT_DIMS_KEY)
+    if not isinstance(dims, list) or not dims:
+        return None
+    total = 0
+    for shape in dims:
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) for d in shape):
+            return None
+        count = 1
+        for d in shape:
+            count *= d
+        total += count
+    return total
 
 
 def _take_work(events: FileEvents, call: GlooCall, work: tuple, owner: Optional[dict[int, str]]) -> None:
