@@ -61,7 +61,7 @@ def _overlapping(rank: int, world_size: int, out_dir: str) -> None:
 
 
 def test_a_blocking_calls_work_is_told_from_another_groups_by_its_shapes(tmp_path: Path) -> None:
-    from commtag.merge.pipeline import merge
+    from merging import merge
 
     run_world(_overlapping, WORLD, str(tmp_path / "traces"))
     result = merge(tmp_path / "traces", tmp_path / "merged.pftrace", json_dir=tmp_path / "json", progress=False)
