@@ -39,11 +39,12 @@ LARGE_TRACE_BYTES = 500_000
 GLOO_RUN_WORLD = 4
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """The seeds of tests/test_truth.py that this commit picked (they move with each commit)."""
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The seeds of tests/test_truth.py that this commit picked (they move with each commit),
+    said at the end of every run, -q included, so a failing CI run names what it ran."""
     from truth_world import moving_seeds
 
-    return f"truth seeds of this commit: {', '.join(map(str, moving_seeds()))}"
+    terminalreporter.write_line(f"truth seeds of this commit: {', '.join(map(str, moving_seeds()))}")
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ shows no input (a barrier, a scatter off the root) is checked by its worker
 thread instead: the group of the calls it demonstrably ran.
 
 CI runs a few fixed seeds, seeds that once failed, and two seeds the commit picks
-(:func:`truth_world.moving_seeds`, named in the test ids and in the session's header);
+(:func:`truth_world.moving_seeds`, named in the test ids and at the end of the run);
 more under ``-m soak``.
 """
 

@@ -98,10 +98,10 @@ class GroupState:
     lane_name: str
     #: The life of the world the group belongs to (0 = the first; see the module docstring).
     generation: int
-    #: The NCCL backend's collective count (its bound :data:`BACKEND_SEQ`); None elsewhere.
-    nccl: Optional[Callable[[], int]] = None
-    #: The gloo backend's call count (its bound :data:`BACKEND_SEQ`); None elsewhere.
-    gloo: Optional[Callable[[], int]] = None
+    #: The NCCL backend whose collective counter is read; None elsewhere.
+    nccl: Any = None
+    #: The gloo backend whose call counter is read; None elsewhere.
+    gloo: Any = None
     #: How far this rank's gloo counter has advanced beyond one per collective (its p2p ops).
     gloo_extra: int = 0
     p2p_seq: int = 0
@@ -136,15 +136,15 @@ class GroupState:
         counter for the block being numbered.
         """
         if self.nccl is not None:
-            value = int(self.nccl())
+            value = int(getattr(self.nccl, BACKEND_SEQ)())
             return value if already_bumped else value + 1
         if self.gloo is not None:
-            return int(self.gloo()) + 1 - self.gloo_extra
+            return self.gloo_count() + 1 - self.gloo_extra
         return self.bump()
 
-    def backend_count(self) -> Optional[int]:
-        """gloo's count of this group's calls now; None on any other backend."""
-        return None if self.gloo is None else int(self.gloo())
+    def gloo_count(self) -> int:
+        """gloo's count of this group's calls on this rank so far (a gloo group only)."""
+        return int(getattr(self.gloo, BACKEND_SEQ)())
 
     def gloo_advanced(self, steps: int) -> None:
         """gloo's counter moved ``steps`` further than one per collective (p2p ops, inner p2p)."""
@@ -306,8 +306,8 @@ def build_state(pg: Any) -> GroupState:
     )
 
 
-def _nccl_backend(pg: Any, backend: str) -> Optional[Callable[[], int]]:
-    """The NCCL backend's counter that gives the eager Seq, if the group is NCCL-only.
+def _nccl_backend(pg: Any, backend: str) -> Any:
+    """The NCCL backend object whose counter gives the eager Seq, if the group is NCCL-only.
 
     A mixed group ("cpu:gloo,cuda:nccl") sends CPU tensors to gloo, which
     would not advance NCCL's counter: commtag counts those itself.
@@ -317,11 +317,11 @@ def _nccl_backend(pg: Any, backend: str) -> Optional[Callable[[], int]]:
     return _counting_backend(pg, torch.device("cuda"))
 
 
-def _counting_backend(pg: Any, device: torch.device) -> Optional[Callable[[], int]]:
-    """The per-group call count of the group's backend for ``device``, if it tells one."""
+def _counting_backend(pg: Any, device: torch.device) -> Any:
+    """The group's backend for ``device`` if it tells its per-group call count, else None."""
     try:
-        count = getattr(pg._get_backend(device), BACKEND_SEQ)
-        int(count())
-        return count
+        found = pg._get_backend(device)
+        int(getattr(found, BACKEND_SEQ)())
+        return found
     except (RuntimeError, AttributeError, TypeError, ValueError):
         return None

@@ -347,7 +347,7 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                 state = GROUP_STATES.get(c10d_world._default_pg if group is None else group) or lookup(group)
                 if state is not None:
                     if measured and state.gloo is not None:
-                        before = (state, state.gloo())
+                        before = (state, state.gloo_count())
                     seq = state.next_collective_seq()
                     recording = thread_profiled() or autograd_profiler._is_profiler_enabled
                     token = capture.before_collective() if OPEN_CAPTURES else None
@@ -399,7 +399,7 @@ def _measure_gloo(state: GroupState, before: int) -> None:
     """Keep how far a call that gloo runs as p2p ops of its own moved the group's count beyond
     one (none if it never reached the backend)."""
     try:
-        state.gloo_advanced(max(int(state.gloo()) - before - 1, 0))
+        state.gloo_advanced(max(state.gloo_count() - before - 1, 0))
     except Exception as exc:  # noqa: BLE001 - fail open
         log_once("reading gloo's sequence number", exc)
 
