@@ -26,7 +26,13 @@ suites=(tests/test_runtime_*.py tests/test_capture_*.py tests/test_cpu_op_collec
 build_venv() {  # $1: version, $2: venv path
     # setup.sh installs torch first (pinned to this minor version), then commtag editable
     # from this checkout with torch pinned again, so nothing moves torch.
-    COMMTAG_VENV="$2" COMMTAG_TORCH="torch==$1.*" bash launch/setup.sh
+    # A machine's pip configuration may name a constraint file that caps torch below the
+    # version asked for; the venv's installs use a constraint file of their own instead
+    # (PIP_CONSTRAINT overrides the configured one; the machine's file is left as it is).
+    local constraints="$cache/constraints-torch-$1.txt"
+    echo "torch==$1.*" > "$constraints"
+    PIP_CONSTRAINT="$constraints" COMMTAG_VENV="$2" COMMTAG_TORCH="torch==$1.*" \
+        bash launch/setup.sh
 }
 
 failed=0
