@@ -640,6 +640,23 @@ NCCL2_COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
 )}
 
 
+#: c10d's hook op names (torch 2.15 ``HookOpName``, the name a ProcessGroup pre-hook is given;
+#: nccl2-and-hooks.md §7a) -> the eager "Collective name" of the c10d op behind it. Left out:
+#: ALLTOALL_BASE (the hook is not given the split sizes, which legacy records and nccl2's name
+#: depends on: such a call is numbered, not annotated), SPLIT, NEW_WINDOW and UNKNOWN (no
+#: collective). torch 2.14's HookOpName lacks the *_BASE and *_COALESCED members (§7a).
+HOOK_OP_COLLECTIVES: dict[str, str] = {
+    "ALLREDUCE": "allreduce", "ALLREDUCE_COALESCED": "allreduce_coalesced", "BROADCAST": "broadcast",
+    "REDUCE": "reduce", "ALLGATHER": "all_gather", "ALLGATHER_BASE": "_allgather_base",
+    "ALLGATHER_COALESCED": "allgather_coalesced", "ALLGATHER_INTO_TENSOR_COALESCED": "allgather_into_tensor_coalesced",
+    "REDUCE_SCATTER": "reduce_scatter", "REDUCE_SCATTER_BASE": "_reduce_scatter_base",
+    "REDUCE_SCATTER_TENSOR_COALESCED": "reduce_scatter_tensor_coalesced", "ALLTOALL": "all_to_all",
+    "GATHER": "gather", "SCATTER": "scatter", "BARRIER": "barrier", "SEND": SEND, "RECV": RECV,
+}
+#: The hook op name of a collective the hook cannot describe (see above).
+UNDESCRIBED_HOOK_OP = "ALLTOALL_BASE"
+
+
 # ---------------------------------------------------------------------------- gloo
 
 #: c10d CPU ops (as Kineto names them) whose gloo work runs on the calling thread, as

@@ -206,7 +206,11 @@ def _finish(pending: _Pending, work: Any) -> None:
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
         return
-    future = _future_of(work) if pending.call.async_op else None
+    _record_when_done(pending, _future_of(work) if pending.call.async_op else None)
+
+
+def _record_when_done(pending: _Pending, future: Any) -> None:
+    """Hand the call to the recorder when ``future`` completes, or now (no future)."""
     if future is not None:
         # The annotation covers the work until it completes, without touching the Work object.
         # The callback runs on the thread that completed the work (a gloo worker, inside its
@@ -552,6 +556,33 @@ def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState, error: 
             _finish(pending, works[-1] if works else None)
     except Exception as exc:  # noqa: BLE001 - fail open
         log_once("annotating a coalesced collective", exc)
+
+
+# ---------------------------------------------------------------------------
+# Calls c10d's own hooks saw (commtag.runtime.c10d_hooks).
+
+
+def inside_wrapper() -> bool:
+    """Is this thread inside a patched function or a coalescing block it opened? Then the call
+    c10d is issuing is that wrapper's to record."""
+    thread = _thread_state()
+    return bool(thread.depth or thread.blocks)
+
+
+def pair_seq_of(call: OpCall) -> Optional[int]:
+    """The pair Seq of a p2p call whose peer is known (takes one)."""
+    return _pair_seq(call.state, call) if call.peer is not None else None
+
+
+def issuing(call: OpCall, seq: int, pair_seq: Optional[int]) -> _Pending:
+    """A call about to be issued outside every wrapper (its start is now)."""
+    return _Pending(call, seq, pair_seq, True, None, _thread_state())
+
+
+def record_issued(pending: _Pending, work: Any) -> None:
+    """Record a call :func:`issuing` began once it is issued: it ends when its work completes
+    (where the work has a future, whether or not the caller waits on it), else now."""
+    _record_when_done(pending, _future_of(work))
 
 
 # ---------------------------------------------------------------------------
