@@ -18,7 +18,8 @@ from commtag.runtime import c10d_hooks
 from gloo_world import run_world
 
 needs_hooks = pytest.mark.skipif(not c10d_hooks.available(),
-                                 reason="c10d ProcessGroup pre/post hooks are torch 2.15+ (the compat run covers them)")
+                                 reason="c10d ProcessGroup pre/post hooks that name every op are torch 2.15+ "
+                                        "(the compat run covers them)")
 
 
 def _mixed_calls(rank: int, world: int) -> dict:
@@ -109,3 +110,10 @@ def test_a_hooked_call_is_described_as_the_patched_function_describes_it(monkeyp
         assert [getattr(hooked, f) for f in fields] == [getattr(patched, f) for f in fields], name
     assert c10d_hooks.describe("ALLTOALL_BASE", [x], [x], -1, False, state) is None
     assert c10d_hooks.describe("SPLIT", [], [], -1, False, state) is None
+
+
+def test_hooks_are_used_only_where_torch_names_every_op_apart() -> None:
+    """torch 2.14's hooks name a tensor-form call as its list form (no ALLGATHER_BASE): there the
+    patched functions stay the only path; 2.15's name them all."""
+    names = set(getattr(getattr(torch._C._distributed_c10d, "HookOpName", None), "__members__", {}))
+    assert c10d_hooks.available() == ("ALLGATHER_BASE" in names and "ALLREDUCE_COALESCED" in names)

@@ -26,6 +26,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
+import torch
 from torch.distributed import distributed_c10d as c10d
 
 from commtag.identity import format_list
@@ -50,8 +51,12 @@ _watcher: Optional[Callable[..., Any]] = None
 
 
 def available() -> bool:
-    """Does this torch fire c10d pre/post hooks (2.15+)?"""
-    return hasattr(c10d.ProcessGroup, "register_pre_hook") and hasattr(c10d.ProcessGroup, "register_post_hook")
+    """Does this torch fire c10d pre/post hooks that name every op apart (2.15+)? torch 2.14 has
+    the hooks, but its HookOpName has no *_BASE or *_COALESCED members (nccl2-and-hooks.md §7a),
+    so a tensor-form call would be described under its list form's name."""
+    names = getattr(getattr(torch._C._distributed_c10d, "HookOpName", None), "__members__", {})
+    return (hasattr(c10d.ProcessGroup, "register_pre_hook") and hasattr(c10d.ProcessGroup, "register_post_hook")
+            and set(HOOK_OP_COLLECTIVES) | {UNDESCRIBED_HOOK_OP} <= set(names))
 
 
 def _sum(tensors: Any) -> int:
