@@ -67,6 +67,15 @@ def test_nccl2_records_follow_the_notes_per_op_table_and_seq_rules() -> None:
         assert not set(NCCL2_OMITTED_KEYS) & set(record)
 
 
+def test_the_destination_of_a_message_records_its_recv() -> None:
+    """§3: recv n / n, Rank = the source's group rank; §4: the last collective's Seq."""
+    (recv,) = [r for r in records(JOB, 2, NCCL2_FORMAT) if r["Collective name"] == "recv"]
+    assert (recv["In msg nelems"], recv["In split size"], recv["Rank"], recv["Seq"]) == (8, "[8]", 1, 12)
+    (legacy,) = [r for r in records(JOB, 2, LEGACY_FORMAT) if r["Collective name"] == "recv" and "Src Rank" in r
+                 and r["Seq"] == 1]
+    assert legacy["Src Rank"] == 1 and legacy["Rank"] == 1
+
+
 def test_the_root_of_a_gather_or_scatter_records_the_whole_buffer() -> None:
     """§3: gather n / N·n and scatter N·n / n on the root (0 elsewhere, above)."""
     root = {r["Collective name"]: r for r in records(JOB, 0, NCCL2_FORMAT) if r["Collective name"] in ("gather", "scatter")}
@@ -126,3 +135,42 @@ def test_the_runtime_annotates_an_nccl2_group_as_the_generator_writes_it() -> No
         want = kernel_args(expected[name])
         assert {k: annotation[k] for k in want if k != "Seq"} == {k: v for k, v in want.items() if k != "Seq"}
         assert not set(NCCL2_OMITTED_KEYS) & set(annotation)
+
+
+def _write_traces(directory, job, world: int, fmt: str) -> None:
+    import gzip
+
+    import orjson
+
+    from commtag.testing.nccl2 import job_trace
+
+    directory.mkdir()
+    for rank in range(world):
+        trace = job_trace(job, rank, world, fmt, skew_us=5.0 * rank)
+        (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+
+
+def test_the_legacy_traces_of_a_job_merge_with_every_call_matched_on_its_members(tmp_path) -> None:
+    """The generator's traces are what the merge reads: the legacy form of a 4-rank job on two
+    groups merges with each collective matched on all its members, no finding, and the bytes the
+    note's sizes give. (The same job's nccl2 traces, merged to the same analysis, is the merge's
+    side of nccl2-and-hooks: job_trace(..., NCCL2_FORMAT) writes them.)"""
+    from commtag.merge import merge
+    from commtag.testing.nccl2 import job_trace
+
+    pair = JobGroup("1", "undefined", (0, 1))
+    job = (*(call for call in JOB if call.op not in (SEND, NCCL2_BATCH_P2P)), JobCall("allreduce", pair, (16,)))
+    _write_traces(tmp_path / "legacy", job, 4, LEGACY_FORMAT)
+    result = merge(tmp_path / "legacy", tmp_path / "legacy.pftrace", jobs=1)
+    matched = result.analysis.collectives
+    assert len(matched) == len(job)
+    assert all(len(m.members) == m.group_size and not m.missing_ranks for m in matched)
+    assert not result.analysis.findings, result.analysis.findings
+    assert sorted(m.collective for m in matched) == sorted(call.op for call in job)
+    # Both formats of the same rank's trace carry one kernel per record, linked by External id.
+    for fmt in (LEGACY_FORMAT, NCCL2_FORMAT):
+        events = job_trace(job, 1, 4, fmt)["traceEvents"]
+        ops = [e for e in events if e["name"] == "record_param_comms"]
+        kernels = [e for e in events if e["cat"] == "kernel"]
+        assert [k["args"]["External id"] for k in kernels] == [o["args"]["External id"] for o in ops]
+        assert [o["args"]["Collective name"] for o in ops] == [r["Collective name"] for r in records(job, 1, fmt)]

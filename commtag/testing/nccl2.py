@@ -1,11 +1,13 @@
-"""One job's ``record_param_comms`` records in both formats: legacy ProcessGroupNCCL's and nccl2's.
+"""One job's ``record_param_comms`` records, and its ranks' traces, in both formats: legacy
+ProcessGroupNCCL's and nccl2's.
 
 Why: no GPU here runs nccl2 (ProcessGroupNCCL2 refuses to start without a
 CUDA device), so tests that need its records get them from here. A job is a
 list of :class:`JobCall` (what the user called, on which group, with which
 tensors); :func:`records` writes, for one rank, the args of every
 ``record_param_comms`` CPU op the backend would write, in order, and
-:func:`kernel_args` the part Kineto copies onto the call's kernel.
+:func:`kernel_args` the part Kineto copies onto the call's kernel, and
+:func:`job_trace` a rank's whole Kineto trace of the job (the merge's input).
 
 Every value cites its source: ``LEG`` = ../shared/reference/eager-comm-metadata.md
 (legacy, torch 2.13), ``N§k`` = section k of ../shared/reference/nccl2-and-hooks.md
@@ -15,13 +17,14 @@ of the profiler's own, LEG) is left out of both formats.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from commtag.identity import format_list
 from commtag.nccl2 import nccl2_sizes
 from commtag.vocab import (
-    BARRIER_DTYPE, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY,
+    BARRIER_DTYPE, COLLECTIVE_NAME_KEY, COLLECTIVES, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, KERNEL_CATEGORY,
+    NCCL2_COLLECTIVES, NCCL_REDUCING, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY,
     KERNEL_EAGER_KEYS, LEGACY_FORMAT, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_GROUP_RANKS, NCCL2_PER_TENSOR,
     OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY,
     RANK_START_KEY, RANK_STRIDE_KEY, RECV, SEND, SEQ_KEY, SRC_RANK_KEY,
@@ -59,7 +62,8 @@ class JobCall:
     ``numels``: each tensor's numel on a rank (one for a single-tensor op, k
     for a coalesced one); for the list all_gather / reduce_scatter, the
     per-rank chunk. ``root``: group rank of the root (rooted ops). ``pairs``:
-    the (src, dst) group ranks of a send/recv, or of each op of a batch.
+    the (src, dst) group ranks of a p2p message (``op`` SEND: its source
+    records the send, its destination the recv), or of each op of a batch.
     ``splits``: all_to_all_single's dim-0 split lists (in, out), if given.
     """
 
@@ -213,11 +217,13 @@ def records(job: Sequence[JobCall], rank: int, fmt: str) -> list[dict[str, objec
         if call.op == NCCL2_BATCH_P2P:
             out += _batch(call, me, counters.next_p2p(call.group.name, fmt), fmt)
         elif call.op in P2P_COLLECTIVES:
+            # One message: its source records a send, its destination a recv.
+            end = replace(call, op=SEND if call.pairs[0][0] == me else RECV)
             seq = counters.next_p2p(call.group.name, fmt)
             if fmt == NCCL2_FORMAT:
-                out += _nccl2_parts(call, me, seq)
+                out += _nccl2_parts(end, me, seq)
             else:
-                out.append(_p2p_legacy(call.op, call, call.pairs[0], me, seq))
+                out.append(_p2p_legacy(end.op, end, end.pairs[0], me, seq))
         else:
             seq = counters.next_collective(call.group.name)
             if fmt == NCCL2_FORMAT:
@@ -235,3 +241,83 @@ def kernel_args(record: dict[str, object]) -> dict[str, object]:
     """What Kineto copies from a record onto its NCCL kernel, in its order (LEG "Keys copied to
     the kernel"; N§5: nccl2 kernels get the same keys, with nccl2's values)."""
     return {key: record[key] for key in KERNEL_EAGER_KEYS if key in record}
+
+
+#: Where the job's time starts on every rank (ns, CLOCK_REALTIME; floored as Kineto's
+#: baseTimeNanoseconds is: LEG "Clocks"), and each call's slot, its op and its kernel (µs).
+BASE_TIME_NS = 1_767_000_000_000_000_000
+SLOT_US, OP_US, KERNEL_AT_US, KERNEL_US = 100.0, 10.0, 20.0, 30.0
+#: The NCCL version torch 2.15 bundles (N "Sources": W15, NCCL 2.30.7).
+NCCL_VERSION = "2.30.7"
+
+
+def _kernel_name(record: dict[str, object], fmt: str) -> str:
+    """An NCCL kernel of the record's collective (N§3 / N§5 kernel families: the row's NCCL
+    kernel), in NCCL 2.19+'s spelling; one kernel per record (N§8.2 leaves the count of a grouped
+    call's kernels unverified)."""
+    table = NCCL2_COLLECTIVES if fmt == NCCL2_FORMAT else COLLECTIVES
+    kernel = table[str(record[COLLECTIVE_NAME_KEY])].nccl_kernel
+    reduction = "_Sum_f32" if kernel in NCCL_REDUCING else ""
+    return f"ncclDevKernel_{kernel}{reduction}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def job_trace(job: Sequence[JobCall], rank: int, world: int, fmt: str, skew_us: float = 0.0) -> dict:
+    """Rank ``rank``'s Kineto trace of ``job`` in format ``fmt``: per record a ``record_param_comms``
+    CPU op, its launch and its NCCL kernel, which carries :func:`kernel_args` and the op's External
+    id (LEG "Where it lives"). Every call's kernel ends at the same instant on every rank; a rank's
+    ops start ``skew_us`` later than the others'. A legacy batch's kernel gets no metadata and
+    links to no record (LEG: its kernels launch after each op's scope closed)."""
+    pid, device, stream = 1000 + rank, rank, 7
+    events: list[dict] = []
+    groups = {call.group.name: call.group for call in job if rank in call.group.ranks}
+    per_call = _records_per_call(job, rank, fmt)
+    link = 0
+    for slot, (call, recs) in enumerate(per_call):
+        at = slot * SLOT_US
+        unlinked = fmt == LEGACY_FORMAT and call.op == NCCL2_BATCH_P2P
+        for record in recs:
+            link += 1
+            events.append({"ph": "X", "cat": "cpu_op", "name": COMMS_OP, "pid": pid, "tid": pid, "ts": at + skew_us,
+                           "dur": OP_US, "args": {**record, EXTERNAL_ID_KEY: link}})
+            if unlinked:
+                continue
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid,
+                           "ts": at + skew_us + 1.0, "dur": 2.0, "args": {CORRELATION_KEY: link,
+                                                                          EXTERNAL_ID_KEY: link}})
+            events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": _kernel_name(record, fmt), "pid": device,
+                           "tid": stream, "ts": at + KERNEL_AT_US, "dur": KERNEL_US,
+                           "args": {EXTERNAL_ID_KEY: link, CORRELATION_KEY: link, "device": device,
+                                    "stream": stream, **kernel_args(record)}})
+        if unlinked and recs:
+            events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": _kernel_name({COLLECTIVE_NAME_KEY: SEND}, fmt),
+                           "pid": device, "tid": stream, "ts": at + KERNEL_AT_US, "dur": KERNEL_US,
+                           "args": {"device": device, "stream": stream}})
+    info = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": len(groups),
+            "pg_config": [{"pg_name": g.name, "pg_desc": g.desc, "backend_config": "cuda:nccl",
+                           "pg_size": len(g.ranks), "ranks": list(g.ranks)} for g in groups.values()],
+            "nccl_version": NCCL_VERSION}  # LEG "distributedInfo"; N§1: "nccl" for nccl2 too
+    return {"schemaVersion": 1, "distributedInfo": info, "baseTimeNanoseconds": BASE_TIME_NS,
+            "displayTimeUnit": "ms", "traceEvents": events}
+
+
+def _records_per_call(job: Sequence[JobCall], rank: int, fmt: str) -> list[tuple[JobCall, list[dict[str, object]]]]:
+    """Each call ``rank`` takes part in, with its records (as :func:`records` numbers them)."""
+    mine = [call for call in job if call.takes_part(rank)]
+    flat = records(mine, rank, fmt)
+    out, at = [], 0
+    for call in mine:
+        count = _record_count(call, rank, fmt)
+        out.append((call, flat[at:at + count]))
+        at += count
+    return out
+
+
+def _record_count(call: JobCall, rank: int, fmt: str) -> int:
+    """How many records one call writes on ``rank`` (N§3: per tensor when coalesced under nccl2,
+    one batch_op_issue per batch; LEG: one per call, one per op of a batch)."""
+    if call.op == NCCL2_BATCH_P2P:
+        me = call.group.ranks.index(rank)
+        return 1 if fmt == NCCL2_FORMAT else sum(me in pair for pair in call.pairs)
+    if fmt == NCCL2_FORMAT and call.op in NCCL2_PER_TENSOR:
+        return len(call.numels)
+    return 1
