@@ -70,13 +70,13 @@ def test_calls_no_patched_function_sees_are_recorded_once_each() -> None:
         assert result["hooked"] == 0 and result["after"] == 0 and result["restored"]
 
 
-def _state(size: int = 4, rank: int = 1):
+def _state(size: int = 4, rank: int = 1, record_format: str = "legacy"):
     from commtag.runtime.groups import GroupState
 
     ranks = list(range(size))
     return GroupState(uid="0:x", name="0", desc="default_pg", ranks=ranks, ranks_text=str(ranks), size=size,
                       group_rank=rank, global_rank_start=0, global_rank_stride=1, backend="gloo", lane_id=60,
-                      lane_name="PG 0", generation=0)
+                      lane_name="PG 0", generation=0, record_format=record_format)
 
 
 def test_a_hooked_call_is_described_as_the_patched_function_describes_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,3 +117,20 @@ def test_hooks_are_used_only_where_torch_names_every_op_apart() -> None:
     patched functions stay the only path; 2.15's name them all."""
     names = set(getattr(getattr(torch._C._distributed_c10d, "HookOpName", None), "__members__", {}))
     assert c10d_hooks.available() == ("ALLGATHER_BASE" in names and "ALLREDUCE_COALESCED" in names)
+
+
+def test_a_coalesced_call_on_an_nccl2_group_is_one_record_per_tensor() -> None:
+    """nccl2-and-hooks.md §3: allreduce_coalesced and allgather_into_tensor_coalesced write one
+    record per tensor (pair); a legacy group keeps the one fused record."""
+    x, six, big = torch.ones(4), torch.ones(6), torch.ones(16)
+    for record_format, want in (("legacy", [("allreduce_coalesced", 10, 10)]),
+                                ("nccl2", [("allreduce", 4, 4), ("allreduce", 6, 6)])):
+        state = _state(record_format=record_format)
+        call = c10d_hooks.describe("ALLREDUCE_COALESCED", [x, six], [], -1, True, state)
+        parts = c10d_hooks.per_tensor(call, [x, six], [])
+        assert [(p.collective, p.in_nelems, p.out_nelems) for p in parts] == want
+    state = _state(record_format="nccl2")
+    call = c10d_hooks.describe("ALLGATHER_INTO_TENSOR_COALESCED", [x, six], [big, torch.ones(24)], -1, True, state)
+    parts = c10d_hooks.per_tensor(call, [x, six], [big, torch.ones(24)])
+    assert [(p.collective, p.in_nelems, p.out_nelems) for p in parts] == [("_allgather_base", 4, 16),
+                                                                         ("_allgather_base", 6, 24)]

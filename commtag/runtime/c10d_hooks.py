@@ -34,7 +34,9 @@ from commtag.runtime import capture, patch, recorder
 from commtag.runtime.calls import OpCall, dtype_name, nelems
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import GroupState, lookup
-from commtag.vocab import BARRIER_DTYPE, HOOK_OP_COLLECTIVES, RECV, SEND, UNDESCRIBED_HOOK_OP
+from commtag.vocab import (
+    BARRIER_DTYPE, HOOK_OP_COLLECTIVES, NCCL2_FORMAT, NCCL2_PER_TENSOR, RECV, SEND, UNDESCRIBED_HOOK_OP,
+)
 
 #: The id commtag registers its hooks under (hooks run in id order; torch's FlightRecorder and
 #: NanCheck hooks use their own ids, which nccl2-and-hooks.md §8.7 leaves unverified: a high id
@@ -96,6 +98,23 @@ def describe(name: str, inputs: list[Any], outputs: list[Any], root: int, async_
                   async_op=async_op)
 
 
+def per_tensor(call: OpCall, inputs: list[Any], outputs: list[Any]) -> list[OpCall]:
+    """The call as its group's backend records it: a coalesced call on an nccl2 group is one
+    record per tensor (pair), all with the call's Seq (vocab.NCCL2_PER_TENSOR); else itself."""
+    part = NCCL2_PER_TENSOR.get(call.collective) if call.state.record_format == NCCL2_FORMAT else None
+    if part is None:
+        return [call]
+    size = call.state.size
+    if part == "allreduce":
+        return [OpCall(part, call.state, nelems(t), nelems(t), dtype_name(t), call.rank, async_op=call.async_op)
+                for t in inputs]
+    if part == "all_gather":  # the list form: an input and its N outputs per part
+        return [OpCall(part, call.state, nelems(t), nelems(t) * size, dtype_name(t), call.rank,
+                       async_op=call.async_op) for t in inputs]
+    return [OpCall(part, call.state, nelems(i), nelems(o), dtype_name(o), call.rank, async_op=call.async_op)
+            for i, o in zip(inputs, outputs)]
+
+
 class _GroupHooks:
     """The pre/post pair of one group: a call's description and Seq are taken before it is
     issued (as the wrappers take them), its record is handed on once it is issued."""
@@ -125,16 +144,18 @@ class _GroupHooks:
                 seq, pair_seq = state.next_p2p_seq(), patch.pair_seq_of(call)
             else:
                 seq, pair_seq = state.next_collective_seq(), None
-            self.issuing[int(args.op_id)] = patch.issuing(call, seq, pair_seq)
+            parts = per_tensor(call, list(args.input_tensors), list(args.output_tensors))
+            self.issuing[int(args.op_id)] = [patch.issuing(part, seq, pair_seq) for part in parts]
         except Exception as exc:  # noqa: BLE001 - fail open: the call runs unannotated
             log_once("describing a call c10d's hook saw", exc)
 
     def post(self, args: Any) -> None:
-        pending = self.issuing.pop(int(args.op_id), None) if self.issuing else None
-        if pending is None:
+        pendings = self.issuing.pop(int(args.op_id), None) if self.issuing else None
+        if pendings is None:
             return
         try:
-            patch.record_issued(pending, args.work)
+            for pending in pendings:
+                patch.record_issued(pending, args.work)
         except Exception as exc:  # noqa: BLE001 - fail open
             log_once("recording a call c10d's hook saw", exc)
 
