@@ -531,7 +531,8 @@ FUNCTION_COLLECTIVES.update({"gather_single": "gather", "gather_into_tensor": "g
 #: "Collective name" prefix of the records torch's symmetric-memory ops write
 #: (``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``: each op calls
 #: RECORD_PARAM_COMMS with Seq 0, its group's name and description, the own rank, In / Out
-#: msg nelems = input / output numel, "[]" splits and rank start / stride -1). Seq 0 on every
+#: msg nelems = input / output numel, "[]" splits and rank start / stride -1; the six names below
+#: are strings of the torch 2.15.0 wheel's libtorch_cuda.so, their values not seen in a trace). Seq 0 on every
 #: call: a symmetric-memory record has no cross-rank identity of its own.
 SYMM_MEM_PREFIX = "symm_mem::"
 #: Each symmetric-memory record's name -> its row, by the op that writes it
