@@ -34,6 +34,13 @@ same rule, because gloo's counter also advances on p2p and so drifts apart
 between ranks that did and did not send. NCCL's p2p counter counts every
 peer together, so it cannot pair a send with its recv; commtag also keeps a
 per-(group, src, dst) counter, ``p2p_pair_seq``, which can.
+
+**Backend.** ``dist.get_backend`` says "nccl" for legacy ProcessGroupNCCL and
+ProcessGroupNCCL2 alike; the group's backend objects name themselves
+(:func:`backend_impls`), and a group with an nccl2 one takes nccl2's record
+format (:func:`record_format`): nccl2 has no p2p counter, its p2p records carry
+the Seq of the group's last collective, so there ``p2p_pair_seq`` is the only
+pairing (nccl2-and-hooks.md §4).
 """
 
 from __future__ import annotations
