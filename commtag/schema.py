@@ -23,7 +23,7 @@ from commtag.constants import (  # re-exported: the contract's names stay import
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_REPLAY,
-    ANN_THREAD, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, EAGER_KEYS, GROUP_SIZE_KEY, IN_NELEMS_KEY,
+    ANN_THREAD, COLLECTIVE_NAME_KEY, LEGACY_FORMAT, NCCL2_FORMAT, DST_RANK_KEY, DTYPE_KEY, EAGER_KEYS, GROUP_SIZE_KEY, IN_NELEMS_KEY,
     IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, PG_DESC_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, RANK_START_KEY,
     RANK_STRIDE_KEY, SCALAR_TYPE_NAMES, SEQ_KEY, SRC_RANK_KEY,
 )
@@ -61,7 +61,8 @@ class CollectiveAnnotation(BaseModel):
     global_rank_start: Optional[int] = Field(alias=RANK_START_KEY, default=None, ge=0)
     global_rank_stride: Optional[int] = Field(alias=RANK_STRIDE_KEY, default=None, gt=0)
     pg_name: str = Field(alias=PG_NAME_KEY)
-    pg_desc: str = Field(alias=PG_DESC_KEY)
+    #: None where the backend writes no description (nccl2: vocab.NCCL2_OMITTED_KEYS).
+    pg_desc: Optional[str] = Field(alias=PG_DESC_KEY, default=None)
     pg_ranks: str = Field(alias=PG_RANKS_KEY)
     rank: int = Field(alias=RANK_KEY, ge=0)
     dst_rank: Optional[int] = Field(alias=DST_RANK_KEY, default=None, ge=0)
@@ -126,6 +127,10 @@ class CollectiveAnnotation(BaseModel):
         return (self.pg_uid, self.is_p2p, self.seq, self.replay)
 
 
+# The formats a group's annotations may follow are the vocabulary's (checked at import).
+if (LEGACY_FORMAT, NCCL2_FORMAT) != ("legacy", "nccl2"):
+    raise ImportError("commtag.schema: ProcessGroupInfo.record_format's values differ from commtag.vocab's formats")
+
 # The eager fields are exactly the profiler's keys, in its order (commtag.vocab writes them once);
 # checked at import (not an assert, which -O strips).
 if tuple(f.alias for f in CollectiveAnnotation.model_fields.values()
@@ -145,6 +150,13 @@ class ProcessGroupInfo(BaseModel):
     backend: str = ""
     lane_id: int = Field(ge=MIN_LANE_ID)
     lane_name: str = Field(min_length=1)
+    #: The implementation behind each device type of the group, as the backend object names
+    #: itself (``{"cuda": "nccl2", "cpu": "gloo"}``): ``backend`` says ``"nccl"`` for legacy and
+    #: nccl2 alike, as the trace's distributedInfo does. Empty in sidecars that predate it.
+    backend_impls: dict[str, str] = {}
+    #: The format of the group's annotations (vocab.LEGACY_FORMAT or vocab.NCCL2_FORMAT): what the
+    #: group's NCCL backend writes eagerly, for all its calls. Sidecars that predate it: legacy.
+    record_format: Literal["legacy", "nccl2"] = LEGACY_FORMAT
 
     @field_validator("ranks")
     @classmethod

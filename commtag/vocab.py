@@ -375,10 +375,17 @@ FAMILIES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoal
                              "gather", "scatter", "reduce", "sendrecv", "send", "recv")
 
 
+#: Names whose family their letters do not say: nccl2's record of a whole batch of sends and
+#: receives (nccl2-and-hooks.md §3 ``batch_op_issue``), carried out by SendRecv kernels.
+NAMED_FAMILIES: dict[str, str] = {"batch_op_issue": "sendrecv"}
+
+
 @lru_cache(maxsize=4096)
 def family(name: str) -> str:
     """Collective family of an eager, c10d, gloo or NCCL-kernel name: "gloo:all_reduce" -> "allreduce"
     (cached: names repeat)."""
+    if name in NAMED_FAMILIES:
+        return NAMED_FAMILIES[name]
     flat = re.sub(r"[^a-z]", "", name.lower().split("::")[-1].split(":")[-1])
     for fam in FAMILIES:
         if fam in flat:
@@ -516,6 +523,141 @@ OPERATOR_COLLECTIVES: dict[tuple[str, str], str] = {
     ("_c10d_functional", "broadcast"): "broadcast",
     ("_c10d_functional", "broadcast_"): "broadcast",
 }
+
+#: Names torch added after 2.13 for calls already in the tables above. ``dist.gather_single``
+#: (2.14+; ``gather_into_tensor`` is its alias) records as c10d's gather (nccl2-and-hooks.md §3:
+#: "gather (and gather_single / gather_into_tensor) | gather"); the coalesced c10d ops record
+#: under their own names (rows above).
+FUNCTION_COLLECTIVES.update({"gather_single": "gather", "gather_into_tensor": "gather"})
+
+#: "Collective name" prefix of the records torch's symmetric-memory ops write
+#: (``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``: each op calls
+#: RECORD_PARAM_COMMS with Seq 0, its group's name and description, the own rank, In / Out
+#: msg nelems = input / output numel, "[]" splits and rank start / stride -1; the six names below
+#: are strings of the torch 2.15.0 wheel's libtorch_cuda.so, their values not seen in a trace). Seq 0 on every
+#: call: a symmetric-memory record has no cross-rank identity of its own.
+SYMM_MEM_PREFIX = "symm_mem::"
+#: Each symmetric-memory record's name -> its row, by the op that writes it
+#: (``multimem_all_reduce_``, ``multimem_one_shot_reduce_out`` / ``multimem_one_shot_all_reduce_out``,
+#: ``multimem_all_gather_out``, ``one_shot_all_reduce_out_impl``, ``two_shot_all_reduce_impl``,
+#: ``reduce_scatter_out``). They launch torch's own kernels, no NCCL (``nccl_kernel`` ""), so they
+#: stay out of :data:`COLLECTIVES`. ``multimem_one_shot_reduce`` has no bus-bandwidth factor: the same
+#: name records a reduce to one root and (root = every rank in turn) an all-reduce, and the
+#: record does not say which, so neither nccl-tests factor is right for both.
+SYMM_MEM_COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
+    _row(SYMM_MEM_PREFIX + "multimem_all_reduce", "allreduce", True, "", "in", "2(n-1)/n", "io", None, "all"),
+    _row(SYMM_MEM_PREFIX + "one_shot_all_reduce", "allreduce", True, "", "in", "2(n-1)/n", "io", None, "all"),
+    _row(SYMM_MEM_PREFIX + "two_shot_all_reduce", "allreduce", True, "", "in", "2(n-1)/n", "io", None, "all"),
+    _row(SYMM_MEM_PREFIX + "multimem_one_shot_reduce", "reduce", True, "", None, None, "io", None, "all"),
+    _row(SYMM_MEM_PREFIX + "multimem_all_gather", "allgather", True, "", "out", "(n-1)/n", "io", "out = in x n", "all"),
+    _row(SYMM_MEM_PREFIX + "reduce_scatter", "reducescatter", True, "", "in", "(n-1)/n", "io", "in = out x n", "all"),
+)}
+
+
+# ---------------------------------------------------------------------------- nccl2 (ProcessGroupNCCL2)
+
+# Facts from ../shared/reference/nccl2-and-hooks.md (§ numbers below), read from the torch 2.15.0
+# wheel and pytorch's nccl2 sources; none from a real nccl2 trace (launch/gpu_check.py's nccl2
+# step is what settles them on hardware).
+
+#: What a c10d backend object's ``name()`` returns, per implementation (§1: ``kBackendName``).
+BACKEND_NCCL = "nccl"
+BACKEND_NCCL2 = "nccl2"
+BACKEND_NCCL_LAZY = "nccl-lazy"
+BACKEND_GLOO = "gloo"
+#: The format of a group's eager records: ProcessGroupNCCL's (and commtag's for gloo, which
+#: records none) or ProcessGroupNCCL2's (§2, §3).
+LEGACY_FORMAT = "legacy"
+NCCL2_FORMAT = "nccl2"
+#: Backend implementation -> the format its records follow; any other writes the legacy one.
+#: nccl-lazy runs its collectives on a primary nccl2 communicator (§4, §6).
+RECORD_FORMATS: dict[str, str] = {BACKEND_NCCL2: NCCL2_FORMAT, BACKEND_NCCL_LAZY: NCCL2_FORMAT}
+#: The environment variable that picks nccl2 or legacy for ``"nccl"`` (§1): torch 2.14 gives
+#: nccl2 only with "1", torch 2.15 gives it unless "0".
+USE_NCCL2_ENV = "TORCH_DIST_USE_NCCL2"
+
+#: nccl2's "Collective name" for each legacy one (§3: the string passed to TracingGuard).
+#: all_to_allv splits in two by whether the caller gave split lists (§3 alltoall_base rows):
+#: :data:`NCCL2_ALLTOALL_EVEN` without, :data:`NCCL2_ALLTOALL_SPLIT` with. The coalesced
+#: legacy names become one record per tensor (or pair) under the single op's name (§3).
+NCCL2_NAMES: dict[str, str] = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "broadcast": "broadcast", "reduce": "reduce",
+    "all_gather": "all_gather", "_allgather_base": "allGatherSingleImpl", "allgather_coalesced": "all_gather",
+    "allgather_into_tensor_coalesced": "allGatherSingleImpl", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduceScatterSingleImpl",
+    "reduce_scatter_tensor_coalesced": "reduceScatterSingleImpl", "all_to_all": "all_to_all", "gather": "gather",
+    "scatter": "scatter", "barrier": "barrier", SEND: SEND, RECV: RECV,
+}
+NCCL2_ALLTOALL_EVEN = "allToAllSingleImpl"
+NCCL2_ALLTOALL_SPLIT = "all_to_all_v_single"
+#: The one record nccl2 writes for a whole ``batch_isend_irecv`` (at ``_end_coalescing``):
+#: In / Out msg nelems = the sends' / the receives' total, splits per send / per receive (§3).
+NCCL2_BATCH_P2P = "batch_op_issue"
+#: Legacy names whose one call nccl2 writes as one record per tensor (or tensor pair), every
+#: record with the call's one Seq (§3 coalesced rows, §4) -> the legacy name of one such part.
+NCCL2_PER_TENSOR: dict[str, str] = {
+    "allreduce_coalesced": "allreduce", "allgather_coalesced": "all_gather",
+    "allgather_into_tensor_coalesced": "_allgather_base", "reduce_scatter_tensor_coalesced": "_reduce_scatter_base",
+}
+#: Keys nccl2 never writes (§2): the description (an empty comm id), rank start and stride
+#: (both -1), and the p2p peers (no group ranks to find them in).
+NCCL2_OMITTED_KEYS: tuple[str, ...] = (PG_DESC_KEY, RANK_START_KEY, RANK_STRIDE_KEY, DST_RANK_KEY, SRC_RANK_KEY)
+#: nccl2's "Process Group Ranks" on every record (§2: stride -1 leaves groupRanks empty).
+NCCL2_GROUP_RANKS = "[]"
+#: nccl2 writes "Is asynchronized op" = 1 on every record, barrier included (§2).
+NCCL2_ALWAYS_ASYNC = True
+#: nccl2 p2p (send, recv, batch_op_issue) takes no Seq of its own: it carries the Seq of the
+#: group's last collective, 0 before any (§4), so (group, Seq) and Comms Id do not tell a p2p
+#: call from that collective or from another p2p call: p2p pairs by its own order.
+NCCL2_P2P_NAMES = frozenset({SEND, RECV, NCCL2_BATCH_P2P})
+#: Records nccl2 writes that are no collective (§2 "Extra records with no kernel"): a
+#: communicator's ``init`` and a Work's ``wait`` (already in :data:`NON_COLLECTIVE_NAMES`).
+NCCL2_NON_COLLECTIVES = frozenset({"init", "wait"})
+
+#: One row per nccl2 "Collective name" (see :class:`Collective`). Sizes follow the record's own
+#: In / Out msg nelems (§3), which differ from legacy for the list all_gather (the guard's input
+#: list is the output list: in = N·n, out = n) and for rooted ops off the root (gather: out 0,
+#: scatter: in 0), so these rows are keyed by the nccl2 name and read only for a group whose
+#: format is :data:`NCCL2_FORMAT`. Kernels: §3's NCCL calls (the list all_gather and
+#: reduce_scatter run N broadcasts / reduces; the even all-to-all ncclAlltoAll). The rooted
+#: ops' sizes are the largest over the ranks (the root's), as the analysis reads them.
+NCCL2_COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
+    _row("all_reduce", "allreduce", True, "AllReduce", "in", "2(n-1)/n", "io", None, "all"),
+    _row("broadcast", "broadcast", False, "Broadcast", "in", "1", "io", None, "rooted"),
+    _row("reduce", "reduce", False, "Reduce", "in", "1", "io", None, "rooted"),
+    _row("all_gather", "allgather", True, "Broadcast", "in", "(n-1)/n", "io", "in = out x n", "all"),
+    _row("allGatherSingleImpl", "allgather", True, "AllGather", "out", "(n-1)/n", "io", "out = in x n", "all"),
+    _row("reduce_scatter", "reducescatter", True, "Reduce", "in", "(n-1)/n", "io", "in = out x n", "all"),
+    _row("reduceScatterSingleImpl", "reducescatter", True, "ReduceScatter", "in", "(n-1)/n", "io", "in = out x n",
+         "all"),
+    _row(NCCL2_ALLTOALL_EVEN, "alltoall", True, "AlltoAll", "in", "(n-1)/n", "", "sum in = sum out", "all"),
+    _row(NCCL2_ALLTOALL_SPLIT, "alltoall", True, "SendRecv", "in", "(n-1)/n", "", "sum in = sum out", "all"),
+    _row("all_to_all", "alltoall", True, "SendRecv", "in", "(n-1)/n", "", "sum in = sum out", "all"),
+    _row("gather", "gather", False, "SendRecv", "out", "(n-1)/n", "i", None, "rooted"),
+    _row("scatter", "scatter", False, "SendRecv", "in", "(n-1)/n", "o", None, "rooted"),
+    _row("barrier", "barrier", True, "AllReduce", None, None, "io", None, "all"),
+    _row(SEND, "send", False, "SendRecv", "in", "1", "io", None, "p2p"),
+    _row(RECV, "recv", False, "SendRecv", "out", "1", "io", None, "p2p"),
+    # No bus bandwidth: one batch's sends and receives go to several peers in sizes of their own.
+    _row(NCCL2_BATCH_P2P, "sendrecv", False, "SendRecv", None, None, "", None, "p2p"),
+)}
+
+
+#: c10d's hook op names (torch 2.15 ``HookOpName``, the name a ProcessGroup pre-hook is given;
+#: nccl2-and-hooks.md §7a) -> the eager "Collective name" of the c10d op behind it. Left out:
+#: ALLTOALL_BASE (the hook is not given the split sizes, which legacy records and nccl2's name
+#: depends on: such a call is numbered, not annotated), SPLIT, NEW_WINDOW and UNKNOWN (no
+#: collective). torch 2.14's HookOpName lacks the *_BASE and *_COALESCED members (§7a).
+HOOK_OP_COLLECTIVES: dict[str, str] = {
+    "ALLREDUCE": "allreduce", "ALLREDUCE_COALESCED": "allreduce_coalesced", "BROADCAST": "broadcast",
+    "REDUCE": "reduce", "ALLGATHER": "all_gather", "ALLGATHER_BASE": "_allgather_base",
+    "ALLGATHER_COALESCED": "allgather_coalesced", "ALLGATHER_INTO_TENSOR_COALESCED": "allgather_into_tensor_coalesced",
+    "REDUCE_SCATTER": "reduce_scatter", "REDUCE_SCATTER_BASE": "_reduce_scatter_base",
+    "REDUCE_SCATTER_TENSOR_COALESCED": "reduce_scatter_tensor_coalesced", "ALLTOALL": "all_to_all",
+    "GATHER": "gather", "SCATTER": "scatter", "BARRIER": "barrier", "SEND": SEND, "RECV": RECV,
+}
+#: The hook op name of a collective the hook cannot describe (see above).
+UNDESCRIBED_HOOK_OP = "ALLTOALL_BASE"
 
 
 # ---------------------------------------------------------------------------- gloo

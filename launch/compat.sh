@@ -23,6 +23,16 @@ suites=(tests/test_runtime_*.py tests/test_capture_*.py tests/test_cpu_op_collec
         tests/test_gloo_world.py tests/test_merge_*.py tests/test_summary_gloo.py
         tests/test_analyze*.py tests/test_compat_traces.py tests/test_torch_graph_annotations.py)
 
+own_constraints() {  # $1: version; prints the path of the version's own pip constraint file
+    # A machine's pip configuration may name a constraint file that caps torch below the
+    # version asked for; every install for this version (the venv's, and the demo's setup.sh)
+    # uses a constraint file of its own instead (PIP_CONSTRAINT overrides the configured one;
+    # the machine's file is left as it is).
+    local constraints="$cache/constraints-torch-$1.txt"
+    echo "torch==$1.*" > "$constraints"
+    echo "$constraints"
+}
+
 build_venv() {  # $1: version, $2: venv path
     # setup.sh installs torch first (pinned to this minor version), then commtag editable
     # from this checkout with torch pinned again, so nothing moves torch.
@@ -38,6 +48,8 @@ results="$cache/results.md"
 for v in "${versions[@]}"; do
     venv="$cache/torch-$v"
     log="$logs/torch-$v"
+    PIP_CONSTRAINT=$(own_constraints "$v")
+    export PIP_CONSTRAINT
     echo "== torch $v: $venv"
     if ! build_venv "$v" "$venv" > "$log.setup.log" 2>&1; then
         echo "| $v | venv could not be built (see $log.setup.log) | - | - |" >> "$results.new"

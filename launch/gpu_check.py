@@ -36,6 +36,11 @@ Then, with ``commtag.install()`` active throughout:
 5. optional: torch.compile(mode="reduce-overhead") over a functional
    all_reduce (CUDA-graph trees): is the collective intercepted at the c10d
    operator level and matched at replay?
+6. nccl2 (launch/gpu_check_nccl2.py, in a process of its own, first): where
+   torch >= 2.14 runs on CUDA, ProcessGroupNCCL2's real records against the
+   note's (../shared/reference/nccl2-and-hooks.md §8) and commtag's
+   annotations; elsewhere it says NOT AVAILABLE. Its fixtures go beside
+   ``--out``, in ``gpu_nccl2``.
 
 Everything measured goes to ``<out>/findings.json``; raw traces and sidecars
 to ``<out>/eager`` and ``<out>/graph``; versions and the command to
@@ -579,6 +584,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "gpu_graphs")
     args = parser.parse_args(argv)
+    nccl2 = subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_check_nccl2.py")),
+                            "--out", str(args.out.resolve().parent / "gpu_nccl2")], timeout=900).returncode
     try:
         import torch
     except ImportError as exc:
@@ -612,8 +619,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         traceback.print_exc()
         checks.check(False, f"analysis ran to the end ({type(exc).__name__}: {exc})")
     provenance(out, checks)
-    print(f"gpu_check: {len(checks.passed)} passed, {len(checks.failures)} failed; fixtures in {out}")
-    return 1 if checks.failures else 0
+    print(f"gpu_check: {len(checks.passed)} passed, {len(checks.failures)} failed; fixtures in {out}"
+          + ("" if nccl2 == 0 else "; the nccl2 step failed"))
+    return 1 if checks.failures or nccl2 != 0 else 0
 
 
 if __name__ == "__main__":

@@ -291,19 +291,73 @@ def test_hooks_open_and_close_a_capture_and_push_operator_interception_only_mean
         capture.use_tracker(None)
 
 
+def _torch_graph_hooks() -> bool:
+    from torch.cuda import graphs
+
+    return hasattr(graphs, "register_graph_capture_start_hook")
+
+
 def test_install_wraps_and_uninstall_restores_cudagraph_methods() -> None:
+    """Where torch has no graph lifecycle hooks (before 2.14) all three methods are wrapped; where
+    it has, only capture_end (torch skips its capture-end hook when ending fails), and the hooks
+    are registered with torch; uninstall leaves torch as it was."""
+    from torch.cuda import graphs
     from torch.cuda.graphs import CUDAGraph
 
     before = {name: CUDAGraph.__dict__.get(name) for name in ("capture_begin", "capture_end", "replay")}
+    registries = [getattr(graphs, name) for name in ("_global_capture_start_hooks", "_global_replay_start_hooks",
+                                                     "_global_replay_end_hooks") if hasattr(graphs, name)]
+    registered = [dict(registry) for registry in registries]
     hooks.install()
     try:
         assert hooks.is_installed()
-        assert all(CUDAGraph.__dict__.get(name) is not before[name] for name in before)
+        wrapped = {name for name in before if CUDAGraph.__dict__.get(name) is not before[name]}
+        assert wrapped == ({"capture_end"} if _torch_graph_hooks() else set(before))
+        assert all(len(registry) == len(was) + 1 for registry, was in zip(registries, registered))
         hooks.install()  # idempotent
     finally:
         hooks.uninstall()
     assert {name: CUDAGraph.__dict__.get(name) for name in before} == before
+    assert [dict(registry) for registry in registries] == registered
     assert not hooks.is_installed()
+
+
+@pytest.mark.skipif(not _torch_graph_hooks(), reason="torch.cuda.graphs lifecycle hooks are torch 2.14+ "
+                                                    "(CI's 2.13 keeps the wrapping path; the compat run covers this)")
+def test_torch_graph_hooks_open_a_capture_and_log_its_replays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On torch 2.14+ torch's own capture-start and replay hooks (run by torch's own dispatcher of
+    global hooks, as CUDAGraph runs them) open the bookkeeping and log replays; capture_end is
+    still the wrapped method."""
+    from torch.cuda import graphs
+
+    api = FakeGraphAPI()
+    capture.use_tracker(CaptureTracker(api))
+    monkeypatch.setattr(capture, "current_stream", lambda: MAIN)
+    owner = _Owner()
+    hooks.install()
+    try:
+        api.begin(MAIN)
+        graphs._run_global_hooks(graphs._global_capture_start_hooks, owner)
+        assert capture.capture_active() and c10d_ops.is_active()
+        token = capture.before_collective()
+        api.join(NCCL, MAIN)
+        api.launch(NCCL, name=AR)
+        capture.after_collective(token, annotation_of())
+        hooks.capture_end_hook(lambda self: api.end(MAIN, 0xE1))(owner)
+        assert not capture.capture_active() and not c10d_ops.is_active()
+        for _ in range(2):
+            graphs._run_global_hooks(graphs._global_replay_start_hooks, owner)
+            graphs._run_global_hooks(graphs._global_replay_end_hooks, owner)
+        (record,) = capture.captures_snapshot()
+        assert [n.kernel_name for n in record.collectives[0].nodes] == [AR]
+        assert [r.index for r in record.replays] == [0, 1]
+    finally:
+        hooks.uninstall()
+        capture.OPEN_CAPTURES.clear()
+        capture.use_tracker(None)
+    # Uninstalled: torch's hooks are gone, and a replay logs nothing more.
+    graphs._run_global_hooks(graphs._global_replay_start_hooks, owner)
+    graphs._run_global_hooks(graphs._global_replay_end_hooks, owner)
 
 
 def test_without_cuda_everything_is_a_silent_no_op() -> None:

@@ -2,7 +2,8 @@
 
 Every object commtag patches (the collectives in both torch.distributed
 modules and CUDAGraph's capture hooks) must be the original after the last
-call was an uninstall and commtag's wrapper after an install, with
+call was an uninstall and commtag's wrapper after an install, and the hooks it
+registers with torch.cuda.graphs (2.14+) present exactly while installed, with
 is_installed() agreeing, however the calls interleaved. CUDAGraph exists on the
 CPU build of torch, so the capture hooks are checked here too.
 """
@@ -13,13 +14,19 @@ import sys
 import threading
 
 import torch.distributed as dist
+from torch.cuda import graphs
 from torch.cuda.graphs import CUDAGraph
 from torch.distributed import distributed_c10d as c10d
 
 import commtag
 from commtag.runtime.metadata import OPS
 
-HOOKS = ("capture_begin", "capture_end", "replay")
+#: The CUDAGraph methods commtag wraps: only capture_end where torch has graph lifecycle hooks
+#: (2.14+), whose registries are checked instead (see commtag.runtime.hooks).
+TORCH_HOOKS = hasattr(graphs, "register_graph_capture_start_hook")
+HOOKS = ("capture_end",) if TORCH_HOOKS else ("capture_begin", "capture_end", "replay")
+REGISTRIES = ("_global_capture_start_hooks", "_global_replay_start_hooks", "_global_replay_end_hooks") \
+    if TORCH_HOOKS else ()
 #: What install() may replace (the delegating ops it leaves alone stay originals either way).
 NAMES = [*OPS, "batch_isend_irecv", "_coalescing_manager"]
 ROUNDS, THREADS, CALLS = 40, 6, 20
@@ -30,6 +37,7 @@ def _snapshot() -> dict[str, object]:
     objects: dict[str, object] = {f"c10d.{n}": c10d.__dict__.get(n) for n in NAMES}
     objects.update({f"dist.{n}": dist.__dict__.get(n) for n in NAMES})
     objects.update({f"CUDAGraph.{n}": CUDAGraph.__dict__.get(n) for n in HOOKS})
+    objects.update({f"graphs.{n}": tuple(getattr(graphs, n).values()) for n in REGISTRIES})
     return objects
 
 
@@ -40,6 +48,10 @@ def _check(originals: dict[str, object], replaced: set[str], installed: bool) ->
         problems.append(f"is_installed() is {commtag.is_installed()}, expected {installed}")
     for where, now in _snapshot().items():
         original = originals[where]
+        if where.startswith("graphs."):
+            if (now != original) != installed:
+                problems.append(f"{where} holds commtag's hook: {now != original}, installed: {installed}")
+            continue
         if not installed:
             if now is not original:
                 problems.append(f"{where} is not the original after uninstall")

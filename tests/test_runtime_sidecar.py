@@ -89,3 +89,34 @@ def test_failed_write_keeps_the_previous_file(tmp_path: Path):
         write_sidecar(path, invalid)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_sidecar_written_before_backend_detection_loads_as_legacy(tmp_path: Path):
+    """The group entry's backend_impls and record_format are new: an older sidecar, without them,
+    still loads, and its groups' annotations read as the legacy format they were written in."""
+    side = _sidecar()
+    path = write_sidecar(tmp_path / "rank1.step3.commtag.json", side)
+    raw = orjson.loads(path.read_bytes())
+    for group in raw["process_groups"]:
+        del group["backend_impls"], group["record_format"]
+    path.write_bytes(orjson.dumps(raw))
+    (group,) = read_sidecar(path).process_groups
+    assert group.record_format == "legacy" and group.backend_impls == {}
+
+
+def test_an_nccl2_group_entry_and_its_annotation_round_trip(tmp_path: Path):
+    """nccl2's annotations leave out the description, rank start / stride and peers, and list no
+    ranks; the group entry says which implementation wrote them."""
+    side = _sidecar()
+    group = side.process_groups[0].model_copy(update={"backend": "nccl", "backend_impls": {"cuda": "nccl2"},
+                                                       "record_format": "nccl2"})
+    annotation = side.collectives[0].annotation.model_copy(update={
+        "collective_name": "all_reduce", "pg_desc": None, "pg_ranks": "[]", "global_rank_start": None,
+        "global_rank_stride": None, "in_split_size": "[4]", "out_split_size": "[4]"})
+    side = side.model_copy(update={"process_groups": [group],
+                                   "collectives": [side.collectives[0].model_copy(update={"annotation": annotation})]})
+    path = write_sidecar(tmp_path / "rank1.step3.commtag.json", side)
+    back = read_sidecar(path)
+    assert back == side and back.process_groups[0].record_format == "nccl2"
+    eager = orjson.loads(path.read_bytes())["collectives"][0]["annotation"]
+    assert "Process Group Description" not in eager and eager["Process Group Ranks"] == "[]"

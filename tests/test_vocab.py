@@ -74,3 +74,29 @@ def test_the_runtime_op_tables_take_each_eager_name_from_the_catalogue() -> None
     assert set(c10d_ops.DESCRIBERS) == set(vocab.OPERATOR_COLLECTIVES)
     assert set(vocab.FUNCTION_COLLECTIVES.values()) | set(vocab.OPERATOR_COLLECTIVES.values()) <= set(vocab.COLLECTIVES)
     assert metadata.P2P_OPS == {"send", "recv"}
+
+
+def test_nccl2_and_symmetric_memory_rows_are_named_for_their_family_with_a_busbw_rule() -> None:
+    """nccl2's engine names and the symmetric-memory records are known kinds: the family rule
+    reads each from its name, and a row either has both busbw size and factor or neither."""
+    for table in (vocab.NCCL2_COLLECTIVES, vocab.SYMM_MEM_COLLECTIVES):
+        for name, row in table.items():
+            assert vocab.family(name) == row.family, name
+            assert (row.busbw_size is None) == (row.busbw_factor is None), name
+    for name, row in vocab.NCCL2_COLLECTIVES.items():
+        kernel = f"ncclDevKernel_{row.nccl_kernel}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+        assert vocab.parse_nccl_kernel(kernel).collective == row.nccl_kernel, name
+    # Every nccl2 name the legacy names map to has a row, and so has each p2p name.
+    named = set(vocab.NCCL2_NAMES.values()) | {vocab.NCCL2_ALLTOALL_EVEN, vocab.NCCL2_ALLTOALL_SPLIT}
+    assert named | vocab.NCCL2_P2P_NAMES == set(vocab.NCCL2_COLLECTIVES)
+    assert set(vocab.NCCL2_PER_TENSOR.values()) <= set(vocab.COLLECTIVES)
+    assert vocab.NCCL2_NON_COLLECTIVES <= vocab.NON_COLLECTIVE_NAMES
+    assert all(name.startswith(vocab.SYMM_MEM_PREFIX) for name in vocab.SYMM_MEM_COLLECTIVES)
+    assert not set(vocab.SYMM_MEM_COLLECTIVES) & set(vocab.COLLECTIVES)
+
+
+def test_the_names_torch_added_record_as_their_c10d_op() -> None:
+    """gather_single (torch 2.14+) runs c10d's gather; every function name maps to a known row."""
+    assert vocab.FUNCTION_COLLECTIVES["gather_single"] == "gather"
+    assert set(vocab.FUNCTION_COLLECTIVES.values()) <= set(vocab.COLLECTIVES)
+    assert set(vocab.NCCL2_PER_TENSOR) <= set(vocab.COLLECTIVES)

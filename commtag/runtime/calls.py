@@ -19,8 +19,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed
 
+from commtag.nccl2 import nccl2_sizes
 from commtag.runtime.groups import GroupState
-from commtag.vocab import DTYPES, RECORDED_AS_REAL, RECV, SEND
+from commtag.vocab import DTYPES, NCCL2_FORMAT, RECORDED_AS_REAL, RECV, SEND
 
 _now_ns = time.time_ns
 
@@ -79,7 +80,8 @@ class OpCall:
     rank: int
     in_split: str = "[]"
     out_split: str = "[]"
-    #: vocab.SEND or vocab.RECV for point-to-point, else None.
+    #: vocab.SEND or vocab.RECV for point-to-point (vocab.NCCL2_BATCH_P2P: nccl2's one record of a
+    #: batch), else None.
     p2p: Optional[str] = None
     #: Global rank of the p2p peer; None for a recv from any source (filled from its result).
     peer: Optional[int] = None
@@ -109,9 +111,10 @@ class CallRecord:
         self.error: Optional[str] = None
 
     def annotation_fields(self) -> dict[str, Any]:
-        """The annotation's fields by name (validated by whoever builds the model)."""
+        """The annotation's fields by name (validated by whoever builds the model), in the format
+        of the group's backend (see :func:`as_nccl2`)."""
         call = self.call
-        return {
+        fields = {
             **call.state.annotation_fields,
             "collective_name": call.collective,
             "in_msg_nelems": call.in_nelems,
@@ -129,6 +132,21 @@ class CallRecord:
             "thread": self.tid,
             "error": self.error,
         }
+        if call.state.record_format == NCCL2_FORMAT:
+            as_nccl2(fields, call)
+        return fields
+
+
+def as_nccl2(fields: dict[str, Any], call: OpCall) -> None:
+    """Rewrite a call's fields as nccl2 writes its record (commtag.nccl2): its engine name,
+    nelems and per-tensor splits, no Dst / Src Rank (the group-level keys it omits are left out
+    by GroupState). A name nccl2 has no record for keeps the legacy values."""
+    sizes = nccl2_sizes(call.collective, call.in_nelems, call.out_nelems, call.in_split, call.out_split,
+                        call.state.size, call.rank, call.state.group_rank)
+    if sizes is not None:
+        fields.update(collective_name=sizes.collective, in_msg_nelems=sizes.in_nelems,
+                      out_msg_nelems=sizes.out_nelems, in_split_size=sizes.in_split, out_split_size=sizes.out_split)
+    fields["dst_rank"] = fields["src_rank"] = None
 
 
 def numbered_now(call: OpCall) -> CallRecord:

@@ -42,6 +42,13 @@ Other backends, and a group with two backends, are counted by commtag from
 the moment it was installed. NCCL's p2p counter counts every peer together,
 so it cannot pair a send with its recv; commtag also keeps a
 per-(group, src, dst) counter, ``p2p_pair_seq``, which can.
+
+**Backend.** ``dist.get_backend`` says "nccl" for legacy ProcessGroupNCCL and
+ProcessGroupNCCL2 alike; the group's backend objects name themselves
+(:func:`backend_impls`), and a group with an nccl2 one takes nccl2's record
+format (:func:`record_format`): nccl2 has no p2p counter, its p2p records carry
+the Seq of the group's last collective, so there ``p2p_pair_seq`` is the only
+pairing (nccl2-and-hooks.md §4).
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ from torch.distributed import distributed_c10d as c10d
 
 from commtag.identity import format_list, group_uid, lane_id, lane_name
 from commtag.schema import ProcessGroupInfo
+from commtag.vocab import (
+    BACKEND_NCCL, BACKEND_NCCL2, BACKEND_NCCL_LAZY, LEGACY_FORMAT, NCCL2_FORMAT, NCCL2_GROUP_RANKS, RECORD_FORMATS,
+)
 
 #: torch's per-group call count on a backend (c10d ``Backend::getSequenceNumberForGroup``; present
 #: on ProcessGroupNCCL and ProcessGroupGloo in torch 2.11-2.15, 0 at the group's creation, advanced
@@ -104,6 +114,10 @@ class GroupState:
     gloo: Any = None
     #: How far this rank's gloo counter has advanced beyond one per collective (its p2p ops).
     gloo_extra: int = 0
+    #: Device type -> the implementation that runs it, as it names itself (see ProcessGroupInfo).
+    backend_impls: dict[str, str] = field(default_factory=dict)
+    #: Whose record format the group's annotations follow (vocab.LEGACY_FORMAT / NCCL2_FORMAT).
+    record_format: str = LEGACY_FORMAT
     p2p_seq: int = 0
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,13 +131,15 @@ class GroupState:
 
     def __post_init__(self) -> None:
         self.bump = self._coll_counter.__next__
+        nccl2 = self.record_format == NCCL2_FORMAT
+        # nccl2 writes no description, rank start or stride, and "[]" ranks (vocab.NCCL2_OMITTED_KEYS).
         self.annotation_fields = {
             "group_size": self.size,
-            "global_rank_start": self.global_rank_start,
-            "global_rank_stride": self.global_rank_stride,
+            "global_rank_start": None if nccl2 else self.global_rank_start,
+            "global_rank_stride": None if nccl2 else self.global_rank_stride,
             "pg_name": self.name,
-            "pg_desc": self.desc,
-            "pg_ranks": self.ranks_text,
+            "pg_desc": None if nccl2 else self.desc,
+            "pg_ranks": NCCL2_GROUP_RANKS if nccl2 else self.ranks_text,
             "lane_id": self.lane_id,
             "lane_name": self.lane_name,
             "pg_uid": self.uid,
@@ -133,11 +149,11 @@ class GroupState:
         """Seq of the collective about to run (call before running it).
 
         ``already_bumped``: NCCL's startCoalescing has already advanced its
-        counter for the block being numbered.
+        counter for the block being numbered (legacy only: nccl2's never does).
         """
         if self.nccl is not None:
             value = int(getattr(self.nccl, BACKEND_SEQ)())
-            return value if already_bumped else value + 1
+            return value if already_bumped and self.record_format != NCCL2_FORMAT else value + 1
         if self.gloo is not None:
             return self.gloo_count() + 1 - self.gloo_extra
         return self.bump()
@@ -153,6 +169,10 @@ class GroupState:
                 self.gloo_extra += steps
 
     def next_p2p_seq(self) -> int:
+        """Seq of a p2p call about to run: the group's own p2p count, or under nccl2 the Seq of
+        the group's last collective (vocab.NCCL2_P2P_NAMES), which it carries unchanged."""
+        if self.record_format == NCCL2_FORMAT and self.nccl is not None:
+            return int(self.nccl._get_sequence_number_for_group())
         with self.lock:
             self.p2p_seq += 1
             return self.p2p_seq
@@ -173,6 +193,8 @@ class GroupState:
             backend=self.backend,
             lane_id=self.lane_id,
             lane_name=self.lane_name,
+            backend_impls=self.backend_impls,
+            record_format=self.record_format,
         )
 
 
@@ -287,6 +309,7 @@ def build_state(pg: Any) -> GroupState:
     generation = max(_lives - 1, 0)
     uid = group_uid(name, ranks, generation)
     backend = str(dist.get_backend(pg))
+    impls = backend_impls(pg)
     return GroupState(
         uid=uid,
         name=name,
@@ -301,18 +324,44 @@ def build_state(pg: Any) -> GroupState:
         lane_id=lane_id(uid),
         lane_name=lane_name(name, desc, ranks, generation),
         generation=generation,
-        nccl=_nccl_backend(pg, backend),
+        nccl=_nccl_backend(pg, impls),
         gloo=_counting_backend(pg, torch.device("cpu")) if backend == "gloo" else None,
+        backend_impls=impls,
+        record_format=record_format(impls),
     )
 
 
-def _nccl_backend(pg: Any, backend: str) -> Any:
-    """The NCCL backend object whose counter gives the eager Seq, if the group is NCCL-only.
+def backend_impls(pg: Any) -> dict[str, str]:
+    """Device type -> the name the group's backend for it gives itself ("nccl", "nccl2", "gloo").
+
+    The group's backend string cannot tell nccl2 from legacy NCCL: both are
+    "nccl" (nccl2-and-hooks.md §1); the backend object can.
+    """
+    impls: dict[str, str] = {}
+    for device in getattr(pg, "_device_types", ()):
+        try:
+            impls[device.type] = str(pg._get_backend(device).name())
+        except (RuntimeError, AttributeError):
+            continue
+    return impls
+
+
+def record_format(impls: dict[str, str]) -> str:
+    """A group's annotation format: nccl2's where its NCCL backend is nccl2, for all its calls
+    (gloo writes no records of its own, so one format per group is what its NCCL calls show)."""
+    formats = {RECORD_FORMATS.get(impl, LEGACY_FORMAT) for impl in impls.values()}
+    return NCCL2_FORMAT if NCCL2_FORMAT in formats else LEGACY_FORMAT
+
+
+def _nccl_backend(pg: Any, impls: dict[str, str]) -> Any:
+    """The NCCL backend object (legacy or nccl2) whose counter gives the eager Seq, if the group
+    is NCCL-only.
 
     A mixed group ("cpu:gloo,cuda:nccl") sends CPU tensors to gloo, which
     would not advance NCCL's counter: commtag counts those itself.
     """
-    if backend != "nccl" or not torch.cuda.is_available():
+    if set(impls.values()) - {BACKEND_NCCL, BACKEND_NCCL2, BACKEND_NCCL_LAZY} or not impls \
+            or not torch.cuda.is_available():
         return None
     return _counting_backend(pg, torch.device("cuda"))
 

@@ -14,7 +14,16 @@ concurrent calls can never leave one part installed and another not:
   from C++ (:mod:`commtag.runtime.c10d_ops`), pushed by the capture_begin
   hook and popped by the capture_end hook;
 * c10d's ``_update_default_pg``, to count the lives of the world
-  (:func:`commtag.runtime.groups.watch_lives`).
+  (:func:`commtag.runtime.groups.watch_lives`);
+* on torch 2.15+, c10d's per-group pre/post hooks, for the calls no patched
+  function sees (:mod:`commtag.runtime.c10d_hooks`).
+
+On torch 2.14+ capture start and replays are told by torch's own
+``torch.cuda.graphs.register_graph_*`` hooks instead of by wrapping
+``CUDAGraph``; ``capture_end`` stays wrapped: torch runs its capture-end
+hook only when ending the capture succeeded, and commtag must pop its
+operator interception and forget the capture on the failing path too (else
+every later collective of the thread would stay off the idle path).
 
 The originals of the functions and CUDAGraph methods are kept here and put
 back exactly (an inherited method is un-shadowed), and each replacement
@@ -33,7 +42,7 @@ from typing import Any, Callable, Optional
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commtag.runtime import c10d_ops, capture, patch
+from commtag.runtime import c10d_hooks, c10d_ops, capture, patch
 from commtag.runtime.capture import CaptureTracker, CollectiveToken
 from commtag.runtime.failopen import log_once
 from commtag.runtime.groups import unwatch_lives, watch_lives
@@ -52,7 +61,12 @@ _functions: dict[str, tuple[Any, Any]] = {}
 _built: dict[str, tuple[Any, Any, Optional[Callable[..., Any]]]] = {}
 #: CUDAGraph method name -> its own entry in the class dict before install (None: inherited).
 _graph_methods: dict[str, Any] = {}
-_GRAPH_HOOKS = ("capture_begin", "capture_end", "replay")
+#: Handles of the torch.cuda.graphs hooks the current install registered (torch 2.14+).
+_graph_handles: list[Any] = []
+#: False once uninstalled: a registered graph hook that outlives its handle does nothing.
+_graph_hooks_live = False
+#: (id of a CUDAGraph, thread) -> when its replay started, between torch's replay hooks.
+_replay_starts: dict[tuple[int, int], int] = {}
 
 
 def install() -> None:
@@ -65,6 +79,7 @@ def install() -> None:
         watch_lives()
         _patch_functions()
         _hook_cuda_graph()
+        c10d_hooks.attach_all()
         _installed = True
 
 
@@ -78,6 +93,7 @@ def uninstall() -> None:
     global _installed
     with _lock:
         _restore_functions()
+        c10d_hooks.detach_all()
         _unhook_cuda_graph()
         unwatch_lives()
         _installed = False
@@ -131,12 +147,15 @@ def _restore_functions() -> None:
 
 def _hook_cuda_graph() -> None:
     try:
+        from torch.cuda import graphs
         from torch.cuda.graphs import CUDAGraph
     except Exception as exc:  # noqa: BLE001 - fail open: no CUDAGraph to hook, collectives still annotated
         log_once("hooking torch.cuda.CUDAGraph", exc)
         return
-    for name, wrap in (("capture_begin", capture_begin_hook), ("capture_end", capture_end_hook),
-                       ("replay", replay_hook)):
+    wrapped = (("capture_end", capture_end_hook),)
+    if not _register_graph_hooks(graphs):
+        wrapped = (("capture_begin", capture_begin_hook), *wrapped, ("replay", replay_hook))
+    for name, wrap in wrapped:
         own = CUDAGraph.__dict__.get(name)
         _graph_methods[name] = own
         hook = wrap(own if own is not None else getattr(CUDAGraph, name))
@@ -145,8 +164,18 @@ def _hook_cuda_graph() -> None:
 
 
 def _unhook_cuda_graph() -> None:
-    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed), and
-    forget captures still open, their operator interception made inert."""
+    """Restore CUDAGraph's methods exactly as they were (an inherited one is un-shadowed), remove
+    torch's graph hooks commtag registered, and forget captures still open, their operator
+    interception made inert."""
+    global _graph_hooks_live
+    _graph_hooks_live = False
+    for handle in _graph_handles:
+        try:
+            handle.remove()
+        except Exception as exc:  # noqa: BLE001 - a hook that cannot be removed stays, inert
+            log_once("removing a CUDA-graph hook", exc)
+    _graph_handles.clear()
+    _replay_starts.clear()
     if not _graph_methods:
         return
     from torch.cuda.graphs import CUDAGraph
@@ -162,22 +191,65 @@ def _unhook_cuda_graph() -> None:
             opened.interceptor.enabled = False
 
 
+def _register_graph_hooks(graphs: Any) -> bool:
+    """Register capture-start and replay hooks with torch (2.14+); False where torch has none."""
+    global _graph_hooks_live
+    names = ("register_graph_capture_start_hook", "register_graph_replay_start_hook",
+             "register_graph_replay_end_hook")
+    registers = [getattr(graphs, name, None) for name in names]
+    if not all(callable(register) for register in registers):
+        return False
+    _graph_hooks_live = True
+    for register, hook in zip(registers, (_on_capture_start, _on_replay_start, _on_replay_end)):
+        _graph_handles.append(register(hook))
+    return True
+
+
+def _open_capture(graph: Any) -> None:
+    """A capture of ``graph`` has just begun on this thread: open its bookkeeping and push the c10d
+    operator interception."""
+    try:
+        tracker = capture.get_tracker()
+        if tracker is not None:
+            tracker.forget_owner(graph)
+            opened = tracker.begin_capture(graph, capture.current_stream())
+            if opened is not None:
+                opened.interceptor = c10d_ops.activate(TrackerSink(tracker))
+    except Exception as exc:  # noqa: BLE001 - fail open: the capture goes on unannotated
+        log_once("starting capture bookkeeping", exc)
+
+
+def _on_capture_start(graph: Any) -> None:
+    """torch's capture-start hook (the capture is live; nothing here issues CUDA work)."""
+    if _graph_hooks_live:
+        _open_capture(graph)
+
+
+def _on_replay_start(graph: Any) -> None:
+    tracker = capture.tracker()
+    if _graph_hooks_live and tracker is not None and id(graph) in tracker.owner_captures:
+        _replay_starts[(id(graph), threading.get_native_id())] = time.time_ns()
+
+
+def _on_replay_end(graph: Any) -> None:
+    """torch's replay-end hook: runs once the replay is enqueued, even if the launch raised."""
+    start = _replay_starts.pop((id(graph), threading.get_native_id()), None) if _replay_starts else None
+    tracker = capture.tracker()
+    if start is None or tracker is None:
+        return
+    try:
+        tracker.record_replay(graph, start, time.time_ns(), threading.get_native_id())
+    except Exception as exc:  # noqa: BLE001 - fail open: this replay stays unlogged
+        log_once("logging a graph replay", exc)
+
+
 def capture_begin_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """CUDAGraph.capture_begin: after torch's own, open the capture's bookkeeping and push the
-    c10d operator interception on this thread."""
+    """CUDAGraph.capture_begin (torch before 2.14): after torch's own, open the capture's bookkeeping."""
 
     @functools.wraps(original)
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        try:
-            tracker = capture.get_tracker()
-            if tracker is not None:
-                tracker.forget_owner(self)
-                opened = tracker.begin_capture(self, capture.current_stream())
-                if opened is not None:
-                    opened.interceptor = c10d_ops.activate(TrackerSink(tracker))
-        except Exception as exc:  # noqa: BLE001 - fail open: the capture goes on unannotated
-            log_once("starting capture bookkeeping", exc)
+        _open_capture(self)
         return result
 
     return capture_begin
@@ -207,7 +279,8 @@ def capture_end_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def replay_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """CUDAGraph.replay: log the replay (time, thread) of a graph whose capture commtag recorded."""
+    """CUDAGraph.replay (torch before 2.14): log the replay (time, thread) of a graph whose capture
+    commtag recorded."""
 
     @functools.wraps(original)
     def replay(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -147,6 +147,11 @@ def _gather(tensor, gather_list=None, dst=None, group=None, async_op=False, grou
                   async_op=bool(async_op))
 
 
+def _gather_single(tensor, gather_tensor=None, dst=None, group=None, async_op=False, group_dst=None):
+    """torch 2.14+'s gather into one tensor (``gather_into_tensor`` is its alias): c10d's gather."""
+    return _gather(tensor, None, dst, group, async_op, group_dst)
+
+
 def _scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     state = _state(group)
     if state is None:
@@ -207,6 +212,8 @@ OPS: dict[str, Callable[..., Optional[OpCall]]] = {
     "all_to_all_single": _all_to_all_single,
     "all_to_all": _all_to_all,
     "gather": _gather,
+    "gather_single": _gather_single,
+    "gather_into_tensor": _gather_single,
     "scatter": _scatter,
     "barrier": _barrier,
     "monitored_barrier": _monitored_barrier,

@@ -79,7 +79,8 @@ from commtag.runtime.groups import GLOO_INNER_P2P, GROUP_STATES, GroupState, loo
 from commtag.runtime.recorder import autograd_profiler, thread_profiled
 from commtag.runtime.metadata import COALESCED_NAMES, GROUP_INDEX, OPS, P2P_OPS
 from commtag.runtime.metadata import p2p_call as _p2p_call
-from commtag.vocab import RECV, SEND
+from commtag.identity import format_list
+from commtag.vocab import NCCL2_BATCH_P2P, NCCL2_FORMAT, RECV, SEND
 
 _profiler_enabled: Callable[[], bool] = recorder.profiler_enabled
 _IN_FLIGHT = recorder.IN_FLIGHT
@@ -208,7 +209,11 @@ def _finish(pending: _Pending, work: Any) -> None:
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
         return
-    future = _future_of(work) if pending.call.async_op else None
+    _record_when_done(pending, _future_of(work) if pending.call.async_op else None)
+
+
+def _record_when_done(pending: _Pending, future: Any) -> None:
+    """Hand the call to the recorder when ``future`` completes, or now (no future)."""
     if future is not None:
         # The annotation covers the work until it completes, without touching the Work object.
         # The callback runs on the thread that completed the work (a gloo worker, inside its
@@ -455,6 +460,8 @@ def _before_batch(p2p_op_list: Any, thread: _ThreadState) -> tuple[list[_Pending
         recording = _profiler_enabled()
         if not recording:
             return [], None
+        if calls[0].state.record_format == NCCL2_FORMAT:
+            return [_Pending(_nccl2_batch(calls), batch_seq[id(calls[0].state)], None, recording, None, thread)], None
         return [
             _Pending(call, batch_seq[id(call.state)], pair, recording, None, thread)
             for call, pair in zip(calls, pair_seqs)
@@ -472,6 +479,16 @@ def _batch_counted(p2p_op_list: Any) -> None:
                 state.gloo_advanced(1)
     except Exception as exc:  # noqa: BLE001 - fail open
         log_once("counting batch_isend_irecv", exc)
+
+
+def _nccl2_batch(calls: list[OpCall]) -> OpCall:
+    """nccl2's one record of a whole batch (vocab.NCCL2_BATCH_P2P): the sends' and receives'
+    totals, a split per send and per receive, the own group rank."""
+    sends = [c.in_nelems for c in calls if c.p2p == SEND]
+    recvs = [c.out_nelems for c in calls if c.p2p == RECV]
+    state = calls[0].state
+    return OpCall(NCCL2_BATCH_P2P, state, sum(sends), sum(recvs), calls[0].dtype, state.group_rank,
+                  in_split=format_list(sends), out_split=format_list(recvs), p2p=NCCL2_BATCH_P2P, async_op=True)
 
 
 def _after_batch(pendings: list[_Pending], works: Any) -> None:
@@ -550,26 +567,60 @@ def _close_block(block: Optional[_Block], cm: Any, thread: _ThreadState, error: 
         return
     try:
         first = block.calls[0]
-        call = OpCall(
-            COALESCED_NAMES.get(first.collective, first.collective + "_coalesced"),
-            block.state,
-            sum(c.in_nelems for c in block.calls),
-            sum(c.out_nelems for c in block.calls),
-            first.dtype,
-            block.state.group_rank,
-            async_op=cm is not None,
-        )
+        if block.state.record_format == NCCL2_FORMAT:
+            # nccl2 writes one record per tensor, all with the block's Seq (vocab.NCCL2_PER_TENSOR).
+            parts = block.calls
+            for part in parts:
+                part.async_op = cm is not None
+        else:
+            parts = [OpCall(
+                COALESCED_NAMES.get(first.collective, first.collective + "_coalesced"),
+                block.state,
+                sum(c.in_nelems for c in block.calls),
+                sum(c.out_nelems for c in block.calls),
+                first.dtype,
+                block.state.group_rank,
+                async_op=cm is not None,
+            )]
         recording = _profiler_enabled()
         if not recording:
             return
-        pending = _Pending(call, block.block_seq(), None, recording, None, thread)
-        pending.start_ns = block.start_ns
-        if error is not None:
-            pending.error = _error_text(error)
         works = list(getattr(cm, "works", []) or []) if cm is not None else []
-        _finish(pending, works[-1] if works else None)
+        for call in parts:
+            pending = _Pending(call, block.block_seq(), None, recording, None, thread)
+            pending.start_ns = block.start_ns
+            if error is not None:
+                pending.error = _error_text(error)
+            _finish(pending, works[-1] if works else None)
     except Exception as exc:  # noqa: BLE001 - fail open
         log_once("annotating a coalesced collective", exc)
+
+
+# ---------------------------------------------------------------------------
+# Calls c10d's own hooks saw (commtag.runtime.c10d_hooks).
+
+
+def inside_wrapper() -> bool:
+    """Is this thread inside a patched function or a coalescing block it opened? Then the call
+    c10d is issuing is that wrapper's to record."""
+    thread = _thread_state()
+    return bool(thread.depth or thread.blocks)
+
+
+def pair_seq_of(call: OpCall) -> Optional[int]:
+    """The pair Seq of a p2p call whose peer is known (takes one)."""
+    return _pair_seq(call.state, call) if call.peer is not None else None
+
+
+def issuing(call: OpCall, seq: int, pair_seq: Optional[int]) -> _Pending:
+    """A call about to be issued outside every wrapper (its start is now)."""
+    return _Pending(call, seq, pair_seq, True, None, _thread_state())
+
+
+def record_issued(pending: _Pending, work: Any) -> None:
+    """Record a call :func:`issuing` began once it is issued: it ends when its work completes
+    (where the work has a future, whether or not the caller waits on it), else now."""
+    _record_when_done(pending, _future_of(work))
 
 
 # ---------------------------------------------------------------------------
