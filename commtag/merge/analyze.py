@@ -77,6 +77,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
+from commtag.merge.alltoall import AllToAll, traffic
+from commtag.merge.impact import Impact, impact, impact_counters
 from commtag.merge.records import (
     ALL_TIME,
     CPU_OP_SOURCE,
@@ -261,6 +263,10 @@ class Analysis:
     markers: list[Marker]
     #: The ranks read, their profiled windows, the world size.
     coverage: Coverage = field(default_factory=lambda: Coverage({}))
+    #: What each late rank cost the window (:mod:`commtag.merge.impact`).
+    impact: Impact = field(default_factory=lambda: Impact([]))
+    #: Each all_to_all(v) instance's rank-pair traffic (:mod:`commtag.merge.alltoall`).
+    all_to_all: list[AllToAll] = field(default_factory=list)
 
     @property
     def desyncs(self) -> list[Finding]:
@@ -335,7 +341,8 @@ def analyze(
             target.findings.append(gap)
     findings = [f for m in matched for f in m.findings]
     findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
-    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage)
+    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage,
+                    impact(matched, coverage), traffic(matched))
 
 
 def _expected(members: list[CollectiveInstance]) -> set[int]:
@@ -649,6 +656,7 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
         CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s", lane=names[pg])
         for pg, points in sorted(analysis.busbw.items())
     ]
+    counters.extend(impact_counters(analysis.impact))
     return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])
 
 

@@ -1,0 +1,226 @@
+"""What each late rank cost the job: a what-if replay of the matched collectives.
+
+A straggler finding says who arrived last; this says how much sooner the
+profiled window would have ended had that rank not been late. The replay
+keeps every recorded time and moves only what depends on the removed lateness:
+
+* a rank's work is one sequence of its collective instances; an instance
+  depends on the rank's latest instance that ended at or before it started
+  (what the rank did in between, compute or idle, keeps its length and moves
+  with it);
+* a complete collective ends, on each member, at its last member's arrival
+  plus that member's own recorded time after the last arrival (the transfer);
+* removing rank ``r``'s lateness: wherever ``r`` arrived last, it arrives
+  instead as early as the next-latest member did (its lead over the others,
+  measured in the recorded times, is cut from the time before its arrival).
+  As for a straggler finding, a lead counts only where the late rank's own
+  trace covers it: a rank whose profiler started later arrives late to its
+  first collective without having made anyone wait in the job.
+
+Without any change the replay reproduces the recorded times exactly, so a cost
+is a difference of two replays of the same model. An incomplete instance (a
+member did not record it) has no last arrival to move: it keeps its members'
+own times, moved with each member's earlier work. The window is the first
+recorded arrival to the last recorded end of a collective.
+
+Each rank that was the last arrival somewhere is replayed once for the
+window, and once per op it was late to (the window's cost per op type): a
+rank's cost is at most the sum of its leads, so the ranks are replayed in
+that order and at most :data:`MAX_REPLAYED_RANKS` of them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage
+
+#: The ranks with the largest total lead are replayed; the rest are counted, not replayed.
+MAX_REPLAYED_RANKS = 16
+
+
+class MatchedCollective(Protocol):
+    """What the replay reads of a matched collective (:class:`commtag.merge.analyze.MatchedCollective`)."""
+
+    collective: str
+    members: dict[int, CollectiveInstance]
+    last_rank: Optional[int]
+    first_start_ns: int
+    last_start_ns: int
+
+    @property
+    def complete(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class RankImpact:
+    """How much earlier the window would have ended without one rank's lateness."""
+
+    rank: int
+    #: Window end moved by removing all of its lateness (us).
+    cost_us: float
+    #: ``cost_us`` over the window's length.
+    share: float
+    #: The lateness removed: its summed lead over the next-latest member where it arrived last (us).
+    late_us: float
+    #: Instances it arrived last to with a lead.
+    late_count: int
+    #: Op -> window end moved by removing only its lateness at that op (us).
+    by_op: dict[str, float] = field(default_factory=dict)
+    #: (recorded end of a collective, how much earlier it would have ended, ns) where that changes:
+    #: the merged trace's track of this rank's cost.
+    timeline: list[tuple[int, int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "cost_us": self.cost_us,
+            "share": self.share,
+            "late_us": self.late_us,
+            "late_count": self.late_count,
+            "by_op": dict(sorted(self.by_op.items())),
+        }
+
+
+@dataclass(slots=True)
+class Impact:
+    """The replay's result: one row per replayed rank, largest cost first."""
+
+    ranks: list[RankImpact]
+    window_start_ns: int = 0
+    window_end_ns: int = 0
+    #: Ranks that were late somewhere but not replayed (beyond :data:`MAX_REPLAYED_RANKS`).
+    not_replayed: int = 0
+
+    @property
+    def window_us(self) -> float:
+        return (self.window_end_ns - self.window_start_ns) / 1000.0
+
+
+class _Replay:
+    """The dependency graph of the matched collectives, replayable with some lateness removed.
+
+    Nodes are one rank's instances, numbered; ``pred[n]`` is the node of the same rank that
+    ``n`` waits for (-1: none), ``members[k]`` the nodes of collective ``k``.
+    """
+
+    def __init__(self, collectives: list[MatchedCollective], coverage: Optional[Coverage]) -> None:
+        self.collectives = collectives
+        self.start: list[int] = []
+        self.rank: list[int] = []
+        self.members: list[list[int]] = []
+        per_rank: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # rank -> (end, start, node)
+        for m in collectives:
+            nodes = []
+            for rank, inst in m.members.items():
+                node = len(self.start)
+                self.start.append(inst.start_ns)
+                self.rank.append(rank)
+                per_rank[rank].append((inst.end_ns, inst.start_ns, node))
+                nodes.append(node)
+            self.members.append(nodes)
+        self.pred = [-1] * len(self.start)
+        for ended in per_rank.values():
+            ended.sort()
+            ends = [end for end, _, _ in ended]
+            for _, start, node in ended:
+                at = bisect.bisect_right(ends, start) - 1
+                while at >= 0 and ended[at][2] == node:
+                    at -= 1
+                self.pred[node] = ended[at][2] if at >= 0 else -1
+        # A collective is replayed after those its members wait for: in order of its last arrival.
+        self.order = sorted(range(len(collectives)), key=lambda k: (collectives[k].last_start_ns, k))
+        self.synchronized = [m.complete and len(m.members) > 1 for m in collectives]
+        #: (collective index, rank) -> that rank's recorded lead over the next-latest member.
+        self.leads: dict[tuple[int, int], int] = {}
+        for k, m in enumerate(collectives):
+            if self.synchronized[k] and m.last_rank is not None:
+                before = max(i.start_ns for r, i in m.members.items() if r != m.last_rank)
+                lead = m.last_start_ns - before
+                if lead > 0 and (coverage is None or coverage.covers(m.last_rank, before, m.last_start_ns)):
+                    self.leads[(k, m.last_rank)] = lead
+
+    def shifts(self, removed: dict[int, int], rank: int) -> list[int]:
+        """Per collective, how much (ns, <= 0) its end moves when ``rank`` arrives earlier by
+        ``removed[k]`` at collective ``k``."""
+        shift = [0] * len(self.start)
+        moved = [0] * len(self.collectives)
+        start, pred, ranks = self.start, self.pred, self.rank
+        for k in self.order:
+            nodes = self.members[k]
+            cut = removed.get(k, 0)
+            arrivals = [shift[pred[n]] if pred[n] >= 0 else 0 for n in nodes]
+            if cut:
+                arrivals = [a - cut if ranks[n] == rank else a for a, n in zip(arrivals, nodes)]
+            if self.synchronized[k]:
+                last = self.collectives[k].last_start_ns
+                moved[k] = max(start[n] + a for n, a in zip(nodes, arrivals)) - last
+                for n in nodes:
+                    shift[n] = moved[k]
+            else:
+                for n, a in zip(nodes, arrivals):
+                    shift[n] = a
+                moved[k] = max(arrivals)
+        return moved
+
+
+def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = None) -> Impact:
+    """Each late rank's cost to the window, and per op it was late to (``coverage``: when
+    each rank was profiled; without it, every lead counts)."""
+    if not collectives:
+        return Impact([])
+    replay = _Replay(collectives, coverage)
+    ends = [max(i.end_ns for i in m.members.values()) for m in collectives]
+    start = min(m.first_start_ns for m in collectives)
+    end = max(ends)
+    window = max(end - start, 1)
+    lateness: dict[int, list[int]] = defaultdict(list)
+    for (k, rank), lead in replay.leads.items():
+        lateness[rank].append(k)
+    ranked = sorted(lateness, key=lambda r: (-sum(replay.leads[(k, r)] for k in lateness[r]), r))
+    rows = []
+    for rank in ranked[:MAX_REPLAYED_RANKS]:
+        mine = lateness[rank]
+        removed = {k: replay.leads[(k, rank)] for k in mine}
+        moved = replay.shifts(removed, rank)
+        cost = end - _new_end(ends, moved)
+        row = RankImpact(rank, _us(cost), round(cost / window, 6), _us(sum(removed.values())), len(mine),
+                         timeline=_timeline(ends, moved))
+        ops = sorted({collectives[k].collective for k in mine})
+        for op in ops:
+            only = {k: lead for k, lead in removed.items() if collectives[k].collective == op}
+            row.by_op[op] = row.cost_us if len(ops) == 1 else _us(end - _new_end(ends, replay.shifts(only, rank)))
+        rows.append(row)
+    rows.sort(key=lambda r: (-r.cost_us, r.rank))
+    return Impact(rows, start, end, max(0, len(ranked) - MAX_REPLAYED_RANKS))
+
+
+def _new_end(ends: list[int], moved: list[int]) -> int:
+    return max(e + d for e, d in zip(ends, moved))
+
+
+def _timeline(ends: list[int], moved: list[int]) -> list[tuple[int, int]]:
+    """(recorded end, how much earlier it would have been) in time order, where that changes."""
+    points: list[tuple[int, int]] = [(min(ends), 0)]
+    for end, delta in sorted(zip(ends, moved)):
+        if -delta != points[-1][1]:
+            points.append((end, -delta))
+    return points
+
+
+def _us(ns: float) -> float:
+    return round(ns / 1000.0, 3)
+
+
+
+def impact_counters(result: Impact) -> list[CounterSeries]:
+    """The merged trace's impact track: on each late rank, how much earlier the collectives
+    ending at each time would have ended without its lateness (one point where that changes)."""
+    return [
+        CounterSeries(row.rank, f"impact: without rank {row.rank}'s lateness, ends earlier by (ms)",
+                      [(ts, round(ns / 1e6, 6)) for ts, ns in row.timeline], unit="ms")
+        for row in result.ranks if row.cost_us > 0
+    ]
