@@ -47,7 +47,7 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         "collectives": [m.to_dict() for m in analysis.collectives],
         "summary": [row.to_dict() for row in summarize(analysis)],
         "findings": [f.to_dict() for f in analysis.findings],
-        "impact_window_us": analysis.impact.window_us,
+        "impact_profiled_us": analysis.impact.profiled_us,
         "impact": [r.to_dict() for r in analysis.impact.ranks],
         "impact_not_replayed": analysis.impact.not_replayed,
         "all_to_all": [a.to_dict() for a in analysis.all_to_all],

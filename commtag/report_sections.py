@@ -13,7 +13,7 @@ from commtag.merge.alltoall import by_group
 from commtag.merge.analyze import Analysis
 
 
-_IMPACT_COLUMNS = ("rank", "cost_us", "share", "late_us", "late_count", "op", "op_cost_us")
+_IMPACT_COLUMNS = ("rank", "cost_us", "share", "late_us", "late_count", "op", "window", "part_cost_us")
 _TRAFFIC_COLUMNS = ("pg", "lane", "seq", "replay", "collective", "dtype", "size_imbalance", "sender", "receiver",
                     "elements", "not_recorded")
 
@@ -24,12 +24,14 @@ def impact_lines(analysis: Analysis) -> list[str]:
     rows = [r for r in result.ranks if r.late_count]
     if not rows:
         return []
-    lines = ["", f"impact: how much earlier the {result.window_us / 1000:.1f} ms window would have ended "
+    lines = ["", f"impact: how much earlier the profiled {result.profiled_us / 1000:.1f} ms would have ended "
                  "without one rank's lateness (what-if replay):"]
     for r in rows:
         ops = ", ".join(f"{op} {cost / 1000:.2f} ms" for op, cost in sorted(r.by_op.items(), key=lambda kv: -kv[1]))
+        windows = ", ".join(f"{w}: {cost / 1000:.2f} ms" for w, cost in r.by_window.items())
         lines.append(f"  rank {r.rank}: {r.cost_us / 1000:.2f} ms ({r.share:.1%} of the window), "
-                     f"late {r.late_count}x by {r.late_us / 1000:.2f} ms in all; by op: {ops}")
+                     f"late {r.late_count}x by {r.late_us / 1000:.2f} ms in all; by op: {ops}"
+                     + (f"; by profiled window: {windows}" if len(r.by_window) > 1 else ""))
     if result.not_replayed:
         lines.append(f"  ... and {result.not_replayed} more late ranks, not replayed (the largest leads were)")
     return lines
@@ -57,14 +59,18 @@ def traffic_lines(analysis: Analysis) -> list[str]:
 
 
 def impact_csv(analysis: Analysis) -> str:
-    """One row per late rank and op it was late to (``op`` empty: the rank's whole cost)."""
+    """One row per late rank (``op`` and ``window`` empty: its whole cost), then one per op it was
+    late to and per profiled window (``part_cost_us``: that part's cost)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(_IMPACT_COLUMNS)
     for r in analysis.impact.ranks:
-        writer.writerow((r.rank, r.cost_us, r.share, r.late_us, r.late_count, "", ""))
+        head = (r.rank, r.cost_us, r.share, r.late_us, r.late_count)
+        writer.writerow((*head, "", "", ""))
         for op, cost in sorted(r.by_op.items()):
-            writer.writerow((r.rank, r.cost_us, r.share, r.late_us, r.late_count, op, cost))
+            writer.writerow((*head, op, "", cost))
+        for window, cost in r.by_window.items():
+            writer.writerow((*head, "", window, cost))
     return buffer.getvalue()
 
 

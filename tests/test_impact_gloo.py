@@ -74,7 +74,7 @@ def test_the_culprit_costs_about_what_it_slept(culprit_job):
     impact = doc["impact"]
     assert impact[0]["rank"] == CULPRIT, impact
     assert abs(impact[0]["cost_us"] - slept_us) <= 0.35 * slept_us, (impact[0], slept_us)
-    assert impact[0]["share"] == pytest.approx(impact[0]["cost_us"] / doc["impact_window_us"], rel=1e-3)
+    assert impact[0]["share"] == pytest.approx(impact[0]["cost_us"] / doc["impact_profiled_us"], rel=1e-3)
     assert impact[0]["by_op"]["allreduce"] >= 0.65 * slept_us
     # No other rank cost more than all the lateness the job's clock saw besides the culprit's.
     leads = _measured_leads(records)
@@ -83,8 +83,11 @@ def test_the_culprit_costs_about_what_it_slept(culprit_job):
     text = _summary(str(out))
     assert f"  rank {CULPRIT}: {impact[0]['cost_us'] / 1000:.2f} ms" in text
     table = list(csv.DictReader(io.StringIO(_summary(str(out), "--format", "csv", "--table", "impact"))))
-    whole = [row for row in table if row["rank"] == str(CULPRIT) and row["op"] == ""]
-    assert float(whole[0]["cost_us"]) == impact[0]["cost_us"]
+    mine = [row for row in table if row["rank"] == str(CULPRIT)]
+    assert [float(row["cost_us"]) for row in mine if row["op"] == row["window"] == ""] == [impact[0]["cost_us"]]
+    assert {row["op"]: float(row["part_cost_us"]) for row in mine if row["op"]} == impact[0]["by_op"]
+    # One profiled window: its cost is the whole cost.
+    assert impact[0]["by_window"] == {"1": impact[0]["cost_us"]}
 
 
 def test_without_a_culprit_no_rank_costs_more_than_the_measured_noise(quiet_job, culprit_job):

@@ -43,7 +43,7 @@ def test_a_late_rank_costs_its_lead_and_its_later_work_moves_with_it():
     (row,) = result.ranks
     assert (row.rank, row.late_count, row.late_us) == (1, 1, 5000.0)
     # Its lateness gone, the second all_reduce ends at 3 ms and the third (which waited for it) at 5.
-    assert row.cost_us == 5000.0 and result.window_us == 10000.0 and row.share == 0.5
+    assert row.cost_us == 5000.0 and result.profiled_us == 10000.0 and row.share == 0.5
     assert row.by_op == {"allreduce": 5000.0}
     # The trace's track: from the second all_reduce's end on, 5 ms earlier (a point where that changes).
     assert row.timeline == [(T0 + 1 * MS, 0), (T0 + 8 * MS, 5 * MS)]
@@ -69,6 +69,26 @@ def test_lateness_nobody_waited_for_costs_nothing():
 def test_a_lead_outside_the_late_rank_s_own_window_is_not_its_lateness():
     coverage = Coverage({0: [(T0, T0 + 20 * MS)], 1: [(T0 + 6 * MS, T0 + 20 * MS)], 2: [(T0, T0 + 20 * MS)]})
     assert analyze(_three_steps(7, 2), coverage=coverage).impact.ranks == []
+
+
+def test_each_profiled_window_has_its_own_cost():
+    # Two windows (a scheduled profiler's two files per rank): rank 1 is 5 ms late in the first
+    # and 1 ms late in the second.
+    first = _three_steps(7, 2)
+    later = [inst(r, 4 + seq, 20 + start, 20 + end) for seq, (start, end) in enumerate(((0, 1), (2, 4), (5, 6)))
+             for r in range(3)]
+    later = [i for i in later if not (i.seq == 5 and i.rank == 1)] + [inst(1, 5, 23, 24)]
+    for i in later:
+        if i.seq == 5:
+            i.end_ns = T0 + 24 * MS
+    windows = [(T0, T0 + 10 * MS), (T0 + 20 * MS, T0 + 26 * MS)]
+    coverage = Coverage({r: windows for r in range(3)})
+    (row,) = analyze(first + later, coverage=coverage).impact.ranks
+    assert (row.late_count, row.late_us) == (2, 6000.0)
+    # Window 1 ends 5 ms earlier; window 2 starts no earlier (nothing between the windows was
+    # recorded), so it gains only its own 1 ms of lateness; the rank's cost is the sum.
+    assert row.by_window == {1: 5000.0, 2: 1000.0}
+    assert row.cost_us == 6000.0 and row.share == pytest.approx(6 / (10 + 6))
 
 
 def test_an_incomplete_instance_moves_with_its_rank():

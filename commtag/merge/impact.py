@@ -6,8 +6,9 @@ keeps every recorded time and moves only what depends on the removed lateness:
 
 * a rank's work is one sequence of its collective instances; an instance
   depends on the rank's latest instance that ended at or before it started
-  (what the rank did in between, compute or idle, keeps its length and moves
-  with it);
+  in the same profiled window (what the rank did in between, compute or idle,
+  keeps its length and moves with it; between windows nothing was recorded,
+  so a window's first instances keep their recorded arrivals);
 * a complete collective ends, on each member, at its last member's arrival
   plus that member's own recorded time after the last arrival (the transfer);
 * removing rank ``r``'s lateness: wherever ``r`` arrived last, it arrives
@@ -20,8 +21,11 @@ keeps every recorded time and moves only what depends on the removed lateness:
 Without any change the replay reproduces the recorded times exactly, so a cost
 is a difference of two replays of the same model. An incomplete instance (a
 member did not record it) has no last arrival to move: it keeps its members'
-own times, moved with each member's earlier work. The window is the first
-recorded arrival to the last recorded end of a collective.
+own times, moved with each member's earlier work. A profiled window is a
+trace file of each rank (one step each under a profiler schedule with
+``active=1``; the ProfilerStep spans themselves are not read): its cost is
+how much earlier the last collective that began in it would have ended, and
+a rank's cost is the sum over the windows.
 
 Each rank that was the last arrival somewhere is replayed once for the
 window, and once per op it was late to (the window's cost per op type): a
@@ -57,19 +61,22 @@ class MatchedCollective(Protocol):
 
 @dataclass(slots=True)
 class RankImpact:
-    """How much earlier the window would have ended without one rank's lateness."""
+    """How much earlier the profiled windows would have ended without one rank's lateness."""
 
     rank: int
-    #: Window end moved by removing all of its lateness (us).
+    #: Summed over the profiled windows: how much earlier each ends without its lateness (us).
     cost_us: float
-    #: ``cost_us`` over the window's length.
+    #: ``cost_us`` over the profiled time (:attr:`Impact.profiled_ns`).
     share: float
     #: The lateness removed: its summed lead over the next-latest member where it arrived last (us).
     late_us: float
     #: Instances it arrived last to with a lead.
     late_count: int
-    #: Op -> window end moved by removing only its lateness at that op (us).
+    #: Op -> the cost of only its lateness at that op (us).
     by_op: dict[str, float] = field(default_factory=dict)
+    #: Profiled window (1-based, as the trace's window markers) -> how much earlier its last collective
+    #: would have ended (us).
+    by_window: dict[int, float] = field(default_factory=dict)
     #: (recorded end of a collective, how much earlier it would have ended, ns) where that changes:
     #: the merged trace's track of this rank's cost.
     timeline: list[tuple[int, int]] = field(default_factory=list)
@@ -82,6 +89,7 @@ class RankImpact:
             "late_us": self.late_us,
             "late_count": self.late_count,
             "by_op": dict(sorted(self.by_op.items())),
+            "by_window": {str(w): cost for w, cost in sorted(self.by_window.items())},
         }
 
 
@@ -90,14 +98,14 @@ class Impact:
     """The replay's result: one row per replayed rank, largest cost first."""
 
     ranks: list[RankImpact]
-    window_start_ns: int = 0
-    window_end_ns: int = 0
+    #: The profiled time: per window, its first arrival to its last collective end, summed (ns).
+    profiled_ns: int = 0
     #: Ranks that were late somewhere but not replayed (beyond :data:`MAX_REPLAYED_RANKS`).
     not_replayed: int = 0
 
     @property
-    def window_us(self) -> float:
-        return (self.window_end_ns - self.window_start_ns) / 1000.0
+    def profiled_us(self) -> float:
+        return self.profiled_ns / 1000.0
 
 
 class _Replay:
@@ -130,11 +138,17 @@ class _Replay:
         for ended in per_rank.values():
             ended.sort()
             ends = [end for end, _, _ in ended]
+            rank = self.rank[ended[0][2]]
+            several = coverage is not None and len(coverage.windows.get(rank, ())) > 1
             for _, start, node in ended:
                 at = bisect.bisect_right(ends, start) - 1
                 while at >= 0 and ended[at][2] == node:
                     at -= 1
-                self.pred[node] = ended[at][2] if at >= 0 else -1
+                pred = ended[at][2] if at >= 0 else -1
+                if several and pred >= 0 and \
+                        coverage.window_of(rank, self.start[pred]) != coverage.window_of(rank, start):
+                    pred = -1  # a new window: what ran between was not recorded
+                self.pred[node] = pred
         # A collective is replayed after those its members wait for: in order of its last arrival.
         self.order = sorted(range(len(collectives)), key=lambda k: (collectives[k].last_start_ns, k))
         self.place = {k: i for i, k in enumerate(self.order)}
@@ -189,9 +203,8 @@ def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = 
         return Impact([])
     replay = _Replay(collectives, coverage)
     ends = [max(i.end_ns for i in m.members.values()) for m in collectives]
-    start = min(m.first_start_ns for m in collectives)
-    end = max(ends)
-    window = max(end - start, 1)
+    windows = _by_window(collectives, coverage)
+    profiled = sum(max(ends[k] for k in ks) - min(collectives[k].first_start_ns for k in ks) for ks in windows.values())
     lateness: dict[int, list[int]] = defaultdict(list)
     for (k, rank), lead in replay.leads.items():
         lateness[rank].append(k)
@@ -201,20 +214,35 @@ def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = 
         mine = lateness[rank]
         removed = {k: replay.leads[(k, rank)] for k in mine}
         moved = replay.shifts(removed, rank)
-        cost = end - _new_end(ends, moved)
-        row = RankImpact(rank, _us(cost), round(cost / window, 6), _us(sum(removed.values())), len(mine),
-                         timeline=_timeline(ends, moved))
+        by_window = _window_costs(ends, moved, windows)
+        cost = sum(by_window.values())
+        row = RankImpact(rank, _us(cost), round(cost / max(profiled, 1), 6), _us(sum(removed.values())), len(mine),
+                         by_window={w: _us(ns) for w, ns in by_window.items()}, timeline=_timeline(ends, moved))
         ops = sorted({collectives[k].collective for k in mine})
         for op in ops:
             only = {k: lead for k, lead in removed.items() if collectives[k].collective == op}
-            row.by_op[op] = row.cost_us if len(ops) == 1 else _us(end - _new_end(ends, replay.shifts(only, rank)))
+            row.by_op[op] = row.cost_us if len(ops) == 1 else \
+                _us(sum(_window_costs(ends, replay.shifts(only, rank), windows).values()))
         rows.append(row)
     rows.sort(key=lambda r: (-r.cost_us, r.rank))
-    return Impact(rows, start, end, max(0, len(ranked) - MAX_REPLAYED_RANKS))
+    return Impact(rows, profiled, max(0, len(ranked) - MAX_REPLAYED_RANKS))
 
 
-def _new_end(ends: list[int], moved: list[int]) -> int:
-    return max(e + d for e, d in zip(ends, moved))
+def _window_costs(ends: list[int], moved: list[int], windows: dict[int, list[int]]) -> dict[int, int]:
+    """Window -> how much earlier (ns) its last collective ends."""
+    return {w: max(ends[k] for k in ks) - max(ends[k] + moved[k] for k in ks) for w, ks in windows.items()}
+
+
+def _by_window(collectives: list[MatchedCollective], coverage: Optional[Coverage]) -> dict[int, list[int]]:
+    """Profiled window (1-based) -> the collectives whose first arrival lies in it, on that rank's
+    windows (one window when they are not known)."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for k, m in enumerate(collectives):
+        first = min(m.members.items(), key=lambda item: (item[1].start_ns, item[0]))[0]
+        at = coverage.window_of(first, m.first_start_ns) if coverage is not None else 0
+        if at is not None:
+            out[at + 1].append(k)
+    return dict(sorted(out.items()))
 
 
 def _timeline(ends: list[int], moved: list[int]) -> list[tuple[int, int]]:
