@@ -140,6 +140,7 @@ def test_all_to_all_matrix_is_what_each_rank_sent(culprit_job):
 
 def test_merged_trace_carries_the_impact_track_and_reads_back_the_same(culprit_job, tmp_path):
     from commtag.merge.tracecounts import count
+    from pftrace_reader import read
 
     out, _ = culprit_job
     merged = tmp_path / "merged.pftrace"
@@ -152,6 +153,11 @@ def test_merged_trace_carries_the_impact_track_and_reads_back_the_same(culprit_j
     assert from_trace["all_to_all"] == from_dir["all_to_all"]
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     counts = count(merged)
+    parsed = read(merged)  # the strict reader the merge tests use: the counts agree with it
+    assert counts.slices == sum(not s.instant for s in parsed.slices) > 0
+    assert counts.instants == sum(s.instant for s in parsed.slices)
+    assert counts.flows == len({f for s in parsed.slices for f in (*s.flows_out, *s.flows_in)}) > 0
+    assert counts.args >= sum(len(s.args) for s in parsed.slices)
     track = f"impact: without rank {CULPRIT}'s lateness, ends earlier by (ms)"
     assert counts.counter_tracks[track] >= STEPS
     # Counters grow with a group's collectives, not with its ranks: a busbw track per group,

@@ -71,3 +71,18 @@ def count(path: Path) -> TraceCounts:
     out.flows = len(flows)
     out.counter_tracks = Counter({names.get(uuid, str(uuid)): n for uuid, n in per_track.items()})
     return out
+
+
+def main(argv: list[str]) -> int:
+    """``python -m commtag.merge.tracecounts MERGED.pftrace ...``: one JSON line of counts per file."""
+    import orjson
+
+    for path in argv:
+        print(orjson.dumps({"path": path, **count(Path(path)).to_dict()}).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
