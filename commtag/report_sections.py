@@ -19,17 +19,17 @@ _TRAFFIC_COLUMNS = ("pg", "lane", "seq", "replay", "collective", "dtype", "size_
 
 
 def impact_lines(analysis: Analysis) -> list[str]:
-    """What each late rank cost the window, largest first ([] when no rank was late)."""
+    """What each late rank cost the profiled windows, largest first ([] when no rank was late)."""
     result = analysis.impact
     rows = [r for r in result.ranks if r.late_count]
     if not rows:
         return []
-    lines = ["", f"impact: how much earlier the profiled {result.profiled_us / 1000:.1f} ms would have ended "
-                 "without one rank's lateness (what-if replay):"]
+    lines = ["", f"impact: how much earlier the profiled windows ({result.profiled_us / 1000:.1f} ms) would have "
+                 "ended without one rank's lateness (what-if replay):"]
     for r in rows:
         ops = ", ".join(f"{op} {cost / 1000:.2f} ms" for op, cost in sorted(r.by_op.items(), key=lambda kv: -kv[1]))
         windows = ", ".join(f"{w}: {cost / 1000:.2f} ms" for w, cost in r.by_window.items())
-        lines.append(f"  rank {r.rank}: {r.cost_us / 1000:.2f} ms ({r.share:.1%} of the window), "
+        lines.append(f"  rank {r.rank}: {r.cost_us / 1000:.2f} ms ({r.share:.1%} of the profiled time), "
                      f"late {r.late_count}x by {r.late_us / 1000:.2f} ms in all; by op: {ops}"
                      + (f"; by profiled window: {windows}" if len(r.by_window) > 1 else ""))
     if result.not_replayed:
@@ -106,8 +106,8 @@ def plot_row(ax_impact, ax_heat, analysis: Analysis) -> None:
     ax_impact.invert_yaxis()
     for i, r in enumerate(rows):
         ops = ", ".join(f"{op} {cost / 1000:.1f}" for op, cost in sorted(r.by_op.items(), key=lambda kv: -kv[1]))
-        ax_impact.text(0, i, f" {r.share:.1%} of the window; {ops}", va="center", fontsize=7)
-    ax_impact.set_xlabel("window end moved earlier without the rank's lateness (ms)")
+        ax_impact.text(0, i, f" {r.share:.1%} of the profiled time; {ops}", va="center", fontsize=7)
+    ax_impact.set_xlabel("profiled windows end earlier without the rank's lateness (ms)")
     ax_impact.set_title("impact: what each late rank cost (what-if replay)", fontsize=10)
     known = [a for a in analysis.all_to_all if a.matrix is not None]
     if not known:
