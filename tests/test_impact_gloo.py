@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 CULPRIT = 2
 DELAY_S = 0.05
 _PAIRS = ((0, 1), (2, 3))
+#: Per call, how far the job's clock (read just before the call) and the profiler's op start may
+#: disagree on a rank's arrival: the call's own way into the op, ms on a loaded 2-core machine.
+_CLOCK_SLACK_US = 1000.0
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,7 @@ def test_the_culprit_costs_about_what_it_slept(culprit_job):
     # No other rank cost more than all the lateness the job's clock saw besides the culprit's.
     leads = _measured_leads(records)
     noise_us = sum(lead for rank, lead in leads.items() if rank != CULPRIT) / 1000
+    noise_us += _CLOCK_SLACK_US * len(records[0]["arrivals"])
     assert all(row["cost_us"] <= noise_us for row in impact[1:]), (impact, leads)
     text = _summary(str(out))
     assert f"  rank {CULPRIT}: {impact[0]['cost_us'] / 1000:.2f} ms" in text
@@ -96,7 +100,7 @@ def test_without_a_culprit_no_rank_costs_more_than_the_measured_noise(quiet_job,
     # The noise: all the lateness the job's clock saw, on every rank together. (Per rank, the
     # clock read before a call and the profiler's op start differ by a loaded machine's ms.)
     leads = _measured_leads(records)
-    noise_us = sum(leads.values()) / 1000
+    noise_us = sum(leads.values()) / 1000 + _CLOCK_SLACK_US * len(records[0]["arrivals"])
     impact = orjson.loads(_summary(str(out), "--format", "json"))["impact"]
     assert all(row["cost_us"] <= noise_us for row in impact), (impact, leads)
     culprit = orjson.loads(_summary(str(culprit_job[0]), "--format", "json"))["impact"][0]
@@ -147,6 +151,9 @@ def test_merged_trace_carries_the_impact_track_and_reads_back_the_same(culprit_j
     done = subprocess.run([sys.executable, "-m", "commtag", "merge", str(out), "-o", str(merged)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    checked = subprocess.run([sys.executable, "-m", "commtag", "validate", str(merged)], capture_output=True,
+                             text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # the impact tracks break no import rule
     from_dir = orjson.loads(_summary(str(out), "--format", "json"))
     from_trace = orjson.loads(_summary(str(merged), "--format", "json", "--plot", str(tmp_path / "plot.png")))
     assert from_trace["impact"] == from_dir["impact"]
