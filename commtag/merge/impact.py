@@ -8,7 +8,10 @@ keeps every recorded time and moves only what depends on the removed lateness:
   depends on the rank's latest instance that ended at or before it started
   in the same profiled window (what the rank did in between, compute or idle,
   keeps its length and moves with it; between windows nothing was recorded,
-  so a window's first instances keep their recorded arrivals);
+  so a window's first instances keep their recorded arrivals). The streams
+  and threads of a rank are not told apart (its instances do not carry them):
+  work that overlapped an instance never waits for it, but an instance on one
+  stream follows the latest one that ended before it on any;
 * a complete collective ends, on each member, at its last member's arrival
   plus that member's own recorded time after the last arrival (the transfer);
 * removing rank ``r``'s lateness: wherever ``r`` arrived last, it arrives
