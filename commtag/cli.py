@@ -40,7 +40,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.buffer.write(report.to_json(analysis, kernels))
     elif args.format == "csv":
-        sys.stdout.write(report.to_csv(analysis))
+        sys.stdout.write(report.to_csv(analysis, args.table))
     else:
         sys.stdout.write(report.to_text(analysis, kernels))
     if args.plot is not None:
@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a directory of rank traces (+ sidecars), one trace, "
                               "or a .pftrace written by `commtag merge`")
     summary.add_argument("--format", choices=("text", "csv", "json"), default="text")
+    summary.add_argument("--table", choices=("summary", "impact", "all_to_all"), default="summary",
+                         help="the table --format csv writes: per group and op (default), what each late rank "
+                              "cost (impact), or each all-to-all's rank-pair traffic (all_to_all)")
     summary.add_argument("--plot", type=Path, metavar="FILE.png",
                          help="also draw the ranks x collectives skew heatmap and busbw per group")
     summary.add_argument("--straggler-skew-us", type=float, default=1000.0, metavar="US",

@@ -24,6 +24,7 @@ from commtag.merge.analysis.table import GroupSummary, summarize
 from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.engine.output import not_regular
 from commtag.merge.records import CPU_OP_SOURCE
+from commtag.report_sections import has_plot_row, impact_csv, impact_lines, plot_row, traffic_csv, traffic_lines
 
 #: Version of the JSON report's layout (bump on an incompatible change).
 REPORT_VERSION = 1
@@ -48,6 +49,10 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         "collectives": [m.to_dict() for m in analysis.collectives],
         "summary": [row.to_dict() for row in summarize(analysis)],
         "findings": [f.to_dict() for f in analysis.findings],
+        "impact_profiled_us": analysis.impact.profiled_us,
+        "impact": [r.to_dict() for r in analysis.impact.ranks],
+        "impact_not_replayed": analysis.impact.not_replayed,
+        "all_to_all": [a.to_dict() for a in analysis.all_to_all],
     }
     if kernels is not None:
         doc["kernels"] = {
@@ -57,8 +62,13 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 
 
-def to_csv(analysis: Analysis) -> str:
-    """The per group and op table as CSV (stragglers as 'rank:count' separated by spaces)."""
+def to_csv(analysis: Analysis, table: str = "summary") -> str:
+    """The per group and op table as CSV (stragglers as 'rank:count' separated by spaces), or
+    the ``impact`` or ``all_to_all`` table (:mod:`commtag.report_sections`)."""
+    if table == "impact":
+        return impact_csv(analysis)
+    if table == "all_to_all":
+        return traffic_csv(analysis)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=_CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -116,6 +126,7 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         ]
         if len(late) > _MAX_FINDINGS:
             lines.append(f"  ... and {len(late) - _MAX_FINDINGS} more (all of them in --format json)")
+    lines += impact_lines(analysis) + traffic_lines(analysis)
     if analysis.findings:
         shown = analysis.findings[:_MAX_FINDINGS]
         lines += ["", "findings:"] + [f"  {f.message}" for f in shown]
@@ -214,8 +225,10 @@ def plot(analysis: Analysis, path: Path) -> None:
     for j, m in enumerate(ms):
         for r, inst in m.members.items():
             late[row[r], j] = (inst.start_ns - m.first_start_ns) / 1e6
-    fig = plt.figure(figsize=(13, 8.5), layout="constrained")
-    grid = fig.add_gridspec(2, 2, height_ratios=(1.25, 1), width_ratios=(1.6, 1))
+    extra = has_plot_row(analysis)
+    fig = plt.figure(figsize=(13, 12.5 if extra else 8.5), layout="constrained")
+    grid = fig.add_gridspec(3 if extra else 2, 2, height_ratios=(1.25, 1, 1) if extra else (1.25, 1),
+                            width_ratios=(1.6, 1))
     ax = fig.add_subplot(grid[0, :])
     cmap = matplotlib.colormaps["magma_r"].copy()
     cmap.set_bad("#e8e8e8")
@@ -239,6 +252,8 @@ def plot(analysis: Analysis, path: Path) -> None:
                   f"{worst.collective} Seq {worst.seq} ({worst.lane_name or worst.pg_uid})")
     ax.set_title(title + "\n(blue ring: straggler, red x: missing rank, red triangle: desync)", fontsize=10)
     _plot_busbw(fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1]), analysis)
+    if extra:
+        plot_row(fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1]), analysis)
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)

@@ -18,3 +18,6 @@ torch_version=$("$py" -c "import torch; print(torch.__version__.split('+')[0])")
 # HTA (a real consumer of our per-rank JSON in the tests): its own requirements pull
 # jupyterlab, so it comes without them; its runtime imports are in the test extra.
 "$py" -m pip install -q --no-deps "HolisticTraceAnalysis==0.5.0"
+# traceinsight, HTA's successor, installs the same module `hta`: it goes beside the venv's
+# site-packages (tests put it first on PYTHONPATH in a subprocess), also without its requirements.
+"$py" -m pip install -q --no-deps --upgrade --target "$venv/traceinsight" "traceinsight==0.6.1"

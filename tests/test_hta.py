@@ -1,14 +1,19 @@
-"""A real client: Holistic Trace Analysis reads the annotated per-rank JSON of `merge --json`.
+"""Real clients: Holistic Trace Analysis 0.5.0 and its successor traceinsight 0.6.1 read the
+annotated per-rank JSON of `merge --json`.
 
 HTA parses the eager NCCL keys ("Collective name", "In msg nelems", ...) into
 columns when its communication args are enabled; a gloo trace carries none of
 them until commtag attaches them. The test loads the merge's per-rank JSON of
 the real gloo run (tests/sleep_world.py) with HTA and runs its communication
-analysis on it.
+analysis on it. traceinsight installs the same module ``hta``, so it lives outside the venv's
+site-packages (launch/setup.sh: ``.venv/traceinsight``) and both run in a subprocess
+(tests/hta_client.py), each with its own ``hta``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +64,30 @@ def test_hta_loads_the_annotated_ranks_and_sees_our_collectives(annotated):
     # HTA's communication analysis runs on it (a CPU-only run overlaps nothing with GPU compute).
     overlap = analysis.get_comm_comp_overlap(visualize=False)
     assert sorted(overlap["rank"]) == list(range(WORLD))
+
+
+#: Where launch/setup.sh installs traceinsight (beside the venv's site-packages, not in it).
+TRACEINSIGHT = Path(sys.prefix) / "traceinsight"
+
+
+@pytest.mark.parametrize("client", ["HolisticTraceAnalysis 0.5.0", "traceinsight 0.6.1"])
+def test_hta_and_traceinsight_see_our_collectives(annotated, client):
+    env = dict(os.environ)
+    if client.startswith("traceinsight"):
+        if not (TRACEINSIGHT / "hta").is_dir():
+            pytest.skip(f"traceinsight is not installed at {TRACEINSIGHT} (launch/setup.sh installs it)")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TRACEINSIGHT), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("hta_client.py")), str(annotated)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    version = Path(seen["module"]).parent / "version.py"
+    assert f"({', '.join(client.split()[1].split('.'))})" in version.read_text(), (client, seen["module"])
+    assert sorted(map(int, seen["ranks"])) == list(range(WORLD)) == seen["overlap_ranks"]
+    for rank, comm in seen["ranks"].items():
+        rows = list(zip(comm["collective_name"], comm["group_size"], comm["in_msg_nelems"], comm["msg_dtype"]))
+        default = [row for row in rows if row[:2] == ("allreduce", WORLD)]
+        assert len(default) >= DEFAULT_ALLREDUCES, (rank, rows)
+        assert {row[2:] for row in default} == {(NUMEL, "Float")}
+        assert "_allgather_base" in comm["collective_name"] and "broadcast" in comm["collective_name"]
+        assert any("gloo" in name or "c10d" in name for name in comm["names"])

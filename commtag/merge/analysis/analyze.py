@@ -82,7 +82,9 @@ from commtag.merge.records import (
     Marker,
     match_groups,
 )
+from commtag.merge.analysis.alltoall import traffic
 from commtag.merge.analysis.checks import SeqIndex, check, seq_gaps
+from commtag.merge.analysis.impact import impact
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.vocab import (
     ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_MARKER, ANN_PG_UID, ANN_SKEW_US, BUSBW_FACTORS, COLLECTIVES,
@@ -172,7 +174,8 @@ def analyze(
             target.findings.append(gap)
     findings = [f for m in matched for f in m.findings]
     findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
-    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage)
+    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage,
+                    impact(matched, coverage), traffic(matched))
 
 
 def _expected(members: list[CollectiveInstance]) -> set[int]:

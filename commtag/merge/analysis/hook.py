@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
+from commtag.merge.analysis.impact import impact_counters
 from commtag.merge.analysis.results import Analysis, to_us
 from commtag.merge.records import (
     ALL_TIME,
@@ -38,6 +39,7 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
         CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s", lane=names[pg])
         for pg, points in sorted(analysis.busbw.items())
     ]
+    counters.extend(impact_counters(analysis.impact))
     return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
+from commtag.merge.analysis.alltoall import AllToAll
+from commtag.merge.analysis.impact import Impact
 from commtag.merge.records import (
     CollectiveInstance,
     Coverage,
@@ -171,6 +173,10 @@ class Analysis:
     markers: list[Marker]
     #: The ranks read, their profiled windows, the world size.
     coverage: Coverage = field(default_factory=lambda: Coverage({}))
+    #: What each late rank cost the window (:mod:`commtag.merge.analysis.impact`).
+    impact: Impact = field(default_factory=lambda: Impact([]))
+    #: Each all_to_all(v) instance's rank-pair traffic (:mod:`commtag.merge.analysis.alltoall`).
+    all_to_all: list[AllToAll] = field(default_factory=list)
 
     @property
     def desyncs(self) -> list[Finding]:

@@ -1,0 +1,272 @@
+"""What each late rank cost the job: a what-if replay of the matched collectives.
+
+A straggler finding says who arrived last; this says how much sooner the
+profiled window would have ended had that rank not been late. The replay
+keeps every recorded time and moves only what depends on the removed lateness:
+
+* a rank's work is one sequence of its collective instances; an instance
+  depends on the rank's latest instance that ended at or before it started
+  in the same profiled window (what the rank did in between, compute or idle,
+  keeps its length and moves with it; between windows nothing was recorded,
+  so a window's first instances keep their recorded arrivals). The streams
+  and threads of a rank are not told apart (its instances do not carry them):
+  work that overlapped an instance never waits for it, but an instance on one
+  stream follows the latest one that ended before it on any;
+* a complete collective ends, on each member, at its last member's arrival
+  plus that member's own recorded time after the last arrival (the transfer);
+* removing rank ``r``'s lateness: wherever ``r`` arrived last, it arrives
+  instead as early as the next-latest member did (its lead over the others,
+  measured in the recorded times, is cut from the time before its arrival).
+  As for a straggler finding, a lead counts only where the late rank's own
+  trace covers it: a rank whose profiler started later arrives late to its
+  first collective without having made anyone wait in the job.
+
+Without any change the replay reproduces the recorded times exactly, so a cost
+is a difference of two replays of the same model. An incomplete instance (a
+member did not record it) has no last arrival to move: it keeps its members'
+own times, moved with each member's earlier work. A profiled window is a
+trace file of each rank (one step each under a profiler schedule with
+``active=1``; the ProfilerStep spans themselves are not read): its cost is
+how much earlier the last collective that began in it would have ended, and
+a rank's cost is the sum over the windows.
+
+Each rank that was the last arrival somewhere is replayed once for the
+window, and once per op it was late to (the window's cost per op type): a
+rank's cost is at most the sum of its leads, so the ranks are replayed in
+that order and at most :data:`MAX_REPLAYED_RANKS` of them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage
+
+#: The ranks with the largest total lead are replayed; the rest are counted, not replayed.
+MAX_REPLAYED_RANKS = 16
+
+
+class MatchedCollective(Protocol):
+    """What the replay reads of a matched collective (:class:`commtag.merge.analysis.results.MatchedCollective`)."""
+
+    collective: str
+    members: dict[int, CollectiveInstance]
+    last_rank: Optional[int]
+    first_start_ns: int
+    last_start_ns: int
+
+    @property
+    def complete(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class RankImpact:
+    """How much earlier the profiled windows would have ended without one rank's lateness."""
+
+    rank: int
+    #: Summed over the profiled windows: how much earlier each ends without its lateness (us).
+    cost_us: float
+    #: ``cost_us`` over the profiled time (:attr:`Impact.profiled_ns`).
+    share: float
+    #: The lateness removed: its summed lead over the next-latest member where it arrived last (us).
+    late_us: float
+    #: Instances it arrived last to with a lead.
+    late_count: int
+    #: Op -> the cost of only its lateness at that op (us).
+    by_op: dict[str, float] = field(default_factory=dict)
+    #: Profiled window (1-based, as the trace's window markers) -> how much earlier its last collective
+    #: would have ended (us).
+    by_window: dict[int, float] = field(default_factory=dict)
+    #: (recorded end of a collective, how much earlier it would have ended, ns) where that changes:
+    #: the merged trace's track of this rank's cost.
+    timeline: list[tuple[int, int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "cost_us": self.cost_us,
+            "share": self.share,
+            "late_us": self.late_us,
+            "late_count": self.late_count,
+            "by_op": dict(sorted(self.by_op.items())),
+            "by_window": {str(w): cost for w, cost in sorted(self.by_window.items())},
+        }
+
+
+@dataclass(slots=True)
+class Impact:
+    """The replay's result: one row per replayed rank, largest cost first."""
+
+    ranks: list[RankImpact]
+    #: The profiled time: per window, its first arrival to its last collective end, summed (ns).
+    profiled_ns: int = 0
+    #: Ranks that were late somewhere but not replayed (beyond :data:`MAX_REPLAYED_RANKS`).
+    not_replayed: int = 0
+
+    @property
+    def profiled_us(self) -> float:
+        return self.profiled_ns / 1000.0
+
+
+class _Replay:
+    """The dependency graph of the matched collectives, replayable with some lateness removed.
+
+    Nodes are one rank's instances, numbered; ``pred[n]`` is the node of the same rank that
+    ``n`` waits for (-1: none). A replay only moves times earlier, so a synchronizing
+    collective's last arrival is found scanning its members latest-first and stopping at the
+    first recorded start no later than the best found: in a job of 1,024 ranks a replay
+    reads a few members of each collective, not all of them.
+    """
+
+    def __init__(self, collectives: list[MatchedCollective], coverage: Optional[Coverage]) -> None:
+        self.collectives = collectives
+        self.start: list[int] = []
+        self.rank: list[int] = []
+        self.owner: list[int] = []
+        #: Per collective, its nodes latest-first.
+        self.latest_first: list[list[int]] = []
+        per_rank: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # rank -> (end, start, node)
+        for k, m in enumerate(collectives):
+            first = len(self.start)
+            for rank, inst in sorted(m.members.items(), key=lambda item: -item[1].start_ns):
+                per_rank[rank].append((inst.end_ns, inst.start_ns, len(self.start)))
+                self.start.append(inst.start_ns)
+                self.rank.append(rank)
+            self.owner.extend([k] * (len(self.start) - first))
+            self.latest_first.append(list(range(first, len(self.start))))
+        self.pred = [-1] * len(self.start)
+        for ended in per_rank.values():
+            ended.sort()
+            ends = [end for end, _, _ in ended]
+            rank = self.rank[ended[0][2]]
+            several = coverage is not None and len(coverage.windows.get(rank, ())) > 1
+            for _, start, node in ended:
+                at = bisect.bisect_right(ends, start) - 1
+                while at >= 0 and ended[at][2] == node:
+                    at -= 1
+                pred = ended[at][2] if at >= 0 else -1
+                if several and pred >= 0 and \
+                        coverage.window_of(rank, self.start[pred]) != coverage.window_of(rank, start):
+                    pred = -1  # a new window: what ran between was not recorded
+                self.pred[node] = pred
+        # A collective is replayed after those its members wait for: in order of its last arrival.
+        self.order = sorted(range(len(collectives)), key=lambda k: (collectives[k].last_start_ns, k))
+        self.place = {k: i for i, k in enumerate(self.order)}
+        self.synchronized = [m.complete and len(m.members) > 1 for m in collectives]
+        #: (collective index, rank) -> that rank's recorded lead over the next-latest member.
+        self.leads: dict[tuple[int, int], int] = {}
+        for k, m in enumerate(collectives):
+            if self.synchronized[k] and m.last_rank is not None:
+                before = next(self.start[n] for n in self.latest_first[k] if self.rank[n] != m.last_rank)
+                lead = m.last_start_ns - before
+                if lead > 0 and (coverage is None or coverage.covers(m.last_rank, before, m.last_start_ns)):
+                    self.leads[(k, m.last_rank)] = lead
+
+    def shifts(self, removed: dict[int, int], rank: int) -> list[int]:
+        """Per collective, how much (ns, <= 0) its end moves when ``rank`` arrives earlier by
+        ``removed[k]`` at collective ``k``."""
+        moved = [0] * len(self.collectives)
+        if not removed:
+            return moved
+        own: dict[int, int] = {}  # node of an unsynchronized collective -> its shift
+        start, pred, ranks, owner, synchronized = self.start, self.pred, self.rank, self.owner, self.synchronized
+
+        def shift_of(node: int) -> int:
+            if node < 0:
+                return 0
+            k = owner[node]
+            return moved[k] if synchronized[k] else own.get(node, 0)
+
+        first = min(self.place[k] for k in removed)  # nothing before it moves
+        for k in self.order[first:]:
+            cut = removed.get(k, 0)
+            if synchronized[k]:
+                best = None
+                for n in self.latest_first[k]:
+                    if best is not None and start[n] <= best:
+                        break  # times only move earlier: no later member can arrive after best
+                    arrival = start[n] + shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
+                    if best is None or arrival > best:
+                        best = arrival
+                moved[k] = best - self.collectives[k].last_start_ns
+            else:
+                for n in self.latest_first[k]:
+                    own[n] = shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
+                moved[k] = max(own[n] for n in self.latest_first[k])
+        return moved
+
+
+def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = None) -> Impact:
+    """Each late rank's cost to the window, and per op it was late to (``coverage``: when
+    each rank was profiled; without it, every lead counts)."""
+    if not collectives:
+        return Impact([])
+    replay = _Replay(collectives, coverage)
+    ends = [max(i.end_ns for i in m.members.values()) for m in collectives]
+    windows = _by_window(collectives, coverage)
+    profiled = sum(max(ends[k] for k in ks) - min(collectives[k].first_start_ns for k in ks) for ks in windows.values())
+    lateness: dict[int, list[int]] = defaultdict(list)
+    for (k, rank), lead in replay.leads.items():
+        lateness[rank].append(k)
+    ranked = sorted(lateness, key=lambda r: (-sum(replay.leads[(k, r)] for k in lateness[r]), r))
+    rows = []
+    for rank in ranked[:MAX_REPLAYED_RANKS]:
+        mine = lateness[rank]
+        removed = {k: replay.leads[(k, rank)] for k in mine}
+        moved = replay.shifts(removed, rank)
+        by_window = _window_costs(ends, moved, windows)
+        cost = sum(by_window.values())
+        row = RankImpact(rank, _us(cost), round(cost / max(profiled, 1), 6), _us(sum(removed.values())), len(mine),
+                         by_window={w: _us(ns) for w, ns in by_window.items()}, timeline=_timeline(ends, moved))
+        ops = sorted({collectives[k].collective for k in mine})
+        for op in ops:
+            only = {k: lead for k, lead in removed.items() if collectives[k].collective == op}
+            row.by_op[op] = row.cost_us if len(ops) == 1 else \
+                _us(sum(_window_costs(ends, replay.shifts(only, rank), windows).values()))
+        rows.append(row)
+    rows.sort(key=lambda r: (-r.cost_us, r.rank))
+    return Impact(rows, profiled, max(0, len(ranked) - MAX_REPLAYED_RANKS))
+
+
+def _window_costs(ends: list[int], moved: list[int], windows: dict[int, list[int]]) -> dict[int, int]:
+    """Window -> how much earlier (ns) its last collective ends."""
+    return {w: max(ends[k] for k in ks) - max(ends[k] + moved[k] for k in ks) for w, ks in windows.items()}
+
+
+def _by_window(collectives: list[MatchedCollective], coverage: Optional[Coverage]) -> dict[int, list[int]]:
+    """Profiled window (1-based) -> the collectives whose first arrival lies in it, on that rank's
+    windows (one window when they are not known)."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for k, m in enumerate(collectives):
+        first = min(m.members.items(), key=lambda item: (item[1].start_ns, item[0]))[0]
+        at = coverage.window_of(first, m.first_start_ns) if coverage is not None else 0
+        if at is not None:
+            out[at + 1].append(k)
+    return dict(sorted(out.items()))
+
+
+def _timeline(ends: list[int], moved: list[int]) -> list[tuple[int, int]]:
+    """(recorded end, how much earlier it would have been) in time order, where that changes."""
+    points: list[tuple[int, int]] = [(min(ends), 0)]
+    for end, delta in sorted(zip(ends, moved)):
+        if -delta != points[-1][1]:
+            points.append((end, -delta))
+    return points
+
+
+def _us(ns: float) -> float:
+    return round(ns / 1000.0, 3)
+
+
+
+def impact_counters(result: Impact) -> list[CounterSeries]:
+    """The merged trace's impact track: on each late rank, how much earlier the collectives
+    ending at each time would have ended without its lateness (one point where that changes)."""
+    return [
+        CounterSeries(row.rank, f"impact: without rank {row.rank}'s lateness, ends earlier by (ms)",
+                      [(ts, round(ns / 1e6, 6)) for ts, ns in row.timeline], unit="ms")
+        for row in result.ranks if row.cost_us > 0
+    ]
