@@ -20,8 +20,8 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from commtag import report
-    from commtag.summary import SummaryInputError, load
+    from commtag.report.tables import tables as report
+    from commtag.report.inputs import SummaryInputError, load
 
     if args.plot is not None and not _can_plot():
         sys.stderr.write("commtag summary: --plot needs matplotlib, which is not installed: "

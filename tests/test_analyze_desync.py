@@ -71,7 +71,7 @@ def desynced(sleep_run: Path, tmp_path_factory) -> tuple[Path, dict[str, tuple[i
 
 
 def test_each_planted_desync_is_detected_and_named(desynced):
-    from commtag.summary import load
+    from commtag.report.inputs import load
 
     path, planted = desynced
     analysis, _ = load(path)

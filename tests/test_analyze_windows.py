@@ -38,8 +38,8 @@ def merged(traces, tmp_path_factory) -> Path:
 
 def _summary(source: Path, form: str = "text") -> str:
     """What ``commtag summary SOURCE --format FORM`` prints (the CLI only formats this)."""
-    from commtag import report
-    from commtag.summary import load
+    from commtag.report.tables import tables as report
+    from commtag.report.inputs import load
 
     analysis, kernels = load(source)
     if form == "json":
@@ -59,7 +59,7 @@ def _rows(text: str) -> dict[str, list[str]]:
 
 def test_each_transfer_is_counted_once_as_a_send_recv_pair(traces, merged):
     from commtag.merge.pftrace.readback import read_instances
-    from commtag.summary import load
+    from commtag.report.inputs import load
 
     analysis, _ = load(traces)
     p2p = [m for m in analysis.collectives if m.is_p2p]
@@ -88,7 +88,7 @@ def _default_group_seqs(analysis, rank: int) -> list[int]:
 
 
 def test_seq_jumps_between_profiled_windows_are_not_findings(traces, merged):
-    from commtag.summary import load
+    from commtag.report.inputs import load
 
     for source in (traces, merged):
         analysis, _ = load(source)
@@ -113,7 +113,7 @@ def _drop_record(directory: Path, rank: int, step_file: str, seq: int) -> None:
 
 
 def test_a_gap_inside_a_window_is_still_a_desync(traces, tmp_path):
-    from commtag.summary import load
+    from commtag.report.inputs import load
 
     copy = tmp_path / "traces"
     shutil.copytree(traces, copy)

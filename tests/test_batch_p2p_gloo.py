@@ -57,7 +57,7 @@ def batched(tmp_path_factory) -> tuple[Path, list]:
 
 
 def test_every_batched_op_carries_its_own_metadata_and_meets_its_peer(batched):
-    from commtag.summary import load
+    from commtag.report.inputs import load
 
     out, records = batched
     analysis, _ = load(out)

@@ -140,8 +140,8 @@ def test_lane_breakdown_is_the_device_work_of_its_collectives(merged):
     "eager-nccl-metadata/hta_a100_nccl_data.json.gz",
 ])
 def test_summary_reads_the_same_breakdowns_from_the_merged_trace(relpath, merged):
-    from commtag.report import to_json, to_text
-    from commtag.summary import load
+    from commtag.report.tables import to_json, to_text
+    from commtag.report.inputs import load
 
     _, source, out = merged(relpath)
     from_dir, dir_kernels = load(source)
@@ -203,8 +203,8 @@ def test_a_lane_replayed_in_a_graph_gets_the_whole_launch():
 
 
 def test_summary_of_one_trace_file_is_that_of_its_directory(merged):
-    from commtag.report import to_json
-    from commtag.summary import load
+    from commtag.report.tables import to_json
+    from commtag.report.inputs import load
 
     _, source, _ = merged("eager-nccl-metadata/hta_a100_nccl_data.json.gz")
     (trace,) = source.iterdir()

@@ -34,7 +34,7 @@ def _slept(collectives: list[dict]) -> dict:
 
 
 def test_the_sleeper_is_the_last_arrival(traces):
-    from commtag.summary import load
+    from commtag.report.inputs import load
 
     analysis, kernels = load(traces)
     records = [m.to_dict() for m in analysis.collectives]
@@ -142,8 +142,8 @@ def test_the_injected_delay_is_the_one_straggler_named(traces):
     # be named too, but nothing else beyond that noise (a lead of 5% of the sleep or more).
     import re
 
-    from commtag import report
-    from commtag.summary import load
+    from commtag.report.tables import tables as report
+    from commtag.report.inputs import load
 
     analysis, kernels = load(traces)
     named = [m for m in analysis.collectives if m.straggler]

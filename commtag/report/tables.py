@@ -24,7 +24,7 @@ from commtag.merge.analysis.table import GroupSummary, summarize
 from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.engine.output import not_regular
 from commtag.merge.records import CPU_OP_SOURCE
-from commtag.report_sections import has_plot_row, impact_csv, impact_lines, plot_row, traffic_csv, traffic_lines
+from commtag.report.sections import has_plot_row, impact_csv, impact_lines, plot_row, traffic_csv, traffic_lines
 
 #: Version of the JSON report's layout (bump on an incompatible change).
 REPORT_VERSION = 1
@@ -64,7 +64,7 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
 
 def to_csv(analysis: Analysis, table: str = "summary") -> str:
     """The per group and op table as CSV (stragglers as 'rank:count' separated by spaces), or
-    the ``impact`` or ``all_to_all`` table (:mod:`commtag.report_sections`)."""
+    the ``impact`` or ``all_to_all`` table (:mod:`commtag.report.sections`)."""
     if table == "impact":
         return impact_csv(analysis)
     if table == "all_to_all":

@@ -1,0 +1,1 @@
+"""`commtag summary`: what it reads (inputs), the tables and figure it writes (tables, sections)."""
