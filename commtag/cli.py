@@ -20,7 +20,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from commtag.report.tables import tables as report
+    from commtag.report import tables as report
     from commtag.report.inputs import SummaryInputError, load
 
     if args.plot is not None and not _can_plot():

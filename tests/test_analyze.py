@@ -331,7 +331,7 @@ def test_kernels_paired_only_by_their_order_never_name_a_straggler():
 
 
 def test_the_summary_header_reads_as_a_sentence():
-    from commtag.report.tables import tables as report
+    from commtag.report import tables as report
 
     one = report.to_text(analyze([inst(0, 1, ranks=(0,))]))
     assert one.splitlines()[0] == "1 collective on 1 rank, 1 process group, 0 desyncs"

@@ -38,7 +38,7 @@ def merged(traces, tmp_path_factory) -> Path:
 
 def _summary(source: Path, form: str = "text") -> str:
     """What ``commtag summary SOURCE --format FORM`` prints (the CLI only formats this)."""
-    from commtag.report.tables import tables as report
+    from commtag.report import tables as report
     from commtag.report.inputs import load
 
     analysis, kernels = load(source)

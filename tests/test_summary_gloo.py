@@ -142,7 +142,7 @@ def test_the_injected_delay_is_the_one_straggler_named(traces):
     # be named too, but nothing else beyond that noise (a lead of 5% of the sleep or more).
     import re
 
-    from commtag.report.tables import tables as report
+    from commtag.report import tables as report
     from commtag.report.inputs import load
 
     analysis, kernels = load(traces)
