@@ -196,7 +196,7 @@ def _measure(rank: RankInput, offset: int, spans_of: Optional[FileSpans], seq: S
     converter = RankConverter(rank.rank, seq, offset_ns=offset)
     steps: set[int] = set()
     for f in rank.files:
-        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+        sidecar = load_sidecar(f.sidecar, f.base_ns) if f.sidecar else None
         stream = _StepWatch(f.path)
         converter.add_file(f.path, stream, sidecar, spans_of(f.path, offset) if spans_of is not None else None)
         steps |= stream.steps

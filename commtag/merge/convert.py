@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.attach import RankFlows, attach, group_rows
 from commtag.merge.errors import MergeInputError
@@ -50,11 +51,6 @@ from commtag.vocab import (
     nccl_kind,
 )
 
-#: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
-MAX_DUR_US = 86_400 * 10**6
-#: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
-#: clock is absurd (a base time shifted by years), not a real run's.
-MAX_AHEAD_NS = 86_400 * 10**9
 _MAX_NS = (1 << 63) - 1
 _INF = float("inf")
 _MISSING = object()

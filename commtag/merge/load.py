@@ -33,6 +33,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence, TypeVar
 
-from commtag.constants import SIDECAR_SUFFIX, TIME_NS_LIMIT, sidecar_name_for
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US, SIDECAR_SUFFIX, TIME_NS_LIMIT, sidecar_name_for
 from commtag.merge.errors import MergeInputError
 from commtag.merge.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 
@@ -387,13 +388,38 @@ def _rank_of(path: Path, rank_text: bytes, sidecar: Optional[SidecarHead], patte
     )
 
 
-def load_sidecar(path: Path) -> Sidecar:
-    """Parse and validate a commtag sidecar (what the conversion of its rank reads)."""
+def load_sidecar(path: Path, base_ns: int = 0) -> Sidecar:
+    """Parse and validate a commtag sidecar (what the conversion of its rank reads); ``base_ns``:
+    its trace's baseTimeNanoseconds (0 when unknown), before which none of its times may lie."""
     from commtag.schema import Sidecar
 
     sidecar = _validated(path, Sidecar)
     check_world_size(path, "world_size", sidecar.world_size)
+    _check_times(path, sidecar, base_ns)
     return sidecar
+
+
+def _check_times(path: Path, sidecar: Sidecar, base_ns: int) -> None:
+    """A sidecar's times get the bounds a trace's have: none lasting over a day, none ending a
+    day after this machine's clock, and what ran while the trace was profiled (calls, replays)
+    not before its base time (where Kineto's ts 0 lies). A graph's capture may precede it."""
+    now = time.time_ns()
+    timed = [(f"collectives.{i}", c, True) for i, c in enumerate(sidecar.collectives)]
+    for i, capture in enumerate(sidecar.captures):
+        timed += [(f"captures.{i}", capture, False),
+                  *((f"captures.{i}.replays.{j}", r, True) for j, r in enumerate(capture.replays))]
+    for where, item, profiled in timed:
+        if profiled and item.start_ns < base_ns:
+            problem = (f"start_ns {item.start_ns} ({wall_clock(item.start_ns)}) is before its trace's "
+                       f"baseTimeNanoseconds {base_ns} ({wall_clock(base_ns)})")
+        elif item.end_ns - item.start_ns > MAX_DUR_US * 1000:
+            problem = f"lasts {(item.end_ns - item.start_ns) / 86_400e9:.1f} days, more than the 1 day a call may take"
+        elif item.end_ns > now + MAX_AHEAD_NS:
+            problem = (f"end_ns {item.end_ns} ({wall_clock(item.end_ns)}) is "
+                       f"{(item.end_ns - now) / 86_400e9:.0f} days after this machine's clock")
+        else:
+            continue
+        raise MergeInputError(path, f"invalid sidecar: {where}: {problem}")
 
 
 def load_sidecar_head(path: Path) -> SidecarHead:

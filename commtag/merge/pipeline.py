@@ -475,7 +475,7 @@ def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optio
     """The file's sidecar, validated in full (discovery read only its head). A sidecar that
     fails is an error, or with ``skipped`` left out and its trace merged alone."""
     try:
-        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+        sidecar = load_sidecar(f.sidecar, f.base_ns) if f.sidecar else None
     except MergeInputError as exc:
         if skipped is None:
             raise
