@@ -190,8 +190,8 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep only these profiler steps (ProfilerStep#N) on every rank, lanes included: "
                              "a list or ranges, e.g. 3 or 2,5-7; what is left out is counted per rank")
     parser.add_argument("--window", metavar="START_MS:END_MS",
-                        help="keep only events starting in this window, in ms from the earliest rank's trace "
-                             "start, on every rank, lanes included")
+                        help="keep only events starting in this window, in ms from the job's first event (the "
+                             "earliest of any rank), on every rank, lanes included")
     parser.add_argument("--detail", metavar="SPEC",
                         help="ranks whose full timelines (CPU threads, GPU streams, launches, flows) are written: "
                              "all (default), none (the comm view of the whole job) or a list like 0,8-15; "

@@ -53,7 +53,7 @@ from commtag.merge.records import (
 )
 from commtag.merge.runs import FileSpan
 from commtag.merge.selection import (
-    NOT_IN_DETAIL, FileSpans, Selection, describe, describe_numbers, file_spans, step_marks,
+    NOT_IN_DETAIL, FileSpans, Selection, describe, describe_numbers, event_range, file_spans, step_marks,
 )
 from commtag.merge.workers import SoloWorld, World, all_done, exchange
 
@@ -118,6 +118,8 @@ class MergePlan:
     origin: int = 0
     #: With a selection, the times each file keeps (known once the clocks are aligned).
     spans_of: Optional[FileSpans] = None
+    #: With --window, the job's first event start and last event end (ns): what it counts from.
+    events: Optional[tuple[int, int]] = None
     #: This merge's: its instances share equal values through it, and only they.
     interner: Interner = field(default_factory=Interner)
 
@@ -287,9 +289,14 @@ def place_in_time(plan: MergePlan) -> None:
     """The time origin every worker writes from and, with a selection, the times each file keeps."""
     offsets = plan.alignment.offsets if plan.alignment else {}
     plan.origin = time_origin(plan.ranks, offsets)
-    if plan.options.selection is not None:
-        bases = [(f.path, f.base_ns + offsets.get(r.rank, 0) if f.base_ns > 0 else 0) for r in plan.ranks for f in r.files]
-        plan.spans_of = file_spans(plan.options.selection, bases, plan.notices)
+    selection = plan.options.selection
+    if selection is not None:
+        if selection.window is not None:  # each worker reads its own files; every one gets the job's range
+            parts = _from_everyone(plan.world, lambda: {"range": event_range(
+                (f.path, offsets.get(r.rank, 0)) for r in plan.mine for f in r.files)})
+            found = [part["range"] for part in parts if part["range"] is not None]
+            plan.events = (min(f[0] for f in found), max(f[1] for f in found)) if found else None
+        plan.spans_of = file_spans(selection, plan.events, plan.notices)
 
 
 def check_detail(plan: MergePlan) -> None:
@@ -327,7 +334,9 @@ def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
         first = Path(everyone[0].files[0].path)
         problem += f" (rank {everyone[0].rank}'s {first.name} holds steps {describe_numbers(sorted(step_marks(first)))})"
     elif selection.window is not None:
-        problem += " (START_MS:END_MS count from the earliest trace start)"
+        problem += (f" (START_MS:END_MS count from the job's first event; events lie from 0 to "
+                    f"{(plan.events[1] - plan.events[0]) / 1e6:.3f} ms)" if plan.events is not None
+                    else " (no rank's trace holds a timed event)")
     raise MergeInputError(_selection_subject(plan), problem)
 
 
