@@ -9,6 +9,7 @@ trace merged alone.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import time
@@ -89,7 +90,33 @@ def _absurd_element_count(d: Path) -> tuple[Path, str]:
     return _sidecar(d, 3), f"collectives.0.annotation.In msg nelems: Input should be less than or equal to {MAX_NELEMS}"
 
 
-CASES = [_sidecar_time_at_5_ns, _sidecar_time_in_2255, _sidecar_call_lasting_days, _absurd_element_count]
+def _sidecar_of_another_world_size(d: Path) -> tuple[Path, str]:
+    _edit_sidecar(_sidecar(d, 2), lambda s: s.update(world_size=8))  # its trace says 4, as every other file
+    return _sidecar(d, 2), f"world size 8 differs from {WORLD} of the other files: a sidecar of another run"
+
+
+def _host_not_utf8(d: Path) -> tuple[Path, str]:
+    raw = _sidecar(d, 1).read_bytes()
+    host = orjson.dumps(orjson.loads(raw)["host"])
+    _sidecar(d, 1).write_bytes(raw.replace(b'"host":' + host, b'"host":"node\xff7"', 1))
+    offset = _sidecar(d, 1).read_bytes().index(b"\xff")
+    return _sidecar(d, 1), f"invalid sidecar: not UTF-8 text (byte 0xff at offset {offset})"
+
+
+def _record_twice(d: Path) -> tuple[Path, str]:
+    count = len(orjson.loads(_sidecar(d, 0).read_bytes())["collectives"])
+    _edit_sidecar(_sidecar(d, 0), lambda s: s["collectives"].append(s["collectives"][3]))
+    return _sidecar(d, 0), f"invalid sidecar: collectives.{count} repeats collectives.3 (one call recorded twice)"
+
+
+def _truncated_sidecar(d: Path) -> tuple[Path, str]:
+    raw = _sidecar(d, 3).read_bytes()
+    _sidecar(d, 3).write_bytes(raw[: len(raw) // 2])
+    return _sidecar(d, 3), "invalid sidecar: not valid JSON (EOF while parsing"
+
+
+CASES = [_sidecar_time_at_5_ns, _sidecar_time_in_2255, _sidecar_call_lasting_days, _absurd_element_count,
+         _sidecar_of_another_world_size, _host_not_utf8, _record_twice, _truncated_sidecar]
 
 
 @pytest.mark.parametrize("damage", CASES, ids=[c.__name__.strip("_") for c in CASES])
@@ -100,8 +127,8 @@ def test_bad_sidecar_one_line_exit_2_and_skipped_alone(damage, traces: Path, tmp
     out_dir.mkdir()
     code, err, out = _merge(capsys, str(traces), "-o", str(out_dir / OUT))
     assert code == 2, (err, out)
-    assert len(err) == 1 and err[0].startswith(f"commtag merge: error: {named}: invalid sidecar: "), err
-    assert problem in err[0], err
+    assert len(err) == 1 and err[0].startswith(f"commtag merge: error: {named}: "), err
+    assert problem in err[0] and ": :" not in err[0], err
     assert out == "" and list(out_dir.iterdir()) == []  # no output, no temporary left behind
     assert {p.name: p.read_bytes() for p in traces.iterdir()} == before
 
@@ -126,3 +153,28 @@ def test_a_sidecar_time_just_inside_the_bounds_merges(traces: Path, capsys) -> N
     assert code == 0, err
     assert not [line for line in err if "skipped" in line or "error" in line], err
     assert read(traces / OUT).slices
+
+
+def test_a_dangling_link_in_a_folder_is_left_out_with_a_notice(traces: Path, tmp_path: Path, capsys) -> None:
+    link = traces / "rank7.step0.pt.trace.json.gz"
+    link.symlink_to(tmp_path / "gone.pt.trace.json.gz")
+    code, err, out = _merge(capsys, str(traces))
+    assert code == 0, err
+    assert f"commtag merge: notice: {link}: a symbolic link to {tmp_path / 'gone.pt.trace.json.gz'}, which does " \
+           "not exist; left out" in err
+    assert out.startswith(f"{traces / OUT}: {WORLD} ranks"), out
+
+
+def test_a_file_named_gz_that_is_not_gzip(traces: Path, capsys) -> None:
+    """A plain trace named .json.gz is read as what it is; plain text that is no trace is said not to be gzip."""
+    plain = _trace(traces, 1)
+    plain.write_bytes(gzip.decompress(plain.read_bytes()))
+    code, err, out = _merge(capsys, str(traces))
+    assert code == 0 and out.startswith(f"{traces / OUT}: {WORLD} ranks"), err
+    (traces / OUT).unlink()
+    plain.write_bytes(b'{"note": "a copy went wrong"}')
+    code, err, out = _merge(capsys, str(traces))
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (f"commtag merge: error: {plain}: named .gz but is not gzip, and its text is neither a trace "
+                      "nor a sidecar (no traceEvents, no commtag kind)")
+    assert not (traces / OUT).exists()

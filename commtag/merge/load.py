@@ -154,6 +154,12 @@ def _facts(ends: bytes) -> _Facts:
     return _Facts(*(bytes(match.group(0)) if match else b"" for match in found))
 
 
+def _gzipped(path: Path) -> bool:
+    """Whether the file starts as gzip does (its name may say otherwise)."""
+    with open(path, "rb") as stream:
+        return stream.read(2) == GZIP_MAGIC
+
+
 def _is_sidecar(head: bytes) -> bool:
     return b'"commtag-sidecar"' in head[:512]
 
@@ -182,12 +188,14 @@ def would_read(inputs: Sequence[Path], path: Path) -> bool:
     return False
 
 
-def _candidates(inputs: Sequence[Path]) -> list[tuple[Path, bool]]:
+def _candidates(inputs: Sequence[Path], notices: Optional[list[str]] = None) -> list[tuple[Path, bool]]:
     """The files to read, each once, with whether it is only a possible sidecar.
 
     Every ``.json``/``.json.gz`` under an input directory, at any depth (hidden
     folders left out), and each input file. Beside an input
     file, the sidecars that may annotate it (possible: kept only if they name it).
+    With ``notices``, a symbolic link in a folder whose target does not exist is left
+    out and said there (without, reading it is the error that names it).
     """
     found: dict[Path, tuple[Path, bool]] = {}
 
@@ -200,9 +208,13 @@ def _candidates(inputs: Sequence[Path]) -> list[tuple[Path, bool]]:
         if item.is_dir():
             for root, dirs, names in os.walk(item):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(names):
-                    if discoverable(name):
-                        add(Path(root, name), False)
+                for name in filter(discoverable, sorted(names)):
+                    path = Path(root, name)
+                    if notices is not None and path.is_symlink() and not path.exists():
+                        notices.append(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; "
+                                       "left out")
+                        continue
+                    add(path, False)
         elif item.is_file():
             add(item, False)
         else:
@@ -233,7 +245,7 @@ def rank_regex(rank_pattern: Optional[str]) -> re.Pattern[str]:
 
 def discover(
     inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None,
-    *, rank: Optional[int] = None,
+    *, rank: Optional[int] = None, notices: Optional[list[str]] = None,
 ) -> list[RankInput]:
     """Group the traces under ``inputs`` (dirs or files) by rank, in rank order.
 
@@ -241,7 +253,8 @@ def discover(
     folder. ``rank``: the rank of the one trace found, when the trace does
     not say it.
     A bad file stops discovery with an error naming it; with ``skipped``
-    (``--skip-bad-ranks``) it is appended there instead and left out.
+    (``--skip-bad-ranks``) it is appended there instead and left out. ``notices``: where
+    files left out that are no input (a dangling symbolic link) are said.
     """
     pattern = rank_regex(rank_pattern)
     if rank is not None and not 0 <= rank < MAX_RANKS:
@@ -254,7 +267,7 @@ def discover(
 
     traces: dict[Path, tuple[Path, _Facts]] = {}
     claims: dict[Path, list[tuple[Path, SidecarHead]]] = {}
-    for path, possible in _candidates(inputs):
+    for path, possible in _candidates(inputs, notices):
         try:
             head = _head(path)
             sidecar = load_sidecar_head(path) if _is_sidecar(head) else None
@@ -268,7 +281,10 @@ def discover(
         if sidecar is not None:
             claims.setdefault(target, []).append((path, sidecar))
         elif not _looks_like_trace(head):
-            if path.name.endswith(_OWN_SUFFIXES):
+            if path.name.endswith(".gz") and not _gzipped(path):
+                fail(path, "named .gz but is not gzip, and its text is neither a trace nor a sidecar "
+                           "(no traceEvents, no commtag kind)")
+            elif path.name.endswith(_OWN_SUFFIXES):
                 fail(path, "named like a trace or sidecar but is neither (no traceEvents, no commtag kind)")
         else:
             try:
@@ -358,6 +374,11 @@ def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) ->
             fail(path, f"world size {size} differs from {common_size} of the other files: ranks from different runs")
             traces.pop(key)
             sidecars.pop(key, None)
+    for key, (path, side) in list(sidecars.items()):  # beside a trace that says its own world size
+        if side.world_size != common_size:
+            fail(path, f"world size {side.world_size} differs from {common_size} of the other files: "
+                       "a sidecar of another run")
+            del sidecars[key]
 
 
 def _rank_of(path: Path, rank_text: bytes, sidecar: Optional[SidecarHead], pattern: re.Pattern[str],
@@ -396,7 +417,18 @@ def load_sidecar(path: Path, base_ns: int = 0) -> Sidecar:
     sidecar = _validated(path, Sidecar)
     check_world_size(path, "world_size", sidecar.world_size)
     _check_times(path, sidecar, base_ns)
+    _check_once(path, sidecar)
     return sidecar
+
+
+def _check_once(path: Path, sidecar: Sidecar) -> None:
+    """A record present twice (the same call, times and thread) is one call written twice, not two."""
+    seen: dict[tuple, int] = {}
+    for i, c in enumerate(sidecar.collectives):
+        first = seen.setdefault((c.annotation, c.start_ns, c.end_ns, c.tid, c.done_tid), i)
+        if first != i:
+            raise MergeInputError(path, f"invalid sidecar: collectives.{i} repeats collectives.{first} "
+                                        "(one call recorded twice)")
 
 
 def _check_times(path: Path, sidecar: Sidecar, base_ns: int) -> None:
@@ -404,6 +436,8 @@ def _check_times(path: Path, sidecar: Sidecar, base_ns: int) -> None:
     day after this machine's clock, and what ran while the trace was profiled (calls, replays)
     not before its base time (where Kineto's ts 0 lies). A graph's capture may precede it."""
     now = time.time_ns()
+    if base_ns > now + MAX_AHEAD_NS:
+        base_ns = 0  # the trace's own clock is absurd: its conversion says so, naming the trace
     timed = [(f"collectives.{i}", c, True) for i, c in enumerate(sidecar.collectives)]
     for i, capture in enumerate(sidecar.captures):
         timed += [(f"captures.{i}", capture, False),
@@ -432,24 +466,40 @@ def load_sidecar_head(path: Path) -> SidecarHead:
     """
     from commtag.schema import SidecarHead
 
-    return _validated(path, SidecarHead)
+    head = _validated(path, SidecarHead)
+    check_world_size(path, "world_size", head.world_size)
+    return head
 
 
 def _validated(path: Path, model: type[_Model]) -> _Model:
     # pydantic is imported here: it costs ~0.1 s of start-up, which a merge without sidecars never pays.
     from pydantic import ValidationError
 
+    raw = b""
     try:
         raw = path.read_bytes()
         if raw[:2] == GZIP_MAGIC:
             raw = gzip.decompress(raw)
         return model.model_validate_json(raw)
+    except GZIP_ERRORS as exc:
+        raise MergeInputError(path, f"truncated or corrupt gzip ({exc})") from None
     except OSError as exc:
         raise MergeInputError(path, f"cannot read: {exc}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        raise MergeInputError(path, f"invalid sidecar: {where}: {first.get('msg')}") from None
+        problem = _not_json(raw, first) if first.get("type") == "json_invalid" else first.get("msg")
+        raise MergeInputError(path, f"invalid sidecar: {where + ': ' if where else ''}{problem}") from None
+
+
+def _not_json(raw: bytes, error: dict) -> str:
+    """Why a sidecar's bytes are not JSON: text that is not UTF-8, or the parser's reason (a file
+    cut short ends "EOF while parsing")."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+    return f"not valid JSON ({(error.get('ctx') or {}).get('error') or error.get('msg')})"
 
 
 def checked_base_ns(path: Path, base: object) -> int:

@@ -262,8 +262,9 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
         ranks, mine, local, notices = shares.ranks, shares.mine, shares.local, shares.notices
     else:
         # A -j worker takes what worker 0 discovered (it says what it skipped in the exchange).
-        ranks = local = world.discovered or discover(paths, options.rank_pattern, skipped, rank=options.rank)
         notices = []
+        ranks = local = world.discovered or discover(paths, options.rank_pattern, skipped, rank=options.rank,
+                                                     notices=notices)
     out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0,
                       apart=apart)
     out.check(paths, local, skipped or ())
