@@ -31,12 +31,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     if problem is not None:
         sys.stderr.write(f"commtag summary: {args.plot}: {problem}\n")
         return 2
+    warnings: list[str] = []
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
-                                 rank_pattern=args.rank_pattern, rank=args.rank)
+                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings)
     except SummaryInputError as exc:
         sys.stderr.write(f"commtag summary: {exc}\n")
         return 2
+    sys.stderr.writelines(f"commtag summary: warning: {w}\n" for w in warnings)
     if args.format == "json":
         sys.stdout.buffer.write(report.to_json(analysis, kernels))
     elif args.format == "csv":

@@ -529,6 +529,29 @@ def test_hosts_that_differ_are_warned_about(steps: Path, tmp_path: Path, capsys)
 
 
 @pytest.mark.slow
+def test_files_of_one_rank_from_two_processes_are_warned_about(steps: Path, tmp_path: Path, capsys):
+    # Rank 1's second step was written by another process on other devices, on the same host
+    # and within the hour (a run of another machine type, copied into the folder).
+    first = _trace(steps, 1)
+    trace, sidecar = _second_step(steps, 1)
+    pid = orjson.loads(_sidecar(steps, 1).read_bytes())["pid"]
+    _edit_sidecar(sidecar, lambda s: s.update(pid=pid + 1))
+    _edit_trace(first, lambda t: t.update(deviceProperties=[{"id": 0, "name": "NVIDIA B300"}]))
+    _edit_trace(trace, lambda t: t.update(deviceProperties=[{"id": 0, "name": "AMD Instinct MI300X"}]))
+    expected = [(trace, f"rank 1 was process {pid} in {first} but process {pid + 1} here: files of one rank that "
+                        "cannot come from one process"),
+                (trace, f"rank 1 ran on NVIDIA B300 in {first} but on AMD Instinct MI300X here: files of one rank "
+                        "that cannot come from one process")]
+    _warned(capsys, tmp_path / OUT, steps, expected)
+    # The summary of the folder reads the files as the merge does, and warns alike.
+    assert main(["summary", str(steps)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(said) == len(expected), said
+    for line, (path, words) in zip(said, expected):
+        assert line.startswith(f"commtag summary: warning: {path}: ") and words in line, line
+
+
+@pytest.mark.slow
 def test_one_profile_claimed_by_two_ranks_is_warned_about(traces: Path, tmp_path: Path, capsys):
     # Traces named by rank (no distributedInfo, no sidecar), one of them a copy of another.
     named = tmp_path / "named"

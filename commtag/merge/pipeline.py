@@ -409,7 +409,7 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     what the user should know about them goes to the plan's notices."""
     if not everyone:
         raise nothing_left(plan.inputs, plan.skipped or [])
-    warned = runs.warnings([f for s in everyone for f in s.files])
+    warned = _suspects(everyone)
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
     check_kept(plan, everyone)
@@ -428,6 +428,12 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     if covered.absent:
         plan.notices.append(covered.describe_absent())
     return instances, warned
+
+
+def _suspects(everyone: Sequence[RankSummary]) -> list[tuple[str, str]]:
+    """``(path, problem)`` of each file that may not be of one run with the rest
+    (:mod:`commtag.merge.runs`): what the merge and ``commtag summary DIR`` warn of."""
+    return runs.warnings([f for s in everyone for f in s.files])
 
 
 def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
@@ -456,6 +462,7 @@ def collect(
     rank_pattern: Optional[str] = None,
     rank: Optional[int] = None,
     on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
+    warnings: Optional[list[str]] = None,
 ) -> tuple[Coverage, list[CollectiveInstance]]:
     """The collection stage alone (discover, stream, attach, align), writing nothing.
 
@@ -463,11 +470,13 @@ def collect(
     coverage) the merge would analyze, without building the trace, each rank
     streamed as the merge streams it. ``on_rank(rank, work)`` gets each
     rank's kernel breakdowns by stream, graph launch and lane (the ones the
-    merge writes).
+    merge writes). ``warnings`` gets the merge's: the files that may not be of one run.
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern, rank=rank)
     summaries = _summaries_only(ranks, Interner(), None, on_rank)
+    if warnings is not None:
+        warnings += [f"{path}: {problem}" for path, problem in _suspects(summaries)]
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
@@ -568,10 +577,13 @@ def _convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
 def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar], first: Optional[int],
                last: Optional[int], offset: int) -> FileSpan:
     """What a converted file says of itself: its own clock's span (without --align's offset), host, ids."""
+    devices = header.get("deviceProperties")
+    names = sorted(str(d.get("name")) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else []
     return FileSpan(str(f.path), rank, None if first is None else first - offset,
                     None if last is None else last - offset, str(header.get("host_name") or ""),
                     sidecar.host if sidecar is not None else "", sidecar.run_id if sidecar is not None else "",
-                    str(header.get("trace_id") or ""))
+                    str(header.get("trace_id") or ""), sidecar.pid if sidecar is not None else None,
+                    ", ".join(names))
 
 
 def _attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tuple[Path, dict]]:
