@@ -574,3 +574,17 @@ def test_a_public_rank_days_apart_is_warned_about(tmp_path: Path, capsys):
     shutil.copy(PUBLIC / "param-dlrm-8rank" / shifted.name, shifted)
     _edit_trace(shifted, lambda t: [e.update(ts=e["ts"] + 2 * 86_400 * 10**6) for e in t["traceEvents"] if "ts" in e])
     _warned(capsys, tmp_path / OUT, dlrm, [(shifted, "rank 3: its events lie 2.0 days from")])
+
+
+def test_public_traces_of_two_machines_as_one_rank_are_warned_about(tmp_path: Path, capsys):
+    # Two public rank-0 traces, a B200 run and an MI300X run, copied into one folder.
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    for name in ("tracelens_b200_eager_trace.json.gz", "tracelens_mi300_rccl_resnet.json.gz"):
+        (mix / name).symlink_to(PUBLIC / "eager-nccl-metadata" / name)
+    b200, mi300 = mix / "tracelens_b200_eager_trace.json.gz", mix / "tracelens_mi300_rccl_resnet.json.gz"
+    _warned(capsys, tmp_path / OUT, mix, [
+        (mi300, "rank 0: its events lie 27.5 days from those of the other files"),
+        (mi300, f"rank 0 ran on 8 NVIDIA B200 in {b200} but on 8 AMD Instinct MI300X here: files of one rank that "
+                "cannot come from one process"),
+    ])

@@ -578,12 +578,12 @@ def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar]
                last: Optional[int], offset: int) -> FileSpan:
     """What a converted file says of itself: its own clock's span (without --align's offset), host, ids."""
     devices = header.get("deviceProperties")
-    names = sorted(str(d.get("name")) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else []
+    names = Counter(str(d.get("name")) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else {}
     return FileSpan(str(f.path), rank, None if first is None else first - offset,
                     None if last is None else last - offset, str(header.get("host_name") or ""),
                     sidecar.host if sidecar is not None else "", sidecar.run_id if sidecar is not None else "",
                     str(header.get("trace_id") or ""), sidecar.pid if sidecar is not None else None,
-                    ", ".join(names))
+                    ", ".join(f"{count} {name}" if count > 1 else name for name, count in sorted(names.items())))
 
 
 def _attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tuple[Path, dict]]:
