@@ -31,12 +31,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     if problem is not None:
         sys.stderr.write(f"commtag summary: {args.plot}: {problem}\n")
         return 2
+    warnings: list[str] = []
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
-                                 rank_pattern=args.rank_pattern, rank=args.rank)
+                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings)
     except SummaryInputError as exc:
         sys.stderr.write(f"commtag summary: {exc}\n")
         return 2
+    sys.stderr.writelines(f"commtag summary: warning: {w}\n" for w in warnings)
     if args.format == "json":
         sys.stdout.buffer.write(report.to_json(analysis, kernels))
     elif args.format == "csv":
@@ -190,8 +192,8 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep only these profiler steps (ProfilerStep#N) on every rank, lanes included: "
                              "a list or ranges, e.g. 3 or 2,5-7; what is left out is counted per rank")
     parser.add_argument("--window", metavar="START_MS:END_MS",
-                        help="keep only events starting in this window, in ms from the earliest rank's trace "
-                             "start, on every rank, lanes included")
+                        help="keep only events starting in this window, in ms from the job's first event (the "
+                             "earliest of any rank), on every rank, lanes included")
     parser.add_argument("--detail", metavar="SPEC",
                         help="ranks whose full timelines (CPU threads, GPU streams, launches, flows) are written: "
                              "all (default), none (the comm view of the whole job) or a list like 0,8-15; "

@@ -20,6 +20,15 @@ TRACE_NAME_ENDINGS = (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json")
 
 #: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
 TIME_NS_LIMIT = 1 << 63
+#: Longest duration an event or a recorded call may claim (a day): beyond it the file is corrupt, not slow.
+MAX_DUR_US = 86_400 * 10**6
+#: How far past the merging machine's clock a file's times may reach (a day): beyond it its
+#: clock is absurd (a base time shifted by years), not a real run's.
+MAX_AHEAD_NS = 86_400 * 10**9
+
+#: Most elements one message may count: its tensor lives in one process's memory, which 57-bit
+#: virtual addresses (5-level paging, the widest CPUs) bound to 2**57 bytes, at a byte or more each.
+MAX_NELEMS = 1 << 57
 
 #: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
 MIN_LANE_ID = 60

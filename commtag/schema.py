@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
+    MAX_NELEMS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_REPLAY,
@@ -52,8 +52,8 @@ class CollectiveAnnotation(BaseModel):
     model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
 
     collective_name: str = Field(alias=COLLECTIVE_NAME_KEY, min_length=1)
-    in_msg_nelems: int = Field(alias=IN_NELEMS_KEY, ge=0)
-    out_msg_nelems: int = Field(alias=OUT_NELEMS_KEY, ge=0)
+    in_msg_nelems: int = Field(alias=IN_NELEMS_KEY, ge=0, le=MAX_NELEMS)
+    out_msg_nelems: int = Field(alias=OUT_NELEMS_KEY, ge=0, le=MAX_NELEMS)
     group_size: int = Field(alias=GROUP_SIZE_KEY, ge=1)
     dtype: str = Field(alias=DTYPE_KEY)
     in_split_size: str = Field(alias=IN_SPLIT_KEY, default="[]")

@@ -529,6 +529,29 @@ def test_hosts_that_differ_are_warned_about(steps: Path, tmp_path: Path, capsys)
 
 
 @pytest.mark.slow
+def test_files_of_one_rank_from_two_processes_are_warned_about(steps: Path, tmp_path: Path, capsys):
+    # Rank 1's second step was written by another process on other devices, on the same host
+    # and within the hour (a run of another machine type, copied into the folder).
+    first = _trace(steps, 1)
+    trace, sidecar = _second_step(steps, 1)
+    pid = orjson.loads(_sidecar(steps, 1).read_bytes())["pid"]
+    _edit_sidecar(sidecar, lambda s: s.update(pid=pid + 1))
+    _edit_trace(first, lambda t: t.update(deviceProperties=[{"id": 0, "name": "NVIDIA B300"}]))
+    _edit_trace(trace, lambda t: t.update(deviceProperties=[{"id": 0, "name": "AMD Instinct MI300X"}]))
+    expected = [(trace, f"rank 1 was process {pid} in {first} but process {pid + 1} here: files of one rank that "
+                        "cannot come from one process"),
+                (trace, f"rank 1 ran on NVIDIA B300 in {first} but on AMD Instinct MI300X here: files of one rank "
+                        "that cannot come from one process")]
+    _warned(capsys, tmp_path / OUT, steps, expected)
+    # The summary of the folder reads the files as the merge does, and warns alike.
+    assert main(["summary", str(steps)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(said) == len(expected), said
+    for line, (path, words) in zip(said, expected):
+        assert line.startswith(f"commtag summary: warning: {path}: ") and words in line, line
+
+
+@pytest.mark.slow
 def test_one_profile_claimed_by_two_ranks_is_warned_about(traces: Path, tmp_path: Path, capsys):
     # Traces named by rank (no distributedInfo, no sidecar), one of them a copy of another.
     named = tmp_path / "named"
@@ -551,3 +574,17 @@ def test_a_public_rank_days_apart_is_warned_about(tmp_path: Path, capsys):
     shutil.copy(PUBLIC / "param-dlrm-8rank" / shifted.name, shifted)
     _edit_trace(shifted, lambda t: [e.update(ts=e["ts"] + 2 * 86_400 * 10**6) for e in t["traceEvents"] if "ts" in e])
     _warned(capsys, tmp_path / OUT, dlrm, [(shifted, "rank 3: its events lie 2.0 days from")])
+
+
+def test_public_traces_of_two_machines_as_one_rank_are_warned_about(tmp_path: Path, capsys):
+    # Two public rank-0 traces, a B200 run and an MI300X run, copied into one folder.
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    for name in ("tracelens_b200_eager_trace.json.gz", "tracelens_mi300_rccl_resnet.json.gz"):
+        (mix / name).symlink_to(PUBLIC / "eager-nccl-metadata" / name)
+    b200, mi300 = mix / "tracelens_b200_eager_trace.json.gz", mix / "tracelens_mi300_rccl_resnet.json.gz"
+    _warned(capsys, tmp_path / OUT, mix, [
+        (mi300, "rank 0: its events lie 27.5 days from those of the other files"),
+        (mi300, f"rank 0 ran on 8 NVIDIA B200 in {b200} but on 8 AMD Instinct MI300X here: files of one rank that "
+                "cannot come from one process"),
+    ])

@@ -140,9 +140,36 @@ def test_steps_keep_exactly_the_chosen_steps_lanes_included(traces: Path, whole,
     assert not hook.result.desyncs
 
 
+def _job_events(traces: Path) -> tuple[int, int]:
+    """The first start and last end (ns) of any rank's slices and instants, read from the files."""
+    spans = []
+    for path in traces.glob("*.pt.trace.json.gz"):
+        trace = orjson.loads(gzip.decompress(path.read_bytes()))
+        base = trace["baseTimeNanoseconds"]
+        timed = [e for e in trace["traceEvents"] if e.get("ph") in ("X", "i")]
+        spans += [(round(e["ts"] * 1000) + base, round((e["ts"] + e.get("dur", 0)) * 1000) + base) for e in timed]
+    return min(s[0] for s in spans), max(s[1] for s in spans)
+
+
+def test_window_counts_from_the_jobs_first_event(traces: Path, whole, tmp_path: Path) -> None:
+    """torch's CPU traces put baseTimeNanoseconds weeks before their events: --window 0:N must
+    still keep the job's first N ms, and a window past the events say where they lie."""
+    first, last = _job_events(traces)
+    assert min(s.ts for s in whole[1].slices) == first
+    result, parsed, _ = _merge(traces, tmp_path / "start.pftrace", Selection(window=parse_window("0:1")))
+    assert parsed.slices and all(first <= s.ts < first + 10**6 for s in parsed.slices)
+    assert min(s.ts for s in parsed.slices) == first
+    proc = subprocess.run([sys.executable, "-m", "commtag", "merge", str(traces), "-o", str(tmp_path / "none.pftrace"),
+                           "--window", f"{(last - first) / 1e6 + 1}:{(last - first) / 1e6 + 2}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        f"keeps no event of any rank (START_MS:END_MS count from the job's first event; events lie from 0 to "
+        f"{(last - first) / 1e6:.3f} ms)"), proc.stderr
+
+
 def test_window_keeps_what_starts_in_it_on_every_rank(traces: Path, whole, tmp_path: Path) -> None:
-    earliest = min(orjson.loads(gzip.decompress(p.read_bytes()))["baseTimeNanoseconds"]
-                   for p in traces.glob("*.pt.trace.json.gz"))
+    earliest = _job_events(traces)[0]
     spans = _step_spans(whole[1])
     start = min(spans[(r, 2)][0] for r in range(4))
     end = max(spans[(r, 2)][1] for r in range(4))
@@ -344,7 +371,7 @@ def test_torchrun_writes_the_same_views(traces: Path, tmp_path: Path, options: l
                                        Selection(detail=frozenset({0}), steps=frozenset({1, 3}))])
 def test_size_estimate_is_within_a_quarter_with_each_view(traces: Path, tmp_path: Path, selection) -> None:
     ranks = discover([traces], None)
-    spans = file_spans(selection, [(f.path, f.base_ns) for r in ranks for f in r.files], []) if selection else None
+    spans = file_spans(selection, None, []) if selection else None
     guess = estimate(ranks, selection, spans).total(selection)
     _, parsed, _ = _merge(traces, tmp_path / "sized.pftrace", selection or Selection())
     real = (tmp_path / "sized.pftrace").stat().st_size

@@ -445,3 +445,5 @@ class FileSpan:
     sidecar_host: str = ""
     run_id: str = ""
     trace_id: str = ""
+    pid: Optional[int] = None  #: the process its sidecar was written by (None without a sidecar)
+    devices: str = ""  #: the names of the devices its trace lists (deviceProperties), "" when none

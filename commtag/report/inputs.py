@@ -27,13 +27,14 @@ class SummaryInputError(CommtagError):
 
 
 def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
-         rank_pattern: Optional[str] = None, rank: Optional[int] = None,
+         rank_pattern: Optional[str] = None, rank: Optional[int] = None, warnings: Optional[list[str]] = None,
          ) -> tuple[Analysis, Optional[KernelTables]]:
     """The analysis of ``path`` and its kernel categories (the same scopes for both inputs);
-    ``rank_pattern`` and ``rank`` tell the rank of traces that name none, as for the merge."""
+    ``rank_pattern`` and ``rank`` tell the rank of traces that name none, as for the merge.
+    ``warnings`` gets the merge's warnings of traces read (files that may not be of one run)."""
     path = Path(path)
     if path.is_dir():
-        instances, coverage, kernels = _from_traces(path, rank_pattern, rank)
+        instances, coverage, kernels = _from_traces(path, rank_pattern, rank, warnings)
     elif path.is_file():
         from commtag.merge.pftrace import readback  # protobuf: only a file needs it
 
@@ -44,7 +45,7 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
         if kind == readback.EMPTY:
             raise SummaryInputError(f"{path}: empty file, neither a profiler trace nor a .pftrace")
         if kind == readback.JSON:
-            instances, coverage, kernels = _from_traces(path, rank_pattern, rank)
+            instances, coverage, kernels = _from_traces(path, rank_pattern, rank, warnings)
         else:
             instances, coverage, kernels = _from_pftrace(path)
     else:
@@ -74,7 +75,7 @@ def _tables(found: KernelTables) -> KernelTables:
     return {scope: found.get(scope, {}) for scope in SCOPES}
 
 
-def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int]):
+def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], warnings: Optional[list[str]]):
     from commtag.merge.errors import MergeInputError
     from commtag.merge.engine.pipeline import collect
 
@@ -90,7 +91,8 @@ def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int]):
             tables[LANE_SCOPE][(rank, lane)] = breakdown
 
     try:
-        coverage, instances = collect([path], rank_pattern=rank_pattern, rank=rank, on_rank=categorize)
+        coverage, instances = collect([path], rank_pattern=rank_pattern, rank=rank, on_rank=categorize,
+                                      warnings=warnings)
     except MergeInputError as exc:
         raise SummaryInputError(str(exc)) from exc
     return instances, coverage, tables

@@ -26,7 +26,8 @@ from commtag.vocab import PROFILER_STEP_PREFIX
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.inputs.jsonstream import GZIP_MAGIC, TraceStream
 from commtag.merge.pftrace.lanes import FULL_MESH_MAX, LanesWriter
-from commtag.merge.inputs.load import MergeInputError, RankInput, load_sidecar
+from commtag.merge.inputs.load import MergeInputError, RankInput
+from commtag.merge.inputs.sidecars import load_sidecar
 from commtag.merge.inputs.selection import FileSpans, Selection, describe_numbers
 from commtag.merge.pftrace.sequence import SequenceWriter
 from commtag.merge.pftrace.writer import rank_sequence, write_rank
@@ -197,7 +198,7 @@ def _measure(rank: RankInput, offset: int, spans_of: Optional[FileSpans], seq: S
     converter = RankConverter(rank.rank, seq, offset_ns=offset)
     steps: set[int] = set()
     for f in rank.files:
-        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+        sidecar = load_sidecar(f.sidecar, f.base_ns) if f.sidecar else None
         stream = _StepWatch(f.path)
         converter.add_file(f.path, stream, sidecar, spans_of(f.path, offset) if spans_of is not None else None)
         steps |= stream.steps

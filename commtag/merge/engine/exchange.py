@@ -114,6 +114,18 @@ def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[
     return parts
 
 
+def from_everyone(world: World, step: Callable[[], dict]) -> list[dict]:
+    """What ``step`` returned on every worker, this one's included (:func:`all_done`)."""
+    mine: dict = {}
+
+    def run() -> dict:
+        nonlocal mine
+        mine = step()
+        return mine
+
+    return [mine if part is None else part for part in all_done(world, run)]
+
+
 def _error_payload(error: MergeInputError) -> bytes:
     return orjson.dumps({"error": [str(error.path), error.problem]})
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
@@ -53,12 +52,14 @@ from commtag.merge.records import (
     TraceAnnotations, describe_ranks,
 )
 from commtag.merge.inputs.selection import (
-    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, file_spans, step_marks,
+    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
 )
-from commtag.merge.engine.exchange import all_done, exchange
+from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.worlds import SoloWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
-from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, rank_summary, summaries_only
+from commtag.merge.rank.stage import (
+    attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only,
+)
 
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -92,6 +93,8 @@ class MergePlan:
     origin: int = 0
     #: With a selection, the times each file keeps (known once the clocks are aligned).
     spans_of: Optional[FileSpans] = None
+    #: With --window, the job's first event start and last event end (ns): what it counts from.
+    events: Optional[tuple[int, int]] = None
     #: This merge's: its instances share equal values through it, and only they.
     interner: Interner = field(default_factory=Interner)
 
@@ -167,8 +170,9 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
         ranks, mine, local, notices = shares.ranks, shares.mine, shares.local, shares.notices
     else:
         # A -j worker takes what worker 0 discovered (it says what it skipped in the exchange).
-        ranks = local = world.discovered or discover(paths, options.rank_pattern, skipped, rank=options.rank)
         notices = []
+        ranks = local = world.discovered or discover(paths, options.rank_pattern, skipped, rank=options.rank,
+                                                     notices=notices)
     out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0,
                       apart=apart)
     out.check(paths, local, skipped or ())
@@ -194,9 +198,14 @@ def place_in_time(plan: MergePlan) -> None:
     """The time origin every worker writes from and, with a selection, the times each file keeps."""
     offsets = plan.alignment.offsets if plan.alignment else {}
     plan.origin = time_origin(plan.ranks, offsets)
-    if plan.options.selection is not None:
-        bases = [(f.path, f.base_ns + offsets.get(r.rank, 0) if f.base_ns > 0 else 0) for r in plan.ranks for f in r.files]
-        plan.spans_of = file_spans(plan.options.selection, bases, plan.notices)
+    selection = plan.options.selection
+    if selection is not None:
+        if selection.window is not None:  # each worker reads its own files; every one gets the job's range
+            parts = from_everyone(plan.world, lambda: {"range": event_range(
+                (f.path, offsets.get(r.rank, 0)) for r in plan.mine for f in r.files)})
+            found = [part["range"] for part in parts if part["range"] is not None]
+            plan.events = (min(f[0] for f in found), max(f[1] for f in found)) if found else None
+        plan.spans_of = file_spans(selection, plan.events, plan.notices)
 
 
 def check_detail(plan: MergePlan) -> None:
@@ -234,7 +243,9 @@ def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
         first = Path(everyone[0].files[0].path)
         problem += f" (rank {everyone[0].rank}'s {first.name} holds steps {describe_numbers(sorted(step_marks(first)))})"
     elif selection.window is not None:
-        problem += " (START_MS:END_MS count from the earliest trace start)"
+        problem += (f" (START_MS:END_MS count from the job's first event; events lie from 0 to "
+                    f"{(plan.events[1] - plan.events[0]) / 1e6:.3f} ms)" if plan.events is not None
+                    else " (no rank's trace holds a timed event)")
     raise MergeInputError(_selection_subject(plan), problem)
 
 
@@ -247,11 +258,11 @@ def check_size(plan: MergePlan) -> None:
     offsets = plan.alignment.offsets if plan.alignment else None
     selection = plan.options.selection
     if plan.output.apart:  # each worker reads only its own node's files: each measures its share
-        if sum(part["bound"] for part in _from_everyone(plan.world, lambda: {
+        if sum(part["bound"] for part in from_everyone(plan.world, lambda: {
                 "bound": budget.upper_bound(plan.mine)})) <= limit:
             return
         found = budget.Estimate()
-        for part in _from_everyone(plan.world, lambda: _estimate_to_wire(
+        for part in from_everyone(plan.world, lambda: _estimate_to_wire(
                 budget.estimate(plan.mine, selection, plan.spans_of, offsets))):
             found.timeline.update((r, b) for r, b in part["timeline"])
             found.lanes.update((r, b) for r, b in part["lanes"])
@@ -267,18 +278,6 @@ def check_size(plan: MergePlan) -> None:
     advice = f"{' or '.join(fits)} would fit" if fits else "no --detail or --steps fits: raise --max-output"
     raise MergeInputError(plan.output.path, f"the merged trace would take about {budget.describe_size(total)}, "
                                             f"above --max-output {budget.describe_size(limit)}; {advice}")
-
-
-def _from_everyone(world: World, step: Callable[[], dict]) -> list[dict]:
-    """What ``step`` returned on every worker, this one's included (:func:`all_done`)."""
-    mine: dict = {}
-
-    def run() -> dict:
-        nonlocal mine
-        mine = step()
-        return mine
-
-    return [mine if part is None else part for part in all_done(world, run)]
 
 
 def _estimate_to_wire(found: budget.Estimate) -> dict:
@@ -306,7 +305,7 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     what the user should know about them goes to the plan's notices."""
     if not everyone:
         raise nothing_left(plan.inputs, plan.skipped or [])
-    warned = runs.warnings([f for s in everyone for f in s.files])
+    warned = runs.suspects(everyone)
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
     check_kept(plan, everyone)
@@ -340,12 +339,6 @@ def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[Co
     return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
 
 
-def coverage(summaries: Sequence[RankSummary]) -> Coverage:
-    """The ranks read, their windows, and the world size most of them claim."""
-    sizes = Counter(s.world_size for s in summaries if s.world_size)
-    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None)
-
-
 def collect(
     inputs: Sequence[Path | str] | Path | str,
     *,
@@ -353,6 +346,7 @@ def collect(
     rank_pattern: Optional[str] = None,
     rank: Optional[int] = None,
     on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
+    warnings: Optional[list[str]] = None,
 ) -> tuple[Coverage, list[CollectiveInstance]]:
     """The collection stage alone (discover, stream, attach, align), writing nothing.
 
@@ -360,11 +354,13 @@ def collect(
     coverage) the merge would analyze, without building the trace, each rank
     streamed as the merge streams it. ``on_rank(rank, work)`` gets each
     rank's kernel breakdowns by stream, graph launch and lane (the ones the
-    merge writes).
+    merge writes). ``warnings`` gets the merge's: the files that may not be of one run.
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     ranks = discover(paths, rank_pattern, rank=rank)
     summaries = summaries_only(ranks, Interner(), None, on_rank)
+    if warnings is not None:
+        warnings += [f"{path}: {problem}" for path, problem in runs.suspects(summaries)]
     instances = [i for s in summaries for i in s.instances]
     if align == "collectives":
         offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets

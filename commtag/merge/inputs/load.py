@@ -2,7 +2,7 @@
 
 Discovery reads only each file's first bytes (a sidecar starts with its
 ``"kind": "commtag-sidecar"``, Kineto writes a trace's ``distributedInfo``
-before its ``traceEvents``) and each sidecar's head (:func:`load_sidecar_head`).
+before its ``traceEvents``) and each sidecar's head (:func:`commtag.merge.inputs.sidecars.load_sidecar_head`).
 Some writers put ``distributedInfo`` after the events: a trace whose first
 bytes do not hold it has its last bytes read too (:func:`_tail`; a gzip file
 is decompressed to its end for that, into a bounded window, nothing parsed).
@@ -37,34 +37,24 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
 from commtag.constants import SIDECAR_SUFFIX, sidecar_name_for
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.inputs.clock import checked_base_ns
+from commtag.merge.inputs.sidecars import MAX_RANKS, load_sidecar_head
 
 if TYPE_CHECKING:
-    from commtag.schema import Sidecar, SidecarHead
-
-_Model = TypeVar("_Model", bound="SidecarHead")
+    from commtag.schema import SidecarHead
 
 DEFAULT_RANK_PATTERN = r"(?<![a-z])(?:rank|worker)[-_]?(\d+)"
 _HEAD_BYTES = 1 << 16
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
-#: Ranks a merged trace can hold: track ids and pids are built from the rank.
-MAX_RANKS = 1 << 24
 #: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
-
-
-def check_world_size(path: Path, what: str, size: int) -> None:
-    """A file's world size ``size`` (named ``what`` in the message) is refused above MAX_RANKS:
-    the analysis lists every absent rank up to it, so such a claim is not a job but a bad file."""
-    if size > MAX_RANKS:
-        raise MergeInputError(path, f"{what} {size} is more ranks than a merged trace can hold ({MAX_RANKS:,})")
 
 
 class NoTraceFound(MergeInputError):
@@ -153,6 +143,12 @@ def _facts(ends: bytes) -> _Facts:
     return _Facts(*(bytes(match.group(0)) if match else b"" for match in found))
 
 
+def _gzipped(path: Path) -> bool:
+    """Whether the file starts as gzip does (its name may say otherwise)."""
+    with open(path, "rb") as stream:
+        return stream.read(2) == GZIP_MAGIC
+
+
 def _is_sidecar(head: bytes) -> bool:
     return b'"commtag-sidecar"' in head[:512]
 
@@ -181,12 +177,14 @@ def would_read(inputs: Sequence[Path], path: Path) -> bool:
     return False
 
 
-def _candidates(inputs: Sequence[Path]) -> list[tuple[Path, bool]]:
+def _candidates(inputs: Sequence[Path], notices: Optional[list[str]] = None) -> list[tuple[Path, bool]]:
     """The files to read, each once, with whether it is only a possible sidecar.
 
     Every ``.json``/``.json.gz`` under an input directory, at any depth (hidden
     folders left out), and each input file. Beside an input
     file, the sidecars that may annotate it (possible: kept only if they name it).
+    With ``notices``, a symbolic link in a folder whose target does not exist is left
+    out and said there (without, reading it is the error that names it).
     """
     found: dict[Path, tuple[Path, bool]] = {}
 
@@ -199,9 +197,13 @@ def _candidates(inputs: Sequence[Path]) -> list[tuple[Path, bool]]:
         if item.is_dir():
             for root, dirs, names in os.walk(item):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(names):
-                    if discoverable(name):
-                        add(Path(root, name), False)
+                for name in filter(discoverable, sorted(names)):
+                    path = Path(root, name)
+                    if notices is not None and path.is_symlink() and not path.exists():
+                        notices.append(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; "
+                                       "left out")
+                        continue
+                    add(path, False)
         elif item.is_file():
             add(item, False)
         else:
@@ -232,7 +234,7 @@ def rank_regex(rank_pattern: Optional[str]) -> re.Pattern[str]:
 
 def discover(
     inputs: Sequence[Path], rank_pattern: Optional[str] = None, skipped: Optional[list[MergeInputError]] = None,
-    *, rank: Optional[int] = None,
+    *, rank: Optional[int] = None, notices: Optional[list[str]] = None,
 ) -> list[RankInput]:
     """Group the traces under ``inputs`` (dirs or files) by rank, in rank order.
 
@@ -240,7 +242,8 @@ def discover(
     folder. ``rank``: the rank of the one trace found, when the trace does
     not say it.
     A bad file stops discovery with an error naming it; with ``skipped``
-    (``--skip-bad-ranks``) it is appended there instead and left out.
+    (``--skip-bad-ranks``) it is appended there instead and left out. ``notices``: where
+    files left out that are no input (a dangling symbolic link) are said.
     """
     pattern = rank_regex(rank_pattern)
     if rank is not None and not 0 <= rank < MAX_RANKS:
@@ -253,7 +256,7 @@ def discover(
 
     traces: dict[Path, tuple[Path, _Facts]] = {}
     claims: dict[Path, list[tuple[Path, SidecarHead]]] = {}
-    for path, possible in _candidates(inputs):
+    for path, possible in _candidates(inputs, notices):
         try:
             head = _head(path)
             sidecar = load_sidecar_head(path) if _is_sidecar(head) else None
@@ -267,7 +270,10 @@ def discover(
         if sidecar is not None:
             claims.setdefault(target, []).append((path, sidecar))
         elif not _looks_like_trace(head):
-            if path.name.endswith(_OWN_SUFFIXES):
+            if path.name.endswith(".gz") and not _gzipped(path):
+                fail(path, "named .gz but is not gzip, and its text is neither a trace nor a sidecar "
+                           "(no traceEvents, no commtag kind)")
+            elif path.name.endswith(_OWN_SUFFIXES):
                 fail(path, "named like a trace or sidecar but is neither (no traceEvents, no commtag kind)")
         else:
             try:
@@ -357,6 +363,11 @@ def _one_run(traces: dict, sidecars: dict, fail: Callable[[Path, str], None]) ->
             fail(path, f"world size {size} differs from {common_size} of the other files: ranks from different runs")
             traces.pop(key)
             sidecars.pop(key, None)
+    for key, (path, side) in list(sidecars.items()):  # beside a trace that says its own world size
+        if side.world_size != common_size:
+            fail(path, f"world size {side.world_size} differs from {common_size} of the other files: "
+                       "a sidecar of another run")
+            del sidecars[key]
 
 
 def _rank_of(path: Path, rank_text: bytes, sidecar: Optional[SidecarHead], pattern: re.Pattern[str],
@@ -385,44 +396,3 @@ def _rank_of(path: Path, rank_text: bytes, sidecar: Optional[SidecarHead], patte
         f"cannot tell the rank: no distributedInfo.rank in the trace, no sidecar, and the file name "
         f"does not match {rule}; a single trace takes --rank N",
     )
-
-
-def load_sidecar(path: Path) -> Sidecar:
-    """Parse and validate a commtag sidecar (what the conversion of its rank reads)."""
-    from commtag.schema import Sidecar
-
-    sidecar = _validated(path, Sidecar)
-    check_world_size(path, "world_size", sidecar.world_size)
-    return sidecar
-
-
-def load_sidecar_head(path: Path) -> SidecarHead:
-    """Only a sidecar's run, rank and trace (what discovery reads of every sidecar).
-
-    So each sidecar is validated in full once, when its rank is converted: a
-    full validation costs about ten times a head's. Keeping every validated
-    sidecar from discovery instead grew with the rank count (a sidecar is
-    about six times its JSON as objects: 180 MB for 128 ranks).
-    """
-    from commtag.schema import SidecarHead
-
-    return _validated(path, SidecarHead)
-
-
-def _validated(path: Path, model: type[_Model]) -> _Model:
-    # pydantic is imported here: it costs ~0.1 s of start-up, which a merge without sidecars never pays.
-    from pydantic import ValidationError
-
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == GZIP_MAGIC:
-            raw = gzip.decompress(raw)
-        return model.model_validate_json(raw)
-    except OSError as exc:
-        raise MergeInputError(path, f"cannot read: {exc}") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise MergeInputError(path, f"invalid sidecar: {where}: {first.get('msg')}") from None
-
-

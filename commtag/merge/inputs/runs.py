@@ -12,15 +12,19 @@ is a warning (``--strict`` refuses it):
   is a later profile of the same run and is not named;
 * a trace whose ``host_name`` differs from its sidecar's ``host``, and files of
   one rank written on different hosts (one rank of one run is one process);
+* files of one rank that cannot come from one process: sidecars of another
+  pid, or traces of other devices (``deviceProperties``); a trace id is no
+  sign, each profiled window has its own;
 * two ranks claiming copies of one profile (the same ``trace_id`` and the
   same time span).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
 
 from commtag.merge.inputs.clock import wall_clock
-from commtag.merge.records import FileSpan
+from commtag.merge.records import FileSpan, RankSummary
 
 #: Files further apart than this (a day) are not one profiled window of one run.
 RUN_GAP_NS = 86_400 * 10**9
@@ -28,7 +32,12 @@ RUN_GAP_NS = 86_400 * 10**9
 
 def warnings(files: list[FileSpan]) -> list[tuple[str, str]]:
     """``(path, problem)`` for each file the checks above suspect, in the order of the checks."""
-    return [*_far_apart(files), *_hosts(files), *_copies(files)]
+    return [*_far_apart(files), *_hosts(files), *_processes(files), *_copies(files)]
+
+
+def suspects(summaries: Sequence[RankSummary]) -> list[tuple[str, str]]:
+    """:func:`warnings` of every file of ``summaries``: what the merge and ``commtag summary DIR`` warn of."""
+    return warnings([f for s in summaries for f in s.files])
 
 
 def _far_apart(files: list[FileSpan]) -> list[tuple[str, str]]:
@@ -69,6 +78,22 @@ def _hosts(files: list[FileSpan]) -> list[tuple[str, str]]:
         if (seen.sidecar_host or seen.host) != host:
             out.append((f.path, f"rank {f.rank} ran on {seen.sidecar_host or seen.host!r} in {seen.path} but on "
                                 f"{host!r} here: one rank of one run is one process, on one host"))
+    return out
+
+
+def _processes(files: list[FileSpan]) -> list[tuple[str, str]]:
+    out = []
+    first_pid: dict[int, FileSpan] = {}
+    first_devices: dict[int, FileSpan] = {}
+    for f in files:
+        seen = first_pid.setdefault(f.rank, f) if f.pid is not None else None
+        if seen is not None and seen.pid != f.pid:
+            out.append((f.path, f"rank {f.rank} was process {seen.pid} in {seen.path} but process {f.pid} here: "
+                                "files of one rank that cannot come from one process (another run?)"))
+        seen = first_devices.setdefault(f.rank, f) if f.devices else None
+        if seen is not None and seen.devices != f.devices:
+            out.append((f.path, f"rank {f.rank} ran on {seen.devices} in {seen.path} but on {f.devices} here: "
+                                "files of one rank that cannot come from one process (another run?)"))
     return out
 
 

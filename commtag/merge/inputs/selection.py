@@ -2,7 +2,8 @@
 
 ``--steps 3,5-7`` keeps the events of those ``ProfilerStep#N`` on every rank;
 ``--window START_MS:END_MS`` keeps the events that start in that window,
-counted from the earliest trace start of all ranks; ``--detail 0,8-15`` writes
+counted from the job's first event (the earliest start of a slice or instant
+of any rank: a trace's baseTimeNanoseconds can lie weeks before it); ``--detail 0,8-15`` writes
 the full timelines (threads, streams, launches) of those ranks only, every
 rank still giving its lanes. Events left out by a selection are counted in the
 rank's account under :data:`OUTSIDE_SELECTION`, never dropped silently.
@@ -19,7 +20,7 @@ import bisect
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream
 from commtag.merge.inputs.load import MergeInputError
@@ -32,6 +33,9 @@ OUTSIDE_SELECTION = "outside the --steps/--window selection"
 NOT_IN_DETAIL = "timeline not written (--detail)"
 _RANGE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")
 _MAX_LISTED = 1 << 20
+_INF = float("inf")
+#: Phases of the events --window keeps or leaves out by their start: slices and instants.
+_TIMED_PHASES = ("X", "i", "I")
 #: Half-open ns intervals [start, end), sorted and disjoint.
 Spans = list[tuple[int, int]]
 
@@ -64,7 +68,7 @@ def parse_detail(spec: str) -> Optional[frozenset[int]]:
 
 
 def parse_window(spec: str) -> tuple[int, int]:
-    """``"START_MS:END_MS"`` -> (start_ns, end_ns), relative to the earliest trace start."""
+    """``"START_MS:END_MS"`` -> (start_ns, end_ns), relative to the job's first event."""
     start, colon, end = spec.partition(":")
     try:
         if not colon:
@@ -105,7 +109,7 @@ class Selection:
     """The steps or window to keep (at most one of them), and the ranks written in detail."""
 
     steps: Optional[frozenset[int]] = None
-    #: (start, end) ns relative to the earliest trace start of all ranks.
+    #: (start, end) ns relative to the job's first event (:func:`event_range`).
     window: Optional[tuple[int, int]] = None
     #: Ranks whose full timelines are written; None: every rank.
     detail: Optional[frozenset[int]] = None
@@ -175,20 +179,39 @@ def step_spans(marks: dict[int, tuple[int, int]], steps: frozenset[int]) -> Span
 FileSpans = Callable[[Path, int], Spans]
 
 
-def file_spans(selection: Selection, bases: Sequence[tuple[Path, int]], notices: list[str]) -> Optional[FileSpans]:
+def event_range(files: Iterable[tuple[Path, int]]) -> Optional[tuple[int, int]]:
+    """The first start and last end (ns, each file's --align offset added) of the slices and
+    instants of ``files``: where --window counts from, and what it can keep. A pass over each
+    file of its own, as for --steps; a file that does not parse is left to the conversion to refuse."""
+    found: list[tuple[int, int]] = []
+    for path, offset_ns in files:
+        stream = TraceStream(path)
+        low, high = _INF, -_INF
+        try:
+            for batch in stream.batches():
+                for e in batch:
+                    if e.__class__ is not dict or e.get("ph") not in _TIMED_PHASES:
+                        continue
+                    ts, dur = e.get("ts"), e.get("dur", 0) if e.get("ph") == "X" else 0
+                    if ts.__class__ in (int, float) and dur.__class__ in (int, float) and 0 <= ts < _INF:
+                        low, high = min(low, ts), max(high, ts + max(dur, 0))
+            base = checked_base_ns(path, stream.header.get("baseTimeNanoseconds", 0)) + offset_ns
+        except (TraceFormatError, MergeInputError):
+            continue
+        if low <= high:
+            found.append((round(low * 1000) + base, round(high * 1000) + base))
+    return (min(f[0] for f in found), max(f[1] for f in found)) if found else None
+
+
+def file_spans(selection: Selection, events: Optional[tuple[int, int]], notices: list[str]) -> Optional[FileSpans]:
     """How each file's kept spans are found for ``selection``; None when it keeps all time.
 
-    ``bases``: every input file with its base time (ns, --align's offset
-    added; <= 0 where its head does not say), for the window's origin, the
-    earliest trace start. A file without any ``ProfilerStep#`` cannot be cut
-    into steps: an error; one without the chosen steps keeps nothing, with a notice.
+    ``events``: the job's :func:`event_range` (only --window needs it: it counts from its
+    start). A file without any ``ProfilerStep#`` cannot be cut into steps: an error; one
+    without the chosen steps keeps nothing, with a notice.
     """
     if selection.window is not None:
-        unknown = next((path for path, base in bases if base <= 0), None)
-        if unknown is not None:
-            raise MergeInputError(unknown, "its head has no baseTimeNanoseconds, so --window cannot place it "
-                                           "(--steps can)")
-        origin = min(base for _, base in bases)
+        origin = events[0] if events is not None else 0
         span = [(origin + selection.window[0], origin + selection.window[1])]
         return lambda _path, _offset: span
     steps = selection.steps

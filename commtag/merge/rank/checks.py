@@ -6,20 +6,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US
 from commtag.merge.errors import MergeInputError
-from commtag.merge.inputs.load import check_world_size
+from commtag.merge.inputs.sidecars import check_world_size
 from commtag.merge.inputs.clock import wall_clock
 
 _INF = float("inf")
-
-
-#: Longest duration an event may claim (a day): beyond it the trace is corrupt, not slow.
-MAX_DUR_US = 86_400 * 10**6
-
-
-#: How far past the merging machine's clock a trace may end (a day): beyond it the trace's
-#: clock is absurd (a base time shifted by years), not a real run's.
-MAX_AHEAD_NS = 86_400 * 10**9
 
 
 def _number(value: object) -> bool:

@@ -46,7 +46,8 @@ from commtag.vocab import (
     GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
 )
 from commtag.merge.records import EventAccount
-from commtag.merge.rank.checks import MAX_DUR_US, check_clock, check_ids, refuse, check_distributed_info
+from commtag.constants import MAX_DUR_US
+from commtag.merge.rank.checks import check_clock, check_ids, refuse, check_distributed_info
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
     left_out_reason,

@@ -12,7 +12,9 @@ is not identified keeps its op and says ``"commtag gloo work": "not identified"`
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Optional
+import heapq
+from collections import Counter
+from typing import TYPE_CHECKING, Callable, Optional
 
 from commtag.identity import GroupRow
 from commtag.merge.rank.eager import kernel_timed, launched
@@ -67,28 +69,84 @@ class GlooCall:
         self.done_on_worker = rec.done_tid is not None and rec.done_tid != rec.tid
         #: Its work ended by ``hi``: a sync call waited for it; an async one saw it complete.
         self.bounded = (not ann.async_op or rec.done_tid is not None) and not rec.unfinished
-        #: Unbounded only: when all its works had surely started (see _gloo_works).
+        #: Unbounded only: when all its works had surely started (see _settle_times).
         self.settled: Optional[int] = None
 
 
-class _Peers:
-    """The bounded gloo calls of each (group, work family), by start: which could share works."""
+class _Claims:
+    """Which bounded gloo calls still waiting for their works could have run each work: a work
+    more than one of them could have run is contested. Counted once per work, so asking costs
+    what the works asked about cost, not a comparison of each call with every call of its span."""
 
-    def __init__(self, calls: list[GlooCall]) -> None:
-        self._by_key: dict[tuple[str, str], tuple[list[int], list[GlooCall], int]] = {}
-        grouped: dict[tuple[str, str], list[GlooCall]] = {}
+    def __init__(self, calls: list[GlooCall], inside: Callable[[GlooCall], list[tuple]]) -> None:
+        #: A call -> the ids of the works it could have run (whatever group their worker serves).
+        self._of: dict[int, list[int]] = {}
+        #: A work's id -> how many calls still waiting could have run it.
+        self._waiting: Counter[int] = Counter()
         for call in calls:
-            grouped.setdefault((call.uid, call.family), []).append(call)
-        for key, members in grouped.items():
-            members.sort(key=lambda c: c.lo)
-            self._by_key[key] = ([c.lo for c in members], members, max(c.hi - c.lo for c in members))
+            ids = self._of[id(call)] = [id(g[2]) for g in inside(call)]
+            self._waiting.update(ids)
 
-    def overlapping(self, call: GlooCall, since: int) -> list[GlooCall]:
-        """The others whose span meets [since, the call's end]."""
-        los, members, longest = self._by_key.get((call.uid, call.family), ((), (), 0))
-        last = bisect.bisect_right(los, call.hi + SPAN_TOLERANCE_NS)
-        first = bisect.bisect_left(los, since - longest - SPAN_TOLERANCE_NS)
-        return [other for other in members[first:last] if other is not call and other.hi + SPAN_TOLERANCE_NS >= since]
+    def contested(self, works: list[tuple]) -> bool:
+        """Could a waiting call other than the one asking (which could have run them all) have run one of ``works``?"""
+        return any(self._waiting[id(g[2])] > 1 for g in works)
+
+    def settle(self, call: GlooCall) -> None:
+        """``call`` has its works: it waits for none any more."""
+        self._waiting.subtract(self._of.pop(id(call), ()))
+
+
+def _settle_times(calls: list[GlooCall], unbounded: list[GlooCall]) -> None:
+    """Each unbounded call's ``settled``: its works were queued before any later call's, so all
+    have started by the time the next sync call of its group (first in ``calls``' order among
+    those starting no earlier) has returned: that call waited for its own work."""
+    later: dict[str, tuple[list[int], list[int]]] = {}
+    for uid in {call.uid for call in unbounded}:
+        syncs = sorted(((c.lo, order) for order, c in enumerate(calls) if c.uid == uid and not c.on_caller
+                        and not c.rec.annotation.async_op))
+        firsts = [order for _, order in syncs]  # from each position on, the first in calls' order
+        for i in range(len(firsts) - 2, -1, -1):
+            firsts[i] = min(firsts[i], firsts[i + 1])
+        later[uid] = ([lo for lo, _ in syncs], firsts)
+    for call in unbounded:
+        los, firsts = later[call.uid]
+        at = bisect.bisect_left(los, call.lo)
+        call.settled = calls[firsts[at]].hi if at < len(firsts) else None
+
+
+def _pending(bounded: list[GlooCall], unbounded: list[GlooCall]) -> dict[int, tuple[int, int]]:
+    """For each bounded call that unbounded calls of its group and family were queued before
+    and may not have settled by its start: the earliest of their starts and the works they
+    need. One sweep by start time (not each call against every unbounded one)."""
+    out: dict[int, tuple[int, int]] = {}
+    families: dict[tuple[str, str], list[GlooCall]] = {}
+    for other in unbounded:
+        families.setdefault((other.uid, other.family), []).append(other)
+    for key, others in families.items():
+        opened = sorted(others, key=lambda o: o.lo)
+        asking = sorted((c for c in bounded if (c.uid, c.family) == key), key=lambda c: c.lo)
+        active: list[tuple[int, int]] = []  # heap of (start, index)
+        closing: list[tuple[int, int]] = []  # heap of (settled, index)
+        live: set[int] = set()  # indexes of the unbounded calls pending now
+        need = i = 0
+        for call in asking:
+            while i < len(opened) and opened[i].lo < call.lo:
+                other = opened[i]
+                live.add(i)
+                need += other.need
+                heapq.heappush(active, (other.lo, i))
+                if other.settled is not None:
+                    heapq.heappush(closing, (other.settled, i))
+                i += 1
+            while closing and closing[0][0] <= call.lo:
+                gone = heapq.heappop(closing)[1]
+                live.discard(gone)
+                need -= opened[gone].need
+            while active and active[0][1] not in live:
+                heapq.heappop(active)
+            if live:
+                out[id(call)] = (active[0][0], need)
+    return out
 
 
 def join_recorded(events: FileEvents) -> list[GlooCall]:
@@ -173,46 +231,46 @@ def _gloo_works(events: FileEvents, calls: list[GlooCall]) -> None:
     # taken for it (start order is not queue order when two workers dequeue at once), and
     # no later call of its group takes a work it could have run.
     unbounded = [call for call in calls if call.need and not call.on_caller and not call.bounded]
-    for call in unbounded:
-        # Its works were queued before any later call's: all have started by the time the
-        # next sync call of its group has returned (that call waited for its own work).
-        call.settled = next((later.hi for later in calls if later.uid == call.uid and not later.on_caller
-                             and not later.rec.annotation.async_op and later.lo >= call.lo), None)
+    _settle_times(calls, unbounded)
     bounded = [call for call in calls if call.need and not call.on_caller and call.bounded]
-    peers = _Peers(bounded)
+    claims = _Claims(bounded, lambda call: _inside(events, call, {}))
+    pending = _pending(bounded, unbounded)
     for owned_only in (False, True):
         progress = True
         while progress and bounded:
             progress = False
-            for call in list(bounded):
+            waiting = []
+            for call in bounded:
                 found = _inside(events, call, owner)
                 if owned_only:
                     found = [g for g in found if owner.get(g[4]) == call.uid]
-                if len(found) == call.need and not _contested(events, call, found, peers, unbounded, owner):
-                    for g in found:
-                        _take_work(events, call, g, owner)
-                    bounded.remove(call)
-                    progress = True
+                if (len(found) != call.need or claims.contested(found)
+                        or _queued_before(events, call, pending.get(id(call)), owner)):
+                    waiting.append(call)
+                    continue
+                for g in found:
+                    _take_work(events, call, g, owner)
+                claims.settle(call)
+                progress = True
+            bounded = waiting
 
 
-def _contested(events: FileEvents, call: GlooCall, found: list[tuple], peers: _Peers,
-               unbounded: list[GlooCall], owner: dict[int, str]) -> bool:
-    """Could another call of the same group still waiting for its work have run one of these?"""
-    ids = {id(g[2]) for g in found}
-    for other in peers.overlapping(call, min(g[0] for g in found)):
-        if other.need and ids & {id(g[2]) for g in _inside(events, other, {})}:
-            return True
-    # Works of unbounded calls queued before this one, still unstarted when it was queued?
-    pending = [other for other in unbounded if other.uid == call.uid and other.family == call.family
-               and other.lo < call.lo and (other.settled is None or call.lo < other.settled)]
-    if not pending:
+def _queued_before(events: FileEvents, call: GlooCall, pending: Optional[tuple[int, int]],
+                   owner: dict[int, str]) -> bool:
+    """Were works of unbounded calls of its group queued before ``call`` (``pending``: the
+    earliest of their starts, and how many works they need) still unstarted when it was?"""
+    if pending is None:
         return False
-    since = min(other.lo for other in pending)
-    started = sum(1 for g in events.gloo[bisect.bisect_left(events.gloo, since, key=lambda g: g[0]):
-                                       bisect.bisect_left(events.gloo, call.lo, key=lambda g: g[0])]
-                  if g[3] == call.family and id(g[2]) not in events.taken and g[4] != call.rec.tid
-                  and owner.get(g[4], call.uid) == call.uid)
-    return started < sum(other.need for other in pending)
+    since, need = pending
+    started = 0
+    for g in events.gloo[bisect.bisect_left(events.gloo, since, key=lambda g: g[0]):
+                         bisect.bisect_left(events.gloo, call.lo, key=lambda g: g[0])]:
+        if (g[3] == call.family and id(g[2]) not in events.taken and g[4] != call.rec.tid
+                and owner.get(g[4], call.uid) == call.uid):
+            started += 1
+            if started >= need:
+                return False
+    return True
 
 
 def _inside(events: FileEvents, call: GlooCall, owner: dict[int, str]) -> list[tuple]:

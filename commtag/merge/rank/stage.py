@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
-from commtag.merge.inputs.load import RankInput, TraceFile, load_sidecar
+from commtag.merge.inputs.load import RankInput, TraceFile
+from commtag.merge.inputs.sidecars import load_sidecar
 from commtag.merge.inputs.clock import wall_clock
 from commtag.merge.records import (
-    FileSpan, GroupLane, Interner, RankSummary,
+    Coverage, FileSpan, GroupLane, Interner, RankSummary,
 )
 from commtag.merge.inputs.selection import (
     FileSpans,
@@ -36,7 +38,7 @@ def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optio
     """The file's sidecar, validated in full (discovery read only its head). A sidecar that
     fails is an error, or with ``skipped`` left out and its trace merged alone."""
     try:
-        sidecar = load_sidecar(f.sidecar) if f.sidecar else None
+        sidecar = load_sidecar(f.sidecar, f.base_ns) if f.sidecar else None
     except MergeInputError as exc:
         if skipped is None:
             raise
@@ -119,10 +121,13 @@ def convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
 def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar], first: Optional[int],
                last: Optional[int], offset: int) -> FileSpan:
     """What a converted file says of itself: its own clock's span (without --align's offset), host, ids."""
+    devices = header.get("deviceProperties")
+    names = Counter(str(d.get("name")) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else {}
     return FileSpan(str(f.path), rank, None if first is None else first - offset,
                     None if last is None else last - offset, str(header.get("host_name") or ""),
                     sidecar.host if sidecar is not None else "", sidecar.run_id if sidecar is not None else "",
-                    str(header.get("trace_id") or ""))
+                    str(header.get("trace_id") or ""), sidecar.pid if sidecar is not None else None,
+                    ", ".join(f"{count} {name}" if count > 1 else name for name, count in sorted(names.items())))
 
 
 def attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tuple[Path, dict]]:
@@ -181,3 +186,9 @@ def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[i
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
                        converter.windows, converter.world_size, files=files, notes=converter.notes)
+
+
+def coverage(summaries: Sequence[RankSummary]) -> Coverage:
+    """The ranks read, their windows, and the world size most of them claim."""
+    sizes = Counter(s.world_size for s in summaries if s.world_size)
+    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None)

@@ -1,0 +1,124 @@
+"""A commtag sidecar read from disk for the merge: its head for discovery, in full for its
+rank's conversion, with the bounds every file's times and world size get."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US
+from commtag.merge.errors import MergeInputError
+from commtag.merge.inputs.clock import wall_clock
+from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC
+
+if TYPE_CHECKING:
+    from commtag.schema import Sidecar, SidecarHead
+
+_Model = TypeVar("_Model", bound="SidecarHead")
+
+#: Ranks a merged trace can hold: track ids and pids are built from the rank.
+MAX_RANKS = 1 << 24
+
+
+def check_world_size(path: Path, what: str, size: int) -> None:
+    """A file's world size ``size`` (named ``what`` in the message) is refused above MAX_RANKS:
+    the analysis lists every absent rank up to it, so such a claim is not a job but a bad file."""
+    if size > MAX_RANKS:
+        raise MergeInputError(path, f"{what} {size} is more ranks than a merged trace can hold ({MAX_RANKS:,})")
+
+
+def load_sidecar(path: Path, base_ns: int = 0) -> Sidecar:
+    """Parse and validate a commtag sidecar (what the conversion of its rank reads); ``base_ns``:
+    its trace's baseTimeNanoseconds (0 when unknown), before which none of its times may lie."""
+    from commtag.schema import Sidecar
+
+    sidecar = _validated(path, Sidecar)
+    check_world_size(path, "world_size", sidecar.world_size)
+    _check_times(path, sidecar, base_ns)
+    _check_once(path, sidecar)
+    return sidecar
+
+
+def _check_once(path: Path, sidecar: Sidecar) -> None:
+    """A record present twice (the same call, times and thread) is one call written twice, not two."""
+    seen: dict[tuple, int] = {}
+    for i, c in enumerate(sidecar.collectives):
+        first = seen.setdefault((c.annotation, c.start_ns, c.end_ns, c.tid, c.done_tid), i)
+        if first != i:
+            raise MergeInputError(path, f"invalid sidecar: collectives.{i} repeats collectives.{first} "
+                                        "(one call recorded twice)")
+
+
+def _check_times(path: Path, sidecar: Sidecar, base_ns: int) -> None:
+    """A sidecar's times get the bounds a trace's have: none lasting over a day, none ending a
+    day after this machine's clock, and what ran while the trace was profiled (calls, replays)
+    not before its base time (where Kineto's ts 0 lies). A graph's capture may precede it."""
+    now = time.time_ns()
+    if base_ns > now + MAX_AHEAD_NS:
+        base_ns = 0  # the trace's own clock is absurd: its conversion says so, naming the trace
+    timed = [(f"collectives.{i}", c, True) for i, c in enumerate(sidecar.collectives)]
+    for i, capture in enumerate(sidecar.captures):
+        timed += [(f"captures.{i}", capture, False),
+                  *((f"captures.{i}.replays.{j}", r, True) for j, r in enumerate(capture.replays))]
+    for where, item, profiled in timed:
+        if profiled and item.start_ns < base_ns:
+            problem = (f"start_ns {item.start_ns} ({wall_clock(item.start_ns)}) is before its trace's "
+                       f"baseTimeNanoseconds {base_ns} ({wall_clock(base_ns)})")
+        elif item.end_ns - item.start_ns > MAX_DUR_US * 1000:
+            problem = f"lasts {(item.end_ns - item.start_ns) / 86_400e9:.1f} days, more than the 1 day a call may take"
+        elif item.end_ns > now + MAX_AHEAD_NS:
+            problem = (f"end_ns {item.end_ns} ({wall_clock(item.end_ns)}) is "
+                       f"{(item.end_ns - now) / 86_400e9:.0f} days after this machine's clock")
+        else:
+            continue
+        raise MergeInputError(path, f"invalid sidecar: {where}: {problem}")
+
+
+def load_sidecar_head(path: Path) -> SidecarHead:
+    """Only a sidecar's run, rank and trace (what discovery reads of every sidecar).
+
+    So each sidecar is validated in full once, when its rank is converted: a
+    full validation costs about ten times a head's. Keeping every validated
+    sidecar from discovery instead grew with the rank count (a sidecar is
+    about six times its JSON as objects: 180 MB for 128 ranks).
+    """
+    from commtag.schema import SidecarHead
+
+    head = _validated(path, SidecarHead)
+    check_world_size(path, "world_size", head.world_size)
+    return head
+
+
+def _validated(path: Path, model: type[_Model]) -> _Model:
+    # pydantic is imported here: it costs ~0.1 s of start-up, which a merge without sidecars never pays.
+    from pydantic import ValidationError
+
+    raw = b""
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == GZIP_MAGIC:
+            raw = gzip.decompress(raw)
+        return model.model_validate_json(raw)
+    except GZIP_ERRORS as exc:
+        raise MergeInputError(path, f"truncated or corrupt gzip ({exc})") from None
+    except OSError as exc:
+        raise MergeInputError(path, f"cannot read: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        problem = _not_json(raw, first) if first.get("type") == "json_invalid" else first.get("msg")
+        raise MergeInputError(path, f"invalid sidecar: {where + ': ' if where else ''}{problem}") from None
+
+
+def _not_json(raw: bytes, error: dict) -> str:
+    """Why a sidecar's bytes are not JSON: text that is not UTF-8, or the parser's reason (a file
+    cut short ends "EOF while parsing")."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+    return f"not valid JSON ({(error.get('ctx') or {}).get('error') or error.get('msg')})"
+
+
