@@ -25,9 +25,10 @@ from commtag.identity import group_info
 from commtag.merge.rank.events import FileEvents, HostCall, make_instance
 from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
-    ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY,
-    GRAPH_NODE_ID_KEY, KERNEL_EAGER_KEYS, P2P_COLLECTIVES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY,
-    SEQ_KEY, SRC_RANK_KEY, nccl_kind,
+    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_RECORD_FORMAT, ANN_SEQ_FROM, ANN_SEQ_PART,
+    COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_EAGER_KEYS,
+    NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY, PG_ID_KEY,
+    PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, is_nccl2_record, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -35,10 +36,42 @@ if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is
 
 
 def kernel_calls(events: FileEvents) -> list[tuple[int, int, dict, dict, str]]:
-    """The file's eager kernels with metadata that no earlier pass took, as calls (see :func:`pair_calls`)."""
-    return [(start, end, k, k["args"], "nccl-kernel") for start, end, k in events.kernels
-            if id(k) not in events.taken and COLLECTIVE_NAME_KEY in (k.get("args") or {})
-            and not k["args"].get(GRAPH_NODE_ID_KEY)]
+    """The file's eager kernels with metadata that no earlier pass took, as calls (see :func:`pair_calls`).
+    An nccl2 record's several kernels (the list all_gather's broadcasts, the list reduce_scatter's
+    reduces: nccl2-and-hooks.md §3) are one call, its record's (the same "External id")."""
+    calls: list[tuple[int, int, dict, dict, str]] = []
+    first_of: dict[object, int] = {}
+    for start, end, k in events.kernels:
+        args = k.get("args") or {}
+        if id(k) in events.taken or COLLECTIVE_NAME_KEY not in args or args.get(GRAPH_NODE_ID_KEY):
+            continue
+        link = args.get(EXTERNAL_ID_KEY)
+        if link is not None and _is_nccl2(args):
+            at = first_of.get(link)
+            if at is not None:
+                s, t, first, first_args, source = calls[at]
+                calls[at] = (s, max(t, end), first, first_args, source)
+                events.siblings.setdefault(id(first), []).append(k)
+                events.taken.add(id(k))
+                continue
+            first_of[link] = len(calls)
+            if args[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES and RANK_KEY not in args:
+                args = {**args, RANK_KEY: _op_rank(events, link)}
+        calls.append((start, end, k, args, "nccl-kernel"))
+    return calls
+
+
+def _op_rank(events: FileEvents, link: object) -> object:
+    """The "Rank" of the record_param_comms op a kernel belongs to (Kineto does not copy it onto
+    the kernel): an nccl2 p2p's peer, which it names nowhere else (nccl2-and-hooks.md §2)."""
+    if events.op_ranks is None:
+        events.op_ranks = {(op.get("args") or {}).get(EXTERNAL_ID_KEY): (op.get("args") or {}).get(RANK_KEY)
+                           for ops in events.comms_by_tid.values() for _, _, op in ops}
+    return events.op_ranks.get(link)
+
+
+def _is_nccl2(args: dict) -> bool:
+    return is_nccl2_record(args.get(COLLECTIVE_NAME_KEY), args.get(IN_SPLIT_KEY), args.get(OUT_SPLIT_KEY))
 
 
 def launched(events: FileEvents, op: tuple) -> list[tuple]:
@@ -106,6 +139,8 @@ def pair_calls(events: FileEvents, calls: list[tuple[int, int, dict, dict, str]]
         else:
             parts = events.interner.split(_complete(events, args, derived, order))
         events.annotate(e, parts)
+        for sibling in events.siblings.get(id(e), ()):
+            events.annotate(sibling, parts)
         group = events.by_uid.get(str(parts[0][ANN_PG_UID]))
         events.instances.append(make_instance(events.interner, events.rank, parts, start, end, source, group, events.flows.source(e), events.members))
     return paired
@@ -144,6 +179,11 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
         events.groups[pg_name] = group
         events.by_uid[group.uid] = group
     p2p = eager[COLLECTIVE_NAME_KEY] in P2P_COLLECTIVES or DST_RANK_KEY in eager or SRC_RANK_KEY in eager
+    if _is_nccl2(eager):
+        _as_nccl2(eager, pg_name, derived)
+        p2p = eager[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES
+        if p2p and isinstance(args.get(RANK_KEY), int):
+            eager[RANK_KEY] = args[RANK_KEY]
     if SEQ_KEY not in eager:
         n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
         eager[SEQ_KEY] = n
@@ -153,3 +193,22 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
         ANN_PG_UID: group.uid, ANN_P2P: p2p,
     })
     return eager
+
+
+def _as_nccl2(eager: dict, pg_name: str, derived: dict) -> None:
+    """Mark an nccl2 record so the merge reads it in legacy terms (vocab.legacy_view), and
+    keep apart what its Seq does not (nccl2-and-hooks.md §4): the k records of one coalesced call
+    share a Seq (each gets its part), and p2p carries the last collective's (it pairs by its own
+    order, peers from "Rank" and the group's ranks; a batch_op_issue, whose peers are several, is
+    one batch of p2p on its rank, not matched across ranks)."""
+    eager[ANN_RECORD_FORMAT] = NCCL2_FORMAT
+    name = eager[COLLECTIVE_NAME_KEY]
+    if name == NCCL2_BATCH_P2P:
+        eager[ANN_CROSS_RANK] = False
+    if name in NCCL2_P2P_NAMES or SEQ_KEY not in eager:
+        return
+    parts = derived.setdefault((pg_name, NCCL2_FORMAT), {})
+    seq = whole(eager[SEQ_KEY], -1)
+    part = parts[seq] = parts.get(seq, -1) + 1
+    if part:
+        eager[ANN_SEQ_PART] = part

@@ -148,6 +148,10 @@ class FileEvents:
         self.members: dict[tuple, tuple[int, ...]] = {}
         self.instances: list[CollectiveInstance] = []
         self.taken: set[int] = set()
+        #: A call's first kernel -> the other kernels of its record (the same "External id").
+        self.siblings: dict[int, list[dict]] = {}
+        #: record_param_comms ops' "Rank" by "External id", made when an nccl2 p2p kernel needs it.
+        self.op_ranks: Optional[dict[object, object]] = None
         self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
         self.gloo: list[tuple[int, int, dict, str, int]] = []
         self.kernels: list[tuple[int, int, dict]] = []
