@@ -747,6 +747,9 @@ ANN_SEQ_FROM = "commtag seq from"
 ANN_CROSS_RANK = "commtag cross-rank"
 #: On an nccl2 record's slices: its format (vocab.NCCL2_FORMAT), read back to its legacy view.
 ANN_RECORD_FORMAT = "commtag record format"
+#: On an nccl2 send/recv: the peer's global rank, which nccl2 does not write (no Dst / Src Rank,
+#: nccl2-and-hooks.md §2), from its "Rank" and the group's members.
+ANN_PEER = "commtag peer"
 #: The k-th (from 0) of a rank's nccl2 records sharing one group and Seq (a coalesced call's
 #: per-tensor records, nccl2-and-hooks.md §4): each is an instance of its own.
 ANN_SEQ_PART = "commtag seq part"

@@ -125,3 +125,21 @@ def test_init_and_wait_records_are_no_collectives(tmp_path) -> None:
     plain = _merged(tmp_path / "plain", JOB, NCCL2_FORMAT)
     extra = _merged(tmp_path, JOB, NCCL2_FORMAT, _add_init_and_wait)
     assert _view(extra) == _view(plain)
+
+
+def test_the_summary_reads_either_format_alike_and_lane_slices_keep_nccl2_names(tmp_path) -> None:
+    """`commtag summary` of the merged .pftrace (read back from its lane slices, which keep the
+    backend's own "Collective name") and of the trace directory: the same tables for both formats."""
+    from commtag.merge.pftrace.readback import read_instances
+    from commtag.report import to_text
+    from commtag.summary import load
+
+    for fmt in (LEGACY_FORMAT, NCCL2_FORMAT):
+        _merged(tmp_path, JOB, fmt)
+    texts = {(fmt, source): to_text(load(tmp_path / source)[0])
+             for fmt in (LEGACY_FORMAT, NCCL2_FORMAT) for source in (fmt, f"{fmt}.pftrace")}
+    assert texts[(NCCL2_FORMAT, NCCL2_FORMAT)] == texts[(LEGACY_FORMAT, LEGACY_FORMAT)]
+    assert texts[(NCCL2_FORMAT, f"{NCCL2_FORMAT}.pftrace")] == texts[(LEGACY_FORMAT, f"{LEGACY_FORMAT}.pftrace")]
+    assert "all_reduce" not in texts[(NCCL2_FORMAT, f"{NCCL2_FORMAT}.pftrace")]
+    names = {inst.arg("Collective name") for inst in read_instances(tmp_path / f"{NCCL2_FORMAT}.pftrace")}
+    assert {"all_reduce", "allGatherSingleImpl", "allToAllSingleImpl", "send", "recv"} <= names

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_RECORD_FORMAT,
+    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_PG_UID, ANN_RANK, ANN_RECORD_FORMAT,
     ANN_REPLAY, ANN_SEQ_FROM, ANN_SEQ_PART, ANN_SOURCE, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY,
     IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY, RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY,
     UNDEFINED_DTYPE, legacy_view,
@@ -47,7 +47,7 @@ def ranks_of(args: Mapping[str, object]) -> tuple[int, ...]:
 #: Keys whose values differ between the instances of one call site (steps, replays,
 #: ranks), in the order they are written: an instance's own ``args``. The rest are its
 #: ``common_args`` (see :meth:`Interner.split`).
-OWN_ORDER = (RANK_KEY, SEQ_KEY, ANN_SEQ_PART, ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
+OWN_ORDER = (RANK_KEY, SEQ_KEY, ANN_SEQ_PART, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_REPLAY, ANN_RANK)
 OWN_KEYS = frozenset(OWN_ORDER)
 
 
@@ -194,7 +194,7 @@ class CollectiveInstance:
     def p2p_ends(self) -> Optional[tuple[int, int]]:
         """(sender, receiver) global ranks of a send/recv; None when the peer is unknown."""
         peer = None
-        for key in (DST_RANK_KEY, SRC_RANK_KEY):
+        for key in (DST_RANK_KEY, SRC_RANK_KEY, ANN_PEER):
             value = self.arg(key)
             if isinstance(value, int):
                 peer = value

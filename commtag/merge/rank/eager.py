@@ -25,7 +25,7 @@ from commtag.identity import group_info
 from commtag.merge.rank.events import FileEvents, HostCall, make_instance
 from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_RECORD_FORMAT, ANN_SEQ_FROM, ANN_SEQ_PART,
+    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PEER, ANN_PG_UID, ANN_RECORD_FORMAT, ANN_SEQ_FROM, ANN_SEQ_PART,
     COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_EAGER_KEYS,
     NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY, PG_ID_KEY,
     PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, is_nccl2_record, nccl_kind,
@@ -182,8 +182,11 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
     if _is_nccl2(eager):
         _as_nccl2(eager, pg_name, derived)
         p2p = eager[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES
-        if p2p and isinstance(args.get(RANK_KEY), int):
-            eager[RANK_KEY] = args[RANK_KEY]
+        peer = args.get(RANK_KEY)
+        if p2p and isinstance(peer, int):
+            eager[RANK_KEY] = peer
+            if 0 <= peer < len(group.ranks):
+                eager[ANN_PEER] = group.ranks[peer]
     if SEQ_KEY not in eager:
         n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
         eager[SEQ_KEY] = n
