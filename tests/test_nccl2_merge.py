@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import orjson
+import pytest
 
 from commtag.merge import merge
 from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
@@ -38,7 +39,37 @@ JOB = (
 )
 
 
-def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]] = None):
+def _sidecar(trace: dict, rank: int, fmt: str):
+    """The sidecar commtag's runtime writes beside ``trace``: each record_param_comms op's record as
+    its annotation, over the op's span, and the groups with their record format."""
+    from commtag.identity import group_info
+    from commtag.schema import CollectiveAnnotation, ProcessGroupInfo, RecordedCollective, Sidecar
+    from commtag.testing.nccl2 import ASYNC_KEY, BASE_TIME_NS, NCCL_VERSION
+    from commtag.vocab import P2P_COLLECTIVES
+
+    info = trace["distributedInfo"]
+    groups = {pg["pg_name"]: group_info(pg["pg_name"], pg["pg_desc"], pg["ranks"], "nccl") for pg in info["pg_config"]}
+    impl = {"cuda": "nccl2" if fmt == NCCL2_FORMAT else "nccl"}
+    table = [ProcessGroupInfo(uid=g.uid, name=g.name, desc=g.desc, ranks=g.ranks, backend="nccl", lane_id=g.lane_id,
+                              lane_name=g.lane_name, backend_impls=impl, record_format=fmt) for g in groups.values()]
+    recorded = []
+    for op in (e for e in trace["traceEvents"] if e["name"] == "record_param_comms"):
+        args = {key: value for key, value in op["args"].items() if key not in (ASYNC_KEY, "External id")}
+        group = groups[args["Process Group Name"]]
+        annotation = CollectiveAnnotation.model_validate({
+            **args, "commtag lane id": group.lane_id, "commtag lane": group.lane_name, "commtag pg uid": group.uid,
+            "commtag p2p": args["Collective name"] in (*P2P_COLLECTIVES, NCCL2_BATCH_P2P)})
+        start = BASE_TIME_NS + int(op["ts"] * 1000)
+        recorded.append(RecordedCollective(annotation=annotation, start_ns=start, end_ns=start + int(op["dur"] * 1000),
+                                           tid=op["tid"]))
+    return Sidecar(run_id="nccl2-merge", rank=rank, world_size=info["world_size"], host="node0", pid=op["pid"],
+                   torch_version="2.15.0", nccl_version=NCCL_VERSION, trace_file=f"rank{rank}.pt.trace.json.gz",
+                   process_groups=table, collectives=recorded)
+
+
+def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]] = None, sidecars: bool = False):
+    from commtag.runtime.sidecar import write_sidecar
+
     directory = tmp_path / fmt
     directory.mkdir()
     for rank in range(4):
@@ -46,6 +77,8 @@ def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]
         if edit is not None:
             edit(trace)
         (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+        if sidecars:
+            write_sidecar(directory / f"rank{rank}.commtag.json", _sidecar(trace, rank, fmt))
     return merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1).analysis
 
 
@@ -59,10 +92,14 @@ def _view(analysis) -> tuple[list, list]:
     return rows, findings
 
 
-def test_one_job_in_either_format_merges_to_the_same_analysis(tmp_path) -> None:
-    legacy = _merged(tmp_path, JOB, LEGACY_FORMAT)
-    nccl2 = _merged(tmp_path, JOB, NCCL2_FORMAT)
+@pytest.mark.parametrize("sidecars", [False, True], ids=["traces alone", "with sidecars"])
+def test_one_job_in_either_format_merges_to_the_same_analysis(tmp_path, sidecars: bool) -> None:
+    legacy = _merged(tmp_path, JOB, LEGACY_FORMAT, sidecars=sidecars)
+    nccl2 = _merged(tmp_path, JOB, NCCL2_FORMAT, sidecars=sidecars)
     assert _view(nccl2) == _view(legacy)
+    # With sidecars, every instance is its sidecar record's (commtag's own keys), else the trace's.
+    from_sidecar = {"commtag thread" in inst.all_args() for m in nccl2.collectives for inst in m.members.values()}
+    assert from_sidecar == {sidecars}
     rows = _view(nccl2)[0]
     assert len(rows) == len(JOB)
     assert all(bytes_ is not None for kind, *_, bytes_, _bw, _skew, _s in rows if kind != "barrier")
@@ -70,21 +107,23 @@ def test_one_job_in_either_format_merges_to_the_same_analysis(tmp_path) -> None:
     assert {row[0] for row in rows} >= {"allreduce", "_allgather_base", "_reduce_scatter_base", "all_to_allv"}
 
 
-def test_the_records_of_a_coalesced_call_are_instances_of_their_own(tmp_path) -> None:
+@pytest.mark.parametrize("sidecars", [False, True], ids=["traces alone", "with sidecars"])
+def test_the_records_of_a_coalesced_call_are_instances_of_their_own(tmp_path, sidecars: bool) -> None:
     """nccl2 writes one all_reduce per tensor, all with the call's Seq (note §3, §4)."""
     job = (JobCall("allreduce", WORLD, (8,)), JobCall("allreduce_coalesced", WORLD, (4, 6)))
-    analysis = _merged(tmp_path, job, NCCL2_FORMAT)
+    analysis = _merged(tmp_path, job, NCCL2_FORMAT, sidecars=sidecars)
     coalesced = sorted((m.seq, m.bytes, len(m.members)) for m in analysis.collectives if m.seq == 2)
     assert coalesced == [(2, 16, 4), (2, 24, 4)]
     assert not analysis.findings, analysis.findings
 
 
-def test_p2p_and_a_batch_pair_by_their_own_order_not_the_seq_they_carry(tmp_path) -> None:
+@pytest.mark.parametrize("sidecars", [False, True], ids=["traces alone", "with sidecars"])
+def test_p2p_and_a_batch_pair_by_their_own_order_not_the_seq_they_carry(tmp_path, sidecars: bool) -> None:
     """send, recv and batch_op_issue carry the last collective's Seq (note §4): never matched with
     that collective; a batch_op_issue is one batch of p2p on each rank that issues it."""
     job = (JobCall("allreduce", WORLD, (8,)), JobCall(SEND, WORLD, (8,), pairs=((1, 2),)),
            JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=((1, 2), (2, 1))), JobCall(SEND, WORLD, (8,), pairs=((1, 2),)))
-    analysis = _merged(tmp_path, job, NCCL2_FORMAT)
+    analysis = _merged(tmp_path, job, NCCL2_FORMAT, sidecars=sidecars)
     assert not analysis.findings, analysis.findings
     by_kind: dict[str, list] = {}
     for m in analysis.collectives:

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING
 
 from commtag.constants import parse_rank_list
 from commtag.identity import group_info
-from commtag.merge.rank.events import FileEvents, HostCall, make_instance
+from commtag.merge.rank.events import FileEvents, HostCall, make_instance, mark_nccl2
 from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PEER, ANN_PG_UID, ANN_RECORD_FORMAT, ANN_SEQ_FROM, ANN_SEQ_PART,
-    COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_EAGER_KEYS,
-    NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY, PG_ID_KEY,
-    PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, is_nccl2_record, nccl_kind,
+    ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY,
+    GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_EAGER_KEYS, NCCL2_P2P_NAMES, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY,
+    PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, is_nccl2_record, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -180,13 +179,10 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
         events.by_uid[group.uid] = group
     p2p = eager[COLLECTIVE_NAME_KEY] in P2P_COLLECTIVES or DST_RANK_KEY in eager or SRC_RANK_KEY in eager
     if _is_nccl2(eager):
-        _as_nccl2(eager, pg_name, derived)
         p2p = eager[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES
-        peer = args.get(RANK_KEY)
-        if p2p and isinstance(peer, int):
-            eager[RANK_KEY] = peer
-            if 0 <= peer < len(group.ranks):
-                eager[ANN_PEER] = group.ranks[peer]
+        if p2p and isinstance(args.get(RANK_KEY), int):
+            eager[RANK_KEY] = args[RANK_KEY]
+        mark_nccl2(eager, events.seq_parts, group.ranks)
     if SEQ_KEY not in eager:
         n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
         eager[SEQ_KEY] = n
@@ -197,21 +193,3 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
     })
     return eager
 
-
-def _as_nccl2(eager: dict, pg_name: str, derived: dict) -> None:
-    """Mark an nccl2 record so the merge reads it in legacy terms (vocab.legacy_view), and
-    keep apart what its Seq does not (nccl2-and-hooks.md §4): the k records of one coalesced call
-    share a Seq (each gets its part), and p2p carries the last collective's (it pairs by its own
-    order, peers from "Rank" and the group's ranks; a batch_op_issue, whose peers are several, is
-    one batch of p2p on its rank, not matched across ranks)."""
-    eager[ANN_RECORD_FORMAT] = NCCL2_FORMAT
-    name = eager[COLLECTIVE_NAME_KEY]
-    if name == NCCL2_BATCH_P2P:
-        eager[ANN_CROSS_RANK] = False
-    if name in NCCL2_P2P_NAMES or SEQ_KEY not in eager:
-        return
-    parts = derived.setdefault((pg_name, NCCL2_FORMAT), {})
-    seq = whole(eager[SEQ_KEY], -1)
-    part = parts[seq] = parts.get(seq, -1) + 1
-    if part:
-        eager[ANN_SEQ_PART] = part
