@@ -182,3 +182,31 @@ def test_the_summary_reads_either_format_alike_and_lane_slices_keep_nccl2_names(
     assert "all_reduce" not in texts[(NCCL2_FORMAT, f"{NCCL2_FORMAT}.pftrace")]
     names = {inst.arg("Collective name") for inst in read_instances(tmp_path / f"{NCCL2_FORMAT}.pftrace")}
     assert {"all_reduce", "allGatherSingleImpl", "allToAllSingleImpl", "send", "recv"} <= names
+
+
+def test_each_group_is_read_in_its_own_format(tmp_path) -> None:
+    """One job whose world group writes nccl2's records and whose pair group writes the legacy
+    ones (as a legacy or gloo group beside an nccl2 one does) reads as the job written all legacy."""
+    from commtag.testing.nccl2 import SLOT_US
+
+    world_calls = tuple(call for call in JOB if call.group is WORLD)
+    pair_calls = (JobCall("allreduce", PAIR, (16,)), JobCall(SEND, PAIR, (8,), pairs=((0, 1),)),
+                  JobCall("allreduce", PAIR, (4,)))
+    legacy = _merged(tmp_path, world_calls + pair_calls, LEGACY_FORMAT)
+
+    def mixed(trace: dict) -> None:
+        rank = trace["distributedInfo"]["rank"]
+        trace["traceEvents"] = job_trace(world_calls, rank, 4, NCCL2_FORMAT, skew_us=5.0 * rank)["traceEvents"]
+        if rank in PAIR.ranks:
+            for event in job_trace(pair_calls, rank, 4, LEGACY_FORMAT, skew_us=5.0 * rank)["traceEvents"]:
+                args = event["args"]
+                for key in ("External id", "correlation"):
+                    if key in args:
+                        args[key] += 10_000
+                trace["traceEvents"].append({**event, "ts": event["ts"] + SLOT_US * len(world_calls)})
+
+    (tmp_path / "mixed").mkdir()
+    both = _merged(tmp_path / "mixed", world_calls + pair_calls, LEGACY_FORMAT, mixed)
+    assert _view(both) == _view(legacy)
+    formats = {(m.pg_uid, inst.arg("commtag record format")) for m in both.collectives for inst in m.members.values()}
+    assert {fmt for _, fmt in formats} == {NCCL2_FORMAT, None} and len({uid for uid, _ in formats}) == 2
