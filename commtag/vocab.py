@@ -651,6 +651,47 @@ NCCL2_COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
 )}
 
 
+#: nccl2 names legacy never writes: a record named so is nccl2's, whatever the sidecar says.
+NCCL2_ONLY_NAMES = frozenset(NCCL2_COLLECTIVES) - frozenset(COLLECTIVES)
+#: The one name per kind the analysis and summary use for an nccl2 record: the legacy name of
+#: the same call (§3), so one job reads the same under either backend; the record's own name
+#: stays on its slices. A batch of p2p (no legacy record: legacy writes each op alone) keeps its own.
+NCCL2_KINDS: dict[str, str] = {
+    **{name: name for name in NCCL2_COLLECTIVES},
+    "all_reduce": "allreduce", "allGatherSingleImpl": "_allgather_base",
+    "reduceScatterSingleImpl": "_reduce_scatter_base", NCCL2_ALLTOALL_EVEN: "all_to_allv",
+    NCCL2_ALLTOALL_SPLIT: "all_to_allv",
+}
+#: nccl2 names legacy also writes, whose legacy split sizes are always "[]" (LEG) where nccl2's
+#: list each tensor's numel (§2): a non-empty split tells nccl2's record apart.
+_NCCL2_SPLIT_TELLS = frozenset(NCCL2_COLLECTIVES) - {"all_to_all", "barrier"}
+
+
+def is_nccl2_record(name: object, in_split: object, out_split: object) -> bool:
+    """Is this record_param_comms record (or its kernel's copy) nccl2's? By its name (an engine
+    name, §3), else by a split size legacy leaves "[]" (§2). A barrier reads alike in both."""
+    if name in NCCL2_ONLY_NAMES:
+        return True
+    return name in _NCCL2_SPLIT_TELLS and (in_split not in ("[]", None) or out_split not in ("[]", None))
+
+
+def legacy_view(record_format: object, name: str, in_nelems: int, out_nelems: int,
+                group_size: int) -> tuple[str, int, int]:
+    """(kind, In msg nelems, Out msg nelems) of a record as legacy writes the same call; an nccl2
+    record's differ (§3 against LEG): the list all_gather's guard lists the output as its input
+    (N·n / n, legacy n / N·n); off the root, gather writes out 0 and scatter in 0 (legacy: N·n)."""
+    if record_format != NCCL2_FORMAT:
+        return name, in_nelems, out_nelems
+    kind = NCCL2_KINDS.get(name, name)
+    if name == "all_gather":
+        return kind, out_nelems, in_nelems
+    if name == "gather" and out_nelems == 0:
+        return kind, in_nelems, in_nelems * group_size
+    if name == "scatter" and in_nelems == 0:
+        return kind, out_nelems * group_size, out_nelems
+    return kind, in_nelems, out_nelems
+
+
 #: c10d's hook op names (torch 2.15 ``HookOpName``, the name a ProcessGroup pre-hook is given;
 #: nccl2-and-hooks.md §7a) -> the eager "Collective name" of the c10d op behind it. Left out:
 #: ALLTOALL_BASE (the hook is not given the split sizes, which legacy records and nccl2's name
@@ -712,6 +753,14 @@ ANN_MATCH = "commtag match"
 ANN_SEQ_FROM = "commtag seq from"
 #: False where an instance must not be matched across ranks.
 ANN_CROSS_RANK = "commtag cross-rank"
+#: On an nccl2 record's slices: its format (vocab.NCCL2_FORMAT), read back to its legacy view.
+ANN_RECORD_FORMAT = "commtag record format"
+#: On an nccl2 send/recv: the peer's global rank, which nccl2 does not write (no Dst / Src Rank,
+#: nccl2-and-hooks.md §2), from its "Rank" and the group's members.
+ANN_PEER = "commtag peer"
+#: The k-th (from 0) of a rank's nccl2 records sharing one group and Seq (a coalesced call's
+#: per-tensor records, nccl2-and-hooks.md §4): each is an instance of its own.
+ANN_SEQ_PART = "commtag seq part"
 #: What the merge guessed, and why (metadata-less NCCL kernels).
 ANN_INFERRED = "commtag inferred"
 #: "not identified" where a gloo call's work event could not be told apart.

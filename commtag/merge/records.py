@@ -14,10 +14,10 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM,
-    ANN_SOURCE,
-    COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY,
-    RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY, UNDEFINED_DTYPE,
+    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_PG_UID, ANN_RANK, ANN_RECORD_FORMAT,
+    ANN_REPLAY, ANN_SEQ_FROM, ANN_SEQ_PART, ANN_SOURCE, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY,
+    IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY, RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY,
+    UNDEFINED_DTYPE, legacy_view,
 )
 
 _ABSENT = object()
@@ -47,7 +47,7 @@ def ranks_of(args: Mapping[str, object]) -> tuple[int, ...]:
 #: Keys whose values differ between the instances of one call site (steps, replays,
 #: ranks), in the order they are written: an instance's own ``args``. The rest are its
 #: ``common_args`` (see :meth:`Interner.split`).
-OWN_ORDER = (RANK_KEY, SEQ_KEY, ANN_P2P_PAIR_SEQ, ANN_REPLAY, ANN_RANK)
+OWN_ORDER = (RANK_KEY, SEQ_KEY, ANN_SEQ_PART, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_REPLAY, ANN_RANK)
 OWN_KEYS = frozenset(OWN_ORDER)
 
 
@@ -149,17 +149,18 @@ class CollectiveInstance:
         (commtag.merge.pftrace.readback). A count the trace wrote as something else (null, text) reads as
         the default the analysis uses; an absent dtype as the merge's :data:`UNDEFINED_DTYPE`."""
         get = args.get
+        group_size = whole(get(GROUP_SIZE_KEY), len(group_ranks) or 1)
+        sizes = (str(get(COLLECTIVE_NAME_KEY, "")), whole(get(IN_NELEMS_KEY), 0), whole(get(OUT_NELEMS_KEY), 0))
+        collective, in_nelems, out_nelems = legacy_view(get(ANN_RECORD_FORMAT), *sizes, group_size)
         return cls(
             rank=rank,
             pg_uid=str(args[ANN_PG_UID]),
             is_p2p=bool(get(ANN_P2P, False)),
             seq=seq,
             replay=replay,
-            collective=str(get(COLLECTIVE_NAME_KEY, "")),
-            in_nelems=whole(get(IN_NELEMS_KEY), 0),
-            out_nelems=whole(get(OUT_NELEMS_KEY), 0),
+            collective=collective, in_nelems=in_nelems, out_nelems=out_nelems,
             dtype=str(get(DTYPE_KEY, UNDEFINED_DTYPE)),
-            group_size=whole(get(GROUP_SIZE_KEY), len(group_ranks) or 1),
+            group_size=group_size,
             group_ranks=group_ranks,
             start_ns=start_ns,
             end_ns=end_ns,
@@ -193,7 +194,7 @@ class CollectiveInstance:
     def p2p_ends(self) -> Optional[tuple[int, int]]:
         """(sender, receiver) global ranks of a send/recv; None when the peer is unknown."""
         peer = None
-        for key in (DST_RANK_KEY, SRC_RANK_KEY):
+        for key in (DST_RANK_KEY, SRC_RANK_KEY, ANN_PEER):
             value = self.arg(key)
             if isinstance(value, int):
                 peer = value
@@ -290,6 +291,8 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
         else:
             numbered = inst.arg(ANN_SEQ_FROM)
             key = inst.key if numbered is None else (numbered, *inst.key)
+            if (part := inst.arg(ANN_SEQ_PART)) is not None:
+                key = (*key, part)
         groups.setdefault(key, []).append(inst)
     return list(groups.values())
 

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from commtag.constants import parse_rank_list
 from commtag.identity import group_info
-from commtag.merge.rank.events import FileEvents, HostCall, make_instance
+from commtag.merge.rank.events import FileEvents, HostCall, make_instance, mark_nccl2
 from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
     ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY,
-    GRAPH_NODE_ID_KEY, KERNEL_EAGER_KEYS, P2P_COLLECTIVES, PG_DESC_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY,
-    SEQ_KEY, SRC_RANK_KEY, nccl_kind,
+    GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_EAGER_KEYS, NCCL2_P2P_NAMES, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY,
+    PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, is_nccl2_record, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -35,10 +35,42 @@ if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is
 
 
 def kernel_calls(events: FileEvents) -> list[tuple[int, int, dict, dict, str]]:
-    """The file's eager kernels with metadata that no earlier pass took, as calls (see :func:`pair_calls`)."""
-    return [(start, end, k, k["args"], "nccl-kernel") for start, end, k in events.kernels
-            if id(k) not in events.taken and COLLECTIVE_NAME_KEY in (k.get("args") or {})
-            and not k["args"].get(GRAPH_NODE_ID_KEY)]
+    """The file's eager kernels with metadata that no earlier pass took, as calls (see :func:`pair_calls`).
+    An nccl2 record's several kernels (the list all_gather's broadcasts, the list reduce_scatter's
+    reduces: nccl2-and-hooks.md §3) are one call, its record's (the same "External id")."""
+    calls: list[tuple[int, int, dict, dict, str]] = []
+    first_of: dict[object, int] = {}
+    for start, end, k in events.kernels:
+        args = k.get("args") or {}
+        if id(k) in events.taken or COLLECTIVE_NAME_KEY not in args or args.get(GRAPH_NODE_ID_KEY):
+            continue
+        link = args.get(EXTERNAL_ID_KEY)
+        if link is not None and _is_nccl2(args):
+            at = first_of.get(link)
+            if at is not None:
+                s, t, first, first_args, source = calls[at]
+                calls[at] = (s, max(t, end), first, first_args, source)
+                events.siblings.setdefault(id(first), []).append(k)
+                events.taken.add(id(k))
+                continue
+            first_of[link] = len(calls)
+            if args[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES and RANK_KEY not in args:
+                args = {**args, RANK_KEY: _op_rank(events, link)}
+        calls.append((start, end, k, args, "nccl-kernel"))
+    return calls
+
+
+def _op_rank(events: FileEvents, link: object) -> object:
+    """The "Rank" of the record_param_comms op a kernel belongs to (Kineto does not copy it onto
+    the kernel): an nccl2 p2p's peer, which it names nowhere else (nccl2-and-hooks.md §2)."""
+    if events.op_ranks is None:
+        events.op_ranks = {(op.get("args") or {}).get(EXTERNAL_ID_KEY): (op.get("args") or {}).get(RANK_KEY)
+                           for ops in events.comms_by_tid.values() for _, _, op in ops}
+    return events.op_ranks.get(link)
+
+
+def _is_nccl2(args: dict) -> bool:
+    return is_nccl2_record(args.get(COLLECTIVE_NAME_KEY), args.get(IN_SPLIT_KEY), args.get(OUT_SPLIT_KEY))
 
 
 def launched(events: FileEvents, op: tuple) -> list[tuple]:
@@ -106,6 +138,8 @@ def pair_calls(events: FileEvents, calls: list[tuple[int, int, dict, dict, str]]
         else:
             parts = events.interner.split(_complete(events, args, derived, order))
         events.annotate(e, parts)
+        for sibling in events.siblings.get(id(e), ()):
+            events.annotate(sibling, parts)
         group = events.by_uid.get(str(parts[0][ANN_PG_UID]))
         events.instances.append(make_instance(events.interner, events.rank, parts, start, end, source, group, events.flows.source(e), events.members))
     return paired
@@ -144,6 +178,11 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
         events.groups[pg_name] = group
         events.by_uid[group.uid] = group
     p2p = eager[COLLECTIVE_NAME_KEY] in P2P_COLLECTIVES or DST_RANK_KEY in eager or SRC_RANK_KEY in eager
+    if _is_nccl2(eager):
+        p2p = eager[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES
+        if p2p and isinstance(args.get(RANK_KEY), int):
+            eager[RANK_KEY] = args[RANK_KEY]
+        mark_nccl2(eager, events.seq_parts, group.ranks)
     if SEQ_KEY not in eager:
         n = derived[(pg_name, p2p)] = derived.get((pg_name, p2p), 0) + 1
         eager[SEQ_KEY] = n
@@ -153,3 +192,4 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
         ANN_PG_UID: group.uid, ANN_P2P: p2p,
     })
     return eager
+

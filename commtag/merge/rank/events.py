@@ -18,9 +18,10 @@ from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.inputs.clock import base_ns, event_ns
 from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
-    ANN_P2P_PAIR_SEQ, ANN_RANK, ANN_REPLAY, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, RANK_KEY,
-    GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, LAUNCH_CATEGORIES, NON_COLLECTIVE_NAMES, PG_RANKS_KEY, SEQ_KEY,
-    family, is_graph_launch,
+    ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_RANK, ANN_RECORD_FORMAT, ANN_REPLAY, ANN_SEQ_PART,
+    COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY,
+    LAUNCH_CATEGORIES, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES, NON_COLLECTIVE_NAMES, PG_NAME_KEY,
+    PG_RANKS_KEY, RANK_KEY, SEQ_KEY, family, is_graph_launch, is_nccl2_record,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -113,6 +114,27 @@ def make_instance(interner: Interner, rank: int, parts: tuple[dict, dict], start
         source_flow=flow)
 
 
+def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: Sequence[int]) -> None:
+    """Mark an nccl2 record so the merge reads it in legacy terms (vocab.legacy_view), and keep
+    apart what its Seq does not (nccl2-and-hooks.md §4): the k records of one coalesced call share
+    a Seq (each its part, counted in call order in ``seq_parts``); a send/recv carries the last
+    collective's (it pairs by its own order, its global peer from "Rank" and ``group_ranks``); a
+    batch_op_issue, whose peers are several, is one batch of p2p on its rank, not matched across ranks."""
+    eager[ANN_RECORD_FORMAT] = NCCL2_FORMAT
+    name = eager[COLLECTIVE_NAME_KEY]
+    peer = eager.get(RANK_KEY)
+    if name == NCCL2_BATCH_P2P:
+        eager[ANN_CROSS_RANK] = False
+    elif name in NCCL2_P2P_NAMES:
+        if isinstance(peer, int) and 0 <= peer < len(group_ranks):
+            eager[ANN_PEER] = group_ranks[peer]
+    elif SEQ_KEY in eager:
+        key = (str(eager.get(PG_NAME_KEY, "")), whole(eager[SEQ_KEY], -1))
+        part = seq_parts[key] = seq_parts.get(key, -1) + 1
+        if part:
+            eager[ANN_SEQ_PART] = part
+
+
 class HostCall(Protocol):
     """A recorded call as :meth:`FileEvents.host_timed` times it (:class:`commtag.merge.rank.gloo.GlooCall`)."""
 
@@ -148,6 +170,13 @@ class FileEvents:
         self.members: dict[tuple, tuple[int, ...]] = {}
         self.instances: list[CollectiveInstance] = []
         self.taken: set[int] = set()
+        #: A call's first kernel -> the other kernels of its record (the same "External id").
+        self.siblings: dict[int, list[dict]] = {}
+        #: nccl2 records seen per (group name, Seq), and a sidecar nccl2 annotation's parts (see :func:`mark_nccl2`).
+        self.seq_parts: dict[tuple[str, int], int] = {}
+        self.nccl2_parts: dict[int, tuple[dict, dict]] = {}
+        #: record_param_comms ops' "Rank" by "External id", made when an nccl2 p2p kernel needs it.
+        self.op_ranks: Optional[dict[object, object]] = None
         self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
         self.gloo: list[tuple[int, int, dict, str, int]] = []
         self.kernels: list[tuple[int, int, dict]] = []
@@ -216,8 +245,17 @@ class FileEvents:
         return found
 
     def record_parts(self, annotation: CollectiveAnnotation) -> tuple[dict, dict]:
-        """A sidecar annotation as an event's (common, own) args."""
-        return self.site(annotation), own_args(annotation)
+        """A sidecar annotation as an event's (common, own) args (an nccl2 one's marked once, see
+        :func:`mark_nccl2`)."""
+        if not is_nccl2_record(annotation.collective_name, annotation.in_split_size, annotation.out_split_size):
+            return self.site(annotation), own_args(annotation)
+        found = self.nccl2_parts.get(id(annotation))
+        if found is None:
+            group = self.by_uid.get(annotation.pg_uid)
+            eager = {**self.site(annotation), **own_args(annotation)}
+            mark_nccl2(eager, self.seq_parts, group.ranks if group else ())
+            found = self.nccl2_parts[id(annotation)] = self.interner.split(eager)
+        return found
 
     def host_timed(self, call: HostCall, parts: tuple[dict, dict], source: str) -> None:
         """The instance of a call timed on the host: by its gloo works, else its c10d op, else its
