@@ -468,12 +468,6 @@ COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
 )}
 #: Eager names of the all-to-all collectives, whose "In split size" lists what each peer was sent.
 ALL_TO_ALL_NAMES = frozenset({"all_to_all", "all_to_allv"})
-#: nccl2's name for all_to_all_single without split lists (an even split): its split keys hold
-#: the totals, "[in]" / "[out]" (../shared/reference/nccl2-and-hooks.md).
-NCCL2_ALL_TO_ALL_EVEN = "allToAllSingleImpl"
-#: nccl2's name for all_to_all_single with split lists: its split keys hold only the totals,
-#: "[in.numel]" / "[out.numel]"; the user's split lists are not recorded.
-NCCL2_ALL_TO_ALL_V = "all_to_all_v_single"
 #: Families whose collectives synchronise their members (see :attr:`Collective.synchronizing`).
 SYNCHRONIZING_FAMILIES = frozenset(row.family for row in COLLECTIVES.values() if row.synchronizing)
 #: Eager names numbered on a group's point-to-point Seq counter.

@@ -21,11 +21,11 @@ from typing import Optional, Protocol
 
 from commtag.merge.records import CollectiveInstance
 from commtag.vocab import (
-    ALL_TO_ALL_NAMES, IN_SPLIT_KEY, NCCL2_ALL_TO_ALL_EVEN, NCCL2_ALL_TO_ALL_V, SCALAR_TYPE_BYTES,
+    ALL_TO_ALL_NAMES, COLLECTIVE_NAME_KEY, IN_SPLIT_KEY, NCCL2_ALLTOALL_EVEN, NCCL2_ALLTOALL_SPLIT, SCALAR_TYPE_BYTES,
 )
 
 #: Every collective name whose instances are listed (their traffic known or not).
-TRAFFIC_NAMES = ALL_TO_ALL_NAMES | {NCCL2_ALL_TO_ALL_EVEN, NCCL2_ALL_TO_ALL_V}
+TRAFFIC_NAMES = ALL_TO_ALL_NAMES | {NCCL2_ALLTOALL_EVEN, NCCL2_ALLTOALL_SPLIT}
 
 
 class Matched(Protocol):
@@ -105,8 +105,10 @@ def _one(m: Matched) -> AllToAll:
 
 def _row(inst: CollectiveInstance, n: int) -> tuple[Optional[list[int]], str]:
     """What one rank sent each peer, or None and why it is not known."""
-    if inst.collective == NCCL2_ALL_TO_ALL_V:
-        return None, f"nccl2's {NCCL2_ALL_TO_ALL_V} records only the totals, not the split sizes"
+    own = inst.arg(COLLECTIVE_NAME_KEY)  # the backend's own name (an nccl2 slice keeps it)
+    name = own if isinstance(own, str) else inst.collective
+    if name == NCCL2_ALLTOALL_SPLIT:
+        return None, f"nccl2's {NCCL2_ALLTOALL_SPLIT} records only the totals, not the split sizes"
     text = inst.arg(IN_SPLIT_KEY)
     if not isinstance(text, str):
         return None, f"rank {inst.rank} recorded no {IN_SPLIT_KEY!r}"
@@ -116,9 +118,9 @@ def _row(inst: CollectiveInstance, n: int) -> tuple[Optional[list[int]], str]:
         splits = [int(part) for part in text.strip("[]").split(",") if part.strip()]
     except ValueError:
         return None, f"rank {inst.rank}'s {IN_SPLIT_KEY!r} is not a list of counts: {text!r}"
-    even = not splits if inst.collective != NCCL2_ALL_TO_ALL_EVEN else len(splits) <= 1
+    even = not splits if name != NCCL2_ALLTOALL_EVEN else len(splits) <= 1
     if even:
-        if inst.collective == "all_to_all" or inst.in_nelems % n:
+        if name == "all_to_all" or inst.in_nelems % n:
             return None, f"rank {inst.rank} sent {inst.in_nelems} elements with no split sizes"
         return [inst.in_nelems // n] * n, ""
     if len(splits) != n:
