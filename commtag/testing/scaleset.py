@@ -39,7 +39,7 @@ import orjson
 from commtag import identity
 from commtag.atomic import write_atomic
 from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
-from commtag.runtime.sidecar import dumps, sidecar_name, trace_name
+from commtag.runtime.record.sidecar import dumps, sidecar_name, trace_name
 from commtag.schema import (
     CapturedCollective,
     CollectiveAnnotation,
