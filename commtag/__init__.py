@@ -24,7 +24,7 @@ def install() -> None:
     Call it once per process, before any CUDA-graph capture; before or after
     init_process_group both work.
     """
-    from commtag.runtime import hooks
+    from commtag.runtime.install import hooks
 
     hooks.install()
 
@@ -32,14 +32,14 @@ def install() -> None:
 def uninstall() -> None:
     """Restore the exact original torch.distributed functions and CUDAGraph methods (idempotent,
     thread-safe)."""
-    from commtag.runtime import hooks
+    from commtag.runtime.install import hooks
 
     hooks.uninstall()
 
 
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
-    from commtag.runtime import hooks
+    from commtag.runtime.install import hooks
 
     return hooks.is_installed()
 
@@ -48,7 +48,7 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
     """A profiler ``on_trace_ready`` writing ``rank{R}.step{S}.pt.trace.json.gz`` and
     ``rank{R}.step{S}.commtag.json`` into ``dir_name`` (S: the profiler steps the trace
     holds, "2-3"), never over an existing file."""
-    from commtag.runtime import recorder
+    from commtag.runtime.record import recorder
 
     return recorder.trace_handler(dir_name)
 

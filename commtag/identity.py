@@ -11,7 +11,7 @@ name (its rendezvous store is prefixed with it) and the ordered global ranks.
 **uid** = ``"<group_name>:<first 12 hex of sha1('_'.join(ranks))>"``, the
 name plus a hash of the ranks as Flight Recorder identifies groups; from the
 second life of the world on (``destroy_process_group()`` then
-``init_process_group()`` again, see :mod:`commtag.runtime.groups`) it ends in
+``init_process_group()`` again, see :mod:`commtag.runtime.describe.groups`) it ends in
 ``"~<generation>"``: torch gives the new groups the old names again and their
 Seq restarts at 1, so without it calls of different lives would pair up.
 

@@ -102,7 +102,7 @@ def _swap_toggles(commtag, dist) -> tuple[Callable[[], None], Callable[[], None]
     (and the idempotent calls too), which leaves different caches behind for the two variants' calls."""
     from torch.distributed import distributed_c10d as c10d
 
-    from commtag.runtime import hooks
+    from commtag.runtime.install import hooks
 
     commtag.install()
     names = hooks.patched_names()
@@ -132,7 +132,7 @@ def _worker(rank: int, world: int, init_file: str, pairs: int, block: int, toggl
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
-    from commtag.runtime import recorder
+    from commtag.runtime.record import recorder
 
     # Kineto prints a line per profiler start/stop on fd 2; keep it out of the report.
     log = os.open(os.path.join(out_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT)

@@ -220,7 +220,7 @@ def _check_listing_order(torch: Any, dist: Any, checks: Checks) -> None:
     (before commtag is installed), list its nodes after every op: each listing must extend the last."""
     import time
 
-    from commtag.runtime.graph_api import CudaBindingsGraphAPI
+    from commtag.runtime.capture.graph_api import CudaBindingsGraphAPI
 
     api = CudaBindingsGraphAPI()
     a = torch.randn(N, device="cuda")

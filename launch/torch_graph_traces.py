@@ -9,7 +9,7 @@ the function ``prof.export_chrome_trace(path, cuda_graph_annotations=...,
 graph_lanes=...)`` calls, as activity objects shaped like the profiler's (the methods it
 reads: device and resource ids, times, category, name, Kineto's metadata fragment,
 correlation and flows), with the annotations commtag's runtime hands torch's
-``mark_kernels`` for each captured collective (``commtag.runtime.torch_marks``) keyed as
+``mark_kernels`` for each captured collective (``commtag.runtime.capture.torch_marks``) keyed as
 torch's registry keys them: ``(exec graph id << 32) | node id``, the kernels' "graph node id".
 
 The job, per rank: one capture of a graph with 6 nodes (a gemm the user annotated
@@ -51,8 +51,8 @@ import torch
 from torch.profiler import _chrome_trace_export
 
 from commtag.identity import format_list, group_info
-from commtag.runtime.sidecar import write_sidecar
-from commtag.runtime.torch_marks import TorchMarks
+from commtag.runtime.record.sidecar import write_sidecar
+from commtag.runtime.capture.torch_marks import TorchMarks
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo, Sidecar,
 )

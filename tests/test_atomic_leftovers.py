@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import commtag
-from commtag.runtime import sidecar
+from commtag.runtime.record import sidecar
 
 def die(tmp, rank, steps):  # the trace is exported to its temporary: the process is killed now
     os._exit(9)

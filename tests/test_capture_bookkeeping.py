@@ -16,7 +16,9 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from commtag.runtime import c10d_ops, capture, hooks
+from commtag.runtime import capture
+from commtag.runtime.capture import c10d_ops
+from commtag.runtime.install import hooks
 from commtag.runtime.capture import CaptureTracker
 from commtag.schema import CollectiveAnnotation, GraphCapture
 

@@ -40,7 +40,7 @@ def _funcol_body(rank: int, world_size: int) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from commtag.runtime import c10d_ops
+    from commtag.runtime.capture import c10d_ops
 
     sub = dist.new_group([0, 1], group_desc="tp")
     sink = _ListSink()
@@ -100,7 +100,7 @@ def _ddp_body(rank: int, world_size: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from commtag.runtime import c10d_ops
+    from commtag.runtime.capture import c10d_ops
 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
@@ -145,7 +145,8 @@ def _dtype_body(rank: int, world_size: int) -> dict[str, tuple[str, str]]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from commtag import vocab
-    from commtag.runtime import c10d_ops, metadata
+    from commtag.runtime.capture import c10d_ops
+    from commtag.runtime.describe import metadata
 
     class Seen(TorchDispatchMode):
         """Keeps the c10d operator call a torch.distributed function makes, then stops it."""
@@ -200,7 +201,9 @@ def _captured_python_calls_body(rank: int, world_size: int) -> dict[str, Any]:
     from test_capture_bookkeeping import MAIN, FakeGraphAPI
 
     import commtag
-    from commtag.runtime import c10d_ops, capture, hooks
+    from commtag.runtime import capture
+    from commtag.runtime.capture import c10d_ops
+    from commtag.runtime.install import hooks
 
     class Owner:
         def raw_cuda_graph_exec(self) -> int:

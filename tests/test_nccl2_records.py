@@ -7,8 +7,8 @@ root's record differs); the legacy ones off eager-comm-metadata.md.
 
 from __future__ import annotations
 
-from commtag.runtime.calls import CallRecord, OpCall
-from commtag.runtime.groups import GroupState
+from commtag.runtime.describe.calls import CallRecord, OpCall
+from commtag.runtime.describe.groups import GroupState
 from commtag.testing.nccl2 import ASYNC_KEY, JobCall, JobGroup, kernel_args, records
 from commtag.vocab import (
     KERNEL_EAGER_KEYS, LEGACY_FORMAT, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_OMITTED_KEYS, SEND,

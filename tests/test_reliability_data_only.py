@@ -34,7 +34,7 @@ UNSAFE_BUILTINS = {"eval", "exec", "compile"}
 #: names (the idle path's wrappers, as dataclasses builds __init__): not input data. Each
 #: such line is listed in OWN_CODE, so a new one is a decision, not an accident.
 OWN_CODE_MARK = "# commtag's own text, not input data"
-OWN_CODE = {"commtag/runtime/idle.py"}
+OWN_CODE = {"commtag/runtime/install/idle.py"}
 #: Calls that unpickle under the hood.
 UNSAFE_CALLS = {("torch", "load"), ("np", "load"), ("numpy", "load"), ("pd", "read_pickle"),
                 ("pandas", "read_pickle")}
@@ -86,7 +86,7 @@ def test_the_scan_finds_what_it_looks_for():
         "torch.load()", ".all_gather_object()", ".loads()",
     ]
     # The mark only counts in the files listed for it.
-    listed = [f.split(": ", 1)[1] for f in _findings(SOURCE_WITH_EVERYTHING, "commtag/runtime/idle.py")]
+    listed = [f.split(": ", 1)[1] for f in _findings(SOURCE_WITH_EVERYTHING, "commtag/runtime/install/idle.py")]
     assert listed.count("exec()") == 1
 
 

@@ -123,11 +123,11 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag.runtime.capture as capture
     import commtag.atomic as atomic
     import commtag.runtime.failopen as failopen
-    import commtag.runtime.groups as groups
-    import commtag.runtime.hooks as hooks
-    import commtag.runtime.metadata as metadata
-    import commtag.runtime.patch as patch
-    from commtag.runtime.calls import CallRecord
+    import commtag.runtime.describe.groups as groups
+    import commtag.runtime.install.hooks as hooks
+    import commtag.runtime.describe.metadata as metadata
+    import commtag.runtime.install.grouped as grouped
+    from commtag.runtime.describe.calls import CallRecord
 
     root = Path(out_dir)
     pair = dist.new_group([0, 1])
@@ -161,17 +161,17 @@ def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     # Metadata extraction: every op's describer raises (as after a torch signature change).
     commtag.uninstall()
     saved_ops = dict(metadata.OPS)
-    saved_p2p = patch.p2p_call
+    saved_p2p = grouped.p2p_call
     for name in metadata.OPS:
         metadata.OPS[name] = lambda *a, **k: {}["injected: metadata"]
-    patch.p2p_call = lambda *a, **k: {}["injected: p2p metadata"]
+    grouped.p2p_call = lambda *a, **k: {}["injected: p2p metadata"]
     commtag.install()
     try:
         run("metadata")
     finally:
         commtag.uninstall()
         metadata.OPS.update(saved_ops)
-        patch.p2p_call = saved_p2p
+        grouped.p2p_call = saved_p2p
         commtag.install()
 
     # Validation: what was recorded does not validate (a real ValidationError at sidecar time).
@@ -320,7 +320,7 @@ def test_files_left_by_each_fault(results: list[dict]):
 
 
 def test_annotations_survive_the_faults_that_allow_them(results: list[dict]):
-    from commtag.runtime.sidecar import read_sidecar
+    from commtag.runtime.record.sidecar import read_sidecar
 
     out = results[0]["out"]
     for rank in range(WORLD):

@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch.distributed as dist
 
-from commtag.runtime import groups
+from commtag.runtime.describe import groups
 from commtag.vocab import LEGACY_FORMAT, NCCL2_FORMAT
 
 
@@ -54,7 +54,7 @@ def _as_if_nccl2(rank: int, world: int, out_dir: str) -> list[tuple]:
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
-    from commtag.runtime.sidecar import read_sidecar
+    from commtag.runtime.record.sidecar import read_sidecar
 
     warnings.simplefilter("ignore")
     commtag.install()

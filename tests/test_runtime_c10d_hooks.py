@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commtag.runtime import c10d_hooks
+from commtag.runtime.install import c10d_hooks
 from gloo_world import run_world
 
 needs_hooks = pytest.mark.skipif(not c10d_hooks.available(),
@@ -27,7 +27,7 @@ def _mixed_calls(rank: int, world: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
-    from commtag.runtime import recorder
+    from commtag.runtime.record import recorder
 
     warnings.simplefilter("ignore")
     commtag.install()
@@ -71,7 +71,7 @@ def test_calls_no_patched_function_sees_are_recorded_once_each() -> None:
 
 
 def _state(size: int = 4, rank: int = 1, record_format: str = "legacy"):
-    from commtag.runtime.groups import GroupState
+    from commtag.runtime.describe.groups import GroupState
 
     ranks = list(range(size))
     return GroupState(uid="0:x", name="0", desc="default_pg", ranks=ranks, ranks_text=str(ranks), size=size,
@@ -83,7 +83,7 @@ def test_a_hooked_call_is_described_as_the_patched_function_describes_it(monkeyp
     """From a hook's arguments (as torch 2.15 passes them, seen on gloo: in-place ops only inputs,
     list ops whole lists, roots and peers as group ranks) the same description as the patched
     function's for the same call; runs on CI's torch (no hook needed to describe)."""
-    from commtag.runtime import metadata
+    from commtag.runtime.describe import metadata
 
     state = _state()
     monkeypatch.setattr(metadata, "_state", lambda group: state)

@@ -67,10 +67,10 @@ def _round(rank: int, world_size: int) -> dict:
 
 def _faults(rank: int, world_size: int, out_dir: str) -> dict:
     import commtag
-    import commtag.runtime.groups as groups
-    import commtag.runtime.metadata as metadata
-    import commtag.runtime.recorder as recorder
-    import commtag.runtime.sidecar as sidecar
+    import commtag.runtime.describe.groups as groups
+    import commtag.runtime.describe.metadata as metadata
+    import commtag.runtime.record.recorder as recorder
+    import commtag.runtime.record.sidecar as sidecar
     import commtag.schema as schema
     from torch.profiler import ProfilerActivity, profile
 
@@ -198,7 +198,7 @@ def test_uninstall_restores_the_exact_objects_and_leaves_isend_alone():
 def _compiled(rank: int, world_size: int) -> tuple[list[float], int, bool]:
     """Under torch.compile the wrapper steps aside, so Dynamo sees the original collective."""
     import commtag
-    from commtag.runtime.groups import state_for
+    from commtag.runtime.describe.groups import state_for
 
     commtag.install()
 
@@ -229,7 +229,7 @@ def _install_when(rank: int, world_size: int, when: str, out_dir: str) -> int:
     import commtag
     from torch.profiler import ProfilerActivity, profile
 
-    from commtag.runtime.sidecar import read_sidecar
+    from commtag.runtime.record.sidecar import read_sidecar
 
     if when == "before":
         # Re-initialise the world after install: the wrappers resolve groups lazily.

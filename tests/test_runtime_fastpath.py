@@ -84,8 +84,8 @@ def _seqs(rank: int, world: int, out_dir: str) -> dict:
     import commtag
     from torch.profiler import ProfilerActivity, profile
 
-    from commtag.runtime.groups import state_for
-    from commtag.runtime.sidecar import read_sidecar
+    from commtag.runtime.describe.groups import state_for
+    from commtag.runtime.record.sidecar import read_sidecar
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor & co. are deprecated
     commtag.install()
@@ -164,8 +164,8 @@ def _toggle_inside(rank: int, world: int) -> list[int]:
     import commtag
     from torch.profiler import ProfilerActivity, profile
 
-    from commtag.runtime import idle
-    from commtag.runtime.groups import state_for
+    from commtag.runtime.install import idle
+    from commtag.runtime.describe.groups import state_for
 
     warnings.simplefilter("ignore", FutureWarning)
     commtag.install()
@@ -275,7 +275,7 @@ COUNTABLE = PATCHED
     ],
 )
 def test_install_reads_which_originals_call_a_wrapper_again(func, kind, tf_index, inner):
-    from commtag.runtime.reentry import classify
+    from commtag.runtime.install.reentry import classify
 
     shape = classify(func, func.__name__, PATCHED, COUNTABLE)
     assert (shape.kind, shape.tf_index, shape.inner) == (kind, tf_index, inner), shape
@@ -285,8 +285,8 @@ def test_install_reads_which_originals_call_a_wrapper_again(func, kind, tf_index
 def test_torch_originals_are_read_as_expected():
     """In this torch, which wrappers take the fast path (a newer torch may legitimately differ)."""
     import commtag
-    from commtag.runtime import patch
-    from commtag.runtime.metadata import OPS
+    from commtag.runtime.install import patch
+    from commtag.runtime.describe.metadata import OPS
 
     originals = {name: getattr(c10d, name) for name in OPS if hasattr(c10d, name)}
     shapes = {name: patch.shape_of(original, name) for name, original in originals.items()}
@@ -345,7 +345,7 @@ def _keyword_only(rank: int, world: int, where: str) -> tuple:
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
-    from commtag.runtime.sidecar import read_sidecar
+    from commtag.runtime.record.sidecar import read_sidecar
 
     real = c10d.all_reduce
 

@@ -19,10 +19,10 @@ from torch.cuda.graphs import CUDAGraph
 from torch.distributed import distributed_c10d as c10d
 
 import commtag
-from commtag.runtime.metadata import OPS
+from commtag.runtime.describe.metadata import OPS
 
 #: The CUDAGraph methods commtag wraps: only capture_end where torch has graph lifecycle hooks
-#: (2.14+), whose registries are checked instead (see commtag.runtime.hooks).
+#: (2.14+), whose registries are checked instead (see commtag.runtime.install.hooks).
 TORCH_HOOKS = hasattr(graphs, "register_graph_capture_start_hook")
 HOOKS = ("capture_end",) if TORCH_HOOKS else ("capture_begin", "capture_end", "replay")
 REGISTRIES = ("_global_capture_start_hooks", "_global_replay_start_hooks", "_global_replay_end_hooks") \

@@ -70,7 +70,7 @@ def lives(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_each_life_of_the_world_pairs_only_with_itself(lives: Path) -> None:
     from commtag.merge.analysis.analyze import analyze
     from merging import merge
-    from commtag.runtime.sidecar import read_sidecar
+    from commtag.runtime.record.sidecar import read_sidecar
 
     traces = lives / "traces"
 
@@ -125,7 +125,7 @@ def _three_lives_installed_first(rank: int, world_size: int, store_dir: str, res
     from torch.distributed import distributed_c10d as c10d
 
     import commtag
-    from commtag.runtime import groups
+    from commtag.runtime.describe import groups
 
     original = c10d._update_default_pg
     commtag.install()  # before any init_process_group

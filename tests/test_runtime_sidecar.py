@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from commtag.constants import sidecar_name_for
-from commtag.runtime.sidecar import SidecarError, read_sidecar, write_sidecar
+from commtag.runtime.record.sidecar import SidecarError, read_sidecar, write_sidecar
 from commtag.schema import Sidecar
 
 

@@ -254,7 +254,7 @@ def test_a_directory_of_foreign_traces_is_refused(tmp_path: Path) -> None:
 
 def test_the_kernels_it_writes_are_read_as_their_collectives():
     """The generator's NCCL kernels and template kernels are named and read with commtag.vocab's rules."""
-    from commtag.testing.scaleset import NCCL_KERNEL_OF, kernel_op
+    from commtag.testing.scale.plan import NCCL_KERNEL_OF, kernel_op
     from commtag.vocab import COLLECTIVES, parse_nccl_kernel
 
     for op, kernel in NCCL_KERNEL_OF.items():

@@ -24,7 +24,7 @@ import pytest
 
 from merging import merge
 from commtag.runtime.capture import CaptureTracker
-from commtag.runtime.torch_marks import TorchMarks
+from commtag.runtime.capture.torch_marks import TorchMarks
 from pftrace_reader import lane_of, read
 from test_capture_bookkeeping import AG, AR, MAIN, NCCL, FakeGraphAPI, annotation_of
 from test_merge_accounting import assert_accounted

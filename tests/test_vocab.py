@@ -68,7 +68,8 @@ def test_the_runtime_op_tables_take_each_eager_name_from_the_catalogue() -> None
     """metadata.OPS (torch.distributed functions) and c10d_ops.DESCRIBERS (c10d operators) name
     no collective themselves: vocab says which eager name each records, and it is a catalogue row
     (that the recorded names are the eager profiler's: test_runtime_parity, test_capture_c10d_ops)."""
-    from commtag.runtime import c10d_ops, metadata
+    from commtag.runtime.capture import c10d_ops
+    from commtag.runtime.describe import metadata
 
     assert set(metadata.OPS) == set(vocab.FUNCTION_COLLECTIVES)
     assert set(c10d_ops.DESCRIBERS) == set(vocab.OPERATOR_COLLECTIVES)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from commtag.identity import format_list
-from commtag.nccl2 import nccl2_sizes
+from commtag.runtime.describe.nccl2 import nccl2_sizes
 from commtag.vocab import (
     BARRIER_DTYPE, COLLECTIVE_NAME_KEY, COLLECTIVES, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, KERNEL_CATEGORY,
     NCCL2_COLLECTIVES, NCCL_REDUCING, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY,

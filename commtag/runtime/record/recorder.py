@@ -32,7 +32,9 @@ from torch.profiler import ProfilerAction
 
 from commtag.atomic import temporary
 from commtag.constants import TRACE_SUFFIX, sidecar_name_for
-from commtag.runtime import capture, groups, sidecar
+from commtag.runtime import capture
+from commtag.runtime.describe import groups
+from commtag.runtime.record import sidecar
 from commtag.runtime.failopen import log_once
 from commtag.schema import RecordedCollective, Sidecar
 
@@ -55,7 +57,7 @@ def profiler_enabled() -> bool:
 
 
 class Entry(Protocol):
-    """A finished call as the recorder keeps it (:class:`commtag.runtime.calls.CallRecord`)."""
+    """A finished call as the recorder keeps it (:class:`commtag.runtime.describe.calls.CallRecord`)."""
 
     start_ns: int
     tid: int
@@ -247,7 +249,7 @@ def trace_handler(dir_name: Union[str, Path]) -> Callable[[Any], None]:
     (R = global rank, S = the profiler steps the trace holds, see
     :func:`profiled_steps`), never over an existing file: a name already
     taken gets ``.2``, ``.3``, ... before the suffix (see
-    :mod:`commtag.runtime.sidecar`). Both are written to a temporary name and
+    :mod:`commtag.runtime.record.sidecar`). Both are written to a temporary name and
     renamed. A failure while writing either (a full disk, a directory that
     cannot be written) is logged once and does not stop training; the trace
     is written first, and without it no sidecar.

@@ -5,18 +5,18 @@ concurrent calls can never leave one part installed and another not:
 
 * the ``torch.distributed`` collectives (both ``torch.distributed`` and
   ``distributed_c10d``, the same objects), wrapped by
-  :func:`commtag.runtime.patch.wrapper_makers`;
+  :func:`commtag.runtime.install.patch.wrapper_makers`;
 * ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``/``replay``, which
   open and close capture bookkeeping (:mod:`commtag.runtime.capture`) and log
   replays; every way of capturing that torch offers (``torch.cuda.graph``,
   ``make_graphed_callables``, Inductor's CUDA-graph trees) goes through them;
 * while a capture is open, the dispatch mode that sees c10d operators called
-  from C++ (:mod:`commtag.runtime.c10d_ops`), pushed by the capture_begin
+  from C++ (:mod:`commtag.runtime.capture.c10d_ops`), pushed by the capture_begin
   hook and popped by the capture_end hook;
 * c10d's ``_update_default_pg``, to count the lives of the world
-  (:func:`commtag.runtime.groups.watch_lives`);
+  (:func:`commtag.runtime.describe.groups.watch_lives`);
 * on torch 2.15+, c10d's per-group pre/post hooks, for the calls no patched
-  function sees (:mod:`commtag.runtime.c10d_hooks`).
+  function sees (:mod:`commtag.runtime.install.c10d_hooks`).
 
 On torch 2.14+ capture start and replays are told by torch's own
 ``torch.cuda.graphs.register_graph_*`` hooks instead of by wrapping
@@ -42,11 +42,13 @@ from typing import Any, Callable, Optional
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commtag.runtime import c10d_hooks, c10d_ops, capture, patch
+from commtag.runtime import capture
+from commtag.runtime.capture import c10d_ops
+from commtag.runtime.install import c10d_hooks, patch
 from commtag.runtime.capture import CaptureTracker, CollectiveToken
 from commtag.runtime.failopen import log_once
-from commtag.runtime.groups import unwatch_lives, watch_lives
-from commtag.runtime.metadata import OPS
+from commtag.runtime.describe.groups import unwatch_lives, watch_lives
+from commtag.runtime.describe.metadata import OPS
 from commtag.schema import CollectiveAnnotation
 
 #: Held by install and uninstall for their whole work (re-entrant: is_installed may be asked inside).

@@ -6,7 +6,7 @@ Naming scheme (one profiled window of one rank, in the trace directory)::
     rank{R}.step{S}[.{K}].commtag.json        its sidecar
 
 where R is the global rank and S the profiler steps the trace holds (see
-:func:`commtag.runtime.recorder.profiled_steps`): ``2-3`` for
+:func:`commtag.runtime.record.recorder.profiled_steps`): ``2-3`` for
 ProfilerStep#2 and #3, ``5`` for #5 alone; a profile without a schedule
 has no step markers and S is its ``step_num``, the number of
 ``prof.step()`` calls (0 without any). A name is never reused: when a

@@ -11,7 +11,7 @@ else recorded:
   opened) is that wrapper's: the hooks step aside, so no call is recorded
   twice;
 * while a capture is open, the capture's operator interception
-  (:mod:`commtag.runtime.c10d_ops`) owns the calls; replays fire no hook;
+  (:mod:`commtag.runtime.capture.c10d_ops`) owns the calls; replays fire no hook;
 * only while the profiler records (the hooks cost one check otherwise).
 
 A group made after install gets its hooks where torch attaches its own
@@ -30,10 +30,12 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from commtag.identity import format_list
-from commtag.runtime import capture, patch, recorder
-from commtag.runtime.calls import OpCall, dtype_name, nelems
+from commtag.runtime import capture
+from commtag.runtime.install import inflight
+from commtag.runtime.record import recorder
+from commtag.runtime.describe.calls import OpCall, dtype_name, nelems
 from commtag.runtime.failopen import log_once
-from commtag.runtime.groups import GroupState, lookup
+from commtag.runtime.describe.groups import GroupState, lookup
 from commtag.vocab import (
     BARRIER_DTYPE, HOOK_OP_COLLECTIVES, NCCL2_FORMAT, NCCL2_PER_TENSOR, RECV, SEND, UNDESCRIBED_HOOK_OP,
 )
@@ -125,7 +127,7 @@ class _GroupHooks:
         self.issuing: dict[int, Any] = {}
 
     def pre(self, args: Any) -> None:
-        if not _live or not recorder.profiler_enabled() or patch.inside_wrapper() or capture.OPEN_CAPTURES:
+        if not _live or not recorder.profiler_enabled() or inflight.inside_wrapper() or capture.OPEN_CAPTURES:
             return
         try:
             state = lookup(self.group())
@@ -141,11 +143,11 @@ class _GroupHooks:
                         f"{name}: the hook is not given the split sizes; left unannotated"))
                 return
             if call.p2p is not None:
-                seq, pair_seq = state.next_p2p_seq(), patch.pair_seq_of(call)
+                seq, pair_seq = state.next_p2p_seq(), inflight.pair_seq_of(call)
             else:
                 seq, pair_seq = state.next_collective_seq(), None
             parts = per_tensor(call, list(args.input_tensors), list(args.output_tensors))
-            self.issuing[int(args.op_id)] = [patch.issuing(part, seq, pair_seq) for part in parts]
+            self.issuing[int(args.op_id)] = [inflight.issuing(part, seq, pair_seq) for part in parts]
         except Exception as exc:  # noqa: BLE001 - fail open: the call runs unannotated
             log_once("describing a call c10d's hook saw", exc)
 
@@ -155,7 +157,7 @@ class _GroupHooks:
             return
         try:
             for pending in pendings:
-                patch.record_issued(pending, args.work)
+                inflight.record_issued(pending, args.work)
         except Exception as exc:  # noqa: BLE001 - fail open
             log_once("recording a call c10d's hook saw", exc)
 

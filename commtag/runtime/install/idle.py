@@ -8,7 +8,7 @@ op's entry is generated from :data:`_ENTRY_TEMPLATE` with the gate in it,
 with the original's own parameters where they can be copied (no
 ``*args, **kwargs`` packed per call) and over ``*args, **kwargs`` where
 not; every call the entry does not run itself goes to the op's slow path
-(:mod:`commtag.runtime.patch`) exactly as the caller split its arguments.
+(:mod:`commtag.runtime.install.patch`) exactly as the caller split its arguments.
 Everything here runs on every collective of the job, so each bytecode
 counts (~5-10x its warm cost right after a collective).
 """
@@ -25,12 +25,12 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.c10d_logger import _exception_logger
 
-from commtag.runtime import recorder
+from commtag.runtime.record import recorder
 from commtag.runtime.capture import OPEN_CAPTURES  # noqa: F401 - read by the generated entries (the gate)
-from commtag.runtime.groups import GROUP_STATES  # noqa: F401 - read by the generated entries
+from commtag.runtime.describe.groups import GROUP_STATES  # noqa: F401 - read by the generated entries
 
 # What the idle hot path reads, bound once: each Python frame it avoids is ~30-80 ns. The slow
-# path in commtag.runtime.patch reads the same bindings.
+# path in commtag.runtime.install.patch reads the same bindings.
 #: torch.compiler.is_compiling() without its two frames: Dynamo folds is_dynamo_compiling()
 #: to True while tracing, and eagerly is_compiling() is the compiler module's flag (non-strict export).
 is_dynamo_compiling: Callable[[], bool] = torch.compiler.is_dynamo_compiling

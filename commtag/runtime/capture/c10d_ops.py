@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from commtag.identity import format_list
-from commtag.runtime.calls import OpCall, dtype_name, nelems, numbered_now, reduce_name
+from commtag.runtime.describe.calls import OpCall, dtype_name, nelems, numbered_now, reduce_name
 from commtag.runtime.failopen import log_once
-from commtag.runtime.groups import GroupState, state_for
+from commtag.runtime.describe.groups import GroupState, state_for
 from commtag.schema import CollectiveAnnotation
 from commtag.vocab import BARRIER_DTYPE, OPERATOR_COLLECTIVES
 

@@ -1,7 +1,7 @@
 """How ProcessGroupNCCL2 (nccl2) writes a call that legacy ProcessGroupNCCL writes another way.
 
 One pure rule, shared by the runtime (a group whose backend is nccl2 gets
-nccl2's records, see :mod:`commtag.runtime.groups`) and by the generator of
+nccl2's records, see :mod:`commtag.runtime.describe.groups`) and by the generator of
 nccl2 records for tests (:mod:`commtag.testing.nccl2`): a call described in
 the legacy terms becomes the record(s) nccl2 writes for it. Every value
 follows ../shared/reference/nccl2-and-hooks.md (§2 common rules, §3 per op);

@@ -1,9 +1,9 @@
 """One collective call in the eager profiler's terms, and the one way it becomes an annotation.
 
 Both ways a call reaches commtag describe it as an :class:`OpCall`: the
-patched ``torch.distributed`` functions (:mod:`commtag.runtime.metadata`)
+patched ``torch.distributed`` functions (:mod:`commtag.runtime.describe.metadata`)
 and, while a CUDA graph is captured, the c10d operators that bypass them
-(:mod:`commtag.runtime.c10d_ops`). A :class:`CallRecord` adds what only the
+(:mod:`commtag.runtime.capture.c10d_ops`). A :class:`CallRecord` adds what only the
 moment of the call knows (its Seq, its thread, whether it failed) and
 builds the annotation's fields (:meth:`CallRecord.annotation_fields`), so
 the two paths cannot describe the same call differently.
@@ -19,8 +19,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed
 
-from commtag.nccl2 import nccl2_sizes
-from commtag.runtime.groups import GroupState
+from commtag.runtime.describe.nccl2 import nccl2_sizes
+from commtag.runtime.describe.groups import GroupState
 from commtag.vocab import DTYPES, NCCL2_FORMAT, RECORDED_AS_REAL, RECV, SEND
 
 _now_ns = time.time_ns
@@ -138,7 +138,7 @@ class CallRecord:
 
 
 def as_nccl2(fields: dict[str, Any], call: OpCall) -> None:
-    """Rewrite a call's fields as nccl2 writes its record (commtag.nccl2): its engine name,
+    """Rewrite a call's fields as nccl2 writes its record (commtag.runtime.describe.nccl2): its engine name,
     nelems and per-tensor splits, no Dst / Src Rank (the group-level keys it omits are left out
     by GroupState). A name nccl2 has no record for keeps the legacy values."""
     sizes = nccl2_sizes(call.collective, call.in_nelems, call.out_nelems, call.in_split, call.out_split,

@@ -3,7 +3,7 @@
 Each entry of :data:`OPS` is a function with the same parameters as the
 torch.distributed function it describes, so Python itself binds the user's
 positional and keyword arguments exactly as the real call does. It returns an
-:class:`~commtag.runtime.calls.OpCall` (names, sizes, dtype, whose rank goes into "Rank") or None
+:class:`~commtag.runtime.describe.calls.OpCall` (names, sizes, dtype, whose rank goes into "Rank") or None
 when the call will not run a collective on this rank (not a member).
 
 The table follows ../shared/reference/eager-comm-metadata.md: "Collective
@@ -20,10 +20,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from commtag.identity import format_list
-from commtag.runtime.calls import OpCall, dtype_name, nelems
-from commtag.runtime.groups import GroupState, lookup
+from commtag.runtime.describe.calls import OpCall, dtype_name, nelems
+from commtag.runtime.describe.groups import GroupState, lookup
 from commtag.vocab import BARRIER_DTYPE, FUNCTION_COLLECTIVES, P2P_COLLECTIVES
-from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by patch
+from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by grouped
 
 #: The group's state, or None when this rank does not take part (lookup itself: no extra frame per call).
 _state = lookup
@@ -48,7 +48,7 @@ def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, a
 
 def _reduction(op: Any) -> Any:
     """The reduction a call names, as it names it (torch.distributed's default where it names
-    none): named only where a capture needs it (:func:`commtag.runtime.calls.reduce_name`)."""
+    none): named only where a capture needs it (:func:`commtag.runtime.describe.calls.reduce_name`)."""
     return torch.distributed.ReduceOp.SUM if op is None else op
 
 
