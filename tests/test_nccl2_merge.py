@@ -68,7 +68,7 @@ def _sidecar(trace: dict, rank: int, fmt: str):
 
 
 def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]] = None, sidecars: bool = False):
-    from commtag.runtime.sidecar import write_sidecar
+    from commtag.runtime.record.sidecar import write_sidecar
 
     directory = tmp_path / fmt
     directory.mkdir()
