@@ -93,3 +93,18 @@ def group_info(name: str, desc: str, ranks: Sequence[int], backend: str) -> Grou
     uid = group_uid(name, ranks)
     return GroupRow(uid=uid, name=name, desc=desc, ranks=list(ranks), backend=backend,
                     lane_id=lane_id(uid), lane_name=lane_name(name, desc, ranks))
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """Ranks as short runs, 'rank 3' or 'ranks 0-2, 5'."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    start = prev = None
+    for r in [*ordered, None]:
+        if r is not None and prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(runs)

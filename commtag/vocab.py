@@ -136,6 +136,8 @@ TORCH_LANE_KEY = "stream"
 #: The CPU op in which ProcessGroupNCCL records each call's eager keys; Kineto copies
 #: part of them (:data:`KERNEL_EAGER_KEYS`) onto the call's NCCL kernel, if it was profiled.
 COMMS_OP = "record_param_comms"
+#: The CPU op of a c10d collective ("c10d::allreduce_"), as Kineto names it.
+C10D_OP_PREFIX = "c10d::"
 #: "Collective name" values of COMMS_OP that are no collective: a Work's wait, a
 #: communicator's creation.
 NON_COLLECTIVE_NAMES = frozenset({"wait", "init"})
@@ -709,6 +711,8 @@ UNDESCRIBED_HOOK_OP = "ALLTOALL_BASE"
 #: ``gloo:send``/``gloo:recv`` events, instead of as one ``gloo:<collective>`` event on a worker:
 #: monitored_barrier sends to and receives from group rank 0 inside ProcessGroupGloo.
 C10D_OPS_WITHOUT_GLOO_WORK = frozenset({"c10d::monitored_barrier_"})
+#: gloo's work events ("gloo:all_reduce"), on the group's worker threads or the caller's (p2p).
+GLOO_WORK_PREFIX = "gloo:"
 #: gloo (torch 2.13) runs a collective as ``gloo:<op>`` events of another family here: both
 #: reduce_scatters run as all_reduce works (families as :func:`family` names them).
 GLOO_WORK_FAMILY = {"reducescatter": "allreduce"}

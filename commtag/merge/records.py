@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
+from commtag.identity import describe_ranks
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_PG_UID, ANN_RANK, ANN_RECORD_FORMAT,
     ANN_REPLAY, ANN_SEQ_FROM, ANN_SEQ_PART, ANN_SOURCE, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY,
@@ -387,21 +388,6 @@ class Coverage:
             return ""
         return (f"{len(absent)} of {self.world_size} ranks have no trace ({describe_ranks(absent)}): "
                 "collectives of their groups are incomplete (marked missing_ranks, no skew or bandwidth)")
-
-
-def describe_ranks(ranks: Sequence[int]) -> str:
-    """Ranks as short runs, 'rank 3' or 'ranks 0-2, 5'."""
-    ordered = sorted(set(ranks))
-    runs: list[str] = []
-    start = prev = None
-    for r in [*ordered, None]:
-        if r is not None and prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            runs.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(runs)
 
 
 @dataclass(slots=True)

@@ -9,8 +9,8 @@ from typing import Callable, Iterable
 from commtag.merge.records import (
     CollectiveInstance,
     Coverage,
-    describe_ranks,
 )
+from commtag.identity import describe_ranks
 from commtag.vocab import (
     ANN_SEQ_FROM, COLLECTIVES, COLLECTIVE_NAME_KEY,
     DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,

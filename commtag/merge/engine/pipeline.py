@@ -49,8 +49,9 @@ from commtag.merge.inputs.load import RankInput, discover, nothing_left
 from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import (
     CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary,
-    TraceAnnotations, describe_ranks,
+    TraceAnnotations,
 )
+from commtag.identity import describe_ranks
 from commtag.merge.inputs.selection import (
     NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
 )

@@ -52,14 +52,14 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from commtag.identity import UNATTRIBUTED_LANE, UNATTRIBUTED_LANE_ID, UNATTRIBUTED_UID
 from commtag.merge.rank.eager import comms_ops, kernel_calls, pair_calls
-from commtag.merge.rank.events import C10D_OP_PREFIX, GLOO_WORK_PREFIX, FileEvents, RankFlows, make_instance
+from commtag.merge.rank.events import FileEvents, RankFlows, make_instance
 from commtag.merge.rank.gloo import join_recorded
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.rank.replays import attach_replays
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Interner
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, COLLECTIVE_NAME_KEY, COMMS_OP,
-    GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, LAUNCH_CATEGORIES, P2P_FAMILIES, SEQ_KEY, is_graph_launch, nccl_kind,
+    ANN_CROSS_RANK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, C10D_OP_PREFIX, COLLECTIVE_NAME_KEY,
+    COMMS_OP, GLOO_WORK_PREFIX, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY, LAUNCH_CATEGORIES, P2P_FAMILIES, SEQ_KEY, is_graph_launch, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read

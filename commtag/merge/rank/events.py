@@ -19,19 +19,13 @@ from commtag.merge.inputs.clock import base_ns, event_ns
 from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_RANK, ANN_RECORD_FORMAT, ANN_REPLAY, ANN_SEQ_PART,
-    COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY,
+    C10D_OP_PREFIX, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY,
     LAUNCH_CATEGORIES, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES, NON_COLLECTIVE_NAMES, PG_NAME_KEY,
-    PG_RANKS_KEY, RANK_KEY, SEQ_KEY, family, is_graph_launch, is_nccl2_record,
+    GLOO_WORK_PREFIX, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, family, is_graph_launch, is_nccl2_record,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import CollectiveAnnotation, RecordedCollective, Sidecar
-
-#: The names of the CPU events attach joins: a collective's ``c10d::`` op and gloo's ``gloo:`` work
-#: events (record_param_comms is :data:`commtag.vocab.COMMS_OP`).
-C10D_OP_PREFIX = "c10d::"
-GLOO_WORK_PREFIX = "gloo:"
-
 
 def group_rows(trace: dict, sidecar: Optional[Sidecar]) -> list[GroupRow]:
     """Every group of a rank: the sidecar's table, else rebuilt from distributedInfo's pg_config.
