@@ -1,0 +1,75 @@
+"""What Kineto calls things in a trace: categories, args, flows."""
+
+from __future__ import annotations
+
+
+#: The CPU op in which ProcessGroupNCCL records each call's eager keys; Kineto copies
+#: part of them (:data:`KERNEL_EAGER_KEYS`) onto the call's NCCL kernel, if it was profiled.
+COMMS_OP = "record_param_comms"
+#: The CPU op of a c10d collective ("c10d::allreduce_"), as Kineto names it.
+C10D_OP_PREFIX = "c10d::"
+#: "Collective name" values of COMMS_OP that are no collective: a Work's wait, a
+#: communicator's creation.
+NON_COLLECTIVE_NAMES = frozenset({"wait", "init"})
+#: Older torch wrote the group as this integer key instead of "Process Group Name":
+#: the group's "uid" in distributedInfo's pg_config, whose "pg_name" is the name.
+PG_ID_KEY = "Process Group ID"
+#: Kineto's category of a GPU kernel.
+KERNEL_CATEGORY = "kernel"
+#: The graph node type the runtime records for a kernel node (``GraphNodeRecord.node_type``).
+KERNEL_NODE_TYPE = "kernel"
+#: Kineto categories of device-side events (their pid is the device).
+GPU_CATEGORIES = frozenset({KERNEL_CATEGORY, "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"})
+#: Host-side events that launch device work (same "correlation" as the work); HIP's
+#: runtime calls are filed under the same names.
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+#: Categories of device work a graph node can be, and the node type the runtime records
+#: for it (``GraphNodeRecord.node_type``).
+MEMCPY_NODE_TYPE = "memcpy"
+MEMSET_NODE_TYPE = "memset"
+DEVICE_WORK_NODE_TYPES: dict[str, str] = {KERNEL_CATEGORY: KERNEL_NODE_TYPE, "gpu_memcpy": MEMCPY_NODE_TYPE,
+                                          "gpu_memset": MEMSET_NODE_TYPE}
+#: Device work categories torch's CUDA-graph annotation pass (2.14+) reads and moves: those a
+#: graph node can be (not gpu_user_annotation).
+TORCH_ANNOTATED_CATEGORIES = frozenset(DEVICE_WORK_NODE_TYPES)
+#: Categories of Kineto's Chrome JSON before torch 1.11 (libkineto's output_json.cpp until
+#: the end of 2021) -> today's name for the same activity. ``gpu_user_Annotation`` is the
+#: capital-A spelling libkineto's ActivityType table had in 2021.
+KINETO_LEGACY_CATEGORIES: dict[str, str] = {
+    "Operator": "cpu_op",
+    "Runtime": "cuda_runtime",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "User": "gpu_user_annotation",
+    "gpu_user_Annotation": "gpu_user_annotation",
+}
+#: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
+KINETO_STREAM_TID_PREFIX = "stream "
+#: The name of the slice torch's profiler writes around each ``prof.step()``: ``ProfilerStep#<N>``.
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+#: Categories of Kineto's flow events ("s"/"f") from a runtime launch to its device work: today
+#: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
+#: by the ``correlation`` both ends carry.
+KINETO_LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu"})
+#: Arg joining a CPU op to the launches it made (and, for NCCL, an op to its kernel).
+EXTERNAL_ID_KEY = "External id"
+#: Arg joining a runtime launch to the device work it launched: both ends carry it.
+CORRELATION_KEY = "correlation"
+#: The shapes of an op's inputs, one list per tensor (written with ``record_shapes``).
+INPUT_DIMS_KEY = "Input Dims"
+#: Arg numbering a CPU op within its trace.
+EV_IDX_KEY = "Ev Idx"
+#: Arg giving a runtime launch's CUPTI callback id.
+CBID_KEY = "cbid"
+#: CUPTI's runtime callback id of cudaGraphLaunch (CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000),
+#: the "cbid" Kineto writes on a graph launch.
+CUDA_GRAPH_LAUNCH_CBID = 311
+#: Arg giving a CPU op its record function's id.
+RECORD_FUNCTION_ID_KEY = "Record function id"
+#: Args that number events within one trace: the op/launch links and the Python tracer's ids
+#: (a copy of a trace's events, as the scale-set generator tiles them, offsets these).
+KINETO_ID_ARGS: tuple[str, ...] = (EXTERNAL_ID_KEY, CORRELATION_KEY, "Python id", "Python parent id", EV_IDX_KEY)
+#: Args that only link or number events: once the merge has drawn its flows from them they say
+#: nothing to a reader, so the merged slices leave them out.
+LINK_ARGS = frozenset({EXTERNAL_ID_KEY, CORRELATION_KEY, CBID_KEY, EV_IDX_KEY, RECORD_FUNCTION_ID_KEY})
