@@ -246,6 +246,30 @@ class RankSummary:
     files: list[FileSpan] = field(default_factory=list)
     #: What attaching left unsaid on its events (graph replays not matched, copies not placed).
     notes: list[str] = field(default_factory=list)
+    #: Each lane its instances are on, in the order of their first: ``(lane name, pg uid, group size,
+    #: instances)`` of its first instance. What the lanes' order and each group's members come from
+    #: where a merge worker holds only its own ranks' instances (:mod:`commtag.merge.engine.shards`).
+    lanes_used: list[tuple[str, str, int, int]] = field(default_factory=list)
+    #: Its instances timed by their CPU op (:data:`CPU_OP_SOURCE`).
+    timed_by_ops: int = 0
+    #: The merge worker that read it and holds its instances.
+    holder: int = 0
+
+    @property
+    def slices(self) -> int:
+        """How many collective instances it has (held here or not)."""
+        return sum(count for _, _, _, count in self.lanes_used)
+
+    def count_lanes(self) -> None:
+        """Fill :attr:`lanes_used` and :attr:`timed_by_ops` from its instances."""
+        used: dict[str, list] = {}
+        for inst in self.instances:
+            row = used.get(inst.lane_name)
+            if row is None:
+                row = used[inst.lane_name] = [inst.lane_name, inst.pg_uid, inst.group_size, 0]
+            row[3] += 1
+        self.lanes_used = [(name, pg, size, count) for name, pg, size, count in used.values()]
+        self.timed_by_ops = sum(1 for inst in self.instances if inst.source == CPU_OP_SOURCE)
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:

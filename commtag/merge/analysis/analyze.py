@@ -318,13 +318,40 @@ def analyze(
     instances = list(instances)
     if coverage is None:
         coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else {i.rank for i in instances})
+    measured = measure(instances, coverage)
+    return conclude(measured, coverage, straggler_min_skew_us)
+
+
+@dataclass(slots=True)
+class Measured:
+    """The first half of :func:`analyze`: every instance matched and measured, stragglers not named yet."""
+
+    matched: list[MatchedCollective]
+    seqs: _SeqIndex
+
+    def skews(self) -> list[tuple[bool, int, int]]:
+        """``(is_p2p, last rank, skew ns)`` of each measured collective: what the straggler noise is taken
+        from, over the whole run (a merge worker analysing some groups adds every worker's)."""
+        return [(m.is_p2p, m.last_rank, m.skew_ns) for m in _measured(self.matched)]
+
+
+def measure(instances: list[CollectiveInstance], coverage: Coverage) -> Measured:
+    """Match and measure ``instances`` (every instance of a group must be among them)."""
     seqs = _SeqIndex(instances, coverage)
     matched = [
         _measure(members, coverage, seqs)
         for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
     ]
     matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
-    _flag_stragglers(matched, coverage, straggler_min_skew_us)
+    return Measured(matched, seqs)
+
+
+def conclude(measured: Measured, coverage: Coverage, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
+             skews: Optional[list[tuple[bool, int, int]]] = None) -> Analysis:
+    """Name stragglers, check and find Seq gaps: the rest of :func:`analyze`. ``skews``: every measured
+    collective's of the run (:meth:`Measured.skews`; default: those of ``measured``)."""
+    matched, seqs = measured.matched, measured.seqs
+    _flag_stragglers(matched, coverage, straggler_min_skew_us, measured.skews() if skews is None else skews)
     for m in matched:
         m.findings.extend(_check(m))
     by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
@@ -335,7 +362,7 @@ def analyze(
             target.findings.append(gap)
     findings = [f for m in matched for f in m.findings]
     findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
-    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage)
+    return Analysis(matched, findings, _busbw_series(matched), markers(matched), coverage)
 
 
 def _expected(members: list[CollectiveInstance]) -> set[int]:
@@ -459,19 +486,24 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIn
     )
 
 
-def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_skew_us: float) -> None:
-    """Name the late rank where its lead clears the floor, its transfer time and the noise,
-    and its own trace covers the time it was late (see the module docstring)."""
-    measured = [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
+def _measured(matched: Iterable[MatchedCollective]) -> list[MatchedCollective]:
+    """The collectives with a skew and a transfer time, of more than one member."""
+    return [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
+
+
+def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_skew_us: float,
+                     skews: list[tuple[bool, int, int]]) -> None:
+    """Name the late rank where its lead clears the floor, its transfer time and the noise (from
+    ``skews``, the run's), and its own trace covers the time it was late (see the module docstring)."""
     floor = min_skew_us * 1000
-    candidates = [m for m in measured if m.skew_ns >= max(floor, m.transfer_ns)
+    candidates = [m for m in _measured(matched) if m.skew_ns >= max(floor, m.transfer_ns)
                   and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)
                   and not any(i.arg(ANN_INFERRED) for i in m.members.values())]
     noise: dict[tuple[bool, int], float] = {}
     for m in candidates:
         key = (m.is_p2p, m.last_rank)
         if key not in noise:
-            others = [o.skew_ns for o in measured if o.is_p2p == m.is_p2p and o.last_rank != m.last_rank]
+            others = [skew for is_p2p, last, skew in skews if is_p2p == m.is_p2p and last != m.last_rank]
             noise[key] = statistics.median(others) if len(others) >= NOISE_MIN_SAMPLES else 0.0
         m.straggler = m.skew_ns >= STRAGGLER_NOISE_FACTOR * noise[key]
 
@@ -610,7 +642,7 @@ def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int,
     return series
 
 
-def _markers(matched: list[MatchedCollective]) -> list[Marker]:
+def markers(matched: list[MatchedCollective]) -> list[Marker]:
     """A straggler marker on the late rank; a desync marker on every member rank."""
     out: list[Marker] = []
     for m in matched:

@@ -160,10 +160,17 @@ def to_wire(summaries: list[RankSummary]) -> dict:
             row[_RANKS_AT] = found[0]
             for column, value in zip(columns, row):
                 column.append(value)
-        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": [list(g) for g in s.groups],
+        groups = []
+        for name, lane_id, uid, ranks in s.groups:  # the rank lists by the table too: a world's is every rank's
+            found = rank_lists.get(id(ranks))
+            if found is None:
+                found = rank_lists[id(ranks)] = (len(rank_lists), ranks)
+            groups.append([name, lane_id, uid, found[0]])
+        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": groups,
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
                     "files": [astuple(f) for f in s.files], "instances": columns, "notes": s.notes,
-                    "account": None if s.account is None else asdict(s.account)})
+                    "account": None if s.account is None else asdict(s.account), "lanes_used": s.lanes_used,
+                    "timed_by_ops": s.timed_by_ops, "holder": s.holder})
     return {"common": table, "texts": list(texts), "ranks": [ranks for _, ranks in rank_lists.values()],
             "summaries": out}
 
@@ -194,8 +201,8 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
             for at in _TEXTS_AT:
                 row[at] = texts[row[at]]
             instances.append(CollectiveInstance(*row))
-        s["groups"] = [GroupLane(name, lane_id, uid, interner.shared(tuple(ranks)))
-                       for name, lane_id, uid, ranks in s["groups"]]
+        s["groups"] = [GroupLane(name, lane_id, uid, rank_lists[ranks]) for name, lane_id, uid, ranks in s["groups"]]
+        s["lanes_used"] = [tuple(row) for row in s["lanes_used"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
         s["account"] = None if s["account"] is None else EventAccount(**s["account"])
         s["files"] = [FileSpan(*f) for f in s["files"]]

@@ -58,6 +58,8 @@ class MergeOptions:
 class MergeResult:
     output: Path
     ranks: list[int]
+    #: Every collective instance, on the lead; empty where several workers shared the analysis
+    #: (each held only its own ranks' and its lanes' instances: :mod:`commtag.merge.engine.shards`).
     instances: list[CollectiveInstance]
     alignment: Optional[Alignment] = None
     annotations: Optional[TraceAnnotations] = None
@@ -72,8 +74,11 @@ class MergeResult:
     #: Whether this process is the merge worker that wrote the output (always, without torchrun);
     #: another worker's result has no instances and is not the one to report.
     lead: bool = True
-    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker.
+    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker; where several
+    #: workers shared it, its findings only.
     analysis: Optional[Analysis] = None
+    #: How many collective instances (lane slices) the trace holds, over every rank.
+    slices: int = 0
 
 
 def default_output(inputs: Sequence[Path]) -> Path:

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
-from commtag.merge.engine import budget, hosts
+from commtag.merge.engine import budget, hosts, shards
 from commtag.merge.inputs import runs
 from commtag.merge.pftrace import lanes, writer
 from commtag.merge.analysis.align import Alignment, estimate_offsets
+from commtag.merge.analysis.analyze import Analysis, MergeAnalysis
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
@@ -51,7 +52,7 @@ from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
 from commtag.merge.inputs.load import RankInput, TraceFile, discover, load_sidecar, nothing_left, wall_clock
 from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, Coverage, FileSpan, GroupLane, Interner, RankSummary,
+    CollectiveInstance, Coverage, FileSpan, GroupLane, Interner, RankSummary,
     TraceAnnotations, describe_ranks,
 )
 from commtag.merge.inputs.selection import (
@@ -136,19 +137,41 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
+        # The merge's own analysis is shared out (engine.shards: each worker holds its ranks' records and
+        # its lanes'); a caller's hook sees every instance, which every worker then holds.
+        held = shards.Held() if analysis is None or isinstance(analysis, MergeAnalysis) else None
+        produce = (lambda: write_ranks(plan)) if held is None else (
+            lambda: shards.hold(write_ranks(plan), held, plan.world.index))
         # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.interner, plan.skipped, plan.notices)
-        instances, warned = gather(plan, everyone)
+        everyone = exchange(plan.world, produce, plan.interner, plan.skipped, plan.notices)
+        warned = gather(plan, everyone)
+        layout = _lane_layout(everyone)
         with _collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
-            annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
+            if held is None:
+                instances = [i for s in everyone for i in s.instances]
+                settle_inferred(instances)
+                annotations = analysis(instances, coverage(everyone))
+                flows = None
+            else:
+                orders = {name: order for rows in layout.values() for name, order in rows}
+                written = shards.analyse(plan.world, held, everyone, analysis, coverage(everyone), orders,
+                                         plan.interner)
+                instances, flows = held.ordered(), written.flows
+                annotations = TraceAnnotations(written.counters, written.markers) if analysis is not None else None
+                if analysis is not None:
+                    analysis.result = written.analysis or Analysis([], written.findings, {}, [], coverage(everyone))
+        kernels = held.lane_kernels if held is not None else {
+            (s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()}
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
-        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations))
+        parts = all_done(plan.world, lambda: write_lanes(plan, layout, instances, annotations, kernels, flows))
         if plan.output.apart:
-            assemble(plan, everyone, shards)
+            assemble(plan, everyone, parts)
         else:
-            plan.output.publish([Path(part["shard"]) for part in shards if part is not None])
+            plan.output.publish([Path(part["shard"]) for part in parts if part is not None])
     lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
-    return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [],
+    whole = plan.world.size == 1 or held is None  # a worker of several holds only its own ranks' instances
+    return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead and whole else [],
+                       slices=sum(s.slices for s in everyone),
                        alignment=plan.alignment, annotations=annotations if lead else None,
                        skipped=plan.skipped or [], notices=plan.notices,
                        accounts=[s.account for s in everyone if s.account is not None],
@@ -226,7 +249,7 @@ def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
     if selection is None or not selection.selects_time:
         return
     for s in everyone:
-        if s.instances or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
+        if s.slices or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
             return
     problem = f"{describe(selection)} keeps no event of any rank"
     # Every merged file holds steps (--steps refuses one without). On several hosts the first rank's
@@ -302,18 +325,16 @@ def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional
                           else functools.partial(plan.world.receive_part, index) for _, index in order])
 
 
-def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
-    """Every rank's instances, in rank order, and the files that may be of another run;
-    what the user should know about them goes to the plan's notices."""
+def gather(plan: MergePlan, everyone: list[RankSummary]) -> list[tuple[str, str]]:
+    """The files that may be of another run, from every rank's summary; what the user should
+    know about them goes to the plan's notices."""
     if not everyone:
         raise nothing_left(plan.inputs, plan.skipped or [])
     warned = runs.warnings([f for s in everyone for f in s.files])
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
     check_kept(plan, everyone)
-    instances = [i for s in everyone for i in s.instances]
-    settle_inferred(instances)
-    timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
+    timed_by_ops = sum(s.timed_by_ops for s in everyone)
     if timed_by_ops:
         plan.notices.append(f"{timed_by_ops} collective instances are timed by their CPU op (record_param_comms "
                             "or c10d; no kernel of theirs carried collective metadata): host times, no bandwidth")
@@ -325,18 +346,18 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
     covered = coverage(everyone)
     if covered.absent:
         plan.notices.append(covered.describe_absent())
-    return instances, warned
+    return warned
 
 
-def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
-                annotations: Optional[TraceAnnotations]) -> dict:
+def write_lanes(plan: MergePlan, layout: dict[int, list[tuple[str, int]]], instances: list[CollectiveInstance],
+                annotations: Optional[TraceAnnotations], lane_kernels: dict[tuple[int, str], dict],
+                flows: Optional[lanes.InstanceFlows]) -> dict:
     """The lanes block of this worker's ranks, after them in its part; where the part is."""
     with plan.output.open_part("ab") as stream, _collector_paused():
         lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
-            stream, _lane_layout(everyone), instances,
+            stream, layout, instances,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
-            {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-            ranks={r.rank for r in plan.mine},
+            lane_kernels, ranks={r.rank for r in plan.mine}, flows=flows,
         )
     return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
 
@@ -548,8 +569,10 @@ def _rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[
     groups = dict(converter.groups)
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
-    return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
-                       converter.windows, converter.world_size, files=files, notes=converter.notes)
+    summary = RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances,
+                          lane_kernels, converter.windows, converter.world_size, files=files, notes=converter.notes)
+    summary.count_lanes()
+    return summary
 
 
 def _write_rank(plan: MergePlan, stream, seq: writer.SequenceWriter, rank: RankInput,
@@ -609,7 +632,7 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
     anywhere get lanes; membership comes from the group tables (ranks), or
     from having instances on it.
     """
-    used = {i.lane_name for s in summaries for i in s.instances}
+    used = {name for s in summaries for name, _, _, _ in s.lanes_used}
     sort_keys: dict[str, tuple] = {}
     members: dict[str, set[int]] = {}
     loaded = {s.rank for s in summaries}
@@ -624,9 +647,9 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
             if group.lane_name in used:
                 lane(group.lane_name, group.pg_uid, len(group.ranks))
                 members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
-        for inst in s.instances:
-            lane(inst.lane_name, inst.pg_uid, inst.group_size)
-            members.setdefault(inst.lane_name, set()).add(s.rank)
+        for name, pg_uid, group_size, _ in s.lanes_used:
+            lane(name, pg_uid, group_size)
+            members.setdefault(name, set()).add(s.rank)
     order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}
     layout: dict[int, list[tuple[str, int]]] = {}
     for name, ranks in members.items():

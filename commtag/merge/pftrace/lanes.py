@@ -31,11 +31,13 @@ InstanceFlows = dict[int, "int | tuple[Optional[Sequence[int]], Optional[Sequenc
 
 
 def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
-                     ranks: Optional[Collection[int]] = None) -> tuple[InstanceFlows, int]:
+                     ranks: Optional[Collection[int]] = None, scope: int = 0) -> tuple[InstanceFlows, int]:
     """Flows linking the members of each matched instance, numbered in the order of ``instances``
     after the ``numbered`` flows written before; and the count with these. Only the members on
     ``ranks`` (None: all) are in the result (a merge worker writes its own ranks' lanes, but
-    numbers the flows of every rank's).
+    numbers the flows of every rank's). ``scope``: the lane whose instances these are (its place
+    in the lane order, :func:`lane_flows`): each lane numbers its flows from 1, so that whoever
+    numbers one lane's flows needs none of the others'.
 
     Members are what :func:`~commtag.merge.records.match_groups` (the
     analysis's rule too) calls one collective. The earlier starting slice
@@ -51,7 +53,7 @@ def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
         if n < 2 or len({m.rank for m in members}) != n:
             continue
         members.sort(key=lambda m: (m.start_ns, m.rank))
-        first = flow_id(FLOW_CROSS_RANK, 0, counter + 1)  # the id of this group's pair number k is first + k
+        first = flow_id(FLOW_CROSS_RANK, scope, counter + 1)  # the id of this group's pair number k is first + k
         if n <= FULL_MESH_MAX:
             # Pair (i, j), i < j, is number starts[i] + (j - i - 1), where starts[i] counts the pairs before i's.
             starts = [0] * n
@@ -74,6 +76,19 @@ def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
     return flows, counter
 
 
+def lane_flows(instances: Sequence[CollectiveInstance], orders: dict[str, int],
+               ranks: Optional[Collection[int]] = None) -> InstanceFlows:
+    """:func:`cross_rank_flows` of every lane's instances (in the order of ``instances``), each
+    lane numbered in its own scope, its place in the lane order (``orders``: lane name -> place)."""
+    by_lane: dict[str, list[CollectiveInstance]] = {}
+    for inst in instances:
+        by_lane.setdefault(inst.lane_name, []).append(inst)
+    flows: InstanceFlows = {}
+    for lane, members in by_lane.items():
+        flows.update(cross_rank_flows(members, 0, ranks, orders.get(lane, 0))[0])
+    return flows
+
+
 class LanesWriter:
     """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
 
@@ -83,8 +98,6 @@ class LanesWriter:
     def __init__(self, origin: int = 0, first_rank: int = 0) -> None:
         self.seq = SequenceWriter(lanes_sequence_id(first_rank), origin)
         self._ids: dict[int, LocalIds] = {}
-        #: Cross-rank flows numbered so far (a second write goes on from there).
-        self._flows_numbered = 0
 
     def rank_ids(self, rank: int) -> LocalIds:
         """``rank``'s track uuids in the lanes block (the process-group view takes its rows from them too)."""
@@ -96,7 +109,7 @@ class LanesWriter:
     def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
               instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
               markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
-              ranks: Optional[Collection[int]] = None) -> None:
+              ranks: Optional[Collection[int]] = None, flows: Optional[InstanceFlows] = None) -> None:
         """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
         (default: every rank).
 
@@ -106,10 +119,15 @@ class LanesWriter:
         every rank's, as the cross-rank flows are numbered over all of them
         (so workers writing different ranks agree on them); each goes to the
         lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
-        -> annotations of the lane's kernel categories, an instant at its first slice.
+        -> annotations of the lane's kernel categories, an instant at its first slice. ``flows``: the
+        cross-rank flows of ``ranks``' instances when they were numbered elsewhere (a merge worker
+        that sees only its own ranks' instances, :mod:`commtag.merge.engine.shards`); then
+        ``instances`` need only be theirs.
         """
         wanted = None if ranks is None else set(ranks)
-        flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
+        if flows is None:
+            orders = {name: order for rows in lanes.values() for name, order in rows}
+            flows = lane_flows(instances, orders, wanted)
         by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
         for inst in instances:
             if wanted is None or inst.rank in wanted:
