@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
+from commtag.atomic import temporary
 from commtag.kernels import DeviceWork
-from commtag.merge.engine import budget, hosts, shards
+from commtag.merge.engine import budget, hosts, segments, shards
 from commtag.merge.inputs import runs
 from commtag.merge.pftrace import lanes, writer
 from commtag.merge.analysis.align import Alignment, estimate_offsets
@@ -162,12 +163,19 @@ def merge(
                     analysis.result = written.analysis or Analysis([], written.findings, {}, [], coverage(everyone))
         kernels = held.lane_kernels if held is not None else {
             (s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()}
-        # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
-        parts = all_done(plan.world, lambda: write_lanes(plan, layout, instances, annotations, kernels, flows))
-        if plan.output.apart:
-            assemble(plan, everyone, parts)
-        else:
-            plan.output.publish([Path(part["shard"]) for part in parts if part is not None])
+        # Every worker writes the lanes of its own segments; worker 0 appends the others' ranks, then every lanes part.
+        into = None if plan.output.apart else temporary(plan.output.path.with_name(plan.output.path.name + ".lanes"))
+        try:
+            parts = _from_everyone(plan.world, lambda: write_lanes(plan, layout, instances, annotations, kernels,
+                                                                   flows, into))
+            if plan.output.apart:
+                assemble(plan, everyone, parts)
+            else:  # worker 0 removes every part it appends, each worker's lanes too
+                plan.output.publish([Path(part[what]) for what in ("shard", "lanes") for part in parts])
+        except BaseException:
+            if into is not None:
+                into.unlink(missing_ok=True)
+            raise
     lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
     whole = plan.world.size == 1 or held is None  # a worker of several holds only its own ranks' instances
     return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead and whole else [],
@@ -200,7 +208,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
                 for r in ranks for f in r.files if f.sidecar is None]
     world.start(ranks)  # -j: the workers it starts are known now
     if not apart:
-        mine = hosts.chunks(ranks, world.size)[world.index]
+        mine = segments.share(ranks, world.size, world.index)
     return MergePlan(paths, options, world, ranks, mine, out, skipped, notices)
 
 
@@ -351,15 +359,25 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> list[tuple[str, str]
 
 def write_lanes(plan: MergePlan, layout: dict[int, list[tuple[str, int]]], instances: list[CollectiveInstance],
                 annotations: Optional[TraceAnnotations], lane_kernels: dict[tuple[int, str], dict],
-                flows: Optional[lanes.InstanceFlows]) -> dict:
-    """The lanes block of this worker's ranks, after them in its part; where the part is."""
-    with plan.output.open_part("ab") as stream, _collector_paused():
-        lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
-            stream, layout, instances,
-            annotations.counters if annotations else (), annotations.markers if annotations else (),
-            lane_kernels, ranks={r.rank for r in plan.mine}, flows=flows,
-        )
-    return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
+                flows: Optional[lanes.InstanceFlows], into: Optional[Path]) -> dict:
+    """The lanes blocks of this worker's segments into ``into`` (None: after its ranks in its part,
+    one block); where its part and lanes are."""
+    first_of = _segment_firsts(plan)
+    runs: dict[int, tuple[set[int], list[CollectiveInstance]]] = {r.rank: (set(), []) for r in plan.mine}
+    for r in plan.mine:
+        runs[first_of[r.rank]][0].add(r.rank)
+    for inst in instances:
+        runs[first_of[inst.rank]][1].append(inst)
+    counters = annotations.counters if annotations else ()
+    markers = annotations.markers if annotations else ()
+    with plan.output.errors(), open(into or plan.output.part, "wb" if into else "ab") as stream, _collector_paused():
+        for first, (ranks, own) in runs.items():
+            if ranks:
+                lanes.LanesWriter(plan.origin, first).write(
+                    stream, layout, own, [c for c in counters if c.rank in ranks], [m for m in markers if m.rank in ranks],
+                    lane_kernels, ranks=ranks, flows=flows)
+    return {"shard": str(plan.output.part), "lanes": None if into is None else str(into),
+            "first": plan.mine[0].rank if plan.mine else None}
 
 
 def coverage(summaries: Sequence[RankSummary]) -> Coverage:
@@ -542,8 +560,16 @@ def _collector_paused():
             gc.enable()
 
 
+def _segment_firsts(plan: MergePlan) -> dict[int, int]:
+    """Rank -> the first rank of the run its blocks share sequences with: its segment
+    (:mod:`commtag.merge.engine.segments`), or on hosts of their own this worker's ranks."""
+    if plan.output.apart:
+        return {r.rank: plan.mine[0].rank for r in plan.mine}
+    return segments.firsts(plan.ranks)
+
+
 def write_ranks(plan: MergePlan) -> list[RankSummary]:
-    """Stream, attach and write this worker's ranks into its part, one sequence for all;
+    """Stream, attach and write this worker's ranks into its part, one sequence per segment;
     worker 0's part starts with the trace's header. What is kept of each rank."""
     ranks: Iterable[RankInput] = plan.mine
     show = sys.stderr.isatty() if plan.options.progress is None else plan.options.progress
@@ -553,9 +579,14 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
         ranks = tqdm(plan.mine, desc="commtag merge", unit="rank")
     summaries = []
     header = plan.lead and not plan.output.apart  # apart: worker 0 writes it when it assembles the parts
-    seq = writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
+    first_of = _segment_firsts(plan)
+    seq: Optional[writer.SequenceWriter] = None
+    segment = None
     with plan.output.open_part() as stream:
         for rank in ranks:
+            if segment != first_of[rank.rank]:
+                segment = first_of[rank.rank]
+                seq = writer.rank_sequence(segment, plan.origin)
             with _collector_paused():
                 summary = _write_rank(plan, stream, seq, rank, header)
             if summary is not None:
