@@ -131,6 +131,8 @@ class Written:
     findings: list[Finding] = field(default_factory=list)
     #: With one worker: the whole analysis.
     analysis: Optional[Analysis] = None
+    #: Instances other workers sent here to analyse.
+    received: int = 0
 
 
 def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optional[MergeAnalysis],
@@ -153,7 +155,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     shard.sort(key=lambda t: (t[0], t[1]))
     instances = [inst for _, _, inst in shard]
     settle_inferred(instances)
-    written = Written()
+    written = Written(received=len(foreign))
     keyed: list[tuple[tuple, Marker]] = []
     counters: list[tuple[str, CounterSeries]] = []
     if hook is not None:
