@@ -1,9 +1,8 @@
 """``commtag merge -j N``: N merge worker processes on one host write the trace one process writes.
 
-Not byte for byte: each worker writes its ranks on a packet sequence of its
-own (as under torchrun), so interned ids differ. Every track, slice, arg and
-flow must be equal, and a failure in any worker must read as one error, with
-nothing left behind.
+Byte for byte (each worker writes whole segments of ranks, commtag.merge.engine.segments), and
+read back every track, slice, arg and flow equal; a failure in any worker must read as one
+error, with nothing left behind.
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ def test_workers_write_what_one_process_writes(tmp_path: Path, jobs: str) -> Non
     assert many.returncode == 0, many.stderr
     assert validate_file(several) == []
     _assert_same_trace(several, single)
+    assert several.read_bytes() == single.read_bytes()
     assert many.stderr == one.stderr  # the same notices, accounts and alignment, said once
     assert many.stdout.replace("several", "single") == one.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["several.pftrace", "single.pftrace"]

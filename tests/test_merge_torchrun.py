@@ -1,7 +1,5 @@
-"""torchrun with 2 merge workers writes what the single-process merge writes.
-
-Not byte for byte: each worker writes its ranks on a packet sequence of its
-own, so interned ids differ. Every track, slice, arg and flow must be equal.
+"""torchrun with 2 merge workers writes what the single-process merge writes, byte for byte
+(commtag.merge.engine.segments); read back, every track, slice, arg and flow equal.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ def test_two_workers_equal_one(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert validate_file(double) == []
     _assert_same_trace(double, single)
+    assert double.read_bytes() == single.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["double.pftrace", "single.pftrace"]
 
 

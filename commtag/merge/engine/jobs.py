@@ -52,8 +52,10 @@ MIN_INPUT_PER_WORKER = 16 << 20
 
 #: A merge worker's peak RSS, measured by launch/bench_merge.py and bench_ranks.py: a fixed part
 #: (interpreter, imports, output buffers), a part per byte of the largest rank's JSON (the rank it
-#: holds while writing it), and every rank's collective records, which every worker holds for the
-#: analysis (~750 bytes per instance, ~700 bytes of sidecar each: counted per sidecar byte).
+#: holds while writing it), and its share of the job's collective records (~750 bytes per
+#: instance, ~700 bytes of sidecar each: counted per sidecar byte): those of its own ranks and
+#: those other workers send it to analyse (:mod:`commtag.merge.engine.shards`), at most as many
+#: again (the lanes are dealt out evenly), so 2/N of them with N workers, all of them alone.
 #: Taken on the high side, so that -j's default never starts more workers than memory holds.
 WORKER_BASE_RSS = 64 << 20
 
@@ -64,20 +66,22 @@ WORKER_RSS_PER_JSON_BYTE = 3
 WORKER_RSS_PER_SIDECAR_BYTE = 2
 
 
-def worker_rss_estimate(largest_rank_json: int, all_sidecars: int = 0) -> int:
-    """The peak RSS one merge worker is expected to reach: its largest rank has ``largest_rank_json``
-    bytes of JSON, and the job's sidecars (every rank's records) ``all_sidecars`` bytes."""
-    return WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json + WORKER_RSS_PER_SIDECAR_BYTE * all_sidecars
+def worker_rss_estimate(largest_rank_json: int, all_sidecars: int = 0, workers: int = 1) -> int:
+    """The peak RSS one of ``workers`` merge workers is expected to reach: its largest rank has
+    ``largest_rank_json`` bytes of JSON, and the job's sidecars (every rank's records) ``all_sidecars`` bytes."""
+    held = all_sidecars * min(1.0, 2 / workers)
+    return WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json + int(WORKER_RSS_PER_SIDECAR_BYTE * held)
 
 
 def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int],
              all_sidecars: int = 0) -> int:
     """-j's default from what it depends on: no more workers than CPUs, than the input keeps busy,
     or than the memory available holds (None: unknown, no cap)."""
-    jobs = min(cpus, input_bytes // MIN_INPUT_PER_WORKER)
+    jobs = max(1, min(cpus, input_bytes // MIN_INPUT_PER_WORKER))
     if available_memory is not None:
-        jobs = min(jobs, available_memory // worker_rss_estimate(largest_rank_json, all_sidecars))
-    return max(1, jobs)
+        while jobs > 1 and jobs * worker_rss_estimate(largest_rank_json, all_sidecars, jobs) > available_memory:
+            jobs -= 1
+    return jobs
 
 
 def available_memory() -> Optional[int]:
