@@ -44,9 +44,12 @@ from commtag.testing.bench import machine, markdown_table, median, parallel_spee
 from commtag.vocab import GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, NODE_ID_MASK
 
 HERE = Path(__file__).resolve()
-#: Merge (one process) against the parse floor, by world size: large ranks close to the floor,
-#: many small ranks within a bound on the fixed per-rank cost (issue #17); other sizes 2.0x.
-TARGET_VS_FLOOR = {"8": 1.5, "128": 2.5}
+#: Merge (one process) against the parse floor, by world size. For 8 and 128 ranks these are
+#: regression guards, not goals (issue #33): commtag stays pure Python, and what a merge does
+#: beyond parsing is CPython work per event and per collective. Other sizes 2.0x.
+TARGET_VS_FLOOR = {"8": 2.0, "128": 5.0}
+#: The world sizes whose floor ratio is a regression guard, not a target.
+GUARDED_VS_FLOOR = frozenset(TARGET_VS_FLOOR)
 TARGET_VS_FLOOR_OTHERS = 2.0
 TARGET_RSS_VS_RANK = 3.0
 TARGET_TWO_WORKERS = 1.7
@@ -289,7 +292,8 @@ def _targets(n: str, variants: dict, manifest: dict, startup: dict, ceilings: Se
     merge, floor_runs = variants.get("merge", []), variants.get("floor", [])
     vs_floor = _paired_ratio(merge, floor_runs)
     target = TARGET_VS_FLOOR.get(str(n), TARGET_VS_FLOOR_OTHERS)
-    rows.append([n, f"merge <= {target}x parse floor", f"{vs_floor:.2f}x", verdict(vs_floor, target)])
+    what = "regression guard: merge" if str(n) in GUARDED_VS_FLOOR else "merge"
+    rows.append([n, f"{what} <= {target}x parse floor", f"{vs_floor:.2f}x", verdict(vs_floor, target)])
     speedup = 1 / _paired_ratio(merge, variants.get("baseline", []))
     rows.append([n, "merge faster than baseline (>= 2.3x)", f"{speedup:.2f}x", verdict(speedup, 2.3, True)])
     good = _ok(merge)

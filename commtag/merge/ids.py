@@ -9,10 +9,10 @@ never collide and their parts concatenate.
 Track uuids interleave the bits of ``rank + 1`` and a per-rank ``local``
 (see :func:`track_uuid`: every event packet names its track, so small ids
 matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block above
-it. Flow ids carry their kind in the top bits (:func:`flow_id`). A worker's
+it. Flow ids carry their kind in the top bits (:func:`flow_id`). A segment's
 rank blocks are one packet sequence and its lanes block another, both
-numbered after the worker's first rank (:func:`rank_sequence_id`,
-:func:`lanes_sequence_id`); the header has its own.
+numbered after the segment's first rank (:func:`rank_sequence_id`,
+:func:`lanes_sequence_id`; :mod:`commtag.merge.engine.segments`); the header has its own.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ FLOW_CROSS_RANK = 3
 
 
 def flow_id(kind: int, rank: int, counter: int) -> int:
-    """A trace-unique flow id: 4 bits kind, 24 bits rank, 36 bits counter."""
+    """A trace-unique flow id: 4 bits kind, 24 bits rank, 36 bits counter. Cross-rank flows, which
+    link several ranks, put their lane's place in the lane order where the rank goes: each lane
+    numbers its own (:func:`commtag.merge.pftrace.lanes.lane_flows`)."""
     return (kind << 60) | ((rank & 0xFFFFFF) << 36) | (counter & 0xFFFFFFFFF)
 
 

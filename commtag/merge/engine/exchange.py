@@ -1,6 +1,7 @@
-"""The exchange between merge workers: every worker gets every rank's records.
+"""The exchange between merge workers: every worker gets every rank's summary.
 
-:func:`exchange` gives every worker every rank's :class:`RankSummary` and
+:func:`exchange` gives every worker every rank's :class:`RankSummary` (without its
+instances where the analysis is shared out, :mod:`commtag.merge.engine.shards`) and
 :func:`all_done` runs one step on all of them, an error on any stopping all;
 both travel as JSON bytes over the workers' :class:`commtag.merge.engine.worlds.World`,
 never pickle (:func:`to_wire`, :func:`from_wire`).

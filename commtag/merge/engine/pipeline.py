@@ -12,13 +12,14 @@ cross-rank flows, counters, markers) is written. The output appears
 atomically (:class:`commtag.merge.engine.output.MergeOutput`); a failed merge leaves
 any previous output untouched.
 
-Under torchrun (:mod:`commtag.merge.workers`) each merge worker takes a
-contiguous chunk of ranks and writes them to a part of its own; workers
-exchange their records, each runs the analysis over all of them and writes
-the lanes of its own ranks after them, and worker 0 appends the others'
-parts after its own. Blocks only use ids derived from their rank, so the
-file shows exactly what the single-process one shows (each worker's
-packet sequences and interned ids are its own). On several hosts
+Under ``-j`` or torchrun (:mod:`commtag.merge.engine.jobs`) each merge worker
+takes whole segments of consecutive ranks (:mod:`commtag.merge.engine.segments`)
+and writes them to a part of its own; workers exchange their ranks'
+summaries, share out the analysis by lane (:mod:`commtag.merge.engine.shards`:
+each holds its own ranks' records and its lanes'), write their segments'
+lanes into a lanes part, and worker 0 appends the others' parts, then every
+lanes part: the bytes one process writes. A caller's own analysis hook sees
+every rank's instances, which every worker then holds. On several hosts
 (:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker
 takes consecutive ranks its node holds, and worker 0 writes the header and
 then every worker's part, received over the gloo group, in rank order.
@@ -126,7 +127,8 @@ def merge(
     (see there for each), runs the analysis by default and owns the workers:
     here ``analysis`` is only what the caller passes (:data:`AnalysisHook`)
     and ``world`` the caller's (``-j`` or torchrun workers; None: this
-    process alone); the result's instances are complete on worker 0.
+    process alone); the result's instances are complete on worker 0, except
+    where several workers shared the merge's analysis (each held only its share).
     Raises :class:`MergeInputError` on bad input, writing nothing; with
     ``options.skip_bad_ranks`` bad files and ranks are left out and listed
     in the result's ``skipped`` instead (an error still when nothing is left).

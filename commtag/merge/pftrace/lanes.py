@@ -92,7 +92,7 @@ def lane_flows(instances: Sequence[CollectiveInstance], orders: dict[str, int],
 class LanesWriter:
     """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
 
-    ``first_rank``: the first rank of the worker's chunk, which names its sequence.
+    ``first_rank``: the first rank of the segment (:mod:`commtag.merge.engine.segments`), which names its sequence.
     """
 
     def __init__(self, origin: int = 0, first_rank: int = 0) -> None:

@@ -14,9 +14,10 @@ GPU streams and its own profiled-window markers, and its kernels and ops
 have flows to their slices here (see the README for why there is no second
 copy inside each process).
 
-Under torchrun each worker writes the rows of its own ranks; the group's
-head is written by the worker of its lowest member, whose shard comes first
-(chunks are contiguous in rank order), so a row's parent always precedes it.
+Each segment of ranks (:mod:`commtag.merge.engine.segments`) has a lanes
+block of its own with its ranks' rows; the group's head is written in the
+block of its lowest member's segment, which comes first (segments are
+contiguous in rank order), so a row's parent always precedes it.
 """
 
 from __future__ import annotations

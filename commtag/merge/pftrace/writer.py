@@ -458,9 +458,9 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
 
 
 def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
-    """The sequence rank blocks are written on, one per merge worker, named after the first rank
-    it writes; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
-    (see commtag.merge.rank.convert). One sequence for all of a worker's ranks: their interning
+    """The sequence rank blocks are written on, one per segment of ranks, named after its first
+    rank; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
+    (see commtag.merge.rank.convert). One sequence for all of a segment's ranks: their interning
     tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
     other's names and args."""
     return SequenceWriter(rank_sequence_id(first_rank), origin)
