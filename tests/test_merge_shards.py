@@ -1,10 +1,10 @@
 """The analysis shared out between merge workers (commtag.merge.engine.shards) finds what one process finds.
 
 Two workers exchange over a real :class:`FileWorld` (threads of this process, a folder between
-them), each holding two of four ranks; the run has a world group, a group of each worker's own
-ranks, p2p transfers, stragglers, a size desync and a Seq gap. Every instance's args and flows,
-every marker, counter and finding must equal a single process's, and a worker must receive only
-the instances of the lanes it analyses. The slow tests merge a generated job with ``-j 1``, ``-j 2``
+them), each holding two of four ranks; the run has a world group (whose Seqs the two share out),
+a group of each worker's own ranks, p2p transfers, stragglers, a size desync and a Seq gap. Every
+instance's args and flows, every marker, counter and finding must equal a single process's, and
+a worker must receive only the instances of the match parts it analyses. The slow tests merge a generated job with ``-j 1``, ``-j 2``
 and torchrun and compare the files byte for byte.
 """
 
@@ -22,7 +22,7 @@ from commtag.merge.analysis.analyze import MergeAnalysis, analyze, annotate, tra
 from commtag.merge.engine import shards
 from commtag.merge.engine.worlds import FileWorld, SoloWorld
 from commtag.merge.pftrace.lanes import lane_flows
-from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
+from commtag.merge.records import MATCH_PARTS, CollectiveInstance, Coverage, Interner, RankSummary, match_part
 from commtag.vocab import ANN_SKEW_US, DST_RANK_KEY, RECV, SEND, SRC_RANK_KEY
 from torchrun_merge import torchrun_merge
 
@@ -47,7 +47,8 @@ def _job() -> dict[int, list[CollectiveInstance]]:
     for seq in range(1, 13):
         late = 3 if seq in (4, 9) else 0  # rank 2 holds everyone up twice: a straggler over the noise
         for r in WORLD:
-            by_rank[r].append(_inst(r, seq, "world", WORLD, seq * 10 + (late if r == 2 else 0.01 * r)))
+            if (seq, r) != (7, 0):  # rank 0 skipped Seq 7 of the world: a gap where the Seqs are shared out
+                by_rank[r].append(_inst(r, seq, "world", WORLD, seq * 10 + (late if r == 2 else 0.01 * r)))
     for seq in range(1, 7):
         for r in (0, 1):
             n = (1 << 10) if (seq, r) == (5, 1) else 1 << 20  # a size desync on rank 1
@@ -115,7 +116,9 @@ def test_two_workers_find_what_one_process_finds(tmp_path: Path) -> None:
     by_rank, flows, markers, counters, findings = _single()
     assert any(m.args["commtag marker"] == "straggler" for m in markers)
     assert any(m.args["commtag marker"] == "desync" for m in markers)
-    assert any("seq_gap" in f for f in findings) and any("size_mismatch" in f for f in findings)
+    assert any("seq_gap" in f and "group right" in f for f in findings)
+    assert any("seq_gap" in f and "group world" in f for f in findings)
+    assert any("missing_ranks" in f for f in findings) and any("size_mismatch" in f for f in findings)
     for held, written in _sharded(tmp_path / "exchange"):
         for rank, insts in held.items():
             assert [i.all_args() for i in insts] == [i.all_args() for i in by_rank[rank]]
@@ -130,19 +133,17 @@ def test_two_workers_find_what_one_process_finds(tmp_path: Path) -> None:
         assert [f.message for f in written.findings] == findings
 
 
-def test_a_worker_receives_only_the_instances_of_the_lanes_it_analyses(tmp_path: Path) -> None:
+def test_a_worker_receives_only_the_instances_of_the_parts_it_analyses(tmp_path: Path) -> None:
     by_rank = _job()
     halves = _sharded(tmp_path / "exchange")
     everyone = [s for half in (_held(_job(), (0, 1), 0), _held(_job(), (2, 3), 1)) for s in half[1]]
-    owner = shards.owners(everyone, 2)
-    assert owner["left"] == 0 and owner["right"] == 1  # a lane one worker holds stays there
+    owner = shards.Owners(everyone, 2)
+    assert owner.lanes == {"left": 0, "right": 1}  # a lane one worker holds stays there, whole
+    assert {owner("world", part) for part in range(-1, MATCH_PARTS)} == {0, 1}  # the world's is shared out
     for index, (_, written) in enumerate(halves):
         others = (2, 3) if index == 0 else (0, 1)
-        expected = sum(1 for r in others for i in by_rank[r] if owner[i.lane_name] == index)
-        assert written.received == expected
-    # The world group's instances went one way: one worker received some of the other's, the other none.
-    received = sorted(w.received for _, w in halves)
-    assert received[0] == 0 and 0 < received[1] < sum(len(by_rank[r]) for r in WORLD) // 2
+        expected = sum(1 for r in others for i in by_rank[r] if owner(i.lane_name, match_part(i)) == index)
+        assert 0 < written.received == expected < sum(len(by_rank[r]) for r in others)
 
 
 def test_one_worker_analyses_everything_it_holds() -> None:

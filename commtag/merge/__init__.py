@@ -94,8 +94,10 @@ def merge(
         A :class:`commtag.merge.engine.options.MergeResult`: the output, the ranks
         merged, every collective instance, what was skipped, notices,
         warnings and per-rank event accounts, and with ``analysis=True`` the
-        :class:`commtag.merge.analysis.analyze.Analysis` (``result.analysis``). Under
-        torchrun only worker 0's (``result.lead``) holds the instances.
+        :class:`commtag.merge.analysis.analyze.Analysis` (``result.analysis``). Where
+        several workers (``jobs``, torchrun) shared the analysis, each held only its
+        share: the result has no instances and its analysis only the findings
+        (``result.slices`` counts the instances); worker 0's (``result.lead``) reports.
 
     Raises:
         MergeFailed: Bad input or an output that cannot be written, nothing

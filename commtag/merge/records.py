@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM,
+    ANN_CROSS_RANK, ANN_INFERRED, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SEQ_FROM,
     ANN_SOURCE,
     COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY,
     RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY, UNDEFINED_DTYPE,
@@ -247,9 +247,10 @@ class RankSummary:
     #: What attaching left unsaid on its events (graph replays not matched, copies not placed).
     notes: list[str] = field(default_factory=list)
     #: Each lane its instances are on, in the order of their first: ``(lane name, pg uid, group size,
-    #: instances)`` of its first instance. What the lanes' order and each group's members come from
-    #: where a merge worker holds only its own ranks' instances (:mod:`commtag.merge.engine.shards`).
-    lanes_used: list[tuple[str, str, int, int]] = field(default_factory=list)
+    #: instances, those of them in match part -1)``, the first three of its first instance. What the
+    #: lanes' order, each group's members and the analysis's shares come from where a merge worker
+    #: holds only its own ranks' instances (:mod:`commtag.merge.engine.shards`).
+    lanes_used: list[tuple[str, str, int, int, int]] = field(default_factory=list)
     #: Its instances timed by their CPU op (:data:`CPU_OP_SOURCE`).
     timed_by_ops: int = 0
     #: The merge worker that read it and holds its instances.
@@ -258,7 +259,7 @@ class RankSummary:
     @property
     def slices(self) -> int:
         """How many collective instances it has (held here or not)."""
-        return sum(count for _, _, _, count in self.lanes_used)
+        return sum(row[3] for row in self.lanes_used)
 
     def count_lanes(self) -> None:
         """Fill :attr:`lanes_used` and :attr:`timed_by_ops` from its instances."""
@@ -266,10 +267,26 @@ class RankSummary:
         for inst in self.instances:
             row = used.get(inst.lane_name)
             if row is None:
-                row = used[inst.lane_name] = [inst.lane_name, inst.pg_uid, inst.group_size, 0]
+                row = used[inst.lane_name] = [inst.lane_name, inst.pg_uid, inst.group_size, 0, 0]
             row[3] += 1
-        self.lanes_used = [(name, pg, size, count) for name, pg, size, count in used.values()]
+            row[4] += match_part(inst) == -1
+        self.lanes_used = [tuple(row) for row in used.values()]  # type: ignore[misc]
         self.timed_by_ops = sum(1 for inst in self.instances if inst.source == CPU_OP_SOURCE)
+
+
+#: A lane's collectives are matched in this many parts (and a p2p and metadata-less part): by Seq
+#: modulo it. :func:`match_groups` never puts instances of two parts together, so each part can be
+#: matched and analysed by another merge worker (commtag.merge.engine.shards) and numbers its
+#: cross-rank flows alone (commtag.merge.pftrace.lanes.lane_flows). Fixed, not the worker count:
+#: every merge numbers alike.
+MATCH_PARTS = 64
+
+
+def match_part(inst: CollectiveInstance) -> int:
+    """The part of its lane ``inst`` is matched in: -1 for p2p transfers (matched by their order
+    between two ranks) and collectives without metadata (matched by order on every rank), else
+    its Seq modulo :data:`MATCH_PARTS`."""
+    return -1 if inst.is_p2p or inst.arg(ANN_INFERRED) is not None else inst.seq % MATCH_PARTS
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:

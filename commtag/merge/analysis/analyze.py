@@ -84,6 +84,7 @@ from commtag.merge.records import (
     CollectiveInstance,
     CounterSeries,
     Coverage,
+    GroupLane,
     Marker,
     TraceAnnotations,
     describe_ranks,
@@ -335,9 +336,27 @@ class Measured:
         return [(m.is_p2p, m.last_rank, m.skew_ns) for m in _measured(self.matched)]
 
 
-def measure(instances: list[CollectiveInstance], coverage: Coverage) -> Measured:
-    """Match and measure ``instances`` (every instance of a group must be among them)."""
-    seqs = _SeqIndex(instances, coverage)
+#: What the Seq-gap checks keep of an instance: (pg uid, rank, Seq, start ns, end ns).
+SeqRow = tuple[str, int, int, int, int]
+
+
+def seq_issued(inst: CollectiveInstance) -> bool:
+    """Whether ``inst``'s Seq is one its backend issued in the window it ran in (see :class:`_SeqIndex`)."""
+    return not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None
+
+
+def seq_rows(instances: Iterable[CollectiveInstance]) -> list[SeqRow]:
+    """The Seq-gap checks' rows of ``instances``, in their order."""
+    return [(i.pg_uid, i.rank, i.seq, i.start_ns, i.end_ns) for i in instances if seq_issued(i)]
+
+
+def measure(instances: list[CollectiveInstance], coverage: Coverage, rows: Optional[list[SeqRow]] = None,
+            groups: Optional[dict[str, GroupLane]] = None) -> Measured:
+    """Match and measure ``instances`` (every instance of a collective must be among them). The Seq
+    checks see ``rows`` (:func:`seq_rows`, in rank order) and ``groups`` (pg -> its lane and members,
+    as its first instance names them) where they are of more instances than these (a merge worker
+    matching some Seqs of a group)."""
+    seqs = _SeqIndex.of(instances, coverage) if rows is None else _SeqIndex(rows, groups or {}, coverage)
     matched = [
         _measure(members, coverage, seqs)
         for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
@@ -347,15 +366,17 @@ def measure(instances: list[CollectiveInstance], coverage: Coverage) -> Measured
 
 
 def conclude(measured: Measured, coverage: Coverage, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
-             skews: Optional[list[tuple[bool, int, int]]] = None) -> Analysis:
+             skews: Optional[list[tuple[bool, int, int]]] = None,
+             gap_of: Callable[[str, int], bool] = lambda pg, seq: True) -> Analysis:
     """Name stragglers, check and find Seq gaps: the rest of :func:`analyze`. ``skews``: every measured
-    collective's of the run (:meth:`Measured.skews`; default: those of ``measured``)."""
+    collective's of the run (:meth:`Measured.skews`; default: those of ``measured``); ``gap_of(pg, Seq)``:
+    whether a gap at that Seq is this analysis's to report (default: all)."""
     matched, seqs = measured.matched, measured.seqs
     _flag_stragglers(matched, coverage, straggler_min_skew_us, measured.skews() if skews is None else skews)
     for m in matched:
         m.findings.extend(_check(m))
     by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
-    gaps = _seq_gaps(seqs, coverage)
+    gaps = [gap for gap in _seq_gaps(seqs, coverage) if gap_of(gap.pg_uid, gap.seq)]
     for gap in gaps:
         target = by_key.get((gap.pg_uid, False, gap.seq, gap.replay))
         if target is not None:
@@ -401,18 +422,25 @@ class _SeqIndex:
     that named none and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
     """
 
-    def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
-        found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
-        self.groups: dict[str, CollectiveInstance] = {}
-        for inst in instances:
-            if not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None:
-                found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
-                self.groups.setdefault(inst.pg_uid, inst)
+    def __init__(self, rows: Iterable[SeqRow], groups: dict[str, GroupLane], coverage: Coverage) -> None:
+        found: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+        for pg, rank, seq, start, end in rows:
+            found[(pg, rank)].setdefault(seq, (start, end))
+        #: pg -> its lane and members, as its first instance (in rank order) names them.
+        self.groups = groups
         #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
         self.by_rank = {
-            key: [(s, coverage.window_of(key[1], i.start_ns), i.start_ns, i.end_ns) for s, i in sorted(seqs.items())]
+            key: [(s, coverage.window_of(key[1], start), start, end) for s, (start, end) in sorted(seqs.items())]
             for key, seqs in found.items()
         }
+
+    @classmethod
+    def of(cls, instances: list[CollectiveInstance], coverage: Coverage) -> _SeqIndex:
+        groups: dict[str, GroupLane] = {}
+        for inst in instances:
+            if seq_issued(inst) and inst.pg_uid not in groups:
+                groups[inst.pg_uid] = GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks)
+        return cls(seq_rows(instances), groups, coverage)
 
     def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
         """(pg, Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
@@ -604,7 +632,7 @@ def _seq_gaps(seqs: _SeqIndex, coverage: Coverage) -> list[Finding]:
     found = []
     for (pg, s), gapped in sorted(seqs.holes().items()):
         ref = seqs.groups[pg]
-        members = (set(ref.group_ranks) or {r for (p, r) in seqs.by_rank if p == pg}) & set(coverage.windows)
+        members = (set(ref.ranks) or {r for (p, r) in seqs.by_rank if p == pg}) & set(coverage.windows)
         start, end = next(iter(gapped.values()))
         if not all(r in gapped or seqs.passed(pg, r, s) or coverage.covers(r, start, end) for r in members):
             continue  # some member was not profiled then: nothing to compare with
@@ -621,12 +649,22 @@ def _seq_gaps(seqs: _SeqIndex, coverage: Coverage) -> list[Finding]:
 
 def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
     """Per group, a step counter: the summed busbw of the transfers running at each moment."""
+    return busbw_series(busbw_edges(matched))
+
+
+def busbw_edges(matched: Iterable[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
+    """Per group, where each transfer's busbw starts (+) and ends (-): what :func:`busbw_series` adds up."""
     edges: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for m in matched:
         if m.busbw_gbps is None:
             continue
         edges[m.pg_uid].append((m.last_start_ns, m.busbw_gbps))
         edges[m.pg_uid].append((m.last_start_ns + m.transfer_ns, -m.busbw_gbps))
+    return edges
+
+
+def busbw_series(edges: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    """Per group, the step counter of its :func:`busbw_edges` (in any order: they are sorted here)."""
     series: dict[str, list[tuple[int, float]]] = {}
     for pg, pg_edges in edges.items():
         level = 0.0
@@ -677,11 +715,13 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
     for m in analysis.collectives:
         owner[m.pg_uid] = min(owner.get(m.pg_uid, m.first_rank), *m.members)
         names.setdefault(m.pg_uid, m.lane_name or m.pg_uid)
-    counters = [
-        CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s", lane=names[pg])
-        for pg, points in sorted(analysis.busbw.items())
-    ]
+    counters = [busbw_counter(owner[pg], names[pg], points) for pg, points in sorted(analysis.busbw.items())]
     return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])
+
+
+def busbw_counter(rank: int, lane_name: str, points: list[tuple[int, float]]) -> CounterSeries:
+    """A group's busbw counter, on its lowest member ``rank``'s track, in the group's view."""
+    return CounterSeries(rank, f"busbw {lane_name} (GB/s)", points, unit="GB/s", lane=lane_name)
 
 
 def _window_markers(coverage: Coverage) -> list[Marker]:

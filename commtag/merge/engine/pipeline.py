@@ -665,7 +665,7 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
     anywhere get lanes; membership comes from the group tables (ranks), or
     from having instances on it.
     """
-    used = {name for s in summaries for name, _, _, _ in s.lanes_used}
+    used = {row[0] for s in summaries for row in s.lanes_used}
     sort_keys: dict[str, tuple] = {}
     members: dict[str, set[int]] = {}
     loaded = {s.rank for s in summaries}
@@ -680,7 +680,7 @@ def _lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, 
             if group.lane_name in used:
                 lane(group.lane_name, group.pg_uid, len(group.ranks))
                 members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
-        for name, pg_uid, group_size, _ in s.lanes_used:
+        for name, pg_uid, group_size, *_ in s.lanes_used:
             lane(name, pg_uid, group_size)
             members.setdefault(name, set()).add(s.rank)
     order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}

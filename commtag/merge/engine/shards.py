@@ -1,5 +1,6 @@
-"""The analysis shared out between merge workers: each lane's collectives are matched and analysed
-by one worker, and each worker holds only its own ranks' records and those of the lanes it analyses.
+"""The analysis shared out between merge workers: each match part of each lane is matched and
+analysed by one worker, and each worker holds only its own ranks' records and those of the parts
+it analyses.
 
 Why: a worker that received every rank's records held the whole job's (a 1,024-rank merge's
 workers each held as much as one process merging alone), and every worker decoded and
@@ -8,15 +9,17 @@ analysed all of them: ``-j`` and torchrun divided the time of reading, not the m
 How, once each worker has written its ranks (it keeps their instances, :class:`Held`; the
 others get each rank's summary without them, :func:`hold`):
 
-1. Each lane (a process group's, the unit every match, Seq and figure of the analysis stays
-   within) goes to one worker (:func:`owners`): a lane whose instances one worker holds stays
-   there; the others are dealt out largest first to the least loaded worker. Every worker
-   works this out alike, from the summaries.
-2. Each worker sends the instances it holds to their lane's worker, in rounds of at most
-   :data:`ROUND_INSTANCES` (:func:`route`: what a round brings is all a worker decodes at once).
-3. Each worker analyses its lanes' instances in the order one process has them (by rank, then
-   as read); the straggler noise is the run's, so the skews of every worker's collectives are
-   gathered first. It numbers each lane's cross-rank flows in the lane's own scope
+1. A lane's collectives are matched in parts (:func:`commtag.merge.records.match_part`: by Seq
+   modulo 64; p2p transfers and collectives without metadata in one more). A lane one worker
+   holds stays with it, whole; the parts of the others are dealt out (:class:`Owners`). Every
+   worker works this out alike, from the summaries.
+2. Each worker sends the instances it holds to their part's worker, in rounds of at most
+   :data:`commtag.merge.engine.rounds.ROUND_ROWS` (:func:`commtag.merge.engine.rounds.route`).
+3. What a part's analysis needs beyond its own instances comes as numbers: the Seq checks see
+   every Seq of the group (a gap or a skipped member is found from the Seqs around it), the
+   straggler noise every worker's skews, and a group's busbw counter is made by one worker from
+   every worker's transfers. Each worker analyses its parts' instances in the order one process
+   has them (by rank, then as read) and numbers each part's cross-rank flows in its own scope
    (:func:`commtag.merge.pftrace.lanes.lane_flows`).
 4. What the writer of an instance needs goes back to the worker holding it: the args the
    analysis added, its flows, and the markers and counters of that worker's ranks, each with the
@@ -28,25 +31,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
-
-import orjson
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from commtag.merge.analysis.analyze import (
-    Analysis, Finding, MergeAnalysis, annotate, conclude, markers, measure, trace_annotations,
+    Analysis, Finding, MergeAnalysis, annotate, busbw_counter, busbw_edges, busbw_series, conclude, markers, measure,
+    seq_issued, trace_annotations,
 )
 from commtag.merge.engine.exchange import all_done, from_wire, to_wire
-from commtag.merge.errors import MergeInputError
+from commtag.merge.engine.rounds import ROUND_ROWS, flow_from_wire, flow_to_wire, pieces, route
 from commtag.merge.pftrace.lanes import InstanceFlows, lane_flows
 from commtag.merge.rank.attach import settle_inferred
-from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage, Interner, Marker, RankSummary
+from commtag.merge.records import (
+    MATCH_PARTS, CollectiveInstance, CounterSeries, Coverage, GroupLane, Interner, Marker, RankSummary, match_part,
+)
 
 if TYPE_CHECKING:
     from commtag.merge.engine.worlds import World
-
-#: Instances a worker sends to one other worker per round (about 250 bytes each on the wire).
-ROUND_INSTANCES = 8192
-
 
 @dataclass
 class Held:
@@ -70,58 +70,52 @@ def hold(summaries: list[RankSummary], held: Held, holder: int) -> list[RankSumm
     return summaries
 
 
-def owners(everyone: list[RankSummary], size: int) -> dict[str, int]:
-    """Lane name -> the worker analysing it (see the module docstring)."""
-    holders: dict[str, set[int]] = {}
-    counts: dict[str, int] = {}
-    for s in everyone:
-        for name, _, _, count in s.lanes_used:
-            holders.setdefault(name, set()).add(s.holder)
-            counts[name] = counts.get(name, 0) + count
-    load = [0] * size
-    found: dict[str, int] = {}
-    for name, who in holders.items():
-        if len(who) == 1:
-            found[name] = next(iter(who))
-            load[found[name]] += counts[name]
-    for name in sorted((n for n, who in holders.items() if len(who) > 1), key=lambda n: (-counts[n], n)):
-        found[name] = min(range(size), key=lambda w: (load[w], w))
-        load[found[name]] += counts[name]
-    return found
+class Owners:
+    """Which worker analyses each match part of each lane (:func:`commtag.merge.records.match_part`).
 
+    A lane whose instances one worker holds stays there, whole; the parts of the others are dealt
+    out, heaviest first, to the least loaded worker (a part's weight: its lane's instances in it,
+    those by Seq taken as even). Every worker works this out alike, from the summaries."""
 
-def route(world: World, sources: list[Iterator[dict]], receive: Callable[[dict], None]) -> None:
-    """Send what ``sources[w]`` yields to worker ``w``, one piece per worker per round, and give
-    ``receive`` each piece sent here, until no worker has any left. A blob is a JSON header (each
-    piece's length, whether more follow) and the pieces: a worker parses only its own."""
-    if world.size == 1:
-        return
-    while True:
-        pieces = [b"" if w == world.index or (piece := next(source, None)) is None else orjson.dumps(piece)
-                  for w, source in enumerate(sources)]
-        more = any(pieces)
-        blobs = world.all_gather_bytes(orjson.dumps({"sizes": [len(p) for p in pieces], "more": more}) + b"\n"
-                                       + b"".join(pieces))
-        del pieces
-        for w in range(len(blobs)):
-            blob, blobs[w] = blobs[w], b""
-            if w == world.index:
-                continue
-            cut = blob.find(b"\n")  # none: all_done's word of an error (a worker stopped in another step)
-            head = orjson.loads(blob if cut < 0 else blob[:cut])
-            if "error" in head:
-                raise MergeInputError(*head["error"])
-            more = more or head["more"]
-            at = cut + 1 + sum(head["sizes"][:world.index])
-            if head["sizes"][world.index]:
-                receive(orjson.loads(memoryview(blob)[at:at + head["sizes"][world.index]]))
-        if not more:
-            return
+    def __init__(self, everyone: list[RankSummary], size: int) -> None:
+        holders: dict[str, set[int]] = {}
+        counts: dict[str, list[int]] = {}
+        for s in everyone:
+            for name, _, _, count, whole in s.lanes_used:
+                holders.setdefault(name, set()).add(s.holder)
+                total = counts.setdefault(name, [0, 0])
+                total[0] += count
+                total[1] += whole
+        load = [0.0] * size
+        #: Lane -> the one worker holding (and analysing) all of it.
+        self.lanes: dict[str, int] = {}
+        #: (lane, part) -> its worker, for the lanes several workers hold.
+        self.parts: dict[tuple[str, int], int] = {}
+        units: list[tuple[tuple[str, int], float]] = []
+        for name, who in holders.items():
+            if len(who) == 1:
+                self.lanes[name] = next(iter(who))
+                load[self.lanes[name]] += counts[name][0]
+            else:
+                count, whole = counts[name]
+                units += [((name, -1), float(whole))] + [((name, p), (count - whole) / MATCH_PARTS)
+                                                        for p in range(MATCH_PARTS)]
+        for unit, weight in sorted(units, key=lambda u: (-u[1], u[0])):
+            self.parts[unit] = min(range(size), key=lambda w: (load[w], w))
+            load[self.parts[unit]] += weight
+        #: Lane -> the workers analysing some part of it.
+        self.of_lane: dict[str, set[int]] = {name: {w} for name, w in self.lanes.items()}
+        for (name, _), w in self.parts.items():
+            self.of_lane.setdefault(name, set()).add(w)
+
+    def __call__(self, lane: str, part: int) -> int:
+        found = self.lanes.get(lane)
+        return self.parts[(lane, part)] if found is None else found
 
 
 @dataclass
 class Written:
-    """What this worker's lanes block needs: its instances' flows, and its ranks' counters and
+    """What this worker's lanes blocks need: its instances' flows, and its ranks' counters and
     markers, in the order one process writes them."""
 
     flows: InstanceFlows = field(default_factory=dict)
@@ -138,10 +132,13 @@ class Written:
 def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optional[MergeAnalysis],
             coverage: Coverage, orders: dict[str, int], interner: Interner) -> Written:
     """Steps 1 to 5 of the module docstring; ``orders``: lane name -> its place in the lane order."""
-    owner = owners(everyone, world.size)
+    owner = Owners(everyone, world.size)
     holder = {s.rank: s.holder for s in everyone}
+    me = world.index
     shard: list[tuple[int, int, CollectiveInstance]] = []
     foreign: dict[int, tuple] = {}  # id -> (args, common args, pg uid) as received
+    rows: list[tuple] = []  # (rank, idx, Seq row) of the lanes this worker analyses parts of
+    refs: dict[str, tuple] = {}  # pg -> ((rank, idx), lane, lane id, ranks, whole) of its first instance
 
     def arrived(piece: dict) -> None:
         for s, places in zip(from_wire(piece, interner), piece["places"]):
@@ -149,29 +146,47 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 shard.append((s.rank, idx, inst))
                 foreign[id(inst)] = (dict(inst.args), inst.common_args, inst.pg_uid)
 
+    def seqs_arrived(piece: dict) -> None:
+        rows.extend((rank, idx, (pg, rank, seq, start, end)) for pg, rank, idx, seq, start, end in piece["rows"])
+        for pg, rank, idx, lane, lane_id, ranks, whole in piece["refs"]:
+            _first(refs, pg, ((rank, idx), lane, lane_id, interner.shared(tuple(ranks)), whole))
+
     for rank, insts in held.instances.items():
-        shard += [(rank, idx, inst) for idx, inst in enumerate(insts) if owner[inst.lane_name] == world.index]
+        shard += [(rank, idx, i) for idx, i in enumerate(insts) if owner(i.lane_name, match_part(i)) == me]
     route(world, [_instances_for(held, owner, w) for w in range(world.size)], arrived)
     shard.sort(key=lambda t: (t[0], t[1]))
     instances = [inst for _, _, inst in shard]
     settle_inferred(instances)
     written = Written(received=len(foreign))
     keyed: list[tuple[tuple, Marker]] = []
-    counters: list[tuple[str, CounterSeries]] = []
+    series: list[list] = []
     if hook is not None:
-        measured = measure(instances, coverage)
+        route(world, [_seqs_for(held, owner, w) for w in range(world.size)], seqs_arrived)
+        for piece in _seqs_for(held, owner, me):  # its own instances of the parts others analyse
+            seqs_arrived(piece)
+        for rank, idx, inst in shard:
+            if seq_issued(inst):
+                rows.append((rank, idx, (inst.pg_uid, rank, inst.seq, inst.start_ns, inst.end_ns)))
+                _first(refs, inst.pg_uid, ((rank, idx), inst.lane_name, inst.lane_id, inst.group_ranks,
+                                           match_part(inst) == -1))
+        rows.sort(key=lambda t: (t[0], t[1]))
+        groups = {pg: GroupLane(lane, lane_id, pg, ranks) for pg, (_, lane, lane_id, ranks, _) in refs.items()}
+        whole = {pg for pg, ref in refs.items() if ref[4]}
+        measured = measure(instances, coverage, [row for _, _, row in rows], groups)
+        rows.clear()
         skews = measured.skews()
         for part in all_done(world, lambda: {"skews": skews}):
             skews += [] if part is None else [tuple(row) for row in part["skews"]]
-        result = conclude(measured, coverage, hook.straggler_min_skew_us, skews)
+        result = conclude(measured, coverage, hook.straggler_min_skew_us, skews, lambda pg, seq: owner(
+            groups[pg].lane_name, -1 if pg in whole else seq % MATCH_PARTS) == me)
         annotate(result)
-        for i, m in enumerate(result.collectives):
-            place = (m.first_start_ns, m.pg_uid, m.seq, i)
-            keyed += [((mk.ts_ns, mk.rank, *place, k), mk) for k, mk in enumerate(markers([m]))]
-        # The counters alone: each worker adds its own ranks' windows (Coverage({}): none here).
-        series = trace_annotations(dataclasses.replace(result, coverage=Coverage({}))).counters
-        counters = list(zip(sorted(result.busbw), series))  # one per group, in the groups' order
-        findings = _keyed_findings(result)
+        place = {id(inst): (rank, inst.start_ns, inst.seq, idx) for rank, idx, inst in shard}
+        ordered = [(m.first_start_ns, m.pg_uid, m.seq, min(place[id(i)] for i in m.members.values()), i)
+                   for i, m in enumerate(result.collectives)]
+        for key, m in zip(ordered, result.collectives):
+            keyed += [((mk.ts_ns, mk.rank, *key, k), mk) for k, mk in enumerate(markers([m]))]
+        series = _busbw_parts(result)
+        findings = _keyed_findings(result, ordered)
         written.analysis = result if world.size == 1 else None
     flows = lane_flows(instances, orders)
     del instances
@@ -192,22 +207,42 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
         if ref == len(back[to]["common"]):
             back[to]["common"].append(figures)
         back[to]["instances"].append([rank, idx, ref, added or None, None if inst.pg_uid == uid else inst.pg_uid,
-                                      _flow_to_wire(flow)])
+                                      flow_to_wire(flow)])
     shard.clear()
     foreign.clear()
     del flows
     for key, mk in keyed:
         back[holder[mk.rank]]["markers"].append([list(key), mk.rank, mk.ts_ns, mk.name, mk.args])
-    for pg, c in counters:
+    for pg, c in _busbw_counters(world, owner, series):
         back[holder[c.rank]]["counters"].append([pg, c.rank, c.track, c.points, c.unit, c.lane])
-    mine = back[world.index]
-    back[world.index] = {}
-    got: list[dict] = [mine]
-    route(world, [_pieces(part) if w != world.index else iter(()) for w, part in enumerate(back)], got.append)
+    got: list[dict] = [back[me]]
+    route(world, [pieces(part, _BACK) if w != me else iter(()) for w, part in enumerate(back)], got.append)
     del back
+    _apply(held, got, written)
+    if hook is not None:
+        windows = Coverage({r: coverage.windows[r] for r in held.instances if r in coverage.windows},
+                           coverage.world_size)
+        written.markers += trace_annotations(Analysis([], [], {}, [], windows)).markers
+        written.findings = _gather_findings(world, findings)
+    return written
+
+
+#: The lists of what goes back to the worker holding an instance.
+_BACK = ("instances", "markers", "counters")
+
+
+def _first(refs: dict[str, tuple], pg: str, ref: tuple) -> None:
+    """Keep the first (by rank, then place) of a group's instances' lane and members."""
+    if pg not in refs or ref[0] < refs[pg][0]:
+        refs[pg] = ref
+
+
+def _apply(held: Held, got: list[dict], written: Written) -> None:
+    """Put what came back on the held instances: the analysis's args, pg uid and flows; and keep
+    the markers and counters, each in one process's order."""
     cached: dict[tuple[int, int, int], dict] = {}
     own_markers: list[tuple] = []
-    own_counters: list[tuple] = []
+    counters: list[tuple[str, CounterSeries]] = []
     for n, part in enumerate(got):
         for rank, idx, ref, added, uid, flow in part.get("instances", ()):
             inst = held.instances[rank][idx]
@@ -221,31 +256,51 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 joined = cached[key] = {**inst.common_args, **part["common"][ref]}
             inst.common_args = joined
             if flow is not None:
-                written.flows[id(inst)] = _flow_from_wire(flow)
+                written.flows[id(inst)] = flow_from_wire(flow)
         own_markers += [(tuple(key), Marker(rank, ts, name, args)) for key, rank, ts, name, args in part.get("markers", ())]
-        own_counters += [(pg, CounterSeries(rank, track, [tuple(p) for p in points], unit, lane))
-                         for pg, rank, track, points, unit, lane in part.get("counters", ())]
+        counters += [(pg, CounterSeries(rank, track, [tuple(point) for point in points], unit, lane))
+                     for pg, rank, track, points, unit, lane in part.get("counters", ())]
         part.clear()
-    if hook is not None:
-        written.markers = [mk for _, mk in sorted(own_markers, key=lambda pair: pair[0])]
-        windows = Coverage({r: coverage.windows[r] for r in held.instances if r in coverage.windows},
-                           coverage.world_size)
-        written.markers += trace_annotations(Analysis([], [], {}, [], windows)).markers
-        written.counters = [c for _, c in sorted(own_counters, key=lambda pair: pair[0])]
-        written.findings = _gather_findings(world, findings)
-    return written
+    written.markers = [mk for _, mk in sorted(own_markers, key=lambda pair: pair[0])]
+    written.counters = [c for _, c in sorted(counters, key=lambda pair: pair[0])]
 
 
-def _instances_for(held: Held, owner: dict[str, int], worker: int) -> Iterator[dict]:
-    """Pieces of at most ROUND_INSTANCES of the held instances ``worker`` analyses."""
+def _busbw_parts(result: Analysis) -> list[list]:
+    """Per group this worker matched some of: [pg, lane, its name, its lowest member rank, busbw edges]."""
+    found: dict[str, list] = {}
+    for m in result.collectives:
+        row = found.setdefault(m.pg_uid, [m.pg_uid, m.lane_name, m.lane_name or m.pg_uid, m.first_rank, []])
+        row[3] = min(row[3], m.first_rank, *m.members)
+    for pg, edges in busbw_edges(result.collectives).items():
+        found[pg][4] = [list(edge) for edge in edges]
+    return list(found.values())
+
+
+def _busbw_counters(world: World, owner: Owners, parts: list[list]) -> list[tuple[str, CounterSeries]]:
+    """Each group's busbw counter (with its pg), made by the worker of its lane's part -1 from every
+    worker's edges (its transfers overlap whichever worker measured them)."""
+    gathered: list[list] = [row for row in parts if owner(row[1], -1) == world.index]
+    route(world, [pieces({"busbw": [row for row in parts if owner(row[1], -1) == w]}, ("busbw",))
+                  for w in range(world.size)], lambda piece: gathered.extend(piece["busbw"]))
+    by_pg: dict[str, list] = {}
+    for pg, _, name, rank, edges in gathered:
+        row = by_pg.setdefault(pg, [name, rank, []])
+        row[1] = min(row[1], rank)
+        row[2] += [tuple(edge) for edge in edges]
+    made = busbw_series({pg: row[2] for pg, row in by_pg.items() if row[2]})
+    return [(pg, busbw_counter(by_pg[pg][1], by_pg[pg][0], points)) for pg, points in sorted(made.items())]
+
+
+def _instances_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
+    """Pieces of at most ROUND_ROWS of the held instances ``worker`` analyses."""
     summaries: list[RankSummary] = []
     places: list[list[int]] = []
     count = 0
     for rank in sorted(held.instances):
-        chosen = [(idx, inst) for idx, inst in enumerate(held.instances[rank]) if owner[inst.lane_name] == worker]
-        for at in range(0, len(chosen), ROUND_INSTANCES):
-            run = chosen[at:at + ROUND_INSTANCES]
-            if count + len(run) > ROUND_INSTANCES and summaries:
+        chosen = [(idx, i) for idx, i in enumerate(held.instances[rank]) if owner(i.lane_name, match_part(i)) == worker]
+        for at in range(0, len(chosen), ROUND_ROWS):
+            run = chosen[at:at + ROUND_ROWS]
+            if count + len(run) > ROUND_ROWS and summaries:
                 yield {**to_wire(summaries), "places": places}
                 summaries, places, count = [], [], 0
             summaries.append(RankSummary(rank, "", None, [], instances=[inst for _, inst in run]))
@@ -255,38 +310,34 @@ def _instances_for(held: Held, owner: dict[str, int], worker: int) -> Iterator[d
         yield {**to_wire(summaries), "places": places}
 
 
-def _pieces(part: dict) -> Iterator[dict]:
-    """``part``'s lists in pieces of at most ROUND_INSTANCES rows each (the shared args with every piece)."""
-    rows = max(len(part[name]) for name in ("instances", "markers", "counters"))
-    for at in range(0, max(rows, 1), ROUND_INSTANCES):
-        yield {"common": part["common"], **{name: part[name][at:at + ROUND_INSTANCES]
-                                            for name in ("instances", "markers", "counters")}}
+def _seqs_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
+    """The Seq rows (and each group's first) of the held instances that ``worker``'s Seq checks
+    need and it is not sent: those of the other parts of the lanes it analyses a part of."""
+    rows: list[list] = []
+    refs: list[list] = []
+    named: set[str] = set()
+    for rank in sorted(held.instances):
+        for idx, inst in enumerate(held.instances[rank]):
+            lane = inst.lane_name
+            if worker not in owner.of_lane[lane] or not seq_issued(inst) or owner(lane, match_part(inst)) == worker:
+                continue
+            rows.append([inst.pg_uid, rank, idx, inst.seq, inst.start_ns, inst.end_ns])
+            if inst.pg_uid not in named:
+                named.add(inst.pg_uid)
+                refs.append([inst.pg_uid, rank, idx, lane, inst.lane_id, inst.group_ranks, match_part(inst) == -1])
+    yield from pieces({"rows": rows, "refs": refs}, ("rows",))
 
 
-def _flow_to_wire(flow: object) -> object:
-    if flow is None or flow.__class__ is int:
-        return flow
-    out, into = flow
-    return [None if out is None else [out.start, out.stop], None if into is None else list(into)]
-
-
-def _flow_from_wire(flow: object) -> object:
-    if flow.__class__ is int:
-        return flow
-    out, into = flow
-    return (None if out is None else range(*out), None if into is None else tuple(into))
-
-
-def _keyed_findings(result: Analysis) -> list[tuple[tuple, Finding]]:
-    """Each finding with its place in one process's list: by collective (as sorted), then the Seq
-    gaps no recorded collective holds, by group and Seq."""
+def _keyed_findings(result: Analysis, ordered: list[tuple]) -> list[tuple[tuple, Finding]]:
+    """Each finding with its place in one process's list: by collective (``ordered``: each one's
+    place in one process's order), then the Seq gaps no recorded collective holds, by group and Seq."""
     out: list[tuple[tuple, Finding]] = []
     attached = set()
-    for i, m in enumerate(result.collectives):
+    for key, m in zip(ordered, result.collectives):
         for k, f in enumerate(m.findings):
-            out.append(((0, m.first_start_ns, m.pg_uid, m.seq, i, k), f))
+            out.append(((0, *key, k), f))
             attached.add(id(f))
-    out += [((1, f.pg_uid, "", f.seq, 0, 0), f) for f in result.findings if id(f) not in attached]
+    out += [((1, f.pg_uid, f.seq), f) for f in result.findings if id(f) not in attached]
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import BinaryIO, Collection, Optional, Sequence
 
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
-from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, match_groups
+from commtag.merge.records import MATCH_PARTS, CollectiveInstance, CounterSeries, Marker, match_groups, match_part
 from commtag.merge.timeline import Row
 from commtag.merge.pftrace.packets import track_descriptor
 from commtag.merge.pftrace.writer import SequenceWriter, track_field
@@ -78,14 +78,15 @@ def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
 
 def lane_flows(instances: Sequence[CollectiveInstance], orders: dict[str, int],
                ranks: Optional[Collection[int]] = None) -> InstanceFlows:
-    """:func:`cross_rank_flows` of every lane's instances (in the order of ``instances``), each
-    lane numbered in its own scope, its place in the lane order (``orders``: lane name -> place)."""
-    by_lane: dict[str, list[CollectiveInstance]] = {}
+    """:func:`cross_rank_flows` of every lane's instances (in the order of ``instances``), each match
+    part of each lane (:func:`commtag.merge.records.match_part`) numbered in its own scope: from its
+    lane's place in the lane order (``orders``: lane name -> place) and the part."""
+    by_part: dict[tuple[str, int], list[CollectiveInstance]] = {}
     for inst in instances:
-        by_lane.setdefault(inst.lane_name, []).append(inst)
+        by_part.setdefault((inst.lane_name, match_part(inst)), []).append(inst)
     flows: InstanceFlows = {}
-    for lane, members in by_lane.items():
-        flows.update(cross_rank_flows(members, 0, ranks, orders.get(lane, 0))[0])
+    for (lane, part), members in by_part.items():
+        flows.update(cross_rank_flows(members, 0, ranks, orders.get(lane, 0) * (MATCH_PARTS + 1) + part + 1)[0])
     return flows
 
 
