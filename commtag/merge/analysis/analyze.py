@@ -336,8 +336,9 @@ class Measured:
         return [(m.is_p2p, m.last_rank, m.skew_ns) for m in _measured(self.matched)]
 
 
-#: What the Seq-gap checks keep of an instance: (pg uid, rank, Seq, start ns, end ns).
-SeqRow = tuple[str, int, int, int, int]
+#: What the Seq-gap checks keep of a rank's instances of a group: runs of consecutive Seqs in one
+#: window, each (pg uid, rank, first Seq, last Seq, window index, first's start ns, last's end ns).
+SeqRun = tuple[str, int, int, int, Optional[int], int, int]
 
 
 def seq_issued(inst: CollectiveInstance) -> bool:
@@ -345,18 +346,36 @@ def seq_issued(inst: CollectiveInstance) -> bool:
     return not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None
 
 
-def seq_rows(instances: Iterable[CollectiveInstance]) -> list[SeqRow]:
-    """The Seq-gap checks' rows of ``instances``, in their order."""
-    return [(i.pg_uid, i.rank, i.seq, i.start_ns, i.end_ns) for i in instances if seq_issued(i)]
+def seq_runs(instances: Iterable[CollectiveInstance], coverage: Coverage) -> list[SeqRun]:
+    """The Seq runs of ``instances`` (each rank's all of them, in their order: a Seq recorded twice
+    counts where it was first), by rank."""
+    found: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+    for i in instances:
+        if seq_issued(i):
+            found[(i.pg_uid, i.rank)].setdefault(i.seq, (i.start_ns, i.end_ns))
+    runs: list[SeqRun] = []
+    for (pg, rank), seqs in found.items():
+        run: Optional[list] = None
+        for seq, (start, end) in sorted(seqs.items()):
+            window = coverage.window_of(rank, start)
+            if run is not None and seq == run[3] + 1 and window == run[4]:
+                run[3], run[6] = seq, end
+                continue
+            if run is not None:
+                runs.append(tuple(run))  # type: ignore[arg-type]
+            run = [pg, rank, seq, seq, window, start, end]
+        if run is not None:
+            runs.append(tuple(run))  # type: ignore[arg-type]
+    return sorted(runs, key=lambda r: r[1])
 
 
-def measure(instances: list[CollectiveInstance], coverage: Coverage, rows: Optional[list[SeqRow]] = None,
+def measure(instances: list[CollectiveInstance], coverage: Coverage, runs: Optional[list[SeqRun]] = None,
             groups: Optional[dict[str, GroupLane]] = None) -> Measured:
     """Match and measure ``instances`` (every instance of a collective must be among them). The Seq
-    checks see ``rows`` (:func:`seq_rows`, in rank order) and ``groups`` (pg -> its lane and members,
-    as its first instance names them) where they are of more instances than these (a merge worker
-    matching some Seqs of a group)."""
-    seqs = _SeqIndex.of(instances, coverage) if rows is None else _SeqIndex(rows, groups or {}, coverage)
+    checks see ``runs`` (:func:`seq_runs`) and ``groups`` (pg -> its lane and members, as its first
+    instance names them) where they are of more instances than these (a merge worker matching
+    some Seqs of a group)."""
+    seqs = _SeqIndex.of(instances, coverage) if runs is None else _SeqIndex(runs, groups or {})
     matched = [
         _measure(members, coverage, seqs)
         for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
@@ -422,17 +441,16 @@ class _SeqIndex:
     that named none and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
     """
 
-    def __init__(self, rows: Iterable[SeqRow], groups: dict[str, GroupLane], coverage: Coverage) -> None:
-        found: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
-        for pg, rank, seq, start, end in rows:
-            found[(pg, rank)].setdefault(seq, (start, end))
+    def __init__(self, runs: Iterable[SeqRun], groups: dict[str, GroupLane]) -> None:
         #: pg -> its lane and members, as its first instance (in rank order) names them.
         self.groups = groups
-        #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
-        self.by_rank = {
-            key: [(s, coverage.window_of(key[1], start), start, end) for s, (start, end) in sorted(seqs.items())]
-            for key, seqs in found.items()
-        }
+        #: (pg, rank) -> [(first Seq, last Seq, window index, first's start, last's end)]: runs of
+        #: consecutive Seqs in one window, in Seq order (between runs a rank skipped some).
+        self.by_rank: dict[tuple[str, int], list[tuple[int, int, Optional[int], int, int]]] = {}
+        for pg, rank, first, last, window, start, end in sorted(runs, key=lambda run: run[1]):
+            self.by_rank.setdefault((pg, rank), []).append((first, last, window, start, end))
+        for found in self.by_rank.values():
+            found.sort()
 
     @classmethod
     def of(cls, instances: list[CollectiveInstance], coverage: Coverage) -> _SeqIndex:
@@ -440,31 +458,34 @@ class _SeqIndex:
         for inst in instances:
             if seq_issued(inst) and inst.pg_uid not in groups:
                 groups[inst.pg_uid] = GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks)
-        return cls(seq_rows(instances), groups, coverage)
+        return cls(seq_runs(instances, coverage), groups)
 
     def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
         """(pg, Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
         skipped between two it recorded in one window (between windows nothing is known)."""
         out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
-        for (pg, rank), seqs in self.by_rank.items():
-            for (a, wa, _, end_a), (b, wb, start_b, _) in zip(seqs, seqs[1:]):
+        for (pg, rank), runs in self.by_rank.items():
+            for (_, a, wa, _, end_a), (b, _, wb, start_b, _) in zip(runs, runs[1:]):
                 if wa is not None and wa == wb:
                     for s in range(a + 1, b):
                         out[(pg, s)][rank] = (end_a, start_b)
         return out
 
+    def _around(self, pg: str, rank: int, seq: int) -> tuple[list, int]:
+        """The rank's runs of ``pg`` and the index of the last one starting at or before ``seq``."""
+        runs = self.by_rank.get((pg, rank), [])
+        return runs, bisect.bisect_right(runs, (seq, 1 << 62)) - 1
+
     def recorded(self, pg: str, rank: int, seq: int) -> bool:
-        seqs = self.by_rank.get((pg, rank), [])
-        at = bisect.bisect_left(seqs, (seq,))
-        return at < len(seqs) and seqs[at][0] == seq
+        runs, at = self._around(pg, rank, seq)
+        return at >= 0 and runs[at][1] >= seq
 
     def passed(self, pg: str, rank: int, seq: int) -> bool:
         """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
-        if self.recorded(pg, rank, seq):
+        runs, at = self._around(pg, rank, seq)
+        if at >= 0 and runs[at][1] >= seq:
             return True
-        seqs = self.by_rank.get((pg, rank), [])
-        at = bisect.bisect_left(seqs, (seq,))
-        return 0 < at < len(seqs) and seqs[at - 1][1] is not None and seqs[at - 1][1] == seqs[at][1]
+        return 0 <= at < len(runs) - 1 and runs[at][2] is not None and runs[at][2] == runs[at + 1][2]
 
 
 def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: _SeqIndex) -> MatchedCollective:

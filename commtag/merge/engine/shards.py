@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from commtag.merge.analysis.analyze import (
-    Analysis, Finding, MergeAnalysis, annotate, busbw_counter, busbw_edges, busbw_series, conclude, markers, measure,
-    seq_issued, trace_annotations,
+    Analysis, Finding, MergeAnalysis, SeqRun, annotate, busbw_counter, busbw_edges, busbw_series, conclude, markers,
+    measure, seq_issued, seq_runs, trace_annotations,
 )
 from commtag.merge.engine.exchange import all_done, from_wire, to_wire
 from commtag.merge.engine.rounds import ROUND_ROWS, flow_from_wire, flow_to_wire, pieces, route
@@ -92,14 +92,20 @@ class Owners:
         #: (lane, part) -> its worker, for the lanes several workers hold.
         self.parts: dict[tuple[str, int], int] = {}
         units: list[tuple[tuple[str, int], float]] = []
+        alone: list[tuple[str, int]] = []  # lanes matched in part -1 alone: dealt out whole
         for name, who in holders.items():
+            count, whole = counts[name]
             if len(who) == 1:
                 self.lanes[name] = next(iter(who))
-                load[self.lanes[name]] += counts[name][0]
+                load[self.lanes[name]] += count
+            elif whole == count:
+                alone.append((name, count))
             else:
-                count, whole = counts[name]
                 units += [((name, -1), float(whole))] + [((name, p), (count - whole) / MATCH_PARTS)
                                                         for p in range(MATCH_PARTS)]
+        for name, count in sorted(alone, key=lambda lane: (-lane[1], lane[0])):
+            self.lanes[name] = min(range(size), key=lambda w: (load[w], w))
+            load[self.lanes[name]] += count
         for unit, weight in sorted(units, key=lambda u: (-u[1], u[0])):
             self.parts[unit] = min(range(size), key=lambda w: (load[w], w))
             load[self.parts[unit]] += weight
@@ -137,7 +143,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     me = world.index
     shard: list[tuple[int, int, CollectiveInstance]] = []
     foreign: dict[int, tuple] = {}  # id -> (args, common args, pg uid) as received
-    rows: list[tuple] = []  # (rank, idx, Seq row) of the lanes this worker analyses parts of
+    runs: list[SeqRun] = []  # of the lanes this worker analyses
     refs: dict[str, tuple] = {}  # pg -> ((rank, idx), lane, lane id, ranks, whole) of its first instance
 
     def arrived(piece: dict) -> None:
@@ -147,7 +153,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 foreign[id(inst)] = (dict(inst.args), inst.common_args, inst.pg_uid)
 
     def seqs_arrived(piece: dict) -> None:
-        rows.extend((rank, idx, (pg, rank, seq, start, end)) for pg, rank, idx, seq, start, end in piece["rows"])
+        runs.extend(tuple(run) for run in piece["runs"])
         for pg, rank, idx, lane, lane_id, ranks, whole in piece["refs"]:
             _first(refs, pg, ((rank, idx), lane, lane_id, interner.shared(tuple(ranks)), whole))
 
@@ -161,19 +167,19 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     keyed: list[tuple[tuple, Marker]] = []
     series: list[list] = []
     if hook is not None:
-        route(world, [_seqs_for(held, owner, w) for w in range(world.size)], seqs_arrived)
-        for piece in _seqs_for(held, owner, me):  # its own instances of the parts others analyse
+        route(world, [_seqs_for(held, owner, w, coverage) for w in range(world.size)], seqs_arrived)
+        for piece in _seqs_for(held, owner, me, coverage):  # its own ranks' of the lanes it shares
             seqs_arrived(piece)
+        whole_lanes = [inst for inst in instances if inst.lane_name in owner.lanes]  # all of them here
+        runs += seq_runs(whole_lanes, coverage)
         for rank, idx, inst in shard:
-            if seq_issued(inst):
-                rows.append((rank, idx, (inst.pg_uid, rank, inst.seq, inst.start_ns, inst.end_ns)))
+            if seq_issued(inst) and inst.lane_name in owner.lanes:
                 _first(refs, inst.pg_uid, ((rank, idx), inst.lane_name, inst.lane_id, inst.group_ranks,
                                            match_part(inst) == -1))
-        rows.sort(key=lambda t: (t[0], t[1]))
         groups = {pg: GroupLane(lane, lane_id, pg, ranks) for pg, (_, lane, lane_id, ranks, _) in refs.items()}
         whole = {pg for pg, ref in refs.items() if ref[4]}
-        measured = measure(instances, coverage, [row for _, _, row in rows], groups)
-        rows.clear()
+        measured = measure(instances, coverage, runs, groups)
+        del whole_lanes, runs
         skews = measured.skews()
         for part in all_done(world, lambda: {"skews": skews}):
             skews += [] if part is None else [tuple(row) for row in part["skews"]]
@@ -310,22 +316,24 @@ def _instances_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
         yield {**to_wire(summaries), "places": places}
 
 
-def _seqs_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
-    """The Seq rows (and each group's first) of the held instances that ``worker``'s Seq checks
-    need and it is not sent: those of the other parts of the lanes it analyses a part of."""
-    rows: list[list] = []
+def _seqs_for(held: Held, owner: Owners, worker: int, coverage: Coverage) -> Iterator[dict]:
+    """The Seq runs (:func:`commtag.merge.analysis.analyze.seq_runs`) of the held ranks in the
+    lanes ``worker`` analyses parts of and shares with others, and each group's first instance
+    here: a few numbers per rank and group, where its instances were thousands."""
+    chosen: list[CollectiveInstance] = []
     refs: list[list] = []
     named: set[str] = set()
     for rank in sorted(held.instances):
         for idx, inst in enumerate(held.instances[rank]):
             lane = inst.lane_name
-            if worker not in owner.of_lane[lane] or not seq_issued(inst) or owner(lane, match_part(inst)) == worker:
+            if lane in owner.lanes or worker not in owner.of_lane[lane] or not seq_issued(inst):
                 continue
-            rows.append([inst.pg_uid, rank, idx, inst.seq, inst.start_ns, inst.end_ns])
+            chosen.append(inst)
             if inst.pg_uid not in named:
                 named.add(inst.pg_uid)
                 refs.append([inst.pg_uid, rank, idx, lane, inst.lane_id, inst.group_ranks, match_part(inst) == -1])
-    yield from pieces({"rows": rows, "refs": refs}, ("rows",))
+    runs = [list(run) for run in seq_runs(chosen, coverage)]
+    yield from pieces({"runs": runs, "refs": refs}, ("runs",))
 
 
 def _keyed_findings(result: Analysis, ordered: list[tuple]) -> list[tuple[tuple, Finding]]:
