@@ -30,6 +30,7 @@ others get each rank's summary without them, :func:`hold`):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Optional
 
@@ -142,7 +143,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     holder = {s.rank: s.holder for s in everyone}
     me = world.index
     shard: list[tuple[int, int, CollectiveInstance]] = []
-    foreign: dict[int, tuple] = {}  # id -> (args, common args, pg uid) as received
+    foreign: set[int] = set()  # ids of the instances other workers sent
     runs: list[SeqRun] = []  # of the lanes this worker analyses
     refs: dict[str, tuple] = {}  # pg -> ((rank, idx), lane, lane id, ranks, whole) of its first instance
 
@@ -150,7 +151,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
         for s, places in zip(from_wire(piece, interner), piece["places"]):
             for idx, inst in zip(places, s.instances):
                 shard.append((s.rank, idx, inst))
-                foreign[id(inst)] = (dict(inst.args), inst.common_args, inst.pg_uid)
+                foreign.add(id(inst))
 
     def seqs_arrived(piece: dict) -> None:
         runs.extend(tuple(run) for run in piece["runs"])
@@ -159,6 +160,8 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
 
     for rank, insts in held.instances.items():
         shard += [(rank, idx, i) for idx, i in enumerate(insts) if owner(i.lane_name, match_part(i)) == me]
+    # The Seq runs first: the instances sent away are dropped here until they come back analysed.
+    seqs = [list(_seqs_for(held, owner, w, coverage)) if hook is not None else [] for w in range(world.size)]
     route(world, [_instances_for(held, owner, w) for w in range(world.size)], arrived)
     shard.sort(key=lambda t: (t[0], t[1]))
     instances = [inst for _, _, inst in shard]
@@ -167,9 +170,10 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     keyed: list[tuple[tuple, Marker]] = []
     series: list[list] = []
     if hook is not None:
-        route(world, [_seqs_for(held, owner, w, coverage) for w in range(world.size)], seqs_arrived)
-        for piece in _seqs_for(held, owner, me, coverage):  # its own ranks' of the lanes it shares
+        route(world, [iter(out) for out in seqs], seqs_arrived)
+        for piece in seqs[me]:  # its own ranks' of the lanes it shares
             seqs_arrived(piece)
+        del seqs
         whole_lanes = [inst for inst in instances if inst.lane_name in owner.lanes]  # all of them here
         runs += seq_runs(whole_lanes, coverage)
         for rank, idx, inst in shard:
@@ -194,36 +198,28 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
         series = _busbw_parts(result)
         findings = _keyed_findings(result, ordered)
         written.analysis = result if world.size == 1 else None
+        del measured, result, place, ordered  # their matched collectives hold every instance analysed here
     flows = lane_flows(instances, orders)
     del instances
-    back: list[dict] = [{"instances": [], "markers": [], "counters": [], "common": []} for _ in range(world.size)]
-    shared: list[dict[int, int]] = [{} for _ in range(world.size)]
+    analysed: list[list[tuple]] = [[] for _ in range(world.size)]  # (rank, idx, instance, flow) to go back
     for rank, idx, inst in shard:
         flow = flows.pop(id(inst), None)
-        before = foreign.get(id(inst))
-        if before is None:
-            if flow is not None:
-                written.flows[id(inst)] = flow
-            continue
-        args, common, uid = before
-        to = holder[rank]
-        added = {k: v for k, v in inst.args.items() if k not in args or args[k] != v}
-        figures = {k: v for k, v in inst.common_args.items() if k not in common or common[k] != v}
-        ref = shared[to].setdefault(id(inst.common_args), len(back[to]["common"]))
-        if ref == len(back[to]["common"]):
-            back[to]["common"].append(figures)
-        back[to]["instances"].append([rank, idx, ref, added or None, None if inst.pg_uid == uid else inst.pg_uid,
-                                      flow_to_wire(flow)])
+        if id(inst) in foreign:
+            analysed[holder[rank]].append((rank, idx, inst, flow_to_wire(flow)))
+        elif flow is not None:
+            written.flows[id(inst)] = flow
     shard.clear()
     foreign.clear()
     del flows
+    notes: list[dict] = [{"markers": [], "counters": []} for _ in range(world.size)]
     for key, mk in keyed:
-        back[holder[mk.rank]]["markers"].append([list(key), mk.rank, mk.ts_ns, mk.name, mk.args])
+        notes[holder[mk.rank]]["markers"].append([list(key), mk.rank, mk.ts_ns, mk.name, mk.args])
     for pg, c in _busbw_counters(world, owner, series):
-        back[holder[c.rank]]["counters"].append([pg, c.rank, c.track, c.points, c.unit, c.lane])
-    got: list[dict] = [back[me]]
-    route(world, [pieces(part, _BACK) if w != me else iter(()) for w, part in enumerate(back)], got.append)
-    del back
+        notes[holder[c.rank]]["counters"].append([pg, c.rank, c.track, c.points, c.unit, c.lane])
+    got: list[dict] = [notes[me]]
+    route(world, [itertools.chain(_returned(analysed[w]), pieces(notes[w], _NOTES)) if w != me else iter(())
+                  for w in range(world.size)], got.append)
+    del analysed, notes
     _apply(held, got, written)
     if hook is not None:
         windows = Coverage({r: coverage.windows[r] for r in held.instances if r in coverage.windows},
@@ -233,8 +229,8 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     return written
 
 
-#: The lists of what goes back to the worker holding an instance.
-_BACK = ("instances", "markers", "counters")
+#: The lists of what goes back to the worker holding an instance besides the instance itself.
+_NOTES = ("markers", "counters")
 
 
 def _first(refs: dict[str, tuple], pg: str, ref: tuple) -> None:
@@ -243,26 +239,32 @@ def _first(refs: dict[str, tuple], pg: str, ref: tuple) -> None:
         refs[pg] = ref
 
 
+def _returned(analysed: list[tuple]) -> Iterator[dict]:
+    """The analysed instances of another worker's ranks, in pieces of at most ROUND_ROWS, each with
+    its place among its rank's and its flows."""
+    for at in range(0, len(analysed), ROUND_ROWS):
+        run = analysed[at:at + ROUND_ROWS]
+        by_rank: dict[int, list[tuple]] = {}
+        for rank, idx, inst, flow in run:
+            by_rank.setdefault(rank, []).append((idx, inst, flow))
+        yield {**to_wire([RankSummary(rank, "", None, [], instances=[inst for _, inst, _ in rows])
+                          for rank, rows in by_rank.items()]),
+               "places": [[idx for idx, _, _ in rows] for rows in by_rank.values()],
+               "flows": [[flow for _, _, flow in rows] for rows in by_rank.values()]}
+
+
 def _apply(held: Held, got: list[dict], written: Written) -> None:
-    """Put what came back on the held instances: the analysis's args, pg uid and flows; and keep
+    """Put the analysed instances that came back in their places, with their flows; and keep
     the markers and counters, each in one process's order."""
-    cached: dict[tuple[int, int, int], dict] = {}
     own_markers: list[tuple] = []
     counters: list[tuple[str, CounterSeries]] = []
-    for n, part in enumerate(got):
-        for rank, idx, ref, added, uid, flow in part.get("instances", ()):
-            inst = held.instances[rank][idx]
-            if uid is not None:
-                inst.pg_uid = uid
-            if added:
-                inst.args.update(added)
-            key = (n, id(inst.common_args), ref)
-            joined = cached.get(key)
-            if joined is None:
-                joined = cached[key] = {**inst.common_args, **part["common"][ref]}
-            inst.common_args = joined
-            if flow is not None:
-                written.flows[id(inst)] = flow_from_wire(flow)
+    for part in got:
+        if "summaries" in part:  # decoded with an interner of its own: what it shares is in it
+            for s, places, flows in zip(from_wire(part, Interner()), part["places"], part["flows"]):
+                for inst, idx, flow in zip(s.instances, places, flows):
+                    held.instances[s.rank][idx] = inst
+                    if flow is not None:
+                        written.flows[id(inst)] = flow_from_wire(flow)
         own_markers += [(tuple(key), Marker(rank, ts, name, args)) for key, rank, ts, name, args in part.get("markers", ())]
         counters += [(pg, CounterSeries(rank, track, [tuple(point) for point in points], unit, lane))
                      for pg, rank, track, points, unit, lane in part.get("counters", ())]
@@ -298,22 +300,30 @@ def _busbw_counters(world: World, owner: Owners, parts: list[list]) -> list[tupl
 
 
 def _instances_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
-    """Pieces of at most ROUND_ROWS of the held instances ``worker`` analyses."""
+    """Pieces of at most ROUND_ROWS of the held instances ``worker`` analyses; once a piece is
+    sent its instances are dropped here (``None`` in their place until they come back analysed)."""
     summaries: list[RankSummary] = []
     places: list[list[int]] = []
     count = 0
+
+    def sent() -> Iterator[dict]:
+        yield {**to_wire(summaries), "places": places}
+        for s, where in zip(summaries, places):
+            for idx in where:
+                held.instances[s.rank][idx] = None  # type: ignore[call-overload]
+
     for rank in sorted(held.instances):
         chosen = [(idx, i) for idx, i in enumerate(held.instances[rank]) if owner(i.lane_name, match_part(i)) == worker]
         for at in range(0, len(chosen), ROUND_ROWS):
             run = chosen[at:at + ROUND_ROWS]
             if count + len(run) > ROUND_ROWS and summaries:
-                yield {**to_wire(summaries), "places": places}
+                yield from sent()
                 summaries, places, count = [], [], 0
             summaries.append(RankSummary(rank, "", None, [], instances=[inst for _, inst in run]))
             places.append([idx for idx, _ in run])
             count += len(run)
     if summaries:
-        yield {**to_wire(summaries), "places": places}
+        yield from sent()
 
 
 def _seqs_for(held: Held, owner: Owners, worker: int, coverage: Coverage) -> Iterator[dict]:
