@@ -53,9 +53,10 @@ MIN_INPUT_PER_WORKER = 16 << 20
 #: A merge worker's peak RSS, measured by launch/bench_merge.py and bench_ranks.py: a fixed part
 #: (interpreter, imports, output buffers), a part per byte of the largest rank's JSON (the rank it
 #: holds while writing it), and its share of the job's collective records (~750 bytes per
-#: instance, ~700 bytes of sidecar each: counted per sidecar byte): those of its own ranks and
-#: those other workers send it to analyse (:mod:`commtag.merge.engine.shards`), at most as many
-#: again (the lanes are dealt out evenly), so 2/N of them with N workers, all of them alone.
+#: instance, ~700 bytes of sidecar each: counted per sidecar byte): while analysing, those of the
+#: match parts it analyses; while writing, its own ranks' (:mod:`commtag.merge.engine.shards`).
+#: About 1/N of them each with N workers where the parts deal out evenly; taken as 2/N (a group
+#: one worker holds whole stays whole), all of them alone.
 #: Taken on the high side, so that -j's default never starts more workers than memory holds.
 WORKER_BASE_RSS = 64 << 20
 

@@ -16,8 +16,17 @@ from commtag.merge.errors import MergeInputError
 if TYPE_CHECKING:
     from commtag.merge.engine.worlds import World
 
-#: Rows (instances, markers, Seq rows) a worker sends to one other worker per round.
+#: Rows (instances, markers, Seq runs) a worker sends per round, to all other workers together:
+#: each round is an all-gather, so every worker holds every worker's blob of the round at once.
 ROUND_ROWS = 8192
+
+#: The fewest rows of a piece, however many workers share a round.
+MIN_PIECE_ROWS = 256
+
+
+def piece_rows(workers: int) -> int:
+    """Rows of one piece, to one worker, where ``workers`` share each round."""
+    return max(MIN_PIECE_ROWS, ROUND_ROWS // max(1, workers - 1))
 
 
 def route(world: World, sources: list[Iterator[dict]], receive: Callable[[dict], None]) -> None:
@@ -49,13 +58,13 @@ def route(world: World, sources: list[Iterator[dict]], receive: Callable[[dict],
             return
 
 
-def pieces(part: dict, listed: tuple[str, ...]) -> Iterator[dict]:
-    """``part`` in pieces of at most ROUND_ROWS rows of each list named in ``listed``; its other
+def pieces(part: dict, listed: tuple[str, ...], size: int) -> Iterator[dict]:
+    """``part`` in pieces of at most ``size`` rows of each list named in ``listed``; its other
     keys go with every piece (none when the lists are empty)."""
     rest = {key: value for key, value in part.items() if key not in listed}
     rows = max((len(part[name]) for name in listed), default=0)
-    for at in range(0, rows, ROUND_ROWS):
-        yield {**rest, **{name: part[name][at:at + ROUND_ROWS] for name in listed}}
+    for at in range(0, rows, size):
+        yield {**rest, **{name: part[name][at:at + size] for name in listed}}
 
 
 def flow_to_wire(flow: object) -> object:

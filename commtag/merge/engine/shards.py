@@ -14,7 +14,7 @@ others get each rank's summary without them, :func:`hold`):
    holds stays with it, whole; the parts of the others are dealt out (:class:`Owners`). Every
    worker works this out alike, from the summaries.
 2. Each worker sends the instances it holds to their part's worker, in rounds of at most
-   :data:`commtag.merge.engine.rounds.ROUND_ROWS` (:func:`commtag.merge.engine.rounds.route`).
+   :func:`commtag.merge.engine.rounds.piece_rows` (:func:`commtag.merge.engine.rounds.route`).
 3. What a part's analysis needs beyond its own instances comes as numbers: the Seq checks see
    every Seq of the group (a gap or a skipped member is found from the Seqs around it), the
    straggler noise every worker's skews, and a group's busbw counter is made by one worker from
@@ -39,7 +39,7 @@ from commtag.merge.analysis.analyze import (
     measure, seq_issued, seq_runs, trace_annotations,
 )
 from commtag.merge.engine.exchange import all_done, from_wire, to_wire
-from commtag.merge.engine.rounds import ROUND_ROWS, flow_from_wire, flow_to_wire, pieces, route
+from commtag.merge.engine.rounds import flow_from_wire, flow_to_wire, piece_rows, pieces, route
 from commtag.merge.pftrace.lanes import InstanceFlows, lane_flows
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.records import (
@@ -161,8 +161,10 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     for rank, insts in held.instances.items():
         shard += [(rank, idx, i) for idx, i in enumerate(insts) if owner(i.lane_name, match_part(i)) == me]
     # The Seq runs first: the instances sent away are dropped here until they come back analysed.
-    seqs = [list(_seqs_for(held, owner, w, coverage)) if hook is not None else [] for w in range(world.size)]
-    route(world, [_instances_for(held, owner, w) for w in range(world.size)], arrived)
+    seqs = [list(_seqs_for(held, owner, w, coverage, piece_rows(world.size))) if hook is not None else []
+            for w in range(world.size)]
+    size = piece_rows(world.size)
+    route(world, [_instances_for(held, owner, w, size) for w in range(world.size)], arrived)
     shard.sort(key=lambda t: (t[0], t[1]))
     instances = [inst for _, _, inst in shard]
     settle_inferred(instances)
@@ -217,7 +219,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     for pg, c in _busbw_counters(world, owner, series):
         notes[holder[c.rank]]["counters"].append([pg, c.rank, c.track, c.points, c.unit, c.lane])
     got: list[dict] = [notes[me]]
-    route(world, [itertools.chain(_returned(analysed[w]), pieces(notes[w], _NOTES)) if w != me else iter(())
+    route(world, [itertools.chain(_returned(analysed[w], size), pieces(notes[w], _NOTES, size)) if w != me else iter(())
                   for w in range(world.size)], got.append)
     del analysed, notes
     _apply(held, got, written)
@@ -239,11 +241,11 @@ def _first(refs: dict[str, tuple], pg: str, ref: tuple) -> None:
         refs[pg] = ref
 
 
-def _returned(analysed: list[tuple]) -> Iterator[dict]:
-    """The analysed instances of another worker's ranks, in pieces of at most ROUND_ROWS, each with
+def _returned(analysed: list[tuple], size: int) -> Iterator[dict]:
+    """The analysed instances of another worker's ranks, in pieces of at most ``size``, each with
     its place among its rank's and its flows."""
-    for at in range(0, len(analysed), ROUND_ROWS):
-        run = analysed[at:at + ROUND_ROWS]
+    for at in range(0, len(analysed), size):
+        run = analysed[at:at + size]
         by_rank: dict[int, list[tuple]] = {}
         for rank, idx, inst, flow in run:
             by_rank.setdefault(rank, []).append((idx, inst, flow))
@@ -288,7 +290,7 @@ def _busbw_counters(world: World, owner: Owners, parts: list[list]) -> list[tupl
     """Each group's busbw counter (with its pg), made by the worker of its lane's part -1 from every
     worker's edges (its transfers overlap whichever worker measured them)."""
     gathered: list[list] = [row for row in parts if owner(row[1], -1) == world.index]
-    route(world, [pieces({"busbw": [row for row in parts if owner(row[1], -1) == w]}, ("busbw",))
+    route(world, [pieces({"busbw": [row for row in parts if owner(row[1], -1) == w]}, ("busbw",), piece_rows(world.size))
                   for w in range(world.size)], lambda piece: gathered.extend(piece["busbw"]))
     by_pg: dict[str, list] = {}
     for pg, _, name, rank, edges in gathered:
@@ -299,8 +301,8 @@ def _busbw_counters(world: World, owner: Owners, parts: list[list]) -> list[tupl
     return [(pg, busbw_counter(by_pg[pg][1], by_pg[pg][0], points)) for pg, points in sorted(made.items())]
 
 
-def _instances_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
-    """Pieces of at most ROUND_ROWS of the held instances ``worker`` analyses; once a piece is
+def _instances_for(held: Held, owner: Owners, worker: int, size: int) -> Iterator[dict]:
+    """Pieces of at most ``size`` of the held instances ``worker`` analyses; once a piece is
     sent its instances are dropped here (``None`` in their place until they come back analysed)."""
     summaries: list[RankSummary] = []
     places: list[list[int]] = []
@@ -314,9 +316,9 @@ def _instances_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
 
     for rank in sorted(held.instances):
         chosen = [(idx, i) for idx, i in enumerate(held.instances[rank]) if owner(i.lane_name, match_part(i)) == worker]
-        for at in range(0, len(chosen), ROUND_ROWS):
-            run = chosen[at:at + ROUND_ROWS]
-            if count + len(run) > ROUND_ROWS and summaries:
+        for at in range(0, len(chosen), size):
+            run = chosen[at:at + size]
+            if count + len(run) > size and summaries:
                 yield from sent()
                 summaries, places, count = [], [], 0
             summaries.append(RankSummary(rank, "", None, [], instances=[inst for _, inst in run]))
@@ -326,7 +328,7 @@ def _instances_for(held: Held, owner: Owners, worker: int) -> Iterator[dict]:
         yield from sent()
 
 
-def _seqs_for(held: Held, owner: Owners, worker: int, coverage: Coverage) -> Iterator[dict]:
+def _seqs_for(held: Held, owner: Owners, worker: int, coverage: Coverage, size: int) -> Iterator[dict]:
     """The Seq runs (:func:`commtag.merge.analysis.analyze.seq_runs`) of the held ranks in the
     lanes ``worker`` analyses parts of and shares with others, and each group's first instance
     here: a few numbers per rank and group, where its instances were thousands."""
@@ -343,7 +345,7 @@ def _seqs_for(held: Held, owner: Owners, worker: int, coverage: Coverage) -> Ite
                 named.add(inst.pg_uid)
                 refs.append([inst.pg_uid, rank, idx, lane, inst.lane_id, inst.group_ranks, match_part(inst) == -1])
     runs = [list(run) for run in seq_runs(chosen, coverage)]
-    yield from pieces({"runs": runs, "refs": refs}, ("runs",))
+    yield from pieces({"runs": runs, "refs": refs}, ("runs",), size)
 
 
 def _keyed_findings(result: Analysis, ordered: list[tuple]) -> list[tuple[tuple, Finding]]:
