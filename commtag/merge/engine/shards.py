@@ -192,15 +192,16 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
         result = conclude(measured, coverage, hook.straggler_min_skew_us, skews, lambda pg, seq: owner(
             groups[pg].lane_name, -1 if pg in whole else seq % MATCH_PARTS) == me)
         annotate(result)
-        place = {id(inst): (rank, inst.start_ns, inst.seq, idx) for rank, idx, inst in shard}
-        ordered = [(m.first_start_ns, m.pg_uid, m.seq, min(place[id(i)] for i in m.members.values()), i)
-                   for i, m in enumerate(result.collectives)]
+        # One process's order: by first start, group and Seq, then (where a p2p transfer and a collective of
+        # one group, analysed on two workers, tie) by their first member as its matching meets them.
+        ordered = [(m.first_start_ns, m.pg_uid, m.seq, min((i.rank, i.start_ns, i.seq) for i in m.members.values()), n)
+                   for n, m in enumerate(result.collectives)]
         for key, m in zip(ordered, result.collectives):
             keyed += [((mk.ts_ns, mk.rank, *key, k), mk) for k, mk in enumerate(markers([m]))]
         series = _busbw_parts(result)
         findings = _keyed_findings(result, ordered)
         written.analysis = result if world.size == 1 else None
-        del measured, result, place, ordered  # their matched collectives hold every instance analysed here
+        del measured, result, ordered  # their matched collectives hold every instance analysed here
     flows = lane_flows(instances, orders)
     del instances
     analysed: list[list[tuple]] = [[] for _ in range(world.size)]  # (rank, idx, instance, flow) to go back
