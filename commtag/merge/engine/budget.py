@@ -29,6 +29,7 @@ from commtag.merge.pftrace.lanes import FULL_MESH_MAX, LanesWriter
 from commtag.merge.inputs.load import MergeInputError, RankInput, load_sidecar
 from commtag.merge.inputs.selection import FileSpans, Selection, describe_numbers
 from commtag.merge.pftrace.writer import SequenceWriter, rank_sequence, write_rank
+from commtag.merge.engine.segments import segments
 
 #: Ranks converted to measure the rest by: the first, the last and two between.
 SAMPLED_RANKS = 4
@@ -153,8 +154,9 @@ def estimate(ranks: Sequence[RankInput], selection: Optional[Selection] = None,
     offsets = offsets or {}
     picks = sorted({round(k * (len(ranks) - 1) / max(1, SAMPLED_RANKS - 1)) for k in range(SAMPLED_RANKS)}) \
         if ranks else []
-    # As a merge worker does, the samples share one sequence each for timelines and lanes: the first
-    # pays for interning the names every rank repeats, the others show what one more rank costs.
+    # As a segment's ranks do (commtag.merge.engine.segments), the samples share one sequence each for
+    # timelines and lanes: the first pays for interning the names every rank repeats, the others show
+    # what one more rank costs; every segment's first rank pays the interning again.
     seq, lanes_writer = rank_sequence(0), LanesWriter(0, 0)
     measured: dict[int, tuple[int, int]] = {}
     timeline_per_json, lanes_per_side, lanes_per_json, steps = [], [], [], set()
@@ -177,14 +179,21 @@ def estimate(ranks: Sequence[RankInput], selection: Optional[Selection] = None,
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    for rank in ranks:
-        if rank.rank in measured:
-            out.timeline[rank.rank], out.lanes[rank.rank] = measured[rank.rank]
-            continue
+    def alike(rank: RankInput) -> tuple[float, float]:
+        """What one more rank on a sequence costs, from the samples after the first."""
         json = sum(json_bytes(f.path) for f in rank.files)
         side = _sidecar_bytes(rank)
-        out.timeline[rank.rank] = mean(timeline_per_json) * json
-        out.lanes[rank.rank] = mean(lanes_per_side) * side if side else mean(lanes_per_json) * json
+        return mean(timeline_per_json) * json, mean(lanes_per_side) * side if side else mean(lanes_per_json) * json
+
+    for rank in ranks:
+        out.timeline[rank.rank], out.lanes[rank.rank] = measured[rank.rank] if rank.rank in measured else alike(rank)
+    first = ranks[picks[0]] if picks else None
+    if first is not None and first.rank in measured and len(picks) > 1:
+        # Each segment's sequences intern its names and args afresh, as the first sample's did.
+        interning = [max(0.0, paid - more) for paid, more in zip(measured[first.rank], alike(first))]
+        for segment in segments(ranks)[1:]:
+            out.timeline[segment[0].rank] += interning[0]
+            out.lanes[segment[0].rank] += interning[1]
     return out
 
 
