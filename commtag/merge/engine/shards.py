@@ -244,16 +244,19 @@ def _first(refs: dict[str, tuple], pg: str, ref: tuple) -> None:
 
 def _returned(analysed: list[tuple], size: int) -> Iterator[dict]:
     """The analysed instances of another worker's ranks, in pieces of at most ``size``, each with
-    its place among its rank's and its flows."""
+    its place among its rank's and its flows; each piece's are dropped here once it is sent (the
+    instances that come back to this worker meanwhile take their room)."""
     for at in range(0, len(analysed), size):
-        run = analysed[at:at + size]
         by_rank: dict[int, list[tuple]] = {}
-        for rank, idx, inst, flow in run:
+        for rank, idx, inst, flow in analysed[at:at + size]:
             by_rank.setdefault(rank, []).append((idx, inst, flow))
-        yield {**to_wire([RankSummary(rank, "", None, [], instances=[inst for _, inst, _ in rows])
-                          for rank, rows in by_rank.items()]),
-               "places": [[idx for idx, _, _ in rows] for rows in by_rank.values()],
-               "flows": [[flow for _, _, flow in rows] for rows in by_rank.values()]}
+        piece = {**to_wire([RankSummary(rank, "", None, [], instances=[inst for _, inst, _ in rows])
+                            for rank, rows in by_rank.items()]),
+                 "places": [[idx for idx, _, _ in rows] for rows in by_rank.values()],
+                 "flows": [[flow for _, _, flow in rows] for rows in by_rank.values()]}
+        del by_rank
+        analysed[at:at + size] = [()] * len(analysed[at:at + size])
+        yield piece
 
 
 def _apply(held: Held, got: list[dict], written: Written) -> None:
