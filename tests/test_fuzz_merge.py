@@ -239,6 +239,9 @@ def _check_merge(directory: Path, skip: bool, align: str) -> None:
 # the rows' arrays while they were shifted, before the bounds were checked.
 @example(base="a100-eager", which=0, mutations=[("set", 0, "ts", 0), ("top", "baseTimeNanoseconds", 9_218_913_359_802_718_666)],
          skip=False, align="none")
+# Found by random runs: a kernel whose "Collective name" or "External id" is a list ended in a TypeError in attach.
+@example(base="a100-eager", which=0, mutations=[("arg", 42, "Collective name", [0])], skip=False, align="none")
+@example(base="a100-eager", which=0, mutations=[("arg", 42, "External id", [])], skip=False, align="none")
 def test_mutated_traces_merge_or_fail_clearly(base, which, mutations, skip, align):
     files = BASES[base]
     traces = [i for i, (name, _) in enumerate(files) if "commtag" not in name]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.sidecars import check_world_size
 from commtag.merge.inputs.clock import wall_clock
+from commtag.vocab import COLLECTIVE_NAME_KEY, CORRELATION_KEY, EXTERNAL_ID_KEY, PG_NAME_KEY
 
 _INF = float("inf")
 
@@ -74,6 +75,20 @@ def refuse(path: Path, i: int, e: dict, base: int) -> None:
     check_ids(path, i, e)
     start = round(ts * 1000) + base
     raise MergeInputError(path, f"traceEvents[{i}] ({e.get('name')!r}): time {start} ns is outside int64 nanoseconds")
+
+
+def check_join_args(path: Path, events: Iterable[dict]) -> None:
+    """The args attach joins by are what Kineto writes on every event that carries them: the names
+    it compares ("Collective name", "Process Group Name") strings, the ids it looks up ("External
+    id", "correlation") numbers or names; anything else is bad input, not a key."""
+    for e in events:
+        args = e.get("args") or {}
+        for key in (COLLECTIVE_NAME_KEY, PG_NAME_KEY):
+            if key in args and args[key].__class__ is not str:
+                raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a string")
+        for key in (EXTERNAL_ID_KEY, CORRELATION_KEY):
+            if key in args and args[key] is not None and args[key].__class__ not in (int, str):
+                raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a number or name")
 
 
 def check_clock(path: Path, last_ns: Optional[int]) -> None:

@@ -47,7 +47,7 @@ from commtag.vocab import (
 )
 from commtag.merge.records import EventAccount
 from commtag.constants import MAX_DUR_US
-from commtag.merge.rank.checks import check_clock, check_ids, refuse, check_distributed_info
+from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
     left_out_reason,
@@ -296,6 +296,7 @@ class RankConverter:
             self._shift(file, marks, final - base)
         check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
+        check_join_args(path, trace["traceEvents"])
         attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
                           annotated=self.annotated if self.encoder is not None else None, notes=self.notes)
         if keep is not None:
