@@ -25,7 +25,7 @@ and is not annotated.
 
 Two paths. The **idle fast path** runs while nothing could record: no
 Python-started profiler (``torch.autograd.profiler._is_profiler_enabled``,
-which torch.profiler and torch.autograd.profiler set for every session,
+which torch.profiler and torch.autograd.profiler set while any profile records,
 ``profile_all_threads`` included), no capture open, no coalescing block open,
 not compiling, and no slow-path call in flight whose original may call a
 wrapper again (:func:`commtag.runtime.install.idle.more_slow`); that test is
