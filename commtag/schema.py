@@ -22,8 +22,8 @@ from commtag.constants import (  # re-exported: the contract's names stay import
     MAX_NELEMS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
 )
 from commtag.vocab import (
-    ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_REPLAY,
-    ANN_THREAD, COLLECTIVE_NAME_KEY, LEGACY_FORMAT, NCCL2_FORMAT, DST_RANK_KEY, DTYPE_KEY, EAGER_KEYS, GROUP_SIZE_KEY, IN_NELEMS_KEY,
+    ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS,
+    ANN_REPLAY, ANN_SEND_PEERS, ANN_SPLITS, ANN_THREAD, SPLITS_NOT_RECORDED, COLLECTIVE_NAME_KEY, LEGACY_FORMAT, NCCL2_FORMAT, DST_RANK_KEY, DTYPE_KEY, EAGER_KEYS, GROUP_SIZE_KEY, IN_NELEMS_KEY,
     IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, PG_DESC_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, RANK_START_KEY,
     RANK_STRIDE_KEY, SCALAR_TYPE_NAMES, SEQ_KEY, SRC_RANK_KEY,
 )
@@ -88,6 +88,11 @@ class CollectiveAnnotation(BaseModel):
     #: Set when the call failed (raised, or its work completed with an error, e.g. a timeout):
     #: the exception's type and first line. The call is still recorded: its time was spent.
     error: Optional[str] = Field(alias=ANN_ERROR, default=None, min_length=1)
+    #: An nccl2 batch_op_issue's peers per send / per receive (global ranks, as a list string).
+    send_peers: Optional[str] = Field(alias=ANN_SEND_PEERS, default=None)
+    recv_peers: Optional[str] = Field(alias=ANN_RECV_PEERS, default=None)
+    #: vocab.SPLITS_NOT_RECORDED on an all-to-all whose split sizes were not seen.
+    splits: Optional[Literal["not recorded"]] = Field(alias=ANN_SPLITS, default=None)
 
     @field_validator("dtype")
     @classmethod
@@ -96,10 +101,10 @@ class CollectiveAnnotation(BaseModel):
             raise ValueError(f"unknown c10 ScalarType name {value!r} (expected e.g. 'Float', 'BFloat16')")
         return value
 
-    @field_validator("in_split_size", "out_split_size", "pg_ranks")
+    @field_validator("in_split_size", "out_split_size", "pg_ranks", "send_peers", "recv_peers")
     @classmethod
-    def _list_string(cls, value: str) -> str:
-        if not _is_list_string(value):
+    def _list_string(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _is_list_string(value):
             raise ValueError(f"expected a list string like '[0, 1]', got {value!r}")
         return value
 
@@ -127,9 +132,9 @@ class CollectiveAnnotation(BaseModel):
         return (self.pg_uid, self.is_p2p, self.seq, self.replay)
 
 
-# The formats a group's annotations may follow are the vocabulary's (checked at import).
-if (LEGACY_FORMAT, NCCL2_FORMAT) != ("legacy", "nccl2"):
-    raise ImportError("commtag.schema: ProcessGroupInfo.record_format's values differ from commtag.vocab's formats")
+# The Literal values above are the vocabulary's (checked at import).
+if (LEGACY_FORMAT, NCCL2_FORMAT, SPLITS_NOT_RECORDED) != ("legacy", "nccl2", "not recorded"):
+    raise ImportError("commtag.schema: the record formats or SPLITS_NOT_RECORDED differ from commtag.vocab's")
 
 # The eager fields are exactly the profiler's keys, in its order (commtag.vocab writes them once);
 # checked at import (not an assert, which -O strips).

@@ -108,8 +108,22 @@ def test_a_hooked_call_is_described_as_the_patched_function_describes_it(monkeyp
     for (name, inputs, outputs, root), patched in pairs:
         hooked = c10d_hooks.describe(name, inputs, outputs, root, False, state)
         assert [getattr(hooked, f) for f in fields] == [getattr(patched, f) for f in fields], name
-    assert c10d_hooks.describe("ALLTOALL_BASE", [x], [x], -1, False, state) is None
     assert c10d_hooks.describe("SPLIT", [], [], -1, False, state) is None
+
+
+def test_an_all_to_all_single_only_a_hook_saw_has_its_sizes_and_says_its_splits_are_not_recorded() -> None:
+    """The hook gives all_to_all_single's two tensors, not its split lists (nccl2-and-hooks.md §7a):
+    its sizes are written, its split sizes never guessed ("commtag splits": "not recorded"); on an
+    nccl2 group under the name of the engine whose record keeps no split lists either."""
+    from commtag.runtime.describe.calls import CallRecord
+
+    x, y = torch.ones(12), torch.ones(8)
+    for record_format, name, splits in (("legacy", "all_to_allv", ("[]", "[]")),
+                                        ("nccl2", "all_to_all_v_single", ("[12]", "[8]"))):
+        call = c10d_hooks.describe("ALLTOALL_BASE", [x], [y], -1, False, _state(record_format=record_format))
+        fields = CallRecord(call, 3, None, 1, "main").annotation_fields()
+        assert (fields["collective_name"], fields["in_msg_nelems"], fields["out_msg_nelems"]) == (name, 12, 8)
+        assert (fields["in_split_size"], fields["out_split_size"], fields["splits"]) == (*splits, "not recorded")
 
 
 def test_hooks_are_used_only_where_torch_names_every_op_apart() -> None:
@@ -134,3 +148,45 @@ def test_a_coalesced_call_on_an_nccl2_group_is_one_record_per_tensor() -> None:
     parts = c10d_hooks.per_tensor(call, [x, six], [big, torch.ones(24)])
     assert [(p.collective, p.in_nelems, p.out_nelems) for p in parts] == [("_allgather_base", 4, 16),
                                                                          ("_allgather_base", 6, 24)]
+
+
+def _all_to_all_single(rank: int, world: int, out_dir: str) -> None:
+    import torch.distributed._functional_collectives as funcol
+    from torch.profiler import ProfilerActivity, profile
+
+    import commtag
+
+    warnings.simplefilter("ignore")
+    commtag.install()
+    sends = [[1, 3], [2, 2]][rank]          # rank 0 sends 1 row to 0 and 3 to 1; rank 1 2 and 2
+    recvs = [[1, 2], [3, 2]][rank]
+    x = torch.ones(sum(sends), 2)
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
+        funcol.wait_tensor(funcol.all_to_all_single(x, recvs, sends, dist.group.WORLD))   # hooks only
+        funcol.wait_tensor(funcol.all_to_all_single(torch.ones(4), None, None, dist.group.WORLD))  # hooks only
+        out = torch.empty(sum(recvs), 2)
+        dist.all_to_all_single(out, x, recvs, sends)                                          # patched
+    commtag.uninstall()
+
+
+@needs_hooks
+@pytest.mark.slow
+def test_a_hook_only_all_to_all_single_merges_with_its_sizes_and_no_guessed_traffic(tmp_path) -> None:
+    """On real gloo ranks (torch 2.15): functional all_to_all_single, uneven and even, is seen only
+    by c10d's hooks: each is annotated with its sizes and "splits not recorded", and the merge's
+    all-to-all traffic says so, where the patched call's recorded splits give its matrix."""
+    from commtag.merge import merge
+    from commtag.vocab import ANN_SPLITS, IN_NELEMS_KEY
+
+    run_world(_all_to_all_single, 2, str(tmp_path))
+    result = merge(tmp_path, tmp_path / "merged.pftrace", jobs=1)
+    found = sorted((m.seq, m.collective, tuple(sorted(m.members)),
+                    tuple(inst.arg(IN_NELEMS_KEY) for _, inst in sorted(m.members.items())),
+                    {inst.arg(ANN_SPLITS) for inst in m.members.values()}) for m in result.analysis.collectives)
+    assert found == [(1, "all_to_allv", (0, 1), (8, 8), {"not recorded"}),
+                     (2, "all_to_allv", (0, 1), (4, 4), {"not recorded"}),
+                     (3, "all_to_allv", (0, 1), (8, 8), {None})]
+    traffic = {a.seq: a for a in result.analysis.all_to_all}
+    assert traffic[1].matrix is None and "not recorded" in traffic[1].not_recorded
+    assert traffic[2].matrix is None and "not recorded" in traffic[2].not_recorded
+    assert traffic[3].matrix == [[2, 6], [4, 4]]

@@ -14,10 +14,11 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.identity import describe_ranks
+from commtag.merge.batches import batch_keys
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_PG_UID, ANN_RANK, ANN_RECORD_FORMAT,
     ANN_REPLAY, ANN_SEQ_FROM, ANN_SEQ_PART, ANN_SOURCE, COLLECTIVE_NAME_KEY, DST_RANK_KEY, DTYPE_KEY, GROUP_SIZE_KEY,
-    IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_RANKS_KEY, RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY,
+    IN_NELEMS_KEY, NCCL2_BATCH_P2P, OUT_NELEMS_KEY, PG_RANKS_KEY, RANK_KEY, RECV, SEQ_KEY, SRC_RANK_KEY,
     UNDEFINED_DTYPE, legacy_view,
 )
 
@@ -193,7 +194,9 @@ class CollectiveInstance:
 
     @property
     def p2p_ends(self) -> Optional[tuple[int, int]]:
-        """(sender, receiver) global ranks of a send/recv; None when the peer is unknown."""
+        """(sender, receiver) global ranks of a send/recv; None when the peer is unknown (or several: a batch)."""
+        if self.collective == NCCL2_BATCH_P2P:
+            return None
         peer = None
         for key in (DST_RANK_KEY, SRC_RANK_KEY, ANN_PEER):
             value = self.arg(key)
@@ -257,6 +260,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
     share, so that a flow never links what the analysis measures apart:
 
     * an instance the attacher marked ``"commtag cross-rank": False`` is alone;
+    * nccl2's batches of p2p pair with their peers' batches (:mod:`commtag.merge.batches`);
     * a send/recv whose peer is known is a message: the k-th from its sender to
       its receiver in the group (and graph replay), k being ``"commtag p2p pair
       seq"`` when recorded, else its place among that rank's messages of the
@@ -281,10 +285,13 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
         streams[stream] += 1
         counted[id(inst)] = streams[stream]
     groups: dict[tuple, list[CollectiveInstance]] = {}
+    batched = batch_keys(instances)
     for inst in instances:
         ends = inst.p2p_ends if inst.is_p2p else None
         if inst.arg(ANN_CROSS_RANK) is False:
             key: tuple = ("alone", id(inst))
+        elif id(inst) in batched:
+            key = batched[id(inst)]
         elif ends is not None:
             pair_seq = inst.arg(ANN_P2P_PAIR_SEQ)
             k = pair_seq if isinstance(pair_seq, int) else counted[id(inst)]
@@ -436,3 +443,4 @@ class FileSpan:
     trace_id: str = ""
     pid: Optional[int] = None  #: the process its sidecar was written by (None without a sidecar)
     devices: str = ""  #: the names of the devices its trace lists (deviceProperties), "" when none
+    formats: str = ""  #: where its sidecar's stated record formats and its records disagree, "" when nowhere

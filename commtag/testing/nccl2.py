@@ -251,7 +251,7 @@ SLOT_US, OP_US, KERNEL_AT_US, KERNEL_US = 100.0, 10.0, 20.0, 30.0
 NCCL_VERSION = "2.30.7"
 
 
-def _kernel_name(record: dict[str, object], fmt: str) -> str:
+def kernel_name(record: dict[str, object], fmt: str) -> str:
     """An NCCL kernel of the record's collective (N§3 / N§5 kernel families: the row's NCCL
     kernel), in NCCL 2.19+'s spelling; one kernel per record (N§8.2 leaves the count of a grouped
     call's kernels unverified)."""
@@ -270,7 +270,7 @@ def job_trace(job: Sequence[JobCall], rank: int, world: int, fmt: str, skew_us: 
     pid, device, stream = 1000 + rank, rank, 7
     events: list[dict] = []
     groups = {call.group.name: call.group for call in job if rank in call.group.ranks}
-    per_call = _records_per_call(job, rank, fmt)
+    per_call = records_per_call(job, rank, fmt)
     link = 0
     for slot, (call, recs) in enumerate(per_call):
         at = slot * SLOT_US
@@ -284,12 +284,12 @@ def job_trace(job: Sequence[JobCall], rank: int, world: int, fmt: str, skew_us: 
             events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid,
                            "ts": at + skew_us + 1.0, "dur": 2.0, "args": {CORRELATION_KEY: link,
                                                                           EXTERNAL_ID_KEY: link}})
-            events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": _kernel_name(record, fmt), "pid": device,
+            events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": kernel_name(record, fmt), "pid": device,
                            "tid": stream, "ts": at + KERNEL_AT_US, "dur": KERNEL_US,
                            "args": {EXTERNAL_ID_KEY: link, CORRELATION_KEY: link, "device": device,
                                     "stream": stream, **kernel_args(record)}})
         if unlinked and recs:
-            events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": _kernel_name({COLLECTIVE_NAME_KEY: SEND}, fmt),
+            events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": kernel_name({COLLECTIVE_NAME_KEY: SEND}, fmt),
                            "pid": device, "tid": stream, "ts": at + KERNEL_AT_US, "dur": KERNEL_US,
                            "args": {"device": device, "stream": stream}})
     info = {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": len(groups),
@@ -300,7 +300,7 @@ def job_trace(job: Sequence[JobCall], rank: int, world: int, fmt: str, skew_us: 
             "displayTimeUnit": "ms", "traceEvents": events}
 
 
-def _records_per_call(job: Sequence[JobCall], rank: int, fmt: str) -> list[tuple[JobCall, list[dict[str, object]]]]:
+def records_per_call(job: Sequence[JobCall], rank: int, fmt: str) -> list[tuple[JobCall, list[dict[str, object]]]]:
     """Each call ``rank`` takes part in, with its records (as :func:`records` numbers them)."""
     mine = [call for call in job if call.takes_part(rank)]
     flat = records(mine, rank, fmt)

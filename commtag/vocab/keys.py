@@ -15,6 +15,15 @@ ANN_THREAD = "commtag thread"
 ANN_CAPTURE_ID = "commtag capture id"
 ANN_REPLAY = "commtag replay"
 ANN_ERROR = "commtag error"
+#: On an nccl2 batch_op_issue (one record for a whole batch_isend_irecv): the global peer of
+#: each send and of each receive, in the order of its "In split size" / "Out split size"
+#: (nccl2 writes no peer, nccl2-and-hooks.md §2-3); what pairs the batch with its peers' batches.
+ANN_SEND_PEERS = "commtag send peers"
+ANN_RECV_PEERS = "commtag recv peers"
+#: On an all-to-all whose split sizes were not seen (:data:`SPLITS_NOT_RECORDED`): its "In /
+#: Out split size" say nothing of who sent whom (c10d's hooks are not given them, §7a).
+ANN_SPLITS = "commtag splits"
+SPLITS_NOT_RECORDED = "not recorded"
 # Added by the merge to a slice: whose it is, where it came from, how it was joined.
 ANN_RANK = "commtag rank"
 ANN_SOURCE = "commtag source"

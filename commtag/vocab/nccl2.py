@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from commtag.vocab.collectives import COLLECTIVES, RECV, SEND, Collective, collective_row
 from commtag.vocab.eager import DST_RANK_KEY, PG_DESC_KEY, RANK_START_KEY, RANK_STRIDE_KEY, SRC_RANK_KEY
 
@@ -117,6 +119,30 @@ def is_nccl2_record(name: object, in_split: object, out_split: object) -> bool:
     return name in _NCCL2_SPLIT_TELLS and (in_split not in ("[]", None) or out_split not in ("[]", None))
 
 
+#: Names only legacy writes (its coalesced and c10d names): a record named so is legacy's.
+LEGACY_ONLY_NAMES = frozenset(COLLECTIVES) - frozenset(NCCL2_COLLECTIVES)
+
+
+def content_format(name: object, in_split: object, out_split: object) -> Optional[str]:
+    """The format a record's own content shows: NCCL2_FORMAT (:func:`is_nccl2_record`),
+    LEGACY_FORMAT (a name only legacy writes, or "[]" splits where nccl2 lists each tensor's
+    numel, §2), or None where both write it alike (barrier, the list all_to_all, no split keys)."""
+    if is_nccl2_record(name, in_split, out_split):
+        return NCCL2_FORMAT
+    if name in LEGACY_ONLY_NAMES or (name in _NCCL2_SPLIT_TELLS and in_split == "[]" and out_split == "[]"):
+        return LEGACY_FORMAT
+    return None
+
+
+def kernel_row(name: str, in_split: object, out_split: object) -> Optional[Collective]:
+    """The catalogue row whose NCCL kernel a record's call runs: nccl2's for an nccl2 record (its
+    list all_gather runs broadcasts, its list reduce_scatter reduces, §3), else legacy's; where
+    the content does not tell (barrier, all_to_all) both rows name the same kernel."""
+    if content_format(name, in_split, out_split) == NCCL2_FORMAT:
+        return NCCL2_COLLECTIVES.get(name)
+    return COLLECTIVES.get(name) or NCCL2_COLLECTIVES.get(name)
+
+
 def legacy_view(record_format: object, name: str, in_nelems: int, out_nelems: int,
                 group_size: int) -> tuple[str, int, int]:
     """(kind, In msg nelems, Out msg nelems) of a record as legacy writes the same call; an nccl2
@@ -136,8 +162,7 @@ def legacy_view(record_format: object, name: str, in_nelems: int, out_nelems: in
 
 #: c10d's hook op names (torch 2.15 ``HookOpName``, the name a ProcessGroup pre-hook is given;
 #: nccl2-and-hooks.md §7a) -> the eager "Collective name" of the c10d op behind it. Left out:
-#: ALLTOALL_BASE (the hook is not given the split sizes, which legacy records and nccl2's name
-#: depends on: such a call is numbered, not annotated), SPLIT, NEW_WINDOW and UNKNOWN (no
+#: ALLTOALL_BASE (:data:`SPLITS_UNSEEN_HOOK_OP`), SPLIT, NEW_WINDOW and UNKNOWN (no
 #: collective). torch 2.14's HookOpName lacks the *_BASE and *_COALESCED members (§7a).
 HOOK_OP_COLLECTIVES: dict[str, str] = {
     "ALLREDUCE": "allreduce", "ALLREDUCE_COALESCED": "allreduce_coalesced", "BROADCAST": "broadcast",
@@ -147,5 +172,7 @@ HOOK_OP_COLLECTIVES: dict[str, str] = {
     "REDUCE_SCATTER_TENSOR_COALESCED": "reduce_scatter_tensor_coalesced", "ALLTOALL": "all_to_all",
     "GATHER": "gather", "SCATTER": "scatter", "BARRIER": "barrier", "SEND": SEND, "RECV": RECV,
 }
-#: The hook op name of a collective the hook cannot describe (see above).
-UNDESCRIBED_HOOK_OP = "ALLTOALL_BASE"
+#: The hook op name of all_to_all_single, whose split lists (which legacy records, and which
+#: pick nccl2's engine, §3) the hook is not given: described by its tensors' sizes, its splits
+#: "not recorded" (keys.ANN_SPLITS), under nccl2 as :data:`NCCL2_ALLTOALL_SPLIT`.
+SPLITS_UNSEEN_HOOK_OP = "ALLTOALL_BASE"

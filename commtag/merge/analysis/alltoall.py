@@ -9,7 +9,8 @@ rank sent its j-th (group-rank order; ``ranks`` names their global ranks);
 ``size_imbalance`` is the busiest sender's bytes over the mean sender's.
 
 Where the splits are not recorded the matrix is None and ``not_recorded``
-says why, never a guess: nccl2's all_to_all_v_single records only the totals,
+says why, never a guess: nccl2's all_to_all_v_single records only the totals, a call only
+c10d's hook saw carries ``"commtag splits": "not recorded"``,
 the eager format cuts a list of more than 30 entries, a member rank has no
 record of the instance, or its counts do not divide into whole rows.
 """
@@ -21,7 +22,8 @@ from typing import Optional, Protocol
 
 from commtag.merge.records import CollectiveInstance
 from commtag.vocab import (
-    ALL_TO_ALL_NAMES, COLLECTIVE_NAME_KEY, IN_SPLIT_KEY, NCCL2_ALLTOALL_EVEN, NCCL2_ALLTOALL_SPLIT, SCALAR_TYPE_BYTES,
+    ALL_TO_ALL_NAMES, ANN_SPLITS, COLLECTIVE_NAME_KEY, IN_SPLIT_KEY, NCCL2_ALLTOALL_EVEN, NCCL2_ALLTOALL_SPLIT,
+    SCALAR_TYPE_BYTES, SPLITS_NOT_RECORDED,
 )
 
 #: Every collective name whose instances are listed (their traffic known or not).
@@ -107,6 +109,8 @@ def _row(inst: CollectiveInstance, n: int) -> tuple[Optional[list[int]], str]:
     """What one rank sent each peer, or None and why it is not known."""
     own = inst.arg(COLLECTIVE_NAME_KEY)  # the backend's own name (an nccl2 slice keeps it)
     name = own if isinstance(own, str) else inst.collective
+    if inst.arg(ANN_SPLITS) == SPLITS_NOT_RECORDED:
+        return None, f"rank {inst.rank}'s split sizes were not recorded (a call only c10d's hook saw)"
     if name == NCCL2_ALLTOALL_SPLIT:
         return None, f"nccl2's {NCCL2_ALLTOALL_SPLIT} records only the totals, not the split sizes"
     text = inst.arg(IN_SPLIT_KEY)

@@ -83,6 +83,7 @@ from commtag.merge.records import (
     match_groups,
 )
 from commtag.merge.analysis.alltoall import traffic
+from commtag.merge.batches import batch_ranks, is_batch
 from commtag.merge.analysis.checks import SeqIndex, check, seq_gaps
 from commtag.merge.analysis.impact import impact
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
@@ -180,6 +181,8 @@ def analyze(
 
 def _expected(members: list[CollectiveInstance]) -> set[int]:
     first = members[0]
+    if is_batch(first):
+        return batch_ranks(members)
     if first.is_p2p:
         return set(first.p2p_ends or (first.rank,))
     # Members of one group share one interned rank list: each distinct list is walked once, not once per

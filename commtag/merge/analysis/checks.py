@@ -11,9 +11,10 @@ from commtag.merge.records import (
     Coverage,
 )
 from commtag.identity import describe_ranks
+from commtag.merge.batches import is_batch, mismatches
 from commtag.vocab import (
     ANN_SEQ_FROM, COLLECTIVES, COLLECTIVE_NAME_KEY,
-    DTYPE_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
+    DTYPE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
 )
 from commtag.merge.analysis.results import Finding, FindingKind, MatchedCollective
 
@@ -114,6 +115,10 @@ def check(m: MatchedCollective) -> list[Finding]:
 
 
 def _check_p2p(insts: list[CollectiveInstance], add: Callable[..., None]) -> None:
+    if insts and is_batch(insts[0]):  # nccl2's batches: each rank's sends are its peers' receives
+        for pair, detail in mismatches(insts):
+            add(FindingKind.SIZE_MISMATCH, pair, (IN_SPLIT_KEY, OUT_SPLIT_KEY), detail)
+        return
     if any(i.collective not in P2P_COLLECTIVES for i in insts):
         return  # e.g. NCCL SendRecv kernels without metadata: both ends send and receive
     sends = [i for i in insts if i.collective == SEND]

@@ -32,7 +32,8 @@ RUN_GAP_NS = 86_400 * 10**9
 
 def warnings(files: list[FileSpan]) -> list[tuple[str, str]]:
     """``(path, problem)`` for each file the checks above suspect, in the order of the checks."""
-    return [*_far_apart(files), *_hosts(files), *_processes(files), *_copies(files)]
+    return [*_far_apart(files), *_hosts(files), *_processes(files), *_copies(files),
+            *((f.path, f.formats) for f in files if f.formats)]
 
 
 def suspects(summaries: Sequence[RankSummary]) -> list[tuple[str, str]]:

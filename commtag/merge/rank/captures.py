@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from commtag.vocab import (
-    ANN_MATCH, COLLECTIVES, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
+    ANN_MATCH, CORRELATION_KEY, DEVICE_WORK_NODE_TYPES, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
     KERNEL_NODE_TYPE, LAUNCH_CATEGORIES, LAUNCH_TOLERANCE_NS, NCCL_OPS_FOR, NODE_ID_MASK,
-    base_name, is_graph_launch, parse_nccl_kernel,
+    base_name, is_graph_launch, kernel_row, parse_nccl_kernel,
 )
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
@@ -97,7 +97,7 @@ def confirm(captured: CapturedCollective, node: GraphNodeRecord, event: dict) ->
     if parsed is None:
         return None if node.kernel_name else f"kernel {base_name(name)!r} is not an NCCL kernel"
     ann = captured.annotation
-    row = COLLECTIVES.get(ann.collective_name)
+    row = kernel_row(ann.collective_name, ann.in_split_size, ann.out_split_size)
     expected = row.nccl_kernel if row else None
     if parsed.collective != "Generic" and expected is not None and parsed.collective != expected:
         return f"{parsed.collective} kernel for a {ann.collective_name!r} collective"

@@ -27,7 +27,7 @@ from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
     ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY,
     GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_EAGER_KEYS, NCCL2_P2P_NAMES, OUT_SPLIT_KEY, P2P_COLLECTIVES, PG_DESC_KEY,
-    PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, is_nccl2_record, nccl_kind,
+    PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SRC_RANK_KEY, nccl_kind,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -45,7 +45,7 @@ def kernel_calls(events: FileEvents) -> list[tuple[int, int, dict, dict, str]]:
         if id(k) in events.taken or COLLECTIVE_NAME_KEY not in args or args.get(GRAPH_NODE_ID_KEY):
             continue
         link = args.get(EXTERNAL_ID_KEY)
-        if link is not None and _is_nccl2(args):
+        if link is not None and _is_nccl2(events, args):
             at = first_of.get(link)
             if at is not None:
                 s, t, first, first_args, source = calls[at]
@@ -69,8 +69,10 @@ def _op_rank(events: FileEvents, link: object) -> object:
     return events.op_ranks.get(link)
 
 
-def _is_nccl2(args: dict) -> bool:
-    return is_nccl2_record(args.get(COLLECTIVE_NAME_KEY), args.get(IN_SPLIT_KEY), args.get(OUT_SPLIT_KEY))
+def _is_nccl2(events: FileEvents, args: dict) -> bool:
+    """Is a trace record nccl2's (by its group's stated format and its content: FileEvents.reads_nccl2)?"""
+    return events.reads_nccl2(args.get(COLLECTIVE_NAME_KEY), args.get(IN_SPLIT_KEY), args.get(OUT_SPLIT_KEY),
+                              _pg_name(events, args), "trace")
 
 
 def launched(events: FileEvents, op: tuple) -> list[tuple]:
@@ -178,7 +180,7 @@ def _complete(events: FileEvents, args: dict, derived: dict, order: str) -> dict
         events.groups[pg_name] = group
         events.by_uid[group.uid] = group
     p2p = eager[COLLECTIVE_NAME_KEY] in P2P_COLLECTIVES or DST_RANK_KEY in eager or SRC_RANK_KEY in eager
-    if _is_nccl2(eager):
+    if _is_nccl2(events, eager):
         p2p = eager[COLLECTIVE_NAME_KEY] in NCCL2_P2P_NAMES
         if p2p and isinstance(args.get(RANK_KEY), int):
             eager[RANK_KEY] = args[RANK_KEY]

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
-from commtag.identity import GroupRow, group_info
+from commtag.constants import parse_rank_list
+from commtag.identity import GroupRow, format_list, group_info
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.inputs.clock import base_ns, event_ns
 from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
-    ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_RANK, ANN_RECORD_FORMAT, ANN_REPLAY, ANN_SEQ_PART,
-    C10D_OP_PREFIX, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY,
-    LAUNCH_CATEGORIES, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES, NON_COLLECTIVE_NAMES, PG_NAME_KEY,
-    GLOO_WORK_PREFIX, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, family, is_graph_launch, is_nccl2_record,
+    ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_RANK, ANN_RECORD_FORMAT, ANN_RECV_PEERS, ANN_REPLAY,
+    ANN_SEND_PEERS, ANN_SEQ_PART, C10D_OP_PREFIX, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY,
+    GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_CATEGORY, LAUNCH_CATEGORIES, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES,
+    NON_COLLECTIVE_NAMES, OUT_SPLIT_KEY, PG_NAME_KEY, GLOO_WORK_PREFIX, PG_RANKS_KEY, RANK_KEY, SEQ_KEY,
+    content_format, family, is_graph_launch,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -113,12 +115,20 @@ def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: 
     apart what its Seq does not (nccl2-and-hooks.md §4): the k records of one coalesced call share
     a Seq (each its part, counted in call order in ``seq_parts``); a send/recv carries the last
     collective's (it pairs by its own order, its global peer from "Rank" and ``group_ranks``); a
-    batch_op_issue, whose peers are several, is one batch of p2p on its rank, not matched across ranks."""
+    batch_op_issue pairs with its peers' batches (:mod:`commtag.merge.batches`) where its peers are
+    known: commtag's runtime records them, and in a group of two they are the other member; else
+    it stays alone on its rank."""
     eager[ANN_RECORD_FORMAT] = NCCL2_FORMAT
     name = eager[COLLECTIVE_NAME_KEY]
     peer = eager.get(RANK_KEY)
     if name == NCCL2_BATCH_P2P:
-        eager[ANN_CROSS_RANK] = False
+        if ANN_SEND_PEERS not in eager and len(group_ranks) == 2 and isinstance(peer, int) and 0 <= peer < 2:
+            sends, recvs = (parse_rank_list(str(eager.get(key, ""))) for key in (IN_SPLIT_KEY, OUT_SPLIT_KEY))
+            if sends is not None and recvs is not None:
+                other = group_ranks[1 - peer]
+                eager[ANN_SEND_PEERS], eager[ANN_RECV_PEERS] = format_list([other] * len(sends)), format_list([other] * len(recvs))
+        if ANN_SEND_PEERS not in eager or ANN_RECV_PEERS not in eager:
+            eager[ANN_CROSS_RANK] = False
     elif name in NCCL2_P2P_NAMES:
         if isinstance(peer, int) and 0 <= peer < len(group_ranks):
             eager[ANN_PEER] = group_ranks[peer]
@@ -127,6 +137,11 @@ def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: 
         part = seq_parts[key] = seq_parts.get(key, -1) + 1
         if part:
             eager[ANN_SEQ_PART] = part
+
+
+class FormatConflict(str):
+    """A note that a sidecar's stated record format and a trace's records disagree: the stage that
+    knows the file turns it into a warning naming it (:func:`commtag.merge.inputs.runs.warnings`)."""
 
 
 class HostCall(Protocol):
@@ -158,6 +173,13 @@ class FileEvents:
         self.offset = offset_ns
         self.flows = flows
         rows = group_rows(trace, sidecar)
+        #: Each group's record format as its sidecar states it, by uid and by name (a sidecar that
+        #: predates the field states none), and the groups whose records were found to disagree.
+        self.stated: dict[str, str] = {}
+        for pg in sidecar.process_groups if sidecar is not None else ():
+            if "record_format" in pg.model_fields_set:
+                self.stated[pg.uid] = self.stated[pg.name] = pg.record_format
+        self.disagreed: set[str] = set()
         self.groups = group_table(rows)
         self.by_uid = {g.uid: g for g in rows}
         #: Each group's member ranks as the merge's one tuple (see :func:`_instance`).
@@ -238,10 +260,28 @@ class FileEvents:
             found = self.sites[key] = self.interner.split(annotation.eager_dict())[0]
         return found
 
+    def reads_nccl2(self, name: object, in_split: object, out_split: object, group: str, where: str) -> bool:
+        """Is this record read as nccl2's? As its group's sidecar entry says, where it says and the
+        record's own content (vocab.content_format) does not tell otherwise; where they disagree,
+        by the content (legacy_view on the wrong format would misread sizes), and the file is
+        warned of once per group. ``group``: its pg uid or name; ``where``: "trace" or "sidecar"."""
+        content = content_format(name, in_split, out_split)
+        stated = self.stated.get(group)
+        if stated is None or content is None or content == stated:
+            return (content or stated) == NCCL2_FORMAT
+        if group not in self.disagreed:
+            self.disagreed.add(group)
+            shown = group.split(":")[0]
+            self.notes.append(FormatConflict(
+                f"its sidecar says process group {shown!r} writes {stated} records, but the {where}'s {name!r} record "
+                f"of that group is {content}'s (split sizes {in_split} / {out_split}): read as {content}'s"))
+        return content == NCCL2_FORMAT
+
     def record_parts(self, annotation: CollectiveAnnotation) -> tuple[dict, dict]:
         """A sidecar annotation as an event's (common, own) args (an nccl2 one's marked once, see
         :func:`mark_nccl2`)."""
-        if not is_nccl2_record(annotation.collective_name, annotation.in_split_size, annotation.out_split_size):
+        if not self.reads_nccl2(annotation.collective_name, annotation.in_split_size, annotation.out_split_size,
+                                annotation.pg_uid, "sidecar"):
             return self.site(annotation), own_args(annotation)
         found = self.nccl2_parts.get(id(annotation))
         if found is None:

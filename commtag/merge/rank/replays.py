@@ -49,7 +49,7 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from commtag.merge.inputs.clock import event_ns
-from commtag.merge.rank.events import FileEvents, make_instance, own_args
+from commtag.merge.rank.events import FileEvents, make_instance, mark_nccl2, own_args
 from commtag.vocab import (
     ANN_MATCH, ANN_REPLAY, CORRELATION_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY,
     KERNEL_CATEGORY, KERNEL_NODE_TYPE, NODE_ID_MASK,
@@ -347,16 +347,20 @@ def attach_replays(events: FileEvents) -> None:
     for m in matches:
         grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m)
     sites: dict[tuple[int, int, str], dict] = {}
+    marked: dict[int, dict[int, dict]] = {}
     for (cap_id, ci, replay), group in sorted(grouped.items(), key=lambda item: item[0]):
-        annotation = group[0].capture.collectives[ci].annotation
-        own = own_args(annotation, **{ANN_REPLAY: replay})
+        capture = group[0].capture
+        annotation = capture.collectives[ci].annotation
+        nccl2 = _nccl2_marked(events, capture, marked).get(ci)
+        own = own_args(annotation, **{ANN_REPLAY: replay}) if nccl2 is None else \
+            events.interner.split({**nccl2, ANN_REPLAY: replay})[1]
         spans = [event_ns(m.event, events.base) for m in group]
         for m in group:
             events.taken.add(id(m.event))
             site = sites.get((cap_id, ci, m.method))
             if site is None:
                 site = sites[(cap_id, ci, m.method)] = events.interner.split(
-                    {**annotation.eager_dict(), ANN_MATCH: m.method})[0]
+                    {**(annotation.eager_dict() if nccl2 is None else nccl2), ANN_MATCH: m.method})[0]
             events.annotate(m.event, (site, own))
         first = group[min(zip(spans, range(len(group))))[1]]
         events.instances.append(make_instance(
@@ -364,3 +368,20 @@ def attach_replays(events: FileEvents) -> None:
             min(s[0] for s in spans), max(s[1] for s in spans),
             "graph-replay", events.by_uid.get(annotation.pg_uid), events.flows.source(first.event), events.members,
         ))
+
+
+def _nccl2_marked(events: FileEvents, capture: GraphCapture, marked: dict[int, dict[int, dict]]) -> dict[int, dict]:
+    """The eager dicts of a capture's nccl2 collectives (by index), marked as the eager ones are
+    (:func:`commtag.merge.rank.events.mark_nccl2`) once per capture: the k records of a coalesced
+    call, captured with one Seq, are parts 0..k-1 on every replay."""
+    found = marked.get(capture.capture_id)
+    if found is None:
+        found = marked[capture.capture_id] = {}
+        parts: dict[tuple[str, int], int] = {}
+        for ci, cc in enumerate(capture.collectives):
+            ann = cc.annotation
+            if events.reads_nccl2(ann.collective_name, ann.in_split_size, ann.out_split_size, ann.pg_uid, "sidecar"):
+                group = events.by_uid.get(ann.pg_uid)
+                eager = found[ci] = {**ann.eager_dict(), **own_args(ann)}
+                mark_nccl2(eager, parts, group.ranks if group else ())
+    return found

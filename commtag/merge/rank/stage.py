@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
 from commtag.merge.rank.convert import RankConverter
+from commtag.merge.rank.events import FormatConflict
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
 from commtag.merge.inputs.load import RankInput, TraceFile
@@ -98,9 +99,11 @@ def convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
                 sidecar = _sidecar_of(f, skipped)
                 stream = source(f.path)
                 spans = spans_of(f.path, converter.offset) if spans_of is not None else None
+                said = len(converter.notes)
                 first, last = converter.add_file(f.path, stream, sidecar, spans)
                 _check_pair(f, sidecar, first, last, converter.offset)
-                told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset))
+                told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset,
+                                       _conflicts(converter.notes, said)))
             _check_spans(rank, told)
             return converter, told
         except MergeInputError as exc:
@@ -118,8 +121,16 @@ def convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
     return None
 
 
+def _conflicts(notes: list[str], said: int) -> str:
+    """The record-format disagreements (events.FormatConflict) one file added to ``notes`` after
+    index ``said``, taken out of them: a warning naming the file, not a notice of its rank."""
+    found = [note for note in notes[said:] if isinstance(note, FormatConflict)]
+    notes[said:] = [note for note in notes[said:] if not isinstance(note, FormatConflict)]
+    return "; ".join(found)
+
+
 def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar], first: Optional[int],
-               last: Optional[int], offset: int) -> FileSpan:
+               last: Optional[int], offset: int, formats: str = "") -> FileSpan:
     """What a converted file says of itself: its own clock's span (without --align's offset), host, ids."""
     devices = header.get("deviceProperties")
     names = Counter(str(d.get("name")) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else {}
@@ -127,7 +138,7 @@ def _file_span(rank: int, f: TraceFile, header: dict, sidecar: Optional[Sidecar]
                     None if last is None else last - offset, str(header.get("host_name") or ""),
                     sidecar.host if sidecar is not None else "", sidecar.run_id if sidecar is not None else "",
                     str(header.get("trace_id") or ""), sidecar.pid if sidecar is not None else None,
-                    ", ".join(f"{count} {name}" if count > 1 else name for name, count in sorted(names.items())))
+                    ", ".join(f"{count} {name}" if count > 1 else name for name, count in sorted(names.items())), formats)
 
 
 def attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tuple[Path, dict]]:

@@ -21,7 +21,7 @@ import torch.distributed
 
 from commtag.runtime.describe.nccl2 import nccl2_sizes
 from commtag.runtime.describe.groups import GroupState
-from commtag.vocab import DTYPES, NCCL2_FORMAT, RECORDED_AS_REAL, RECV, SEND
+from commtag.vocab import DTYPES, NCCL2_ALLTOALL_SPLIT, NCCL2_FORMAT, RECORDED_AS_REAL, RECV, SEND, SPLITS_NOT_RECORDED
 
 _now_ns = time.time_ns
 
@@ -91,6 +91,11 @@ class OpCall:
     #: The reduction as the call gave it (a name, a ReduceOp or its script object): capture
     #: bookkeeping reads it through :func:`reduce_name`, so a recorded call pays nothing for it.
     reduce_op: Any = None
+    #: nccl2's batch_op_issue: the global peer of each send and of each receive, as list strings
+    #: ("commtag send peers" / "commtag recv peers": what pairs the batch across ranks).
+    peers: Optional[tuple[str, str]] = None
+    #: An all-to-all whose split sizes were not seen (a call only c10d's hook saw): "commtag splits".
+    splits_unknown: bool = False
 
 
 class CallRecord:
@@ -131,6 +136,9 @@ class CallRecord:
             "async_op": call.async_op,
             "thread": self.tid,
             "error": self.error,
+            "send_peers": call.peers[0] if call.peers else None,
+            "recv_peers": call.peers[1] if call.peers else None,
+            "splits": SPLITS_NOT_RECORDED if call.splits_unknown else None,
         }
         if call.state.record_format == NCCL2_FORMAT:
             as_nccl2(fields, call)
@@ -144,7 +152,10 @@ def as_nccl2(fields: dict[str, Any], call: OpCall) -> None:
     sizes = nccl2_sizes(call.collective, call.in_nelems, call.out_nelems, call.in_split, call.out_split,
                         call.state.size, call.rank, call.state.group_rank)
     if sizes is not None:
-        fields.update(collective_name=sizes.collective, in_msg_nelems=sizes.in_nelems,
+        # A call whose split lists were not seen: not the even engine (nccl2 runs it only without
+        # split lists, which nothing says here), the one whose record keeps no split lists either.
+        name = NCCL2_ALLTOALL_SPLIT if call.splits_unknown else sizes.collective
+        fields.update(collective_name=name, in_msg_nelems=sizes.in_nelems,
                       out_msg_nelems=sizes.out_nelems, in_split_size=sizes.in_split, out_split_size=sizes.out_split)
     fields["dst_rank"] = fields["src_rank"] = None
 

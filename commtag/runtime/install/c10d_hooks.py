@@ -37,7 +37,7 @@ from commtag.runtime.describe.calls import OpCall, dtype_name, nelems
 from commtag.runtime.failopen import log_once
 from commtag.runtime.describe.groups import GroupState, lookup
 from commtag.vocab import (
-    BARRIER_DTYPE, HOOK_OP_COLLECTIVES, NCCL2_FORMAT, NCCL2_PER_TENSOR, RECV, SEND, UNDESCRIBED_HOOK_OP,
+    BARRIER_DTYPE, HOOK_OP_COLLECTIVES, NCCL2_FORMAT, NCCL2_PER_TENSOR, RECV, SEND, SPLITS_UNSEEN_HOOK_OP,
 )
 
 #: The id commtag registers its hooks under (hooks run in id order; torch's FlightRecorder and
@@ -60,7 +60,7 @@ def available() -> bool:
     so a tensor-form call would be described under its list form's name."""
     names = getattr(getattr(torch._C._distributed_c10d, "HookOpName", None), "__members__", {})
     return (hasattr(c10d.ProcessGroup, "register_pre_hook") and hasattr(c10d.ProcessGroup, "register_post_hook")
-            and set(HOOK_OP_COLLECTIVES) | {UNDESCRIBED_HOOK_OP} <= set(names))
+            and set(HOOK_OP_COLLECTIVES) | {SPLITS_UNSEEN_HOOK_OP} <= set(names))
 
 
 def _sum(tensors: Any) -> int:
@@ -72,6 +72,11 @@ def describe(name: str, inputs: list[Any], outputs: list[Any], root: int, async_
     """The legacy description of one hooked call (torch 2.15's hook arguments, checked on gloo:
     in-place ops pass only inputs, list ops the whole lists, rooted ops the group-local root,
     send/recv the peer as root). None: the hook does not say enough (see HOOK_OP_COLLECTIVES)."""
+    if name == SPLITS_UNSEEN_HOOK_OP:
+        # all_to_all_single: the hook gives its two tensors, not the split lists legacy records
+        # (nor whether any were given): the sizes, and "commtag splits": "not recorded".
+        return OpCall("all_to_allv", state, _sum(inputs), _sum(outputs), dtype_name((inputs or outputs)[0]),
+                      state.group_rank, async_op=async_op, splits_unknown=True)
     collective = HOOK_OP_COLLECTIVES.get(name)
     if collective is None:
         return None
@@ -137,10 +142,6 @@ class _GroupHooks:
             call = describe(name, list(args.input_tensors), list(args.output_tensors), int(args.root),
                             bool(args.async_op), state)
             if call is None:
-                if name == UNDESCRIBED_HOOK_OP:
-                    state.next_collective_seq()  # numbered as every member numbers it, not annotated
-                    log_once("annotating a call only c10d's hook saw", ValueError(
-                        f"{name}: the hook is not given the split sizes; left unannotated"))
                 return
             if call.p2p is not None:
                 seq, pair_seq = state.next_p2p_seq(), inflight.pair_seq_of(call)

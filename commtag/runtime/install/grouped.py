@@ -113,12 +113,18 @@ def _batch_counted(p2p_op_list: Any) -> None:
 
 def _nccl2_batch(calls: list[OpCall]) -> OpCall:
     """nccl2's one record of a whole batch (vocab.NCCL2_BATCH_P2P): the sends' and receives'
-    totals, a split per send and per receive, the own group rank."""
-    sends = [c.in_nelems for c in calls if c.p2p == SEND]
-    recvs = [c.out_nelems for c in calls if c.p2p == RECV]
+    totals, a split per send and per receive, the own group rank; and commtag's keys naming the
+    peer of each send and receive, which nccl2 writes nowhere (what pairs the batch across ranks)."""
+    sends = [c for c in calls if c.p2p == SEND]
+    recvs = [c for c in calls if c.p2p == RECV]
     state = calls[0].state
-    return OpCall(NCCL2_BATCH_P2P, state, sum(sends), sum(recvs), calls[0].dtype, state.group_rank,
-                  in_split=format_list(sends), out_split=format_list(recvs), p2p=NCCL2_BATCH_P2P, async_op=True)
+    peers = None
+    if all(c.peer is not None for c in calls):
+        peers = (format_list([c.peer for c in sends]), format_list([c.peer for c in recvs]))
+    return OpCall(NCCL2_BATCH_P2P, state, sum(c.in_nelems for c in sends), sum(c.out_nelems for c in recvs),
+                  calls[0].dtype, state.group_rank, in_split=format_list([c.in_nelems for c in sends]),
+                  out_split=format_list([c.out_nelems for c in recvs]), p2p=NCCL2_BATCH_P2P, async_op=True,
+                  peers=peers)
 
 
 def _after_batch(pendings: list[Pending], works: Any) -> None:

@@ -1,0 +1,132 @@
+"""Graph-replayed nccl2 collectives (issue #30): one job captured in a CUDA graph and replayed,
+its sidecars written in legacy ProcessGroupNCCL's format and in nccl2's by the generator
+(commtag.testing.nccl2_graph, every field citing nccl2-and-hooks.md), merges to the same analysis;
+what nccl2 writes otherwise (coalesced records sharing one Seq, a list all_gather's several
+broadcast kernels) is read per replay as it is eagerly."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commtag.merge import merge
+from commtag.runtime.record.sidecar import write_sidecar
+from commtag.testing.nccl2 import JobCall, JobGroup
+from commtag.testing.nccl2_graph import graph_job
+from commtag.vocab import ANN_MATCH, ANN_RECORD_FORMAT, ANN_SEQ_PART, COLLECTIVE_NAME_KEY, LEGACY_FORMAT, NCCL2_FORMAT, SEND
+
+WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
+PAIR = JobGroup("1", "undefined", (0, 1))
+#: Every op both formats write one record for (a coalesced call differs by design), in one graph.
+JOB = (
+    JobCall("allreduce", WORLD, (8,)),
+    JobCall("broadcast", WORLD, (8,), root=1),
+    JobCall("all_gather", WORLD, (8,)),
+    JobCall("_allgather_base", WORLD, (8,)),
+    JobCall("reduce_scatter", WORLD, (8,)),
+    JobCall("_reduce_scatter_base", WORLD, (8,)),
+    JobCall("all_to_allv", WORLD, (8,)),
+    JobCall("all_to_allv", WORLD, (8,), splits=((1, 2, 3, 2), (2, 2, 2, 2))),
+    JobCall("all_to_all", WORLD, (2, 2, 2, 2)),
+    JobCall(SEND, WORLD, (8,), pairs=((1, 2),)),
+    JobCall("allreduce", PAIR, (16,)),
+    JobCall(SEND, WORLD, (8,), pairs=((3, 0),)),
+    JobCall("allreduce", WORLD, (4,), dtype="BFloat16"),
+)
+REPLAYS = 3
+
+
+def _merged(tmp_path: Path, job, fmt: str):
+    directory = tmp_path / fmt
+    directory.mkdir()
+    for rank in range(4):
+        trace, side = graph_job(job, rank, 4, fmt, REPLAYS, skew_us=5.0 * rank)
+        (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+        write_sidecar(directory / f"rank{rank}.commtag.json", side)
+    return merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1)
+
+
+def _view(analysis) -> tuple[list, list]:
+    """Per matched instance: kind, group, lane, Seq (a collective's), replay, members, bytes,
+    busbw and skew; and the findings."""
+    rows = sorted((m.collective, m.pg_uid, m.lane_name, None if m.is_p2p else m.seq, m.replay,
+                   tuple(sorted(m.members)), m.missing_ranks, m.bytes, m.busbw_gbps, m.skew_ns, m.straggler)
+                  for m in analysis.collectives)
+    findings = sorted((f.kind.value, f.pg_uid, f.seq, f.replay, f.ranks, f.fields) for f in analysis.findings)
+    return rows, findings
+
+
+def test_one_graphed_job_in_either_format_merges_to_the_same_analysis(tmp_path) -> None:
+    legacy = _merged(tmp_path, JOB, LEGACY_FORMAT)
+    nccl2 = _merged(tmp_path, JOB, NCCL2_FORMAT)
+    assert _view(nccl2.analysis) == _view(legacy.analysis)
+    rows = _view(nccl2.analysis)[0]
+    assert len(rows) == len(JOB) * REPLAYS and {row[4] for row in rows} == set(range(REPLAYS))
+    assert not nccl2.analysis.findings, nccl2.analysis.findings
+    # Every replayed collective is matched on every rank that takes part (no replay left over).
+    assert not [n for n in nccl2.notices if "left unannotated" in n], nccl2.notices
+    assert all(inst.source == "graph-replay" for m in nccl2.analysis.collectives for inst in m.members.values())
+    assert all(m.busbw_gbps is not None for m in nccl2.analysis.collectives)
+    # One name per kind (the legacy one), while the slices keep nccl2's own names and say their format.
+    assert {row[0] for row in rows} >= {"allreduce", "_allgather_base", "_reduce_scatter_base", "all_to_allv"}
+    own = {(inst.arg(COLLECTIVE_NAME_KEY), inst.arg(ANN_RECORD_FORMAT), inst.arg(ANN_MATCH))
+           for m in nccl2.analysis.collectives for inst in m.members.values()}
+    assert {name for name, _, _ in own} >= {"all_reduce", "allGatherSingleImpl", "reduceScatterSingleImpl",
+                                            "allToAllSingleImpl", "all_to_all_v_single", "send", "recv"}
+    assert {fmt for _, fmt, _ in own} == {NCCL2_FORMAT} and {match for _, _, match in own} == {"node-id"}
+
+
+def test_the_broadcast_kernels_of_a_replayed_list_all_gather_are_its_one_collective(tmp_path) -> None:
+    """nccl2's list all_gather runs N broadcast kernels (note §3): each replay joins all of them to
+    its one record; legacy's runs one all_gather kernel, which a Broadcast kernel would not confirm."""
+    result = _merged(tmp_path, (JobCall("all_gather", WORLD, (8,)), JobCall("allreduce", WORLD, (8,))), NCCL2_FORMAT)
+    gathers = [m for m in result.analysis.collectives if m.collective == "all_gather"]
+    assert sorted(m.replay for m in gathers) == list(range(REPLAYS))
+    assert all(len(m.members) == 4 and m.bytes == 4 * 8 * 4 for m in gathers)
+    assert not result.analysis.findings, result.analysis.findings
+
+
+def test_a_replayed_coalesced_call_is_one_instance_per_record_on_every_replay(tmp_path) -> None:
+    """nccl2 writes one all_reduce per tensor with the call's one Seq (note §3, §4); captured, each
+    record keeps its part on every replay, so no two parts meet across ranks and no replay mixes."""
+    job = (JobCall("allreduce", WORLD, (8,)), JobCall("allreduce_coalesced", WORLD, (4, 6)))
+    analysis = _merged(tmp_path, job, NCCL2_FORMAT).analysis
+    coalesced = sorted((m.replay, m.bytes, len(m.members)) for m in analysis.collectives if m.seq == 2)
+    assert coalesced == sorted((r, b, 4) for r in range(REPLAYS) for b in (16, 24))
+    parts = {inst.arg(ANN_SEQ_PART) for m in analysis.collectives if m.seq == 2 for inst in m.members.values()}
+    assert parts == {None, 1}
+    assert not analysis.findings, analysis.findings
+
+
+@pytest.mark.parametrize("fmt", [LEGACY_FORMAT, NCCL2_FORMAT])
+def test_replayed_kernels_matched_by_order_are_confirmed_by_the_family_of_the_annotations_format(tmp_path, fmt) -> None:
+    """Without node ids a replay is matched by order, each kernel confirmed by its name: nccl2's
+    list all_gather runs Broadcast kernels (note §3), which confirm its nccl2 annotation and refute
+    a legacy all_gather's (an AllGather kernel): that replay is left unannotated, never guessed."""
+    job = (JobCall("all_gather", WORLD, (8,)),)
+    directory = tmp_path / fmt
+    directory.mkdir()
+    for rank in range(4):
+        trace, side = graph_job(job, rank, 4, NCCL2_FORMAT, REPLAYS)
+        for event in trace["traceEvents"]:
+            event["args"].pop("graph node id", None)
+        captured = side.captures[0].collectives[0]
+        captured.nodes = [node.model_copy(update={"kernel_name": ""}) for node in captured.nodes]
+        if fmt == LEGACY_FORMAT:
+            legacy = graph_job(job, rank, 4, LEGACY_FORMAT, REPLAYS)[1]
+            captured.annotation = legacy.captures[0].collectives[0].annotation
+            side.process_groups[:] = legacy.process_groups
+        (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+        write_sidecar(directory / f"rank{rank}.commtag.json", side)
+    result = merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1)
+    replayed = [m for m in result.analysis.collectives if m.replay is not None]
+    if fmt == NCCL2_FORMAT:
+        assert sorted(m.replay for m in replayed) == list(range(REPLAYS))
+        assert {inst.arg(ANN_MATCH) for m in replayed for inst in m.members.values()} == {"order"}
+    else:
+        assert replayed == []
+        assert any("left unannotated: in capture order: Broadcast kernel for a 'all_gather' collective" in n
+                   for n in result.notices), result.notices
