@@ -39,36 +39,9 @@ JOB = (
 )
 
 
-def _sidecar(trace: dict, rank: int, fmt: str):
-    """The sidecar commtag's runtime writes beside ``trace``: each record_param_comms op's record as
-    its annotation, over the op's span, and the groups with their record format."""
-    from commtag.identity import group_info
-    from commtag.schema import CollectiveAnnotation, ProcessGroupInfo, RecordedCollective, Sidecar
-    from commtag.testing.nccl2 import ASYNC_KEY, BASE_TIME_NS, NCCL_VERSION
-    from commtag.vocab import P2P_COLLECTIVES
-
-    info = trace["distributedInfo"]
-    groups = {pg["pg_name"]: group_info(pg["pg_name"], pg["pg_desc"], pg["ranks"], "nccl") for pg in info["pg_config"]}
-    impl = {"cuda": "nccl2" if fmt == NCCL2_FORMAT else "nccl"}
-    table = [ProcessGroupInfo(uid=g.uid, name=g.name, desc=g.desc, ranks=g.ranks, backend="nccl", lane_id=g.lane_id,
-                              lane_name=g.lane_name, backend_impls=impl, record_format=fmt) for g in groups.values()]
-    recorded = []
-    for op in (e for e in trace["traceEvents"] if e["name"] == "record_param_comms"):
-        args = {key: value for key, value in op["args"].items() if key not in (ASYNC_KEY, "External id")}
-        group = groups[args["Process Group Name"]]
-        annotation = CollectiveAnnotation.model_validate({
-            **args, "commtag lane id": group.lane_id, "commtag lane": group.lane_name, "commtag pg uid": group.uid,
-            "commtag p2p": args["Collective name"] in (*P2P_COLLECTIVES, NCCL2_BATCH_P2P)})
-        start = BASE_TIME_NS + int(op["ts"] * 1000)
-        recorded.append(RecordedCollective(annotation=annotation, start_ns=start, end_ns=start + int(op["dur"] * 1000),
-                                           tid=op["tid"]))
-    return Sidecar(run_id="nccl2-merge", rank=rank, world_size=info["world_size"], host="node0", pid=op["pid"],
-                   torch_version="2.15.0", nccl_version=NCCL_VERSION, trace_file=f"rank{rank}.pt.trace.json.gz",
-                   process_groups=table, collectives=recorded)
-
-
 def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]] = None, sidecars: bool = False):
     from commtag.runtime.record.sidecar import write_sidecar
+    from commtag.testing.nccl2_graph import sidecar
 
     directory = tmp_path / fmt
     directory.mkdir()
@@ -78,7 +51,7 @@ def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]
             edit(trace)
         (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
         if sidecars:
-            write_sidecar(directory / f"rank{rank}.commtag.json", _sidecar(trace, rank, fmt))
+            write_sidecar(directory / f"rank{rank}.commtag.json", sidecar(job, rank, 4, fmt, skew_us=5.0 * rank))
     return merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1).analysis
 
 
@@ -120,7 +93,8 @@ def test_the_records_of_a_coalesced_call_are_instances_of_their_own(tmp_path, si
 @pytest.mark.parametrize("sidecars", [False, True], ids=["traces alone", "with sidecars"])
 def test_p2p_and_a_batch_pair_by_their_own_order_not_the_seq_they_carry(tmp_path, sidecars: bool) -> None:
     """send, recv and batch_op_issue carry the last collective's Seq (note §4): never matched with
-    that collective; a batch_op_issue is one batch of p2p on each rank that issues it."""
+    that collective; a batch_op_issue pairs with its peer's batch where its peers are known (the
+    runtime records them: tests/test_nccl2_batches.py), else it stays alone on its rank."""
     job = (JobCall("allreduce", WORLD, (8,)), JobCall(SEND, WORLD, (8,), pairs=((1, 2),)),
            JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=((1, 2), (2, 1))), JobCall(SEND, WORLD, (8,), pairs=((1, 2),)))
     analysis = _merged(tmp_path, job, NCCL2_FORMAT, sidecars=sidecars)
@@ -129,7 +103,8 @@ def test_p2p_and_a_batch_pair_by_their_own_order_not_the_seq_they_carry(tmp_path
     for m in analysis.collectives:
         kinds = {inst.collective for inst in m.members.values()}
         by_kind.setdefault("/".join(sorted(kinds)), []).append(tuple(sorted(m.members)))
-    assert by_kind == {"allreduce": [(0, 1, 2, 3)], "recv/send": [(1, 2), (1, 2)], NCCL2_BATCH_P2P: [(1,), (2,)]}
+    batches = [(1, 2)] if sidecars else [(1,), (2,)]
+    assert by_kind == {"allreduce": [(0, 1, 2, 3)], "recv/send": [(1, 2), (1, 2)], NCCL2_BATCH_P2P: batches}
 
 
 def _spread_list_kernels(trace: dict) -> None:

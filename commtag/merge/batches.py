@@ -37,15 +37,24 @@ def is_batch(inst: Batch) -> bool:
     return inst.collective == NCCL2_BATCH_P2P
 
 
+def counts(text: object) -> Optional[list[int]]:
+    """The numbers of a list string ("[]" is none); None when it is cut short or no such list."""
+    if text == "[]":
+        return []
+    try:
+        return parse_rank_list(text) if isinstance(text, str) and text.startswith("[") else None
+    except ValueError:
+        return None
+
+
 def peers(inst: Batch) -> Optional[tuple[list[int], list[int]]]:
     """(the peer of each send, of each receive), global ranks; None when not known."""
-    sends, recvs = (parse_rank_list(str(inst.arg(key, ""))) for key in (ANN_SEND_PEERS, ANN_RECV_PEERS))
+    sends, recvs = counts(inst.arg(ANN_SEND_PEERS)), counts(inst.arg(ANN_RECV_PEERS))
     return None if sends is None or recvs is None else (sends, recvs)
 
 
 def _sizes(inst: Batch) -> tuple[list[int], list[int]]:
-    sends, recvs = (parse_rank_list(str(inst.arg(key, ""))) for key in (IN_SPLIT_KEY, OUT_SPLIT_KEY))
-    return sends or [], recvs or []
+    return counts(inst.arg(IN_SPLIT_KEY)) or [], counts(inst.arg(OUT_SPLIT_KEY)) or []
 
 
 def batch_keys(instances: Sequence[Batch]) -> dict[int, tuple]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
-from commtag.constants import parse_rank_list
 from commtag.identity import GroupRow, format_list, group_info
+from commtag.merge.batches import counts
 from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.inputs.clock import base_ns, event_ns
 from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
@@ -123,7 +123,7 @@ def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: 
     peer = eager.get(RANK_KEY)
     if name == NCCL2_BATCH_P2P:
         if ANN_SEND_PEERS not in eager and len(group_ranks) == 2 and isinstance(peer, int) and 0 <= peer < 2:
-            sends, recvs = (parse_rank_list(str(eager.get(key, ""))) for key in (IN_SPLIT_KEY, OUT_SPLIT_KEY))
+            sends, recvs = counts(eager.get(IN_SPLIT_KEY)), counts(eager.get(OUT_SPLIT_KEY))
             if sends is not None and recvs is not None:
                 other = group_ranks[1 - peer]
                 eager[ANN_SEND_PEERS], eager[ANN_RECV_PEERS] = format_list([other] * len(sends)), format_list([other] * len(recvs))
