@@ -130,3 +130,29 @@ def test_replayed_kernels_matched_by_order_are_confirmed_by_the_family_of_the_an
         assert replayed == []
         assert any("left unannotated: in capture order: Broadcast kernel for a 'all_gather' collective" in n
                    for n in result.notices), result.notices
+
+
+def test_the_summary_of_a_graphed_job_reads_either_format_alike_and_lane_slices_keep_nccl2_names(tmp_path) -> None:
+    """`commtag summary` of the merged .pftrace (read back from its lane slices) and of the
+    directory: the same tables for both formats, but for the all-to-all traffic (nccl2's
+    all_to_all_v_single records no split lists); the lane slices keep nccl2's own names."""
+    from commtag.merge.pftrace.readback import read_instances
+    from commtag.report.inputs import load
+    from commtag.report.tables import to_text
+
+    for fmt in (LEGACY_FORMAT, NCCL2_FORMAT):
+        _merged(tmp_path, JOB, fmt)
+    texts = {}
+    for fmt in (LEGACY_FORMAT, NCCL2_FORMAT):
+        for source in (fmt, f"{fmt}.pftrace"):
+            text = to_text(load(tmp_path / source)[0])
+            assert any("imbalance p50" in line for line in text.splitlines()), text
+            texts[(fmt, source.endswith(".pftrace"))] = [line for line in text.splitlines() if "imbalance" not in line]
+    for merged in (False, True):
+        assert texts[(NCCL2_FORMAT, merged)] == texts[(LEGACY_FORMAT, merged)]
+    assert not any("all_reduce " in line for line in texts[(NCCL2_FORMAT, True)])
+    slices = read_instances(tmp_path / f"{NCCL2_FORMAT}.pftrace")
+    assert {inst.arg(COLLECTIVE_NAME_KEY) for inst in slices} >= {
+        "all_reduce", "allGatherSingleImpl", "reduceScatterSingleImpl", "allToAllSingleImpl", "all_to_all_v_single"}
+    assert {inst.arg(ANN_RECORD_FORMAT) for inst in slices} == {NCCL2_FORMAT}
+    assert {inst.collective for inst in slices} >= {"allreduce", "_allgather_base", "all_to_allv"}

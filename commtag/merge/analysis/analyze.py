@@ -235,7 +235,7 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqInd
         is_p2p=last.is_p2p,
         seq=_display_seq(members, last),
         replay=last.replay,
-        collective=P2P_LABEL if last.is_p2p else last.collective,
+        collective=P2P_LABEL if last.is_p2p and not is_batch(last) else last.collective,
         dtype=last.dtype,
         group_size=last.group_size,
         members=by_rank,
