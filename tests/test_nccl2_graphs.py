@@ -156,3 +156,41 @@ def test_the_summary_of_a_graphed_job_reads_either_format_alike_and_lane_slices_
         "all_reduce", "allGatherSingleImpl", "reduceScatterSingleImpl", "allToAllSingleImpl", "all_to_all_v_single"}
     assert {inst.arg(ANN_RECORD_FORMAT) for inst in slices} == {NCCL2_FORMAT}
     assert {inst.collective for inst in slices} >= {"allreduce", "_allgather_base", "all_to_allv"}
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu_graphs" / "graph"
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="no GPU fixtures: run launch/gpu_check.py on a GPU machine")
+def test_the_h100_graph_fixture_with_its_sidecar_written_as_nccl2_merges_alike(tmp_path) -> None:
+    """The real H100 trace of graph replays (tests/fixtures/gpu_graphs, legacy NCCL, one rank)
+    merged with its own sidecar and with that sidecar as an nccl2 group would have written it
+    (commtag.testing.nccl2_graph.as_nccl2): the same replayed instances, sizes and findings; the
+    slices keep nccl2's names. The kernels are the hardware's; only the annotations are derived."""
+    import shutil
+
+    from commtag.schema import Sidecar
+    from commtag.testing.nccl2_graph import as_nccl2
+
+    legacy_dir, nccl2_dir = tmp_path / "legacy", tmp_path / "nccl2"
+    shutil.copytree(FIXTURES, legacy_dir)
+    shutil.copytree(FIXTURES, nccl2_dir)
+    path = next(nccl2_dir.glob("*.commtag.json"))
+    side = Sidecar.model_validate_json(path.read_text())
+    for group in side.process_groups:
+        group.record_format = NCCL2_FORMAT
+        group.backend_impls = {"cuda": "nccl2"}
+    for capture in side.captures:
+        for captured in capture.collectives:
+            captured.annotation = as_nccl2(captured.annotation, 0)
+    path.unlink()
+    write_sidecar(path, side)
+    legacy = merge(legacy_dir, tmp_path / "legacy.pftrace", jobs=1)
+    nccl2 = merge(nccl2_dir, tmp_path / "nccl2.pftrace", jobs=1)
+    assert _view(nccl2.analysis) == _view(legacy.analysis)
+    assert sorted(nccl2.notices) == sorted(legacy.notices)
+    replayed = [inst for m in nccl2.analysis.collectives for inst in m.members.values() if inst.replay is not None]
+    before = [inst for m in legacy.analysis.collectives for inst in m.members.values() if inst.replay is not None]
+    assert len(replayed) == len(before) == 12  # the step's 3 all_reduces and the 1 of the other graph, 3 replays each
+    assert {inst.arg(ANN_RECORD_FORMAT) for inst in replayed} == {NCCL2_FORMAT}
+    assert {inst.arg(COLLECTIVE_NAME_KEY) for inst in replayed} == {"all_reduce"}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from commtag.identity import GroupRow, format_list, group_info
+from commtag.runtime.describe.nccl2 import nccl2_sizes
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
     RecordedCollective, Sidecar,
@@ -30,7 +31,7 @@ from commtag.testing.nccl2 import (
 from commtag.vocab import (
     ANN_CAPTURE_ID, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS, ANN_SEND_PEERS,
     COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY,
-    KERNEL_NODE_TYPE, NCCL2_BATCH_P2P, NCCL2_FORMAT, P2P_COLLECTIVES,
+    KERNEL_NODE_TYPE, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_GROUP_RANKS, P2P_COLLECTIVES,
 )
 
 #: The graph's exec id in every rank's trace, a replay's period and where its launch starts (µs).
@@ -162,3 +163,20 @@ def graph_job(job: Sequence[JobCall], rank: int, world: int, fmt: str, replays: 
     return trace, Sidecar(**_head(rank, world, fmt), process_groups=_groups(job, rank, fmt), collectives=[],
                           captures=[capture])
 
+
+
+def as_nccl2(annotation: CollectiveAnnotation, own_rank: int) -> CollectiveAnnotation:
+    """A legacy annotation as nccl2 writes the same call (note §2-3, through the rule the runtime
+    uses, :func:`commtag.runtime.describe.nccl2.nccl2_sizes`): its engine name, sizes and per-tensor
+    splits, "[]" ranks, no description, rank start / stride or Dst / Src Rank. For a sidecar of a
+    real legacy run (the H100 fixtures) turned into the sidecar an nccl2 group would have given;
+    ``own_rank``: the recording rank's group rank (legacy's "Rank" is a rooted op's root)."""
+    sizes = nccl2_sizes(annotation.collective_name, annotation.in_msg_nelems, annotation.out_msg_nelems,
+                        annotation.in_split_size, annotation.out_split_size, annotation.group_size,
+                        annotation.rank, own_rank)
+    if sizes is None:
+        raise ValueError(f"{annotation.collective_name!r}: nccl2 writes it as several records")
+    return annotation.model_copy(update={
+        "collective_name": sizes.collective, "in_msg_nelems": sizes.in_nelems, "out_msg_nelems": sizes.out_nelems,
+        "in_split_size": sizes.in_split, "out_split_size": sizes.out_split, "pg_ranks": NCCL2_GROUP_RANKS,
+        **{field: None for field in ("pg_desc", "global_rank_start", "global_rank_stride", "dst_rank", "src_rank")}})
