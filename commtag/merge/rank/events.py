@@ -126,7 +126,8 @@ def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: 
             sends, recvs = counts(eager.get(IN_SPLIT_KEY)), counts(eager.get(OUT_SPLIT_KEY))
             if sends is not None and recvs is not None:
                 other = group_ranks[1 - peer]
-                eager[ANN_SEND_PEERS], eager[ANN_RECV_PEERS] = format_list([other] * len(sends)), format_list([other] * len(recvs))
+                eager[ANN_SEND_PEERS] = format_list([other] * len(sends))
+                eager[ANN_RECV_PEERS] = format_list([other] * len(recvs))
         if ANN_SEND_PEERS not in eager or ANN_RECV_PEERS not in eager:
             eager[ANN_CROSS_RANK] = False
     elif name in NCCL2_P2P_NAMES:
@@ -174,7 +175,7 @@ class FileEvents:
         self.flows = flows
         rows = group_rows(trace, sidecar)
         #: Each group's record format as its sidecar states it, by uid and by name (a sidecar that
-        #: predates the field states none), and the groups whose records were found to disagree.
+        #: predates the field states none), and the names of the groups whose records disagree with it.
         self.stated: dict[str, str] = {}
         for pg in sidecar.process_groups if sidecar is not None else ():
             if "record_format" in pg.model_fields_set:
@@ -269,9 +270,9 @@ class FileEvents:
         stated = self.stated.get(group)
         if stated is None or content is None or content == stated:
             return (content or stated) == NCCL2_FORMAT
-        if group not in self.disagreed:
-            self.disagreed.add(group)
-            shown = group.split(":")[0]
+        shown = group.split(":")[0]  # a uid starts with its group's name
+        if shown not in self.disagreed:
+            self.disagreed.add(shown)
             self.notes.append(FormatConflict(
                 f"its sidecar says process group {shown!r} writes {stated} records, but the {where}'s {name!r} record "
                 f"of that group is {content}'s (split sizes {in_split} / {out_split}): read as {content}'s"))
