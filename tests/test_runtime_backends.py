@@ -80,7 +80,7 @@ def _as_if_nccl2(rank: int, world: int, out_dir: str) -> list[tuple]:
     assert side.process_groups[0].record_format == NCCL2_FORMAT
     return [(c.annotation.collective_name, c.annotation.in_msg_nelems, c.annotation.out_msg_nelems,
              c.annotation.in_split_size, c.annotation.out_split_size, c.annotation.seq, c.annotation.pg_desc,
-             c.annotation.pg_ranks) for c in side.collectives]
+             c.annotation.pg_ranks, c.annotation.send_peers, c.annotation.recv_peers) for c in side.collectives]
 
 
 @pytest.mark.slow
@@ -101,3 +101,10 @@ def test_an_nccl2_group_is_annotated_in_nccl2s_format_through_every_patched_path
             ("batch_op_issue", 4, 4, "[4]", "[4]", 1),
         ]
         assert all(row[6] is None and row[7] == "[]" for row in got)
+    # The batch names each op's global peer (nccl2 writes none): what pairs it with the peer's batch.
+    assert [got[-1][8:] for got in results] == [("[1]", "[1]"), ("[0]", "[0]")]
+    from commtag.merge import merge
+
+    analysis = merge(tmp_path, tmp_path / "merged.pftrace", jobs=1).analysis
+    batches = [m for m in analysis.collectives if m.collective == "batch_op_issue"]
+    assert [sorted(m.members) for m in batches] == [[0, 1]] and not analysis.findings, analysis.findings
