@@ -194,3 +194,16 @@ def test_the_h100_graph_fixture_with_its_sidecar_written_as_nccl2_merges_alike(t
     assert len(replayed) == len(before) == 12  # the step's 3 all_reduces and the 1 of the other graph, 3 replays each
     assert {inst.arg(ANN_RECORD_FORMAT) for inst in replayed} == {NCCL2_FORMAT}
     assert {inst.arg(COLLECTIVE_NAME_KEY) for inst in replayed} == {"all_reduce"}
+
+
+def test_a_replayed_batch_op_issue_pairs_with_its_peers_batches_on_each_replay(tmp_path) -> None:
+    """A captured nccl2 batch (one record for a whole batch_isend_irecv, note §3) with the peers
+    commtag's runtime recorded: on each replay the ring's four batches are one matched instance."""
+    from commtag.vocab import NCCL2_BATCH_P2P
+
+    ring = tuple((r, (r + 1) % 4) for r in range(4))
+    job = (JobCall("allreduce", WORLD, (8,)), JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=ring))
+    analysis = _merged(tmp_path, job, NCCL2_FORMAT).analysis
+    batches = sorted((m.replay, tuple(sorted(m.members))) for m in analysis.collectives if m.collective == NCCL2_BATCH_P2P)
+    assert batches == [(r, (0, 1, 2, 3)) for r in range(REPLAYS)]
+    assert not analysis.findings, analysis.findings
