@@ -17,6 +17,8 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 SIDECAR_SUFFIX = ".commtag.json"
 #: Endings of profiler trace names, longest first: what a sidecar's name replaces.
 TRACE_NAME_ENDINGS = (TRACE_SUFFIX, ".pt.trace.json", ".json.gz", ".json")
+#: The first bytes of every gzip stream: traces, sidecars and .pftrace files come both ways.
+GZIP_MAGIC = b"\x1f\x8b"
 
 #: Every *_ns time is below this: Perfetto and Kineto keep nanoseconds in an int64.
 TIME_NS_LIMIT = 1 << 63

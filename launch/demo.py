@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 import commtag
 from commtag.constants import SIDECAR_SUFFIX, TRACE_SUFFIX
-from commtag.runtime.record.sidecar import read_sidecar
+from commtag.sidecarfile import read_sidecar
 from commtag.testing.bench import free_port
 
 WORLD = 4

@@ -298,12 +298,12 @@ def analyse(out: Path, checks: Checks) -> None:
     """The five checks of the module docstring on the traces and sidecars ``run_workload`` wrote."""
     from commtag.merge.rank.replays import match_graph_replays
     from commtag.merge.inputs.clock import base_ns
-    from commtag.schema import Sidecar
+    from commtag.sidecarfile import read_sidecar
 
     eager_trace = _load(_one(out / "eager", ".pt.trace.json.gz"))
     graph_trace = _load(_one(out / "graph", ".pt.trace.json.gz"))
-    graph_side = Sidecar.model_validate_json(_one(out / "graph", ".commtag.json").read_text())
-    eager_side = Sidecar.model_validate_json(_one(out / "eager", ".commtag.json").read_text())
+    graph_side = read_sidecar(_one(out / "graph", ".commtag.json"))
+    eager_side = read_sidecar(_one(out / "eager", ".commtag.json"))
     findings = checks.findings
 
     eager_by_name = _check_eager(eager_trace, eager_side, checks)
@@ -508,12 +508,12 @@ def _check_compiled(out: Path, checks: Checks) -> None:
     """Step 5 (optional): torch.compile(mode="reduce-overhead")'s graphs, matched as the merge would."""
     from commtag.merge.rank.replays import match_graph_replays
     from commtag.merge.inputs.clock import base_ns
-    from commtag.schema import Sidecar
+    from commtag.sidecarfile import read_sidecar
 
     findings = checks.findings
     compiled_dir = out / "compiled"
     if compiled_dir.exists() and list(compiled_dir.glob("*.commtag.json")):
-        side = Sidecar.model_validate_json(_one(compiled_dir, ".commtag.json").read_text())
+        side = read_sidecar(_one(compiled_dir, ".commtag.json"))
         trace = _load(_one(compiled_dir, ".pt.trace.json.gz"))
         res = match_graph_replays(trace["traceEvents"], side.captures, base_ns(trace))
         findings["compile_reduce_overhead_matches"] = len(res.matches)

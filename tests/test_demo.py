@@ -22,7 +22,7 @@ import pytest
 from commtag.constants import SIDECAR_SUFFIX
 from commtag.merge.pftrace.readback import read_trace
 from pftrace_reader import lane_of
-from commtag.runtime.record.sidecar import read_sidecar
+from commtag.sidecarfile import read_sidecar
 
 pytestmark = pytest.mark.slow
 

@@ -29,6 +29,7 @@ from commtag.merge.inputs.clock import base_ns
 from commtag.merge import merge
 from commtag.merge.pftrace.validate import validate_file
 from commtag.schema import GraphCapture, Sidecar
+from commtag.sidecarfile import read_sidecar
 from commtag.vocab import (
     ANN_LANE_ID, ANN_MATCH, ANN_REPLAY, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, IN_NELEMS_KEY, KERNEL_EAGER_KEYS, P2P_PEER_KEYS, PG_DESC_KEY,
     SEQ_KEY,
@@ -50,7 +51,7 @@ def _load(sub: str) -> tuple[dict, Sidecar]:
     side_path = next((FIXTURES / sub).glob("*.commtag.json"))
     with gzip.open(trace_path, "rt") as f:
         trace = json.load(f)
-    return trace, Sidecar.model_validate_json(side_path.read_text())
+    return trace, read_sidecar(side_path)
 
 
 def _eager_kernel_args() -> dict[tuple[str, str], dict]:

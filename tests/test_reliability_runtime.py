@@ -320,7 +320,7 @@ def test_files_left_by_each_fault(results: list[dict]):
 
 
 def test_annotations_survive_the_faults_that_allow_them(results: list[dict]):
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     out = results[0]["out"]
     for rank in range(WORLD):

@@ -54,7 +54,7 @@ def _as_if_nccl2(rank: int, world: int, out_dir: str) -> list[tuple]:
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     warnings.simplefilter("ignore")
     commtag.install()

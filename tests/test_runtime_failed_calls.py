@@ -13,11 +13,10 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-import orjson
 import pytest
 
 from merging import merge
-from commtag.schema import Sidecar
+from commtag.sidecarfile import read_sidecar
 from gloo_world import run_world
 from pftrace_reader import read
 
@@ -63,7 +62,7 @@ def test_failed_calls_are_recorded_with_what_failed(tmp_path: Path):
     raised = run_world(_timeouts, 2, str(traces), timeout=120)
     assert raised == [[("False", "RuntimeError"), ("True", "RuntimeError"), ("coalesced", "RuntimeError")], []]
 
-    sidecar = Sidecar.model_validate(orjson.loads((traces / "rank0.step0.commtag.json").read_bytes()))
+    sidecar = read_sidecar(traces / "rank0.step0.commtag.json")
     failed = [c.annotation for c in sidecar.collectives if c.annotation.error is not None]
     assert [(a.collective_name, a.in_msg_nelems, a.async_op) for a in failed] == [
         ("allreduce", 3, False), ("allreduce", 3, True), ("allreduce_coalesced", 9, False)]
@@ -73,7 +72,7 @@ def test_failed_calls_are_recorded_with_what_failed(tmp_path: Path):
     # The calls that worked say nothing about errors.
     worked = [c.annotation for c in sidecar.collectives if c.annotation.error is None]
     assert {a.collective_name for a in worked} == {"allreduce", "barrier"}
-    rank1 = Sidecar.model_validate(orjson.loads((traces / "rank1.step0.commtag.json").read_bytes()))
+    rank1 = read_sidecar(traces / "rank1.step0.commtag.json")
     assert all(c.annotation.error is None for c in rank1.collectives)
 
     result = merge(traces, tmp_path / "merged.pftrace")

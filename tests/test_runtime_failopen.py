@@ -229,7 +229,7 @@ def _install_when(rank: int, world_size: int, when: str, out_dir: str) -> int:
     import commtag
     from torch.profiler import ProfilerActivity, profile
 
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     if when == "before":
         # Re-initialise the world after install: the wrappers resolve groups lazily.

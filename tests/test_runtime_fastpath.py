@@ -85,7 +85,7 @@ def _seqs(rank: int, world: int, out_dir: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from commtag.runtime.describe.groups import state_for
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor & co. are deprecated
     commtag.install()
@@ -345,7 +345,7 @@ def _keyword_only(rank: int, world: int, where: str) -> tuple:
     from torch.profiler import ProfilerActivity, profile
 
     import commtag
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     real = c10d.all_reduce
 

@@ -85,7 +85,7 @@ def _profiler_steps(trace: Path) -> list[int]:
 def test_profiles_into_one_directory_never_overwrite_and_merge_as_steps_of_the_rank(written: Path) -> None:
     from commtag.merge.analysis.analyze import analyze
     from merging import merge
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     epochs = written / "epochs"
     for rank in range(WORLD):

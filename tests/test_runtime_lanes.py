@@ -47,7 +47,7 @@ def _groups(rank: int, world_size: int, out_dir: str) -> None:
 
 
 def test_lanes_and_uids_agree_across_ranks(tmp_path: Path):
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     run_world(_groups, WORLD, str(tmp_path))
     sides = [read_sidecar(tmp_path / f"rank{r}.step0.commtag.json") for r in range(WORLD)]

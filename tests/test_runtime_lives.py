@@ -70,7 +70,7 @@ def lives(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_each_life_of_the_world_pairs_only_with_itself(lives: Path) -> None:
     from commtag.merge.analysis.analyze import analyze
     from merging import merge
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     traces = lives / "traces"
 

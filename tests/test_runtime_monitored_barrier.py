@@ -22,6 +22,7 @@ import pytest
 
 from merging import merge
 from commtag.schema import Sidecar
+from commtag.sidecarfile import read_sidecar
 from gloo_world import run_world
 from pftrace_reader import read
 
@@ -64,7 +65,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sidecars(traces: Path) -> dict[int, Sidecar]:
-    return {rank: Sidecar.model_validate(orjson.loads((traces / f"rank{rank}.step0.commtag.json").read_bytes()))
+    return {rank: read_sidecar(traces / f"rank{rank}.step0.commtag.json")
             for rank in range(3)}
 
 

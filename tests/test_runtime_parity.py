@@ -181,7 +181,7 @@ def test_trace_and_sidecar_per_rank(world_output: Path):
 
 
 def test_every_key_and_value_matches_the_reference_table(world_output: Path):
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     for rank in range(WORLD):
         side = read_sidecar(world_output / f"rank{rank}.step0.commtag.json")
@@ -193,7 +193,7 @@ def test_every_key_and_value_matches_the_reference_table(world_output: Path):
 
 
 def test_commtag_fields_agree_across_ranks(world_output: Path):
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     sides = [read_sidecar(world_output / f"rank{r}.step0.commtag.json") for r in range(WORLD)]
     assert len({s.run_id for s in sides}) == 1
@@ -223,7 +223,7 @@ def test_recorded_thread_is_the_trace_thread_of_the_c10d_op(world_output: Path):
     import gzip
     import json
 
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     side = read_sidecar(world_output / "rank0.step0.commtag.json")
     trace = json.loads(gzip.open(world_output / side.trace_file).read())

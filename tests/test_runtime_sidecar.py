@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import orjson
 import pytest
 
 from commtag.constants import sidecar_name_for
-from commtag.runtime.record.sidecar import SidecarError, read_sidecar, write_sidecar
+from commtag.runtime.record.sidecar import write_sidecar
+from commtag.sidecarfile import SidecarError, read_sidecar
 from commtag.schema import Sidecar
 
 
@@ -120,3 +122,64 @@ def test_an_nccl2_group_entry_and_its_annotation_round_trip(tmp_path: Path):
     assert back == side and back.process_groups[0].record_format == "nccl2"
     eager = orjson.loads(path.read_bytes())["collectives"][0]["annotation"]
     assert "Process Group Description" not in eager and eager["Process Group Ranks"] == "[]"
+
+
+#: Whether the merge's discovery, which reads only a sidecar's head, refuses the file too (False:
+#: the fault lies in a field the head parses past; the rank's conversion refuses it).
+HEAD, WHOLE = True, False
+
+
+@pytest.mark.parametrize(
+    "content, problem, head",
+    [
+        (lambda good: b"[1, 2]", "not a commtag sidecar (its JSON is an array, not an object)", HEAD),
+        (lambda good: b'"commtag-sidecar"', "not a commtag sidecar (its JSON is a string, not an object)", HEAD),
+        (lambda good: good.replace(b'"kind":"commtag-sidecar"', b'"kind":"chrome-trace"'),
+         "not a commtag sidecar (kind is 'chrome-trace', expected 'commtag-sidecar')", HEAD),
+        # complete otherwise: the model's default kind serves Python callers, a file must name it
+        (lambda good: good.replace(b'"kind":"commtag-sidecar",', b""),
+         "not a commtag sidecar (it names no kind, expected 'commtag-sidecar')", HEAD),
+        (lambda good: b'{"traceEvents": []}', "not a commtag sidecar (it names no kind, expected 'commtag-sidecar')", HEAD),
+        # a newer format is said to be one, not listed as the fields it renamed
+        (lambda good: good.replace(b'"schema_version":1', b'"schema_version":2').replace(b'"run_id"', b'"run"'),
+         "invalid sidecar: schema_version: Value error, sidecar schema version 2 is newer than this commtag", HEAD),
+        # NaN and Infinity parse as floats, and no field of a sidecar is one: refused, naming the field
+        (lambda good: good.replace(b'"start_ns":10', b'"start_ns":NaN'),
+         "invalid sidecar: collectives.0.start_ns: Input should be a finite number", WHOLE),
+        (lambda good: good.replace(b'"pid":7', b'"pid":-Infinity'), "invalid sidecar: pid: Input should be a finite number",
+         WHOLE),
+        (lambda good: good.replace(b'"rank":1', b'"rank":Infinity'), "invalid sidecar: rank: Input should be a finite number",
+         HEAD),
+        (lambda good: good.replace(b'"host":"h"', b'"host":"h\xff"'), "invalid sidecar: not UTF-8 text (byte 0xff at offset",
+         HEAD),
+        (lambda good: gzip.compress(good)[:-9], "truncated or corrupt gzip", HEAD),
+    ],
+)
+def test_one_reader_one_refusal_in_both_wings(tmp_path: Path, content, problem, head):
+    """read_sidecar (tests, tools) and the merge's discovery and conversion read a sidecar with the
+    same reader: the same file is refused in the same words, the merge's as its own input error."""
+    from commtag.merge.errors import MergeInputError
+    from commtag.merge.inputs.sidecars import load_sidecar, load_sidecar_head
+
+    good = write_sidecar(tmp_path / "good.commtag.json", _sidecar()).read_bytes()
+    bad = tmp_path / "bad.commtag.json"
+    bad.write_bytes(content(good))
+    with pytest.raises(SidecarError) as info:
+        read_sidecar(bad)
+    assert str(info.value).startswith(f"{bad}: {problem}"), info.value
+    with pytest.raises(MergeInputError) as merged:
+        load_sidecar(bad)
+    assert str(merged.value) == str(info.value) and merged.value.problem == info.value.problem
+    if head:
+        with pytest.raises(MergeInputError) as discovered:
+            load_sidecar_head(bad)
+        assert str(discovered.value) == str(info.value)
+    else:
+        assert load_sidecar_head(bad).rank == 1
+
+
+def test_a_gzipped_sidecar_reads_as_the_plain_one(tmp_path: Path):
+    path = write_sidecar(tmp_path / "rank1.step3.commtag.json", _sidecar())
+    zipped = tmp_path / "rank1.step3.commtag.json.gz"
+    zipped.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_sidecar(zipped) == read_sidecar(path) == _sidecar()

@@ -90,7 +90,7 @@ def _straddling(rank: int, world_size: int, out_dir: str) -> None:
 def test_calls_running_at_a_windows_end_are_written_there_unfinished(tmp_path: Path) -> None:
     from commtag.merge.analysis.analyze import analyze
     from merging import merge
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     run_world(_straddling, WORLD, str(tmp_path))
     windows = sorted(tmp_path.glob("rank0.step*.commtag.json"))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from commtag.schema import Sidecar, parse_rank_list
+from commtag.sidecarfile import read_sidecar
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def _load(out: Path) -> list[tuple[Sidecar, dict]]:
     """(sidecar, trace) per rank, found the way a user would: sidecar -> its trace_file."""
     pairs = []
     for path in sorted(out.glob("*.commtag.json")):
-        sidecar = Sidecar.model_validate_json(path.read_text())
+        sidecar = read_sidecar(path)
         with gzip.open(path.parent / sidecar.trace_file, "rt") as handle:
             pairs.append((sidecar, json.load(handle)))
     return sorted(pairs, key=lambda pair: pair[0].rank)

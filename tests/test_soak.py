@@ -123,7 +123,7 @@ def _soak(rank: int, world_size: int, out_dir: str) -> dict:
 
 def test_soak_10k_collectives_3_groups_2_threads(tmp_path: Path):
     from commtag.merge.engine.pipeline import collect
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     results = run_world(_soak, WORLD, str(tmp_path), timeout=300)
 

@@ -285,7 +285,7 @@ def _any_source_then_profiled(rank: int, world_size: int, out_dir: str) -> None:
 def test_a_recv_from_any_source_counts_its_pair_seq_while_not_profiled(tmp_path: Path) -> None:
     """The second 0 -> 1 message is pair Seq 2 on both sides, though the first was received
     from any source while the profiler was off (its source known only after the call)."""
-    from commtag.runtime.record.sidecar import read_sidecar
+    from commtag.sidecarfile import read_sidecar
 
     run_world(_any_source_then_profiled, 2, str(tmp_path))
     pairs = {}

@@ -251,6 +251,8 @@ class RankSummary:
     files: list[FileSpan] = field(default_factory=list)
     #: What attaching left unsaid on its events (graph replays not matched, copies not placed).
     notes: list[str] = field(default_factory=list)
+    #: ``(step, start_ns, end_ns)`` of each ProfilerStep of its trace files (:mod:`commtag.merge.steps`).
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:
@@ -341,7 +343,8 @@ class TraceAnnotations:
 ALL_TIME = (0, 1 << 63)
 #: A merged trace keeps each rank's windows as instants on its marker track (for
 #: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at the
-#: window's start, with ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS`` and ``ANN_WORLD_SIZE``.
+#: window's start, with ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE`` and
+#: ``ANN_WINDOW_STEPS`` (its ProfilerSteps, :mod:`commtag.merge.steps`).
 WINDOW_MARKER = "window"
 
 
@@ -361,6 +364,8 @@ class Coverage:
     windows: dict[int, list[tuple[int, int]]]
     #: The world size the files claim, None when none says.
     world_size: Optional[int] = None
+    #: Rank -> ``(step, start_ns, end_ns)`` of each ProfilerStep its files hold (commtag.merge.steps).
+    steps: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":

@@ -10,10 +10,14 @@ import csv
 import io
 
 from commtag.merge.analysis.alltoall import by_group
+from commtag.merge.analysis.impact import RankImpact
 from commtag.merge.analysis.results import Analysis
 
 
-_IMPACT_COLUMNS = ("rank", "cost_us", "share", "late_us", "late_count", "op", "window", "part_cost_us")
+_IMPACT_COLUMNS = ("rank", "cost_us", "share", "late_us", "late_count", "op", "window", "part_cost_us", "step",
+                   "part_share")
+#: Steps the text names per rank, its costliest first; the others are summed up in one clause.
+_STEPS_SHOWN = 6
 _TRAFFIC_COLUMNS = ("pg", "lane", "seq", "replay", "collective", "dtype", "size_imbalance", "sender", "receiver",
                     "elements", "not_recorded")
 
@@ -32,9 +36,30 @@ def impact_lines(analysis: Analysis) -> list[str]:
         lines.append(f"  rank {r.rank}: {r.cost_us / 1000:.2f} ms ({r.share:.1%} of the profiled time), "
                      f"late {r.late_count}x by {r.late_us / 1000:.2f} ms in all; by op: {ops}"
                      + (f"; by profiled window: {windows}" if len(r.by_window) > 1 else ""))
+        if r.steps:
+            lines.append(f"    by step: {_steps_clause(r, len(r.by_window) > 1)}")
     if result.not_replayed:
         lines.append(f"  ... and {result.not_replayed} more late ranks, not replayed (the largest leads were)")
+    if result.outside_steps:
+        lines.append(f"  {result.outside_steps} collectives lie in no ProfilerStep: in their window's cost, "
+                     "in no step's")
     return lines
+
+
+def _steps_clause(row: RankImpact, windows: bool) -> str:
+    """The costliest steps of a rank (``w2 step 5`` where it has several windows), then the rest in one."""
+    ranked = sorted(row.steps, key=lambda s: -s.cost_us)
+    shown = [s for s in ranked[:_STEPS_SHOWN] if s.cost_us > 0] or ranked[:1]
+    named = ", ".join(f"{f'w{s.window} ' if windows else ''}step {s.step} {s.cost_us / 1000:.2f} ms ({s.share:.0%})"
+                      for s in shown)
+    rest = [s for s in row.steps if s not in shown]
+    if not rest:
+        return named
+    low, high = min(s.cost_us for s in rest), max(s.cost_us for s in rest)
+    if len(rest) == 1:
+        return f"{named}; the other step {low / 1000:.2f} ms"
+    spread = f"{high / 1000:.2f} ms each" if low == high else f"{low / 1000:.2f} to {high / 1000:.2f} ms"
+    return f"{named}; the other {len(rest)} steps {spread}"
 
 
 def traffic_lines(analysis: Analysis) -> list[str]:
@@ -60,17 +85,20 @@ def traffic_lines(analysis: Analysis) -> list[str]:
 
 def impact_csv(analysis: Analysis) -> str:
     """One row per late rank (``op`` and ``window`` empty: its whole cost), then one per op it was
-    late to and per profiled window (``part_cost_us``: that part's cost)."""
+    late to, per profiled window and per step (``part_cost_us``: that part's cost; ``part_share``:
+    a step's share of its own time)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(_IMPACT_COLUMNS)
     for r in analysis.impact.ranks:
         head = (r.rank, r.cost_us, r.share, r.late_us, r.late_count)
-        writer.writerow((*head, "", "", ""))
+        writer.writerow((*head, "", "", "", "", ""))
         for op, cost in sorted(r.by_op.items()):
-            writer.writerow((*head, op, "", cost))
+            writer.writerow((*head, op, "", cost, "", ""))
         for window, cost in r.by_window.items():
-            writer.writerow((*head, "", window, cost))
+            writer.writerow((*head, "", window, cost, "", ""))
+        for step in r.steps:
+            writer.writerow((*head, "", step.window, step.cost_us, step.step, step.share))
     return buffer.getvalue()
 
 

@@ -52,6 +52,7 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         "impact_profiled_us": analysis.impact.profiled_us,
         "impact": [r.to_dict() for r in analysis.impact.ranks],
         "impact_not_replayed": analysis.impact.not_replayed,
+        "impact_outside_steps": analysis.impact.outside_steps,
         "all_to_all": [a.to_dict() for a in analysis.all_to_all],
     }
     if kernels is not None:

@@ -64,6 +64,8 @@ ANN_STRAGGLER = "commtag straggler"
 ANN_MARKER = "commtag marker"
 ANN_WINDOW_RANK = "commtag window of rank"
 ANN_WINDOW_NS = "commtag window ns"
+#: On a window marker: the ProfilerStep spans of the window (commtag.merge.steps.encode).
+ANN_WINDOW_STEPS = "commtag window steps"
 ANN_WORLD_SIZE = "commtag world size"
 # With torch's own CUDA-graph annotations (torch 2.14+).
 #: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured

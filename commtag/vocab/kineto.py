@@ -48,6 +48,9 @@ KINETO_LEGACY_CATEGORIES: dict[str, str] = {
 KINETO_STREAM_TID_PREFIX = "stream "
 #: The name of the slice torch's profiler writes around each ``prof.step()``: ``ProfilerStep#<N>``.
 PROFILER_STEP_PREFIX = "ProfilerStep#"
+#: Kineto's category of a host-side record_function range (a ProfilerStep among them); its copy on a
+#: GPU stream is ``gpu_user_annotation``.
+USER_ANNOTATION_CATEGORY = "user_annotation"
 #: Categories of Kineto's flow events ("s"/"f") from a runtime launch to its device work: today
 #: ``ac2g``, ``async`` (2020-21, named "launch") and ``async_gpu`` (late 2021). They join events
 #: by the ``correlation`` both ends carry.

@@ -16,10 +16,11 @@ from commtag.merge.records import (
     Marker,
     TraceAnnotations,
 )
+from commtag.merge.steps import encode, in_window
 from commtag.vocab import (
     ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
     ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
-    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE,
+    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
 )
 
 
@@ -28,7 +29,7 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
 
     One busbw counter per process group, under the lowest member rank's lanes
     (one track per group, not one copy per member). Each rank's profiled
-    windows become instants too, so that the merged file alone can be analyzed.
+    windows become instants too, with their ProfilerSteps, so that the merged file alone can be analyzed.
     """
     owner: dict[str, int] = {}
     names: dict[str, str] = dict(lane_names or {})
@@ -50,6 +51,9 @@ def _window_markers(coverage: Coverage) -> list[Marker]:
             args: dict[str, object] = {ANN_MARKER: WINDOW_MARKER, ANN_WINDOW_RANK: rank, ANN_WINDOW_NS: last - first}
             if coverage.world_size:
                 args[ANN_WORLD_SIZE] = coverage.world_size
+            steps = in_window(coverage.steps.get(rank, ()), first, last)
+            if steps:
+                args[ANN_WINDOW_STEPS] = encode(steps, first)
             out.append(Marker(rank, first, f"profiled window {k + 1} of {len(windows)} ({(last - first) / 1e6:.1f} ms)",
                               args))
     return out

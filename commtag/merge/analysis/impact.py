@@ -25,10 +25,20 @@ Without any change the replay reproduces the recorded times exactly, so a cost
 is a difference of two replays of the same model. An incomplete instance (a
 member did not record it) has no last arrival to move: it keeps its members'
 own times, moved with each member's earlier work. A profiled window is a
-trace file of each rank (one step each under a profiler schedule with
-``active=1``; the ProfilerStep spans themselves are not read): its cost is
-how much earlier the last collective that began in it would have ended, and
-a rank's cost is the sum over the windows.
+trace file of each rank: its cost is how much earlier the last collective
+that began in it would have ended, and a rank's cost is the sum over the
+windows.
+
+Where the traces hold ``ProfilerStep#N`` spans (a profiler schedule), each
+collective belongs to the step its first arrival lies in, on the first
+arriving member whose steps are known (a step reaches to the next one's
+start, as ``--steps`` cuts them), and each step gets its part of the
+window's cost: how much earlier its last collective would have ended, less
+how much earlier the step before it in the window ended. A step's cost is
+thus the time the lateness added to that step alone (a step after a late
+one is not charged again for it), and a window's steps sum to its cost; a
+step can be negative where its end was set by work the lateness did not hold
+up, which then gives back what an earlier step was charged.
 
 Each rank that was the last arrival somewhere is replayed once for the
 window, and once per op it was late to (the window's cost per op type): a
@@ -44,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage
+from commtag.merge.steps import StepIndex
 
 #: The ranks with the largest total lead are replayed; the rest are counted, not replayed.
 MAX_REPLAYED_RANKS = 16
@@ -60,6 +71,21 @@ class MatchedCollective(Protocol):
 
     @property
     def complete(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class StepCost:
+    """One profiler step's part of a rank's cost (module docstring)."""
+
+    window: int
+    step: int
+    #: How much earlier its last collective would have ended, less the step before it's (us).
+    cost_us: float
+    #: ``cost_us`` over the step's collective time: its first arrival to its last collective's end.
+    share: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"window": self.window, "step": self.step, "cost_us": self.cost_us, "share": self.share}
 
 
 @dataclass(slots=True)
@@ -80,6 +106,8 @@ class RankImpact:
     #: Profiled window (1-based, as the trace's window markers) -> how much earlier its last collective
     #: would have ended (us).
     by_window: dict[int, float] = field(default_factory=dict)
+    #: Per ProfilerStep with collectives, in window and step order: its part of its window's cost.
+    steps: list[StepCost] = field(default_factory=list)
     #: (recorded end of a collective, how much earlier it would have ended, ns) where that changes:
     #: the merged trace's track of this rank's cost.
     timeline: list[tuple[int, int]] = field(default_factory=list)
@@ -93,6 +121,7 @@ class RankImpact:
             "late_count": self.late_count,
             "by_op": dict(sorted(self.by_op.items())),
             "by_window": {str(w): cost for w, cost in sorted(self.by_window.items())},
+            "steps": [s.to_dict() for s in self.steps],
         }
 
 
@@ -105,6 +134,8 @@ class Impact:
     profiled_ns: int = 0
     #: Ranks that were late somewhere but not replayed (beyond :data:`MAX_REPLAYED_RANKS`).
     not_replayed: int = 0
+    #: Collectives in no ProfilerStep span where the traces hold some: in their window's cost, in no step's.
+    outside_steps: int = 0
 
     @property
     def profiled_us(self) -> float:
@@ -207,6 +238,7 @@ def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = 
     replay = _Replay(collectives, coverage)
     ends = [max(i.end_ns for i in m.members.values()) for m in collectives]
     windows = _by_window(collectives, coverage)
+    steps, outside_steps = _by_step(collectives, coverage, windows)
     profiled = sum(max(ends[k] for k in ks) - min(collectives[k].first_start_ns for k in ks) for ks in windows.values())
     lateness: dict[int, list[int]] = defaultdict(list)
     for (k, rank), lead in replay.leads.items():
@@ -220,7 +252,8 @@ def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = 
         by_window = _window_costs(ends, moved, windows)
         cost = sum(by_window.values())
         row = RankImpact(rank, _us(cost), round(cost / max(profiled, 1), 6), _us(sum(removed.values())), len(mine),
-                         by_window={w: _us(ns) for w, ns in by_window.items()}, timeline=_timeline(ends, moved))
+                         by_window={w: _us(ns) for w, ns in by_window.items()}, timeline=_timeline(ends, moved),
+                         steps=_step_costs(collectives, ends, moved, steps))
         ops = sorted({collectives[k].collective for k in mine})
         for op in ops:
             only = {k: lead for k, lead in removed.items() if collectives[k].collective == op}
@@ -228,7 +261,7 @@ def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = 
                 _us(sum(_window_costs(ends, replay.shifts(only, rank), windows).values()))
         rows.append(row)
     rows.sort(key=lambda r: (-r.cost_us, r.rank))
-    return Impact(rows, profiled, max(0, len(ranked) - MAX_REPLAYED_RANKS))
+    return Impact(rows, profiled, max(0, len(ranked) - MAX_REPLAYED_RANKS), outside_steps)
 
 
 def _window_costs(ends: list[int], moved: list[int], windows: dict[int, list[int]]) -> dict[int, int]:
@@ -246,6 +279,47 @@ def _by_window(collectives: list[MatchedCollective], coverage: Optional[Coverage
         if at is not None:
             out[at + 1].append(k)
     return dict(sorted(out.items()))
+
+
+def _by_step(collectives: list[MatchedCollective], coverage: Optional[Coverage],
+             windows: dict[int, list[int]]) -> tuple[dict[tuple[int, int], list[int]], int]:
+    """(window, step) -> the collectives of that step, in window and step order, and how many
+    collectives lie in no step. A collective's step is the one its first arrival lies in, on the
+    first member to arrive whose steps are known."""
+    known = {rank: StepIndex(spans, coverage.windows.get(rank, ())) for rank, spans in coverage.steps.items()} \
+        if coverage is not None else {}
+    if not known:
+        return {}, 0
+    found: dict[tuple[int, int], list[int]] = defaultdict(list)
+    outside = 0
+    for w, ks in windows.items():
+        for k in ks:
+            members = collectives[k].members
+            arrival, rank = min((i.start_ns, rank) for rank, i in members.items())
+            if rank not in known:
+                arrival, rank = min(((i.start_ns, r) for r, i in members.items() if r in known), default=(0, None))
+            step = known[rank].at(arrival) if rank is not None else None
+            if step is None:
+                outside += 1
+            else:
+                found[(w, step[0])].append(k)
+    return dict(sorted(found.items())), outside
+
+
+def _step_costs(collectives: list[MatchedCollective], ends: list[int], moved: list[int],
+                steps: dict[tuple[int, int], list[int]]) -> list[StepCost]:
+    """Each step's part of its window's cost (module docstring): the change in how much earlier
+    its last collective ends, from the step before it in the window."""
+    out = []
+    before: dict[int, int] = {}  # window -> how much earlier (ns) its previous step ended
+    for (w, step), ks in steps.items():
+        last = max(ends[k] for k in ks)
+        earlier = last - max(ends[k] + moved[k] for k in ks)
+        cost = earlier - before.get(w, 0)
+        before[w] = earlier
+        span = last - min(collectives[k].first_start_ns for k in ks)
+        out.append(StepCost(w, step, _us(cost), round(cost / max(span, 1), 6)))
+    return out
 
 
 def _timeline(ends: list[int], moved: list[int]) -> list[tuple[int, int]]:

@@ -371,6 +371,7 @@ def collect(
         for s in summaries:
             shift = offsets.get(s.rank, 0)
             s.windows = [(first + shift, last + shift) for first, last in s.windows]
+            s.steps = [(n, start + shift, end + shift) for n, start, end in s.steps]
     settle_inferred(instances)
     return coverage(summaries), instances
 

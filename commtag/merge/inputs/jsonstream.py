@@ -32,6 +32,7 @@ from typing import BinaryIO, Iterator, Optional
 
 import orjson
 
+from commtag.constants import GZIP_MAGIC
 from commtag.errors import CommtagError
 
 try:  # ISA-L's inflate reads a Kineto trace ~3x faster than zlib's (docs/benchmarks.md, "Where the time goes")
@@ -62,8 +63,6 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|[,}\]]')
 _SCALAR = re.compile(rb'[^,}\]\s]+')
 
 
-#: The first bytes of every gzip stream: traces, sidecars and .pftrace files come both ways.
-GZIP_MAGIC = b"\x1f\x8b"
 #: What reading a gzip stream raises when it is corrupt or cut short.
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, _InflateError)
 

@@ -1,17 +1,17 @@
-"""A commtag sidecar read from disk for the merge: its head for discovery, in full for its
-rank's conversion, with the bounds every file's times and world size get."""
+"""A commtag sidecar as the merge takes it: its head for discovery, in full for its rank's
+conversion, read by :mod:`commtag.sidecarfile` (the reader both wings share), then held to the
+bounds every file's times and world size get."""
 
 from __future__ import annotations
 
-import gzip
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.clock import wall_clock
-from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC
+from commtag.sidecarfile import SidecarError, read_sidecar, read_sidecar_head
 
 if TYPE_CHECKING:
     from commtag.schema import Sidecar, SidecarHead
@@ -32,9 +32,7 @@ def check_world_size(path: Path, what: str, size: int) -> None:
 def load_sidecar(path: Path, base_ns: int = 0) -> Sidecar:
     """Parse and validate a commtag sidecar (what the conversion of its rank reads); ``base_ns``:
     its trace's baseTimeNanoseconds (0 when unknown), before which none of its times may lie."""
-    from commtag.schema import Sidecar
-
-    sidecar = _validated(path, Sidecar)
+    sidecar = _validated(path, read_sidecar)
     check_world_size(path, "world_size", sidecar.world_size)
     _check_times(path, sidecar, base_ns)
     _check_once(path, sidecar)
@@ -84,41 +82,14 @@ def load_sidecar_head(path: Path) -> SidecarHead:
     sidecar from discovery instead grew with the rank count (a sidecar is
     about six times its JSON as objects: 180 MB for 128 ranks).
     """
-    from commtag.schema import SidecarHead
-
-    head = _validated(path, SidecarHead)
+    head = _validated(path, read_sidecar_head)
     check_world_size(path, "world_size", head.world_size)
     return head
 
 
-def _validated(path: Path, model: type[_Model]) -> _Model:
-    # pydantic is imported here: it costs ~0.1 s of start-up, which a merge without sidecars never pays.
-    from pydantic import ValidationError
-
-    raw = b""
+def _validated(path: Path, read: Callable[[Path], _Model]) -> _Model:
+    """The one sidecar reader's result, its refusal as the merge's own input error (same words)."""
     try:
-        raw = path.read_bytes()
-        if raw[:2] == GZIP_MAGIC:
-            raw = gzip.decompress(raw)
-        return model.model_validate_json(raw)
-    except GZIP_ERRORS as exc:
-        raise MergeInputError(path, f"truncated or corrupt gzip ({exc})") from None
-    except OSError as exc:
-        raise MergeInputError(path, f"cannot read: {exc}") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        problem = _not_json(raw, first) if first.get("type") == "json_invalid" else first.get("msg")
-        raise MergeInputError(path, f"invalid sidecar: {where + ': ' if where else ''}{problem}") from None
-
-
-def _not_json(raw: bytes, error: dict) -> str:
-    """Why a sidecar's bytes are not JSON: text that is not UTF-8, or the parser's reason (a file
-    cut short ends "EOF while parsing")."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-    return f"not valid JSON ({(error.get('ctx') or {}).get('error') or error.get('msg')})"
-
-
+        return read(path)
+    except SidecarError as exc:
+        raise MergeInputError(path, exc.problem) from None

@@ -36,9 +36,10 @@ from commtag.merge.records import (
     ranks_of,
 )
 from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
+from commtag.merge.steps import StepSpan, decode
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
-    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
+    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
 )
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -106,9 +107,9 @@ def read_merged(path: Path) -> tuple[list[CollectiveInstance], KernelTables, Cov
     (:meth:`commtag.kernels.Breakdown.annotations`); one pass reads both. The
     ranks are those with a process as the merge describes one (its uuid and
     pid derived from the rank): what tells a merge without collectives from
-    a trace commtag did not write. Their windows and the world size come from
-    the window instants the analysis wrote (a rank without them is taken as
-    profiled all the time). A gzipped trace is read as well.
+    a trace commtag did not write. Their windows, the ProfilerSteps in them and
+    the world size come from the window instants the analysis wrote (a rank
+    without them is taken as profiled all the time). A gzipped trace is read as well.
     """
     try:
         with open_decompressed(path) as stream:
@@ -121,6 +122,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     kernels: KernelTables = {}
     ranks: set[int] = set()
     windows: dict[int, list[tuple[int, int]]] = {}
+    steps: dict[int, list[StepSpan]] = {}
     world_size: Optional[int] = None
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
@@ -168,6 +170,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                 if isinstance(rank, int) and isinstance(length, int):
                     start = packet.timestamp + wall
                     windows.setdefault(rank, []).append((start, start + length))
+                    steps.setdefault(rank, []).extend(decode(args.get(ANN_WINDOW_STEPS), start) or ())
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
     # A file with window instants has them for every rank whose trace showed its collectives; one
     # written before they existed says nothing of when its ranks were profiled.
@@ -177,7 +180,8 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     for instance in out:  # an NCCL kernel without metadata: the merge took its group as the world
         if world_size and instance.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
             instance.group_size = world_size
-    return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size)
+    return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size,
+                                  {r: sorted(s, key=lambda step: (step[1], step[0])) for r, s in steps.items() if s})
 
 
 def _int_or_none(value: object) -> Optional[int]:

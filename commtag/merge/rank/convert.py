@@ -6,23 +6,19 @@ cannot place stops it with an error naming the event), then either
 
 * encoded at once by the writer's :class:`Encoder` (most events): only its
   times and opaque bytes are kept; or
-* kept as a dict until its file is complete, when attach may annotate it:
-  collective and graph kernels, graph launches, ``c10d::`` and ``gloo:``
-  ops. They are a few per thousand events.
+* kept as a dict until its file is complete, when attach may annotate it: collective and graph
+  kernels, graph launches, ``c10d::`` and ``gloo:`` ops. They are a few per thousand events.
 
-Flows are added to the kept bytes when a file ends (a launch may come after
-its kernels), and so are the kernel-category breakdowns of graph launches.
-Args that only link events, which the merged trace draws as flows instead
-(:data:`commtag.vocab.LINK_ARGS`), are not written.
+Flows are added to the kept bytes when a file ends (a launch may come after its kernels), and so
+are the kernel-category breakdowns of graph launches. Args that only link events, which the merged
+trace draws as flows instead (:data:`commtag.vocab.LINK_ARGS`), are not written.
 
-Every complete ("X") and instant ("i"/"I") event is written. Traces of
-torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream
-7"``, ``"pid": "Spans"``) and use other category names: numeric strings are
-read as numbers, ``stream N`` as GPU stream N, other strings name rows of
-their own, and old categories take today's names
-(:data:`commtag.vocab.KINETO_LEGACY_CATEGORIES`). Everything else
-(metadata, flow events, other phases) is counted per reason in the rank's
-:class:`EventAccount`, the merge's receipt for what it left out.
+Every complete ("X") and instant ("i"/"I") event is written (a ProfilerStep's span also kept). Traces
+of torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream 7"``, ``"pid":
+"Spans"``) and use other category names: numeric strings are read as numbers, ``stream N`` as GPU
+stream N, other strings name rows of their own, and old categories take today's names
+(:data:`commtag.vocab.KINETO_LEGACY_CATEGORIES`). Everything else (metadata, flow events, other
+phases) is counted per reason in the rank's :class:`EventAccount`: the receipt for what is left out.
 """
 
 from __future__ import annotations
@@ -37,15 +33,14 @@ from commtag.merge.errors import MergeInputError
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.clock import checked_base_ns
-from commtag.merge.records import GroupLane, Interner
+from commtag.merge.records import EventAccount, GroupLane, Interner
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_LANE, CORRELATION_KEY,
-    GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
+    ANN_LANE, CORRELATION_KEY, GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
+    PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY,
 )
-from commtag.merge.records import EventAccount
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info
 from commtag.merge.rank.rows import (
@@ -87,8 +82,10 @@ class RankConverter:
         #: uid -> the groups this rank knows.
         self.groups: dict[str, GroupLane] = {}
         self.host = ""
-        #: ``(first_ns, last_ns)`` each file covers, its collectives included: the rank's profiled windows.
+        #: ``(first_ns, last_ns)`` each file covers, its collectives included: the rank's profiled windows
+        #: (``steps``: their ProfilerStep slices' name, start and end ns).
         self.windows: list[tuple[int, int]] = []
+        self.steps: list[tuple[str, int, int]] = []
         #: The world size its sidecar or distributedInfo claims (None: neither says).
         self.world_size: Optional[int] = None
         #: id(event) -> (common, own) args attach gave it, for :meth:`_settle` to encode.
@@ -190,6 +187,8 @@ class RankConverter:
                         drop_links(args)
                     row.add(start, start, body(name, cat, args))
                 continue
+            if cat == USER_ANNOTATION_CATEGORY and name.startswith(PROFILER_STEP_PREFIX):
+                file.steps.append((name, start, end))
             # is_candidate's cheap first test, written here because it runs per event.
             candidate = ((cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in CANDIDATE_INITIALS)
                          and is_candidate(name, cat, args, file.captured))
@@ -339,6 +338,7 @@ class RankConverter:
                 self.windows += [(max(low, first), min(high, last)) for low, high in spans
                                  if max(low, first) < min(high, last)]
             self.windows.sort()
+            self.steps += file.steps
 
     def _categorize(self, file: FileState) -> None:
         """Add the attached kernels to the breakdowns: only now is their lane known (from
@@ -364,6 +364,7 @@ class RankConverter:
         for key, row in self.instants.items():
             row.shift(marks.get((key, "i"), 0), delta)
         file.first = None if file.first is None else file.first + delta
+        file.steps = [(name, start + delta, end + delta) for name, start, end in file.steps]
         file.last = None if file.last is None else file.last + delta
 
     def _settle(self, file: FileState) -> None:

@@ -131,7 +131,7 @@ RowId = Union[int, str]
 class FileState:
     """Per-file state: correlation ids are per file, so launch flows are settled per file."""
 
-    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work")
+    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work", "steps")
 
     def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
                  captured: Optional[CapturedKernels] = None) -> None:
@@ -149,6 +149,8 @@ class FileState:
         self.launches: dict[object, tuple[Row, int]] = {}
         #: (row, index, correlation) of device work.
         self.work: list[tuple[Row, int, object]] = []
+        #: (name, start_ns, end_ns) of its ProfilerStep slices (see commtag.merge.steps).
+        self.steps: list[tuple[str, int, int]] = []
 
 
 def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], bool], flows: RankFlows,

@@ -29,6 +29,7 @@ from commtag.merge.records import (
 from commtag.merge.inputs.selection import (
     FileSpans,
 )
+from commtag.merge.steps import step_spans
 
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -196,10 +197,12 @@ def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[i
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
-                       converter.windows, converter.world_size, files=files, notes=converter.notes)
+                       converter.windows, converter.world_size, files=files, notes=converter.notes,
+                       steps=step_spans(converter.steps))
 
 
 def coverage(summaries: Sequence[RankSummary]) -> Coverage:
-    """The ranks read, their windows, and the world size most of them claim."""
+    """The ranks read, their windows and steps, and the world size most of them claim."""
     sizes = Counter(s.world_size for s in summaries if s.world_size)
-    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None)
+    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
+                    {s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps})

@@ -15,11 +15,10 @@ same steps, such as one ``with profile()`` per epoch) it takes ``.2``,
 ``.3``, ... as K. The sidecar names its trace in ``trace_file`` so a renamed
 pair still matches.
 
-Writing validates the exact JSON that goes to disk against the schema and
+Writing validates the exact JSON that goes to disk with the reader every
+sidecar is read with (:mod:`commtag.sidecarfile`, shared with the merge) and
 writes it with :func:`commtag.atomic.write_atomic`, so a reader never sees half
-a file. Reading refuses anything that is not a
-complete sidecar of a version this commtag understands, with an error that
-names the file and the problem.
+a file, nor one it refuses.
 """
 
 from __future__ import annotations
@@ -28,16 +27,11 @@ from pathlib import Path
 from typing import Union
 
 import orjson
-from pydantic import ValidationError
 
 from commtag.atomic import claim, write_atomic
-from commtag.constants import TRACE_SUFFIX, newer_version, sidecar_name_for
-from commtag.errors import CommtagError
-from commtag.schema import SIDECAR_KIND, Sidecar
-
-
-class SidecarError(CommtagError, ValueError):
-    """A sidecar file that cannot be used; the message names the file."""
+from commtag.constants import TRACE_SUFFIX, sidecar_name_for
+from commtag.schema import Sidecar
+from commtag.sidecarfile import check_sidecar_bytes
 
 
 def trace_name(rank: int, steps: Union[int, str], copy: int = 1) -> str:
@@ -65,40 +59,15 @@ def publish_trace(tmp: Path, rank: int, steps: Union[int, str]) -> str:
             return name
 
 
-def dumps(sidecar: Sidecar) -> bytes:
-    """The sidecar's JSON, validated again from the bytes themselves (what is written is what is checked)."""
+def dumps(sidecar: Sidecar, path: Union[str, Path, None] = None) -> bytes:
+    """The sidecar's JSON, read back as every reader will (what is written is what is checked);
+    ``path``: where it goes (by default the name beside its trace), named by a refusal."""
     data = orjson.dumps(sidecar.model_dump(mode="json", by_alias=True, exclude_none=True))
-    Sidecar.model_validate(orjson.loads(data))
+    check_sidecar_bytes(data, sidecar_name_for(sidecar.trace_file) if path is None else path)
     return data
 
 
 def write_sidecar(path: Union[str, Path], sidecar: Sidecar) -> Path:
     """Validate and atomically write one sidecar."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(path, dumps(sidecar))
-
-
-def read_sidecar(path: Union[str, Path]) -> Sidecar:
-    """Load and validate a sidecar; raise :class:`SidecarError` naming the file and the problem."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SidecarError(f"{path}: cannot read sidecar: {exc.strerror or exc}") from exc
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise SidecarError(f"{path}: not valid JSON (truncated or corrupt?): {exc}") from exc
-    if not isinstance(data, dict) or data.get("kind") != SIDECAR_KIND:
-        found = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise SidecarError(f"{path}: not a commtag sidecar (kind is {found!r}, expected {SIDECAR_KIND!r})")
-    problem = newer_version(data.get("schema_version"))
-    if problem:  # before the fields: a newer format may name them otherwise
-        raise SidecarError(f"{path}: {problem}")
-    try:
-        return Sidecar.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
-        )
-        raise SidecarError(f"{path}: invalid sidecar: {problems}") from exc
+    return write_atomic(path, dumps(sidecar, path))

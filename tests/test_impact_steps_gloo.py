@@ -1,0 +1,102 @@
+"""What a late rank cost each profiler step, on a real 4-rank gloo job (tests/steps_world.py).
+
+The truth is what the job recorded it did: in which steps its culprit slept and for how long,
+and when each rank arrived at each collective (one host clock for all ranks). commtag's figures
+come from the profiler's traces (their ProfilerStep spans) and commtag's annotations only.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from steps_world import CALLS_PER_STEP, RECORDED, WORLD, run_steps_world
+
+pytestmark = pytest.mark.slow
+
+CULPRIT = 1
+DELAY_S = 0.05
+DELAYED = (3, 5)
+#: Per call, how far the job's clock (read just before the call) and the profiler's op start may
+#: disagree on a rank's arrival: the call's own way into the op, ms on a loaded 2-core machine.
+_CLOCK_SLACK_US = 1000.0
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("steps")
+    return out, run_steps_world(out, CULPRIT, DELAY_S, DELAYED)
+
+
+def _summary(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "commtag", "summary", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _culprit_lead_us(records: list[dict], step: int) -> float:
+    """The culprit's lead over the next-latest rank, summed over the step's calls, by the job's clock."""
+    lead = 0
+    for call in range(CALLS_PER_STEP):
+        arrivals = sorted((records[r]["arrivals"][step][call], r) for r in range(WORLD))
+        (last, rank), (before, _) = arrivals[-1], arrivals[-2]
+        if rank == CULPRIT:
+            lead += last - before
+    return lead / 1000
+
+
+def test_each_delayed_step_costs_what_the_culprit_slept_there_and_no_other_step_costs_more_than_noise(job):
+    out, records = job
+    slept = records[CULPRIT]["slept_ns"]
+    assert sorted(slept) == list(DELAYED) and all(ns >= DELAY_S * 1e9 for ns in slept.values())
+    doc = orjson.loads(_summary(str(out), "--format", "json"))
+    assert doc["impact_outside_steps"] == 0  # every collective lies in a ProfilerStep
+    top = doc["impact"][0]
+    assert top["rank"] == CULPRIT, doc["impact"]
+    steps = {s["step"]: s for s in top["steps"]}
+    assert sorted(steps) == list(RECORDED) and {s["window"] for s in top["steps"]} == {1}
+    for step in RECORDED:
+        cost = steps[step]["cost_us"]
+        if step in DELAYED:
+            slept_us = slept[step] / 1000
+            assert abs(cost - slept_us) <= 0.35 * slept_us, (step, steps[step], slept_us)
+            assert steps[step]["share"] > 0.5  # most of the step's collective time was the wait
+        else:
+            noise_us = _culprit_lead_us(records, step) + _CLOCK_SLACK_US * CALLS_PER_STEP
+            assert cost <= noise_us, (step, steps[step], noise_us)
+    # A window's steps share out its cost: they sum to it.
+    assert sum(s["cost_us"] for s in top["steps"]) == pytest.approx(top["by_window"]["1"], abs=0.01)
+
+    text = _summary(str(out))
+    line = next(line for line in text.splitlines() if line.startswith("    by step: "))
+    named = line.removeprefix("    by step: ").split(", ")
+    assert {named[0].split(" ")[1], named[1].split(" ")[1]} == {str(s) for s in DELAYED}, line
+    rows = list(csv.DictReader(io.StringIO(_summary(str(out), "--format", "csv", "--table", "impact"))))
+    mine = [(int(r["step"]), float(r["part_cost_us"]), float(r["part_share"]))
+            for r in rows if r["rank"] == str(CULPRIT) and r["step"]]
+    assert mine == [(s["step"], s["cost_us"], s["share"]) for s in top["steps"]]
+
+
+def test_the_merged_trace_gives_the_same_steps(job, tmp_path):
+    """The window markers carry each rank's steps: the summary of the merged trace finds the
+    figures of the directory's, also with the ranks' timelines (and their ProfilerStep slices) left out."""
+    out, _ = job
+    from_dir = orjson.loads(_summary(str(out), "--format", "json"))
+    for extra in ((), ("--detail", "none")):
+        merged = tmp_path / f"merged{len(extra)}.pftrace"
+        done = subprocess.run([sys.executable, "-m", "commtag", "merge", str(out), "-o", str(merged), *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        checked = subprocess.run([sys.executable, "-m", "commtag", "validate", str(merged)], capture_output=True,
+                                 text=True, timeout=300)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        from_trace = orjson.loads(_summary(str(merged), "--format", "json"))
+        assert from_trace["impact"] == from_dir["impact"], extra
+        assert from_trace["impact_outside_steps"] == from_dir["impact_outside_steps"]
