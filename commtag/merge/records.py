@@ -342,9 +342,8 @@ class TraceAnnotations:
 #: The window assumed for a rank whose trace files' time spans are not known: all time.
 ALL_TIME = (0, 1 << 63)
 #: A merged trace keeps each rank's windows as instants on its marker track (for
-#: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at the
-#: window's start, with ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE`` and
-#: ``ANN_WINDOW_STEPS`` (its ProfilerSteps, :mod:`commtag.merge.steps`).
+#: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at its start, with
+#: ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE``, ``ANN_WINDOW_STEPS`` (merge.steps).
 WINDOW_MARKER = "window"
 
 
