@@ -83,8 +83,8 @@ def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], w
 
     def categorize(rank: int, work: DeviceWork) -> None:
         # The breakdowns the merge writes into the trace, keyed as read back from it.
-        for (_, stream), breakdown in work.streams.items():
-            tables[STREAM_SCOPE][(rank, stream)] = breakdown
+        for key, breakdown in work.streams.items():  # key: the stream's row, (device, stream id, kind)
+            tables[STREAM_SCOPE][(rank, key[1])] = breakdown
         for correlation, breakdown in work.launches.items():
             tables[LAUNCH_SCOPE][(rank, correlation)] = breakdown
         for lane, breakdown in work.lanes.items():
