@@ -402,12 +402,14 @@ class EventAccount:
     left_out: dict[str, int] = field(default_factory=dict)
     #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
     listed: list[str] = field(default_factory=list)
+    #: Launch flows (runtime call -> device work) the merged trace holds, counted as written.
+    flows: int = 0
 
     def describe(self, who: Optional[str] = None) -> str:
         """One line: read, written, and what was left out and why."""
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
-        return (f"{who or f'rank {self.rank}'}: {self.read} events read, {self.written} written"
-                + (f"; left out: {why}" if why else "; nothing left out"))
+        return (f"{who or f'rank {self.rank}'}: {self.read} events read, {self.written} written, "
+                f"{self.flows} launch flows drawn" + (f"; left out: {why}" if why else "; nothing left out"))
 
     @staticmethod
     def total(accounts: Sequence["EventAccount"]) -> "EventAccount":
@@ -416,6 +418,7 @@ class EventAccount:
         for account in accounts:
             whole.read += account.read
             whole.written += account.written
+            whole.flows += account.flows
             for reason, n in account.left_out.items():
                 whole.left_out[reason] = whole.left_out.get(reason, 0) + n
         return whole

@@ -99,6 +99,8 @@ class RankConverter:
         self.listed: Optional[list[str]] = [] if list_left_out else None
         #: Timed events a --steps/--window selection left out.
         self.outside = 0
+        #: Launch flows drawn (a launch and its work both written), for the account.
+        self.flows_drawn = 0
 
     # -- events ------------------------------------------------------------
     def feed(self, file: FileState, events: Iterable, base: int) -> None:
@@ -393,6 +395,7 @@ class RankConverter:
             if hit is None:
                 continue
             lrow, lindex = hit
+            self.flows_drawn += 1
             starts, ends = flow_fields(fid)
             if lrow.starts[lindex] <= row.starts[index]:
                 lrow.append_to(lindex, starts)
@@ -417,7 +420,7 @@ class RankConverter:
             timed = self.read - sum(reasons.values())
             if timed:
                 reasons[NOT_IN_DETAIL] = timed
-        return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()))
+        return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()), self.flows_drawn)
 
     def timeline(self) -> RankTimeline:
         """The rank's rows, named and ordered, with its kernel-category summaries."""

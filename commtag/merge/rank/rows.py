@@ -31,7 +31,7 @@ def left_out_reason(ph: str, cat: Optional[str]) -> str:
         return "metadata (process and thread names: they name the rows)"
     if ph in ("s", "t", "f"):
         if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
-            return f"launch flows {cat!r} (redrawn from correlation ids)"
+            return f"launch flows {cat!r} (not copied: the merge draws launch flows from correlation ids)"
         return f"flows {cat!r} (not drawn)"
     return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
 
