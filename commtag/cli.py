@@ -32,13 +32,15 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         sys.stderr.write(f"commtag summary: {args.plot}: {problem}\n")
         return 2
     warnings: list[str] = []
+    notices: list[str] = []
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
-                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings)
+                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices)
     except SummaryInputError as exc:
         sys.stderr.write(f"commtag summary: {exc}\n")
         return 2
-    sys.stderr.writelines(f"commtag summary: warning: {w}\n" for w in warnings)
+    sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
+                           *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
         sys.stdout.buffer.write(report.to_json(analysis, kernels))
     elif args.format == "csv":
