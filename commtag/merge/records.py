@@ -336,6 +336,8 @@ ALL_TIME = (0, 1 << 63)
 #: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at the
 #: window's start, with ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS`` and ``ANN_WORLD_SIZE``.
 WINDOW_MARKER = "window"
+#: With no window to carry it, the world size goes on an instant of its own at the lowest rank's first event.
+WORLD_MARKER = "world"
 
 
 @dataclass(slots=True)
@@ -354,6 +356,8 @@ class Coverage:
     windows: dict[int, list[tuple[int, int]]]
     #: The world size the files claim, None when none says.
     world_size: Optional[int] = None
+    #: Rank -> its first event (ns): where the merged trace can say the world size when no window does.
+    firsts: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":

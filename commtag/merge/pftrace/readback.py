@@ -31,6 +31,7 @@ from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
     WINDOW_MARKER,
+    WORLD_MARKER,
     CollectiveInstance,
     Coverage,
     ranks_of,
@@ -169,6 +170,8 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                     start = packet.timestamp + wall
                     windows.setdefault(rank, []).append((start, start + length))
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
+            elif args.get(ANN_MARKER) == WORLD_MARKER:
+                world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
     # A file with window instants has them for every rank whose trace showed its collectives; one
     # written before they existed says nothing of when its ranks were profiled.
     unknown = [] if windows else [ALL_TIME]

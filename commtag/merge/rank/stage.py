@@ -191,4 +191,5 @@ def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[i
 def coverage(summaries: Sequence[RankSummary]) -> Coverage:
     """The ranks read, their windows, and the world size most of them claim."""
     sizes = Counter(s.world_size for s in summaries if s.world_size)
-    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None)
+    return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
+                    {s.rank: s.first_ns for s in summaries if s.first_ns is not None})
