@@ -97,3 +97,20 @@ def test_a_host_process_numbered_as_its_gpu_keeps_its_threads(tmp_path: Path, so
     streams = {row[0] for (group, *row) in rows if group == device}
     assert cpu and streams and all(r.startswith("thread ") for r in cpu) and all(r.startswith("stream ") for r in streams)
     assert not any(r.startswith("pid ") for r in cpu)  # the host process is the rank's, not a stray one
+
+
+def test_device_events_of_a_category_not_known_stay_on_their_gpus_stream(tmp_path: Path) -> None:
+    """A GPU's events of a category commtag does not know (a newer Kineto's) are on their stream
+    still: the pid is labelled a GPU and not the host, and the row joins the kernels' of that stream."""
+    if not DLRM_RANK1.exists():
+        pytest.skip(f"{DLRM_RANK1} is not in the shared public traces")
+    original = _load(DLRM_RANK1)
+    _, expected = _rows(_merged(tmp_path, "original", original))
+    events, renamed = [], 0
+    for e in original["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") == "kernel" and e.get("tid") == 7 and renamed < 20:
+            e, renamed = {**e, "cat": "a_newer_device_category"}, renamed + 1
+        events.append(e)
+    assert renamed == 20
+    _, rows = _rows(_merged(tmp_path, "unknown", {**original, "traceEvents": events}))
+    assert rows == expected and rows[("GPU 1", "stream 7")] > renamed
