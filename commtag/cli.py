@@ -32,13 +32,15 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         sys.stderr.write(f"commtag summary: {args.plot}: {problem}\n")
         return 2
     warnings: list[str] = []
+    notices: list[str] = []
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
-                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings)
+                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices)
     except SummaryInputError as exc:
         sys.stderr.write(f"commtag summary: {exc}\n")
         return 2
-    sys.stderr.writelines(f"commtag summary: warning: {w}\n" for w in warnings)
+    sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
+                           *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
         sys.stdout.buffer.write(report.to_json(analysis, kernels))
     elif args.format == "csv":
@@ -102,7 +104,7 @@ ACCOUNT_LINES_MAX = 16
 def _account_lines(accounts: Sequence, verbose: bool) -> list[str]:
     """What became of every event read: per rank, or for a big job one line over all ranks."""
     if len(accounts) > ACCOUNT_LINES_MAX and not verbose:
-        from commtag.merge.records import EventAccount
+        from commtag.merge.account import EventAccount
         from commtag.merge.inputs.selection import describe_numbers
 
         ranks = describe_numbers([a.rank for a in accounts])

@@ -188,7 +188,8 @@ def test_the_cli_says_per_rank_what_it_read_wrote_and_left_out(gloo_traces: Path
     assert sorted(lines) == [0, 1, 2]
     for account in result.accounts:
         line = lines[account.rank]
-        assert f"rank {account.rank}: {account.read} events read, {account.written} written; left out: " in line
+        assert (f"rank {account.rank}: {account.read} events read, {account.written} written, "
+                f"{account.flows} launch flows drawn; left out: ") in line
         for reason, n in account.left_out.items():
             assert f"{n} {reason}" in line
     assert "left out: " not in plain.stderr.replace("; left out: ", "")  # no per-event list without --verbose

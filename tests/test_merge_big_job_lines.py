@@ -32,13 +32,14 @@ def test_one_line_adds_up_every_rank(job: Path, tmp_path: Path, capsys: pytest.C
     assert cli.main(["merge", str(job), "-o", str(tmp_path / "cli.pftrace"), "--no-progress"]) == 0
     lines = _account_lines(capsys.readouterr().err)
     assert len(lines) == 1
-    got = re.fullmatch(r"commtag merge: 24 ranks \(0-23\): (\d+) events read, (\d+) written; left out: (.*) "
-                       r"\(--verbose: each rank's\)", lines[0])
+    got = re.fullmatch(r"commtag merge: 24 ranks \(0-23\): (\d+) events read, (\d+) written, (\d+) launch flows drawn; "
+                       r"left out: (.*) \(--verbose: each rank's\)", lines[0])
     assert got is not None, lines[0]
     assert int(got[1]) == sum(a.read for a in accounts) > 0
     assert int(got[2]) == sum(a.written for a in accounts) > 0
+    assert int(got[3]) == sum(a.flows for a in accounts) > 0
     for reason in {r for a in accounts for r in a.left_out}:
-        assert f"{sum(a.left_out.get(reason, 0) for a in accounts)} {reason}" in got[3]
+        assert f"{sum(a.left_out.get(reason, 0) for a in accounts)} {reason}" in got[4]
 
 
 def test_verbose_says_each_rank(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -127,6 +127,19 @@ def test_two_nodes_each_with_half_the_ranks_write_what_one_process_writes(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged.pftrace", "node0", "node1"]
 
 
+def test_a_dangling_link_on_one_node_is_left_out_with_a_notice(gloo_run: Path, single: Path, tmp_path: Path) -> None:
+    folders = _split(gloo_run, tmp_path, [0, 1], [2, 3])
+    link = folders[1] / "rank9.step0.pt.trace.json.gz"
+    link.symlink_to(tmp_path / "gone.pt.trace.json.gz")
+    out = tmp_path / "merged.pftrace"
+    results = _nodes(folders, ["-o", str(out)])
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+    _assert_same_trace(out, single)
+    said = "".join(r.stderr for r in results)
+    assert (f"notice: node 1 ({HOST}): {link}: a symbolic link to {tmp_path / 'gone.pt.trace.json.gz'}, which does "
+            "not exist; left out") in said
+
+
 def test_a_rank_on_both_nodes_with_the_same_content_is_taken_once(gloo_run: Path, single: Path,
                                                                   tmp_path: Path) -> None:
     folders = _split(gloo_run, tmp_path, [0, 1, 2], [1, 2, 3])  # ranks 1 and 2 on both, copied apart

@@ -165,6 +165,21 @@ def test_a_dangling_link_in_a_folder_is_left_out_with_a_notice(traces: Path, tmp
     assert out.startswith(f"{traces / OUT}: {WORLD} ranks"), out
 
 
+def test_summary_of_a_folder_leaves_a_dangling_link_out_with_the_merges_notice(traces: Path, tmp_path: Path,
+                                                                                capsys) -> None:
+    code = main(["summary", str(traces), "--format", "json"])
+    whole = capsys.readouterr()
+    assert code == 0, whole.err
+    link = traces / "rank7.step0.pt.trace.json.gz"
+    link.symlink_to(tmp_path / "gone.pt.trace.json.gz")
+    code = main(["summary", str(traces), "--format", "json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"commtag summary: notice: {link}: a symbolic link to {tmp_path / 'gone.pt.trace.json.gz'}, which does " \
+           "not exist; left out" in captured.err
+    assert captured.out == whole.out  # the same summary: the link adds nothing and takes nothing away
+
+
 def test_a_file_named_gz_that_is_not_gzip(traces: Path, capsys) -> None:
     """A plain trace named .json.gz is read as what it is; plain text that is no trace is said not to be gzip."""
     plain = _trace(traces, 1)

@@ -14,6 +14,7 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.identity import describe_ranks
+from commtag.merge.account import EventAccount
 from commtag.merge.batches import batch_keys
 from commtag.vocab import (
     ANN_CROSS_RANK, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_PG_UID, ANN_RANK, ANN_RECORD_FORMAT,
@@ -345,6 +346,8 @@ ALL_TIME = (0, 1 << 63)
 #: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at its start, with
 #: ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE``, ``ANN_WINDOW_STEPS`` (merge.steps).
 WINDOW_MARKER = "window"
+#: With no window to carry it, the world size goes on an instant of its own at the lowest rank's first event.
+WORLD_MARKER = "world"
 
 
 @dataclass(slots=True)
@@ -365,6 +368,8 @@ class Coverage:
     world_size: Optional[int] = None
     #: Rank -> ``(step, start_ns, end_ns)`` of each ProfilerStep its files hold (commtag.merge.steps).
     steps: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    #: Rank -> its first event (ns): where the merged trace can say the world size when no window does.
+    firsts: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":
@@ -399,37 +404,6 @@ class Coverage:
             return ""
         return (f"{len(absent)} of {self.world_size} ranks have no trace ({describe_ranks(absent)}): "
                 "collectives of their groups are incomplete (marked missing_ranks, no skew or bandwidth)")
-
-
-@dataclass(slots=True)
-class EventAccount:
-    """What became of one rank's trace events: every event read is either written (a
-    slice or an instant) or left out, counted under its reason."""
-
-    rank: int
-    read: int = 0
-    written: int = 0
-    #: reason -> how many events it left out.
-    left_out: dict[str, int] = field(default_factory=dict)
-    #: With ``list_left_out``: one line per event left out (file, index, phase, name, reason).
-    listed: list[str] = field(default_factory=list)
-
-    def describe(self, who: Optional[str] = None) -> str:
-        """One line: read, written, and what was left out and why."""
-        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.left_out.items(), key=lambda kv: -kv[1]))
-        return (f"{who or f'rank {self.rank}'}: {self.read} events read, {self.written} written"
-                + (f"; left out: {why}" if why else "; nothing left out"))
-
-    @staticmethod
-    def total(accounts: Sequence["EventAccount"]) -> "EventAccount":
-        """The accounts of several ranks added up (rank -1: it is nobody's own)."""
-        whole = EventAccount(-1)
-        for account in accounts:
-            whole.read += account.read
-            whole.written += account.written
-            for reason, n in account.left_out.items():
-                whole.left_out[reason] = whole.left_out.get(reason, 0) + n
-        return whole
 
 
 @dataclass(slots=True)

@@ -28,13 +28,14 @@ class SummaryInputError(CommtagError):
 
 def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
          rank_pattern: Optional[str] = None, rank: Optional[int] = None, warnings: Optional[list[str]] = None,
-         ) -> tuple[Analysis, Optional[KernelTables]]:
+         notices: Optional[list[str]] = None) -> tuple[Analysis, Optional[KernelTables]]:
     """The analysis of ``path`` and its kernel categories (the same scopes for both inputs);
     ``rank_pattern`` and ``rank`` tell the rank of traces that name none, as for the merge.
-    ``warnings`` gets the merge's warnings of traces read (files that may not be of one run)."""
+    ``warnings`` gets the merge's warnings of traces read (files that may not be of one run),
+    ``notices`` its notices of files left out (a link to nothing)."""
     path = Path(path)
     if path.is_dir():
-        instances, coverage, kernels = _from_traces(path, rank_pattern, rank, warnings)
+        instances, coverage, kernels = _from_traces(path, rank_pattern, rank, warnings, notices)
     elif path.is_file():
         from commtag.merge.pftrace import readback  # protobuf: only a file needs it
 
@@ -75,7 +76,8 @@ def _tables(found: KernelTables) -> KernelTables:
     return {scope: found.get(scope, {}) for scope in SCOPES}
 
 
-def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], warnings: Optional[list[str]]):
+def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], warnings: Optional[list[str]],
+                 notices: Optional[list[str]] = None):
     from commtag.merge.errors import MergeInputError
     from commtag.merge.engine.pipeline import collect
 
@@ -83,8 +85,8 @@ def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], w
 
     def categorize(rank: int, work: DeviceWork) -> None:
         # The breakdowns the merge writes into the trace, keyed as read back from it.
-        for (_, stream), breakdown in work.streams.items():
-            tables[STREAM_SCOPE][(rank, stream)] = breakdown
+        for key, breakdown in work.streams.items():  # key: the stream's row, (device, stream id, kind)
+            tables[STREAM_SCOPE][(rank, key[1])] = breakdown
         for correlation, breakdown in work.launches.items():
             tables[LAUNCH_SCOPE][(rank, correlation)] = breakdown
         for lane, breakdown in work.lanes.items():
@@ -92,7 +94,7 @@ def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], w
 
     try:
         coverage, instances = collect([path], rank_pattern=rank_pattern, rank=rank, on_rank=categorize,
-                                      warnings=warnings)
+                                      warnings=warnings, notices=notices)
     except MergeInputError as exc:
         raise SummaryInputError(str(exc)) from exc
     return instances, coverage, tables

@@ -20,9 +20,26 @@ KERNEL_CATEGORY = "kernel"
 KERNEL_NODE_TYPE = "kernel"
 #: Kineto categories of device-side events (their pid is the device).
 GPU_CATEGORIES = frozenset({KERNEL_CATEGORY, "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "gpu_memory"})
+#: Kineto's MTIA activities (libkineto/include/ActivityType.h, MTIA_RUNTIME "host side MTIA runtime
+#: events" and MTIA_CCP_EVENTS "MTIA ondevice CCP events"; their names in ActivityType.cpp's table):
+#: the runtime call and the device work it launched carry the same "correlation", as CUDA's do.
+MTIA_RUNTIME_CATEGORY = "mtia_runtime"
+MTIA_DEVICE_CATEGORY = "mtia_ccp_events"
+#: The category of device work -> the kind of device whose row it is on. A device event's pid is the
+#: device's index and may equal the host process's own pid (pid 1 in a container): only its
+#: category tells a device row from a thread. ``cuda_profiler_range`` (CUDA_PROFILER_RANGE, "CUPTI
+#: Profiler range for performance metrics") is written on the device's rows too.
+DEVICE_KINDS: dict[str, str] = {**{cat: "GPU" for cat in sorted(GPU_CATEGORIES)}, "cuda_profiler_range": "GPU",
+                                MTIA_DEVICE_CATEGORY: "MTIA"}
 #: Host-side events that launch device work (same "correlation" as the work); HIP's
 #: runtime calls are filed under the same names.
-LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", MTIA_RUNTIME_CATEGORY})
+#: The "process_labels" Kineto gives the host process ("CPU"), and how it begins a GPU's ("GPU 0").
+KINETO_HOST_LABEL = "CPU"
+KINETO_GPU_LABEL_PREFIX = "GPU"
+#: How Kineto's "thread_name" of a host thread begins ("thread 2910249 (pt_main_thread)"); a
+#: device's rows are named by their resource ("stream 7 ").
+KINETO_HOST_THREAD_PREFIX = "thread "
 #: Categories of device work a graph node can be, and the node type the runtime records
 #: for it (``GraphNodeRecord.node_type``).
 MEMCPY_NODE_TYPE = "memcpy"

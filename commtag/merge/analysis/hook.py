@@ -10,6 +10,7 @@ from commtag.merge.analysis.results import Analysis, to_us
 from commtag.merge.records import (
     ALL_TIME,
     WINDOW_MARKER,
+    WORLD_MARKER,
     CollectiveInstance,
     CounterSeries,
     Coverage,
@@ -56,6 +57,10 @@ def _window_markers(coverage: Coverage) -> list[Marker]:
                 args[ANN_WINDOW_STEPS] = encode(steps, first)
             out.append(Marker(rank, first, f"profiled window {k + 1} of {len(windows)} ({(last - first) / 1e6:.1f} ms)",
                               args))
+    if coverage.world_size and not out and coverage.firsts:  # no window says it (no rank showed a collective)
+        rank = min(coverage.firsts)
+        out.append(Marker(rank, coverage.firsts[rank], f"world size {coverage.world_size} (no profiled window: "
+                          "no collective recorded)", {ANN_MARKER: WORLD_MARKER, ANN_WORLD_SIZE: coverage.world_size}))
     return out
 
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import orjson
 
 from commtag.merge.errors import MergeInputError
-from commtag.merge.records import CollectiveInstance, EventAccount, FileSpan, GroupLane, Interner, RankSummary
+from commtag.merge.account import EventAccount
+from commtag.merge.records import CollectiveInstance, FileSpan, GroupLane, Interner, RankSummary
 from commtag.merge.engine.worlds import NotSent
 
 if TYPE_CHECKING:

@@ -79,15 +79,17 @@ def share(world: World, inputs: Sequence[Path], options: MergeOptions, output: O
     def found() -> dict:
         nonlocal local, own
         node_skipped: Optional[list[MergeInputError]] = [] if skipped is not None else None
+        node_notices: list[str] = []
         try:
-            local = discover(list(inputs), rank_pattern, node_skipped, rank=rank)
+            local = discover(list(inputs), rank_pattern, node_skipped, rank=rank, notices=node_notices)
         except NoTraceFound:
             local = []
         except MergeInputError as exc:
             raise MergeInputError(exc.path, f"{exc.problem} (on {node})") from None
         own = {"node": [node.rank, node.host], "inputs": [str(p) for p in inputs],
                "ranks": [_rank_to_wire(r) for r in local],
-               "skipped": [[str(e.path), e.problem] for e in node_skipped or ()], "given": _given(options, output)}
+               "skipped": [[str(e.path), e.problem] for e in node_skipped or ()], "given": _given(options, output),
+               "notices": node_notices}
         return own
 
     views = [(index, Node(*part["node"]), part)
@@ -101,8 +103,9 @@ def share(world: World, inputs: Sequence[Path], options: MergeOptions, output: O
     for _, where, part in views:
         nodes.setdefault(where, part)
     by_rank = sorted(nodes.items(), key=lambda item: item[0].rank)
-    notices = [f"{where}: no PyTorch profiler trace under {', '.join(part['inputs'])}; it merges no rank"
-               for where, part in by_rank if not part["ranks"]]
+    notices = [f"{where}: {notice}" for where, part in by_rank for notice in part["notices"]]
+    notices += [f"{where}: no PyTorch profiler trace under {', '.join(part['inputs'])}; it merges no rank"
+                for where, part in by_rank if not part["ranks"]]
     held: dict[int, dict[Node, _Copy]] = {}
     for where, part in by_rank:
         for wired in part["ranks"]:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from commtag.merge.analysis.align import Alignment
     from commtag.merge.analysis.results import Analysis
     from commtag.merge.errors import MergeInputError
-    from commtag.merge.records import EventAccount
+    from commtag.merge.account import EventAccount
     from commtag.merge.inputs.selection import Selection
 
 #: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.

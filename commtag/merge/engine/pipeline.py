@@ -348,6 +348,7 @@ def collect(
     rank: Optional[int] = None,
     on_rank: Optional[Callable[[int, DeviceWork], None]] = None,
     warnings: Optional[list[str]] = None,
+    notices: Optional[list[str]] = None,
 ) -> tuple[Coverage, list[CollectiveInstance]]:
     """The collection stage alone (discover, stream, attach, align), writing nothing.
 
@@ -355,10 +356,11 @@ def collect(
     coverage) the merge would analyze, without building the trace, each rank
     streamed as the merge streams it. ``on_rank(rank, work)`` gets each
     rank's kernel breakdowns by stream, graph launch and lane (the ones the
-    merge writes). ``warnings`` gets the merge's: the files that may not be of one run.
+    merge writes). ``warnings`` gets the merge's: the files that may not be of one run; ``notices``
+    the merge's of files left out (a link to nothing).
     """
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
-    ranks = discover(paths, rank_pattern, rank=rank)
+    ranks = discover(paths, rank_pattern, rank=rank, notices=notices)
     summaries = summaries_only(ranks, Interner(), None, on_rank)
     if warnings is not None:
         warnings += [f"{path}: {problem}" for path, problem in runs.suspects(summaries)]

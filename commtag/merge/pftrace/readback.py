@@ -31,6 +31,7 @@ from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (
     ALL_TIME,
     WINDOW_MARKER,
+    WORLD_MARKER,
     CollectiveInstance,
     Coverage,
     ranks_of,
@@ -172,6 +173,8 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                     windows.setdefault(rank, []).append((start, start + length))
                     steps.setdefault(rank, []).extend(decode(args.get(ANN_WINDOW_STEPS), start) or ())
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
+            elif args.get(ANN_MARKER) == WORLD_MARKER:
+                world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
     # A file with window instants has them for every rank whose trace showed its collectives; one
     # written before they existed says nothing of when its ranks were profiled.
     unknown = [] if windows else [ALL_TIME]

@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US, MAX_NELEMS
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.sidecars import check_world_size
 from commtag.merge.inputs.clock import wall_clock
-from commtag.vocab import COLLECTIVE_NAME_KEY, CORRELATION_KEY, EXTERNAL_ID_KEY, PG_NAME_KEY
+from commtag.vocab import COLLECTIVE_NAME_KEY, CORRELATION_KEY, EXTERNAL_ID_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_NAME_KEY
 
 _INF = float("inf")
 
@@ -80,7 +80,9 @@ def refuse(path: Path, i: int, e: dict, base: int) -> None:
 def check_join_args(path: Path, events: Iterable[dict]) -> None:
     """The args attach joins by are what Kineto writes on every event that carries them: the names
     it compares ("Collective name", "Process Group Name") strings, the ids it looks up ("External
-    id", "correlation") numbers or names; anything else is bad input, not a key."""
+    id", "correlation") numbers or names; anything else is bad input, not a key. A message's element
+    count is bounded as a sidecar's is (:data:`commtag.constants.MAX_NELEMS`); one that is no number
+    (null, text) reads as unknown (:func:`commtag.merge.records.whole`)."""
     for e in events:
         args = e.get("args") or {}
         for key in (COLLECTIVE_NAME_KEY, PG_NAME_KEY):
@@ -89,6 +91,11 @@ def check_join_args(path: Path, events: Iterable[dict]) -> None:
         for key in (EXTERNAL_ID_KEY, CORRELATION_KEY):
             if key in args and args[key] is not None and args[key].__class__ not in (int, str):
                 raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a number or name")
+        for key in (IN_NELEMS_KEY, OUT_NELEMS_KEY):
+            n = args.get(key)
+            if n.__class__ in (int, float) and not 0 <= n <= MAX_NELEMS:
+                raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {n!r} is not an element count "
+                                            f"in [0, {MAX_NELEMS}]")
 
 
 def check_clock(path: Path, last_ns: Optional[int]) -> None:

@@ -33,19 +33,20 @@ from commtag.merge.errors import MergeInputError
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.clock import checked_base_ns
-from commtag.merge.records import EventAccount, GroupLane, Interner
+from commtag.merge.account import EventAccount
+from commtag.merge.records import GroupLane, Interner
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.vocab import (
-    ANN_LANE, CORRELATION_KEY, GPU_CATEGORIES, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
+    ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
     PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY,
 )
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
-    left_out_reason,
+    left_out_reason, RowNames,
 )
 
 _MAX_NS = (1 << 63) - 1
@@ -72,9 +73,7 @@ class RankConverter:
         self.flows = flows or RankFlows(rank)
         self.rows: dict[tuple, Row] = {}
         self.instants: dict[tuple, Row] = {}
-        self.thread_names: dict = {}
-        self.labels: dict = {}
-        self.gpu_pids: set = set()
+        self.names = RowNames()
         self.categories = DeviceWork()
         self.instances: list = []
         #: What attach said its files' events are left without.
@@ -99,6 +98,8 @@ class RankConverter:
         self.listed: Optional[list[str]] = [] if list_left_out else None
         #: Timed events a --steps/--window selection left out.
         self.outside = 0
+        #: Launch flows drawn (a launch and its work both written), for the account.
+        self.flows_drawn = 0
 
     # -- events ------------------------------------------------------------
     def feed(self, file: FileState, events: Iterable, base: int) -> None:
@@ -114,6 +115,7 @@ class RankConverter:
         left_out = self.left_out
         listed = self.listed
         legacy = KINETO_LEGACY_CATEGORIES
+        device_kind = DEVICE_KINDS.get
         keep = file.keep
         i = file.index - 1
         for e in events:
@@ -180,9 +182,11 @@ class RankConverter:
                 pid, tid = self._place(e, pid, tid)
             if ph != "X":
                 if body is not None:
-                    row = self.instants.get((pid, tid))
+                    kind = device_kind(cat)
+                    key = (pid, tid) if kind is None else (pid, tid, kind)
+                    row = self.instants.get(key)
                     if row is None:
-                        row = self.instants[(pid, tid)] = Row()
+                        row = self.instants[key] = Row()
                     if args:
                         drop_links(args)
                     row.add(start, start, body(name, cat, args))
@@ -199,21 +203,22 @@ class RankConverter:
                     if cat in LAUNCH_CATEGORIES:
                         categories.launch(name, args.get(CORRELATION_KEY))
                     elif not candidate and cat in WORK_CATEGORIES:
-                        categories.kernel((pid, tid), name, cat, dur, args)
+                        categories.kernel((pid, tid, device_kind(cat)), name, cat, dur, args)
                 continue
-            key = (pid, tid)
+            # A device's row by the event's category, never by its pid: a host pid can be a device's number.
+            kind = device_kind(cat)
+            key = (pid, tid) if kind is None else (pid, tid, kind)
             row = rows.get(key)
             if row is None:
                 row = rows[key] = Row()
             index = len(row.starts)
-            if args and (cat in LAUNCH_CATEGORIES or cat in GPU_CATEGORIES):
+            if args and (kind is not None or cat in LAUNCH_CATEGORIES):
                 corr = args.get(CORRELATION_KEY)
                 if corr.__class__ is int:
-                    if cat in LAUNCH_CATEGORIES:
+                    if kind is None:
                         file.launches[corr] = (row, index)
                         categories.launch(name, corr)
                     else:
-                        self.gpu_pids.add(pid)
                         file.work.append((row, index, corr))
             if candidate:
                 file.candidates.append((e, row, index))
@@ -243,26 +248,15 @@ class RankConverter:
         written back into the event, so attach and ``--json`` see the same row."""
         placed = self.placed.get((pid, tid))
         if placed is None:
-            row_pid = row_id(pid)[0]
-            row_tid, stream = row_id(tid)
-            if stream:
-                self.gpu_pids.add(row_pid)
-            placed = self.placed[(pid, tid)] = (row_pid, row_tid)
+            placed = self.placed[(pid, tid)] = (row_id(pid), row_id(tid))
         e["pid"], e["tid"] = placed
         return placed
 
     def _meta(self, e: dict) -> None:
         """Take a thread's name or a process's labels from an "M" event."""
         what = e.get("name")
-        args = e.get("args") or {}
-        pid, tid = e.get("pid", ""), e.get("tid", "")
-        if what == "thread_name":
-            self.thread_names[self._place(e, pid, tid)] = str(args.get("name", "")).strip()
-        elif what == "process_labels":
-            pid = self._place(e, pid, tid)[0]
-            self.labels[pid] = str(args.get("labels", ""))
-            if str(args.get("labels", "")).startswith("GPU"):
-                self.gpu_pids.add(pid)
+        if what == "thread_name" or what == "process_labels":
+            self.names.add(what, self._place(e, e.get("pid", ""), e.get("tid", "")), e.get("args") or {})
 
     # -- files ---------------------------------------------------------------
     def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
@@ -352,7 +346,8 @@ class RankConverter:
                 args = e.get("args") or {}
                 lane = parts[0].get(ANN_LANE) if parts is not None else args.get(ANN_LANE)
                 if args or parts is not None:
-                    categories.kernel((e["pid"], e["tid"]), e.get("name", ""), cat, e.get("dur", 0), args, lane)
+                    stream = (e["pid"], e["tid"], DEVICE_KINDS[cat])
+                    categories.kernel(stream, e.get("name", ""), cat, e.get("dur", 0), args, lane)
 
     def _shift(self, file: FileState, marks: dict, delta: int) -> None:
         """A base time found after the events (not Kineto's order): move this file's times,
@@ -403,6 +398,7 @@ class RankConverter:
             if hit is None:
                 continue
             lrow, lindex = hit
+            self.flows_drawn += 1
             starts, ends = flow_fields(fid)
             if lrow.starts[lindex] <= row.starts[index]:
                 lrow.append_to(lindex, starts)
@@ -427,7 +423,7 @@ class RankConverter:
             timed = self.read - sum(reasons.values())
             if timed:
                 reasons[NOT_IN_DETAIL] = timed
-        return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()))
+        return EventAccount(self.rank, self.read, written, reasons, list(self.listed or ()), self.flows_drawn)
 
     def timeline(self) -> RankTimeline:
         """The rank's rows, named and ordered, with its kernel-category summaries."""
@@ -435,11 +431,11 @@ class RankConverter:
         categories.finish()
         summaries = {key: (summary_name(b.describe()), kernel_args(self.rank, STREAM_SCOPE, key[1], b))
                      for key, b in categories.streams.items()}
-        tracks = tracks_of(self.rows, self.instants, self.thread_names, self.gpu_pids, summaries)
+        names = self.names
+        rows = names.on_devices(self.rows)
+        tracks = tracks_of(rows, names.on_devices(self.instants), names, summaries)
         starts = [min(row.starts) for t in tracks for row in (t.slices, t.instants) if len(row)]
-        devices = sorted((p for p in self.gpu_pids if any(k[0] == p for k in self.rows)),
-                         key=lambda p: (p.__class__ is str, p))
-        device = ", ".join(self.labels.get(p) or f"GPU {p}" for p in devices) or "CPU"
+        device = names.devices(rows) or "CPU"
         if self.encoder is None:
             device = "lanes only (--detail)"
         name = f"rank {self.rank}" + (f" · {self.host}" if self.host else "") + f" · {device}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from array import array
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence, Union
 
@@ -11,7 +12,8 @@ from commtag.merge.rank.events import RankFlows
 from commtag.merge.timeline import CPU_GROUP, Row, Track
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
-    EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_LAUNCH_FLOW_CATEGORIES,
+    EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_GPU_LABEL_PREFIX, KINETO_HOST_LABEL, KINETO_HOST_THREAD_PREFIX,
+    KINETO_LAUNCH_FLOW_CATEGORIES,
     KINETO_STREAM_TID_PREFIX, RECORD_FUNCTION_ID_KEY,
 )
 
@@ -29,7 +31,7 @@ def left_out_reason(ph: str, cat: Optional[str]) -> str:
         return "metadata (process and thread names: they name the rows)"
     if ph in ("s", "t", "f"):
         if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
-            return f"launch flows {cat!r} (redrawn from correlation ids)"
+            return f"launch flows {cat!r} (not copied: the merge draws launch flows from correlation ids)"
         return f"flows {cat!r} (not drawn)"
     return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
 
@@ -40,15 +42,16 @@ def event_kind(ph: object, cat: object) -> tuple[str, Optional[str]]:
     return (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
 
 
-def row_id(value: RowId) -> tuple[RowId, bool]:
-    """A pid or tid as the timeline keys it, and whether it names a GPU stream (``"stream 7"``)."""
+def row_id(value: RowId) -> RowId:
+    """A pid or tid as the timeline keys it: ``"7"`` and a GPU stream's ``"stream 7"`` as 7 (the
+    event's category says whether its row is a device's)."""
     if value.__class__ is int:
-        return value, False
+        return value
     if _NUMBER.fullmatch(value):
-        return int(value), False
+        return int(value)
     if value.startswith(KINETO_STREAM_TID_PREFIX) and _NUMBER.fullmatch(value[len(KINETO_STREAM_TID_PREFIX):]):
-        return int(value[len(KINETO_STREAM_TID_PREFIX):]), True
-    return value, False
+        return int(value[len(KINETO_STREAM_TID_PREFIX):])
+    return value
 
 
 def _row_order(key: tuple[RowId, RowId]) -> tuple:
@@ -86,30 +89,104 @@ def kernel_args(rank: int, scope: str, ident: object, breakdown) -> dict:
     return {ANN_RANK: rank, ANN_KERNELS_SCOPE: scope, ANN_KERNELS_ID: ident, **breakdown.annotations()}
 
 
-def tracks_of(rows: dict, instants: dict, thread_names: dict, gpu_pids: set,
-            summaries: Optional[dict] = None) -> list[Track]:
-    """Name and order the rows: main thread first then by name; streams by id; rows Kineto
-    named with a string (its own spans: pid "Spans") in a group of that name.
+class RowNames:
+    """What a rank's "M" events say of its rows: thread names, and which pids are devices.
 
-    ``summaries``: (pid, tid) -> (name, args) of the row's kernel-category instant.
+    A host thread and a device's stream may share their numbers (the process is pid 1 in a
+    container, as GPU 1): rows are told apart by their events' category, and names by their form.
     """
-    cpu_pids = [pid for pid, _ in rows if pid not in gpu_pids and pid.__class__ is int]
+
+    __slots__ = ("threads", "labels", "host_pids")
+
+    def __init__(self) -> None:
+        #: (pid, tid) -> its "thread_name"s in order.
+        self.threads: dict[tuple, list[str]] = {}
+        #: pid -> the "process_labels" of a device ("GPU 0"); the pids labelled as the host process.
+        self.labels: dict = {}
+        self.host_pids: set = set()
+
+    def add(self, what: str, key: tuple, args: dict) -> None:
+        """A "thread_name" or "process_labels" event's ``args`` for the row ``key`` (pid, tid)."""
+        if what == "thread_name":
+            self.threads.setdefault(key, []).append(str(args.get("name", "")).strip())
+            return
+        labels = str(args.get("labels", ""))
+        if labels == KINETO_HOST_LABEL:
+            self.host_pids.add(key[0])
+        else:
+            self.labels[key[0]] = labels
+
+    def thread(self, key: tuple, shared: bool) -> Optional[str]:
+        """The last name Kineto gave row ``key``; where a host thread and a stream share its numbers
+        (``shared``), the last of its side's (:data:`commtag.vocab.KINETO_HOST_THREAD_PREFIX`)."""
+        names = self.threads.get(key[:2])
+        if names and shared:
+            host = len(key) == 2
+            names = [n for n in names if n.startswith(KINETO_HOST_THREAD_PREFIX) == host]
+        return names[-1] if names else None
+
+    def on_devices(self, rows: dict) -> dict:
+        """``rows`` (keyed (pid, tid), or (pid, tid, kind) on a device) with the rows of a pid Kineto
+        labels a GPU and not the host process on that GPU: device events of a category
+        :data:`commtag.vocab.DEVICE_KINDS` does not name. A row that meets one already there is
+        joined to it (in a new row: the converter's own rows stay as they were counted)."""
+        placed: dict = {}
+        for key, row in rows.items():
+            if (len(key) == 2 and key[0] not in self.host_pids
+                    and str(self.labels.get(key[0], "")).startswith(KINETO_GPU_LABEL_PREFIX)):
+                key = (*key, KINETO_GPU_LABEL_PREFIX)
+            there = placed.get(key)
+            placed[key] = row if there is None else _joined(there, row)
+        return placed
+
+    def devices(self, rows: dict) -> str:
+        """The devices that rows are on, as their labels name them ("GPU 0"; a label of another
+        kind names none)."""
+        names = []
+        for _, pid, kind in sorted({(k[0].__class__ is str, k[0], k[2]) for k in rows if len(k) == 3}):
+            label = self.labels.get(pid, "")
+            names.append(label if label.startswith(kind) else f"{kind} {pid}")
+        return ", ".join(names)
+
+
+def _joined(a: Row, b: Row) -> Row:
+    """One row holding the events of ``a`` then ``b``."""
+    row = Row()
+    size, n = len(a.data), len(a)
+    row.starts = a.starts + b.starts
+    row.ends = a.ends + b.ends
+    row.offsets = a.offsets + array("q", (o + size for o in b.offsets[1:]))
+    row.data = a.data + b.data
+    row.extra = {**a.extra, **{k + n: more for k, more in b.extra.items()}}
+    return row
+
+
+def tracks_of(rows: dict, instants: dict, names: RowNames, summaries: Optional[dict] = None) -> list[Track]:
+    """Name and order the rows: main thread first then by name; a device's rows (keyed
+    (pid, tid, kind)) by stream id under that device; rows Kineto named with a string (its own
+    spans: pid "Spans") in a group of that name.
+
+    ``summaries``: row key -> (name, args) of the row's kernel-category instant.
+    """
+    keys = set(rows) | set(instants)
+    on_device = {key[:2] for key in keys if len(key) == 3}
+    cpu_pids = [key[0] for key in rows if len(key) == 2 and key[0].__class__ is int]
     main_pid = max(set(cpu_pids), key=cpu_pids.count) if cpu_pids else None
     tracks = []
-    for key in sorted(set(rows) | set(instants), key=_row_order):
-        pid, tid = key
+    for key in sorted(keys, key=_row_order):
+        pid, tid = key[0], key[1]
         named = tid.__class__ is str
-        if pid.__class__ is str:
-            group = pid or "no pid"
-            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
+        if len(key) == 3:
+            group = f"{key[2]} {pid}"
+            name = names.thread(key, key[:2] in keys) or (tid or "no tid" if named else f"stream {tid}")
             order = _NAMED_ROW_ORDER if named else tid
-        elif pid in gpu_pids:
-            group = f"GPU {pid}"
-            name = thread_names.get(key) or (tid or "no tid" if named else f"stream {tid}")
+        elif pid.__class__ is str:
+            group = pid or "no pid"
+            name = names.thread(key, key in on_device) or (tid or "no tid" if named else f"thread {tid}")
             order = _NAMED_ROW_ORDER if named else tid
         else:
             group = CPU_GROUP
-            name = thread_names.get(key) or (tid or "no tid" if named else f"thread {tid}")
+            name = names.thread(key, key in on_device) or (tid or "no tid" if named else f"thread {tid}")
             if pid != main_pid:
                 name = f"pid {pid} · {name}"
             order = _NAMED_ROW_ORDER if named else -1 if tid == pid else tid

@@ -205,4 +205,5 @@ def coverage(summaries: Sequence[RankSummary]) -> Coverage:
     """The ranks read, their windows and steps, and the world size most of them claim."""
     sizes = Counter(s.world_size for s in summaries if s.world_size)
     return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
-                    {s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps})
+                    steps={s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps},
+                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None})
