@@ -86,9 +86,14 @@ def test_each_delayed_step_costs_what_the_culprit_slept_there_and_no_other_step_
 
 def test_the_merged_trace_gives_the_same_steps(job, tmp_path):
     """The window markers carry each rank's steps: the summary of the merged trace finds the
-    figures of the directory's, also with the ranks' timelines (and their ProfilerStep slices) left out."""
+    figures of the directory's, also with the ranks' timelines (and their ProfilerStep slices) left
+    out; the culprit's per-step track samples each step once, and the window's end."""
+    from commtag.merge.pftrace.tracecounts import count
+
     out, _ = job
     from_dir = orjson.loads(_summary(str(out), "--format", "json"))
+    top = from_dir["impact"][0]
+    assert top["rank"] == CULPRIT
     for extra in ((), ("--detail", "none")):
         merged = tmp_path / f"merged{len(extra)}.pftrace"
         done = subprocess.run([sys.executable, "-m", "commtag", "merge", str(out), "-o", str(merged), *extra],
@@ -97,6 +102,12 @@ def test_the_merged_trace_gives_the_same_steps(job, tmp_path):
         checked = subprocess.run([sys.executable, "-m", "commtag", "validate", str(merged)], capture_output=True,
                                  text=True, timeout=300)
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        from_trace = orjson.loads(_summary(str(merged), "--format", "json"))
+        png = tmp_path / f"plot{len(extra)}.png"
+        from_trace = orjson.loads(_summary(str(merged), "--format", "json", "--plot", str(png)))
         assert from_trace["impact"] == from_dir["impact"], extra
         assert from_trace["impact_outside_steps"] == from_dir["impact_outside_steps"]
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        tracks = count(merged).counter_tracks
+        assert tracks[f"impact per step: what rank {CULPRIT}'s lateness cost the step (ms)"] == len(top["steps"]) + 1
+        per_step = [name for name in tracks if name.startswith("impact per step: ")]
+        assert len(per_step) == sum(1 for r in from_dir["impact"] if r["cost_us"] > 0 and r["steps"]), per_step

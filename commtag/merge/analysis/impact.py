@@ -83,6 +83,9 @@ class StepCost:
     cost_us: float
     #: ``cost_us`` over the step's collective time: its first arrival to its last collective's end.
     share: float
+    #: That collective time (recorded ns): where the merged trace's per-step track shows the cost.
+    start_ns: int = 0
+    end_ns: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {"window": self.window, "step": self.step, "cost_us": self.cost_us, "share": self.share}
@@ -317,8 +320,8 @@ def _step_costs(collectives: list[MatchedCollective], ends: list[int], moved: li
         earlier = last - max(ends[k] + moved[k] for k in ks)
         cost = earlier - before.get(w, 0)
         before[w] = earlier
-        span = last - min(collectives[k].first_start_ns for k in ks)
-        out.append(StepCost(w, step, _us(cost), round(cost / max(span, 1), 6)))
+        first = min(collectives[k].first_start_ns for k in ks)
+        out.append(StepCost(w, step, _us(cost), round(cost / max(last - first, 1), 6), first, last))
     return out
 
 
@@ -335,12 +338,29 @@ def _us(ns: float) -> float:
     return round(ns / 1000.0, 3)
 
 
-
 def impact_counters(result: Impact) -> list[CounterSeries]:
-    """The merged trace's impact track: on each late rank, how much earlier the collectives
-    ending at each time would have ended without its lateness (one point where that changes)."""
-    return [
-        CounterSeries(row.rank, f"impact: without rank {row.rank}'s lateness, ends earlier by (ms)",
-                      [(ts, round(ns / 1e6, 6)) for ts, ns in row.timeline], unit="ms")
-        for row in result.ranks if row.cost_us > 0
-    ]
+    """The merged trace's impact tracks, on each late rank: how much earlier the collectives
+    ending at each time would have ended without its lateness (one point where that changes),
+    and, where the traces hold steps, what it cost each step (:func:`step_points`)."""
+    out = []
+    for row in result.ranks:
+        if row.cost_us <= 0:
+            continue
+        out.append(CounterSeries(row.rank, f"impact: without rank {row.rank}'s lateness, ends earlier by (ms)",
+                                 [(ts, round(ns / 1e6, 6)) for ts, ns in row.timeline], unit="ms"))
+        if row.steps:
+            out.append(CounterSeries(row.rank, f"impact per step: what rank {row.rank}'s lateness cost the step (ms)",
+                                     step_points(row.steps), unit="ms"))
+    return out
+
+
+def step_points(steps: list[StepCost]) -> list[tuple[int, float]]:
+    """A counter that holds each step's cost (ms) from the step's first arrival to the next step's
+    (0 from the end of its window's last step on). Where two steps begin at the same time the
+    later step's cost stands: a counter has one value at a time."""
+    points: dict[int, float] = {}
+    for k, s in enumerate(steps):
+        points[s.start_ns] = round(s.cost_us / 1000, 6)
+        if k + 1 == len(steps) or steps[k + 1].window != s.window:
+            points.setdefault(s.end_ns, 0.0)
+    return sorted(points.items())
