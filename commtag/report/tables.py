@@ -25,6 +25,7 @@ from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.engine.output import not_regular
 from commtag.merge.records import CPU_OP_SOURCE
 from commtag.report.sections import has_plot_row, impact_csv, impact_lines, plot_row, traffic_csv, traffic_lines
+from commtag.report.stepplot import impact_axes, step_bars
 
 #: Version of the JSON report's layout (bump on an incompatible change).
 REPORT_VERSION = 1
@@ -210,7 +211,9 @@ def plot(analysis: Analysis, path: Path) -> None:
     arrived (its start minus the first arrival), the late rank of each straggler
     ringed, desyncs marked in red. Bottom left: busbw of every instance over
     time, one colour per group. Bottom right: busbw p50 (bar) and p95 (tick)
-    per group and op.
+    per group and op. A third row where a late rank cost time or an all-to-all's
+    splits are known (:func:`plot_row`), its impact panel with each rank's cost per
+    ProfilerStep below it where the traces hold steps (:mod:`commtag.report.stepplot`).
     """
     import matplotlib
 
@@ -227,9 +230,10 @@ def plot(analysis: Analysis, path: Path) -> None:
         for r, inst in m.members.items():
             late[row[r], j] = (inst.start_ns - m.first_start_ns) / 1e6
     extra = has_plot_row(analysis)
-    fig = plt.figure(figsize=(13, 12.5 if extra else 8.5), layout="constrained")
-    grid = fig.add_gridspec(3 if extra else 2, 2, height_ratios=(1.25, 1, 1) if extra else (1.25, 1),
-                            width_ratios=(1.6, 1))
+    steps = step_bars(analysis.impact) if extra else None
+    fig = plt.figure(figsize=(13, 8.5 + (4 if extra else 0) + (3 if steps else 0)), layout="constrained")
+    grid = fig.add_gridspec(3 if extra else 2, 2, width_ratios=(1.6, 1),
+                            height_ratios=(1.25, 1, 1 + (0.75 if steps else 0)) if extra else (1.25, 1))
     ax = fig.add_subplot(grid[0, :])
     cmap = matplotlib.colormaps["magma_r"].copy()
     cmap.set_bad("#e8e8e8")
@@ -254,7 +258,7 @@ def plot(analysis: Analysis, path: Path) -> None:
     ax.set_title(title + "\n(blue ring: straggler, red x: missing rank, red triangle: desync)", fontsize=10)
     _plot_busbw(fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1]), analysis)
     if extra:
-        plot_row(fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1]), analysis)
+        plot_row(impact_axes(fig, grid[2, 0], steps), fig.add_subplot(grid[2, 1]), analysis)
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)
