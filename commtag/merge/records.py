@@ -269,6 +269,15 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
 
     Lists come in the order of their first member in ``instances``.
     """
+    groups: dict[tuple, list[CollectiveInstance]] = {}
+    for inst, key in zip(instances, match_keys(instances)):
+        groups.setdefault(key, []).append(inst)
+    return list(groups.values())
+
+
+def match_keys(instances: Sequence[CollectiveInstance]) -> list[tuple]:
+    """Each instance's key in :func:`match_groups` (``("alone", id)`` for one matched alone): a
+    rank's keys need only its own instances, so the worker holding it can make them."""
     counted: dict[int, int] = {}
     unnumbered = [
         (inst, ends) for inst in instances
@@ -280,7 +289,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
         stream = (inst.pg_uid, inst.replay, ends, inst.rank)
         streams[stream] += 1
         counted[id(inst)] = streams[stream]
-    groups: dict[tuple, list[CollectiveInstance]] = {}
+    keys: list[tuple] = []
     for inst in instances:
         ends = inst.p2p_ends if inst.is_p2p else None
         if inst.arg(ANN_CROSS_RANK) is False:
@@ -294,8 +303,8 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
             key = inst.key if numbered is None else (numbered, *inst.key)
             if (part := inst.arg(ANN_SEQ_PART)) is not None:
                 key = (*key, part)
-        groups.setdefault(key, []).append(inst)
-    return list(groups.values())
+        keys.append(key)
+    return keys
 
 
 @dataclass(slots=True)

@@ -1,0 +1,118 @@
+"""The analysis in parts: what a merge worker analysing some of the job's collectives needs to
+know of the rest, in numbers, not records.
+
+A merge worker of several (:mod:`commtag.merge.engine.shards`) matches and measures only the
+collectives it owns, but two checks look past one collective: whether a member that lacks it
+ran past its Seq, and the Seq gaps of a group. Both read each rank's Seqs of a group, which
+:class:`SeqRuns` keeps as runs of consecutive Seqs (a few per rank, group and window) built by
+the worker holding the rank (:func:`seq_runs`), so every worker can hold every rank's.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from typing import NamedTuple, Optional, Sequence
+
+from commtag.merge.records import CollectiveInstance, Coverage
+from commtag.vocab import ANN_SEQ_FROM
+
+
+class SeqRun(NamedTuple):
+    """Consecutive Seqs one rank issued on one group (see :class:`commtag.merge.analysis.checks.SeqIndex`)."""
+
+    pg_uid: str
+    rank: int
+    first: int
+    last: int
+    #: The windows the first and the last Seq ran in (None: outside every window).
+    first_window: Optional[int]
+    last_window: Optional[int]
+    #: The first Seq's start and the last Seq's end (ns).
+    start_ns: int
+    end_ns: int
+
+
+class SeqRef(NamedTuple):
+    """What a Seq gap names of its group: its lane and members (its first instance's, in rank order)."""
+
+    lane_name: str
+    group_ranks: tuple[int, ...]
+
+
+def seq_issued(inst: CollectiveInstance) -> bool:
+    """Whether ``inst``'s Seq is one its backend issued in its window (the Seq checks' instances)."""
+    return not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None
+
+
+def seq_runs(instances: Sequence[CollectiveInstance], coverage: Coverage) -> list[SeqRun]:
+    """The runs of consecutive Seqs of ``instances`` (one rank's or several, in the order read),
+    per group and rank; a Seq's first instance gives its times, as in SeqIndex."""
+    found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
+    for inst in instances:
+        if seq_issued(inst):
+            found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
+    runs: list[SeqRun] = []
+    for (pg, rank), seqs in found.items():
+        run: Optional[list] = None
+        for s, inst in sorted(seqs.items()):
+            window = coverage.window_of(rank, inst.start_ns)
+            if run is not None and s == run[3] + 1:
+                run[3], run[5], run[7] = s, window, inst.end_ns
+                continue
+            if run is not None:
+                runs.append(SeqRun(*run))
+            run = [pg, rank, s, s, window, window, inst.start_ns, inst.end_ns]
+        if run is not None:
+            runs.append(SeqRun(*run))
+    return runs
+
+
+class SeqRuns:
+    """:class:`commtag.merge.analysis.checks.SeqIndex` read from runs: the same answers for
+    ``recorded``, ``passed``, ``holes``, ``groups`` and the keys of ``by_rank``.
+
+    ``refs``: each group's lane and members, from its first instance in rank order."""
+
+    def __init__(self, runs: Sequence[SeqRun], refs: dict[str, SeqRef]) -> None:
+        by_rank: dict[tuple[str, int], list[SeqRun]] = defaultdict(list)
+        for run in sorted(runs, key=lambda run: run.rank):  # each group's ranks in rank order, as SeqIndex's
+            by_rank[(run.pg_uid, run.rank)].append(run)
+        for listed in by_rank.values():
+            listed.sort(key=lambda run: run.first)
+        #: (pg, rank) -> its runs in Seq order.
+        self.by_rank = dict(by_rank)
+        #: (pg, rank) -> each run's first Seq, for bisecting.
+        self._firsts = {key: [run.first for run in listed] for key, listed in self.by_rank.items()}
+        self.groups = refs
+
+    def _around(self, pg: str, rank: int, seq: int) -> tuple[Optional[SeqRun], Optional[SeqRun]]:
+        """The run holding or last before ``seq``, and the first run after it."""
+        firsts = self._firsts.get((pg, rank))
+        if not firsts:
+            return None, None
+        at = bisect.bisect_right(firsts, seq) - 1
+        runs = self.by_rank[(pg, rank)]
+        return (runs[at] if at >= 0 else None), (runs[at + 1] if at + 1 < len(runs) else None)
+
+    def recorded(self, pg: str, rank: int, seq: int) -> bool:
+        before, _ = self._around(pg, rank, seq)
+        return before is not None and before.first <= seq <= before.last
+
+    def passed(self, pg: str, rank: int, seq: int) -> bool:
+        """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
+        before, after = self._around(pg, rank, seq)
+        if before is not None and seq <= before.last:
+            return True
+        return before is not None and after is not None and before.last_window is not None \
+            and before.last_window == after.first_window
+
+    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
+        """As ``SeqIndex.holes``: the Seqs between two runs of one window, with the times around them."""
+        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+        for (pg, rank), runs in self.by_rank.items():
+            for a, b in zip(runs, runs[1:]):
+                if a.last_window is not None and a.last_window == b.first_window:
+                    for s in range(a.last + 1, b.first):
+                        out[(pg, s)][rank] = (a.end_ns, b.start_ns)
+        return out
