@@ -96,15 +96,15 @@ def settle(world: World, held: Held) -> None:
     def mine() -> dict:
         return {"counts": [[rank, len(insts), sum(1 for i in insts if i.source == CPU_OP_SOURCE)]
                            for rank, insts in held.instances.items()],
-                "inferred": inferred_seqs(held.ordered())}
+                "inferred": [[uid, list(per_rank.items())] for uid, per_rank in inferred_seqs(held.ordered()).items()]}
 
     seqs: dict[str, dict[int, int]] = {}
     for part in from_everyone(world, mine):
         for rank, count, timed in part["counts"]:
             held.counts[rank] = count
             held.timed_by_ops += timed
-        for uid, per_rank in part["inferred"].items():
-            seqs.setdefault(uid, {}).update((int(rank), seq) for rank, seq in per_rank.items())
+        for uid, per_rank in part["inferred"]:
+            seqs.setdefault(uid, {}).update((rank, seq) for rank, seq in per_rank)
     settle_inferred(held.ordered(), seqs)
 
 
