@@ -167,13 +167,17 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
           lambda piece: shard.extend(instances_from(piece, interner)))
     outcome.received = len(shard) - before
     del outgoing
-    back = _analyse_shard(world, shard, hook, coverage, seqs, holder, outcome)
+    tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
+    back = _analyse_shard(world, shard, hook, coverage, seqs, holder, outcome, tables)
     del shard
     for rank in sorted(held.packed):  # this worker's ranks again, for their lanes
         held.instances[rank] = unpack(held.packed.pop(rank), interner)
     own_markers: list[tuple] = []
-    route(world, [rows_pieces(rows, "rows") for rows in back],
-          lambda piece: _apply(piece["rows"], held, outcome, own_markers, interner))
+    joined: dict[tuple[int, int, int], dict] = {}  # (worker, figures, id of the common args) -> both
+    figures: dict[tuple[int, int], dict] = {}  # (worker, its number) -> a collective's figures
+    route(world, [_back_pieces(me, rows, tables) for rows in back],
+          lambda piece: _apply(piece, held, outcome, own_markers, interner, figures, joined))
+    del joined, figures
     if hook is not None:
         assert outcome.annotations is not None
         outcome.annotations.markers = [Marker(*mk) for _, mk in sorted(own_markers, key=lambda pair: pair[0])] + \
@@ -181,16 +185,35 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     return outcome
 
 
-def _apply(rows: list, held: Held, outcome: Outcome, own_markers: list, interner: Interner) -> None:
+def _back_pieces(me: int, rows: list, tables: list[dict]) -> Iterator[dict]:
+    """The rows going back to one worker in pieces, each with the figures its rows name that
+    the worker has not been sent yet (a collective's figures travel once, not once per member:
+    a 1,024-rank group's list of matched ranks is 5 KB)."""
+    sent: set[int] = set()
+    for piece in rows_pieces(rows, "rows"):
+        needed = {row[3] for row in piece["rows"] if row[0] == "instance" and row[3] is not None} - sent
+        sent |= needed
+        yield {"from": me, "figures": [[k, tables[k]] for k in sorted(needed)], **piece}
+
+
+def _apply(piece: dict, held: Held, outcome: Outcome, own_markers: list, interner: Interner,
+           figures: dict[tuple[int, int], dict], joined: dict[tuple[int, int, int], dict]) -> None:
     """Figures, waits, flows and markers that came back for this worker's instances and ranks."""
-    for row in rows:
+    source = piece["from"]
+    for k, table in piece["figures"]:
+        figures[(source, k)] = table
+    for row in piece["rows"]:
         if row[0] == "marker":
             own_markers.append((tuple(row[1]), row[2:]))
             continue
-        _, rank, idx, figures, wait, straggler, flow = row
+        _, rank, idx, k, wait, straggler, flow = row
         inst = held.instances[rank][idx]
-        if figures is not None:
-            inst.common_args = interner.common({**inst.common_args, **figures})
+        if k is not None:
+            base = inst.common_args
+            both = joined.get((source, k, id(base)))
+            if both is None:
+                both = joined[(source, k, id(base))] = interner.common({**base, **figures[(source, k)]})
+            inst.common_args = both
             if wait is not None:
                 inst.args[ANN_WAIT_US] = wait
             if straggler:
@@ -202,9 +225,10 @@ def _apply(rows: list, held: Held, outcome: Outcome, own_markers: list, interner
 
 
 def _analyse_shard(world: World, shard: list, hook: Optional[MergeAnalysis], coverage: Coverage, seqs: SeqRuns,
-                   holder: dict[int, int], outcome: Outcome) -> list[list]:
+                   holder: dict[int, int], outcome: Outcome, tables: list[dict]) -> list[list]:
     """Step 3: this worker's collectives matched, measured and numbered; what goes back to each
-    worker (``("instance", rank, place, figures, wait, straggler, flow)`` and ``("marker", ...)`` rows)."""
+    worker (``("instance", rank, place, figures, wait, straggler, flow)`` and ``("marker", ...)``
+    rows, figures by their number in ``tables``)."""
     me, size = world.index, world.size
     groups: dict[tuple, list[tuple[int, int, CollectiveInstance]]] = {}
     for rank, idx, key, inst in shard:
@@ -256,7 +280,8 @@ def _analyse_shard(world: World, shard: list, hook: Optional[MergeAnalysis], cov
         findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
         for k, mk in enumerate(markers([m])):
             back[holder[mk.rank]].append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns, mk.name, mk.args])
-        figures = collective_figures(m)
+        tables.append(collective_figures(m))
+        figures = len(tables) - 1
         waits = m.waits_ns
         taken = {id(inst) for inst in m.members.values()}
         for rank, idx, inst in rows:
