@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
 
+from commtag.merge.analysis.impact import impact
+from commtag.merge.analysis.results import Analysis, Finding, FindingKind, MatchedCollective
 from commtag.merge.records import CollectiveInstance, Coverage
-from commtag.vocab import ANN_SEQ_FROM
+from commtag.vocab import ANN_INFERRED, ANN_SEQ_FROM
 
 
 class SeqRun(NamedTuple):
@@ -116,3 +119,56 @@ class SeqRuns:
                     for s in range(a.last + 1, b.first):
                         out[(pg, s)][rank] = (a.end_ns, b.start_ns)
         return out
+
+
+class Member:
+    """A matched member once matched and checked: its times and the one arg later steps read
+    (whether it was paired by order, for the straggler rule); its record stays with its holder."""
+
+    __slots__ = ("start_ns", "end_ns", "inferred")
+
+    def __init__(self, start_ns: int, end_ns: int, inferred: bool) -> None:
+        self.start_ns, self.end_ns, self.inferred = start_ns, end_ns, inferred
+
+    def arg(self, key: str, default: object = None) -> object:
+        return self.inferred if key == ANN_INFERRED else default
+
+
+@dataclass(slots=True)
+class _Timed:
+    """A matched collective as the impact replay reads it (:class:`commtag.merge.analysis.impact.MatchedCollective`)."""
+
+    collective: str
+    complete: bool
+    last_rank: Optional[int]
+    first_start_ns: int
+    last_start_ns: int
+    members: dict[int, Member]
+
+
+def timed(row: list) -> tuple[list, _Timed]:
+    """One row of :func:`timed_row` as the replay reads it, with its place in one process's order."""
+    key, collective, complete, last, first, lastst, ranks, starts, ends = row
+    return key, _Timed(collective, complete, last, first, lastst,
+                       {r: Member(s, e, False) for r, s, e in zip(ranks, starts, ends)})
+
+
+def timed_row(key: list, m: MatchedCollective) -> list:
+    """What the impact replay reads of a matched collective, as JSON (``key``: its place)."""
+    ranks = list(m.members)
+    return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns, ranks,
+            [m.members[r].start_ns for r in ranks], [m.members[r].end_ns for r in ranks]]
+
+
+def lead_result(collectives: list[tuple[list, _Timed]], findings: list, unattached: list[Finding],
+                coverage: Coverage, busbw: dict[str, list[tuple[int, float]]]) -> Analysis:
+    """The lead's analysis of the whole job: the findings in one process's order, the impact
+    replay over every collective's member times (:func:`timed`), the busbw series (no matched
+    collectives: those stayed with the workers that matched them)."""
+    collectives.sort(key=lambda pair: pair[0])
+    replayed = impact([m for _, m in collectives], coverage)  # type: ignore[arg-type]
+    collectives.clear()
+    findings.sort(key=lambda row: (row[0], row[1]))
+    listed = [Finding(FindingKind(kind), pg, lane, seq, replay, p2p, tuple(ranks), tuple(fields), detail, desync)
+              for _, _, (kind, pg, lane, seq, replay, p2p, ranks, fields, detail, desync) in findings]
+    return Analysis([], listed + unattached, busbw, [], coverage, replayed)

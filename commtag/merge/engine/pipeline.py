@@ -57,7 +57,7 @@ from commtag.merge.inputs.selection import (
     NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
-from commtag.merge.engine.shards import Held, settle as settle_shares, analyse as share_analysis
+from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
@@ -141,18 +141,18 @@ def merge(
         # Workers of several share the analysis out (engine/shards.py): each keeps its ranks' records.
         held = Held() if plan.world.size > 1 and (analysis is None or isinstance(analysis, MergeAnalysis)) else None
         # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = exchange(plan.world, (lambda: held.take(write_ranks(plan))) if held else lambda: write_ranks(plan),
+        everyone = exchange(plan.world, lambda: write_ranks(plan, held.take if held else None),
                             plan.interner, plan.skipped, plan.notices)
         instances, warned = gather(plan, everyone, held)
-        flows = None
+        own: Optional[OwnLanes] = None
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             if held is not None:
                 outcome = share_analysis(plan.world, held, everyone, analysis, coverage(everyone), plan.interner)
-                annotations, flows, instances = outcome.annotations, outcome.flows, held.ordered()
+                annotations, own = outcome.annotations, outcome.lanes
             else:
                 annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
-        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, flows))
+        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, own))
         if plan.output.apart:
             assemble(plan, everyone, shards)
         else:
@@ -346,15 +346,16 @@ def gather(plan: MergePlan, everyone: list[RankSummary],
 
 def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
                 annotations: Optional[TraceAnnotations], held: Optional[Held] = None,
-                flows: Optional[lanes.InstanceFlows] = None) -> dict:
+                own: Optional[OwnLanes] = None) -> dict:
     """The lanes block of this worker's ranks, after them in its part; where the part is
-    (``held``, ``flows``: this worker's share and its flows, where the analysis was shared out)."""
+    (``held``, ``own``: what this worker learnt of every rank and its ranks' instances, where the
+    analysis was shared out)."""
     with plan.output.open_part("ab") as stream, collector_paused():
         lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
             stream, lanes.lane_layout(everyone, held.used if held else None), instances,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
             held.lane_kernels if held else {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-            ranks={r.rank for r in plan.mine}, flows=flows,
+            ranks={r.rank for r in plan.mine}, flows=own.flows if own else None, by_lane=own,
         )
     return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
 
@@ -394,9 +395,10 @@ def collect(
     return coverage(summaries), instances
 
 
-def write_ranks(plan: MergePlan) -> list[RankSummary]:
+def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSummary]] = None) -> list[RankSummary]:
     """Stream, attach and write this worker's ranks into its part, one sequence for all;
-    worker 0's part starts with the trace's header. What is kept of each rank."""
+    worker 0's part starts with the trace's header. What is kept of each rank (``keep``: what
+    becomes of each summary once its rank is written)."""
     ranks: Iterable[RankInput] = plan.mine
     show = sys.stderr.isatty() if plan.options.progress is None else plan.options.progress
     if show:
@@ -412,7 +414,7 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
                 summary = _write_rank(plan, stream, seq, rank, header)
             if summary is not None:
                 header = False
-                summaries.append(summary)
+                summaries.append(keep(summary) if keep is not None else summary)
     return summaries
 
 

@@ -9,7 +9,7 @@ calls one collective.
 
 from __future__ import annotations
 
-from typing import BinaryIO, Collection, Optional, Sequence
+from typing import BinaryIO, Collection, Iterator, Optional, Protocol, Sequence
 
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
@@ -77,6 +77,16 @@ def group_flows(n: int, numbered: int) -> list:
              tuple(first + starts[i] + j - i - 1 for i in range(j)) or None) for j in range(n)]
 
 
+class LaneInstances(Protocol):
+    """Instances by (rank, lane name), each taken once (a dict, or one that makes them when taken)."""
+
+    def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]: ...
+
+    def __iter__(self) -> Iterator[tuple[int, str]]: ...
+
+    def __len__(self) -> int: ...
+
+
 class LanesWriter:
     """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
 
@@ -99,7 +109,8 @@ class LanesWriter:
     def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
               instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
               markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
-              ranks: Optional[Collection[int]] = None, flows: Optional[InstanceFlows] = None) -> None:
+              ranks: Optional[Collection[int]] = None, flows: Optional[InstanceFlows] = None,
+              by_lane: Optional[LaneInstances] = None) -> None:
         """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
         (default: every rank).
 
@@ -111,15 +122,18 @@ class LanesWriter:
         lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
         -> annotations of the lane's kernel categories, an instant at its first slice. ``flows``:
         the cross-rank flows of ``instances`` where those are only ``ranks``' (numbered by the merge
-        workers that matched them, :mod:`commtag.merge.engine.shards`).
+        workers that matched them, :mod:`commtag.merge.engine.shards`); ``by_lane``: the instances
+        of each (rank, lane), given as taken (a worker unpacking each lane's only when it writes it,
+        filling ``flows`` with their flows), in place of ``instances``.
         """
         wanted = None if ranks is None else set(ranks)
         if flows is None:
             flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
-        by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
-        for inst in instances:
-            if wanted is None or inst.rank in wanted:
-                by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+        if by_lane is None:
+            by_lane = {}
+            for inst in instances:
+                if wanted is None or inst.rank in wanted:
+                    by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
         counters, markers = write_group_view(self, stream, lanes, by_lane, flows, lane_kernels or {}, counters,
                                              markers, wanted)
         if by_lane:
