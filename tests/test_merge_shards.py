@@ -168,6 +168,10 @@ def test_seq_runs_answer_as_the_index_of_every_seq() -> None:
                 assert runs.passed(pg, r, seq) == index.passed(pg, r, seq)
 
 
+def _place(s) -> tuple:
+    return s.ts, s.track, s.end, s.name, s.depth
+
+
 @pytest.mark.slow
 def test_workers_on_a_generated_job_write_one_process_trace(tmp_path: Path) -> None:
     job = tmp_path / "job"
@@ -183,8 +187,7 @@ def test_workers_on_a_generated_job_write_one_process_trace(tmp_path: Path) -> N
     for jobs in ("2", "3"):
         several = read_trace(outs[jobs])
         assert several.tracks == one.tracks
-        key = lambda s: (s.ts, s.track, s.end, s.name, s.depth)  # noqa: E731
-        assert sorted(several.slices, key=key) == sorted(one.slices, key=key)
+        assert sorted(several.slices, key=_place) == sorted(one.slices, key=_place)
     torchrun = tmp_path / "torchrun.pftrace"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "commtag.merge", str(job), "-o", str(torchrun), "--no-progress"],
