@@ -6,6 +6,8 @@ collectives it owns, but two checks look past one collective: whether a member t
 ran past its Seq, and the Seq gaps of a group. Both read each rank's Seqs of a group, which
 :class:`SeqRuns` keeps as runs of consecutive Seqs (a few per rank, group and window) built by
 the worker holding the rank (:func:`seq_runs`), so every worker can hold every rank's.
+Once matched and checked, a member is only its times (:class:`Member`); the lead replays the
+impact from every collective's member times and lists the findings (:func:`lead_result`).
 """
 
 from __future__ import annotations
