@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.identity import describe_ranks
@@ -275,9 +275,10 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
     return list(groups.values())
 
 
-def match_keys(instances: Sequence[CollectiveInstance]) -> list[tuple]:
-    """Each instance's key in :func:`match_groups` (``("alone", id)`` for one matched alone): a
-    rank's keys need only its own instances, so the worker holding it can make them."""
+def match_keys(instances: Sequence[CollectiveInstance]) -> Iterator[tuple]:
+    """Each instance's key in :func:`match_groups` (``("alone", id)`` for one matched alone), made
+    as it is taken (not a tuple per instance at once): a rank's keys need only its own instances,
+    so the worker holding it can make them."""
     counted: dict[int, int] = {}
     unnumbered = [
         (inst, ends) for inst in instances
@@ -289,7 +290,6 @@ def match_keys(instances: Sequence[CollectiveInstance]) -> list[tuple]:
         stream = (inst.pg_uid, inst.replay, ends, inst.rank)
         streams[stream] += 1
         counted[id(inst)] = streams[stream]
-    keys: list[tuple] = []
     for inst in instances:
         ends = inst.p2p_ends if inst.is_p2p else None
         if inst.arg(ANN_CROSS_RANK) is False:
@@ -303,8 +303,7 @@ def match_keys(instances: Sequence[CollectiveInstance]) -> list[tuple]:
             key = inst.key if numbered is None else (numbered, *inst.key)
             if (part := inst.arg(ANN_SEQ_PART)) is not None:
                 key = (*key, part)
-        keys.append(key)
-    return keys
+        yield key
 
 
 @dataclass(slots=True)
