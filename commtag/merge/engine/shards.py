@@ -2,26 +2,31 @@
 one worker, and a worker holds its own ranks' records and those of the collectives it owns.
 
 Why: when every worker received every rank's records, each held as much as one process merging
-alone (a 1,024-rank merge's two workers 222 MB each against 237 MB), and every worker analysed
-all of them: ``-j`` and torchrun divided the time of reading, not the memory.
+alone or more (on a 1,024-rank job, 345 and 322 MiB against one process's 245), and every worker
+analysed all of them: ``-j`` and torchrun divided the time of reading, not the memory.
 
-How, once each worker has written its ranks (their summaries travel without instances):
+How: a worker packs each rank's records (compressed JSON columns) as soon as the rank is
+written (:class:`Held`); their summaries travel without them. Then:
 
 1. Every worker learns each rank's instance counts, metadata-less kernels' last Seqs (so that
-   each settles its own as one process would), lanes, and its Seq runs
+   each settles its own as one process would), lanes, and Seq runs
    (:func:`commtag.merge.analysis.parts.seq_runs`): numbers, not records.
 2. Each worker makes its instances' match keys (:func:`commtag.merge.records.match_keys`, a
-   rank's need only its own) and sends each to the worker that owns its key: by a CRC of the
-   group, Seq and replay (every collective a Seq gap could name on one worker), of the key for
-   a p2p message; packed, its own wait until they come back (:mod:`commtag.merge.engine.routes`).
-3. Each worker matches and measures its collectives as one process would (members in the
-   order one process meets them); the straggler noise pools every worker's skews, the cross-rank
-   flows are numbered from every worker's counts in one process's order, a group's busbw
-   counter is made from every worker's transfers, and the lead replays the lateness (impact)
-   from every collective's member times and gathers the findings.
-4. What a writer needs goes back to the worker holding the instance: its figures, wait and
-   flows, and the markers of its ranks, each with its place in one process's order; the lanes
-   each worker writes are the bytes of today's worker writing its ranks.
+   rank's need only its own) and deals each to the worker owning its key, by a CRC of the
+   group, Seq and replay (every collective a Seq gap could name on one worker; a p2p message
+   by its key), and to a bucket there; sealed in small compressed pieces as it goes.
+3. Bucket by bucket (about :data:`BUCKET_ROWS` instances), each worker receives its
+   collectives' records (:mod:`commtag.merge.engine.routes`), matches, measures and checks them
+   as one process would (members in the order one process meets them) and keeps of each member
+   only its times. Then the straggler noise pools every worker's skews, the cross-rank flows are
+   numbered from every worker's counts in one process's order, a group's busbw counter is made
+   from every worker's transfers, and the lead replays the lateness (impact) from every
+   collective's member times and gathers the findings.
+4. What a writer needs goes back to the worker holding the instance: its figures (once per
+   collective), wait and flows, and the markers of its ranks, each with its place in one
+   process's order; the worker unpacks a lane's records only when it writes that lane
+   (:mod:`commtag.merge.engine.owned`). The lanes each worker writes are the bytes a worker
+   holding every record writes.
 """
 
 from __future__ import annotations
