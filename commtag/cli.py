@@ -91,7 +91,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
           *_account_lines(result.accounts, args.verbose)])
     if result.alignment is not None:
         sys.stderr.write(result.alignment.describe() + "\n")
-    sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {len(result.instances)} collective slices"
+    sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {result.slices} collective slices"
                      " (open it in https://ui.perfetto.dev)\n")
     return _report_desyncs([f.message for f in result.analysis.desyncs] if result.analysis else [], args.strict)
 

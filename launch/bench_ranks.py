@@ -11,8 +11,9 @@ written. So this prints, from one run:
 * ``torchrun-2`` the same under ``torchrun --nproc-per-node=2``: each worker's peak;
 
 then per variant the 512/32 ratio of the peaks, raw and beyond the records (peak minus
-the set's instances x its record bytes: under torchrun every worker holds every rank's
-instances, as the analysis runs over all, and its own ranks' share of the flow ids).
+the set's instances x its record bytes: a torchrun worker of N holds its share of the
+instances, at most 2/N of them as -j's memory model counts them (commtag.merge.engine.jobs),
+and its own ranks' share of the flow ids).
 Sets are generated (commtag.testing.scaleset) when missing.
 
 Usage: ``python launch/bench_ranks.py [--ranks 32,512] [--per-rank 5000] [--workers 2]``.
@@ -125,11 +126,12 @@ def report(results: dict) -> str:
                 rows.append([variant, str(n), "failed", "", ""])
                 continue
             peak = max(run["peaks"]) if run["peaks"] else 0
-            # Every worker holds every rank's instances (the analysis runs over all), but the flow
-            # ids of its own ranks' only: a worker count's share of them.
+            # A worker holds its share of the instances (its ranks' packed, its collectives' a bucket
+            # at a time: at most 2/N) and the flow ids of its own ranks' only.
             workers = int(variant.split("-")[1]) if variant.startswith("torchrun") else 1
             cost = costs[n]
-            beyond = peak - cost["instances"] * (cost["record_bytes"] + cost["flow_bytes"] / workers)
+            held = min(1.0, 2 / workers)
+            beyond = peak - cost["instances"] * (cost["record_bytes"] * held + cost["flow_bytes"] / workers)
             peaks[n] = (peak, beyond)
             rows.append([variant, str(n), f"{run['wall_s']:.1f}",
                          ", ".join(f"{p / 1e6:.0f}" for p in run["peaks"]), f"{beyond / 1e6:.0f}"])

@@ -25,11 +25,16 @@ def test_each_limit_caps_the_workers() -> None:
     assert jobs_for(16, big_input, rank_json, 5 * per_worker + per_worker // 2) == 5
     assert jobs_for(16, big_input, rank_json, per_worker // 2) == 1  # one worker always runs: -j 1
     assert jobs_for(2, big_input, rank_json, 100 * per_worker) == 2
-    # Every worker holds every rank's collective records: a job of many sidecars fits fewer workers.
-    sidecars = 300 << 20
-    with_records = worker_rss_estimate(rank_json, sidecars)
-    assert with_records >= per_worker + sidecars
-    assert jobs_for(16, big_input, rank_json, 5 * per_worker, sidecars) == 5 * per_worker // with_records < 5
+    # Each of N workers holds its share of the collective records (2 bytes per sidecar byte, over N):
+    # a job of many sidecars fits fewer workers, but more than if each held them all.
+    sidecars = 1000 << 20
+    assert worker_rss_estimate(rank_json, sidecars) >= per_worker + sidecars
+    assert worker_rss_estimate(rank_json, sidecars, 4) == per_worker + 2 * sidecars // 4
+    memory = 5 * per_worker
+    fits = jobs_for(16, big_input, rank_json, memory, sidecars)
+    assert fits * worker_rss_estimate(rank_json, sidecars, fits) <= memory
+    assert (fits + 1) * worker_rss_estimate(rank_json, sidecars, fits + 1) > memory
+    assert fits > memory // worker_rss_estimate(rank_json, sidecars)  # more than if each held every record
 
 
 def test_the_default_reads_this_machine_and_the_largest_rank(public_traces) -> None:

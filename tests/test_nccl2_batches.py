@@ -23,9 +23,9 @@ PAIR = JobGroup("0", "default_pg", (0, 1))
 WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
 
 
-def _merged(tmp_path: Path, job, world: int, sidecars: bool, edit=None):
+def _merged(tmp_path: Path, job, world: int, sidecars: bool, edit=None, jobs: int = 1):
     directory = tmp_path / "in"
-    directory.mkdir()
+    directory.mkdir(exist_ok=True)
     for rank in range(world):
         trace = job_trace(job, rank, world, NCCL2_FORMAT, skew_us=5.0 * rank)
         side = sidecar(job, rank, world, NCCL2_FORMAT, skew_us=5.0 * rank) if sidecars else None
@@ -34,8 +34,8 @@ def _merged(tmp_path: Path, job, world: int, sidecars: bool, edit=None):
         (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
         if side is not None:
             write_sidecar(directory / f"rank{rank}.commtag.json", side)
-    out = tmp_path / "merged.pftrace"
-    return merge(directory, out, jobs=1), read(out)
+    out = tmp_path / f"merged-j{jobs}.pftrace"
+    return merge(directory, out, jobs=jobs), read(out)
 
 
 def _batches(result) -> list[tuple[int, ...]]:
@@ -55,6 +55,12 @@ def _linked(parsed) -> list[tuple[int, ...]]:
         if len(ranks) > 1 and ranks not in sets:
             sets.append(ranks)
     return sorted(tuple(sorted(r)) for r in sets)
+
+
+def _flowed(parsed) -> int:
+    """How many batch lane slices a flow links."""
+    return sum(1 for s in parsed.slices if "commtag source" in s.args
+               and s.args.get(COLLECTIVE_NAME_KEY) == NCCL2_BATCH_P2P and (s.flows_out or s.flows_in))
 
 
 @pytest.mark.parametrize("sidecars", [False, True], ids=["traces alone", "with sidecars"])
@@ -92,6 +98,23 @@ def test_four_ranks_a_ring_is_one_batch_and_two_pair_exchanges_are_two(tmp_path,
     else:
         assert _batches(result) == [(r,) for r in range(4) for _ in range(2)]
         assert _linked(parsed) == []
+
+
+@pytest.mark.slow
+def test_merge_workers_link_the_batches_one_process_links(tmp_path) -> None:
+    """Batches link across ranks (a ring joins four): under ``-j 2`` the worker owning a group's
+    batches keys them all, so the flows and findings are one process's, whichever worker holds which rank."""
+    ring = tuple((r, (r + 1) % 4) for r in range(4))
+    pairs = ((0, 1), (1, 0), (2, 3), (3, 2))
+    uneven = ((0, 1), (1, 0))
+    job = (JobCall("allreduce", WORLD, (8,)), JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=ring),
+           JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=pairs), JobCall(NCCL2_BATCH_P2P, WORLD, (4,), pairs=uneven))
+    one, one_parsed = _merged(tmp_path, job, 4, True)
+    two, two_parsed = _merged(tmp_path, job, 4, True, jobs=2)
+    assert sorted(_linked(one_parsed)) == [(0, 1), (0, 1, 2, 3), (2, 3)]
+    assert sorted(_linked(two_parsed)) == sorted(_linked(one_parsed))
+    assert _flowed(two_parsed) == _flowed(one_parsed) == 4 + 4 + 2
+    assert [(f.kind, f.pg_uid, f.seq) for f in two.analysis.findings] == [(f.kind, f.pg_uid, f.seq) for f in one.analysis.findings]
 
 
 def test_a_batch_whose_peer_sends_other_sizes_is_a_size_mismatch(tmp_path) -> None:

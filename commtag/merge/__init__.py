@@ -94,8 +94,10 @@ def merge(
         A :class:`commtag.merge.engine.options.MergeResult`: the output, the ranks
         merged, every collective instance, what was skipped, notices,
         warnings and per-rank event accounts, and with ``analysis=True`` the
-        :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``). Under
-        torchrun only worker 0's (``result.lead``) holds the instances.
+        :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``). With
+        several workers (``jobs``, torchrun) each keeps its share: worker 0's result
+        (``result.lead``) counts the slices (``result.slices``) and holds the findings,
+        busbw and impact, not the instances nor the matched collectives.
 
     Raises:
         MergeFailed: Bad input or an output that cannot be written, nothing

@@ -20,6 +20,12 @@ from commtag.constants import parse_rank_list
 from commtag.vocab import ANN_CROSS_RANK, ANN_RECV_PEERS, ANN_SEND_PEERS, IN_SPLIT_KEY, NCCL2_BATCH_P2P, OUT_SPLIT_KEY
 
 
+#: The first item of a matched batch's key (:func:`batch_keys`).
+BATCH_KEY = "batch"
+#: A batch's key while it travels to the merge worker keying every batch of its group and replay.
+BATCHES_OF = ("batches of",)
+
+
 class Batch(Protocol):
     """What this module reads of a :class:`commtag.merge.records.CollectiveInstance`."""
 
@@ -80,7 +86,7 @@ def batch_keys(instances: Sequence[Batch]) -> dict[int, tuple]:
             if ra is not rb:
                 first, second = sorted((ra, rb), key=lambda i: (i.rank, i.start_ns))
                 parent[id(second)] = first
-    return {id(inst): ("batch", inst.pg_uid, inst.replay, (head := root(inst)).rank, head.start_ns) for inst in known}
+    return {id(inst): (BATCH_KEY, inst.pg_uid, inst.replay, (head := root(inst)).rank, head.start_ns) for inst in known}
 
 
 def batch_ranks(members: Sequence[Batch]) -> set[int]:

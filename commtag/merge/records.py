@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from commtag.constants import parse_rank_list
 from commtag.identity import describe_ranks
@@ -276,6 +276,16 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
 
     Lists come in the order of their first member in ``instances``.
     """
+    groups: dict[tuple, list[CollectiveInstance]] = {}
+    for inst, key in zip(instances, match_keys(instances)):
+        groups.setdefault(key, []).append(inst)
+    return list(groups.values())
+
+
+def match_keys(instances: Sequence[CollectiveInstance]) -> Iterator[tuple]:
+    """Each instance's key in :func:`match_groups` (``("alone", id)`` for one matched alone), made
+    as it is taken (not a tuple per instance at once): a rank's keys need only its own instances,
+    so the worker holding it can make them."""
     counted: dict[int, int] = {}
     unnumbered = [
         (inst, ends) for inst in instances
@@ -287,7 +297,6 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
         stream = (inst.pg_uid, inst.replay, ends, inst.rank)
         streams[stream] += 1
         counted[id(inst)] = streams[stream]
-    groups: dict[tuple, list[CollectiveInstance]] = {}
     batched = batch_keys(instances)
     for inst in instances:
         ends = inst.p2p_ends if inst.is_p2p else None
@@ -304,8 +313,7 @@ def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[Collectiv
             key = inst.key if numbered is None else (numbered, *inst.key)
             if (part := inst.arg(ANN_SEQ_PART)) is not None:
                 key = (*key, part)
-        groups.setdefault(key, []).append(inst)
-    return list(groups.values())
+        yield key
 
 
 @dataclass(slots=True)

@@ -160,11 +160,11 @@ def analyze(
         coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else {i.rank for i in instances})
     seqs = SeqIndex(instances, coverage)
     matched = [
-        _measure(members, coverage, seqs)
+        measure(members, coverage, seqs)
         for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
     ]
     matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
-    _flag_stragglers(matched, coverage, straggler_min_skew_us)
+    flag_stragglers(matched, coverage, straggler_min_skew_us)
     for m in matched:
         m.findings.extend(check(m))
     by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
@@ -175,7 +175,7 @@ def analyze(
             target.findings.append(gap)
     findings = [f for m in matched for f in m.findings]
     findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
-    return Analysis(matched, findings, _busbw_series(matched), _markers(matched), coverage,
+    return Analysis(matched, findings, _busbw_series(matched), markers(matched), coverage,
                     impact(matched, coverage), traffic(matched))
 
 
@@ -208,7 +208,7 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
     return max(0, (2 if first.is_p2p else first.group_size) - len({i.rank for i in members}))
 
 
-def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqIndex) -> MatchedCollective:
+def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqIndex) -> MatchedCollective:
     by_rank = {i.rank: i for i in members}
     first = min(members, key=lambda i: (i.start_ns, i.rank))
     last = max(members, key=lambda i: (i.start_ns, -i.rank))
@@ -255,19 +255,30 @@ def _measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqInd
     )
 
 
-def _flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_skew_us: float) -> None:
+def skews(matched: list[MatchedCollective]) -> list[tuple[bool, int, int]]:
+    """``(p2p, last rank, skew)`` of each measured instance: what the straggler noise is made of
+    (merge workers analysing parts of the job pool theirs, :mod:`commtag.merge.engine.shards`)."""
+    return [(m.is_p2p, m.last_rank, m.skew_ns) for m in matched
+            if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
+
+
+def flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_skew_us: float,
+                    measured: Optional[list[tuple[bool, int, int]]] = None) -> None:
     """Name the late rank where its lead clears the floor, its transfer time and the noise,
-    and its own trace covers the time it was late (see the module docstring)."""
-    measured = [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
+    and its own trace covers the time it was late (see the module docstring). ``measured``:
+    the whole job's :func:`skews` (default: those of ``matched``)."""
+    if measured is None:
+        measured = skews(matched)
     floor = min_skew_us * 1000
-    candidates = [m for m in measured if m.skew_ns >= max(floor, m.transfer_ns)
+    candidates = [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1
+                  and m.skew_ns >= max(floor, m.transfer_ns)
                   and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)
                   and not any(i.arg(ANN_INFERRED) for i in m.members.values())]
     noise: dict[tuple[bool, int], float] = {}
     for m in candidates:
         key = (m.is_p2p, m.last_rank)
         if key not in noise:
-            others = [o.skew_ns for o in measured if o.is_p2p == m.is_p2p and o.last_rank != m.last_rank]
+            others = [skew for p2p, last, skew in measured if p2p == m.is_p2p and last != m.last_rank]
             noise[key] = statistics.median(others) if len(others) >= NOISE_MIN_SAMPLES else 0.0
         m.straggler = m.skew_ns >= STRAGGLER_NOISE_FACTOR * noise[key]
 
@@ -280,12 +291,22 @@ def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) ->
 
 def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
     """Per group, a step counter: the summed busbw of the transfers running at each moment."""
+    return busbw_series(busbw_edges(matched))
+
+
+def busbw_edges(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
+    """Per group, where each measured transfer adds its busbw and where it takes it off."""
     edges: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for m in matched:
         if m.busbw_gbps is None:
             continue
         edges[m.pg_uid].append((m.last_start_ns, m.busbw_gbps))
         edges[m.pg_uid].append((m.last_start_ns + m.transfer_ns, -m.busbw_gbps))
+    return edges
+
+
+def busbw_series(edges: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    """:func:`busbw_edges` as step series (edges of one group in any order: they are sorted)."""
     series: dict[str, list[tuple[int, float]]] = {}
     for pg, pg_edges in edges.items():
         level = 0.0
@@ -301,7 +322,7 @@ def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int,
     return series
 
 
-def _markers(matched: list[MatchedCollective]) -> list[Marker]:
+def markers(matched: list[MatchedCollective]) -> list[Marker]:
     """A straggler marker on the late rank; a desync marker on every member rank."""
     out: list[Marker] = []
     for m in matched:

@@ -6,7 +6,7 @@ from typing import Optional
 
 from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
 from commtag.merge.analysis.impact import impact_counters
-from commtag.merge.analysis.results import Analysis, to_us
+from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.records import (
     ALL_TIME,
     WINDOW_MARKER,
@@ -37,15 +37,17 @@ def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] =
     for m in analysis.collectives:
         owner[m.pg_uid] = min(owner.get(m.pg_uid, m.first_rank), *m.members)
         names.setdefault(m.pg_uid, m.lane_name or m.pg_uid)
-    counters = [
-        CounterSeries(owner[pg], f"busbw {names[pg]} (GB/s)", points, unit="GB/s", lane=names[pg])
-        for pg, points in sorted(analysis.busbw.items())
-    ]
+    counters = [busbw_counter(owner[pg], names[pg], points) for pg, points in sorted(analysis.busbw.items())]
     counters.extend(impact_counters(analysis.impact))
-    return TraceAnnotations(counters=counters, markers=[*analysis.markers, *_window_markers(analysis.coverage)])
+    return TraceAnnotations(counters=counters, markers=[*analysis.markers, *window_markers(analysis.coverage)])
 
 
-def _window_markers(coverage: Coverage) -> list[Marker]:
+def busbw_counter(rank: int, name: str, points: list[tuple[int, float]]) -> CounterSeries:
+    """A group's busbw counter track, on ``rank`` (its lowest member), named after its lane ``name``."""
+    return CounterSeries(rank, f"busbw {name} (GB/s)", points, unit="GB/s", lane=name)
+
+
+def window_markers(coverage: Coverage) -> list[Marker]:
     out = []
     for rank, windows in sorted(coverage.windows.items()):
         for k, (first, last) in enumerate(w for w in windows if w != ALL_TIME):
@@ -68,22 +70,7 @@ def annotate(analysis: Analysis) -> None:
     """Write the figures into each member's annotations (its lane slice's): the collective's
     into one common dict its members share, each rank's wait into that rank's own args."""
     for m in analysis.collectives:
-        figures: dict[str, object] = {ANN_RANKS_MATCHED: f"[{', '.join(map(str, m.ranks))}]"}
-        if m.complete:
-            figures[ANN_SKEW_US] = to_us(m.skew_ns)
-            figures[ANN_LAST_RANK] = m.last_rank
-        else:
-            figures[ANN_MISSING_RANKS] = f"[{', '.join(map(str, m.missing_ranks))}]"
-            if m.unnamed_missing:
-                figures[ANN_MEMBERS_NOT_FOUND] = m.unnamed_missing
-        if m.bytes is not None:
-            figures[ANN_BYTES] = m.bytes
-        if m.algbw_gbps is not None:
-            figures[ANN_ALGBW] = round(m.algbw_gbps, 6)
-        if m.busbw_gbps is not None:
-            figures[ANN_BUSBW] = round(m.busbw_gbps, 6)
-        if m.findings:
-            figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
+        figures = collective_figures(m)
         joined: dict[int, dict] = {}
         waits = m.waits_ns
         for rank, inst in m.members.items():
@@ -96,6 +83,27 @@ def annotate(analysis: Analysis) -> None:
                 inst.args[ANN_WAIT_US] = to_us(waits[rank])
             if m.straggler and rank == m.last_rank:
                 inst.args[ANN_STRAGGLER] = True
+
+
+def collective_figures(m: MatchedCollective) -> dict[str, object]:
+    """What the analysis says of one matched collective, on each member's lane slice."""
+    figures: dict[str, object] = {ANN_RANKS_MATCHED: f"[{', '.join(map(str, m.ranks))}]"}
+    if m.complete:
+        figures[ANN_SKEW_US] = to_us(m.skew_ns)
+        figures[ANN_LAST_RANK] = m.last_rank
+    else:
+        figures[ANN_MISSING_RANKS] = f"[{', '.join(map(str, m.missing_ranks))}]"
+        if m.unnamed_missing:
+            figures[ANN_MEMBERS_NOT_FOUND] = m.unnamed_missing
+    if m.bytes is not None:
+        figures[ANN_BYTES] = m.bytes
+    if m.algbw_gbps is not None:
+        figures[ANN_ALGBW] = round(m.algbw_gbps, 6)
+    if m.busbw_gbps is not None:
+        figures[ANN_BUSBW] = round(m.busbw_gbps, 6)
+    if m.findings:
+        figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
+    return figures
 
 
 class MergeAnalysis:

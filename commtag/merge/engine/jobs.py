@@ -45,10 +45,12 @@ _SERVE = "from commtag.merge.engine.jobs import serve; raise SystemExit(serve())
 MIN_INPUT_PER_WORKER = 16 << 20
 
 
-#: A merge worker's peak RSS, measured by launch/bench_merge.py and bench_ranks.py: a fixed part
-#: (interpreter, imports, output buffers), a part per byte of the largest rank's JSON (the rank it
-#: holds while writing it), and every rank's collective records, which every worker holds for the
-#: analysis (~750 bytes per instance, ~700 bytes of sidecar each: counted per sidecar byte).
+#: A merge worker's peak RSS, measured by launch/bench_merge.py, bench_ranks.py and bench_shards.py:
+#: a fixed part (interpreter, imports, output buffers), a part per byte of the largest rank's JSON
+#: (the rank it holds while writing it), and its share of the job's collective records (~750 bytes
+#: per instance, ~700 bytes of sidecar each: counted per sidecar byte). One process holds every
+#: rank's; each of N workers holds 1/N of them at a time (engine/shards.py: its ranks' packed,
+#: the collectives it owns matched a bucket at a time), so the records are 2/N per worker.
 #: Taken on the high side, so that -j's default never starts more workers than memory holds.
 WORKER_BASE_RSS = 64 << 20
 
@@ -59,19 +61,22 @@ WORKER_RSS_PER_JSON_BYTE = 3
 WORKER_RSS_PER_SIDECAR_BYTE = 2
 
 
-def worker_rss_estimate(largest_rank_json: int, all_sidecars: int = 0) -> int:
-    """The peak RSS one merge worker is expected to reach: its largest rank has ``largest_rank_json``
-    bytes of JSON, and the job's sidecars (every rank's records) ``all_sidecars`` bytes."""
-    return WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json + WORKER_RSS_PER_SIDECAR_BYTE * all_sidecars
+def worker_rss_estimate(largest_rank_json: int, all_sidecars: int = 0, workers: int = 1) -> int:
+    """The peak RSS one of ``workers`` merge workers is expected to reach: its largest rank has
+    ``largest_rank_json`` bytes of JSON, and the job's sidecars (every rank's records) ``all_sidecars``
+    bytes, of which it holds its share."""
+    return (WORKER_BASE_RSS + WORKER_RSS_PER_JSON_BYTE * largest_rank_json
+            + WORKER_RSS_PER_SIDECAR_BYTE * all_sidecars // workers)
 
 
 def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int],
              all_sidecars: int = 0) -> int:
     """-j's default from what it depends on: no more workers than CPUs, than the input keeps busy,
-    or than the memory available holds (None: unknown, no cap)."""
+    or than the memory available holds, each holding its share of the records (None: unknown, no cap)."""
     jobs = min(cpus, input_bytes // MIN_INPUT_PER_WORKER)
     if available_memory is not None:
-        jobs = min(jobs, available_memory // worker_rss_estimate(largest_rank_json, all_sidecars))
+        while jobs > 1 and jobs * worker_rss_estimate(largest_rank_json, all_sidecars, jobs) > available_memory:
+            jobs -= 1
     return max(1, jobs)
 
 

@@ -84,8 +84,12 @@ class MergeResult:
     #: Whether this process is the merge worker that wrote the output (always, without torchrun);
     #: another worker's result has no instances and is not the one to report.
     lead: bool = True
-    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker.
+    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker; with
+    #: several workers the matched collectives stay with the workers that matched them (none here).
     analysis: Optional[Analysis] = None
+    #: The collective slices the merged trace holds (every rank's, also where ``instances`` holds
+    #: only the lead's own ranks': workers of several keep their own).
+    slices: int = 0
 
 
 def default_output(inputs: Sequence[Path]) -> Path:

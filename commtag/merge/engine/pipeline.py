@@ -34,11 +34,12 @@ import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
 from commtag.merge.engine import budget, hosts
 from commtag.merge.inputs import runs
+from commtag.merge.inputs.clock import time_origin
 from commtag.merge.pftrace import lanes, writer
 from commtag.merge.pftrace.sequence import SequenceWriter
 from commtag.merge.analysis.align import Alignment, estimate_offsets
@@ -56,15 +57,13 @@ from commtag.merge.inputs.selection import (
     NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
+from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
+from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
 from commtag.merge.rank.stage import (
     attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only,
 )
-
-
-if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
-    pass
 
 
 @dataclass
@@ -90,7 +89,7 @@ class MergePlan:
     notices: list[str] = field(default_factory=list)
     #: ``align="collectives"``: each rank's clock correction and how it was estimated.
     alignment: Optional[Alignment] = None
-    #: The wall-clock ns every timestamp of the merged file counts from (:func:`time_origin`).
+    #: The wall-clock ns every timestamp of the merged file counts from (:func:`commtag.merge.inputs.clock.time_origin`).
     origin: int = 0
     #: With a selection, the times each file keeps (known once the clocks are aligned).
     spans_of: Optional[FileSpans] = None
@@ -139,19 +138,28 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
+        # Workers of several share the analysis out (engine/shards.py): each keeps its ranks' records.
+        held = Held() if plan.world.size > 1 and (analysis is None or isinstance(analysis, MergeAnalysis)) else None
         # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = exchange(plan.world, lambda: write_ranks(plan), plan.interner, plan.skipped, plan.notices)
-        instances, warned = gather(plan, everyone)
+        everyone = exchange(plan.world, lambda: write_ranks(plan, held.take if held else None),
+                            plan.interner, plan.skipped, plan.notices)
+        instances, warned = gather(plan, everyone, held)
+        own: Optional[OwnLanes] = None
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
-            annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
+            if held is not None:
+                outcome = share_analysis(plan.world, held, everyone, analysis, coverage(everyone), plan.interner)
+                annotations, own = outcome.annotations, outcome.lanes
+            else:
+                annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
         # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
-        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations))
+        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, own))
         if plan.output.apart:
             assemble(plan, everyone, shards)
         else:
             plan.output.publish([Path(part["shard"]) for part in shards if part is not None])
     lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
-    return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [],
+    slices = sum(held.counts.values()) if held is not None else len(instances)
+    return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [], slices=slices,
                        alignment=plan.alignment, annotations=annotations if lead else None,
                        skipped=plan.skipped or [], notices=plan.notices,
                        accounts=[s.account for s in everyone if s.account is not None],
@@ -198,7 +206,7 @@ def align_clocks(plan: MergePlan) -> None:
 def place_in_time(plan: MergePlan) -> None:
     """The time origin every worker writes from and, with a selection, the times each file keeps."""
     offsets = plan.alignment.offsets if plan.alignment else {}
-    plan.origin = time_origin(plan.ranks, offsets)
+    plan.origin = time_origin([(f.base_ns, offsets.get(r.rank, 0)) for r in plan.ranks for f in r.files])
     selection = plan.options.selection
     if selection is not None:
         if selection.window is not None:  # each worker reads its own files; every one gets the job's range
@@ -229,13 +237,14 @@ def _selection_subject(plan: MergePlan) -> Path:
     return plan.output.path if plan.world.apart else plan.inputs[0]
 
 
-def check_kept(plan: MergePlan, everyone: Sequence[RankSummary]) -> None:
-    """A --steps or --window that keeps no event of any rank is an error, not an empty trace."""
+def check_kept(plan: MergePlan, everyone: Sequence[RankSummary], counts: Optional[dict[int, int]] = None) -> None:
+    """A --steps or --window that keeps no event of any rank is an error, not an empty trace
+    (``counts``: each rank's instances, where the summaries travelled without them)."""
     selection = plan.options.selection
     if selection is None or not selection.selects_time:
         return
     for s in everyone:
-        if s.instances or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
+        if s.instances or (counts or {}).get(s.rank) or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
             return
     problem = f"{describe(selection)} keeps no event of any rank"
     # Every merged file holds steps (--steps refuses one without). On several hosts the first rank's
@@ -301,18 +310,26 @@ def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional
                           else functools.partial(plan.world.receive_part, index) for _, index in order])
 
 
-def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
-    """Every rank's instances, in rank order, and the files that may be of another run;
-    what the user should know about them goes to the plan's notices."""
+def gather(plan: MergePlan, everyone: list[RankSummary],
+           held: Optional[Held] = None) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
+    """Every rank's instances, in rank order (none where ``held`` keeps this worker's share:
+    they are settled there), and the files that may be of another run; what the user should
+    know about them goes to the plan's notices."""
     if not everyone:
         raise nothing_left(plan.inputs, plan.skipped or [])
     warned = runs.suspects(everyone)
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
-    check_kept(plan, everyone)
-    instances = [i for s in everyone for i in s.instances]
-    settle_inferred(instances)
-    timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
+    instances: list[CollectiveInstance] = []
+    if held is not None:
+        settle_shares(plan.world, held)
+        check_kept(plan, everyone, held.counts)
+        timed_by_ops = held.timed_by_ops
+    else:
+        check_kept(plan, everyone)
+        instances = [i for s in everyone for i in s.instances]
+        settle_inferred(instances)
+        timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
     if timed_by_ops:
         plan.notices.append(f"{timed_by_ops} collective instances are timed by their CPU op (record_param_comms "
                             "or c10d; no kernel of theirs carried collective metadata): host times, no bandwidth")
@@ -328,14 +345,17 @@ def gather(plan: MergePlan, everyone: list[RankSummary]) -> tuple[list[Collectiv
 
 
 def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
-                annotations: Optional[TraceAnnotations]) -> dict:
-    """The lanes block of this worker's ranks, after them in its part; where the part is."""
+                annotations: Optional[TraceAnnotations], held: Optional[Held] = None,
+                own: Optional[OwnLanes] = None) -> dict:
+    """The lanes block of this worker's ranks, after them in its part; where the part is
+    (``held``, ``own``: what this worker learnt of every rank and its ranks' instances, where the
+    analysis was shared out)."""
     with plan.output.open_part("ab") as stream, collector_paused():
         lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
-            stream, lanes.lane_layout(everyone), instances,
+            stream, lanes.lane_layout(everyone, held.used if held else None), instances,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
-            {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-            ranks={r.rank for r in plan.mine},
+            held.lane_kernels if held else {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
+            ranks={r.rank for r in plan.mine}, flows=own.flows if own else None, by_lane=own,
         )
     return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
 
@@ -378,9 +398,10 @@ def collect(
     return coverage(summaries), instances
 
 
-def write_ranks(plan: MergePlan) -> list[RankSummary]:
+def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSummary]] = None) -> list[RankSummary]:
     """Stream, attach and write this worker's ranks into its part, one sequence for all;
-    worker 0's part starts with the trace's header. What is kept of each rank."""
+    worker 0's part starts with the trace's header. What is kept of each rank (``keep``: what
+    becomes of each summary once its rank is written)."""
     ranks: Iterable[RankInput] = plan.mine
     show = sys.stderr.isatty() if plan.options.progress is None else plan.options.progress
     if show:
@@ -396,7 +417,7 @@ def write_ranks(plan: MergePlan) -> list[RankSummary]:
                 summary = _write_rank(plan, stream, seq, rank, header)
             if summary is not None:
                 header = False
-                summaries.append(summary)
+                summaries.append(keep(summary) if keep is not None else summary)
     return summaries
 
 
@@ -427,24 +448,3 @@ def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
         for path, trace in attached_whole(rank, offset, plan.interner):
             plan.output.stage_json(path.name, trace)
     return summary
-
-
-#: How far before the earliest base time the origin lies: room for times a little before
-#: their trace's start (a sidecar's recorded span). Events within 34 s of the origin take
-#: 5-byte varints, and Kineto never records before its base time.
-ORIGIN_MARGIN_NS = 10**9
-
-
-def time_origin(ranks: Sequence[RankInput], offsets: dict[int, int]) -> int:
-    """The wall-clock ns every timestamp of the merged file counts from.
-
-    The same on every merge worker (from discovery and the offsets, which all
-    workers share), so shards concatenate; 0 when a file's base time is not
-    known from its first bytes.
-    """
-    bases = [f.base_ns + offsets.get(r.rank, 0) for r in ranks for f in r.files]
-    if not bases or any(f.base_ns <= 0 for r in ranks for f in r.files):
-        return 0
-    return max(0, min(bases) - ORIGIN_MARGIN_NS)
-
-

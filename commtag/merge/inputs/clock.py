@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Sequence
 
 from commtag.constants import TIME_NS_LIMIT
 from commtag.merge.errors import MergeInputError
-
-if TYPE_CHECKING:
-    pass
 
 
 def checked_base_ns(path: Path, base: object) -> int:
@@ -38,3 +35,22 @@ def event_ns(event: dict, base: int) -> tuple[int, int]:
     d = event.get("dur", 0) * 1000
     d = d if d.__class__ is int else round(d)
     return start, start + (d if d > 0 else 0)
+
+
+#: How far before the earliest base time the origin lies: room for times a little before
+#: their trace's start (a sidecar's recorded span). Events within 34 s of the origin take
+#: 5-byte varints, and Kineto never records before its base time.
+ORIGIN_MARGIN_NS = 10**9
+
+
+def time_origin(files: Sequence[tuple[int, int]]) -> int:
+    """The wall-clock ns every timestamp of the merged file counts from, given each file's
+    ``(base time, its rank's clock offset)``.
+
+    The same on every merge worker (from discovery and the offsets, which all
+    workers share), so shards concatenate; 0 when a file's base time is not
+    known from its first bytes.
+    """
+    if not files or any(base <= 0 for base, _ in files):
+        return 0
+    return max(0, min(base + offset for base, offset in files) - ORIGIN_MARGIN_NS)

@@ -9,7 +9,7 @@ calls one collective.
 
 from __future__ import annotations
 
-from typing import BinaryIO, Collection, Optional, Sequence
+from typing import BinaryIO, Collection, Iterator, Optional, Protocol, Sequence
 
 from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
@@ -51,27 +51,40 @@ def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
         if n < 2 or len({m.rank for m in members}) != n:
             continue
         members.sort(key=lambda m: (m.start_ns, m.rank))
-        first = flow_id(FLOW_CROSS_RANK, 0, counter + 1)  # the id of this group's pair number k is first + k
-        if n <= FULL_MESH_MAX:
-            # Pair (i, j), i < j, is number starts[i] + (j - i - 1), where starts[i] counts the pairs before i's.
-            starts = [0] * n
-            for i in range(1, n):
-                starts[i] = starts[i - 1] + n - i
-            for j, member in enumerate(members):
-                if ranks is not None and member.rank not in ranks:
-                    continue
-                out = range(first + starts[j], first + starts[j] + n - 1 - j) if j < n - 1 else None
-                into = tuple(first + starts[i] + j - i - 1 for i in range(j)) or None
-                flows[id(member)] = (out, into)
-            counter += n * (n - 1) // 2
-        else:  # a star from the first member
-            if ranks is None or members[0].rank in ranks:
-                flows[id(members[0])] = (range(first, first + n - 1), None)
-            for j in range(1, n):
-                if ranks is None or members[j].rank in ranks:
-                    flows[id(members[j])] = first + j - 1
-            counter += n - 1
+        for member, found in zip(members, group_flows(n, counter)):
+            if ranks is None or member.rank in ranks:
+                flows[id(member)] = found
+        counter += flows_of(n)
     return flows, counter
+
+
+def flows_of(n: int) -> int:
+    """How many cross-rank flows link the ``n`` members of one collective."""
+    return n * (n - 1) // 2 if n <= FULL_MESH_MAX else n - 1
+
+
+def group_flows(n: int, numbered: int) -> list:
+    """The flows of each of the ``n`` members of one collective, in the order of their starts (see
+    :func:`cross_rank_flows`), numbered after the ``numbered`` flows before them."""
+    first = flow_id(FLOW_CROSS_RANK, 0, numbered + 1)  # the id of this group's pair number k is first + k
+    if n > FULL_MESH_MAX:  # a star from the first member
+        return [(range(first, first + n - 1), None)] + [first + j - 1 for j in range(1, n)]
+    # Pair (i, j), i < j, is number starts[i] + (j - i - 1), where starts[i] counts the pairs before i's.
+    starts = [0] * n
+    for i in range(1, n):
+        starts[i] = starts[i - 1] + n - i
+    return [(range(first + starts[j], first + starts[j] + n - 1 - j) if j < n - 1 else None,
+             tuple(first + starts[i] + j - i - 1 for i in range(j)) or None) for j in range(n)]
+
+
+class LaneInstances(Protocol):
+    """Instances by (rank, lane name), each taken once (a dict, or one that makes them when taken)."""
+
+    def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]: ...
+
+    def __iter__(self) -> Iterator[tuple[int, str]]: ...
+
+    def __len__(self) -> int: ...
 
 
 class LanesWriter:
@@ -96,7 +109,8 @@ class LanesWriter:
     def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
               instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
               markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
-              ranks: Optional[Collection[int]] = None) -> None:
+              ranks: Optional[Collection[int]] = None, flows: Optional[InstanceFlows] = None,
+              by_lane: Optional[LaneInstances] = None) -> None:
         """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
         (default: every rank).
 
@@ -106,14 +120,20 @@ class LanesWriter:
         every rank's, as the cross-rank flows are numbered over all of them
         (so workers writing different ranks agree on them); each goes to the
         lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
-        -> annotations of the lane's kernel categories, an instant at its first slice.
+        -> annotations of the lane's kernel categories, an instant at its first slice. ``flows``:
+        the cross-rank flows of ``instances`` where those are only ``ranks``' (numbered by the merge
+        workers that matched them, :mod:`commtag.merge.engine.shards`); ``by_lane``: the instances
+        of each (rank, lane), given as taken (a worker unpacking each lane's only when it writes it,
+        filling ``flows`` with their flows), in place of ``instances``.
         """
         wanted = None if ranks is None else set(ranks)
-        flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
-        by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
-        for inst in instances:
-            if wanted is None or inst.rank in wanted:
-                by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+        if flows is None:
+            flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
+        if by_lane is None:
+            by_lane = {}
+            for inst in instances:
+                if wanted is None or inst.rank in wanted:
+                    by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
         counters, markers = write_group_view(self, stream, lanes, by_lane, flows, lane_kernels or {}, counters,
                                              markers, wanted)
         if by_lane:
@@ -162,7 +182,17 @@ class LanesWriter:
             self.seq.instant(marker.ts_ns, track, self.seq.body(marker.name, "commtag", marker.args))
 
 
-def lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, int]]]:
+def lanes_used(instances: Sequence[CollectiveInstance]) -> list[tuple[str, str, int]]:
+    """The lanes ``instances`` (one rank's) are on: (lane name, pg uid, group size) of the first on each."""
+    seen: dict[str, tuple[str, str, int]] = {}
+    for inst in instances:
+        if inst.lane_name not in seen:
+            seen[inst.lane_name] = (inst.lane_name, inst.pg_uid, inst.group_size)
+    return list(seen.values())
+
+
+def lane_layout(summaries: Sequence[RankSummary],
+                used_of: Optional[dict[int, list[tuple[str, str, int]]]] = None) -> dict[int, list[tuple[str, int]]]:
     """Each rank's lanes, in one global order: a group's lane on every loaded member.
 
     Larger groups come first (the world group on top), then groups by their
@@ -171,7 +201,9 @@ def lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, i
     anywhere get lanes; membership comes from the group tables (ranks), or
     from having instances on it.
     """
-    used = {i.lane_name for s in summaries for i in s.instances}
+    if used_of is None:
+        used_of = {s.rank: lanes_used(s.instances) for s in summaries}
+    used = {lane for rows in used_of.values() for lane, _, _ in rows}
     sort_keys: dict[str, tuple] = {}
     members: dict[str, set[int]] = {}
     loaded = {s.rank for s in summaries}
@@ -186,9 +218,9 @@ def lane_layout(summaries: Sequence[RankSummary]) -> dict[int, list[tuple[str, i
             if group.lane_name in used:
                 lane(group.lane_name, group.pg_uid, len(group.ranks))
                 members.setdefault(group.lane_name, set()).update(r for r in group.ranks if r in loaded)
-        for inst in s.instances:
-            lane(inst.lane_name, inst.pg_uid, inst.group_size)
-            members.setdefault(inst.lane_name, set()).add(s.rank)
+        for name, pg_uid, size in used_of.get(s.rank, ()):
+            lane(name, pg_uid, size)
+            members.setdefault(name, set()).add(s.rank)
     order = {name: i for i, name in enumerate(sorted(sort_keys, key=sort_keys.__getitem__))}
     layout: dict[int, list[tuple[str, int]]] = {}
     for name, ranks in members.items():

@@ -48,7 +48,7 @@ NCCL kernels with no metadata at all (old traces)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from commtag.identity import UNATTRIBUTED_LANE, UNATTRIBUTED_LANE_ID, UNATTRIBUTED_UID
 from commtag.merge.rank.eager import comms_ops, kernel_calls, pair_calls
@@ -144,21 +144,30 @@ def _unattributed(events: FileEvents) -> None:
         events.instances.append(inst)
 
 
-def settle_inferred(instances: Sequence[CollectiveInstance]) -> None:
+def settle_inferred(instances: Sequence[CollectiveInstance],
+                    seqs: Optional[dict[str, dict[int, int]]] = None) -> None:
     """Keep cross-rank links of metadata-less kernels only where every rank agrees.
 
     Their Seq is a per-rank count per collective kind, which names the same
     instance on every rank only if all ranks saw the same kernels; otherwise
-    each rank's get a rank-private uid so that nothing matches them.
+    each rank's get a rank-private uid so that nothing matches them. ``seqs``:
+    every rank's :func:`inferred_seqs` where ``instances`` are only some ranks' (a merge worker's).
     """
-    seqs: dict[str, dict[int, int]] = {}
-    for inst in instances:
-        if inst.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
-            per_rank = seqs.setdefault(inst.pg_uid, {})
-            per_rank[inst.rank] = max(per_rank.get(inst.rank, 0), inst.seq)
+    if seqs is None:
+        seqs = inferred_seqs(instances)
     agreed = {uid for uid, per_rank in seqs.items() if len(set(per_rank.values())) == 1}
     for inst in instances:
         if inst.pg_uid in seqs and inst.pg_uid not in agreed:
             inst.pg_uid = f"{inst.pg_uid}:rank{inst.rank}"
             inst.args[ANN_PG_UID] = inst.pg_uid
             inst.args[ANN_CROSS_RANK] = False
+
+
+def inferred_seqs(instances: Iterable[CollectiveInstance]) -> dict[str, dict[int, int]]:
+    """Per metadata-less kernel uid, each rank's last Seq of it (what :func:`settle_inferred` compares)."""
+    seqs: dict[str, dict[int, int]] = {}
+    for inst in instances:
+        if inst.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
+            per_rank = seqs.setdefault(inst.pg_uid, {})
+            per_rank[inst.rank] = max(per_rank.get(inst.rank, 0), inst.seq)
+    return seqs

@@ -1,0 +1,176 @@
+"""The analysis in parts: what a merge worker analysing some of the job's collectives needs to
+know of the rest, in numbers, not records.
+
+A merge worker of several (:mod:`commtag.merge.engine.shards`) matches and measures only the
+collectives it owns, but two checks look past one collective: whether a member that lacks it
+ran past its Seq, and the Seq gaps of a group. Both read each rank's Seqs of a group, which
+:class:`SeqRuns` keeps as runs of consecutive Seqs (a few per rank, group and window) built by
+the worker holding the rank (:func:`seq_runs`), so every worker can hold every rank's.
+Once matched and checked, a member is only its times (:class:`Member`); the lead replays the
+impact from every collective's member times and lists the findings (:func:`lead_result`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+from commtag.merge.analysis.impact import impact
+from commtag.merge.analysis.results import Analysis, Finding, FindingKind, MatchedCollective
+from commtag.merge.records import CollectiveInstance, Coverage
+from commtag.vocab import ANN_INFERRED, ANN_SEQ_FROM
+
+
+class SeqRun(NamedTuple):
+    """Consecutive Seqs one rank issued on one group (see :class:`commtag.merge.analysis.checks.SeqIndex`)."""
+
+    pg_uid: str
+    rank: int
+    first: int
+    last: int
+    #: The windows the first and the last Seq ran in (None: outside every window).
+    first_window: Optional[int]
+    last_window: Optional[int]
+    #: The first Seq's start and the last Seq's end (ns).
+    start_ns: int
+    end_ns: int
+
+
+class SeqRef(NamedTuple):
+    """What a Seq gap names of its group: its lane and members (its first instance's, in rank order)."""
+
+    lane_name: str
+    group_ranks: tuple[int, ...]
+
+
+def seq_issued(inst: CollectiveInstance) -> bool:
+    """Whether ``inst``'s Seq is one its backend issued in its window (the Seq checks' instances)."""
+    return not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None
+
+
+def seq_runs(instances: Sequence[CollectiveInstance], coverage: Coverage) -> list[SeqRun]:
+    """The runs of consecutive Seqs of ``instances`` (one rank's or several, in the order read),
+    per group and rank; a Seq's first instance gives its times, as in SeqIndex."""
+    found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
+    for inst in instances:
+        if seq_issued(inst):
+            found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
+    runs: list[SeqRun] = []
+    for (pg, rank), seqs in found.items():
+        run: Optional[list] = None
+        for s, inst in sorted(seqs.items()):
+            window = coverage.window_of(rank, inst.start_ns)
+            if run is not None and s == run[3] + 1:
+                run[3], run[5], run[7] = s, window, inst.end_ns
+                continue
+            if run is not None:
+                runs.append(SeqRun(*run))
+            run = [pg, rank, s, s, window, window, inst.start_ns, inst.end_ns]
+        if run is not None:
+            runs.append(SeqRun(*run))
+    return runs
+
+
+class SeqRuns:
+    """:class:`commtag.merge.analysis.checks.SeqIndex` read from runs: the same answers for
+    ``recorded``, ``passed``, ``holes``, ``groups`` and the keys of ``by_rank``.
+
+    ``refs``: each group's lane and members, from its first instance in rank order."""
+
+    def __init__(self, runs: Sequence[SeqRun], refs: dict[str, SeqRef]) -> None:
+        by_rank: dict[tuple[str, int], list[SeqRun]] = defaultdict(list)
+        for run in sorted(runs, key=lambda run: run.rank):  # each group's ranks in rank order, as SeqIndex's
+            by_rank[(run.pg_uid, run.rank)].append(run)
+        for listed in by_rank.values():
+            listed.sort(key=lambda run: run.first)
+        #: (pg, rank) -> its runs in Seq order.
+        self.by_rank = dict(by_rank)
+        #: (pg, rank) -> each run's first Seq, for bisecting.
+        self._firsts = {key: [run.first for run in listed] for key, listed in self.by_rank.items()}
+        self.groups = refs
+
+    def _around(self, pg: str, rank: int, seq: int) -> tuple[Optional[SeqRun], Optional[SeqRun]]:
+        """The run holding or last before ``seq``, and the first run after it."""
+        firsts = self._firsts.get((pg, rank))
+        if not firsts:
+            return None, None
+        at = bisect.bisect_right(firsts, seq) - 1
+        runs = self.by_rank[(pg, rank)]
+        return (runs[at] if at >= 0 else None), (runs[at + 1] if at + 1 < len(runs) else None)
+
+    def recorded(self, pg: str, rank: int, seq: int) -> bool:
+        before, _ = self._around(pg, rank, seq)
+        return before is not None and before.first <= seq <= before.last
+
+    def passed(self, pg: str, rank: int, seq: int) -> bool:
+        """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
+        before, after = self._around(pg, rank, seq)
+        if before is not None and seq <= before.last:
+            return True
+        return before is not None and after is not None and before.last_window is not None \
+            and before.last_window == after.first_window
+
+    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
+        """As ``SeqIndex.holes``: the Seqs between two runs of one window, with the times around them."""
+        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+        for (pg, rank), runs in self.by_rank.items():
+            for a, b in zip(runs, runs[1:]):
+                if a.last_window is not None and a.last_window == b.first_window:
+                    for s in range(a.last + 1, b.first):
+                        out[(pg, s)][rank] = (a.end_ns, b.start_ns)
+        return out
+
+
+class Member:
+    """A matched member once matched and checked: its times and the one arg later steps read
+    (whether it was paired by order, for the straggler rule); its record stays with its holder."""
+
+    __slots__ = ("start_ns", "end_ns", "inferred")
+
+    def __init__(self, start_ns: int, end_ns: int, inferred: bool) -> None:
+        self.start_ns, self.end_ns, self.inferred = start_ns, end_ns, inferred
+
+    def arg(self, key: str, default: object = None) -> object:
+        return self.inferred if key == ANN_INFERRED else default
+
+
+@dataclass(slots=True)
+class _Timed:
+    """A matched collective as the impact replay reads it (:class:`commtag.merge.analysis.impact.MatchedCollective`)."""
+
+    collective: str
+    complete: bool
+    last_rank: Optional[int]
+    first_start_ns: int
+    last_start_ns: int
+    members: dict[int, Member]
+
+
+def timed(row: list) -> tuple[list, _Timed]:
+    """One row of :func:`timed_row` as the replay reads it, with its place in one process's order."""
+    key, collective, complete, last, first, lastst, ranks, starts, ends = row
+    return key, _Timed(collective, complete, last, first, lastst,
+                       {r: Member(s, e, False) for r, s, e in zip(ranks, starts, ends)})
+
+
+def timed_row(key: list, m: MatchedCollective) -> list:
+    """What the impact replay reads of a matched collective, as JSON (``key``: its place)."""
+    ranks = list(m.members)
+    return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns, ranks,
+            [m.members[r].start_ns for r in ranks], [m.members[r].end_ns for r in ranks]]
+
+
+def lead_result(collectives: list[tuple[list, _Timed]], findings: list, unattached: list[Finding],
+                coverage: Coverage, busbw: dict[str, list[tuple[int, float]]]) -> Analysis:
+    """The lead's analysis of the whole job: the findings in one process's order, the impact
+    replay over every collective's member times (:func:`timed`), the busbw series (no matched
+    collectives: those stayed with the workers that matched them)."""
+    collectives.sort(key=lambda pair: pair[0])
+    replayed = impact([m for _, m in collectives], coverage)  # type: ignore[arg-type]
+    collectives.clear()
+    findings.sort(key=lambda row: (row[0], row[1]))
+    listed = [Finding(FindingKind(kind), pg, lane, seq, replay, p2p, tuple(ranks), tuple(fields), detail, desync)
+              for _, _, (kind, pg, lane, seq, replay, p2p, ranks, fields, detail, desync) in findings]
+    return Analysis([], listed + unattached, busbw, [], coverage, replayed)

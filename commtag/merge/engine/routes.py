@@ -1,0 +1,98 @@
+"""Pieces between merge workers: each goes to one worker, in bounded rounds.
+
+The sharded analysis (:mod:`commtag.merge.engine.shards`) sends a worker's records to the
+workers that own them and the figures back to the workers that write them. A round is one
+:func:`commtag.merge.engine.exchange.all_done`: every worker sends at most one piece to each
+other worker, each of at most :data:`PIECE_ROWS` rows, so what a worker holds of a round is
+bounded whatever the job's size. Rounds go on until no worker has anything left.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import orjson
+
+from commtag.merge.engine.exchange import all_done, from_wire, to_wire
+from commtag.merge.records import CollectiveInstance, Interner, RankSummary
+
+if TYPE_CHECKING:
+    from commtag.merge.engine.worlds import World
+
+#: Rows (instances, or their figures) one piece carries: a round's bytes on every worker stay a few MB.
+PIECE_ROWS = 8192
+
+
+def route(world: World, outgoing: list[Iterator[dict]], arrived: Callable[[dict], None]) -> int:
+    """Send each worker ``w`` the pieces ``outgoing[w]`` yields (this worker's own are handed to
+    ``arrived`` here), one piece per worker a round, until every worker's are out; each piece sent
+    to this worker goes to ``arrived`` as it comes. How many rounds it took."""
+    me = world.index
+    for piece in outgoing[me]:
+        arrived(piece)
+    rounds = 0
+    while True:
+        payload: dict[str, dict] = {}
+        for w, pieces in enumerate(outgoing):
+            if w != me:
+                piece = next(pieces, None)
+                if piece is not None:
+                    payload[str(w)] = piece
+        sent = bool(payload)
+        parts = all_done(world, lambda: {"pieces": payload})
+        del payload
+        rounds += 1
+        for k, part in enumerate(parts):
+            if part is None:
+                continue
+            parts[k] = None
+            sent = sent or bool(part["pieces"])
+            piece = part["pieces"].pop(str(me), None)
+            del part
+            if piece is not None:
+                arrived(piece)
+        if not sent:
+            return rounds
+
+
+def instance_pieces(rows: list[tuple[int, int, tuple, CollectiveInstance]]) -> Iterator[dict]:
+    """``(rank, place, match key, instance)`` rows as pieces of at most :data:`PIECE_ROWS`; each
+    row is let go once its piece is made (the list empties as it is sent)."""
+    rows.reverse()
+    while rows:
+        chunk = [rows.pop() for _ in range(min(PIECE_ROWS, len(rows)))]
+        by_rank: dict[int, list[tuple[int, tuple, CollectiveInstance]]] = {}
+        for rank, place, key, inst in chunk:
+            by_rank.setdefault(rank, []).append((place, key, inst))
+        del chunk
+        piece = to_wire([RankSummary(rank, "", None, [], instances=[inst for _, _, inst in listed])
+                         for rank, listed in by_rank.items()])
+        piece["places"] = [[place for place, _, _ in listed] for listed in by_rank.values()]
+        piece["keys"] = [[key for _, key, _ in listed] for listed in by_rank.values()]
+        del by_rank
+        yield piece
+
+
+def instances_from(piece: dict, interner: Interner) -> Iterator[tuple[int, int, tuple, CollectiveInstance]]:
+    """The rows of an :func:`instance_pieces` piece, decoded."""
+    for s, places, keys in zip(from_wire(piece, interner), piece["places"], piece["keys"]):
+        for inst, place, key in zip(s.instances, places, keys):
+            yield s.rank, place, tuple(key), inst
+
+
+def pack(rank: int, instances: list[CollectiveInstance]) -> bytes:
+    """One rank's instances as compressed JSON columns, held while the worker analyses others'."""
+    return zlib.compress(orjson.dumps(to_wire([RankSummary(rank, "", None, [], instances=instances)])), 1)
+
+
+def unpack(packed: bytes, interner: Interner) -> list[CollectiveInstance]:
+    """The instances :func:`pack` packed, in their order."""
+    return from_wire(orjson.loads(zlib.decompress(packed)), interner)[0].instances
+
+
+def rows_pieces(rows: list, name: str) -> Iterator[dict]:
+    """Rows as pieces ``{name: rows}`` of at most :data:`PIECE_ROWS` each (the list empties as they go)."""
+    rows.reverse()
+    while rows:
+        yield {name: [rows.pop() for _ in range(min(PIECE_ROWS, len(rows)))]}

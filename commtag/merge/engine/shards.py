@@ -1,0 +1,386 @@
+"""The analysis shared out between merge workers: each collective is matched and analysed by
+one worker, and a worker holds its own ranks' records and those of the collectives it owns.
+
+Why: when every worker received every rank's records, each held as much as one process merging
+alone or more (on a 1,024-rank job, 345 and 322 MiB against one process's 245), and every worker
+analysed all of them: ``-j`` and torchrun divided the time of reading, not the memory.
+
+How: a worker packs each rank's records (compressed JSON columns) as soon as the rank is
+written (:class:`Held`); their summaries travel without them. Then:
+
+1. Every worker learns each rank's instance counts, metadata-less kernels' last Seqs (so that
+   each settles its own as one process would), lanes, and Seq runs
+   (:func:`commtag.merge.analysis.parts.seq_runs`): numbers, not records.
+2. Each worker makes its instances' match keys (:func:`commtag.merge.records.match_keys`, a
+   rank's need only its own) and deals each to the worker owning its key, by a CRC of the
+   group, Seq and replay (every collective a Seq gap could name on one worker; a p2p message
+   by its key), and to a bucket there; sealed in small compressed pieces as it goes.
+3. Bucket by bucket (about :data:`BUCKET_ROWS` instances), each worker receives its
+   collectives' records (:mod:`commtag.merge.engine.routes`), matches, measures and checks them
+   as one process would (members in the order one process meets them) and keeps of each member
+   only its times. Then the straggler noise pools every worker's skews, the cross-rank flows are
+   numbered from every worker's counts in one process's order, a group's busbw counter is made
+   from every worker's transfers, and the lead replays the lateness (impact) from every
+   collective's member times and gathers the findings.
+4. What a writer needs goes back to the worker holding the instance: its figures (once per
+   collective), wait and flows, and the markers of its ranks, each with its place in one
+   process's order; the worker unpacks a lane's records only when it writes that lane
+   (:mod:`commtag.merge.engine.owned`). The lanes each worker writes are the bytes a worker
+   holding every record writes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import astuple, dataclass, field
+from typing import TYPE_CHECKING, Iterator, Optional
+
+import orjson
+
+from commtag.merge.analysis.analyze import busbw_edges, busbw_series, flag_stragglers, markers, measure, skews
+from commtag.merge.analysis.checks import check, seq_gaps
+from commtag.merge.analysis.hook import (
+    MergeAnalysis, busbw_counter, collective_figures, window_markers,
+)
+from commtag.merge.analysis.impact import impact_counters
+from commtag.merge.analysis.parts import (
+    Member, SeqRef, SeqRun, SeqRuns, lead_result, seq_issued, seq_runs, timed, timed_row,
+)
+from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
+from commtag.merge.batches import BATCH_KEY, BATCHES_OF, batch_keys
+from commtag.merge.engine.exchange import from_everyone
+from commtag.merge.engine.owned import OwnLanes, apply, back_pieces, flow_to_wire
+from commtag.merge.engine.routes import PIECE_ROWS, instance_pieces, instances_from, pack, route, rows_pieces, unpack
+from commtag.merge.pftrace.lanes import flows_of, group_flows, lanes_used
+from commtag.merge.rank.attach import inferred_seqs, settle_inferred
+from commtag.merge.records import (
+    CPU_OP_SOURCE, CollectiveInstance, CounterSeries, Coverage, Interner, Marker, RankSummary, TraceAnnotations,
+    match_keys,
+)
+from commtag.vocab import ANN_INFERRED
+
+if TYPE_CHECKING:
+    from commtag.merge.engine.worlds import World
+
+
+@dataclass
+class Held:
+    """This worker's ranks' instances, packed as each rank is written (rank -> in the order read),
+    their lanes' kernel annotations, and what every worker learns of every rank."""
+
+    packed: dict[int, bytes] = field(default_factory=dict)
+    lane_kernels: dict[tuple[int, str], dict] = field(default_factory=dict)
+    #: Every rank's instance count and its lanes (:func:`commtag.merge.pftrace.lanes.lanes_used`).
+    counts: dict[int, int] = field(default_factory=dict)
+    used: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
+    #: This worker's ranks' instances timed by their CPU op, then the whole job's.
+    timed_by_ops: int = 0
+    #: This worker's ranks' metadata-less kernels' last Seqs, then every rank's.
+    inferred: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def take(self, summary: RankSummary) -> RankSummary:
+        """``summary`` without its instances and kernel annotations, which stay here, packed."""
+        insts, summary.instances = summary.instances, []
+        self.counts[summary.rank] = len(insts)
+        self.timed_by_ops += sum(1 for i in insts if i.source == CPU_OP_SOURCE)
+        for uid, per_rank in inferred_seqs(insts).items():
+            self.inferred.setdefault(uid, {}).update(per_rank)
+        self.packed[summary.rank] = pack(summary.rank, insts)
+        self.lane_kernels.update(((summary.rank, lane), args) for lane, args in summary.lane_kernels.items())
+        summary.lane_kernels = {}
+        return summary
+
+
+@dataclass
+class Outcome:
+    """What this worker's lanes need, and (on the lead) the analysis for the result."""
+
+    #: This worker's ranks' instances, for its lanes.
+    lanes: OwnLanes = field(default_factory=lambda: OwnLanes(Interner()))
+    annotations: Optional[TraceAnnotations] = None
+    analysis: Optional[Analysis] = None
+    #: Instances matched here: all of them, and the most held at once (one bucket's).
+    analysed: int = 0
+    most_at_once: int = 0
+
+
+#: Instances a worker matches at once: its collectives are matched in buckets of about this many.
+BUCKET_ROWS = 16384
+
+
+def settle(world: World, held: Held) -> None:
+    """Step 1's first half: every rank's counts, and every rank's metadata-less kernels' Seqs."""
+    mine = {"counts": list(held.counts.items()), "timed": held.timed_by_ops,
+            "inferred": [[uid, list(per_rank.items())] for uid, per_rank in held.inferred.items()]}
+    held.timed_by_ops = 0
+    held.inferred = {}
+    for part in from_everyone(world, lambda: mine):
+        held.counts.update((rank, count) for rank, count in part["counts"])
+        held.timed_by_ops += part["timed"]
+        for uid, per_rank in part["inferred"]:
+            held.inferred.setdefault(uid, {}).update((rank, seq) for rank, seq in per_rank)
+
+
+def owner_of(key: tuple, inst: CollectiveInstance, size: int, buckets: int = 1) -> tuple[int, int]:
+    """The worker that matches and analyses the collective of ``key``, and the bucket it is matched
+    in there: every collective of one group, Seq and replay on one worker (a Seq gap is found on
+    the collective holding that Seq), a p2p message by its key, nccl2's batches of one group and
+    replay together (they link across ranks); a stable CRC, the same in every process."""
+    named = key if key[0] == BATCHES_OF[0] or inst.is_p2p else (inst.pg_uid, inst.seq, inst.replay)
+    code = zlib.crc32(repr(named).encode())
+    return code % size, code // size % buckets
+
+
+def gap_owner(pg_uid: str, seq: int, size: int) -> int:
+    """:func:`owner_of` a non-p2p collective of ``pg_uid`` at ``seq`` (no replay): where its gap attaches."""
+    return zlib.crc32(repr((pg_uid, seq, None)).encode()) % size
+
+
+def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optional[MergeAnalysis],
+            coverage: Coverage, interner: Interner) -> Outcome:
+    """Steps 1 to 4 of the module docstring; ``everyone``'s summaries carry no instances."""
+    me, size = world.index, world.size
+    buckets = max(1, -(-sum(held.counts.values()) // (size * BUCKET_ROWS)))
+    outcome = Outcome(lanes=OwnLanes(interner))
+    staged: dict[tuple[int, int], list] = {}
+    sealed: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
+    runs: list[SeqRun] = []
+    found: dict[str, list] = {}
+    for rank in sorted(held.packed):  # settled as one process settles them, keyed, dealt out, packed again
+        insts = unpack(held.packed[rank], interner)
+        settle_inferred(insts, held.inferred)
+        held.used[rank] = lanes_used(insts)
+        if hook is not None:
+            runs += seq_runs(insts, coverage)
+        for idx, (inst, key) in enumerate(zip(insts, match_keys(insts))):
+            if seq_issued(inst) and inst.pg_uid not in found:
+                found[inst.pg_uid] = [rank, idx, inst.lane_name, list(inst.group_ranks)]
+            if key[0] == "alone" and len(key) == 2:
+                key = ("alone", rank, idx)
+            elif key[0] == BATCH_KEY:  # batches link across ranks: their owner keys them anew
+                key = BATCHES_OF + (inst.pg_uid, inst.replay)
+            where = owner_of(key, inst, size, buckets)
+            rows = staged.setdefault(where, [])
+            rows.append((rank, idx, key, inst))
+            if len(rows) >= SEAL_ROWS:
+                sealed.setdefault(where, []).append(_seal(staged.pop(where)))
+        by_lane: dict[str, list[int]] = {}
+        for idx, inst in enumerate(insts):
+            by_lane.setdefault(inst.lane_name, []).append(idx)
+        for lane, idxs in by_lane.items():
+            outcome.lanes.packed[(rank, lane)] = (pack(rank, [insts[idx] for idx in idxs]), idxs)
+        del held.packed[rank], insts
+    for where in list(staged):
+        sealed.setdefault(where, []).append(_seal(staged.pop(where)))
+    holder: dict[int, int] = {}
+    refs: dict[str, list] = {}
+    for w, part in enumerate(from_everyone(world, lambda: {
+            "used": list(held.used.items()), "runs": [list(run) for run in runs], "refs": list(found.items())})):
+        for rank, used in part["used"]:
+            held.used[rank] = [tuple(row) for row in used]
+            holder[rank] = w
+        if w != me:
+            runs += [SeqRun(*run) for run in part["runs"]]
+        for pg, ref in part["refs"]:
+            if pg not in refs or ref[:2] < refs[pg][:2]:
+                refs[pg] = ref
+    seqs = SeqRuns(runs, {pg: SeqRef(ref[2], interner.shared(tuple(ref[3]))) for pg, ref in refs.items()})
+    runs, found = [], {}
+    groups: list[tuple[list, Optional[MatchedCollective]]] = []
+    for bucket in range(buckets):  # step 2 and the matching of step 3, a bucket at a time
+        shard: list[tuple[int, int, tuple, CollectiveInstance]] = []
+        route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)],
+              lambda piece: [shard.extend(instances_from(part, interner)) for part in piece["parts"]])
+        outcome.analysed += len(shard)
+        outcome.most_at_once = max(outcome.most_at_once, len(shard))
+        groups += _match(shard, hook, coverage, seqs)
+    tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
+    back = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
+    own_markers: list[tuple] = []
+    route(world, [back_pieces(me, rows, tables) for rows in back],
+          lambda piece: apply(piece, outcome.lanes, own_markers))
+    if hook is not None:
+        assert outcome.annotations is not None
+        outcome.annotations.markers = [Marker(*mk) for _, mk in sorted(own_markers, key=lambda pair: pair[0])] + \
+            window_markers(coverage)
+    return outcome
+
+
+#: Rows staged for one worker and bucket before they are sealed (compressed): the instances a
+#: worker stages are at most this many per worker and bucket, not its ranks' all.
+SEAL_ROWS = 512
+
+
+def _seal(rows: list) -> tuple[int, bytes]:
+    """Staged rows as one compressed piece (:func:`commtag.merge.engine.routes.instance_pieces`), and how many."""
+    return len(rows), zlib.compress(orjson.dumps(next(instance_pieces(rows))), 1)
+
+
+def _unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
+    """Sealed pieces, opened as they are sent, several to a piece of at most PIECE_ROWS rows (the
+    list empties as they go)."""
+    sealed.reverse()
+    while sealed:
+        parts, count = [], 0
+        while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
+            rows, blob = sealed.pop()
+            parts.append(orjson.loads(zlib.decompress(blob)))
+            count += rows
+        yield {"parts": parts}
+
+
+def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
+           seqs: SeqRuns) -> list[tuple[list, Optional[MatchedCollective]]]:
+    """One bucket's collectives matched (members in the order one process meets them: by rank,
+    start and Seq, then as read), measured and checked; each as ``(rank, place, member)`` rows
+    and its matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`)."""
+    batches = [inst for _, _, key, inst in shard if key[0] == BATCHES_OF[0]]
+    batched = batch_keys(batches) if batches else {}
+    by_key: dict[tuple, list[tuple[int, int, CollectiveInstance]]] = {}
+    for rank, idx, key, inst in shard:
+        by_key.setdefault(batched.get(id(inst), key), []).append((rank, idx, inst))
+    shard.clear()
+    out: list[tuple[list, Optional[MatchedCollective]]] = []
+    for rows in by_key.values():
+        rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
+        light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
+        m = None
+        if hook is not None:
+            m = measure([r[2] for r in rows], coverage, seqs)
+            m.findings.extend(check(m))
+            m.members = {rank: light[id(inst)] for rank, inst in m.members.items()}  # type: ignore[misc]
+        out.append(([(rank, idx, light[id(inst)], inst.seq) for rank, idx, inst in rows], m))
+    return out
+
+
+def _conclude(world: World, groups: list[tuple[list, Optional[MatchedCollective]]], hook: Optional[MergeAnalysis],
+              coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
+              tables: list[dict]) -> list[list]:
+    """Step 3's end: this worker's collectives numbered, judged against the whole job (stragglers,
+    Seq gaps) and described; what goes back to each worker (``("instance", rank, place, figures,
+    wait, straggler, flow)`` and ``("marker", ...)`` rows, figures by their number in ``tables``)."""
+    me, size = world.index, world.size
+    back: list[list] = [[] for _ in range(size)]
+    flows: list[dict[int, object]] = []  # per group: id(member) -> its flows as JSON
+    for (rows, _), base in zip(groups, _number_flows(world, [rows for rows, _ in groups])):
+        found: dict[int, object] = {}
+        if base is not None:
+            ordered = sorted(rows, key=lambda r: (r[2].start_ns, r[0]))
+            found = {id(r[2]): flow_to_wire(f) for r, f in zip(ordered, group_flows(len(rows), base))}
+        flows.append(found)
+    if hook is None:
+        for (rows, _), found in zip(groups, flows):
+            for rank, idx, member, _ in rows:
+                if id(member) in found:
+                    back[holder[rank]].append(["instance", rank, idx, None, None, False, found[id(member)]])
+        return back
+    keyed = [((m.first_start_ns, m.pg_uid, m.seq, (rows[0][0], rows[0][2].start_ns, rows[0][3], rows[0][1])),
+              m, rows, found) for (rows, m), found in zip(groups, flows) if m is not None]
+    del flows
+    keyed.sort(key=lambda item: item[0])
+    matched = [m for _, m, _, _ in keyed]
+    pooled = [tuple(row) for part in from_everyone(world, lambda: {"skews": skews(matched)}) for row in part["skews"]]
+    flag_stragglers(matched, coverage, hook.straggler_min_skew_us, pooled)
+    del pooled
+    gaps = seq_gaps(seqs, coverage)
+    by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
+    attached: list[int] = []
+    for g, gap in enumerate(gaps):
+        target = by_key.get((gap.pg_uid, False, gap.seq, gap.replay)) \
+            if gap_owner(gap.pg_uid, gap.seq, size) == me else None
+        if target is not None:
+            target.findings.append(gap)
+            attached.append(g)
+    del by_key
+    findings: list[list] = []
+    lead: list = []
+    for key, m, rows, found in keyed:
+        findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
+        for k, mk in enumerate(markers([m])):
+            back[holder[mk.rank]].append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns, mk.name, mk.args])
+        tables.append(collective_figures(m))
+        figures = len(tables) - 1
+        waits = m.waits_ns
+        taken = {id(member) for member in m.members.values()}
+        for rank, idx, member, _ in rows:
+            flow = found.get(id(member))
+            if id(member) in taken:
+                back[holder[rank]].append(["instance", rank, idx, figures, to_us(waits[rank]) if rank in waits
+                                           else None, m.straggler and rank == m.last_rank, flow])
+            elif flow is not None:
+                back[holder[rank]].append(["instance", rank, idx, None, None, False, flow])
+        lead.append(timed_row(list(key), m))
+    busbw, series = _busbw_counters(world, keyed)
+    outcome.annotations = TraceAnnotations(counters=busbw)
+    keyed, matched = [], []
+    groups.clear()  # the members' times now travel in ``lead``: room for the replay on the lead
+    replayed: list = []
+    route(world, [rows_pieces(lead, "impact") if w == 0 else iter(()) for w in range(size)],
+          lambda piece: replayed.extend(timed(row) for row in piece["impact"]))
+    everyone_findings = _to_lead(world, findings, "findings")
+    every_attached = {g for part in from_everyone(world, lambda: {"attached": attached}) for g in part["attached"]}
+    result: Optional[Analysis] = None
+    counters: list[CounterSeries] = []
+    if world.index == 0:
+        result = lead_result(replayed, everyone_findings, [g for k, g in enumerate(gaps) if k not in every_attached],
+                              coverage, series)
+        counters = impact_counters(result.impact)
+    shared = from_everyone(world, lambda: {"impact": [[c.rank, c.track, c.points, c.unit] for c in counters]})[0]
+    outcome.annotations.counters += [CounterSeries(rank, track, [tuple(p) for p in points], unit)
+                                     for rank, track, points, unit in shared["impact"]]
+    outcome.analysis = result
+    hook.result = result
+    return back
+
+
+def _number_flows(world: World, members: list[list]) -> list[Optional[int]]:
+    """Each group's flows numbered after those of every group one process meets first (by its
+    first member as read: rank, place); None for a group with no flow (alone, or a rank twice)."""
+    counts = []
+    for rows in members:
+        n = len(rows)
+        if n >= 2 and len({r[0] for r in rows}) == n:
+            counts.append([min(r[:2] for r in rows), flows_of(n)])
+    every = sorted((tuple(first), n) for part in from_everyone(world, lambda: {"counts": counts})
+                   for first, n in part["counts"])
+    before: dict[tuple[int, int], int] = {}
+    total = 0
+    for first, n in every:
+        before[first] = total
+        total += n
+    del every
+    out: list[Optional[int]] = []
+    for rows in members:
+        n = len(rows)
+        out.append(before[min(r[:2] for r in rows)] if n >= 2 and len({r[0] for r in rows}) == n else None)
+    return out
+
+
+def _busbw_counters(world: World, keyed: list[tuple]) -> tuple[list[CounterSeries], dict[str, list[tuple[int, float]]]]:
+    """Every group's busbw counter, from every worker's transfers: on its lowest member, named
+    after the lane of its first collective in one process's order; and the series by group.
+    ``keyed``: this worker's matched collectives, each with its place in that order."""
+    named: dict[str, list] = {}
+    for key, m, _, _ in keyed:
+        first = named.setdefault(m.pg_uid, [list(key), m.lane_name or m.pg_uid, m.first_rank, []])
+        first[2] = min(first[2], *m.members)
+    for pg, edges in busbw_edges([m for _, m, _, _ in keyed]).items():
+        named[pg][3] = [list(edge) for edge in edges]
+    found: dict[str, list] = {}
+    for part in from_everyone(world, lambda: {"busbw": list(named.items())}):
+        for pg, (key, name, rank, edges) in part["busbw"]:
+            row = found.setdefault(pg, [key, name, rank, []])
+            if key < row[0]:
+                row[0], row[1] = key, name
+            row[2] = min(row[2], rank)
+            row[3] += [tuple(edge) for edge in edges]
+    series = busbw_series({pg: row[3] for pg, row in found.items() if row[3]})
+    return [busbw_counter(found[pg][2], found[pg][1], points) for pg, points in sorted(series.items())], series
+
+
+def _to_lead(world: World, rows: list, name: str) -> list:
+    """``rows`` of every worker, on the lead (in pieces); an empty list elsewhere."""
+    got: list = []
+    route(world, [rows_pieces(rows, name) if w == 0 else iter(()) for w in range(world.size)],
+          lambda piece: got.extend(piece[name]))
+    return got

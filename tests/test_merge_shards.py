@@ -1,0 +1,196 @@
+"""The analysis shared out between merge workers (engine/shards.py) says what one process says.
+
+Two workers over a real FileWorld (two threads, files between them) analyse a job with a
+straggler, a missing member, a Seq gap, a size mismatch and p2p messages: every instance's
+args and flows, every marker, counter and finding must be one process's. Each worker holds
+only its share: the instances it matches at once are counted, not timed. Then the CLI: `-j 2`
+and `-j 3` on a generated job read back as `-j 1`'s trace, and torchrun's 2 workers write
+`-j 2`'s bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from commtag.merge.analysis.checks import SeqIndex
+from commtag.merge.analysis.hook import MergeAnalysis
+from commtag.merge.analysis.parts import SeqRef, SeqRuns, seq_runs
+from commtag.merge.engine import shards
+from commtag.merge.engine.worlds import FileWorld
+from commtag.merge.pftrace.lanes import cross_rank_flows
+from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
+
+T0 = 1_700_000_000_000_000_000
+WORLD = tuple(range(8))
+
+
+def _inst(rank: int, seq: int, start_us: float, *, pg: str = "0", ranks: tuple[int, ...] = WORLD,
+          op: str = "allreduce", n: int = 1 << 16, p2p: bool = False, args: dict | None = None) -> CollectiveInstance:
+    start = T0 + int(start_us * 1000)
+    return CollectiveInstance(
+        rank=rank, pg_uid=pg, is_p2p=p2p, seq=seq, replay=None, collective=op, in_nelems=n, out_nelems=n,
+        dtype="Float", group_size=len(ranks), group_ranks=ranks, start_ns=start, end_ns=start + 40_000,
+        source="gloo", lane_name=f"PG {pg} {list(ranks)}", args=dict(args or {}), common_args={"Process Group Name": pg},
+    )
+
+
+def _job() -> dict[int, list[CollectiveInstance]]:
+    """8 ranks: the world group, two halves; rank 5 late to every 4th world call, rank 2 skipping
+    Seq 7 of its half (a gap, and a missing member), a size mismatch, messages 0 -> 4."""
+    out: dict[int, list[CollectiveInstance]] = {r: [] for r in WORLD}
+    for seq in range(1, 25):
+        for r in WORLD:
+            late = 3000 if r == 5 and seq % 4 == 0 else 7 * r
+            out[r].append(_inst(r, seq, seq * 10_000 + late))
+        for half in ((0, 1, 2, 3), (4, 5, 6, 7)):
+            pg = "1" if half[0] == 0 else "2"
+            for r in half:
+                if pg == "1" and r == 2 and seq == 7:
+                    continue
+                n = 1 << 10 if (pg == "2" and seq == 9 and r == 6) else 1 << 16
+                out[r].append(_inst(r, seq, seq * 10_000 + 5000 + 3 * r, pg=pg, ranks=half, n=n))
+    for k in range(6):
+        out[0].append(_inst(0, 100 + k, 300_000 + k * 100, pg="0", op="send", p2p=True, args={"Dst Rank": 4}))
+        out[4].append(_inst(4, 200 + k, 300_010 + k * 100, pg="0", op="recv", p2p=True, args={"Src Rank": 0}))
+    return out
+
+
+def _coverage() -> Coverage:
+    return Coverage({r: [(T0, T0 + 10**12)] for r in WORLD}, 8)
+
+
+def _one_process(job: dict[int, list[CollectiveInstance]]):
+    instances = [inst for r in WORLD for inst in copy.deepcopy(job[r])]
+    hook = MergeAnalysis()
+    annotations = hook(instances, _coverage())
+    flows, _ = cross_rank_flows(instances)
+    by_place, at = {}, 0
+    for r in WORLD:
+        for idx in range(len(job[r])):
+            inst = instances[at]
+            by_place[(r, idx)] = (inst.all_args(), _flows(flows.get(id(inst))))
+            at += 1
+    return by_place, annotations, hook.result
+
+
+def _flows(found) -> object:
+    if found is None or found.__class__ is int:
+        return found
+    return tuple(None if part is None else tuple(part) for part in found)
+
+
+def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch) -> list[dict]:
+    """The job analysed by two workers, each holding ranks 0-3 or 4-7, over a FileWorld."""
+    monkeypatch.setattr(shards, "BUCKET_ROWS", 64)  # several buckets, as a big job has
+    results: list[dict] = [{}, {}]
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            world = FileWorld(index, 2, folder / "exchange", folder / "out.pftrace")
+            mine = WORLD[4 * index:4 * index + 4]
+            held = shards.Held()
+            for r in mine:
+                held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
+            shards.settle(world, held)
+            everyone = [RankSummary(r, "host", None, []) for r in WORLD]
+            hook = MergeAnalysis()
+            outcome = shards.analyse(world, held, everyone, hook, _coverage(), Interner())
+            by_place = {}
+            for key in list(outcome.lanes):
+                idxs = outcome.lanes.packed[key][1]
+                for inst, idx in zip(outcome.lanes.pop(key, []), idxs):
+                    by_place[(key[0], idx)] = (inst.all_args(), _flows(outcome.lanes.flows.get(id(inst))))
+            results[index] = {"places": by_place, "annotations": outcome.annotations, "result": hook.result,
+                              "outcome": outcome, "mine": mine}
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+def test_two_workers_analyse_the_job_as_one_process(tmp_path: Path, monkeypatch) -> None:
+    job = _job()
+    places, annotations, result = _one_process(job)
+    assert result.desyncs and any(m.straggler for m in result.collectives)  # the job has what it should
+    shared = _shared(job, tmp_path, monkeypatch)
+    got = {**shared[0]["places"], **shared[1]["places"]}
+    assert got == places  # every instance's figures, wait, straggler mark and flows
+    for part in shared:
+        mine = set(part["mine"])
+        assert part["annotations"].counters == annotations.counters  # busbw of every group, the impact tracks
+        # Its ranks' markers in one process's order (the lanes writer writes only its ranks').
+        assert [mk for mk in part["annotations"].markers if mk.rank in mine] == \
+            [mk for mk in annotations.markers if mk.rank in mine]
+    lead = shared[0]["result"]
+    assert [f.message for f in lead.findings] == [f.message for f in result.findings]
+    assert [r.to_dict() for r in lead.impact.ranks] == [r.to_dict() for r in result.impact.ranks]
+    assert shared[1]["result"] is None
+
+
+def test_a_worker_holds_its_share_of_the_records(tmp_path: Path, monkeypatch) -> None:
+    job = _job()
+    total = sum(len(insts) for insts in job.values())
+    shared = _shared(job, tmp_path, monkeypatch)
+    outcomes = [part["outcome"] for part in shared]
+    assert sum(o.analysed for o in outcomes) == total  # each instance matched once, by one worker
+    for o in outcomes:
+        assert 0 < o.analysed < total
+        # Matched a bucket at a time: never more than a fraction of the job at once.
+        assert o.most_at_once <= total // 4, (o.most_at_once, total)
+
+
+def test_seq_runs_answer_as_the_index_of_every_seq() -> None:
+    instances = [inst for r in WORLD for inst in _job()[r]]
+    coverage = _coverage()
+    index = SeqIndex(instances, coverage)
+    runs = SeqRuns(seq_runs(instances, coverage),
+                   {pg: SeqRef(i.lane_name, i.group_ranks) for pg, i in index.groups.items()})
+    assert runs.holes() == index.holes()
+    assert set(runs.by_rank) == set(index.by_rank)
+    for pg in ("0", "1", "2"):
+        for r in WORLD:
+            for seq in range(0, 27):
+                assert runs.recorded(pg, r, seq) == index.recorded(pg, r, seq)
+                assert runs.passed(pg, r, seq) == index.passed(pg, r, seq)
+
+
+def _place(s) -> tuple:
+    return s.ts, s.track, s.end, s.name, s.depth
+
+
+@pytest.mark.slow
+def test_workers_on_a_generated_job_write_one_process_trace(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "16", "--events", "40000",
+                    "--tp", "4", "-o", str(job)], check=True, capture_output=True, timeout=300)
+    outs = {}
+    for jobs in ("1", "2", "3"):
+        outs[jobs] = tmp_path / f"j{jobs}.pftrace"
+        done = subprocess.run([sys.executable, "-m", "commtag.merge", str(job), "-o", str(outs[jobs]), "-j", jobs,
+                               "--no-progress"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    one = read_trace(outs["1"])
+    for jobs in ("2", "3"):
+        several = read_trace(outs[jobs])
+        assert several.tracks == one.tracks
+        assert sorted(several.slices, key=_place) == sorted(one.slices, key=_place)
+    torchrun = tmp_path / "torchrun.pftrace"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "commtag.merge", str(job), "-o", str(torchrun), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert torchrun.read_bytes() == outs["2"].read_bytes()
