@@ -207,3 +207,66 @@ def test_a_replayed_batch_op_issue_pairs_with_its_peers_batches_on_each_replay(t
     batches = sorted((m.replay, tuple(sorted(m.members))) for m in analysis.collectives if m.collective == NCCL2_BATCH_P2P)
     assert batches == [(r, (0, 1, 2, 3)) for r in range(REPLAYS)]
     assert not analysis.findings, analysis.findings
+
+
+@pytest.mark.parametrize("node_ids", [True, False])
+def test_a_replayed_legacy_batch_gives_each_op_its_keys_and_pairs_it_on_each_replay(tmp_path, node_ids) -> None:
+    """pytorch#194693 under CUDA graphs: legacy ProcessGroupNCCL runs a captured batch_isend_irecv as
+    one SendRecv kernel (the generator's legacy batch: one node its ops' records share). On each
+    replay, joined by node id or by order, every op of every rank's batch is its own instance with its
+    eager keys (its peer as Dst / Src Rank), each send paired with its receive; the kernel keeps only
+    what all its ops agree on. The truth is the job's ring."""
+    from commtag.vocab import ANN_MATCH, DST_RANK_KEY, NCCL2_BATCH_P2P, RECV, SRC_RANK_KEY
+
+    ring = tuple((r, (r + 3) % 4) for r in range(4))
+    job = (JobCall("allreduce", WORLD, (8,)), JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=ring))
+    directory = tmp_path / "legacy"
+    directory.mkdir()
+    for rank in range(4):
+        trace, side = graph_job(job, rank, 4, LEGACY_FORMAT, REPLAYS, skew_us=5.0 * rank)
+        kernels = [e for e in trace["traceEvents"] if "SendRecv" in e["name"]]
+        assert len(kernels) == REPLAYS  # one kernel per replayed batch, both of the rank's ops in it
+        if not node_ids:
+            for event in trace["traceEvents"]:
+                event["args"].pop("graph node id", None)
+        (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+        write_sidecar(directory / f"rank{rank}.commtag.json", side)
+    result = merge(directory, tmp_path / "legacy.pftrace", jobs=1)
+    assert not result.analysis.findings, result.analysis.findings
+    assert not [n for n in result.notices if "left unannotated" in n], result.notices
+    found = set()
+    for m in (m for m in result.analysis.collectives if m.is_p2p):
+        ends = {inst.collective: inst for inst in m.members.values()}
+        assert set(ends) == {SEND, RECV}, m.to_dict()
+        send, recv = ends[SEND], ends[RECV]
+        assert send.arg(DST_RANK_KEY) == recv.rank and recv.arg(SRC_RANK_KEY) == send.rank
+        assert send.in_nelems == recv.out_nelems == 8 and m.bytes == 32
+        assert {inst.arg(ANN_MATCH) for inst in ends.values()} == {"node-id" if node_ids else "order"}
+        assert all(inst.source == "graph-replay" for inst in ends.values())
+        found.add((m.replay, send.rank, recv.rank))
+    assert found == {(r, src, dst) for r in range(REPLAYS) for src, dst in ring}
+
+
+def test_a_kernel_a_legacy_batch_shares_carries_only_what_its_ops_agree_on(tmp_path) -> None:
+    """The one SendRecv kernel of a replayed legacy batch belongs to a send and a receive: written on
+    it, neither op's own name, peer or rank, but their group, Seq and replay (no op's keys are
+    passed off as the kernel's)."""
+    from commtag.vocab import DST_RANK_KEY, NCCL2_BATCH_P2P, PG_NAME_KEY, SRC_RANK_KEY
+
+    ring = tuple((r, (r + 1) % 4) for r in range(4))
+    job = (JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=ring),)
+    directory = tmp_path / "one"
+    directory.mkdir()
+    for rank in range(4):
+        trace, side = graph_job(job, rank, 4, LEGACY_FORMAT, REPLAYS)
+        (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+        write_sidecar(directory / f"rank{rank}.commtag.json", side)
+    merge(directory, tmp_path / "one.pftrace", json_dir=tmp_path / "json", jobs=1)
+    written = [orjson.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())
+               for p in sorted((tmp_path / "json").iterdir())]
+    kernels = [e for trace in written for e in trace["traceEvents"] if "SendRecv" in e.get("name", "")]
+    assert len(kernels) == 4 * REPLAYS
+    for kernel in kernels:
+        args = kernel["args"]
+        assert not {COLLECTIVE_NAME_KEY, DST_RANK_KEY, SRC_RANK_KEY, "Rank"} & set(args), args
+        assert args[PG_NAME_KEY] == "0" and args["Seq"] == 1 and args["commtag replay"] in range(REPLAYS)

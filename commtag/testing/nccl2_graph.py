@@ -31,7 +31,7 @@ from commtag.testing.nccl2 import (
 from commtag.vocab import (
     ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS, ANN_SEND_PEERS,
     COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY, GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, KERNEL_CATEGORY,
-    KERNEL_NODE_TYPE, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_GROUP_RANKS, P2P_COLLECTIVES,
+    KERNEL_NODE_TYPE, LEGACY_FORMAT, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_GROUP_RANKS, P2P_COLLECTIVES, SEND,
 )
 
 #: The graph's exec id in every rank's trace, a replay's period and where its launch starts (µs).
@@ -122,21 +122,36 @@ def graph_job(job: Sequence[JobCall], rank: int, world: int, fmt: str, replays: 
     and replayed ``replays`` times in it. Each replay's launch starts ``skew_us`` later on this rank
     than on a rank without skew; each record's kernels run in one slot ending at the same instant on
     every rank (its several kernels split the slot). The capture holds a GEMM (node 0), then each
-    record's kernels in call order; its annotations carry the capture id."""
+    record's kernels in call order (a legacy batch: one kernel its ops' records share); its
+    annotations carry the capture id."""
     pid, stream = 1000 + rank, 7
     per_call = records_per_call(job, rank, fmt)
-    recs = [record for _, part in per_call for record in part]
-    size_of = [len(call.group.ranks) for call, part in per_call for _ in part]
-    anns = annotations(job, rank, fmt)
-    collectives, kernels, index = [], [(GEMM, 0)], 1
-    for record, ann, size in zip(recs, anns, size_of):
-        nodes = []
-        for name in _kernels(record, fmt, size):
-            nodes.append(GraphNodeRecord(index=index, node_type=KERNEL_NODE_TYPE, kernel_name=name))
-            kernels.append((name, index))
+    anns = iter(annotations(job, rank, fmt))
+    collectives, index = [], 1
+    #: Each call's kernel nodes, in call order (what a replay runs, one slot per call).
+    slots: list[list[GraphNodeRecord]] = []
+    for call, part in per_call:
+        shared: list[GraphNodeRecord] = []
+        if fmt == LEGACY_FORMAT and call.op == NCCL2_BATCH_P2P:
+            # A legacy batch: one grouped launch for all its ops (cuda-graphs.md "The problem": the
+            # graph runs what capture launched; eager-comm-metadata.md "Notes": the batch's kernels
+            # launch at group end): one SendRecv kernel (vocab.kernels' name for send/recv), a node
+            # every op's record shares. That a captured batch is one kernel node is unverified
+            # (docs/cuda-graphs.md, "Batched p2p").
+            shared = [GraphNodeRecord(index=index, node_type=KERNEL_NODE_TYPE,
+                                      kernel_name=kernel_name({COLLECTIVE_NAME_KEY: SEND}, fmt))]
             index += 1
-        collectives.append(CapturedCollective(annotation=ann.model_copy(update={"capture_id": 0}), nodes=nodes,
-                                              tid=pid))
+            slots.append(shared)
+        for record, ann in zip(part, anns):
+            nodes = shared
+            if not shared:
+                nodes = []
+                for name in _kernels(record, fmt, len(call.group.ranks)):
+                    nodes.append(GraphNodeRecord(index=index, node_type=KERNEL_NODE_TYPE, kernel_name=name))
+                    index += 1
+                slots.append(nodes)
+            collectives.append(CapturedCollective(annotation=ann.model_copy(update={"capture_id": 0}),
+                                                  nodes=list(nodes), tid=pid))
     events: list[dict] = []
     logged = []
     for r in range(replays):
@@ -147,9 +162,9 @@ def graph_job(job: Sequence[JobCall], rank: int, world: int, fmt: str, replays: 
         logged.append(GraphReplay(index=r, start_ns=BASE_TIME_NS + int((at - 1.0) * 1000),
                                   end_ns=BASE_TIME_NS + int((at + LAUNCH_US + 1.0) * 1000), tid=pid))
         slot = 100.0 + r * REPLAY_US + FIRST_KERNEL_US
-        for collective in [None, *collectives]:
-            names = [GEMM] if collective is None else [node.kernel_name for node in collective.nodes]
-            first = 0 if collective is None else collective.nodes[0].index
+        for nodes in [None, *slots]:
+            names = [GEMM] if nodes is None else [node.kernel_name for node in nodes]
+            first = 0 if nodes is None else nodes[0].index
             piece = KERNEL_US / len(names)
             for k, name in enumerate(names):
                 events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": name, "pid": rank, "tid": stream,

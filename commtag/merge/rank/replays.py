@@ -4,8 +4,9 @@ A replayed NCCL kernel links to ``cudaGraphLaunch``, not to the collective
 that created it, so it carries no metadata. The rank's sidecar says, per
 capture, which graph nodes each collective created (see
 :mod:`commtag.runtime.capture`); :func:`match` finds those nodes among the
-kernels of a trace file, in this order, every kernel matched at most once
-(the method is written as "commtag match"):
+kernels of a trace file, in this order, every kernel matched at most once, to
+every collective that captured its node (a legacy batch_isend_irecv's ops
+share one SendRecv kernel) (the method is written as "commtag match"):
 
 Exact, kernel by kernel (a kernel's ``"graph node id"`` names its node)
     ``"torch-annotation"`` / ``"torch-tools-id"``: torch's own graph
@@ -109,8 +110,8 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
     """(kernel, capture, collective index, method) of each kernel whose ids name its node, and
     the NCCL kernels of graph launches (or with a node id) that none named."""
     by_graph: dict[int, GraphCapture] = {}
-    by_tools: dict[int, tuple[GraphCapture, int]] = {}
-    by_node: dict[tuple[int, int], tuple[GraphCapture, int]] = {}
+    by_tools: dict[int, list[tuple[GraphCapture, int]]] = defaultdict(list)
+    by_node: dict[tuple[int, int], list[tuple[GraphCapture, int]]] = defaultdict(list)
     by_mark: dict[str, tuple[GraphCapture, int]] = {}
     by_torch_tools: dict[int, tuple[GraphCapture, int]] = {}
     for cap in captures:
@@ -124,9 +125,9 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                 by_torch_tools[tools_id] = (cap, ci)
             for node in captured.nodes:
                 if node.tools_id is not None:
-                    by_tools[node.tools_id] = (cap, ci)
+                    by_tools[node.tools_id].append((cap, ci))
                 local = node.local_id if node.local_id is not None else node.index
-                by_node[(cap.capture_id, local)] = (cap, ci)
+                by_node[(cap.capture_id, local)].append((cap, ci))
     captured = CapturedKernels(captures)
     exact: list[tuple[dict, GraphCapture, int, str]] = []
     leftover: list[dict] = []
@@ -135,11 +136,12 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
         raw = args.get(GRAPH_NODE_ID_KEY) or 0
         hit = None
         if raw and nccl_kind(e.get("name", "")):  # torch marks all the scope's nodes; NCCL's carry the call
-            hit = by_mark.get(str(args.get(TORCH_MARK_KEY)))
+            one = by_mark.get(str(args.get(TORCH_MARK_KEY)))
             method = "torch-annotation"
-            if hit is None:
-                hit = by_torch_tools.get(raw)
+            if one is None:
+                one = by_torch_tools.get(raw)
                 method = "torch-tools-id"
+            hit = [one] if one is not None else None
         if raw and hit is None:
             method = "tools-id"
             hit = by_tools.get(raw)
@@ -148,8 +150,8 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                 gid, nid = (raw >> TOOLS_ID_GRAPH_SHIFT, raw & NODE_ID_MASK) if raw >> TOOLS_ID_GRAPH_SHIFT else (args.get(GRAPH_ID_KEY), raw)
                 cap = by_graph.get(gid)
                 hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
-        if hit is not None:
-            exact.append((e, *hit, method))
+        if hit:
+            exact += [(e, cap, ci, method) for cap, ci in hit]
         elif ((nccl_kind(e.get("name", "")) or e.get("name", "") in captured)
               and (raw or args.get(CORRELATION_KEY) in launches)):
             leftover.append(e)
@@ -300,7 +302,13 @@ def _join(events: Sequence[dict], replay: Replay, wanted: list[tuple[CapturedCol
 
 def _by_order(events: Sequence[dict], replay: Replay, wanted: list[tuple[CapturedCollective, GraphNodeRecord]]) -> tuple[Optional[list[_Pair]], str]:
     """Kernels only: a copy or memset has no name to confirm its place (see :func:`_skipped_by_order`)."""
-    kernels = sorted(((cc, n) for cc, n in wanted if n.node_type == KERNEL_NODE_TYPE), key=lambda item: item[1].index)
+    # One kernel per node: the collectives that share a node (a legacy batch's ops) share its kernel.
+    sharing: dict[int, list[CapturedCollective]] = defaultdict(list)
+    kernels = []
+    for cc, n in sorted(((cc, n) for cc, n in wanted if n.node_type == KERNEL_NODE_TYPE), key=lambda item: item[1].index):
+        if n.index not in sharing:
+            kernels.append((cc, n))
+        sharing[n.index].append(cc)
     names = {base_name(n.kernel_name) for _, n in kernels if n.kernel_name}
     candidates = [
         i for i in replay.events
@@ -310,11 +318,12 @@ def _by_order(events: Sequence[dict], replay: Replay, wanted: list[tuple[Capture
     if len(candidates) != len(kernels):
         return None, f"{len(candidates)} NCCL kernels in the replay, {len(kernels)} captured"
     pairs = []
-    for i, (cc, node) in zip(candidates, kernels):
-        why = confirm(cc, node, events[i])
-        if why:
-            return None, f"in capture order: {why}"
-        pairs.append((i, cc))
+    for i, (_, node) in zip(candidates, kernels):
+        for cc in sharing[node.index]:
+            why = confirm(cc, node, events[i])
+            if why:
+                return None, f"in capture order: {why}"
+            pairs.append((i, cc))
     return pairs, ""
 
 
@@ -348,6 +357,8 @@ def attach_replays(events: FileEvents) -> None:
         grouped.setdefault((m.capture_id, m.collective, m.replay), []).append(m)
     sites: dict[tuple[int, int, str], dict] = {}
     marked: dict[int, dict[int, dict]] = {}
+    #: Each matched kernel (by id) and the annotations of the collectives that claim it, in order.
+    claims: dict[int, tuple[dict, list[tuple[dict, dict]]]] = {}
     for (cap_id, ci, replay), group in sorted(grouped.items(), key=lambda item: item[0]):
         capture = group[0].capture
         annotation = capture.collectives[ci].annotation
@@ -361,13 +372,23 @@ def attach_replays(events: FileEvents) -> None:
             if site is None:
                 site = sites[(cap_id, ci, m.method)] = events.interner.split(
                     {**(annotation.eager_dict() if nccl2 is None else nccl2), ANN_MATCH: m.method})[0]
-            events.annotate(m.event, (site, own))
+            claims.setdefault(id(m.event), (m.event, []))[1].append((site, own))
         first = group[min(zip(spans, range(len(group))))[1]]
         events.instances.append(make_instance(
             events.interner, events.rank, (sites[(cap_id, ci, first.method)], own),
             min(s[0] for s in spans), max(s[1] for s in spans),
             "graph-replay", events.by_uid.get(annotation.pg_uid), events.flows.source(first.event), events.members,
         ))
+    for event, parts in claims.values():
+        events.annotate(event, parts[0] if len(parts) == 1 else _shared(events, parts))
+
+
+def _shared(events: FileEvents, parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """The annotation of a kernel several collectives share (a legacy batch's ops, one SendRecv):
+    the keys all of them agree on; each op's own keys stay on its instance, none on the kernel."""
+    whole = [{**common, **own} for common, own in parts]
+    return events.interner.split({key: value for key, value in whole[0].items()
+                                  if all(key in other and other[key] == value for other in whole[1:])})
 
 
 def _nccl2_marked(events: FileEvents, capture: GraphCapture, marked: dict[int, dict[int, dict]]) -> dict[int, dict]:
