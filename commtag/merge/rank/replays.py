@@ -4,9 +4,9 @@ A replayed NCCL kernel links to ``cudaGraphLaunch``, not to the collective
 that created it, so it carries no metadata. The rank's sidecar says, per
 capture, which graph nodes each collective created (see
 :mod:`commtag.runtime.capture`); :func:`match` finds those nodes among the
-kernels of a trace file, in this order, every kernel matched at most once, to
-every collective that captured its node (a legacy batch_isend_irecv's ops
-share one SendRecv kernel) (the method is written as "commtag match"):
+kernels of a trace file, in this order, every kernel matched at most once (to
+all the collectives that captured its node: a legacy batch_isend_irecv's ops
+share one SendRecv kernel; the method is written as "commtag match"):
 
 Exact, kernel by kernel (a kernel's ``"graph node id"`` names its node)
     ``"torch-annotation"`` / ``"torch-tools-id"``: torch's own graph
