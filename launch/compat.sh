@@ -41,10 +41,12 @@ build_venv() {  # $1: version, $2: venv path
 
 failed=0
 results="$cache/results.md"
+# This run's rows, apart from those of another run going on at the same time (on other versions).
+rows=$(mktemp "$cache/results.XXXXXX")
 {
     echo "| torch | tests (passed / failed / errors / skipped) | demo | its traces merged: every event accounted |"
     echo "| --- | --- | --- | --- |"
-} > "$results.new"
+} > "$rows"
 for v in "${versions[@]}"; do
     venv="$cache/torch-$v"
     log="$logs/torch-$v"
@@ -52,7 +54,7 @@ for v in "${versions[@]}"; do
     export PIP_CONSTRAINT
     echo "== torch $v: $venv"
     if ! build_venv "$v" "$venv" > "$log.setup.log" 2>&1; then
-        echo "| $v | venv could not be built (see $log.setup.log) | - | - |" >> "$results.new"
+        echo "| $v | venv could not be built (see $log.setup.log) | - | - |" >> "$rows"
         failed=1
         continue
     fi
@@ -107,16 +109,17 @@ EOF
             > "$log.graphs.log" 2>&1 || { demo="$demo; launch/torch_graph_traces.py FAILED"; failed=1; }
     fi
     [ $tests_rc -eq 0 ] || failed=1
-    echo "| $full | $counts | $demo | $accounted |" >> "$results.new"
+    echo "| $full | $counts | $demo | $accounted |" >> "$rows"
     tail -n 1 "$log.tests.log"
+    tail -n 1 "$rows"
     echo "demo: $demo"
 done
 {
     echo "compat run of $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD), $(python3 --version)"
     echo
-    cat "$results.new"
+    cat "$rows"
 } > "$results"
-rm -f "$results.new"
+rm -f "$rows"
 echo
 cat "$results"
 exit $failed
