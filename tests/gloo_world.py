@@ -16,8 +16,11 @@ Usage::
 processes) and runs after ``init_process_group("gloo")``. Its return value
 (picklable) comes back per rank, in rank order. An exception on any rank is
 re-raised in the test as :class:`WorkerError` carrying that rank's traceback;
-a world that does not finish within ``timeout`` seconds is killed and raises
-:class:`WorkerTimeout`, so a hang fails the test instead of blocking CI.
+a world that does not finish within ``timeout`` seconds of every rank having
+imported torch is killed and raises :class:`WorkerTimeout`, so a hang fails the
+test instead of blocking CI. Starting the ranks (spawning, importing torch: over
+a minute for torch's CUDA builds on a loaded machine, as in the compat run) has
+its own, wider bound, so a slow start is not taken for a hang.
 
 Rendezvous uses a FileStore in a fresh temporary directory, so concurrent
 test runs never fight over a port. Each worker runs with one intra-op thread:
@@ -41,6 +44,8 @@ import torch.multiprocessing as mp
 __all__ = ["run_world", "WorkerError", "WorkerTimeout"]
 
 DEFAULT_TIMEOUT_S = 120.0
+#: How long the ranks may take to start (spawn, import torch) before the world counts as hung.
+START_TIMEOUT_S = 900.0
 
 
 class WorkerError(RuntimeError):
@@ -70,6 +75,7 @@ def _worker(
         import torch
         import torch.distributed as dist
 
+        results.put((rank, None, b""))  # started: the world's timeout counts from here
         torch.set_num_threads(1)
         dist.init_process_group(
             "gloo",
@@ -130,12 +136,17 @@ def run_world(
 
 
 def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) -> list[Any]:
-    """Wait for every rank's report; fail fast on the first error or dead rank."""
-    deadline = time.monotonic() + timeout
+    """Wait for every rank's report; fail fast on the first error or dead rank. The ranks have
+    START_TIMEOUT_S to start; ``timeout`` counts from the last one's start."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    started: set[int] = set()
     values: dict[int, Any] = {}
     while len(values) < world_size:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if len(started) < world_size:
+                missing = sorted(set(range(world_size)) - started)
+                raise WorkerTimeout(f"ranks {missing} did not start within {START_TIMEOUT_S:.0f}s")
             missing = sorted(set(range(world_size)) - set(values))
             raise WorkerTimeout(f"ranks {missing} did not finish within {timeout:.0f}s (hang?)")
         try:
@@ -144,6 +155,11 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
             dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode not in (None, 0)]
             if dead:
                 raise WorkerError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} without reporting")
+            continue
+        if ok is None:
+            started.add(rank)
+            if len(started) == world_size:
+                deadline = time.monotonic() + timeout
             continue
         if not ok:
             raise WorkerError(_describe_failures([(rank, value)], results))
@@ -160,7 +176,7 @@ def _describe_failures(failures: list[tuple[int, str]], results: Any) -> str:
             rank, ok, value = results.get(timeout=0.2)
         except queue_mod.Empty:
             continue
-        if not ok:
+        if ok is False:  # not a start report (None) nor a result
             failures.append((rank, value))
     peer_error = ("Connection reset", "Connection closed", "Broken pipe")
     failures.sort(key=lambda f: any(marker in f[1] for marker in peer_error))
