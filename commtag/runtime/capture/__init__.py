@@ -91,11 +91,13 @@ def capture_active() -> bool:
     return bool(OPEN_CAPTURES)
 
 
-def before_collective() -> Optional[CollectiveToken]:
+def before_collective(marked: bool = True) -> Optional[CollectiveToken]:
     """Snapshot the capture graph before a collective; None when not capturing.
 
     The wrapper must pass the result to :func:`after_collective`. A non-None
-    token means the call is being captured, not executed.
+    token means the call is being captured, not executed. ``marked``: hand the
+    call to torch's mark_kernels too (False where several records share the
+    token: one mark names one record, the node ids name all of them).
     """
     if not OPEN_CAPTURES:
         return None
@@ -103,7 +105,7 @@ def before_collective() -> Optional[CollectiveToken]:
     if tracker is None:
         return None
     try:
-        token = tracker.begin_collective(current_stream())
+        token = tracker.begin_collective(current_stream(), marked=marked)
     except Exception as exc:  # noqa: BLE001 - fail open: this collective goes unrecorded, the capture proceeds
         log_once("snapshotting a capture graph", exc)
         return None

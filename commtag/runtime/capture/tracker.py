@@ -226,8 +226,9 @@ class CaptureTracker:
 
     # ------------------------------------------------------------------ collectives
 
-    def begin_collective(self, stream: int, source: str = "python") -> Optional[CollectiveToken]:
-        """Snapshot the graph ``stream`` captures into, or None when it captures nothing we track."""
+    def begin_collective(self, stream: int, source: str = "python", marked: bool = True) -> Optional[CollectiveToken]:
+        """Snapshot the graph ``stream`` captures into, or None when it captures nothing we track
+        (``marked``: open a torch mark_kernels scope for it, where torch records marks)."""
         info = self.api.capture_info(stream)
         if info is None:
             return None
@@ -235,7 +236,7 @@ class CaptureTracker:
         if capture is None:
             return None
         token = CollectiveToken(capture, self.api.node_count(capture.graph), source=source)
-        if self.marks is not None:
+        if self.marks is not None and marked:
             self._open_scope(token)
         return token
 

@@ -1,5 +1,6 @@
 """The wrappers of the calls a caller groups: ``batch_isend_irecv`` (one p2p Seq for the batch, one
-annotation per op) and ``_coalescing_manager`` (ops the backend fuses become one annotation).
+annotation per op, one capture snapshot their records share when captured in a CUDA graph) and
+``_coalescing_manager`` (ops the backend fuses become one annotation).
 
 Both take the shape of every wrapper (:mod:`commtag.runtime.install.patch`) and end their calls
 through :mod:`commtag.runtime.install.inflight`.
@@ -15,6 +16,8 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from commtag.identity import format_list
+from commtag.runtime import capture
+from commtag.runtime.capture import OPEN_CAPTURES, c10d_ops
 from commtag.runtime.describe.groups import lookup, state_for
 from commtag.runtime.describe.metadata import COALESCED_NAMES
 from commtag.runtime.describe.metadata import p2p_call as describe_p2p
@@ -52,7 +55,11 @@ def wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
         pendings, failure = _before_batch(p2p_op_list, thread)
         thread.depth += 1
         try:
-            works = original(p2p_op_list, *args, **kwargs)
+            if pendings and pendings[0].token is not None:  # captured: this wrapper records it
+                with c10d_ops.bypassed():
+                    works = original(p2p_op_list, *args, **kwargs)
+            else:
+                works = original(p2p_op_list, *args, **kwargs)
         except Exception as exc:
             for pending in pendings:
                 record_failed(pending, exc)
@@ -88,16 +95,32 @@ def _before_batch(p2p_op_list: Any, thread: ThreadState) -> tuple[list[Pending],
                 batch_seq[key] = call.state.next_p2p_seq()
         pair_seqs = [next_pair_seq(call.state, call) for call in calls]
         recording = profiler_enabled()
-        if not recording:
+        if not recording and not OPEN_CAPTURES:
             return [], None
         if calls[0].state.record_format == NCCL2_FORMAT:
-            return [Pending(_nccl2_batch(calls), batch_seq[id(calls[0].state)], None, recording, None, thread)], None
-        return [
-            Pending(call, batch_seq[id(call.state)], pair, recording, None, thread)
-            for call, pair in zip(calls, pair_seqs)
-        ], None
+            pendings = [Pending(_nccl2_batch(calls), batch_seq[id(calls[0].state)], None, recording, None, thread)]
+        else:
+            pendings = [Pending(call, batch_seq[id(call.state)], pair, recording, None, thread)
+                        for call, pair in zip(calls, pair_seqs)]
+        _captured(pendings)
+        if not recording and pendings[0].token is None:
+            return [], None
+        return pendings, None
     except Exception as exc:  # noqa: BLE001 - fail open
         return [], exc
+
+
+def _captured(pendings: list[Pending]) -> None:
+    """A batch issued inside a capture: one snapshot of the graph, taken last before the batch runs,
+    which every record of it shares (legacy launches the batch's kernels together at the group's
+    end, so its ops' records share the nodes the batch added; nccl2 writes one record). Where
+    several records share it, torch's mark_kernels is not asked for one: a mark names one record,
+    the nodes name them all."""
+    if not OPEN_CAPTURES:
+        return
+    token = capture.before_collective(marked=len(pendings) == 1)
+    for pending in pendings:
+        pending.token = token
 
 
 def _batch_counted(p2p_op_list: Any) -> None:
