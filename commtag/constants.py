@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Final, Optional
 
-SCHEMA_VERSION = 1
+#: The sidecar format's version. 2 added each group's ``backend_impls`` and ``record_format`` and the
+#: ``commtag send peers`` / ``commtag recv peers`` args: a reader of 1 would refuse them as unknown
+#: fields, so it is told to upgrade instead. Every version up to this one is read.
+SCHEMA_VERSION = 2
 #: A sidecar's "kind" (Final: commtag.schema reads it as its Literal type).
 SIDECAR_KIND: Final = "commtag-sidecar"
 #: Names commtag.trace_handler gives a rank's trace and its sidecar: ``<stem>`` + suffix.

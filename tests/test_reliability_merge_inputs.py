@@ -22,6 +22,7 @@ from typing import Callable
 import orjson
 import pytest
 
+from commtag.constants import SCHEMA_VERSION
 from commtag.cli import main
 from commtag.merge.pftrace.validate import validate_file
 from gloo_world import PROFILED_GROUPS_WORLD
@@ -445,6 +446,6 @@ def test_exit_code_and_message_from_the_real_command(traces: Path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"commtag merge: error: {_sidecar(traces, 1)}: invalid sidecar: schema_version: Value error, sidecar "
-        "schema version 7 is newer than this commtag supports (1); upgrade commtag"
+        f"schema version 7 is newer than this commtag supports ({SCHEMA_VERSION}); upgrade commtag"
     ]
     assert not (traces / OUT).exists()

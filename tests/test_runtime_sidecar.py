@@ -8,10 +8,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.constants import sidecar_name_for
+from commtag.constants import SCHEMA_VERSION, sidecar_name_for
 from commtag.runtime.record.sidecar import write_sidecar
 from commtag.sidecarfile import SidecarError, read_sidecar
 from commtag.schema import Sidecar
+
+#: The version a sidecar written now carries, and the next one (a reader must refuse it).
+_VERSION = f'"schema_version":{SCHEMA_VERSION}'.encode()
+_NEXT_VERSION = f'"schema_version":{SCHEMA_VERSION + 1}'.encode()
 
 
 def _sidecar(**overrides) -> Sidecar:
@@ -53,7 +57,7 @@ def test_sidecar_next_to_its_trace():
         (lambda good: b"", "not valid JSON"),
         (lambda good: orjson.dumps({"traceEvents": []}), "not a commtag sidecar"),
         (lambda good: orjson.dumps([1, 2]), "not a commtag sidecar"),
-        (lambda good: good.replace(b'"schema_version":1', b'"schema_version":99'), "newer than this commtag"),
+        (lambda good: good.replace(_VERSION, b'"schema_version":99'), "newer than this commtag"),
         (lambda good: good.replace(b'"Group size":2', b'"Group size":3'), "Group size"),
         (lambda good: good.replace(b'"dtype":"Float"', b'"dtype":"float32"'), "dtype"),
         (lambda good: good.replace(b'"In msg nelems":4', b'"In msg nelems":-4'), "In msg nelems"),
@@ -94,16 +98,20 @@ def test_failed_write_keeps_the_previous_file(tmp_path: Path):
 
 
 def test_a_sidecar_written_before_backend_detection_loads_as_legacy(tmp_path: Path):
-    """The group entry's backend_impls and record_format are new: an older sidecar, without them,
-    still loads, and its groups' annotations read as the legacy format they were written in."""
+    """The group entry's backend_impls and record_format came with schema version 2: a version-1
+    sidecar, without them, still loads, and its groups' annotations read as the legacy format they
+    were written in."""
     side = _sidecar()
     path = write_sidecar(tmp_path / "rank1.step3.commtag.json", side)
     raw = orjson.loads(path.read_bytes())
+    assert raw["schema_version"] == SCHEMA_VERSION == 2
+    raw["schema_version"] = 1
     for group in raw["process_groups"]:
         del group["backend_impls"], group["record_format"]
     path.write_bytes(orjson.dumps(raw))
     (group,) = read_sidecar(path).process_groups
     assert group.record_format == "legacy" and group.backend_impls == {}
+    assert read_sidecar(path).schema_version == 1
 
 
 def test_an_nccl2_group_entry_and_its_annotation_round_trip(tmp_path: Path):
@@ -141,8 +149,8 @@ HEAD, WHOLE = True, False
          "not a commtag sidecar (it names no kind, expected 'commtag-sidecar')", HEAD),
         (lambda good: b'{"traceEvents": []}', "not a commtag sidecar (it names no kind, expected 'commtag-sidecar')", HEAD),
         # a newer format is said to be one, not listed as the fields it renamed
-        (lambda good: good.replace(b'"schema_version":1', b'"schema_version":2').replace(b'"run_id"', b'"run"'),
-         "invalid sidecar: schema_version: Value error, sidecar schema version 2 is newer than this commtag", HEAD),
+        (lambda good: good.replace(_VERSION, _NEXT_VERSION).replace(b'"run_id"', b'"run"'),
+         f"invalid sidecar: schema_version: Value error, sidecar schema version {SCHEMA_VERSION + 1} is newer than this commtag", HEAD),
         # NaN and Infinity parse as floats, and no field of a sidecar is one: refused, naming the field
         (lambda good: good.replace(b'"start_ns":10', b'"start_ns":NaN'),
          "invalid sidecar: collectives.0.start_ns: Input should be a finite number", WHOLE),
