@@ -95,7 +95,7 @@ EOF
     accounted=$("$py" - "$log.demo.log" <<'EOF'
 import re, sys
 text = open(sys.argv[1], errors="replace").read()
-ranks = re.findall(r"rank (\d+): (\d+) events read, (\d+) written(?:; left out: (.*))?", text)
+ranks = re.findall(r"rank (\d+): (\d+) events read, (\d+) written(?:, \d+ launch flows drawn)?(?:; left out: (.*))?", text)
 read = sum(int(r[1]) for r in ranks)
 written = sum(int(r[2]) for r in ranks)
 left = sum(int(n) for r in ranks for n in re.findall(r"(?:^|, )(\d+) ", r[3] or ""))
