@@ -8,20 +8,92 @@ lane's instances are unpacked with them only when the lanes writer takes that la
 
 from __future__ import annotations
 
-from typing import Iterator
+import math
+from array import array
+from itertools import islice
+from typing import Iterator, Optional
 
-from commtag.merge.engine.routes import rows_pieces, unpack
+from commtag.merge.engine.routes import PIECE_ROWS, unpack
 from commtag.merge.pftrace.lanes import InstanceFlows
 from commtag.merge.records import CollectiveInstance, Interner
 from commtag.vocab import ANN_STRAGGLER, ANN_WAIT_US
 
 
-def back_pieces(me: int, rows: list, tables: list[dict]) -> Iterator[dict]:
+class FlowColumn:
+    """Members' flows as JSON (:func:`flow_to_wire`) by position: a bare id in an array (a star's
+    members, most of a large group's, have one), anything else by position; 0: none or not an id."""
+
+    def __init__(self) -> None:
+        self.ids = array("Q")
+        self.other: dict[int, object] = {}
+
+    def append(self, flow: object) -> None:
+        self.put(len(self.ids), flow)
+
+    def put(self, at: int, flow: object) -> None:
+        """``flow`` at position ``at`` (the column grows to it)."""
+        if at >= len(self.ids):
+            self.ids.extend(array("Q", [0]) * (at + 1 - len(self.ids)))
+        is_id = flow.__class__ is int and 0 < flow < 1 << 64  # type: ignore[operator]
+        self.ids[at] = flow if is_id else 0  # type: ignore[assignment]
+        if not is_id and flow is not None:
+            self.other[at] = flow
+
+    def __getitem__(self, at: int) -> object:
+        found = self.ids[at]
+        return found if found else self.other.get(at)
+
+
+class BackRows:
+    """What goes back to one worker: per member of a collective matched here, its rank, place,
+    figures (their number, -1: none), wait (NaN: none), straggler flag and flows, as columns (a row
+    object per member was most of a worker's memory at the analysis' end); and the markers."""
+
+    def __init__(self) -> None:
+        self.markers: list[list] = []
+        self._empty()
+
+    def _empty(self) -> None:
+        self.ranks = array("i")
+        self.places = array("q")
+        self.figures = array("q")
+        self.waits = array("d")
+        self.stragglers = bytearray()
+        self.flows = FlowColumn()
+
+    def instance(self, rank: int, place: int, figures: Optional[int], wait: Optional[float], straggler: bool,
+                 flow: object) -> None:
+        self.ranks.append(rank)
+        self.places.append(place)
+        self.figures.append(-1 if figures is None else figures)
+        self.waits.append(math.nan if wait is None else wait)
+        self.stragglers.append(straggler)
+        self.flows.append(flow)
+
+    def rows(self) -> Iterator[list]:
+        """Each as the row :func:`apply` reads, ``["instance", rank, place, figures, wait, straggler,
+        flow]``, then the markers; all let go once read."""
+        for j, rank in enumerate(self.ranks):
+            k, wait = self.figures[j], self.waits[j]
+            yield ["instance", rank, self.places[j], None if k < 0 else k, None if math.isnan(wait) else wait,
+                   bool(self.stragglers[j]), self.flows[j]]
+        self._empty()
+        markers, self.markers = self.markers, []
+        markers.reverse()
+        while markers:
+            yield markers.pop()
+
+
+def back_pieces(me: int, back: BackRows, tables: list[dict]) -> Iterator[dict]:
     """The rows going back to one worker in pieces, each with the figures its rows name that
     the worker has not been sent yet (a collective's figures travel once, not once per member:
     a 1,024-rank group's list of matched ranks is 5 KB)."""
     sent: set[int] = set()
-    for piece in rows_pieces(rows, "rows"):
+    rows = back.rows()
+    while True:
+        piece = {"rows": list(islice(rows, PIECE_ROWS))}
+        if not piece["rows"]:
+            return
         needed = {row[3] for row in piece["rows"] if row[0] == "instance" and row[3] is not None} - sent
         sent |= needed
         yield {"from": me, "figures": [[k, tables[k]] for k in sorted(needed)], **piece}
@@ -37,7 +109,46 @@ def apply(piece: dict, lanes: OwnLanes, own_markers: list) -> None:
             own_markers.append((tuple(row[1]), row[2:]))
             continue
         _, rank, idx, k, wait, straggler, flow = row
-        lanes.updates.setdefault(rank, {})[idx] = (None if k is None else (source, k), wait, straggler, flow)
+        found = lanes.updates.get(rank)
+        if found is None:
+            found = lanes.updates[rank] = Updates()
+        found.put(idx, source, k, wait, straggler, flow)
+
+
+class Updates:
+    """What came back for one rank's instances, by place, as columns grown as places arrive (a
+    tuple per member was, with the figures' keys, a tenth of a worker's peak): the sending worker
+    (-2: nothing came, -1: flows only) and its figures number, the wait (NaN: none), the straggler
+    flag and the flows."""
+
+    def __init__(self) -> None:
+        self.sources = array("i")
+        self.figures = array("q")
+        self.waits = array("d")
+        self.stragglers = bytearray()
+        self.flows = FlowColumn()
+
+    def put(self, at: int, source: int, k: Optional[int], wait: Optional[float], straggler: bool,
+            flow: object) -> None:
+        grow = at + 1 - len(self.sources)
+        if grow > 0:
+            self.sources.extend(array("i", [-2]) * grow)
+            self.figures.extend(array("q", [0]) * grow)
+            self.waits.extend(array("d", [math.nan]) * grow)
+            self.stragglers.extend(bytes(grow))
+        self.sources[at] = -1 if k is None else source
+        self.figures[at] = 0 if k is None else k
+        self.waits[at] = math.nan if wait is None else wait
+        self.stragglers[at] = straggler
+        self.flows.put(at, flow)
+
+    def take(self, at: int) -> Optional[tuple]:
+        """``((worker, figures number) or None, wait or None, straggler, flows)`` for place ``at``; None if nothing came."""
+        if at >= len(self.sources) or self.sources[at] == -2:
+            return None
+        source, wait = self.sources[at], self.waits[at]
+        return (None if source < 0 else (source, self.figures[at]), None if math.isnan(wait) else wait,
+                bool(self.stragglers[at]), self.flows[at])
 
 
 class OwnLanes:
@@ -49,8 +160,8 @@ class OwnLanes:
         self.interner = interner
         #: (rank, lane) -> its instances packed, and their places among the rank's.
         self.packed: dict[tuple[int, str], tuple[bytes, list[int]]] = {}
-        #: rank -> place -> ((worker, figures number) or None, wait us, straggler, flows as JSON).
-        self.updates: dict[int, dict[int, tuple]] = {}
+        #: rank -> what came back for its instances, by place.
+        self.updates: dict[int, Updates] = {}
         self.figures: dict[tuple[int, int], dict] = {}
         self.flows: InstanceFlows = {}
         self._joined: dict[tuple[int, int, int], dict] = {}  # (worker, figures, id of the common args) -> both
@@ -62,9 +173,9 @@ class OwnLanes:
             return default
         packed, idxs = found
         insts = unpack(packed, self.interner)
-        updates = self.updates.get(key[0], {})
+        updates = self.updates.get(key[0], Updates())
         for inst, idx in zip(insts, idxs):
-            update = updates.pop(idx, None)
+            update = updates.take(idx)
             if update is None:
                 continue
             figures, wait, straggler, flow = update

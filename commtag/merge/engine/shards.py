@@ -19,19 +19,21 @@ written (:class:`Held`); their summaries travel without them. Then:
    collectives' records (:mod:`commtag.merge.engine.routes`), matches, measures and checks them
    as one process would (members in the order one process meets them) and keeps of each member
    only its times. Then the straggler noise pools every worker's skews, the cross-rank flows are
-   numbered from every worker's counts in one process's order, a group's busbw counter is made
-   from every worker's transfers, and the lead replays the lateness (impact) from every
-   collective's member times and gathers the findings.
+   numbered from every worker's counts in one process's order, and a group's busbw counter is
+   made from every worker's transfers.
 4. What a writer needs goes back to the worker holding the instance: its figures (once per
    collective), wait and flows, and the markers of its ranks, each with its place in one
    process's order; the worker unpacks a lane's records only when it writes that lane
    (:mod:`commtag.merge.engine.owned`). The lanes each worker writes are the bytes a worker
    holding every record writes.
+5. Then, with what went back let go, the lead replays the lateness (impact) from every
+   collective's member times and gathers the findings (:class:`ForLead`).
 """
 
 from __future__ import annotations
 
 import zlib
+from array import array
 from dataclasses import astuple, dataclass, field
 from typing import TYPE_CHECKING, Iterator, Optional
 
@@ -49,7 +51,7 @@ from commtag.merge.analysis.parts import (
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.batches import BATCH_KEY, BATCHES_OF, batch_keys
 from commtag.merge.engine.exchange import from_everyone
-from commtag.merge.engine.owned import OwnLanes, apply, back_pieces, flow_to_wire
+from commtag.merge.engine.owned import BackRows, OwnLanes, apply, back_pieces, flow_to_wire
 from commtag.merge.engine.routes import PIECE_ROWS, instance_pieces, instances_from, pack, route, rows_pieces, unpack
 from commtag.merge.pftrace.lanes import flows_of, group_flows, lanes_used
 from commtag.merge.rank.attach import inferred_seqs, settle_inferred
@@ -105,7 +107,7 @@ class Outcome:
 
 
 #: Instances a worker matches at once: its collectives are matched in buckets of about this many.
-BUCKET_ROWS = 16384
+BUCKET_ROWS = 8192
 
 
 def settle(world: World, held: Held) -> None:
@@ -186,7 +188,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 refs[pg] = ref
     seqs = SeqRuns(runs, {pg: SeqRef(ref[2], interner.shared(tuple(ref[3]))) for pg, ref in refs.items()})
     runs, found = [], {}
-    groups: list[tuple[list, Optional[MatchedCollective]]] = []
+    groups: list[tuple[_Members, Optional[MatchedCollective]]] = []
     for bucket in range(buckets):  # step 2 and the matching of step 3, a bucket at a time
         shard: list[tuple[int, int, tuple, CollectiveInstance]] = []
         route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)],
@@ -195,12 +197,14 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs)
     tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
-    back = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
+    back, pending = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
     own_markers: list[tuple] = []
     route(world, [back_pieces(me, rows, tables) for rows in back],
           lambda piece: apply(piece, outcome.lanes, own_markers))
+    del back, tables
     if hook is not None:
-        assert outcome.annotations is not None
+        assert outcome.annotations is not None and pending is not None
+        _on_lead(world, pending, coverage, hook, outcome)
         outcome.annotations.markers = [Marker(*mk) for _, mk in sorted(own_markers, key=lambda pair: pair[0])] + \
             window_markers(coverage)
     return outcome
@@ -229,18 +233,48 @@ def _unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
         yield {"parts": parts}
 
 
+class _Members:
+    """One matched group's members as this worker keeps them until what goes back is made: each
+    member's rank, place among its rank's instances and times, in one process's order (by rank,
+    start and Seq, then as read), and the first member's Seq (the group's place in that order).
+    Columns, not a tuple per member: a worker holds every member of the collectives it matched."""
+
+    __slots__ = ("ranks", "places", "members", "first_seq")
+
+    def __init__(self, rows: list[tuple[int, int, CollectiveInstance]], members: list[Member]) -> None:
+        self.ranks = array("i", [rank for rank, _, _ in rows])
+        self.places = array("q", [idx for _, idx, _ in rows])
+        self.members = members
+        self.first_seq = rows[0][2].seq
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def first(self) -> tuple[int, int]:
+        """The first member's (rank, place): where one process meets the group's flows."""
+        return min(zip(self.ranks, self.places))
+
+    def flows(self, base: Optional[int]) -> dict[int, object]:
+        """Member position -> its flows as JSON (:func:`commtag.merge.pftrace.lanes.group_flows`,
+        numbered after ``base``; none without a base), made when its rows go back, not kept."""
+        if base is None:
+            return {}
+        members, ranks = self.members, self.ranks
+        ordered = sorted(range(len(members)), key=lambda j: (members[j].start_ns, ranks[j]))
+        return {j: flow_to_wire(f) for j, f in zip(ordered, group_flows(len(members), base))}
+
+
 def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
-           seqs: SeqRuns) -> list[tuple[list, Optional[MatchedCollective]]]:
-    """One bucket's collectives matched (members in the order one process meets them: by rank,
-    start and Seq, then as read), measured and checked; each as ``(rank, place, member)`` rows
-    and its matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`)."""
+           seqs: SeqRuns) -> list[tuple[_Members, Optional[MatchedCollective]]]:
+    """One bucket's collectives matched, measured and checked; each as its :class:`_Members` and
+    its matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`)."""
     batches = [inst for _, _, key, inst in shard if key[0] == BATCHES_OF[0]]
     batched = batch_keys(batches) if batches else {}
     by_key: dict[tuple, list[tuple[int, int, CollectiveInstance]]] = {}
     for rank, idx, key, inst in shard:
         by_key.setdefault(batched.get(id(inst), key), []).append((rank, idx, inst))
     shard.clear()
-    out: list[tuple[list, Optional[MatchedCollective]]] = []
+    out: list[tuple[_Members, Optional[MatchedCollective]]] = []
     for rows in by_key.values():
         rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
         light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
@@ -249,34 +283,29 @@ def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
             m = measure([r[2] for r in rows], coverage, seqs)
             m.findings.extend(check(m))
             m.members = {rank: light[id(inst)] for rank, inst in m.members.items()}  # type: ignore[misc]
-        out.append(([(rank, idx, light[id(inst)], inst.seq) for rank, idx, inst in rows], m))
+        out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m))
     return out
 
 
-def _conclude(world: World, groups: list[tuple[list, Optional[MatchedCollective]]], hook: Optional[MergeAnalysis],
+def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective]]], hook: Optional[MergeAnalysis],
               coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
-              tables: list[dict]) -> list[list]:
+              tables: list[dict]) -> tuple[list[BackRows], Optional[ForLead]]:
     """Step 3's end: this worker's collectives numbered, judged against the whole job (stragglers,
-    Seq gaps) and described; what goes back to each worker (``("instance", rank, place, figures,
-    wait, straggler, flow)`` and ``("marker", ...)`` rows, figures by their number in ``tables``)."""
+    Seq gaps) and described; what goes back to each worker (:class:`commtag.merge.engine.owned.BackRows`:
+    per member its figures by their number in ``tables``, wait, straggler flag and flows; markers)."""
     me, size = world.index, world.size
-    back: list[list] = [[] for _ in range(size)]
-    flows: list[dict[int, object]] = []  # per group: id(member) -> its flows as JSON
-    for (rows, _), base in zip(groups, _number_flows(world, [rows for rows, _ in groups])):
-        found: dict[int, object] = {}
-        if base is not None:
-            ordered = sorted(rows, key=lambda r: (r[2].start_ns, r[0]))
-            found = {id(r[2]): flow_to_wire(f) for r, f in zip(ordered, group_flows(len(rows), base))}
-        flows.append(found)
+    back = [BackRows() for _ in range(size)]
+    bases = _number_flows(world, [members for members, _ in groups])
     if hook is None:
-        for (rows, _), found in zip(groups, flows):
-            for rank, idx, member, _ in rows:
-                if id(member) in found:
-                    back[holder[rank]].append(["instance", rank, idx, None, None, False, found[id(member)]])
-        return back
-    keyed = [((m.first_start_ns, m.pg_uid, m.seq, (rows[0][0], rows[0][2].start_ns, rows[0][3], rows[0][1])),
-              m, rows, found) for (rows, m), found in zip(groups, flows) if m is not None]
-    del flows
+        for (members, _), base in zip(groups, bases):
+            for j, flow in members.flows(base).items():
+                rank = members.ranks[j]
+                back[holder[rank]].instance(rank, members.places[j], None, None, False, flow)
+        return back, None
+    keyed = [((m.first_start_ns, m.pg_uid, m.seq, (members.ranks[0], members.members[0].start_ns, members.first_seq,
+                                                    members.places[0])), m, members, base)
+             for (members, m), base in zip(groups, bases) if m is not None]
+    del bases
     keyed.sort(key=lambda item: item[0])
     matched = [m for _, m, _, _ in keyed]
     pooled = [tuple(row) for part in from_everyone(world, lambda: {"skews": skews(matched)}) for row in part["skews"]]
@@ -294,53 +323,72 @@ def _conclude(world: World, groups: list[tuple[list, Optional[MatchedCollective]
     del by_key
     findings: list[list] = []
     lead: list = []
-    for key, m, rows, found in keyed:
+    for key, m, members, base in keyed:
         findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
         for k, mk in enumerate(markers([m])):
-            back[holder[mk.rank]].append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns, mk.name, mk.args])
+            back[holder[mk.rank]].markers.append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns,
+                                                  mk.name, mk.args])
         tables.append(collective_figures(m))
         figures = len(tables) - 1
         waits = m.waits_ns
         taken = {id(member) for member in m.members.values()}
-        for rank, idx, member, _ in rows:
-            flow = found.get(id(member))
+        found = members.flows(base)
+        for j, member in enumerate(members.members):
+            rank, flow = members.ranks[j], found.get(j)
             if id(member) in taken:
-                back[holder[rank]].append(["instance", rank, idx, figures, to_us(waits[rank]) if rank in waits
-                                           else None, m.straggler and rank == m.last_rank, flow])
+                back[holder[rank]].instance(rank, members.places[j], figures, to_us(waits[rank]) if rank in waits
+                                            else None, m.straggler and rank == m.last_rank, flow)
             elif flow is not None:
-                back[holder[rank]].append(["instance", rank, idx, None, None, False, flow])
+                back[holder[rank]].instance(rank, members.places[j], None, None, False, flow)
         lead.append(timed_row(list(key), m))
     busbw, series = _busbw_counters(world, keyed)
     outcome.annotations = TraceAnnotations(counters=busbw)
     keyed, matched = [], []
-    groups.clear()  # the members' times now travel in ``lead``: room for the replay on the lead
+    groups.clear()  # the members' times now travel in ``lead``
+    return back, ForLead(lead, findings, attached, gaps, series)
+
+
+@dataclass
+class ForLead:
+    """What the lead gathers once the figures have gone back (the replay then has the room they
+    held): this worker's collectives' member times (:func:`commtag.merge.analysis.parts.timed_row`)
+    and findings, the Seq gaps attached here, and the whole job's (every worker's) gaps and busbw series."""
+
+    timed: list
+    findings: list
+    attached: list[int]
+    gaps: list
+    series: dict[str, list[tuple[int, float]]]
+
+
+def _on_lead(world: World, pending: ForLead, coverage: Coverage, hook: MergeAnalysis, outcome: Outcome) -> None:
+    """Step 3's last part: the lead replays the lateness (impact) from every collective's member
+    times and gathers the findings; every worker gets the impact tracks."""
+    assert outcome.annotations is not None
     replayed: list = []
-    route(world, [rows_pieces(lead, "impact") if w == 0 else iter(()) for w in range(size)],
+    route(world, [rows_pieces(pending.timed, "impact") if w == 0 else iter(()) for w in range(world.size)],
           lambda piece: replayed.extend(timed(row) for row in piece["impact"]))
-    everyone_findings = _to_lead(world, findings, "findings")
-    every_attached = {g for part in from_everyone(world, lambda: {"attached": attached}) for g in part["attached"]}
+    everyone_findings = _to_lead(world, pending.findings, "findings")
+    every_attached = {g for part in from_everyone(world, lambda: {"attached": pending.attached})
+                      for g in part["attached"]}
     result: Optional[Analysis] = None
     counters: list[CounterSeries] = []
     if world.index == 0:
-        result = lead_result(replayed, everyone_findings, [g for k, g in enumerate(gaps) if k not in every_attached],
-                              coverage, series)
+        result = lead_result(replayed, everyone_findings,
+                             [g for k, g in enumerate(pending.gaps) if k not in every_attached], coverage, pending.series)
         counters = impact_counters(result.impact)
     shared = from_everyone(world, lambda: {"impact": [[c.rank, c.track, c.points, c.unit] for c in counters]})[0]
     outcome.annotations.counters += [CounterSeries(rank, track, [tuple(p) for p in points], unit)
                                      for rank, track, points, unit in shared["impact"]]
     outcome.analysis = result
     hook.result = result
-    return back
 
 
-def _number_flows(world: World, members: list[list]) -> list[Optional[int]]:
+def _number_flows(world: World, groups: list[_Members]) -> list[Optional[int]]:
     """Each group's flows numbered after those of every group one process meets first (by its
     first member as read: rank, place); None for a group with no flow (alone, or a rank twice)."""
-    counts = []
-    for rows in members:
-        n = len(rows)
-        if n >= 2 and len({r[0] for r in rows}) == n:
-            counts.append([min(r[:2] for r in rows), flows_of(n)])
+    flowing = [len(g) >= 2 and len(set(g.ranks)) == len(g) for g in groups]
+    counts = [[list(g.first()), flows_of(len(g))] for g, yes in zip(groups, flowing) if yes]
     every = sorted((tuple(first), n) for part in from_everyone(world, lambda: {"counts": counts})
                    for first, n in part["counts"])
     before: dict[tuple[int, int], int] = {}
@@ -349,11 +397,7 @@ def _number_flows(world: World, members: list[list]) -> list[Optional[int]]:
         before[first] = total
         total += n
     del every
-    out: list[Optional[int]] = []
-    for rows in members:
-        n = len(rows)
-        out.append(before[min(r[:2] for r in rows)] if n >= 2 and len({r[0] for r in rows}) == n else None)
-    return out
+    return [before[g.first()] if yes else None for g, yes in zip(groups, flowing)]
 
 
 def _busbw_counters(world: World, keyed: list[tuple]) -> tuple[list[CounterSeries], dict[str, list[tuple[int, float]]]]:
