@@ -42,6 +42,7 @@ from commtag.merge.analysis.checks import check, seq_gaps
 from commtag.merge.analysis.hook import (
     MergeAnalysis, busbw_counter, collective_figures, window_markers,
 )
+from commtag.merge.analysis.columns import Columns
 from commtag.merge.analysis.impact import impact_counters
 from commtag.merge.analysis.parts import (
     Member, SeqRef, SeqRun, SeqRuns, lead_result, seq_issued, seq_runs, timed, timed_row,
@@ -314,9 +315,9 @@ def _conclude(world: World, groups: list[tuple[list, Optional[MatchedCollective]
     outcome.annotations = TraceAnnotations(counters=busbw)
     keyed, matched = [], []
     groups.clear()  # the members' times now travel in ``lead``: room for the replay on the lead
-    replayed: list = []
+    replayed = Columns()
     route(world, [rows_pieces(lead, "impact") if w == 0 else iter(()) for w in range(size)],
-          lambda piece: replayed.extend(timed(row) for row in piece["impact"]))
+          lambda piece: timed(piece["impact"], replayed))
     everyone_findings = _to_lead(world, findings, "findings")
     every_attached = {g for part in from_everyone(world, lambda: {"attached": attached}) for g in part["attached"]}
     result: Optional[Analysis] = None
