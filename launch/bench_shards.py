@@ -50,7 +50,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--before", type=Path, default=None, help="a checkout's root holding commtag/, run too")
     args = parser.parse_args(argv)
-    codes = [("now", None)] + ([("before", args.before.resolve())] if args.before else [])
+    # Each code's commtag/ first on the path, the merges run in an empty folder: ``-m`` puts the
+    # working folder before PYTHONPATH, so a checkout there would be "before"'s code too.
+    codes = [("now", Path(__file__).resolve().parents[1])]
+    codes += [("before", args.before.resolve())] if args.before else []
+    directory = args.directory.resolve()
     rows = []
     single: dict[str, int] = {}
     digests: dict[tuple[str, str], str] = {}
@@ -62,9 +66,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 for code, src in codes:
                     out = work / f"{code}-{variant}.pftrace"
                     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-                    if src is not None:
-                        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
-                    run = run_child(command(variant, args.directory, out), env=env)
+                    env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
+                    run = run_child(command(variant, directory, out), env=env, cwd=str(work))
                     if run.returncode != 0:
                         print(f"{code} {variant} failed: {run.stderr_tail}", file=sys.stderr)
                         failed = True

@@ -71,13 +71,14 @@ def _hwm(pid: int) -> Optional[tuple[str, int]]:
     return None
 
 
-def run_child(argv: Sequence[str], timeout_s: float = 900.0, env: Optional[dict] = None) -> ChildRun:
-    """Run ``argv`` to completion, polling peak RSS; stdout is discarded, the end of stderr kept."""
+def run_child(argv: Sequence[str], timeout_s: float = 900.0, env: Optional[dict] = None,
+              cwd: Optional[str] = None) -> ChildRun:
+    """Run ``argv`` to completion (in ``cwd``), polling peak RSS; stdout is discarded, the end of stderr kept."""
     stderr_path = f"/tmp/commtag-bench-stderr-{os.getpid()}.txt"
     peaks: dict[int, tuple[str, int]] = {}
     with open(stderr_path, "wb") as stderr:
         start = time.perf_counter()
-        proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=cwd)
         while proc.poll() is None:
             for pid in [proc.pid, *_descendants(proc.pid)]:
                 seen = _hwm(pid)

@@ -49,28 +49,17 @@ that order and at most :data:`MAX_REPLAYED_RANKS` of them.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Optional, Sequence, Union
 
-from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage
+from commtag.merge.analysis.columns import NO_RANK, Columns, MatchedCollective
+from commtag.merge.records import CounterSeries, Coverage
 from commtag.merge.steps import StepIndex
 
 #: The ranks with the largest total lead are replayed; the rest are counted, not replayed.
 MAX_REPLAYED_RANKS = 16
-
-
-class MatchedCollective(Protocol):
-    """What the replay reads of a matched collective (:class:`commtag.merge.analysis.results.MatchedCollective`)."""
-
-    collective: str
-    members: dict[int, CollectiveInstance]
-    last_rank: Optional[int]
-    first_start_ns: int
-    last_start_ns: int
-
-    @property
-    def complete(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -148,65 +137,67 @@ class Impact:
 class _Replay:
     """The dependency graph of the matched collectives, replayable with some lateness removed.
 
-    Nodes are one rank's instances, numbered; ``pred[n]`` is the node of the same rank that
-    ``n`` waits for (-1: none). A replay only moves times earlier, so a synchronizing
-    collective's last arrival is found scanning its members latest-first and stopping at the
-    first recorded start no later than the best found: in a job of 1,024 ranks a replay
-    reads a few members of each collective, not all of them.
+    Nodes are one rank's instances: the members in :class:`Columns`, numbered as there (each
+    collective's latest-first); ``pred[n]`` is the node of the same rank that ``n`` waits for
+    (-1: none). A replay only moves times earlier, so a synchronizing collective's last arrival
+    is found scanning its members latest-first and stopping at the first recorded start no later
+    than the best found: in a job of 1,024 ranks a replay reads a few members of each collective,
+    not all of them.
     """
 
-    def __init__(self, collectives: list[MatchedCollective], coverage: Optional[Coverage]) -> None:
-        self.collectives = collectives
-        self.start: list[int] = []
-        self.rank: list[int] = []
-        self.owner: list[int] = []
-        #: Per collective, its nodes latest-first.
-        self.latest_first: list[list[int]] = []
-        per_rank: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # rank -> (end, start, node)
-        for k, m in enumerate(collectives):
-            first = len(self.start)
-            for rank, inst in sorted(m.members.items(), key=lambda item: -item[1].start_ns):
-                per_rank[rank].append((inst.end_ns, inst.start_ns, len(self.start)))
-                self.start.append(inst.start_ns)
-                self.rank.append(rank)
-            self.owner.extend([k] * (len(self.start) - first))
-            self.latest_first.append(list(range(first, len(self.start))))
-        self.pred = [-1] * len(self.start)
-        for ended in per_rank.values():
-            ended.sort()
-            ends = [end for end, _, _ in ended]
-            rank = self.rank[ended[0][2]]
+    def __init__(self, cols: Columns, coverage: Optional[Coverage]) -> None:
+        self.cols = cols
+        count = len(cols)
+        self.owner = array("i")
+        for k in range(count):
+            self.owner.extend(array("i", [k]) * (cols.offset[k + 1] - cols.offset[k]))
+        self.pred = array("i", [-1]) * len(cols.start)
+        by_rank: dict[int, array] = {}  # rank -> its nodes, in node order
+        for node, rank in enumerate(cols.rank):
+            nodes = by_rank.get(rank)
+            if nodes is None:
+                nodes = by_rank[rank] = array("i")
+            nodes.append(node)
+        start, end = cols.start, cols.end
+        while by_rank:
+            rank, nodes = by_rank.popitem()
+            ended = sorted(nodes, key=lambda n: (end[n], start[n]))  # ties in node order: stable
+            del nodes
+            ends = [end[n] for n in ended]
             several = coverage is not None and len(coverage.windows.get(rank, ())) > 1
-            for _, start, node in ended:
-                at = bisect.bisect_right(ends, start) - 1
-                while at >= 0 and ended[at][2] == node:
+            for node in ended:
+                at = bisect.bisect_right(ends, start[node]) - 1
+                while at >= 0 and ended[at] == node:
                     at -= 1
-                pred = ended[at][2] if at >= 0 else -1
+                pred = ended[at] if at >= 0 else -1
                 if several and pred >= 0 and \
-                        coverage.window_of(rank, self.start[pred]) != coverage.window_of(rank, start):
+                        coverage.window_of(rank, start[pred]) != coverage.window_of(rank, start[node]):
                     pred = -1  # a new window: what ran between was not recorded
                 self.pred[node] = pred
         # A collective is replayed after those its members wait for: in order of its last arrival.
-        self.order = sorted(range(len(collectives)), key=lambda k: (collectives[k].last_start_ns, k))
+        self.order = sorted(range(count), key=lambda k: (cols.last_start[k], k))
         self.place = {k: i for i, k in enumerate(self.order)}
-        self.synchronized = [m.complete and len(m.members) > 1 for m in collectives]
+        self.synchronized = bytearray(cols.complete[k] and cols.offset[k + 1] - cols.offset[k] > 1
+                                      for k in range(count))
         #: (collective index, rank) -> that rank's recorded lead over the next-latest member.
         self.leads: dict[tuple[int, int], int] = {}
-        for k, m in enumerate(collectives):
-            if self.synchronized[k] and m.last_rank is not None:
-                before = next(self.start[n] for n in self.latest_first[k] if self.rank[n] != m.last_rank)
-                lead = m.last_start_ns - before
-                if lead > 0 and (coverage is None or coverage.covers(m.last_rank, before, m.last_start_ns)):
-                    self.leads[(k, m.last_rank)] = lead
+        for k in range(count):
+            last = cols.last_rank[k]
+            if self.synchronized[k] and last != NO_RANK:
+                before = next(start[n] for n in cols.members(k) if cols.rank[n] != last)
+                lead = cols.last_start[k] - before
+                if lead > 0 and (coverage is None or coverage.covers(last, before, cols.last_start[k])):
+                    self.leads[(k, last)] = lead
 
     def shifts(self, removed: dict[int, int], rank: int) -> list[int]:
         """Per collective, how much (ns, <= 0) its end moves when ``rank`` arrives earlier by
         ``removed[k]`` at collective ``k``."""
-        moved = [0] * len(self.collectives)
+        cols = self.cols
+        moved = [0] * len(cols)
         if not removed:
             return moved
         own: dict[int, int] = {}  # node of an unsynchronized collective -> its shift
-        start, pred, ranks, owner, synchronized = self.start, self.pred, self.rank, self.owner, self.synchronized
+        start, pred, ranks, owner, synchronized = cols.start, self.pred, cols.rank, self.owner, self.synchronized
 
         def shift_of(node: int) -> int:
             if node < 0:
@@ -219,30 +210,32 @@ class _Replay:
             cut = removed.get(k, 0)
             if synchronized[k]:
                 best = None
-                for n in self.latest_first[k]:
+                for n in cols.members(k):
                     if best is not None and start[n] <= best:
                         break  # times only move earlier: no later member can arrive after best
                     arrival = start[n] + shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
                     if best is None or arrival > best:
                         best = arrival
-                moved[k] = best - self.collectives[k].last_start_ns
+                moved[k] = best - cols.last_start[k]
             else:
-                for n in self.latest_first[k]:
+                for n in cols.members(k):
                     own[n] = shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
-                moved[k] = max(own[n] for n in self.latest_first[k])
+                moved[k] = max(own[n] for n in cols.members(k))
         return moved
 
 
-def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = None) -> Impact:
+def impact(collectives: Union[Sequence[MatchedCollective], Columns], coverage: Optional[Coverage] = None) -> Impact:
     """Each late rank's cost to the window, and per op it was late to (``coverage``: when
-    each rank was profiled; without it, every lead counts)."""
-    if not collectives:
+    each rank was profiled; without it, every lead counts). ``collectives``: matched ones, or
+    their columns (:class:`Columns`, what a sharded merge's lead builds from the workers' rows)."""
+    cols = collectives if isinstance(collectives, Columns) else Columns.of(collectives)
+    if not len(cols):
         return Impact([])
-    replay = _Replay(collectives, coverage)
-    ends = [max(i.end_ns for i in m.members.values()) for m in collectives]
-    windows = _by_window(collectives, coverage)
-    steps, outside_steps = _by_step(collectives, coverage, windows)
-    profiled = sum(max(ends[k] for k in ks) - min(collectives[k].first_start_ns for k in ks) for ks in windows.values())
+    replay = _Replay(cols, coverage)
+    ends = [max(cols.end[cols.offset[k]:cols.offset[k + 1]]) for k in range(len(cols))]
+    windows = _by_window(cols, coverage)
+    steps, outside_steps = _by_step(cols, coverage, windows)
+    profiled = sum(max(ends[k] for k in ks) - min(cols.first_start[k] for k in ks) for ks in windows.values())
     lateness: dict[int, list[int]] = defaultdict(list)
     for (k, rank), lead in replay.leads.items():
         lateness[rank].append(k)
@@ -256,10 +249,10 @@ def impact(collectives: list[MatchedCollective], coverage: Optional[Coverage] = 
         cost = sum(by_window.values())
         row = RankImpact(rank, _us(cost), round(cost / max(profiled, 1), 6), _us(sum(removed.values())), len(mine),
                          by_window={w: _us(ns) for w, ns in by_window.items()}, timeline=_timeline(ends, moved),
-                         steps=_step_costs(collectives, ends, moved, steps))
-        ops = sorted({collectives[k].collective for k in mine})
+                         steps=_step_costs(cols, ends, moved, steps))
+        ops = sorted({cols.op[k] for k in mine})
         for op in ops:
-            only = {k: lead for k, lead in removed.items() if collectives[k].collective == op}
+            only = {k: lead for k, lead in removed.items() if cols.op[k] == op}
             row.by_op[op] = row.cost_us if len(ops) == 1 else \
                 _us(sum(_window_costs(ends, replay.shifts(only, rank), windows).values()))
         rows.append(row)
@@ -272,19 +265,18 @@ def _window_costs(ends: list[int], moved: list[int], windows: dict[int, list[int
     return {w: max(ends[k] for k in ks) - max(ends[k] + moved[k] for k in ks) for w, ks in windows.items()}
 
 
-def _by_window(collectives: list[MatchedCollective], coverage: Optional[Coverage]) -> dict[int, list[int]]:
+def _by_window(cols: Columns, coverage: Optional[Coverage]) -> dict[int, list[int]]:
     """Profiled window (1-based) -> the collectives whose first arrival lies in it, on that rank's
     windows (one window when they are not known)."""
     out: dict[int, list[int]] = defaultdict(list)
-    for k, m in enumerate(collectives):
-        first = min(m.members.items(), key=lambda item: (item[1].start_ns, item[0]))[0]
-        at = coverage.window_of(first, m.first_start_ns) if coverage is not None else 0
+    for k in range(len(cols)):
+        at = coverage.window_of(cols.first_arrival(k)[1], cols.first_start[k]) if coverage is not None else 0
         if at is not None:
             out[at + 1].append(k)
     return dict(sorted(out.items()))
 
 
-def _by_step(collectives: list[MatchedCollective], coverage: Optional[Coverage],
+def _by_step(cols: Columns, coverage: Optional[Coverage],
              windows: dict[int, list[int]]) -> tuple[dict[tuple[int, int], list[int]], int]:
     """(window, step) -> the collectives of that step, in window and step order, and how many
     collectives lie in no step. A collective's step is the one its first arrival lies in, on the
@@ -297,10 +289,9 @@ def _by_step(collectives: list[MatchedCollective], coverage: Optional[Coverage],
     outside = 0
     for w, ks in windows.items():
         for k in ks:
-            members = collectives[k].members
-            arrival, rank = min((i.start_ns, rank) for rank, i in members.items())
+            arrival, rank = cols.first_arrival(k)
             if rank not in known:
-                arrival, rank = min(((i.start_ns, r) for r, i in members.items() if r in known), default=(0, None))
+                arrival, rank = cols.first_arrival(k, among=known)
             step = known[rank].at(arrival) if rank is not None else None
             if step is None:
                 outside += 1
@@ -309,7 +300,7 @@ def _by_step(collectives: list[MatchedCollective], coverage: Optional[Coverage],
     return dict(sorted(found.items())), outside
 
 
-def _step_costs(collectives: list[MatchedCollective], ends: list[int], moved: list[int],
+def _step_costs(cols: Columns, ends: list[int], moved: list[int],
                 steps: dict[tuple[int, int], list[int]]) -> list[StepCost]:
     """Each step's part of its window's cost (module docstring): the change in how much earlier
     its last collective ends, from the step before it in the window."""
@@ -320,7 +311,7 @@ def _step_costs(collectives: list[MatchedCollective], ends: list[int], moved: li
         earlier = last - max(ends[k] + moved[k] for k in ks)
         cost = earlier - before.get(w, 0)
         before[w] = earlier
-        first = min(collectives[k].first_start_ns for k in ks)
+        first = min(cols.first_start[k] for k in ks)
         out.append(StepCost(w, step, _us(cost), round(cost / max(last - first, 1), 6), first, last))
     return out
 

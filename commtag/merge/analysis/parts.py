@@ -7,16 +7,20 @@ ran past its Seq, and the Seq gaps of a group. Both read each rank's Seqs of a g
 :class:`SeqRuns` keeps as runs of consecutive Seqs (a few per rank, group and window) built by
 the worker holding the rank (:func:`seq_runs`), so every worker can hold every rank's.
 Once matched and checked, a member is only its times (:class:`Member`); the lead replays the
-impact from every collective's member times and lists the findings (:func:`lead_result`).
+impact from every collective's member times, kept in columns as they arrive (:func:`timed`), and
+lists the findings (:func:`lead_result`).
 """
 
 from __future__ import annotations
 
+import base64
 import bisect
+import sys
+from array import array
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
 
+from commtag.merge.analysis.columns import Columns
 from commtag.merge.analysis.impact import impact
 from commtag.merge.analysis.results import Analysis, Finding, FindingKind, MatchedCollective
 from commtag.merge.records import CollectiveInstance, Coverage
@@ -136,39 +140,46 @@ class Member:
         return self.inferred if key == ANN_INFERRED else default
 
 
-@dataclass(slots=True)
-class _Timed:
-    """A matched collective as the impact replay reads it (:class:`commtag.merge.analysis.impact.MatchedCollective`)."""
-
-    collective: str
-    complete: bool
-    last_rank: Optional[int]
-    first_start_ns: int
-    last_start_ns: int
-    members: dict[int, Member]
-
-
-def timed(row: list) -> tuple[list, _Timed]:
-    """One row of :func:`timed_row` as the replay reads it, with its place in one process's order."""
-    key, collective, complete, last, first, lastst, ranks, starts, ends = row
-    return key, _Timed(collective, complete, last, first, lastst,
-                       {r: Member(s, e, False) for r, s, e in zip(ranks, starts, ends)})
+def timed(rows: list, into: Columns) -> None:
+    """Rows of :func:`timed_row` into the replay's columns as they arrive, each with its place in
+    one process's order (:meth:`Columns.into_key_order` puts them in it)."""
+    for key, collective, complete, last, first, lastst, ranks, starts, ends in rows:
+        into.keyed(key, collective, complete, last, first, lastst, _unpacked(ranks, "i"), _unpacked(starts, "q"),
+                   _unpacked(ends, "q"))
 
 
 def timed_row(key: list, m: MatchedCollective) -> list:
-    """What the impact replay reads of a matched collective, as JSON (``key``: its place)."""
+    """What the impact replay reads of a matched collective, as JSON (``key``: its place); the
+    members' ranks and times packed (:func:`_packed`): decoded, a row of a 1,024-rank collective
+    is a few strings, not 3,072 ints."""
     ranks = list(m.members)
-    return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns, ranks,
-            [m.members[r].start_ns for r in ranks], [m.members[r].end_ns for r in ranks]]
+    return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns, _packed(ranks, "i"),
+            _packed([m.members[r].start_ns for r in ranks], "q"), _packed([m.members[r].end_ns for r in ranks], "q")]
 
 
-def lead_result(collectives: list[tuple[list, _Timed]], findings: list, unattached: list[Finding],
+def _packed(values: list[int], typecode: str) -> str:
+    """Integers as the base64 of their little-endian machine words."""
+    words = array(typecode, values)
+    if sys.byteorder == "big":
+        words.byteswap()
+    return base64.b64encode(words.tobytes()).decode("ascii")
+
+
+def _unpacked(text: str, typecode: str) -> array:
+    """The integers :func:`_packed` packed."""
+    words = array(typecode, base64.b64decode(text))
+    if sys.byteorder == "big":
+        words.byteswap()
+    return words
+
+
+def lead_result(collectives: Columns, findings: list, unattached: list[Finding],
                 coverage: Coverage, busbw: dict[str, list[tuple[int, float]]]) -> Analysis:
     """The lead's analysis of the whole job: the findings in one process's order, the impact
     replay over every collective's member times (:func:`timed`), the busbw series (no matched
     collectives: those stayed with the workers that matched them)."""
-    collectives.sort(key=lambda pair: pair[0])
-    replayed = impact([m for _, m in collectives], coverage)  # type: ignore[arg-type]
+    collectives.into_key_order()
+    replayed = impact(collectives, coverage)
     collectives.clear()
     findings.sort(key=lambda row: (row[0], row[1]))
     listed = [Finding(FindingKind(kind), pg, lane, seq, replay, p2p, tuple(ranks), tuple(fields), detail, desync)

@@ -44,6 +44,7 @@ from commtag.merge.analysis.checks import check, seq_gaps
 from commtag.merge.analysis.hook import (
     MergeAnalysis, busbw_counter, collective_figures, window_markers,
 )
+from commtag.merge.analysis.columns import Columns
 from commtag.merge.analysis.impact import impact_counters
 from commtag.merge.analysis.parts import (
     Member, SeqRef, SeqRun, SeqRuns, lead_result, seq_issued, seq_runs, timed, timed_row,
@@ -365,9 +366,9 @@ def _on_lead(world: World, pending: ForLead, coverage: Coverage, hook: MergeAnal
     """Step 3's last part: the lead replays the lateness (impact) from every collective's member
     times and gathers the findings; every worker gets the impact tracks."""
     assert outcome.annotations is not None
-    replayed: list = []
+    replayed = Columns()
     route(world, [rows_pieces(pending.timed, "impact") if w == 0 else iter(()) for w in range(world.size)],
-          lambda piece: replayed.extend(timed(row) for row in piece["impact"]))
+          lambda piece: timed(piece["impact"], replayed))
     everyone_findings = _to_lead(world, pending.findings, "findings")
     every_attached = {g for part in from_everyone(world, lambda: {"attached": pending.attached})
                       for g in part["attached"]}
