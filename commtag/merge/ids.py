@@ -9,18 +9,22 @@ never collide and their parts concatenate.
 Track uuids interleave the bits of ``rank + 1`` and a per-rank ``local``
 (see :func:`track_uuid`: every event packet names its track, so small ids
 matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block above
-it. Flow ids carry their kind in the top bits (:func:`flow_id`). A worker's
-rank blocks are one packet sequence and its lanes block another, both
-numbered after the worker's first rank (:func:`rank_sequence_id`,
-:func:`lanes_sequence_id`); the header has its own.
+it. Flow ids carry their kind in the top bits (:func:`flow_id`). Rank blocks
+are written on packet sequences and lanes on others, each shared by a block of
+consecutive ranks (:func:`sequence_block`) and numbered after the first of
+them written on it (:func:`rank_sequence_id`, :func:`lanes_sequence_id`); the
+header has its own.
 """
 
 from __future__ import annotations
 
 HEADER_SEQ = 1
-#: A worker whose chunk starts at rank r writes its rank blocks on sequence RANK_SEQ_BASE + 2r
-#: and its lanes on the next.
-RANK_SEQ_BASE = 16
+#: The rank blocks' sequences are RANK_SEQ_BASE + 2k, the lanes' the next (k: :func:`rank_sequence_id`).
+RANK_SEQ_BASE = 2
+#: Sequences started inside a block are numbered after their rank from here on, past every block's.
+_INSIDE_BLOCK = 1 << 24
+#: At most about this many sequences of each kind: ranks share them in blocks (:func:`sequence_block`).
+SEQUENCE_BLOCKS = 64
 LOCAL_BITS = 20
 #: The first local id of the lanes block (rank blocks use those below).
 LANE_LOCAL = 1 << (LOCAL_BITS - 1)
@@ -71,14 +75,26 @@ def synthetic_pid(rank: int) -> int:
     return PID_BASE + rank
 
 
-def rank_sequence_id(first_rank: int) -> int:
-    """The sequence of the rank blocks of the worker whose chunk starts at ``first_rank``."""
-    return RANK_SEQ_BASE + 2 * first_rank
+def sequence_block(ranks: int) -> int:
+    """How many consecutive rank numbers share a sequence in a merge of ``ranks`` ranks (rank r is in
+    block r // this). Why blocks: a sequence's interning starts afresh, so its bytes do not depend on
+    what else its writer wrote, and merge workers take whole blocks (:func:`commtag.merge.engine.hosts.chunks`):
+    any number of them writes one process's bytes. Why not a sequence per rank: each interns the names
+    and args its ranks repeat (a 1,024-rank job's world rank list alone is 5 kB), and the blocks depend
+    on the ranks alone, never on the number of workers."""
+    return max(1, -(-ranks // SEQUENCE_BLOCKS))
 
 
-def lanes_sequence_id(first_rank: int) -> int:
-    """The sequence of that worker's lanes block."""
-    return RANK_SEQ_BASE + 2 * first_rank + 1
+def rank_sequence_id(rank: int, block: int = 1) -> int:
+    """The rank blocks' sequence a writer starts at ``rank`` (``block``: :func:`sequence_block`):
+    numbered after the block where ``rank`` is its first (every packet names its sequence: the
+    first 63 blocks' ids take one byte), else after ``rank``, where no other writer starts one."""
+    return RANK_SEQ_BASE + 2 * (rank // block if rank % block == 0 else _INSIDE_BLOCK + rank)
+
+
+def lanes_sequence_id(rank: int, block: int = 1) -> int:
+    """The lanes' sequence a writer starts at ``rank``: the one after :func:`rank_sequence_id`'s."""
+    return rank_sequence_id(rank, block) + 1
 
 
 class LocalIds:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from commtag.vocab import PROFILER_STEP_PREFIX
+from commtag.merge.ids import sequence_block
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.inputs.jsonstream import GZIP_MAGIC, TraceStream
 from commtag.merge.pftrace.lanes import FULL_MESH_MAX, LanesWriter
@@ -120,6 +121,8 @@ class Estimate:
     lanes: dict[int, float] = field(default_factory=dict)
     #: Step numbers the sampled ranks' traces hold, and their share of those ranks' timelines.
     steps: list[int] = field(default_factory=list)
+    #: Of ``lanes``, what --steps does not shrink: the names and args each sequence interns.
+    fixed: float = 0.0
 
     def total(self, selection: Optional[Selection] = None) -> int:
         detailed = selection.detailed if selection is not None else (lambda _rank: True)
@@ -140,11 +143,12 @@ class Estimate:
             out.append(f"--detail {detail} (about {describe_size(lanes + k * per_rank)})")
         if len(self.steps) < 2 or (selection is not None and selection.selects_time):
             return out
-        for detail, per_step in (("", self.total(selection) / len(self.steps)),
-                                 ("--detail none ", lanes / len(self.steps))):
-            k = int(budget // per_step) if per_step else 0
+        for detail, fixed, per_step in (("", 0.0, self.total(selection) / len(self.steps)),
+                                        ("--detail none ", self.fixed, (lanes - self.fixed) / len(self.steps))):
+            k = int((budget - fixed) // per_step) if per_step else 0
             if k >= 1:
-                out.append(f"{detail}--steps {describe_numbers(self.steps[:k])} (about {describe_size(k * per_step)})")
+                out.append(f"{detail}--steps {describe_numbers(self.steps[:k])} "
+                           f"(about {describe_size(fixed + k * per_step)})")
                 return out
         return out
 
@@ -155,26 +159,29 @@ def estimate(ranks: Sequence[RankInput], selection: Optional[Selection] = None,
     offsets = offsets or {}
     picks = sorted({round(k * (len(ranks) - 1) / max(1, SAMPLED_RANKS - 1)) for k in range(SAMPLED_RANKS)}) \
         if ranks else []
-    # As a merge worker does, the samples share one sequence each for timelines and lanes: the first
-    # pays for interning the names every rank repeats, the others show what one more rank costs.
-    seq, lanes_writer = rank_sequence(0), LanesWriter(0, 0)
-    measured: dict[int, tuple[int, int]] = {}
-    timeline_per_json, lanes_per_side, lanes_per_json, steps = [], [], [], set()
-    for k, index in enumerate(picks):
+    # Each sample is written on sequences of its own, each interning the names and args it uses;
+    # in the merge a block of ranks shares those (ids.sequence_block): each rank pays its share.
+    share = 1 / sequence_block(len(ranks))
+    lanes_writer = LanesWriter()
+    measured: dict[int, tuple[float, float]] = {}
+    timeline_per_json, lanes_per_side, lanes_per_json, fixed, steps = [], [], [], [], set()
+    for index in picks:
         rank = ranks[index]
+        seq = rank_sequence(rank.rank)
         try:
             timeline, lanes, found = _measure(rank, offsets.get(rank.rank, 0), spans_of, seq, lanes_writer)
         except MergeInputError:
             continue  # a bad file: the merge says so (or skips it); the other samples stand for it
+        timeline -= seq.interned_bytes * (1 - share)
+        lanes -= lanes_writer.seq.interned_bytes * (1 - share)
+        fixed.append(lanes_writer.seq.interned_bytes * share)
         measured[rank.rank] = (timeline, lanes)
         steps |= found
-        if k == 0 and len(picks) > 1:
-            continue
         json = sum(json_bytes(f.path) for f in rank.files)
         timeline_per_json.append(timeline / max(1, json))
         side = _sidecar_bytes(rank)
         (lanes_per_side if side else lanes_per_json).append(lanes / max(1, side or json))
-    out = Estimate(steps=sorted(steps))
+    out = Estimate(steps=sorted(steps), fixed=len(ranks) * sum(fixed) / max(1, len(fixed)))
 
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
@@ -192,7 +199,7 @@ def estimate(ranks: Sequence[RankInput], selection: Optional[Selection] = None,
 
 def _measure(rank: RankInput, offset: int, spans_of: Optional[FileSpans], seq: SequenceWriter,
              lanes_writer: LanesWriter) -> tuple[int, int, set[int]]:
-    """One rank converted and written into a counter on the samples' sequences: its timeline's
+    """One rank converted and written into a counter on its own sequences: its timeline's
     bytes, its lanes' bytes (with the flows and figures other ranks would add), and the profiler
     steps its files hold."""
     converter = RankConverter(rank.rank, seq, offset_ns=offset)

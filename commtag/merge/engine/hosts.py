@@ -24,6 +24,7 @@ the same on every worker:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import socket
 from dataclasses import dataclass
@@ -288,13 +289,15 @@ def assign(copies: Sequence[dict[Node, RankInput]], workers: Sequence[tuple[int,
     return out
 
 
-def chunks(ranks: Sequence[RankInput], workers: int) -> list[list[RankInput]]:
-    """Contiguous chunks in rank order, balanced by input size (worker 0 never empty)."""
+def chunks(ranks: Sequence[RankInput], workers: int, block: int = 1) -> list[list[RankInput]]:
+    """Contiguous chunks in rank order, balanced by input size (worker 0 never empty), of whole
+    blocks of ``block`` consecutive rank numbers (:func:`commtag.merge.ids.sequence_block`: then the
+    trace is the same bytes whatever the number of workers)."""
     total = sum(r.size for r in ranks) or 1
     out: list[list[RankInput]] = [[] for _ in range(workers)]
     done = 0
-    for r in ranks:
-        w = min(workers - 1, int(done * workers / total))
-        out[w].append(r)
-        done += r.size
+    for _, members in itertools.groupby(ranks, key=lambda r: r.rank // block):
+        taken = list(members)
+        out[min(workers - 1, int(done * workers / total))] += taken
+        done += sum(r.size for r in taken)
     return out

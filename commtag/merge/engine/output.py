@@ -172,11 +172,13 @@ class _Nowhere:
 class MergeOutput:
     """The files one merge worker writes, from its first byte to their publication or removal.
 
-    ``part`` is the temporary this worker writes its ranks and lanes into:
-    worker 0's becomes the output once the other workers' parts (shards) are
-    appended to it; ``--json`` copies are staged under temporary names and
-    renamed with it. Used as a context manager: on the way out whatever is
-    still a temporary is removed, so a failed merge leaves only what was there.
+    ``part`` is the temporary this worker writes its ranks into, ``lanes`` the
+    one it writes their lanes into: worker 0's part becomes the output once
+    the other workers' parts (shards), then every worker's lanes, are appended
+    to it (the trace one process writes: every rank's block, then every rank's
+    lanes); ``--json`` copies are staged under temporary names and renamed with
+    it. Used as a context manager: on the way out whatever is still a
+    temporary is removed, so a failed merge leaves only what was there.
     """
 
     def __init__(self, path: Path, json_dir: Optional[Path], lead: bool, apart: bool = False) -> None:
@@ -192,6 +194,7 @@ class MergeOutput:
             self.part = temporary(path.with_name(path.name + ".ranks"))
         else:
             self.part = temporary(Path(tempfile.gettempdir()) / path.name)
+        self.lanes = temporary(self.part.with_name(path.name + ".lanes"))
         self._shards: list[Path] = []
         self._staged: list[tuple[Path, Path]] = []
         self._own_part = True
@@ -203,11 +206,18 @@ class MergeOutput:
         check_outputs(self.path, self.json_dir, inputs, ranks, skipped)
         remove_stale([self.path.parent, *([self.json_dir] if self.json_dir is not None else [])])
 
+    def open_part(self, mode: str = "wb") -> contextlib.AbstractContextManager[BinaryIO]:
+        """This worker's part, open for writing (``"r+b"``: to append); OSError names the output."""
+        return self._open(self.part, mode)
+
     @contextlib.contextmanager
-    def open_part(self, mode: str = "wb") -> Iterator[BinaryIO]:
-        """This worker's part, open for writing (``"ab"`` appends); OSError names the output."""
-        with self.errors(), open(self.part, mode) as stream:
+    def _open(self, path: Path, mode: str = "wb") -> Iterator[BinaryIO]:
+        with self.errors(), open(path, mode) as stream:
             yield stream
+
+    def open_lanes(self) -> contextlib.AbstractContextManager[BinaryIO]:
+        """This worker's lanes file, open for writing; OSError names the output."""
+        return self._open(self.lanes)
 
     def errors(self) -> contextlib.AbstractContextManager[None]:
         """An OSError while writing becomes the merge's error naming the output."""
@@ -232,12 +242,15 @@ class MergeOutput:
         with output_errors(target):
             tmp.write_bytes(data)
 
-    def publish(self, shards: Sequence[Path]) -> None:
-        """The merge succeeded: worker 0 appends the other workers' ``shards`` (each then
-        removed) to its part and renames it over the output; every worker renames its
-        staged --json files into place. Another worker's part is worker 0's to remove now."""
+    def publish(self, parts: Sequence[Optional[dict]]) -> None:
+        """The merge succeeded: worker 0 appends the other workers' parts, then every worker's
+        lanes (each then removed), to its part and renames it over the output; every worker
+        renames its staged --json files into place. Another worker's part is worker 0's to remove
+        now. ``parts``: each worker's paths (``"shard"``: its part, ``"lanes"``), None in this one's place."""
         if self.lead:
-            self._shards = [s for s in shards if s != self.part]
+            mine = {"shard": self.part, "lanes": self.lanes}
+            self._shards = [Path((part or mine)[key]) for key in ("shard", "lanes") for part in parts]
+            self._shards.remove(self.part)
             with self.open_part("r+b") as stream:
                 stream.seek(0, os.SEEK_END)
                 for shard in self._shards:
@@ -289,11 +302,17 @@ class MergeOutput:
         with open(self.part, "rb") as part:
             append_file(part, sink)
 
+    def copy_lanes(self, sink: BinaryIO) -> None:
+        """This worker's own lanes, into ``sink``."""
+        with open(self.lanes, "rb") as lanes:
+            append_file(lanes, sink)
+
     def __enter__(self) -> MergeOutput:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        leftovers = [*([self.part] if self._own_part else []), *self._shards, *(tmp for tmp, _ in self._staged)]
+        leftovers = [*([self.part, self.lanes] if self._own_part else []), *self._shards,
+                     *(tmp for tmp, _ in self._staged)]
         for leftover in leftovers:
             with contextlib.suppress(OSError):  # e.g. ENOTDIR: the output's directory is a file
                 leftover.unlink(missing_ok=True)

@@ -41,6 +41,7 @@ from commtag.merge.engine import budget, hosts
 from commtag.merge.inputs import runs
 from commtag.merge.inputs.clock import time_origin
 from commtag.merge.pftrace import lanes, writer
+from commtag.merge.ids import sequence_block
 from commtag.merge.pftrace.sequence import SequenceWriter
 from commtag.merge.analysis.align import Alignment, estimate_offsets
 from commtag.merge.rank.attach import settle_inferred
@@ -48,10 +49,7 @@ from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.load import RankInput, discover, nothing_left
 from commtag.merge.engine.output import MergeOutput
-from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary,
-    TraceAnnotations,
-)
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 from commtag.identity import describe_ranks
 from commtag.merge.inputs.selection import (
     NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
@@ -61,9 +59,7 @@ from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares,
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
-from commtag.merge.rank.stage import (
-    attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only,
-)
+from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only
 
 
 @dataclass
@@ -151,12 +147,12 @@ def merge(
                 annotations, own = outcome.annotations, outcome.lanes
             else:
                 annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
-        # Every worker writes the lanes of its own ranks after them; worker 0 appends the others'.
+        # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, own))
         if plan.output.apart:
             assemble(plan, everyone, shards)
         else:
-            plan.output.publish([Path(part["shard"]) for part in shards if part is not None])
+            plan.output.publish(shards)
     lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
     slices = sum(held.counts.values()) if held is not None else len(instances)
     return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [], slices=slices,
@@ -189,7 +185,7 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
                 for r in ranks for f in r.files if f.sidecar is None]
     world.start(ranks)  # -j: the workers it starts are known now
     if not apart:
-        mine = hosts.chunks(ranks, world.size)[world.index]
+        mine = hosts.chunks(ranks, world.size, sequence_block(len(ranks)))[world.index]
     return MergePlan(paths, options, world, ranks, mine, out, skipped, notices)
 
 
@@ -277,6 +273,7 @@ def check_size(plan: MergePlan) -> None:
             found.timeline.update((r, b) for r, b in part["timeline"])
             found.lanes.update((r, b) for r, b in part["lanes"])
             found.steps = sorted({*found.steps, *part["steps"]})
+            found.fixed += part["fixed"]
     else:
         if budget.upper_bound(plan.ranks) <= limit:
             return
@@ -291,23 +288,25 @@ def check_size(plan: MergePlan) -> None:
 
 
 def _estimate_to_wire(found: budget.Estimate) -> dict:
-    return {"timeline": list(found.timeline.items()), "lanes": list(found.lanes.items()), "steps": found.steps}
+    return {"timeline": list(found.timeline.items()), "lanes": list(found.lanes.items()), "steps": found.steps,
+            "fixed": found.fixed}
 
 
 def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional[dict]]) -> None:
-    """Many hosts: every worker with ranks sends its part to worker 0, which writes the header
-    (as one process would: from the first rank's first event) and the parts in rank order."""
+    """Many hosts: every worker with ranks sends its part and lanes to worker 0, which writes the
+    header (as one process would: from the first rank's first event), the parts in rank order, then the lanes."""
     if not plan.lead:
         if plan.mine:
             plan.world.send_part(plan.output.part)
+            plan.world.send_part(plan.output.lanes)
         plan.output.publish([])
         return
     firsts = [(plan.mine[0].rank if plan.mine else None) if part is None else part["first"] for part in shards]
     order = sorted((first, index) for index, first in enumerate(firsts) if first is not None)
     first_ns = everyone[0].first_ns if everyone else None
     plan.output.assemble(writer.header(first_ns or plan.origin, plan.origin),
-                         [plan.output.copy_part if index == plan.world.index
-                          else functools.partial(plan.world.receive_part, index) for _, index in order])
+                         [own if index == plan.world.index else functools.partial(plan.world.receive_part, index)
+                          for own in (plan.output.copy_part, plan.output.copy_lanes) for _, index in order])
 
 
 def gather(plan: MergePlan, everyone: list[RankSummary],
@@ -347,17 +346,18 @@ def gather(plan: MergePlan, everyone: list[RankSummary],
 def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
                 annotations: Optional[TraceAnnotations], held: Optional[Held] = None,
                 own: Optional[OwnLanes] = None) -> dict:
-    """The lanes block of this worker's ranks, after them in its part; where the part is
+    """The lanes of this worker's ranks, into its lanes file; where its part and lanes are
     (``held``, ``own``: what this worker learnt of every rank and its ranks' instances, where the
     analysis was shared out)."""
-    with plan.output.open_part("ab") as stream, collector_paused():
-        lanes.LanesWriter(plan.origin, plan.mine[0].rank if plan.mine else 0).write(
+    with plan.output.open_lanes() as stream, collector_paused():
+        lanes.LanesWriter(plan.origin, len(plan.ranks)).write(
             stream, lanes.lane_layout(everyone, held.used if held else None), instances,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
             held.lane_kernels if held else {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
             ranks={r.rank for r in plan.mine}, flows=own.flows if own else None, by_lane=own,
         )
-    return {"shard": str(plan.output.part), "first": plan.mine[0].rank if plan.mine else None}
+    return {"shard": str(plan.output.part), "lanes": str(plan.output.lanes),
+            "first": plan.mine[0].rank if plan.mine else None}
 
 
 def collect(
@@ -399,7 +399,7 @@ def collect(
 
 
 def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSummary]] = None) -> list[RankSummary]:
-    """Stream, attach and write this worker's ranks into its part, one sequence for all;
+    """Stream, attach and write this worker's ranks into its part, on their blocks' sequences;
     worker 0's part starts with the trace's header. What is kept of each rank (``keep``: what
     becomes of each summary once its rank is written)."""
     ranks: Iterable[RankInput] = plan.mine
@@ -410,11 +410,11 @@ def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSumm
         ranks = tqdm(plan.mine, desc="commtag merge", unit="rank")
     summaries = []
     header = plan.lead and not plan.output.apart  # apart: worker 0 writes it when it assembles the parts
-    seq = writer.rank_sequence(plan.mine[0].rank, plan.origin) if plan.mine else None
+    sequences = writer.rank_sequences(len(plan.ranks), plan.origin)
     with plan.output.open_part() as stream:
         for rank in ranks:
             with collector_paused():
-                summary = _write_rank(plan, stream, seq, rank, header)
+                summary = _write_rank(plan, stream, sequences(rank.rank), rank, header)
             if summary is not None:
                 header = False
                 summaries.append(keep(summary) if keep is not None else summary)
@@ -423,9 +423,9 @@ def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSumm
 
 def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
                 header: bool) -> Optional[RankSummary]:
-    """Stream, attach and write one rank on the worker's sequence ``seq`` (after the trace's
-    header when ``header``); its summary, or None when the plan's ``skipped`` took it
-    (interned strings its events had added are written with the next rank's).
+    """Stream, attach and write one rank on its block's sequence ``seq`` (after the trace's header
+    when ``header``); its summary, or None when the plan's ``skipped`` took it (interned strings its
+    events had added are written with the next rank's of its block).
     A rank not detailed (--detail) is read and attached but only its process is written: its
     lanes come with everyone's."""
     offset = plan.offset(rank.rank)

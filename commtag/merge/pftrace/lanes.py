@@ -1,7 +1,10 @@
 """The lanes block of the merged trace: process-group lanes, cross-rank flows, counters, markers.
 
 Written by each merge worker after its ranks' blocks (see
-:mod:`commtag.merge.pftrace.writer`), on its own packet sequence. Which members
+:mod:`commtag.merge.pftrace.writer`), rank by rank, on the packet sequence
+of the rank's block (:func:`commtag.merge.ids.sequence_block`): their bytes
+do not depend on which other ranks the same worker writes, so any number of
+workers writes the trace one process writes. Which members
 of a collective get a flow between them is decided here
 (:func:`cross_rank_flows`), from what :func:`commtag.merge.records.match_groups`
 calls one collective.
@@ -9,14 +12,15 @@ calls one collective.
 
 from __future__ import annotations
 
-from typing import BinaryIO, Collection, Iterator, Optional, Protocol, Sequence
+from typing import BinaryIO, Collection, Optional, Sequence
 
-from commtag.merge.ids import FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid
+from commtag.merge.ids import (FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid,
+                               sequence_block)
 from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
 from commtag.merge.timeline import Row
 from commtag.merge.pftrace.packets import track_descriptor
-from commtag.merge.pftrace.sequence import SequenceWriter, track_field
-from commtag.merge.pftrace.views import write_group_view
+from commtag.merge.pftrace.sequence import SequenceBlocks, track_field
+from commtag.merge.pftrace.views import LaneInstances, groups_of, write_rank_view
 
 #: Groups up to this size get a flow between every pair of members, so that
 #: selecting any member shows all others; bigger groups get a star.
@@ -77,24 +81,16 @@ def group_flows(n: int, numbered: int) -> list:
              tuple(first + starts[i] + j - i - 1 for i in range(j)) or None) for j in range(n)]
 
 
-class LaneInstances(Protocol):
-    """Instances by (rank, lane name), each taken once (a dict, or one that makes them when taken)."""
-
-    def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]: ...
-
-    def __iter__(self) -> Iterator[tuple[int, str]]: ...
-
-    def __len__(self) -> int: ...
-
-
 class LanesWriter:
     """Lanes, cross-rank flows, counters and markers of a merge worker's ranks, written after them.
 
-    ``first_rank``: the first rank of the worker's chunk, which names its sequence.
+    ``ranks``: how many the merge has (what its sequences' blocks are, :func:`commtag.merge.ids.sequence_block`).
     """
 
-    def __init__(self, origin: int = 0, first_rank: int = 0) -> None:
-        self.seq = SequenceWriter(lanes_sequence_id(first_rank), origin)
+    def __init__(self, origin: int = 0, ranks: int = 1) -> None:
+        self._sequences = SequenceBlocks(sequence_block(ranks), lanes_sequence_id, origin)
+        #: The sequence of the rank being written (what :meth:`lane_slices` encodes on).
+        self.seq = self._sequences(0)
         self._ids: dict[int, LocalIds] = {}
         #: Cross-rank flows numbered so far (a second write goes on from there).
         self._flows_numbered = 0
@@ -112,7 +108,7 @@ class LanesWriter:
               ranks: Optional[Collection[int]] = None, flows: Optional[InstanceFlows] = None,
               by_lane: Optional[LaneInstances] = None) -> None:
         """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
-        (default: every rank).
+        (default: every rank), rank by rank in rank order, each on its block's sequence.
 
         ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
         being the lane's position in the one global lane order, so a group's
@@ -134,15 +130,25 @@ class LanesWriter:
             for inst in instances:
                 if wanted is None or inst.rank in wanted:
                     by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
-        counters, markers = write_group_view(self, stream, lanes, by_lane, flows, lane_kernels or {}, counters,
-                                             markers, wanted)
+        counters_of: dict[int, list[CounterSeries]] = {}
+        for series in counters:
+            counters_of.setdefault(series.rank, []).append(series)
+        markers_of: dict[int, list[Marker]] = {}
+        for marker in markers:
+            markers_of.setdefault(marker.rank, []).append(marker)
+        heads = {group.order: group.members[0] for group in groups_of(lanes)}
+        for rank in sorted(r for r in {*lanes, *counters_of, *markers_of} if wanted is None or r in wanted):
+            self.seq = self._sequences(rank)
+            others, own_markers = write_rank_view(self, stream, rank, lanes.get(rank, ()), heads, by_lane, flows,
+                                                  lane_kernels or {}, counters_of.get(rank, ()),
+                                                  markers_of.get(rank, ()))
+            for series in others:
+                self._counter(series)
+            self._markers(own_markers)
+            stream.write(self.seq.out)
+            self.seq.out.clear()
         if by_lane:
             raise ValueError(f"instances on undeclared lanes: {sorted(by_lane)[:5]}")
-        for series in counters:
-            self._counter(series)
-        self._markers(markers)
-        stream.write(self.seq.out)
-        self.seq.out.clear()
 
     def lane_slices(self, instances: Sequence[CollectiveInstance], flows: InstanceFlows) -> Row:
         """One lane's slices, encoded on this writer's sequence, with their cross-rank and source

@@ -9,7 +9,7 @@ blocks and lanes that use it are :mod:`commtag.merge.pftrace.writer` and
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 import orjson
 
@@ -115,6 +115,8 @@ class SequenceWriter:
         #: Interned (iid, text) entries to go out with the next event packet: categories, names,
         #: annotation names, string values (the arguments of packets.interned_data).
         self._interned: tuple[list[tuple[int, str]], ...] = ([], [], [], [])
+        #: Bytes of interned data written so far (what a sequence shared by more ranks writes once).
+        self.interned_bytes = 0
         self._float_keys: dict[str, bytes] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[str, bytes] = {}
@@ -150,7 +152,9 @@ class SequenceWriter:
             return
         body = PACKET_TIMESTAMP + self.encode_timestamp(ts) + self._seq
         if any(self._interned):
-            body += length_delimited(PACKET_INTERNED_DATA, interned_data(*self._interned))
+            interned = length_delimited(PACKET_INTERNED_DATA, interned_data(*self._interned))
+            self.interned_bytes += len(interned)
+            body += interned
             for entries in self._interned:
                 entries.clear()
         if self._started:
@@ -332,3 +336,21 @@ class SequenceWriter:
             text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
             body += self._string(text) if len(text) <= _MAX_INTERNED else length_delimited(ANNOTATION_STRING, text.encode())
         return length_delimited(EVENT_DEBUG_ANNOTATION, body)
+
+
+class SequenceBlocks:
+    """The sequence each rank is written on: the ranks of one block (rank // ``block``,
+    :func:`commtag.merge.ids.sequence_block`) share one, started (``sequence_id``) at the first of
+    them this writer writes, its interning afresh; so no two writers start one id."""
+
+    def __init__(self, block: int, sequence_id: Callable[[int, int], int], origin: int = 0) -> None:
+        self._block = block
+        self._sequence_id = sequence_id
+        self._origin = origin
+        self._current: Optional[tuple[int, SequenceWriter]] = None
+
+    def __call__(self, rank: int) -> SequenceWriter:
+        key = rank // self._block
+        if self._current is None or self._current[0] != key:
+            self._current = (key, SequenceWriter(self._sequence_id(rank, self._block), self._origin))
+        return self._current[1]

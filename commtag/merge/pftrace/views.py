@@ -14,15 +14,16 @@ GPU streams and its own profiled-window markers, and its kernels and ops
 have flows to their slices here (docs/design.md says why there is no second
 copy inside each process).
 
-Under torchrun each worker writes the rows of its own ranks; the group's
-head is written by the worker of its lowest member, whose shard comes first
-(chunks are contiguous in rank order), so a row's parent always precedes it.
+The view is written rank by rank, each rank's rows on its own sequence
+(see :mod:`commtag.merge.pftrace.lanes`); a group's head comes with its
+lowest member's rows, which precede every other member's, so a row's parent
+always precedes it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO, Collection, Optional, Sequence
+from typing import BinaryIO, Iterator, Protocol, Sequence
 
 from commtag.kernels import summary_name
 from commtag.merge.ids import group_uuid
@@ -38,6 +39,16 @@ GROUP_ORDER_BASE = -(1 << 30)
 _AFTER_MEMBERS = 1 << 24
 #: The marker key naming the lane a marker belongs to (set by commtag.merge.analysis.analyze).
 MARKER_LANE_KEY = ANN_LANE
+
+
+class LaneInstances(Protocol):
+    """Instances by (rank, lane name), each taken once (a dict, or one that makes them when taken)."""
+
+    def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]: ...
+
+    def __iter__(self) -> Iterator[tuple[int, str]]: ...
+
+    def __len__(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -64,56 +75,48 @@ def member_row_name(rank: int) -> str:
     return f"rank {rank}"
 
 
-def write_group_view(writer, stream: BinaryIO, layout: dict[int, list[tuple[str, int]]],
-                     by_lane: dict[tuple[int, str], list[CollectiveInstance]], flows: dict,
-                     lane_kernels: dict[tuple[int, str], dict], counters: Sequence[CounterSeries],
-                     markers: Sequence[Marker], wanted: Optional[Collection[int]]) -> tuple[list, list]:
-    """Write the group view's rows of the ranks in ``wanted`` (None: all) with ``writer``'s
+def write_rank_view(writer, stream: BinaryIO, rank: int, rows: Sequence[tuple[str, int]], heads: dict[int, int],
+                    by_lane: LaneInstances, flows: dict, lane_kernels: dict[tuple[int, str], dict],
+                    counters: Sequence[CounterSeries], markers: Sequence[Marker]) -> tuple[list, list]:
+    """Write ``rank``'s rows of the group view (``rows``: its lanes, in lane order) with ``writer``'s
     sequence and ids (a :class:`commtag.merge.pftrace.lanes.LanesWriter`), taking their instances out of
-    ``by_lane``. Returns the counters and markers that belong to no group (the caller writes them
-    in their rank's process)."""
+    ``by_lane``; a group's head first where ``rank`` is its lowest member (``heads``: lane order ->
+    that member), a group's counters of ``rank`` after its row. ``counters`` and ``markers``: the
+    rank's. Returns those that belong to none of its groups (the caller writes them in its process)."""
     seq = writer.seq
+    lanes = {name for name, _ in rows}
     lane_counters: dict[str, list[CounterSeries]] = {}
     other_counters = []
     for series in counters:
-        if series.lane and (wanted is None or series.rank in wanted):
+        if series.lane in lanes:
             lane_counters.setdefault(series.lane, []).append(series)
-        elif wanted is None or series.rank in wanted:
+        else:
             other_counters.append(series)
-    lane_markers: dict[tuple[int, str], list[Marker]] = {}
+    lane_markers: dict[str, list[Marker]] = {}
     other_markers = []
     for marker in markers:
-        if wanted is not None and marker.rank not in wanted:
-            continue
         lane = marker.args.get(MARKER_LANE_KEY)
-        if lane and any(name == lane for name, _ in layout.get(marker.rank, ())):
-            lane_markers.setdefault((marker.rank, str(lane)), []).append(marker)
+        if lane in lanes:
+            lane_markers.setdefault(str(lane), []).append(marker)
         else:
             other_markers.append(marker)
-    for group in groups_of(layout):
-        mine = [r for r in group.members if wanted is None or r in wanted]
-        if not mine:
-            continue
-        head = group_uuid(group.order)
-        if mine[0] == group.members[0]:
-            seq.descriptor(track_descriptor(head, group.lane_name, explicit_child_order=True,
-                                            sibling_order_rank=GROUP_ORDER_BASE + group.order))
-        for rank in mine:
-            # Encoded one row at a time: all rows' slices at once grew with the rank count.
-            slices = writer.lane_slices(by_lane.pop((rank, group.lane_name), ()), flows)
-            kernels = lane_kernels.get((rank, group.lane_name))
-            summary = (summary_name(str(kernels[ANN_KERNELS])), kernels) if kernels else None
-            instants = Row()
-            for marker in sorted(lane_markers.pop((rank, group.lane_name), ()), key=lambda m: m.ts_ns):
-                instants.add(marker.ts_ns, marker.ts_ns, seq.body(marker.name, "commtag", marker.args))
-            emit_rows(stream, seq, slices, head, member_row_name(rank), rank, f"g{group.order}:r{rank}",
-                      writer.rank_ids(rank), instants=instants, summary=summary)
-        for series in lane_counters.pop(group.lane_name, ()):
-            uuid = writer.rank_ids(series.rank)()
+    for lane_name, order in rows:
+        head = group_uuid(order)
+        if heads[order] == rank:
+            seq.descriptor(track_descriptor(head, lane_name, explicit_child_order=True,
+                                            sibling_order_rank=GROUP_ORDER_BASE + order))
+        slices = writer.lane_slices(by_lane.pop((rank, lane_name), ()), flows)
+        kernels = lane_kernels.get((rank, lane_name))
+        summary = (summary_name(str(kernels[ANN_KERNELS])), kernels) if kernels else None
+        instants = Row()
+        for marker in sorted(lane_markers.pop(lane_name, ()), key=lambda m: m.ts_ns):
+            instants.add(marker.ts_ns, marker.ts_ns, seq.body(marker.name, "commtag", marker.args))
+        emit_rows(stream, seq, slices, head, member_row_name(rank), rank, f"g{order}:r{rank}",
+                  writer.rank_ids(rank), instants=instants, summary=summary)
+        for series in lane_counters.pop(lane_name, ()):
+            uuid = writer.rank_ids(rank)()
             seq.descriptor(track_descriptor(uuid, series.track, parent=head, sibling_order_rank=_AFTER_MEMBERS,
                                             counter_unit=series.unit))
             for ts, value in sorted(series.points):
                 seq.counter(ts, uuid, float(value))
-    for series in lane_counters.values():
-        other_counters.extend(series)
     return other_counters, other_markers

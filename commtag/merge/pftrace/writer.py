@@ -4,10 +4,10 @@ Usage (what :mod:`commtag.merge.engine.pipeline` does, one worker writing ranks 
 
     with open("merged.pftrace", "wb") as out:
         out.write(header(first_ns, origin))
-        seq = rank_sequence(0, origin)        # encodes each rank's events while they are read
+        sequences = rank_sequences(2, origin)  # each encodes its ranks' events while they are read
         for timeline in (rank0, rank1):       # RankTimeline, from commtag.merge.rank.convert
-            write_rank(out, timeline, seq)
-        LanesWriter(origin, 0).write(out, lanes, instances, counters, markers)  # commtag.merge.pftrace.lanes
+            write_rank(out, timeline, sequences(timeline.rank))
+        LanesWriter(origin, 2).write(out, lanes, instances, counters, markers)  # commtag.merge.pftrace.lanes
 
 (``header`` is :func:`commtag.merge.pftrace.packets.header`, re-exported here.)
 
@@ -33,9 +33,13 @@ those trace_processor applies at import (see the project's reference
 perfetto-import-rules.md), and ``commtag validate`` checks them.
 
 Layout of the file: a header (ClockSnapshot, root descriptor ordering the
-processes), then per merge worker one block per rank of its chunk, then the
-lanes block of those ranks (process-group lanes, cross-rank flows, the
-analysis's counters and markers). Ids come from :mod:`commtag.merge.ids`.
+processes), then one block per rank in rank order, then the lanes of each
+rank in rank order (process-group lanes, cross-rank flows, the analysis's
+counters and markers). Rank blocks and lanes go on packet sequences of
+blocks of consecutive ranks that merge workers take whole, so the file is
+the same bytes whichever worker wrote which block (worker 0 puts the
+workers' rank blocks first, then their lanes: :mod:`commtag.merge.engine.output`).
+Ids come from :mod:`commtag.merge.ids`.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, BinaryIO, Optional
 
 
-from commtag.merge.ids import LANE_LOCAL, LocalIds, process_uuid, rank_sequence_id, synthetic_pid
+from commtag.merge.ids import LANE_LOCAL, LocalIds, process_uuid, rank_sequence_id, sequence_block, synthetic_pid
 from commtag.merge.pftrace.packets import track_descriptor
 from commtag.merge.pftrace.packets import header as header  # the writer's API: a trace starts with it
 from commtag.merge.timeline import RankTimeline, Row
@@ -55,7 +59,7 @@ from commtag.merge.pftrace.wire import (
     TRACE_PACKET,
     varint,
 )
-from commtag.merge.pftrace.sequence import BEGIN, SequenceWriter, track_field
+from commtag.merge.pftrace.sequence import BEGIN, SequenceBlocks, SequenceWriter, track_field
 
 if TYPE_CHECKING:
     pass
@@ -163,18 +167,22 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     stream.write(body)
 
 
-def rank_sequence(first_rank: int, origin: int = 0) -> SequenceWriter:
-    """The sequence rank blocks are written on, one per merge worker, named after the first rank
-    it writes; its :meth:`SequenceWriter.body` encodes each rank's events while they are read
-    (see commtag.merge.rank.convert). One sequence for all of a worker's ranks: their interning
-    tables and encoded-args caches carry over from rank to rank, as ranks mostly repeat each
-    other's names and args."""
-    return SequenceWriter(rank_sequence_id(first_rank), origin)
+def rank_sequence(rank: int, origin: int = 0) -> SequenceWriter:
+    """A sequence for rank blocks started at ``rank``; its :meth:`SequenceWriter.body` encodes a
+    rank's events while they are read (see commtag.merge.rank.convert)."""
+    return SequenceWriter(rank_sequence_id(rank), origin)
+
+
+def rank_sequences(ranks: int, origin: int = 0) -> SequenceBlocks:
+    """The sequence each rank's block goes on in a merge of ``ranks`` ranks: one per block of
+    consecutive ranks (:func:`commtag.merge.ids.sequence_block`), whose interning tables and
+    encoded-args caches carry over from rank to rank, as ranks mostly repeat each other's names and args."""
+    return SequenceBlocks(sequence_block(ranks), rank_sequence_id, origin)
 
 
 def write_rank(stream: BinaryIO, timeline: RankTimeline, seq: Optional[SequenceWriter] = None) -> None:
     """Write one rank's process, groups and rows (slices already encoded by ``seq``, which may go
-    on to the worker's next rank)."""
+    on to the next rank of its block)."""
     rank = timeline.rank
     seq = seq or rank_sequence(rank)
     proc = process_uuid(rank)
