@@ -8,7 +8,7 @@ import os
 from commtag.merge.engine.budget import json_bytes
 from commtag.merge.inputs.load import discover
 from commtag.merge.engine.jobs import (
-    MIN_INPUT_PER_WORKER, available_memory, default_jobs, jobs_for, worker_rss_estimate,
+    MIN_INPUT_PER_WORKER, available_memory, default_jobs, job_rss_estimate, jobs_for, worker_rss_estimate,
 )
 from commtag.testing import PUBLIC_TRACES
 
@@ -32,8 +32,11 @@ def test_each_limit_caps_the_workers() -> None:
     assert worker_rss_estimate(rank_json, sidecars, 4) == per_worker + 2 * sidecars // 4
     memory = 5 * per_worker
     fits = jobs_for(16, big_input, rank_json, memory, sidecars)
-    assert fits * worker_rss_estimate(rank_json, sidecars, fits) <= memory
-    assert (fits + 1) * worker_rss_estimate(rank_json, sidecars, fits + 1) > memory
+    assert job_rss_estimate(rank_json, sidecars, fits) <= memory
+    assert job_rss_estimate(rank_json, sidecars, fits + 1) > memory
+    # worker 0 replays the impact over every record besides its share: memory for 4 workers' shares
+    # alone holds only 3 once the lead's replay is counted
+    assert jobs_for(16, big_input, rank_json, 4 * worker_rss_estimate(rank_json, sidecars, 4), sidecars) == 3
     assert fits > memory // worker_rss_estimate(rank_json, sidecars)  # more than if each held every record
 
 

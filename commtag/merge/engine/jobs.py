@@ -69,13 +69,27 @@ def worker_rss_estimate(largest_rank_json: int, all_sidecars: int = 0, workers: 
             + WORKER_RSS_PER_SIDECAR_BYTE * all_sidecars // workers)
 
 
+#: Sidecar bytes per byte worker 0 holds besides its share when it replays the impact: every
+#: record's member times, as flat columns (start, end, rank and the replay's links: about 40
+#: bytes per ~700-byte record; engine/shards.py, analysis/columns.py). Job-wide: with many
+#: workers it outgrows a worker's share of the records.
+LEAD_SIDECAR_BYTES_PER_RSS_BYTE = 16
+
+
+def job_rss_estimate(largest_rank_json: int, all_sidecars: int, workers: int) -> int:
+    """The peak RSS ``workers`` merge workers are expected to reach together: each its share, and
+    worker 0 the impact replay over the whole job."""
+    return (workers * worker_rss_estimate(largest_rank_json, all_sidecars, workers)
+            + all_sidecars // LEAD_SIDECAR_BYTES_PER_RSS_BYTE)
+
+
 def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int],
              all_sidecars: int = 0) -> int:
     """-j's default from what it depends on: no more workers than CPUs, than the input keeps busy,
     or than the memory available holds, each holding its share of the records (None: unknown, no cap)."""
     jobs = min(cpus, input_bytes // MIN_INPUT_PER_WORKER)
     if available_memory is not None:
-        while jobs > 1 and jobs * worker_rss_estimate(largest_rank_json, all_sidecars, jobs) > available_memory:
+        while jobs > 1 and job_rss_estimate(largest_rank_json, all_sidecars, jobs) > available_memory:
             jobs -= 1
     return max(1, jobs)
 
