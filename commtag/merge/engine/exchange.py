@@ -156,9 +156,10 @@ _ARGS_AT = _FIELDS.index("args")
 def to_wire(summaries: list[RankSummary]) -> dict:
     """Summaries as JSON data: a rank's instances as one column per field (not a list per
     instance: on both ends those were most of what the exchange added to a worker's peak), their
-    ``common_args``, texts and member ranks indexes into tables, so that what many instances
-    share travels once. Shared objects are found by identity (member tuples are interned), not
-    hashed again for every instance."""
+    ``common_args``, texts and member ranks (theirs and their groups') indexes into tables, so
+    that what many instances and ranks share travels once (a group's members listed in every
+    member's summary grew with the square of the ranks). Shared objects are found by identity
+    (member tuples are interned), not hashed again for every instance."""
     index: dict[int, int] = {}
     table: list[dict] = []
     texts: dict[str, int] = {}
@@ -182,7 +183,13 @@ def to_wire(summaries: list[RankSummary]) -> dict:
             row[_RANKS_AT] = found[0]
             for column, value in zip(columns, row):
                 column.append(value)
-        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": [list(g) for g in s.groups],
+        groups = []
+        for name, lane_id, uid, ranks in s.groups:  # a group's members travel once, not once per rank
+            found = rank_lists.get(id(ranks))
+            if found is None:
+                found = rank_lists[id(ranks)] = (len(rank_lists), ranks)
+            groups.append([name, lane_id, uid, found[0]])
+        out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": groups,
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
                     "files": [astuple(f) for f in s.files], "instances": columns, "notes": s.notes, "steps": s.steps,
                     "account": None if s.account is None else asdict(s.account)})
@@ -216,8 +223,7 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
             for at in _TEXTS_AT:
                 row[at] = texts[row[at]]
             instances.append(CollectiveInstance(*row))
-        s["groups"] = [GroupLane(name, lane_id, uid, interner.shared(tuple(ranks)))
-                       for name, lane_id, uid, ranks in s["groups"]]
+        s["groups"] = [GroupLane(name, lane_id, uid, rank_lists[ranks]) for name, lane_id, uid, ranks in s["groups"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
         s["steps"] = [tuple(step) for step in s["steps"]]
         s["account"] = None if s["account"] is None else EventAccount(**s["account"])
