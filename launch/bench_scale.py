@@ -522,7 +522,10 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
         x["worker_fit"] = sum(k * v for k, v in zip(memory, [1.0, x["ranks"], x["share"]])) + x["round_held_b"]
         x["lead_extra_per_slice_b"] = (x["lead_peak"] - x["worker_fit"]) / x["slices"]
     jobs = [x["slices"] for x in sharded]
-    mean = lambda key: sum(x[key] for x in sharded) / len(sharded)  # noqa: E731
+
+    def mean(key: str) -> float:
+        return sum(x[key] for x in sharded) / len(sharded)
+
     c = {
         "per_rank_s": per_rank_s, "per_event_s": per_event_s,
         "convert_fit": [(n, got, per_rank_s * r + per_event_s * e) for n, got, r, e in zip(names, convert, ranks, events)],
