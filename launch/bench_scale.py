@@ -437,8 +437,14 @@ def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
 CARRIED = ("summaries", "records", "back", "numbers", "lead")
 
 
-#: The rounds that grow with the workers (:func:`_largest_rounds`).
-ROUNDS = ("records", "back", "lead")
+#: The rounds that grow with the job or the workers (:func:`_largest_rounds`).
+ROUNDS = ("summaries", "records", "back", "lead")
+
+
+def members_per_rank(ranks: int) -> int:
+    """The members of a rank's groups together (world, data-parallel, tensor-parallel), as the
+    generator groups them: every rank's summary lists each of its groups' ranks."""
+    return ranks + ranks // TP + TP
 
 
 def _received_count(what: str, ranks: float, slices: float, workers: int) -> float:
@@ -446,11 +452,19 @@ def _received_count(what: str, ranks: float, slices: float, workers: int) -> flo
     return ranks * q if what == "summaries" else slices * q * q if what in ("records", "back") else slices * q
 
 
-def _largest_rounds(c: dict, ranks: float, slices: float, distinct: float, workers: int) -> dict[str, float]:
+def summaries_received(c: dict, ranks: int, workers: int) -> float:
+    """Bytes of the other workers' summaries one worker receives: per rank, a part of its own and
+    one per member of its groups (each summary lists its groups' ranks, so they grow as ranks squared)."""
+    fixed, per_member = c["summaries_fit"]
+    return (fixed + per_member * members_per_rank(ranks)) * _received_count("summaries", ranks, 0, workers)
+
+
+def _largest_rounds(c: dict, ranks: int, slices: float, distinct: float, workers: int) -> dict[str, float]:
     """The bytes one worker receives in the largest round of each kind, from the bytes per slice and
-    the rounds' shape in engine/shards.py and routes.py: a bucket's records, one piece (at most
-    PIECE_ROWS) per worker pair a round, every pair's piece to every worker; the lead's rows, one
-    per collective, at most PIECE_ROWS a piece."""
+    the rounds' shape in engine/shards.py and routes.py: the summaries, all in one round (with the
+    analysis shared out they carry no records); a bucket's records, one piece (at most PIECE_ROWS)
+    per worker pair a round, every pair's piece to every worker; the lead's rows, one per
+    collective, at most PIECE_ROWS a piece."""
     from commtag.merge.engine.routes import PIECE_ROWS
     from commtag.merge.engine.shards import BUCKET_ROWS
 
@@ -458,7 +472,8 @@ def _largest_rounds(c: dict, ranks: float, slices: float, distinct: float, worke
     buckets = max(1, math.ceil(slices / (n * BUCKET_ROWS)))
     per_pair = min(PIECE_ROWS, slices / (buckets * n * n))
     lead_rounds = max(1, math.ceil(distinct / n / PIECE_ROWS))
-    return {"records": c["bytes_per"]["records"] * (n - 1) ** 2 * per_pair,
+    return {"summaries": summaries_received(c, ranks, n),
+            "records": c["bytes_per"]["records"] * (n - 1) ** 2 * per_pair,
             "back": c["bytes_per"]["back"] * (n - 1) ** 2 * min(PIECE_ROWS, slices / (n * n)),
             "lead": c["bytes_per"]["lead"] * slices * (n - 1) / n / lead_rounds}
 
@@ -512,7 +527,13 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
                 "lead_peak": r["lead_peak"], "worker_peaks": r["worker_peaks"],
                 "hwm_lead_kb": [s["hwm_before_lead_kb"], s["hwm_after_lead_kb"]],
             })
+    # Per rank of the job, or per member of every rank's groups (every summary lists them): with
+    # two job sizes the two cannot be told apart, so both are fitted (the low and the high end).
     rest = _lstsq([[1.0, x["ranks"], x["share"]] for x in sharded], [x["rest_s"] for x in sharded])
+    rest_members = _lstsq([[1.0, x["ranks"] * members_per_rank(x["ranks"]), x["share"]] for x in sharded],
+                          [x["rest_s"] for x in sharded])
+    summaries_fit = _lstsq([[1.0, members_per_rank(x["ranks"])] for x in sharded],
+                           [x["bytes_per"]["summaries"] for x in sharded])
     # A worker's peak, the other workers' (worker 0 also replays): the largest round's parts parsed
     # (measured apart, above), on a fixed part, every rank's summary, Seq runs and lanes, and its
     # share's records and matched members.
@@ -522,6 +543,7 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
         x["worker_fit"] = sum(k * v for k, v in zip(memory, [1.0, x["ranks"], x["share"]])) + x["round_held_b"]
         x["lead_extra_per_slice_b"] = (x["lead_peak"] - x["worker_fit"]) / x["slices"]
     jobs = [x["slices"] for x in sharded]
+    big = [x for x in sharded if x["set"] == BIG]
 
     def mean(key: str) -> float:
         return sum(x[key] for x in sharded) / len(sharded)
@@ -532,11 +554,12 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
         "align_per_event_s": [phased[n]["stages"]["align"]["s"] / e for n, e in zip(names, events)],
         "output_per_slice_b": [phased[n]["output_bytes"] / s for n, s in zip(names, slices)],
         "names": names, "sharded": sharded,
-        "rest_s": rest, "memory": memory,
+        "rest_s": rest, "rest_members_s": rest_members, "memory": memory, "summaries_fit": summaries_fit,
         "convert_per_rank_s": mean("convert_per_rank_s"), "lanes_per_slice_s": mean("lanes_per_slice_s"),
         "lead_per_slice_s": mean("lead_per_slice_s"), "parse_per_byte_s": mean("parse_per_byte_s"),
         "bytes_per": {k: sum(x["bytes_per"][k] for x in sharded) / len(sharded) for k in CARRIED},
-        "parsed_per_byte": {k: sum(x["parsed_per_byte"].get(k, 0.0) for x in sharded) / len(sharded) for k in ROUNDS},
+        # Parsed on the job most like the projected one (the longest rank lists in the summaries).
+        "parsed_per_byte": {k: sum(x["parsed_per_byte"].get(k, 0.0) for x in big) / len(big) for k in ROUNDS},
         # Through the origin, weighted by the job's slices: the bigger jobs say more.
         "lead_extra_per_slice_b": sum(x["lead_extra_per_slice_b"] * j * j for x, j in zip(sharded, jobs))
         / sum(j * j for j in jobs),
@@ -561,8 +584,11 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
     own_ranks, share = ranks / n, slices / n
     convert = c["convert_per_rank_s"] * own_ranks
     base_s, per_job_rank_s, per_share_s = c["rest_s"]
-    rest = base_s + per_job_rank_s * ranks + per_share_s * share
+    base_m, per_member_s, per_share_m = c["rest_members_s"]
+    members = ranks * members_per_rank(ranks)
+    rest = (base_s + per_job_rank_s * ranks + per_share_s * share, base_m + per_member_s * members + per_share_m * share)
     got = {k: c["bytes_per"][k] * _received_count(k, ranks, slices, n) for k in CARRIED}
+    got["summaries"] = summaries_received(c, ranks, n)
     q = (n - 1) / n
     # Sent to this worker for itself (what a point-to-point exchange would carry): the job-wide
     # numbers, its share's records and rows back; the member times to the lead only.
@@ -570,7 +596,7 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
     parse = c["parse_per_byte_s"] * sum(got.values())
     lanes_own = c["lanes_per_slice_s"] * share
     lead = c["lead_per_slice_s"] * slices
-    worker = convert + rest + parse + lanes_own
+    worker = [convert + r + parse + lanes_own for r in rest]
     rounds = _largest_rounds(c, ranks, slices, distinct, n)
     held = {k: rounds[k] * c["parsed_per_byte"][k] for k in ROUNDS}
     base_b, per_rank_b, per_share_b = c["memory"]
@@ -583,14 +609,14 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         ["collective slices in the job / in each worker's share", f"{slices / 1e6:.2f} M ({slices_per_rank} per rank, "
                                                                   f"{distinct:,} collectives) / {share:,.0f}"],
         ["each worker: read, convert and pack its ranks", f"{convert:.0f} s"],
-        ["each worker: exchange summaries, deal out its records, match and check its share, figures back",
-         f"{rest:.0f} s ({base_s:.1f} s + {per_job_rank_s * ranks:.1f} s for the job's ranks + "
-         f"{per_share_s * share:.1f} s for its share)"],
+        ["each worker: decode every rank's summary, deal out its records, match and check its share, figures back",
+         f"{rest[0]:.0f}-{rest[1]:.0f} s (the job's ranks {per_job_rank_s * ranks:.1f}-{per_member_s * members:.1f} s, "
+         f"its share {per_share_s * share:.1f}-{per_share_m * share:.1f} s)"],
         ["each worker: parse what the all-gathers bring it", f"{parse:.0f} s ({sum(got.values()) / 1e9:.2f} GB)"],
         ["each worker: lanes of its own ranks", f"{lanes_own:.1f} s"],
         ["worker 0 (the lead): replay the impact, gather the findings (whole job)", f"{lead:.0f} s"],
-        ["merge wall time, about (the lead's)", f"{worker + lead:.0f} s (+ {align:.0f} s with --align, "
-                                                f"whose first pass still all-gathers every record)"],
+        ["merge wall time, about (the lead's)", f"{worker[0] + lead:.0f}-{worker[1] + lead:.0f} s (+ {align:.0f} s "
+                                                f"with --align, whose first pass still all-gathers every record)"],
         ["bytes each worker receives, rounds as now (every worker reads every pair's piece)",
          ", ".join(f"{k} {v / 1e6:,.0f} MB" for k, v in got.items()) + f": {sum(got.values()) / 1e9:.2f} GB"],
         ["  of which sent for it (a point-to-point exchange's; the lead + member times)",
@@ -615,9 +641,13 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         f"{c['lead_per_slice_s'] * 1e6:.2f} us per slice of the job (its parsing counted with the rest).",
         f"The rest of a worker's CPU, least squares over those merges: {base_s:.2f} s + "
         f"{per_job_rank_s * 1e3:.2f} ms per rank of the job (summaries, Seq runs, lanes of every rank) + "
-        f"{per_share_s * 1e6:.2f} us per slice of its share (-j 2 against -j 4 on one set tells the two apart).",
-        "Bytes received: per what they carry, from worker 0's all-gathers, divided by the count each goes with "
-        "(per rank of the job x q for summaries; per slice of the job x q^2 for records and rows back, since every "
+        f"{per_share_s * 1e6:.2f} us per slice of its share (-j 2 against -j 4 on one set tells these apart): the "
+        f"low end; the high end fits {base_m:.2f} s + {per_member_s * 1e9:.0f} ns per member of every rank's groups "
+        f"(each summary lists its groups' ranks: {members_per_rank(ranks):,} a rank here) + "
+        f"{per_share_m * 1e6:.2f} us per slice of its share (two job sizes cannot tell per rank from per member).",
+        f"Bytes received: per what they carry, from worker 0's all-gathers, divided by the count each goes with "
+        f"(summaries per rank of the job x q, {c['summaries_fit'][0]:.0f} B + {c['summaries_fit'][1]:.2f} B per member of "
+        f"its groups, fitted over the two job sizes; per slice of the job x q^2 for records and rows back, since every "
         "worker reads every pair's piece; x q for the pooled numbers and the member times; q = (N-1)/N). "
         "The network's time is not counted, only the volume and its parsing.",
         f"A worker's peak RSS = {base_b / 1e6:.0f} MB + {per_rank_b:,.0f} B per rank of the job + "
