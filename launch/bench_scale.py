@@ -170,6 +170,7 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
     found: dict = {"back": False}
     kept: dict[str, int] = {}
     waited: dict[str, float] = {}
+    in_exchange = {"parse": 0.0, "gather": 0.0}
 
     def carried() -> str:
         # What an all-gather carries, from the stage it runs in (engine/shards.py's steps).
@@ -196,6 +197,8 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
         data = orjson.loads(blob)
         key = carried()
         parse[key] = parse.get(key, 0.0) + time.process_time() - start
+        if "exchange" in stack:
+            in_exchange["parse"] += time.process_time() - start
         return data
 
     gather_bytes = launch.LocalWorld.all_gather_bytes
@@ -205,6 +208,8 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
         blobs = gather_bytes(world, data)  # the file world's writing, waiting and reading: the network's part
         got, key = sum(len(b) for i, b in enumerate(blobs) if i != world.index), carried()
         waited[key] = waited.get(key, 0.0) + time.process_time() - start
+        if "exchange" in stack:
+            in_exchange["gather"] += time.process_time() - start
         received[key] = received.get(key, 0) + got
         largest[key] = max(largest.get(key, 0), got)
         rounds[key] = rounds.get(key, 0) + 1
@@ -238,6 +243,7 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
     pipeline.share_analysis = analysis
     pipeline.write_ranks = timed("convert", pipeline.write_ranks)
     pipeline.gather = timed("settle", pipeline.gather)
+    pipeline.exchange = timed("exchange", pipeline.exchange)
     pipeline.write_lanes = timed("lanes", pipeline.write_lanes)
     start = time.process_time()
     result = merge(directory, out, jobs=jobs, selection=Selection(detail=frozenset()), progress=False)
@@ -256,7 +262,8 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
         del parsed, blob
     return {
         "workers": jobs, "lead": result.lead, "slices": result.slices, "ranks": len(result.ranks),
-        "cpu_s": total, "stages_s": cpu, "parse_s": parse, "gather_s": waited, "received_b": received, "largest_round_b": largest,
+        "cpu_s": total, "stages_s": cpu, "parse_s": parse, "gather_s": waited,
+        "in_exchange_s": in_exchange, "received_b": received, "largest_round_b": largest,
         "rounds": rounds, "parsed_per_byte": held, "hwm_kb": _status_kb("VmHWM"), **{k: v for k, v in found.items() if k != "back"},
         "desyncs": len(found_analysis.desyncs) if found_analysis else None,
         "skipped": [str(e) for e in result.skipped],
@@ -447,6 +454,20 @@ def members_per_rank(ranks: int) -> int:
     return ranks + ranks // TP + TP
 
 
+def _nnls(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """:func:`_lstsq` with no coefficient below zero: a term fitted negative (below the noise of the
+    sets: a cost cannot be) is dropped and the rest fitted again; it reads 0."""
+    keep = list(range(len(rows[0])))
+    while True:
+        found = _lstsq([[r[i] for i in keep] for r in rows], ys)
+        if min(found) >= 0 or len(keep) == 1:
+            out = [0.0] * len(rows[0])
+            for i, k in zip(keep, found):
+                out[i] = k
+            return out
+        keep.pop(found.index(min(found)))
+
+
 def _received_count(what: str, ranks: float, slices: float, workers: int) -> float:
     q = (workers - 1) / workers
     return ranks * q if what == "summaries" else slices * q * q if what in ("records", "back") else slices * q
@@ -507,6 +528,8 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
             st, parse, got, waited = s["stages_s"], s["parse_s"], s["received_b"], s["gather_s"]
             lead_own = st.get("lead", 0.0) - parse.get("lead", 0.0) - waited.get("lead", 0.0)
             rounds = {k: s["largest_round_b"].get(k, 0) * s["parsed_per_byte"].get(k, 0.0) for k in ROUNDS}
+            ex = s["in_exchange_s"]
+            summaries_s = st["exchange"] - st["convert"] - ex["parse"] - ex["gather"]
             sharded.append({
                 "set": name, "variant": variant, "workers": n, "ranks": job_ranks, "slices": job,
                 "own_ranks": s["own_ranks"], "own_slices": s["own_slices"], "share": s["share"],
@@ -517,7 +540,10 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
                 # What is left of worker 0's CPU: starting, exchanging summaries, settling, keying and
                 # dealing its ranks' records out, matching and checking its share, the figures back.
                 # (The all-gathers' own CPU, the file world's writing, waiting and reading, is the network's part.)
-                "rest_s": s["cpu_s"] - st["convert"] - st["lanes"] - lead_own - sum(parse.values()) - sum(waited.values()),
+                "rest_s": s["cpu_s"] - st["convert"] - st["lanes"] - lead_own - sum(parse.values()) - sum(waited.values())
+                - summaries_s,
+                # Decoding the other workers' summaries (their groups' rank lists made tuples and interned).
+                "summaries_s": summaries_s,
                 "gather_s": sum(waited.values()),
                 "bytes_per": {k: got.get(k, 0) / _received_count(k, job_ranks, job, n) for k in CARRIED},
                 "largest_round_b": max(s["largest_round_b"].values()),
@@ -527,11 +553,7 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
                 "lead_peak": r["lead_peak"], "worker_peaks": r["worker_peaks"],
                 "hwm_lead_kb": [s["hwm_before_lead_kb"], s["hwm_after_lead_kb"]],
             })
-    # Per rank of the job, or per member of every rank's groups (every summary lists them): with
-    # two job sizes the two cannot be told apart, so both are fitted (the low and the high end).
-    rest = _lstsq([[1.0, x["ranks"], x["share"]] for x in sharded], [x["rest_s"] for x in sharded])
-    rest_members = _lstsq([[1.0, x["ranks"] * members_per_rank(x["ranks"]), x["share"]] for x in sharded],
-                          [x["rest_s"] for x in sharded])
+    rest = _nnls([[1.0, x["ranks"], x["share"]] for x in sharded], [x["rest_s"] for x in sharded])
     summaries_fit = _lstsq([[1.0, members_per_rank(x["ranks"])] for x in sharded],
                            [x["bytes_per"]["summaries"] for x in sharded])
     # A worker's peak, the other workers' (worker 0 also replays): the largest round's parts parsed
@@ -554,7 +576,12 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
         "align_per_event_s": [phased[n]["stages"]["align"]["s"] / e for n, e in zip(names, events)],
         "output_per_slice_b": [phased[n]["output_bytes"] / s for n, s in zip(names, slices)],
         "names": names, "sharded": sharded,
-        "rest_s": rest, "rest_members_s": rest_members, "memory": memory, "summaries_fit": summaries_fit,
+        "rest_s": rest, "memory": memory, "summaries_fit": summaries_fit,
+        # Per other worker's rank: a part of its own, and one per member of its groups.
+        "summaries_time_fit": _nnls([[_received_count("summaries", x["ranks"], 0, x["workers"]),
+                                      _received_count("summaries", x["ranks"], 0, x["workers"])
+                                      * members_per_rank(x["ranks"])] for x in sharded],
+                                    [x["summaries_s"] for x in sharded]),
         "convert_per_rank_s": mean("convert_per_rank_s"), "lanes_per_slice_s": mean("lanes_per_slice_s"),
         "lead_per_slice_s": mean("lead_per_slice_s"), "parse_per_byte_s": mean("parse_per_byte_s"),
         "bytes_per": {k: sum(x["bytes_per"][k] for x in sharded) / len(sharded) for k in CARRIED},
@@ -584,9 +611,9 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
     own_ranks, share = ranks / n, slices / n
     convert = c["convert_per_rank_s"] * own_ranks
     base_s, per_job_rank_s, per_share_s = c["rest_s"]
-    base_m, per_member_s, per_share_m = c["rest_members_s"]
-    members = ranks * members_per_rank(ranks)
-    rest = (base_s + per_job_rank_s * ranks + per_share_s * share, base_m + per_member_s * members + per_share_m * share)
+    per_summary_s, per_member_s = c["summaries_time_fit"]
+    summaries = (per_summary_s + per_member_s * members_per_rank(ranks)) * _received_count("summaries", ranks, 0, n)
+    rest = base_s + per_job_rank_s * ranks + per_share_s * share
     got = {k: c["bytes_per"][k] * _received_count(k, ranks, slices, n) for k in CARRIED}
     got["summaries"] = summaries_received(c, ranks, n)
     q = (n - 1) / n
@@ -596,7 +623,7 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
     parse = c["parse_per_byte_s"] * sum(got.values())
     lanes_own = c["lanes_per_slice_s"] * share
     lead = c["lead_per_slice_s"] * slices
-    worker = [convert + r + parse + lanes_own for r in rest]
+    worker = convert + summaries + rest + parse + lanes_own
     rounds = _largest_rounds(c, ranks, slices, distinct, n)
     held = {k: rounds[k] * c["parsed_per_byte"][k] for k in ROUNDS}
     base_b, per_rank_b, per_share_b = c["memory"]
@@ -609,14 +636,15 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         ["collective slices in the job / in each worker's share", f"{slices / 1e6:.2f} M ({slices_per_rank} per rank, "
                                                                   f"{distinct:,} collectives) / {share:,.0f}"],
         ["each worker: read, convert and pack its ranks", f"{convert:.0f} s"],
-        ["each worker: decode every rank's summary, deal out its records, match and check its share, figures back",
-         f"{rest[0]:.0f}-{rest[1]:.0f} s (the job's ranks {per_job_rank_s * ranks:.1f}-{per_member_s * members:.1f} s, "
-         f"its share {per_share_s * share:.1f}-{per_share_m * share:.1f} s)"],
+        ["each worker: decode every rank's summary (its groups' rank lists)", f"{summaries:.0f} s"],
+        ["each worker: deal out its records, match and check its share, figures back",
+         f"{rest:.0f} s ({base_s:.1f} s + {per_job_rank_s * ranks:.1f} s for the job's ranks + "
+         f"{per_share_s * share:.1f} s for its share)"],
         ["each worker: parse what the all-gathers bring it", f"{parse:.0f} s ({sum(got.values()) / 1e9:.2f} GB)"],
         ["each worker: lanes of its own ranks", f"{lanes_own:.1f} s"],
         ["worker 0 (the lead): replay the impact, gather the findings (whole job)", f"{lead:.0f} s"],
-        ["merge wall time, about (the lead's)", f"{worker[0] + lead:.0f}-{worker[1] + lead:.0f} s (+ {align:.0f} s "
-                                                f"with --align, whose first pass still all-gathers every record)"],
+        ["merge wall time, about (the lead's)", f"{worker + lead:.0f} s (+ {align:.0f} s with --align, "
+                                                f"whose first pass still all-gathers every record)"],
         ["bytes each worker receives, rounds as now (every worker reads every pair's piece)",
          ", ".join(f"{k} {v / 1e6:,.0f} MB" for k, v in got.items()) + f": {sum(got.values()) / 1e9:.2f} GB"],
         ["  of which sent for it (a point-to-point exchange's; the lead + member times)",
@@ -639,12 +667,14 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         f"lanes: {c['lanes_per_slice_s'] * 1e6:.1f} us per slice of its own ranks; parsing what an all-gather brings: "
         f"{c['parse_per_byte_s'] * 1e9:.1f} ns per byte; the lead's replay and gathering: "
         f"{c['lead_per_slice_s'] * 1e6:.2f} us per slice of the job (its parsing counted with the rest).",
-        f"The rest of a worker's CPU, least squares over those merges: {base_s:.2f} s + "
-        f"{per_job_rank_s * 1e3:.2f} ms per rank of the job (summaries, Seq runs, lanes of every rank) + "
-        f"{per_share_s * 1e6:.2f} us per slice of its share (-j 2 against -j 4 on one set tells these apart): the "
-        f"low end; the high end fits {base_m:.2f} s + {per_member_s * 1e9:.0f} ns per member of every rank's groups "
-        f"(each summary lists its groups' ranks: {members_per_rank(ranks):,} a rank here) + "
-        f"{per_share_m * 1e6:.2f} us per slice of its share (two job sizes cannot tell per rank from per member).",
+        f"Decoding the other workers' summaries (timed around the exchange, less converting, parsing and the "
+        f"all-gather): {per_summary_s * 1e6:.1f} us per rank + {per_member_s * 1e9:.1f} ns per member of its groups "
+        f"(least squares with no negative term over the two job sizes; {members_per_rank(ranks):,} members a rank "
+        f"at {ranks:,} ranks). The rest of a worker's "
+        f"CPU, least squares with no negative term over those merges: {base_s:.2f} s + "
+        f"{per_job_rank_s * 1e3:.2f} ms per rank of the job (Seq runs, lanes, counts of every rank) + "
+        f"{per_share_s * 1e6:.2f} us per slice of its share (-j 2 against -j 4 on one set tells these apart; "
+        f"a term the fit put below zero reads 0).",
         f"Bytes received: per what they carry, from worker 0's all-gathers, divided by the count each goes with "
         f"(summaries per rank of the job x q, {c['summaries_fit'][0]:.0f} B + {c['summaries_fit'][1]:.2f} B per member of "
         f"its groups, fitted over the two job sizes; per slice of the job x q^2 for records and rows back, since every "
