@@ -560,7 +560,7 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
     # (measured apart, above), on a fixed part, every rank's summary, Seq runs and lanes, and its
     # share's records and matched members.
     mem_rows = [([1.0, x["ranks"], x["share"]], p - x["round_held_b"]) for x in sharded for p in x["worker_peaks"]]
-    memory = _lstsq([row for row, _ in mem_rows], [p for _, p in mem_rows])
+    memory = _nnls([row for row, _ in mem_rows], [p for _, p in mem_rows])
     for x in sharded:
         x["worker_fit"] = sum(k * v for k, v in zip(memory, [1.0, x["ranks"], x["share"]])) + x["round_held_b"]
         x["lead_extra_per_slice_b"] = (x["lead_peak"] - x["worker_fit"]) / x["slices"]
@@ -681,8 +681,8 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         "worker reads every pair's piece; x q for the pooled numbers and the member times; q = (N-1)/N). "
         "The network's time is not counted, only the volume and its parsing.",
         f"A worker's peak RSS = {base_b / 1e6:.0f} MB + {per_rank_b:,.0f} B per rank of the job + "
-        f"{per_share_b:,.0f} B per slice of its share (least squares over the peaks of the workers other than "
-        f"worker 0 in those merges, less their largest round) + its largest round once parsed (all of a round's "
+        f"{per_share_b:,.0f} B per slice of its share (least squares with no negative term over the peaks of the "
+        f"workers other than worker 0 in those merges, less their largest round) + its largest round once parsed (all of a round's "
         f"parts are parsed before any is let go: "
         + ", ".join(f"{k} {c['parsed_per_byte'][k]:.1f} B" for k in ROUNDS)
         + " per byte received, tracemalloc on the largest part of each kind; the rounds' bytes from the bytes "
