@@ -41,8 +41,8 @@ its ranks, and the lead adds its replay over the whole job; its bytes received p
 carry; its peak RSS fitted as a fixed part, a part per rank of the job and a part per slice of
 its share, plus its largest round once parsed, and the lead's extra per slice of the job.
 Usage: ``python launch/bench_scale.py [--quick] [--skip-j1] [--workdir DIR] [--json FILE]``
-(``--report FILE`` prints again what ``--json FILE`` saved). About 15 minutes on
-the 2-core machine at load 10 once the sets exist (generating them: about 4 more).
+(``--report FILE`` prints again what ``--json FILE`` saved). 6 to 11 minutes on
+the 2-core machine at load 6 to 10 once the sets exist (generating them: about 4 more).
 Exit status 1 when a check fails.
 """
 
