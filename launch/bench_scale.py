@@ -225,8 +225,9 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
 
     def lead(*args):
         found["hwm_before_lead_kb"] = _status_kb("VmHWM")
-        lead_timed(*args)
+        result = lead_timed(*args)
         found["hwm_after_lead_kb"] = _status_kb("VmHWM")
+        return result
 
     def analysis(world, held, *args):
         found["own_ranks"] = len(held.packed)
