@@ -831,6 +831,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         variants = ([] if args.skip_j1 else ["-j 1"]) + ["-j 2", "-j 4", "torchrun-2"]
         results["runs"][BIG] = run_merges(big_dir, variants, outdir / BIG)
         results["runs"]["small"] = run_merges(sets["small"][0], ["-j 2", "-j 4"], outdir / "small")
+        failed = [f"{name} {variant}: {r['error']}" for name, variants in results["runs"].items()
+                  for variant, r in variants.items() if r["returncode"] != 0]
+        if failed:  # nothing to measure the costs on
+            raise SystemExit("merges failed:\n" + "\n".join(failed))
         j2 = Path(results["runs"][BIG]["-j 2"]["path"])
         validate_rc = subprocess.run([sys.executable, "-m", "commtag", "validate", str(j2)], capture_output=True,
                                      timeout=CHILD_TIMEOUT_S, check=False).returncode
