@@ -64,6 +64,8 @@ def _installed_late(rank: int, world_size: int, out_dir: str, toggle: bool) -> N
         time.sleep(0.001)
     commtag.install()
     installed.set()
+    while made[0] < PAUSE_AT:  # no side call up to PAUSE_AT in this rank's profile, however slow the start
+        time.sleep(0.001)
     try:
         with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(out_dir)):
             profiling.set()
