@@ -75,8 +75,9 @@ _NEEDS = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
 
 
 #: Longest string value written once and then referenced by id. Rank lists repeat on
-#: every lane slice of their group and pass 512 chars at ~120 ranks (6 KB at 1024).
-_MAX_INTERNED = 16_384
+#: every lane slice of their group: 6 KB at 1,024 ranks, 24 KB at 4,096, 110 KB at 16,384
+#: (at 16 KB, 4,096 ranks' lists were written on every slice: 17 GB instead of 0.3 GB).
+_MAX_INTERNED = 1 << 20
 
 
 #: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
