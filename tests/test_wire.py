@@ -105,7 +105,7 @@ def event_packet(ts: int, event: bytes, flags: int, interned: pb.InternedData | 
 
 
 ARGS = {"id": 7, "big": 2**40, "neg": -3, "f": 0.5, "b": True, "s": "x", "none": None, "dims": [[2, 2]],
-        "huge": 2**70, "long": "y" * 20_000}
+        "huge": 2**70, "long": "y" * 1_100_000}  # longer than a string the writer interns (1 MiB)
 
 
 def annotations() -> list[pb.DebugAnnotation]:
@@ -114,7 +114,7 @@ def annotations() -> list[pb.DebugAnnotation]:
     return [ann(name_iid=1, int_value=7), ann(name_iid=2, int_value=2**40), ann(name_iid=3, int_value=-3),
             ann(name_iid=4, double_value=0.5), ann(name_iid=5, bool_value=True), ann(name_iid=6, string_value_iid=1),
             ann(name_iid=7, string_value_iid=2), ann(name_iid=8, string_value_iid=3),
-            ann(name_iid=9, string_value_iid=4), ann(name_iid=10, string_value="y" * 20_000)]
+            ann(name_iid=9, string_value_iid=4), ann(name_iid=10, string_value="y" * 1_100_000)]
 
 
 def interned_args() -> pb.InternedData:
@@ -253,3 +253,15 @@ def test_readback_and_validate_read_a_cut_trace_with_the_one_frame_reader(tmp_pa
     said = f"truncated trace (the packet at byte {len(header(T0 + 500, T0))} is cut short: 50 of 80 bytes)"
     assert str(by_validate.value) == said
     assert str(by_readback.value) == f"{path}: {said}"
+
+
+def test_a_16384_rank_list_on_many_slices_is_written_once() -> None:
+    """A group's rank list is an arg of every lane slice of the group: interned, it is written
+    once per sequence however long (16,384 ranks: 110 KB), not on every slice."""
+    ranks = str(list(range(16_384)))
+    seq = SequenceWriter(SEQ, T0)
+    out = bytearray()
+    for k in range(4):
+        seq.instant(T0 + k, track_field(9), seq.body("all_reduce", "commtag", {"ranks matched": ranks, "seq": k}), out)
+    assert bytes(out).count(ranks.encode()) == 1
+    assert len(ranks) < len(out) < len(ranks) + 1000
