@@ -38,8 +38,11 @@ class ChildRun:
 
     @property
     def worker_peaks(self) -> list[int]:
-        """Peak RSS of each descendant (torchrun's workers), largest first."""
-        return sorted((peak for _, peak in list(self.peaks.values())[1:]), reverse=True)
+        """Peak RSS of each descendant running the merge (torchrun's or ``-j``'s workers), largest
+        first: not another process a launcher starts (under torch 2.13 torchrun's agent may start
+        one that imports torch, 245 MB, which was once taken for a worker)."""
+        return sorted((peak for cmdline, peak in list(self.peaks.values())[1:] if "commtag.merge" in cmdline),
+                      reverse=True)
 
 
 def _descendants(pid: int) -> list[int]:
