@@ -66,7 +66,11 @@ def test_each_delayed_step_costs_what_the_culprit_slept_there_and_no_other_step_
         cost = steps[step]["cost_us"]
         if step in DELAYED:
             slept_us = slept[step] / 1000
-            assert abs(cost - slept_us) <= 0.35 * slept_us, (step, steps[step], slept_us)
+            lead_us = _culprit_lead_us(records, step)
+            # At least most of the sleep, at most the culprit's lead by the job's own clock: on a
+            # loaded machine it arrives later still than it slept, and the job records that too.
+            assert 0.65 * slept_us <= cost <= lead_us + _CLOCK_SLACK_US * CALLS_PER_STEP, \
+                (step, steps[step], slept_us, lead_us)
             assert steps[step]["share"] > 0.5  # most of the step's collective time was the wait
         else:
             noise_us = _culprit_lead_us(records, step) + _CLOCK_SLACK_US * CALLS_PER_STEP
