@@ -44,10 +44,36 @@ class FlowColumn:
         return found if found else self.other.get(at)
 
 
+class MemberFigures:
+    """Per member, by position: its collective's figures number (-1: none), its wait (NaN: none),
+    straggler flag and flows, as columns grown to the positions put (a row object per member was
+    most of a worker's memory at the analysis' end)."""
+
+    def __init__(self) -> None:
+        self.figures = array("q")
+        self.waits = array("d")
+        self.stragglers = bytearray()
+        self.flows = FlowColumn()
+
+    def put(self, at: int, figures: Optional[int], wait: Optional[float], straggler: bool, flow: object) -> None:
+        grow = at + 1 - len(self.figures)
+        if grow > 0:
+            self.figures.extend(array("q", [-1]) * grow)
+            self.waits.extend(array("d", [math.nan]) * grow)
+            self.stragglers.extend(bytes(grow))
+        self.figures[at] = -1 if figures is None else figures
+        self.waits[at] = math.nan if wait is None else wait
+        self.stragglers[at] = straggler
+        self.flows.put(at, flow)
+
+    def get(self, at: int) -> tuple[Optional[int], Optional[float], bool, object]:
+        k, wait = self.figures[at], self.waits[at]
+        return None if k < 0 else k, None if math.isnan(wait) else wait, bool(self.stragglers[at]), self.flows[at]
+
+
 class BackRows:
-    """What goes back to one worker: per member of a collective matched here, its rank, place,
-    figures (their number, -1: none), wait (NaN: none), straggler flag and flows, as columns (a row
-    object per member was most of a worker's memory at the analysis' end); and the markers."""
+    """What goes back to one worker: per member of a collective matched here, its rank, place and
+    :class:`MemberFigures`; and the markers."""
 
     def __init__(self) -> None:
         self.markers: list[list] = []
@@ -56,27 +82,19 @@ class BackRows:
     def _empty(self) -> None:
         self.ranks = array("i")
         self.places = array("q")
-        self.figures = array("q")
-        self.waits = array("d")
-        self.stragglers = bytearray()
-        self.flows = FlowColumn()
+        self.members = MemberFigures()
 
     def instance(self, rank: int, place: int, figures: Optional[int], wait: Optional[float], straggler: bool,
                  flow: object) -> None:
+        self.members.put(len(self.ranks), figures, wait, straggler, flow)
         self.ranks.append(rank)
         self.places.append(place)
-        self.figures.append(-1 if figures is None else figures)
-        self.waits.append(math.nan if wait is None else wait)
-        self.stragglers.append(straggler)
-        self.flows.append(flow)
 
     def rows(self) -> Iterator[list]:
         """Each as the row :func:`apply` reads, ``["instance", rank, place, figures, wait, straggler,
         flow]``, then the markers; all let go once read."""
         for j, rank in enumerate(self.ranks):
-            k, wait = self.figures[j], self.waits[j]
-            yield ["instance", rank, self.places[j], None if k < 0 else k, None if math.isnan(wait) else wait,
-                   bool(self.stragglers[j]), self.flows[j]]
+            yield ["instance", rank, self.places[j], *self.members.get(j)]
         self._empty()
         markers, self.markers = self.markers, []
         markers.reverse()
@@ -116,39 +134,28 @@ def apply(piece: dict, lanes: OwnLanes, own_markers: list) -> None:
 
 
 class Updates:
-    """What came back for one rank's instances, by place, as columns grown as places arrive (a
-    tuple per member was, with the figures' keys, a tenth of a worker's peak): the sending worker
-    (-2: nothing came, -1: flows only) and its figures number, the wait (NaN: none), the straggler
-    flag and the flows."""
+    """What came back for one rank's instances, by place: the sending worker (-2: nothing came)
+    and the :class:`MemberFigures` (a tuple per member was, with the figures' keys, a tenth of a
+    worker's peak)."""
 
     def __init__(self) -> None:
         self.sources = array("i")
-        self.figures = array("q")
-        self.waits = array("d")
-        self.stragglers = bytearray()
-        self.flows = FlowColumn()
+        self.members = MemberFigures()
 
     def put(self, at: int, source: int, k: Optional[int], wait: Optional[float], straggler: bool,
             flow: object) -> None:
         grow = at + 1 - len(self.sources)
         if grow > 0:
             self.sources.extend(array("i", [-2]) * grow)
-            self.figures.extend(array("q", [0]) * grow)
-            self.waits.extend(array("d", [math.nan]) * grow)
-            self.stragglers.extend(bytes(grow))
-        self.sources[at] = -1 if k is None else source
-        self.figures[at] = 0 if k is None else k
-        self.waits[at] = math.nan if wait is None else wait
-        self.stragglers[at] = straggler
-        self.flows.put(at, flow)
+        self.sources[at] = source
+        self.members.put(at, k, wait, straggler, flow)
 
     def take(self, at: int) -> Optional[tuple]:
         """``((worker, figures number) or None, wait or None, straggler, flows)`` for place ``at``; None if nothing came."""
         if at >= len(self.sources) or self.sources[at] == -2:
             return None
-        source, wait = self.sources[at], self.waits[at]
-        return (None if source < 0 else (source, self.figures[at]), None if math.isnan(wait) else wait,
-                bool(self.stragglers[at]), self.flows[at])
+        k, wait, straggler, flow = self.members.get(at)
+        return None if k is None else (self.sources[at], k), wait, straggler, flow
 
 
 class OwnLanes:
