@@ -45,7 +45,7 @@ from commtag.vocab import GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, NODE_ID_MASK
 
 HERE = Path(__file__).resolve()
 #: Merge (one process) against the parse floor, by world size. For 8 and 128 ranks these are
-#: regression guards, not goals (issue #33): commtag stays pure Python, and what a merge does
+#: regression guards, not goals: commtag stays pure Python, and what a merge does
 #: beyond parsing is CPython work per event and per collective. Other sizes 2.0x.
 TARGET_VS_FLOOR = {"8": 2.0, "128": 5.0}
 #: The world sizes whose floor ratio is a regression guard, not a target.

@@ -1,6 +1,6 @@
 """Merge memory against the rank count: peak RSS of 32- and 512-rank sets of equal per-rank size.
 
-#17 item 3: the peak RSS of a 512-rank merge may be at most 1.5x a 32-rank one's
+The target: the peak RSS of a 512-rank merge may be at most 1.5x a 32-rank one's
 beyond the per-collective records, which every merge keeps until its lanes are
 written. So this prints, from one run:
 

@@ -1,6 +1,6 @@
 """The merge of a 1,024-rank job with ``--detail none``, and a projection to 16,384 ranks on 64 hosts.
 
-Issue #17 item 6. The job (``commtag.testing.scaleset``, reused when present):
+The job (``commtag.testing.scaleset``, reused when present):
 1,024 ranks of about 5,000 events each, 8 ranks per host, 8-way tensor-parallel
 groups (128 of them), 128-way data-parallel groups (8), the world group, CUDA
 graph replays. Two smaller sets give the per-rank and per-event costs: 128

@@ -1,4 +1,4 @@
-"""Each merge worker's peak RSS against one process's, on a generated job (issue #33).
+"""Each merge worker's peak RSS against one process's, on a generated job.
 
 ``python launch/bench_shards.py DIR [--variants j1,j2,torchrun2] [--repeat N] [--before SRC]``
 merges the set in ``DIR`` (``python launch/gen_scaleset.py --ranks 1024 --events 5000000 --tp 8
@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from commtag.testing.bench import machine, markdown_table, run_child
 
-#: The worker-to-single-process peak RSS the sharded analysis is held to (issue #33).
+#: The worker-to-single-process peak RSS the sharded analysis is held to.
 TARGET_WORKER_RATIO = 0.6
 
 

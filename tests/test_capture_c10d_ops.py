@@ -181,7 +181,8 @@ def _dtype_body(rank: int, world_size: int) -> dict[str, tuple[str, str]]:
 
 
 def test_every_dtype_is_named_alike_by_the_python_wrapper_and_at_operator_level() -> None:
-    """A qint8 tensor was "QInt8" through the Python wrapper and "Undefined" at operator level."""
+    """Every dtype has one name on both paths: a qint8 tensor is "QInt8" through the Python wrapper
+    and at operator level (not "Undefined")."""
     from commtag import vocab
 
     (names,) = run_world(_dtype_body, 1)

@@ -52,7 +52,7 @@ def _summary(*args: str) -> str:
 def _measured_leads(records: list[dict]) -> dict[int, int]:
     """Rank -> its summed lead (ns) over the next-latest member at the calls it arrived last to,
     by the job's own clock. At the barrier opening the window only the part after the late
-    rank's profiler started counts: before, it was the profilers' start-up spread, which no
+    rank's profiler started counts: the time before it is the profilers' start-up spread, which no
     trace covers (commtag counts no lead its late rank's trace does not cover)."""
     leads = dict.fromkeys(range(WORLD), 0)
     for call in range(len(records[0]["arrivals"])):

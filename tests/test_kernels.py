@@ -105,8 +105,8 @@ _TRACELENS = "AMD-AGI/TraceLens tests/traces/"
     ],
 )
 def test_convolution_attention_and_helper_kernels(name, category, source):
-    """Each name was copied from the public trace ``source``. Before these rules every one but
-    sage_quant_kernel got another category, most of them "other"."""
+    """Each name is copied from the public trace ``source``; without these rules every one but
+    sage_quant_kernel would get another category, most of them "other"."""
     assert categorize(name) == category
 
 

@@ -51,9 +51,9 @@ def test_sizes_are_read_as_people_write_them() -> None:
 
 
 def test_a_small_gzip_file_is_as_big_as_its_content_not_4_gib(tmp_path: Path) -> None:
-    """A broken rank of a few bytes (gzip bigger than its content) once read as 4 GiB of JSON, so a
-    --skip-bad-ranks merge of a small job was refused as 1.5 GB; a big file's wrapped record is still
-    read as wrapped."""
+    """A broken rank of a few bytes (gzip bigger than its content) counts as its content, not as
+    4 GiB of JSON that would refuse a --skip-bad-ranks merge of a small job as 1.5 GB; a big file's
+    wrapped record is still read as wrapped."""
     import gzip
     import struct
 

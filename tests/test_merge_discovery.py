@@ -144,7 +144,7 @@ def _ranks_and_lanes(merged: Path) -> tuple[list[str], set[int]]:
 
 
 # ---------------------------------------------------------------------------
-# Item 11: --rank-pattern errors, the rule a failed match cites, --rank N.
+# --rank-pattern errors, the rule a failed match cites, --rank N.
 
 
 @pytest.mark.parametrize("pattern, problem", [
@@ -219,7 +219,7 @@ def test_summary_takes_the_rank_options_its_error_cites(tmp_path: Path, capsys):
 
 
 # ---------------------------------------------------------------------------
-# Item 19: ranks in subfolders; item 20: a trace given by path takes the sidecar beside it.
+# Ranks in subfolders; a trace given by path takes the sidecar beside it.
 
 
 def _into_subfolders(traces: Path, job: Path, sidecars: bool) -> None:
@@ -314,9 +314,9 @@ def test_a_broken_sidecar_beside_the_trace_given_is_an_error(traces: Path, tmp_p
 
 
 # ---------------------------------------------------------------------------
-# Item 12: absurd clocks are bad input.
+# Absurd clocks are bad input.
 
-CENTURIES_NS = 5_500_000_000 * 10**9  # what once made a summary call a rank 5.5e9 s late
+CENTURIES_NS = 5_500_000_000 * 10**9  # would make a summary call a rank 5.5e9 s late
 
 
 @pytest.mark.slow
@@ -366,7 +366,7 @@ def test_a_public_trace_shifted_by_centuries_is_bad_input(tmp_path: Path, capsys
 
 
 # ---------------------------------------------------------------------------
-# Item 8: --skip-bad-ranks skips by file, blames the right file, keeps runs apart.
+# --skip-bad-ranks skips by file, blames the right file, keeps runs apart.
 
 
 def _skipped(err: list[str]) -> list[str]:
@@ -470,7 +470,7 @@ def test_public_ranks_keep_their_good_step_when_another_is_bad(tmp_path: Path, c
 
 
 # ---------------------------------------------------------------------------
-# Item 6: files that may be of another run: a warning, and --strict refuses (exit 2).
+# Files that may be of another run: a warning, and --strict refuses (exit 2).
 
 DAY_NS = 86_400 * 10**9
 

@@ -1,4 +1,4 @@
-"""What a merge holds for every rank at once stays small (#17 item 3: memory flat in ranks).
+"""What a merge holds for every rank at once stays small (memory flat in the rank count).
 
 A merge keeps each rank's collective records until the lanes are written; anything
 else it keeps per rank or per instance multiplies by the world size. These tests pin
@@ -126,9 +126,10 @@ def test_every_rank_shares_one_member_list_per_group(gloo_run: Path, tmp_path: P
 def test_records_from_another_worker_take_no_more_memory_than_where_they_were_made(gloo_run: Path,
                                                                                 tmp_path: Path) -> None:
     """A merge worker holds every other worker's records as it decoded them from the exchange:
-    each decoded instance once took ~85 bytes more (a fresh int for each size and lane id that a
-    call site's instances share, and orjson's oversized dict tables), which made a torchrun
-    worker's peak grow with the ranks faster than a single process's."""
+    a decoded instance takes no more than a made one (as orjson leaves it, it would take ~85 bytes
+    more: a fresh int for each size and lane id that a call site's instances share, and oversized
+    dict tables), so a torchrun worker's peak grows with the ranks no faster than a single
+    process's."""
     plan = make_plan([gloo_run], tmp_path / "merged.pftrace", MergeOptions(progress=False), SoloWorld())
     with plan.output:
         summaries = write_ranks(plan)

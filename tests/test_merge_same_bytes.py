@@ -1,4 +1,4 @@
-"""Any number of merge workers writes the bytes one process writes (issue #33).
+"""Any number of merge workers writes the bytes one process writes.
 
 A generated job of 132 ranks, so that ranks share packet sequences in blocks of three
 (commtag.merge.ids.sequence_block) and 3 workers' even shares (44 ranks) would end inside a

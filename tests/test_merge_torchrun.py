@@ -48,8 +48,8 @@ def test_two_workers_equal_one(tmp_path: Path) -> None:
 
 
 def test_one_torchrun_worker_is_one_merge_process_whatever_j_says(tmp_path: Path) -> None:
-    """-j is ignored under torchrun, also when it starts one worker: that worker merged with -j's
-    default (2 workers here for big inputs), so 'torchrun-1' in the benchmarks was a -j 2 merge."""
+    """-j is ignored under torchrun, also when it starts one worker: that worker merges alone, not
+    with -j's default (2 workers here for big inputs)."""
     marker = tmp_path / "started"
     env = {"PYTHONPATH": in_started_workers(tmp_path, f"open({str(marker)!r}, 'a').write('worker\\n')")}
     out = tmp_path / "one.pftrace"

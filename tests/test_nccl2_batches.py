@@ -1,4 +1,4 @@
-"""nccl2's batch_op_issue across ranks (issue #30): one record per rank for a whole
+"""nccl2's batch_op_issue across ranks: one record per rank for a whole
 batch_isend_irecv, with no peer and the Seq of the group's last collective (nccl2-and-hooks.md §3,
 §4). A batch pairs with its peers' batches by its own order per peer pair, never by that Seq,
 and the merged trace links them as it links legacy batched p2p. Jobs from the generator

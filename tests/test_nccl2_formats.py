@@ -1,4 +1,4 @@
-"""A sidecar's stated record format (#30): a group's entry says "legacy" or "nccl2", and that
+"""A sidecar's stated record format: a group's entry says "legacy" or "nccl2", and that
 rank's annotations and eager records of the group are read in that format where their own
 content does not tell; where the content and the sidecar disagree, the merge warns, naming the
 file (and --strict refuses it). Jobs from the generator (commtag.testing.nccl2)."""

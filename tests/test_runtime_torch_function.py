@@ -3,10 +3,10 @@
 commtag reads the caller's tensors to describe a recorded collective (numel,
 dtype, is_complex). Those reads are no calls of the job: a TorchFunctionMode
 or a tensor subclass that acts on each call it sees (logs it, counts it,
-stops the profiler) must not be handed them. Before this was so, a mode that
-stopped the profiler on its first call stopped it on commtag's ``numel`` and
-then again on the collective: torch 2.11 raises "Can't disable Kineto
-profiler when it's not running" there, 2.13 warns.
+stops the profiler) must not be handed them. Otherwise a mode that stops
+the profiler on its first call would stop it on commtag's ``numel`` and then
+again on the collective: torch 2.11 raises "Can't disable Kineto profiler
+when it's not running" there, 2.13 warns.
 """
 
 from __future__ import annotations
