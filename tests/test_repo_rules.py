@@ -52,6 +52,36 @@ def test_launch_scripts_import_without_editing_sys_path():
     assert edits == []
 
 
+#: Most commits docs/benchmarks.md may name: its figures are the current ones, history is git log.
+MAX_BENCHMARK_COMMITS = 30
+#: An abbreviated commit hash as the docs write one: 7 to 12 hex digits, letters and digits both.
+_COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b")
+#: A reference to an issue of the project's tracker: "issue", a hash and its number; a hash, a
+#: number and "item"; or a hash and a number in parentheses.
+_ISSUE = re.compile(r"\bissues?\s*#\s*[0-9]+|#[0-9]+\s+item\b|\(#[0-9]+\b", re.IGNORECASE)
+#: The project's own text: sources, docs and scripts (third-party trace data is not its prose).
+_TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".ini", ".yaml", ".yml"}
+
+
+def test_the_benchmarks_page_names_at_most_30_commits():
+    """The page keeps each benchmark's current figures, each table with its commit."""
+    commits = set(_COMMIT.findall((ROOT / "docs" / "benchmarks.md").read_text()))
+    assert len(commits) <= MAX_BENCHMARK_COMMITS, sorted(commits)
+
+
+def test_no_source_doc_or_script_names_an_issue():
+    """Docs, docstrings and comments say what the code does and what a test checks, not which issue
+    asked for it."""
+    texts = [ROOT / "README.md"] + [path for folder in ("commtag", "tests", "launch", "docs")
+                                    for path in sorted((ROOT / folder).rglob("*"))
+                                    if path.suffix in _TEXT_SUFFIXES and path.is_file()]
+    named = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in texts
+             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if _ISSUE.search(line)]
+    assert not named, "name what the code does, not the issue:\n" + "\n".join(named)
+
+
 PACKAGE = ROOT / "commtag"
 #: Most modules a folder of the package may hold (``__init__.py`` counted).
 MAX_MODULES_PER_FOLDER = 12
