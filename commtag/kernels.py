@@ -208,7 +208,7 @@ class DeviceWork:
 
     def __init__(self) -> None:
         #: Stream key (the caller's, e.g. (pid, tid)) -> breakdown.
-        self.streams: dict[object, Breakdown] = {}
+        self.streams: dict[tuple, Breakdown] = {}
         #: Graph launch correlation id -> breakdown of what it replayed.
         self.launches: dict[int, Breakdown] = {}
         #: Lane name -> breakdown (complete after :meth:`finish`).
@@ -220,7 +220,7 @@ class DeviceWork:
         self._graphs: set[int] = set()
         self._lane_launches: dict[str, set[int]] = {}
 
-    def kernel(self, stream: object, name: str, cat: str, dur_us: float, args: Mapping[str, object],
+    def kernel(self, stream: tuple, name: str, cat: str, dur_us: float, args: Mapping[str, object],
                lane: object = None) -> None:
         """One GPU activity of a Kineto category in :data:`WORK_CATEGORIES`; ``lane``: its
         "commtag lane" where the annotation is not in ``args``."""
