@@ -272,8 +272,10 @@ def _by_window(cols: Columns, coverage: Optional[Coverage]) -> dict[int, list[in
     out: dict[int, list[int]] = defaultdict(list)
     for k in range(len(cols)):
         first_rank = cols.first_arrival(k)[1]
-        assert first_rank is not None, "every collective has a member"
-        at = coverage.window_of(first_rank, cols.first_start[k]) if coverage is not None else 0
+        if coverage is None:
+            at: Optional[int] = 0
+        else:  # (a collective without a member would be in no window)
+            at = coverage.window_of(first_rank, cols.first_start[k]) if first_rank is not None else None
         if at is not None:
             out[at + 1].append(k)
     return dict(sorted(out.items()))
