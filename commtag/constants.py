@@ -7,14 +7,15 @@ Kineto, NCCL and CUDA call things is in :mod:`commtag.vocab`.
 
 from __future__ import annotations
 
-from typing import Final, Optional
+from typing import Final, Literal, Optional, get_args
 
 #: The sidecar format's version. 2 added each group's ``backend_impls`` and ``record_format`` and the
 #: ``commtag send peers`` / ``commtag recv peers`` args: a reader of 1 would refuse them as unknown
 #: fields, so it is told to upgrade instead. Every version up to this one is read.
 SCHEMA_VERSION = 2
-#: A sidecar's "kind" (Final: commtag.schema reads it as its Literal type).
-SIDECAR_KIND: Final = "commtag-sidecar"
+#: A sidecar's "kind": the Literal type commtag.schema validates against, and its one value.
+SidecarKind = Literal["commtag-sidecar"]
+SIDECAR_KIND: Final[SidecarKind] = get_args(SidecarKind)[0]
 #: Names commtag.trace_handler gives a rank's trace and its sidecar: ``<stem>`` + suffix.
 TRACE_SUFFIX = ".pt.trace.json.gz"
 SIDECAR_SUFFIX = ".commtag.json"

@@ -208,7 +208,7 @@ class DeviceWork:
 
     def __init__(self) -> None:
         #: Stream key (the caller's, e.g. (pid, tid)) -> breakdown.
-        self.streams: dict[object, Breakdown] = {}
+        self.streams: dict[tuple, Breakdown] = {}
         #: Graph launch correlation id -> breakdown of what it replayed.
         self.launches: dict[int, Breakdown] = {}
         #: Lane name -> breakdown (complete after :meth:`finish`).
@@ -220,7 +220,7 @@ class DeviceWork:
         self._graphs: set[int] = set()
         self._lane_launches: dict[str, set[int]] = {}
 
-    def kernel(self, stream: object, name: str, cat: str, dur_us: float, args: Mapping[str, object],
+    def kernel(self, stream: tuple, name: str, cat: str, dur_us: float, args: Mapping[str, object],
                lane: object = None) -> None:
         """One GPU activity of a Kineto category in :data:`WORK_CATEGORIES`; ``lane``: its
         "commtag lane" where the annotation is not in ``args``."""
@@ -239,7 +239,7 @@ class DeviceWork:
     def launch(self, name: str, correlation: object) -> None:
         """A runtime call; graph launches tie the kernels of their correlation id to them."""
         if correlation.__class__ is int and is_graph_launch(name):
-            self._graphs.add(correlation)  # type: ignore[arg-type]
+            self._graphs.add(correlation)
 
     def end_trace(self) -> list[int]:
         """Settle the kernels of one trace file (correlation ids are per file); return the
@@ -247,17 +247,17 @@ class DeviceWork:
         graphs = self._graphs
         for correlation, category, dur_us, lane in zip(self._corr, self._cat, self._dur, self._lane):
             if correlation in graphs:
-                b = self.launches.get(correlation)  # type: ignore[arg-type]
+                b = self.launches.get(correlation)
                 if b is None:
-                    b = self.launches[correlation] = Breakdown()  # type: ignore[index]
+                    b = self.launches[correlation] = Breakdown()
                 b.time_us[category] += dur_us
                 b.count[category] += 1
                 if lane.__class__ is str:
-                    self._lane_launches.setdefault(lane, set()).add(correlation)  # type: ignore[arg-type]
+                    self._lane_launches.setdefault(lane, set()).add(correlation)
             elif lane.__class__ is str:
-                b = self.lanes.get(lane)  # type: ignore[arg-type]
+                b = self.lanes.get(lane)
                 if b is None:
-                    b = self.lanes[lane] = Breakdown()  # type: ignore[index]
+                    b = self.lanes[lane] = Breakdown()
                 b.time_us[category] += dur_us
                 b.count[category] += 1
         for pending in (self._corr, self._cat, self._dur, self._lane):

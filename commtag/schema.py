@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MAX_NELEMS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
+    MAX_NELEMS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, SidecarKind, newer_version, parse_rank_list,
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS,
@@ -269,7 +269,7 @@ class SidecarHead(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    kind: Literal[SIDECAR_KIND] = SIDECAR_KIND
+    kind: SidecarKind = SIDECAR_KIND
     schema_version: int = SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     rank: int = Field(ge=0)

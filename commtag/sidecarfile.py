@@ -21,6 +21,7 @@ from commtag.errors import CommtagError
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
+    from pydantic_core import ErrorDetails
 
     from commtag.schema import Sidecar, SidecarHead
 
@@ -108,7 +109,7 @@ def _problem(raw: bytes, exc: ValidationError) -> str:
     return f"invalid sidecar: {where + ': ' if where else ''}{first.get('msg')}"
 
 
-def _not_json(raw: bytes, error: dict) -> str:
+def _not_json(raw: bytes, error: ErrorDetails) -> str:
     """Why a sidecar's bytes are not JSON: text that is not UTF-8, or the parser's reason (a file
     cut short ends "EOF while parsing")."""
     try:

@@ -35,7 +35,7 @@ CPU_OP_SOURCE = "cpu-op"
 def whole(value: object, default: int) -> int:
     """An eager key's count as an int; ``default`` where a trace wrote something else (null, text)."""
     if value.__class__ is int:
-        return value  # type: ignore[return-value]
+        return value
     try:
         return int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError, OverflowError):

@@ -75,8 +75,9 @@ def traffic_lines(analysis: Analysis) -> list[str]:
             lines.append(f"  {name}: {g.count} instances, split sizes not recorded ({reason})")
             continue
         unknown = f", {g.count - g.recorded} not recorded" if g.recorded < g.count else ""
-        worst = g.worst
-        busiest = worst.ranks[max(range(len(worst.ranks)), key=lambda i: sum(worst.matrix[i]))]
+        worst, matrix = g.worst, g.worst.matrix
+        assert matrix is not None, "the worst instance has an imbalance, so a matrix"
+        busiest = worst.ranks[max(range(len(worst.ranks)), key=lambda i: sum(matrix[i]))]
         lines.append(f"  {name}: {g.count} instances{unknown}; imbalance p50 {g.p50_imbalance:.2f}, "
                      f"worst {worst.size_imbalance:.2f} ({worst.collective} Seq {worst.seq}, rank {busiest} "
                      "sends most)")

@@ -12,7 +12,7 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import orjson
 
@@ -120,11 +120,13 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
             for r in group_rows
         ]
         lines += _align(table)
-    late = sorted((m for m in analysis.collectives if m.straggler), key=lambda m: -m.skew_ns)
+    # (skew, collective) of each straggler (a straggler is complete, so its skew is measured).
+    late = sorted(((m.skew_ns, m) for m in analysis.collectives if m.straggler and m.skew_ns is not None),
+                  key=lambda pair: -pair[0])
     if late:
         lines += ["", "stragglers:"] + [
-            f"  rank {m.last_rank} {_time(m.skew_ns / 1000)} late to {m.collective} Seq {m.seq}"
-            f" in {m.lane_name or m.pg_uid}" for m in late[:_MAX_FINDINGS]
+            f"  rank {m.last_rank} {_time(skew / 1000)} late to {m.collective} Seq {m.seq}"
+            f" in {m.lane_name or m.pg_uid}" for skew, m in late[:_MAX_FINDINGS]
         ]
         if len(late) > _MAX_FINDINGS:
             lines.append(f"  ... and {len(late) - _MAX_FINDINGS} more (all of them in --format json)")
@@ -134,10 +136,10 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         lines += ["", "findings:"] + [f"  {f.message}" for f in shown]
         if len(analysis.findings) > len(shown):
             lines.append(f"  ... and {len(analysis.findings) - len(shown)} more (all of them in --format json)")
-    for scope, table in (kernels or {}).items():
-        if table:
+    for scope, breakdowns in (kernels or {}).items():
+        if breakdowns:
             lines += ["", f"GPU time by kernel category, per {scope}:"]
-            lines += [f"  rank {r} {scope} {i}: {b.describe()}" for (r, i), b in sorted(table.items())]
+            lines += [f"  rank {r} {scope} {i}: {b.describe()}" for (r, i), b in sorted(breakdowns.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -157,7 +159,7 @@ def _many(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _align(table: list[tuple[str, ...]]) -> list[str]:
+def _align(table: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
             for row in table]
@@ -244,16 +246,17 @@ def plot(analysis: Analysis, path: Path) -> None:
     step = max(1, math.ceil(len(ms) / 24))
     ax.set_xticks(range(0, len(ms), step), [_label(m) for m in ms[::step]], rotation=60, ha="right", fontsize=7)
     for j, m in enumerate(ms):
-        if m.straggler:
+        if m.straggler and m.last_rank is not None:
             ax.scatter([j], [row[m.last_rank]], s=110, facecolors="none", edgecolors="#00a2ff", linewidths=2.2)
         if m.desync:
             ax.scatter([j], [1.0], marker="v", color="#d62728", s=50, clip_on=False, transform=ax.get_xaxis_transform())
         for r in m.missing_ranks:
             ax.text(j, row[r], "x", ha="center", va="center", color="#d62728", fontsize=9, fontweight="bold")
-    worst = max((m for m in ms if m.skew_ns is not None), key=lambda m: m.skew_ns, default=None)
+    worst_skew, worst = max(((m.skew_ns, m) for m in ms if m.skew_ns is not None), key=lambda pair: pair[0],
+                            default=(0, None))
     title = f"{len(ms)} collectives, {len(ranks)} ranks, {len(analysis.desyncs)} desyncs"
-    if worst is not None and worst.skew_ns > 0:
-        title += (f"; worst skew {worst.skew_ns / 1e6:.2f} ms: rank {worst.last_rank} late to "
+    if worst is not None and worst_skew > 0:
+        title += (f"; worst skew {worst_skew / 1e6:.2f} ms: rank {worst.last_rank} late to "
                   f"{worst.collective} Seq {worst.seq} ({worst.lane_name or worst.pg_uid})")
     ax.set_title(title + "\n(blue ring: straggler, red x: missing rank, red triangle: desync)", fontsize=10)
     _plot_busbw(fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1]), analysis)
@@ -281,15 +284,15 @@ def _plot_busbw(ax_time, ax_bars, analysis: Analysis) -> None:
 
     colours = matplotlib.colormaps["tab10"]
     groups = sorted({m.pg_uid for m in analysis.collectives})
-    measured = [m for m in analysis.collectives if m.busbw_gbps is not None]
+    measured = [(m, m.busbw_gbps) for m in analysis.collectives if m.busbw_gbps is not None]
     # gloo on one host moves MB/s, NVLink hundreds of GB/s: pick the unit that reads.
-    scale, unit = (1.0, "GB/s") if max((m.busbw_gbps for m in measured), default=0) >= 1 else (1e3, "MB/s")
-    t0 = min((m.last_start_ns for m in measured), default=0)
+    scale, unit = (1.0, "GB/s") if max((bw for _, bw in measured), default=0) >= 1 else (1e3, "MB/s")
+    t0 = min((m.last_start_ns for m, _ in measured), default=0)
     for k, pg in enumerate(groups):
-        pts = [m for m in measured if m.pg_uid == pg]
+        pts = [(m, bw) for m, bw in measured if m.pg_uid == pg]
         if pts:
-            ax_time.plot([(m.last_start_ns - t0) / 1e6 for m in pts], [m.busbw_gbps * scale for m in pts], "o-",
-                         ms=3, lw=0.8, color=colours(k % 10), label=_short(pts[0].lane_name or pg))
+            ax_time.plot([(m.last_start_ns - t0) / 1e6 for m, _ in pts], [bw * scale for _, bw in pts], "o-",
+                         ms=3, lw=0.8, color=colours(k % 10), label=_short(pts[0][0].lane_name or pg))
     ax_time.set_xlabel("time since the first measured collective (ms)")
     ax_time.set_ylabel(f"busbw ({unit})")
     ax_time.set_title("bus bandwidth of each collective", fontsize=10)
@@ -297,11 +300,13 @@ def _plot_busbw(ax_time, ax_bars, analysis: Analysis) -> None:
         ax_time.set_yscale("log")
         ax_time.yaxis.set_minor_formatter(NullFormatter())
         ax_time.legend(fontsize=8)
-    rows = [r for r in summarize(analysis) if r.busbw_p50_gbps is not None]
-    labels = [f"{_short(r.lane_name or r.pg_uid)}\n{r.collective}" for r in rows]
-    ax_bars.barh(range(len(rows)), [r.busbw_p50_gbps * scale for r in rows],
-                 color=[colours(groups.index(r.pg_uid) % 10) for r in rows])
-    ax_bars.scatter([r.busbw_p95_gbps * scale for r in rows], range(len(rows)), marker="|", s=200, color="black")
+    # (row, p50, p95) of the rows with a bandwidth (both percentiles come from the same figures).
+    rows = [(r, r.busbw_p50_gbps, r.busbw_p95_gbps) for r in summarize(analysis)
+            if r.busbw_p50_gbps is not None and r.busbw_p95_gbps is not None]
+    labels = [f"{_short(r.lane_name or r.pg_uid)}\n{r.collective}" for r, _, _ in rows]
+    ax_bars.barh(range(len(rows)), [p50 * scale for _, p50, _ in rows],
+                 color=[colours(groups.index(r.pg_uid) % 10) for r, _, _ in rows])
+    ax_bars.scatter([p95 * scale for _, _, p95 in rows], range(len(rows)), marker="|", s=200, color="black")
     ax_bars.set_yticks(range(len(rows)), labels, fontsize=7)
     ax_bars.invert_yaxis()
     ax_bars.set_xlabel(f"busbw p50 (bar) / p95 (tick), {unit}")

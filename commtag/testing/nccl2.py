@@ -175,6 +175,7 @@ def _nccl2_parts(call: JobCall, me: int, seq: int) -> list[dict[str, object]]:
         one = JobCall(op, group, numels, call.dtype, call.root, call.pairs, call.splits)
         name, n_in, n_out, in_split, out_split = _legacy_sizes(one, me)
         sizes = nccl2_sizes(name, n_in, n_out, in_split, out_split, size, _legacy_rank(one, me), me)
+        assert sizes is not None, f"{name}: each part is one tensor's call, which nccl2 records alone"
         dtype = BARRIER_DTYPE if op == "barrier" else call.dtype   # N§2: first tensor's, else Byte
         # N§2: "Is asynchronized op" 1 for every record; N§3: Rank as legacy (own, root or peer).
         out.append(_record(sizes.collective, sizes.in_nelems, sizes.out_nelems, dtype, sizes.in_split,

@@ -75,7 +75,7 @@ def commtag_keys(job: Sequence[JobCall], rank: int, fmt: str) -> list[dict[str, 
     return out
 
 
-def annotations(job: Sequence[JobCall], rank: int, fmt: str) -> list[CollectiveAnnotation]:
+def rank_annotations(job: Sequence[JobCall], rank: int, fmt: str) -> list[CollectiveAnnotation]:
     """Each record of ``rank`` with commtag's keys, as its runtime's sidecar holds it."""
     recs = [record for _, part in records_per_call(job, rank, fmt) for record in part]
     return [CollectiveAnnotation.model_validate({**{k: v for k, v in record.items() if k != ASYNC_KEY}, **keys})
@@ -101,7 +101,7 @@ def sidecar(job: Sequence[JobCall], rank: int, world: int, fmt: str, skew_us: fl
     record's annotation over its record_param_comms op's span."""
     ops = [e for e in job_trace(job, rank, world, fmt, skew_us)["traceEvents"] if e["name"] == COMMS_OP]
     recorded = []
-    for op, annotation in zip(ops, annotations(job, rank, fmt)):
+    for op, annotation in zip(ops, rank_annotations(job, rank, fmt)):
         start = BASE_TIME_NS + int(op["ts"] * 1000)
         recorded.append(RecordedCollective(annotation=annotation, start_ns=start, end_ns=start + int(op["dur"] * 1000),
                                            tid=op["tid"]))
@@ -126,7 +126,7 @@ def graph_job(job: Sequence[JobCall], rank: int, world: int, fmt: str, replays: 
     annotations carry the capture id."""
     pid, stream = 1000 + rank, 7
     per_call = records_per_call(job, rank, fmt)
-    anns = iter(annotations(job, rank, fmt))
+    anns = iter(rank_annotations(job, rank, fmt))
     collectives, index = [], 1
     #: Each call's kernel nodes, in call order (what a replay runs, one slot per call).
     slots: list[list[GraphNodeRecord]] = []
@@ -162,9 +162,9 @@ def graph_job(job: Sequence[JobCall], rank: int, world: int, fmt: str, replays: 
         logged.append(GraphReplay(index=r, start_ns=BASE_TIME_NS + int((at - 1.0) * 1000),
                                   end_ns=BASE_TIME_NS + int((at + LAUNCH_US + 1.0) * 1000), tid=pid))
         slot = 100.0 + r * REPLAY_US + FIRST_KERNEL_US
-        for nodes in [None, *slots]:
-            names = [GEMM] if nodes is None else [node.kernel_name for node in nodes]
-            first = 0 if nodes is None else nodes[0].index
+        for replayed in [None, *slots]:
+            names = [GEMM] if replayed is None else [node.kernel_name for node in replayed]
+            first = 0 if replayed is None else replayed[0].index
             piece = KERNEL_US / len(names)
             for k, name in enumerate(names):
                 events.append({"ph": "X", "cat": KERNEL_CATEGORY, "name": name, "pid": rank, "tid": stream,

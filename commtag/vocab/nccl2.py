@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Final, Optional
 
 from commtag.vocab.collectives import COLLECTIVES, RECV, SEND, Collective, collective_row
 from commtag.vocab.eager import DST_RANK_KEY, PG_DESC_KEY, RANK_START_KEY, RANK_STRIDE_KEY, SRC_RANK_KEY
@@ -19,8 +19,8 @@ BACKEND_NCCL_LAZY = "nccl-lazy"
 BACKEND_GLOO = "gloo"
 #: The format of a group's eager records: ProcessGroupNCCL's (and commtag's for gloo, which
 #: records none) or ProcessGroupNCCL2's (§2, §3).
-LEGACY_FORMAT = "legacy"
-NCCL2_FORMAT = "nccl2"
+LEGACY_FORMAT: Final = "legacy"
+NCCL2_FORMAT: Final = "nccl2"
 #: Backend implementation -> the format its records follow; any other writes the legacy one.
 #: nccl-lazy runs its collectives on a primary nccl2 communicator (§4, §6).
 RECORD_FORMATS: dict[str, str] = {BACKEND_NCCL2: NCCL2_FORMAT, BACKEND_NCCL_LAZY: NCCL2_FORMAT}

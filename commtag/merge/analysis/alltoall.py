@@ -164,12 +164,12 @@ def by_group(items: list[AllToAll]) -> list[GroupTraffic]:
         groups.setdefault(item.pg_uid, []).append(item)
     out = []
     for pg, members in groups.items():
-        known = sorted((a for a in members if a.size_imbalance is not None), key=lambda a: a.size_imbalance)
+        # (imbalance, instance) of the instances with one, by imbalance.
+        known = sorted(((a.size_imbalance, a) for a in members if a.size_imbalance is not None), key=lambda k: k[0])
         middle = None
         if known:
             half = len(known) // 2
-            middle = known[half].size_imbalance if len(known) % 2 else \
-                round((known[half - 1].size_imbalance + known[half].size_imbalance) / 2, 6)
+            middle = known[half][0] if len(known) % 2 else round((known[half - 1][0] + known[half][0]) / 2, 6)
         out.append(GroupTraffic(pg, members[0].lane_name, len(members), sum(1 for a in members if a.matrix is not None),
-                                known[-1] if known else None, middle))
+                                known[-1][1] if known else None, middle))
     return out

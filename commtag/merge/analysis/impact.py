@@ -170,7 +170,7 @@ class _Replay:
                 while at >= 0 and ended[at] == node:
                     at -= 1
                 pred = ended[at] if at >= 0 else -1
-                if several and pred >= 0 and \
+                if several and coverage is not None and pred >= 0 and \
                         coverage.window_of(rank, start[pred]) != coverage.window_of(rank, start[node]):
                     pred = -1  # a new window: what ran between was not recorded
                 self.pred[node] = pred
@@ -216,6 +216,7 @@ class _Replay:
                     arrival = start[n] + shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
                     if best is None or arrival > best:
                         best = arrival
+                assert best is not None, "a synchronized collective has members"
                 moved[k] = best - cols.last_start[k]
             else:
                 for n in cols.members(k):
@@ -270,7 +271,11 @@ def _by_window(cols: Columns, coverage: Optional[Coverage]) -> dict[int, list[in
     windows (one window when they are not known)."""
     out: dict[int, list[int]] = defaultdict(list)
     for k in range(len(cols)):
-        at = coverage.window_of(cols.first_arrival(k)[1], cols.first_start[k]) if coverage is not None else 0
+        first_rank = cols.first_arrival(k)[1]
+        if coverage is None:
+            at: Optional[int] = 0
+        else:  # (a collective without a member would be in no window)
+            at = coverage.window_of(first_rank, cols.first_start[k]) if first_rank is not None else None
         if at is not None:
             out[at + 1].append(k)
     return dict(sorted(out.items()))

@@ -77,9 +77,10 @@ def summarize(analysis: Analysis) -> list[GroupSummary]:
     for (pg, op), ms in rows.items():
         skews = [m.skew_ns / 1000.0 for m in ms if m.skew_ns is not None]
         bws = [m.busbw_gbps for m in ms if m.busbw_gbps is not None]
+        sizes = [m.bytes for m in ms if m.bytes is not None]
         stragglers: dict[int, int] = defaultdict(int)
         for m in ms:
-            if m.straggler:
+            if m.straggler and m.last_rank is not None:  # a straggler is complete: its last rank is known
                 stragglers[m.last_rank] += 1
         total = sum(statistics.fmean(i.duration_ns for i in m.members.values()) for m in ms) / 1000.0
         out.append(GroupSummary(
@@ -87,7 +88,7 @@ def summarize(analysis: Analysis) -> list[GroupSummary]:
             lane_name=ms[0].lane_name,
             collective=op,
             count=len(ms),
-            bytes=None if any(m.bytes is None for m in ms) else sum(m.bytes for m in ms),
+            bytes=None if len(sizes) < len(ms) else sum(sizes),
             total_time_us=round(total, 3),
             skew_p50_us=_round(median(skews)),
             skew_max_us=_round(max(skews, default=None)),

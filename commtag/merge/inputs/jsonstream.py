@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import types
 import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
@@ -35,9 +36,11 @@ import orjson
 from commtag.constants import GZIP_MAGIC
 from commtag.errors import CommtagError
 
+_gzip: types.ModuleType
+_InflateError: type[Exception]
 try:  # ISA-L's inflate reads a Kineto trace ~3x faster than zlib's (docs/benchmarks.md, "Where the time goes")
     from isal import igzip as _gzip
-    from isal.isal_zlib import error as _InflateError
+    from isal.isal_zlib import error as _InflateError  # type: ignore[assignment]  # isal's stub calls the class an instance
 except ImportError:  # no wheel for this platform: the standard library's, the same bytes
     _gzip = gzip
     _InflateError = zlib.error
@@ -90,7 +93,7 @@ class TraceStream:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.header: dict = {}
-        self._raw = None
+        self._raw: BinaryIO  # set by _open, which batches calls first
         self._buf = b""
         self._pos = 0
         self._eof = False
@@ -145,6 +148,7 @@ class TraceStream:
             # the probe a step back would have found it (or it starts at ``start``).
             before = buf[max(start, probe - _PROBE_STEP):probe]
             run = _RUN.match(buf, probe - (len(before) - len(before.rstrip(_BLANKS))))
+            assert run is not None, "it starts at a blank"
             at = run.end()
             if at - run.start() < _GAP:
                 continue
@@ -170,7 +174,9 @@ class TraceStream:
 
     def _skip_space(self) -> None:
         while True:
-            self._pos = _SPACE.match(self._buf, self._pos).end()
+            space = _SPACE.match(self._buf, self._pos)
+            assert space is not None, "it matches the empty string"
+            self._pos = space.end()
             if self._pos < len(self._buf) or not self._more():
                 return
 

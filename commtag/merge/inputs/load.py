@@ -93,12 +93,12 @@ def _head(path: Path) -> bytes:
         raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
     if raw[:2] != GZIP_MAGIC:
         return raw
-    stream = zlib.decompressobj(wbits=47)
+    inflater = zlib.decompressobj(wbits=47)
     try:
-        head = stream.decompress(raw, _HEAD_BYTES)
+        head = inflater.decompress(raw, _HEAD_BYTES)
     except zlib.error as exc:
         raise MergeInputError(path, f"not a valid gzip file ({exc})") from None
-    if len(raw) < _HEAD_BYTES and len(head) < _HEAD_BYTES and not stream.eof:
+    if len(raw) < _HEAD_BYTES and len(head) < _HEAD_BYTES and not inflater.eof:
         raise MergeInputError(path, "truncated gzip file (it ends before its compressed stream does)")
     return head
 
@@ -267,7 +267,7 @@ def discover(
         target = _key(path.parent / sidecar.trace_file) if sidecar is not None else None
         if possible and target not in traces:
             continue  # beside an input trace, but not its sidecar
-        if sidecar is not None:
+        if sidecar is not None and target is not None:  # (a sidecar always names a target)
             claims.setdefault(target, []).append((path, sidecar))
         elif not _looks_like_trace(head):
             if path.name.endswith(".gz") and not _gzipped(path):
@@ -302,7 +302,7 @@ def discover(
             base = checked_base_ns(path, int(text) if text.isdigit() else text.decode())
         except MergeInputError as exc:
             fail(exc.path, exc.problem)
-            if sidecar is not None:
+            if sidecar is not None and sidecar_path is not None:  # (both or neither)
                 fail(sidecar_path, f"its trace {sidecar.trace_file!r} was skipped")
             continue
         entry = ranks.setdefault(number, RankInput(number))

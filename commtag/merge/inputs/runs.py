@@ -42,23 +42,25 @@ def suspects(summaries: Sequence[RankSummary]) -> list[tuple[str, str]]:
 
 
 def _far_apart(files: list[FileSpan]) -> list[tuple[str, str]]:
-    timed = sorted((f for f in files if f.first_ns is not None), key=lambda f: f.first_ns)
-    groups: list[list[FileSpan]] = []
-    for f in timed:
-        if groups and f.first_ns - max(g.last_ns for g in groups[-1]) <= RUN_GAP_NS:
-            groups[-1].append(f)
+    # (first, last, file) of the files with timed events (a file has both ends or neither).
+    timed = sorted(((f.first_ns, f.last_ns, f) for f in files if f.first_ns is not None and f.last_ns is not None),
+                   key=lambda t: t[0])
+    groups: list[list[tuple[int, int, FileSpan]]] = []
+    for t in timed:
+        if groups and t[0] - max(last for _, last, _ in groups[-1]) <= RUN_GAP_NS:
+            groups[-1].append(t)
         else:
-            groups.append([f])
+            groups.append([t])
     if len(groups) < 2:
         return []
-    main = max(groups, key=lambda g: (len({f.rank for f in g}), len(g)))  # the earliest on a tie
-    start, end = min(f.first_ns for f in main), max(f.last_ns for f in main)
-    run_of_rank = {(f.rank, f.run_id) for f in main if f.run_id}
+    main = max(groups, key=lambda g: (len({f.rank for _, _, f in g}), len(g)))  # the earliest on a tie
+    start, end = min(first for first, _, _ in main), max(last for _, last, _ in main)
+    run_of_rank = {(f.rank, f.run_id) for _, _, f in main if f.run_id}
     out = []
-    for f in timed:
-        if any(f is g for g in main) or (f.rank, f.run_id) in run_of_rank:
+    for first, last, f in timed:
+        if any(f is g for _, _, g in main) or (f.rank, f.run_id) in run_of_rank:
             continue
-        days = max(f.first_ns - end, start - f.last_ns) / 86_400e9
+        days = max(first - end, start - last) / 86_400e9
         out.append((f.path, f"rank {f.rank}: its events lie {days:.1f} days from those of the other files "
                             f"({wall_clock(start)} to {wall_clock(end)}): a file of another run, or a clock "
                             "days off?"))

@@ -14,7 +14,7 @@ from commtag.merge.inputs.clock import wall_clock
 from commtag.sidecarfile import SidecarError, read_sidecar, read_sidecar_head
 
 if TYPE_CHECKING:
-    from commtag.schema import Sidecar, SidecarHead
+    from commtag.schema import GraphCapture, GraphReplay, RecordedCollective, Sidecar, SidecarHead
 
 _Model = TypeVar("_Model", bound="SidecarHead")
 
@@ -56,7 +56,8 @@ def _check_times(path: Path, sidecar: Sidecar, base_ns: int) -> None:
     now = time.time_ns()
     if base_ns > now + MAX_AHEAD_NS:
         base_ns = 0  # the trace's own clock is absurd: its conversion says so, naming the trace
-    timed = [(f"collectives.{i}", c, True) for i, c in enumerate(sidecar.collectives)]
+    timed: list[tuple[str, RecordedCollective | GraphCapture | GraphReplay, bool]] = [
+        (f"collectives.{i}", c, True) for i, c in enumerate(sidecar.collectives)]
     for i, capture in enumerate(sidecar.captures):
         timed += [(f"captures.{i}", capture, False),
                   *((f"captures.{i}.replays.{j}", r, True) for j, r in enumerate(capture.replays))]

@@ -210,7 +210,7 @@ class SequenceWriter:
             found = self._shared[id(args)] = (self.annotations(args), args)
         return found[0]
 
-    def instant(self, ts: int, track: bytes, body: bytes, out: Optional[bytearray] = None) -> None:
+    def instant(self, ts: int, track: bytes, body: bytes | bytearray, out: Optional[bytearray] = None) -> None:
         """An instant on ``track`` (:func:`track_field`) with ``body`` (:meth:`body`)."""
         self.event(ts, INSTANT + track + body, self.out if out is None else out)
 
@@ -317,19 +317,18 @@ class SequenceWriter:
 
     def _annotation(self, key: str, value: object) -> bytes:
         body = ANNOTATION_NAME_IID + varint(self._key(key))
-        cls = value.__class__
-        if cls is bool:
+        if value.__class__ is bool:
             body += ANNOTATION_BOOL + varint(int(value))
-        elif cls is int:
+        elif value.__class__ is int:
             if 0 <= value < _INT63:
                 body += ANNOTATION_INT + varint(value)
             elif -_INT63 <= value < 0:
                 body += ANNOTATION_INT + varint(value + (1 << 64))
             else:
                 body += self._string(str(value))
-        elif cls is float:
+        elif value.__class__ is float:
             body += ANNOTATION_DOUBLE + _pack_double(value)
-        elif cls is str:
+        elif value.__class__ is str:
             body += self._string(value) if len(value) <= _MAX_INTERNED else length_delimited(ANNOTATION_STRING, value.encode())
         elif value is None:
             body += self._string("null")

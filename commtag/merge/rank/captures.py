@@ -182,7 +182,8 @@ class ReplayMatch:
 class UnmatchedReplay:
     """A replay that carries captured collectives but could not be matched safely."""
 
-    correlation: int
+    #: Its launch's correlation id as the trace wrote it (a kernel matched by its node ids may carry none).
+    correlation: object
     graph_id: int
     ts: float
     capture_id: Optional[int]

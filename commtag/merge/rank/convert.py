@@ -24,7 +24,7 @@ phases) is counted per reason in the rank's :class:`EventAccount`: the receipt f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
@@ -112,12 +112,15 @@ class RankConverter:
         inf = _INF
         breakdowns = self.breakdowns
         first, last = file.first, file.last
-        left_out = self.left_out
+        left_out: dict[Any, dict[Any, int]] = self.left_out  # looked up by the raw phase and category
         listed = self.listed
         legacy = KINETO_LEGACY_CATEGORIES
         device_kind = DEVICE_KINDS.get
         keep = file.keep
         i = file.index - 1
+        dur: Any  # these three as the trace wrote them: checked by class below, through dc and tc
+        ts: Any
+        cat: Any
         for e in events:
             i += 1
             if e.__class__ is not dict:
@@ -306,7 +309,7 @@ class RankConverter:
         if self.breakdowns:
             self._categorize(file)
         if self.encoder is not None:
-            self._settle(file)
+            self._settle(file, self.encoder)
         elif self.breakdowns:
             self.categories.end_trace()
         file.candidates.clear()
@@ -352,7 +355,7 @@ class RankConverter:
     def _shift(self, file: FileState, marks: dict, delta: int) -> None:
         """A base time found after the events (not Kineto's order): move this file's times,
         checked first (a row's times are int64: an overflow there would be no clear error)."""
-        if file.first is not None and (file.first + delta < 0 or file.last + delta > _MAX_NS):
+        if file.first is not None and file.last is not None and (file.first + delta < 0 or file.last + delta > _MAX_NS):
             raise MergeInputError(file.path, "baseTimeNanoseconds puts its events outside int64 nanoseconds")
         for key, row in self.rows.items():
             row.shift(marks.get(key, 0), delta)
@@ -362,14 +365,14 @@ class RankConverter:
         file.steps = [(name, start + delta, end + delta) for name, start, end in file.steps]
         file.last = None if file.last is None else file.last + delta
 
-    def _settle(self, file: FileState) -> None:
+    def _settle(self, file: FileState, encoder: Encoder) -> None:
         """Encode the attached events (already categorized), then add this file's launch flows
         and graph-launch breakdowns."""
-        encoder = self.encoder
         flows_out, flows_in = self.flows.out, self.flows.into
         categories = self.categories
         annotated = self.annotated
         for e, row, index in file.candidates:
+            assert row is not None, "an encoded event has its row (a selection took out the others)"
             args = e.get("args")
             if args:
                 drop_links(args)
@@ -383,15 +386,15 @@ class RankConverter:
                 data += encoder.shared_annotations(parts[0]) + encoder.annotations(parts[1])
             row.append_to(index, encoder.flows(out, into) + data if out or into else data)
         file.candidates.clear()
-        self._launch_flows(file)
+        self._launch_flows(file, encoder)
         for corr in categories.end_trace():
             row, index = file.launches[corr]
             extra = kernel_args(self.rank, LAUNCH_SCOPE, corr, categories.launches[corr])
             row.append_to(index, encoder.annotations(extra))
 
-    def _launch_flows(self, file: FileState) -> None:
+    def _launch_flows(self, file: FileState, encoder: Encoder) -> None:
         """One flow per piece of device work, from its launch (or from the work if it starts first)."""
-        flow_fields = self.encoder.flow_fields
+        flow_fields = encoder.flow_fields
         launches = file.launches
         for (row, index, corr), fid in zip(file.work, self.flows.launches(len(file.work))):
             hit = launches.get(corr)

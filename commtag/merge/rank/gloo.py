@@ -153,7 +153,8 @@ def join_recorded(events: FileEvents) -> list[GlooCall]:
     """Join sidecar records to their c10d ops and gloo works, or to the NCCL kernels their
     op launched; return the calls of NCCL groups left for the kernel join (:func:`commtag.merge.rank.eager.pair_calls`)."""
     calls = []
-    for rec in sorted(events.sidecar.collectives, key=lambda r: r.start_ns):
+    recorded = events.sidecar.collectives if events.sidecar is not None else []  # no sidecar: nothing recorded
+    for rec in sorted(recorded, key=lambda r: r.start_ns):
         group = events.by_uid.get(rec.annotation.pg_uid)
         calls.append(GlooCall(rec, group, _take_op(events, rec), events.offset))
     _gloo_works(events, calls)
@@ -211,7 +212,7 @@ def _gloo_works(events: FileEvents, calls: list[GlooCall]) -> None:
                 if g[3] == call.family and id(g[2]) not in events.taken:
                     _take_work(events, call, g, None)
                     break
-        elif call.done_on_worker:
+        elif call.done_on_worker and call.rec.done_tid is not None:  # (done_on_worker: it is)
             # Its completion was seen on a worker thread, inside the work's event there: a
             # worker runs one work at a time, so that is the last one starting before it
             # (two looked at, for the clocks' rounding).

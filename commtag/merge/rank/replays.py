@@ -47,7 +47,7 @@ Everything here is a pure function of plain data: Kineto event dicts and
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from commtag.merge.inputs.clock import event_ns
 from commtag.merge.rank.events import FileEvents, make_instance, mark_nccl2, own_args
@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imp
 # ---------------------------------------------------------------------------- matching
 
 
-def match(kernels: Sequence[dict], launches: Mapping[object, dict], captures: Sequence[GraphCapture],
+def match(kernels: Sequence[dict], launches: Mapping[Any, dict], captures: Sequence[GraphCapture],
           base_ns: int) -> GraphMatchResult:
     """The replayed collectives of one trace file: every kernel joined exactly where its node id
     allows, then the graph launches' NCCL kernels left over replay by replay (module docstring).
@@ -105,11 +105,11 @@ def match(kernels: Sequence[dict], launches: Mapping[object, dict], captures: Se
 _NO_LOGGED_CALL = "no logged replay() call for this launch: its replay index is unknown"
 
 
-def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: Sequence[GraphCapture]
+def _exact(kernels: Sequence[dict], launches: Mapping[Any, dict], captures: Sequence[GraphCapture]
            ) -> tuple[list[tuple[dict, GraphCapture, int, str]], list[dict]]:
     """(kernel, capture, collective index, method) of each kernel whose ids name its node, and
     the NCCL kernels of graph launches (or with a node id) that none named."""
-    by_graph: dict[int, GraphCapture] = {}
+    by_graph: dict[object, GraphCapture] = {}  # looked up by the graph id a kernel's args hold
     by_tools: dict[int, list[tuple[GraphCapture, int]]] = defaultdict(list)
     by_node: dict[tuple[int, int], list[tuple[GraphCapture, int]]] = defaultdict(list)
     by_mark: dict[str, tuple[GraphCapture, int]] = {}
@@ -128,7 +128,7 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
                     by_tools[node.tools_id].append((cap, ci))
                 local = node.local_id if node.local_id is not None else node.index
                 by_node[(cap.capture_id, local)].append((cap, ci))
-    captured = CapturedKernels(captures)
+    captured_names = CapturedKernels(captures)
     exact: list[tuple[dict, GraphCapture, int, str]] = []
     leftover: list[dict] = []
     for e in kernels:
@@ -148,11 +148,11 @@ def _exact(kernels: Sequence[dict], launches: Mapping[object, dict], captures: S
             if hit is None:
                 method = "node-id"
                 gid, nid = (raw >> TOOLS_ID_GRAPH_SHIFT, raw & NODE_ID_MASK) if raw >> TOOLS_ID_GRAPH_SHIFT else (args.get(GRAPH_ID_KEY), raw)
-                cap = by_graph.get(gid)
-                hit = by_node.get((cap.capture_id, nid)) if cap is not None else None
+                graph = by_graph.get(gid)
+                hit = by_node.get((graph.capture_id, nid)) if graph is not None else None
         if hit:
             exact += [(e, cap, ci, method) for cap, ci in hit]
-        elif ((nccl_kind(e.get("name", "")) or e.get("name", "") in captured)
+        elif ((nccl_kind(e.get("name", "")) or e.get("name", "") in captured_names)
               and (raw or args.get(CORRELATION_KEY) in launches)):
             leftover.append(e)
     return exact, leftover

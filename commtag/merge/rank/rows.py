@@ -45,7 +45,7 @@ def event_kind(ph: object, cat: object) -> tuple[str, Optional[str]]:
 def row_id(value: RowId) -> RowId:
     """A pid or tid as the timeline keys it: ``"7"`` and a GPU stream's ``"stream 7"`` as 7 (the
     event's category says whether its row is a device's)."""
-    if value.__class__ is int:
+    if isinstance(value, int):  # (the conversion refused any pid or tid but an int or a str)
         return value
     if _NUMBER.fullmatch(value):
         return int(value)
@@ -220,8 +220,9 @@ class FileState:
         self.index = 0
         self.first: Optional[int] = None
         self.last: Optional[int] = None
-        #: (event, row, index in row) of the events attach may annotate.
-        self.candidates: list[tuple[dict, Row, int]] = []
+        #: (event, row, index in row) of the events attach may annotate (no row: not placed, when
+        #: nothing is written or a selection leaves it out).
+        self.candidates: list[tuple[dict, Optional[Row], int]] = []
         #: correlation -> (row, index) of a runtime launch.
         self.launches: dict[object, tuple[Row, int]] = {}
         #: (row, index, correlation) of device work.
@@ -231,7 +232,7 @@ class FileState:
 
 
 def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], bool], flows: RankFlows,
-                      annotated: Optional[dict]) -> list:
+                      annotated: dict) -> list:
     """The instances of ``file`` a --steps/--window selection keeps (those starting in it, as events),
     joined as a whole merge joins them; a flow between a kept and a left-out one goes."""
     kept = [inst for inst in attached if keep(inst.start_ns)]

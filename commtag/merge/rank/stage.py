@@ -51,9 +51,11 @@ def _sidecar_of(f: TraceFile, skipped: Optional[list[MergeInputError]]) -> Optio
 
 def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
     """Several files of one rank are steps one after another: their times must not overlap."""
-    timed = sorted((f for f in files if f.first_ns is not None), key=lambda f: f.first_ns)
-    for before, after in zip(timed, timed[1:]):
-        if after.first_ns < before.last_ns:
+    # (first, last, file) of the files with timed events (a file has both ends or neither).
+    timed = sorted(((f.first_ns, f.last_ns, f) for f in files if f.first_ns is not None and f.last_ns is not None),
+                   key=lambda t: t[0])
+    for (_, before_last, before), (after_first, _, after) in zip(timed, timed[1:]):
+        if after_first < before_last:
             raise MergeInputError(after.path, f"claims rank {rank.rank} like {before.path}, and their times overlap: "
                                               "one rank cannot record two traces at once")
 
@@ -68,7 +70,7 @@ def _check_pair(f: TraceFile, sidecar: Optional[Sidecar], first: Optional[int], 
     """A sidecar and its trace must record the same window: a sidecar none of whose calls starts
     within its trace's span comes from another run than the trace (one of them is stale)."""
     starts = [c.start_ns + offset for c in sidecar.collectives] if sidecar is not None else []
-    if not starts or first is None or any(first - PAIR_SLACK_NS <= t <= last + PAIR_SLACK_NS for t in starts):
+    if not starts or first is None or last is None or any(first - PAIR_SLACK_NS <= t <= last + PAIR_SLACK_NS for t in starts):
         return
     raise MergeInputError(
         f.path, f"its sidecar {f.sidecar} records {len(starts)} calls from {wall_clock(min(starts) - offset)} "
@@ -83,7 +85,8 @@ def _note(skipped: list[MergeInputError], path: Path, problem: str) -> None:
 
 
 def convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
-                  skipped: Optional[list[MergeInputError]], source: Callable[[Path], object] = TraceStream,
+                  skipped: Optional[list[MergeInputError]],
+                  source: Callable[[Path], TraceStream | WholeTrace] = TraceStream,
                   spans_of: Optional[FileSpans] = None) -> Optional[tuple[RankConverter, list[FileSpan]]]:
     """A converter (from ``new_converter``) fed every file of ``rank``, read by ``source``,
     and what each file says of itself; ``spans_of`` gives the times each file keeps (--steps/--window).
@@ -151,7 +154,11 @@ def attached_whole(rank: RankInput, offset: int, interner: Interner) -> list[tup
         return read[-1][1]
 
     convert_rank(rank, lambda: RankConverter(rank.rank, None, offset_ns=offset, interner=interner), None, whole)
-    return [(path, w.trace) for path, w in read]
+    out = []
+    for path, w in read:
+        assert w.trace is not None, "without skipped, convert_rank reads every file whole or raises"
+        out.append((path, w.trace))
+    return out
 
 
 def summaries_only(ranks: list[RankInput], interner: Interner,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,9 @@ from commtag.runtime.failopen import log_once
 from commtag.runtime.describe.groups import GroupState, state_for
 from commtag.schema import CollectiveAnnotation
 from commtag.vocab import BARRIER_DTYPE, OPERATOR_COLLECTIVES
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
 
 log = logging.getLogger("commtag.capture")
 
@@ -53,7 +56,7 @@ def _group(value: Any) -> GroupState:
     if isinstance(value, torch.ScriptObject):
         value = dist.ProcessGroup.unbox(value)
     elif isinstance(value, str):
-        value = dist.distributed_c10d._resolve_process_group(value)
+        value = dist.distributed_c10d._resolve_process_group(cast("GroupName", value))
     return state_for(value)
 
 

@@ -237,17 +237,17 @@ class CaptureTracker:
             return None
         token = CollectiveToken(capture, self.api.node_count(capture.graph), source=source)
         if self.marks is not None and marked:
-            self._open_scope(token)
+            self._open_scope(token, self.marks)
         return token
 
-    def _open_scope(self, token: CollectiveToken) -> None:
+    def _open_scope(self, token: CollectiveToken, marks: TorchMarks) -> None:
         """Hand the call to torch's mark_kernels, last before it runs (see commtag.runtime.capture.torch_marks)."""
         capture = token.capture
         with self._lock:
             mark = f"{capture.capture_id}.{capture.marked}"
             capture.marked += 1
-        annotation = self.marks.annotation(mark)
-        scope = self.marks.open(annotation)
+        annotation = marks.annotation(mark)
+        scope = marks.open(annotation)
         if scope is not None:
             token.torch_annotation = annotation
             capture.scopes[id(token)] = scope
@@ -257,7 +257,8 @@ class CaptureTracker:
         capture = token.capture
         mark = None
         scope = capture.scopes.pop(id(token), None)
-        if scope is not None:
+        # A scope is only opened with marks, and the token then holds its annotation.
+        if scope is not None and self.marks is not None and token.torch_annotation is not None:
             mark = token.torch_annotation[TORCH_MARK_KEY]
             try:
                 self.marks.name_group(token.torch_annotation, _field(annotation, "pg_name"), _field(annotation, "pg_desc"),

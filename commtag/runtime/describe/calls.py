@@ -41,11 +41,11 @@ def reduce_name(value: Any) -> Optional[str]:
     if isinstance(value, str):
         return value.lower()
     if isinstance(value, torch.ScriptObject):
-        value = value.op()
+        value = value.op()  # type: ignore[attr-defined]  # a TorchScript method: torch's stub lists none
     if isinstance(value, torch.distributed.ReduceOp.RedOpType):  # ReduceOp.AVG and the like
         return value.name.lower()
     if isinstance(value, torch.distributed.ReduceOp):
-        value = value.op
+        value = value.op  # type: ignore[attr-defined]  # bound by c10d's pybind; torch's stub omits it
     try:
         return torch.distributed.ReduceOp.RedOpType(int(value)).name.lower()
     except (TypeError, ValueError):

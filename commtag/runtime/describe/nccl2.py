@@ -44,8 +44,8 @@ def nccl2_sizes(collective: str, in_nelems: int, out_nelems: int, in_split: str,
     if collective == "all_to_allv":
         # §3: both split lists empty -> the even engine; any list -> the v engine, whose record
         # keeps the tensors' numel, not the user's split lists.
-        name = NCCL2_ALLTOALL_EVEN if in_split == "[]" and out_split == "[]" else NCCL2_ALLTOALL_SPLIT
-        return Nccl2Sizes(name, n_in, n_out, format_list([n_in]), format_list([n_out]))
+        engine = NCCL2_ALLTOALL_EVEN if in_split == "[]" and out_split == "[]" else NCCL2_ALLTOALL_SPLIT
+        return Nccl2Sizes(engine, n_in, n_out, format_list([n_in]), format_list([n_out]))
     name = NCCL2_NAMES.get(collective)
     if name is None or collective in NCCL2_PER_TENSOR:
         return None

@@ -169,9 +169,11 @@ def attach(pg: Any) -> None:
         if not _live or pg in _attached or not isinstance(pg, c10d.ProcessGroup):
             return
         hooks = _GroupHooks(pg)
+        # Untyped: the hook methods are torch 2.15+ (available()), which older torch stubs lack.
+        group: Any = pg
         try:
-            pg.register_pre_hook(HOOK_ID, hooks.pre)
-            pg.register_post_hook(HOOK_ID, hooks.post)
+            group.register_pre_hook(HOOK_ID, hooks.pre)
+            group.register_post_hook(HOOK_ID, hooks.post)
         except Exception as exc:  # noqa: BLE001 - fail open: this group's hook-only calls go unannotated
             log_once("registering c10d hooks on a process group", exc)
             return
@@ -197,7 +199,9 @@ def attach_all() -> None:
             return result
 
         attaching.__wrapped__ = original  # type: ignore[attr-defined]
-        _watcher = c10d._maybe_attach_flight_recorder = attaching
+        # setattr: a private torch function, which some torch versions' stubs do not list.
+        _watcher = attaching
+        setattr(c10d, "_maybe_attach_flight_recorder", attaching)
 
 
 def detach_all() -> None:
@@ -213,6 +217,6 @@ def detach_all() -> None:
             except Exception as exc:  # noqa: BLE001 - a destroyed group keeps an inert hook
                 log_once("unregistering c10d hooks", exc)
         _attached.clear()
-        if _watcher is not None and getattr(c10d, "_maybe_attach_flight_recorder", None) is _watcher:
-            c10d._maybe_attach_flight_recorder = _watcher.__wrapped__  # type: ignore[attr-defined]
+        if getattr(c10d, "_maybe_attach_flight_recorder", None) is _watcher and _watcher is not None:
+            setattr(c10d, "_maybe_attach_flight_recorder", _watcher.__wrapped__)
         _watcher = None

@@ -143,7 +143,8 @@ def _nccl2_batch(calls: list[OpCall]) -> OpCall:
     state = calls[0].state
     peers = None
     if all(c.peer is not None for c in calls):
-        peers = (format_list([c.peer for c in sends]), format_list([c.peer for c in recvs]))
+        peers = (format_list([c.peer for c in sends if c.peer is not None]),
+                 format_list([c.peer for c in recvs if c.peer is not None]))
     return OpCall(NCCL2_BATCH_P2P, state, sum(c.in_nelems for c in sends), sum(c.out_nelems for c in recvs),
                   calls[0].dtype, state.group_rank, in_split=format_list([c.in_nelems for c in sends]),
                   out_split=format_list([c.out_nelems for c in recvs]), p2p=NCCL2_BATCH_P2P, async_op=True,

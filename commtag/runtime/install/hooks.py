@@ -154,7 +154,7 @@ def _hook_cuda_graph() -> None:
     except Exception as exc:  # noqa: BLE001 - fail open: no CUDAGraph to hook, collectives still annotated
         log_once("hooking torch.cuda.CUDAGraph", exc)
         return
-    wrapped = (("capture_end", capture_end_hook),)
+    wrapped: tuple[tuple[str, Callable[[Callable[..., Any]], Callable[..., Any]]], ...] = (("capture_end", capture_end_hook),)
     if not _register_graph_hooks(graphs):
         wrapped = (("capture_begin", capture_begin_hook), *wrapped, ("replay", replay_hook))
     for name, wrap in wrapped:
@@ -198,7 +198,7 @@ def _register_graph_hooks(graphs: Any) -> bool:
     global _graph_hooks_live
     names = ("register_graph_capture_start_hook", "register_graph_replay_start_hook",
              "register_graph_replay_end_hook")
-    registers = [getattr(graphs, name, None) for name in names]
+    registers: list[Any] = [getattr(graphs, name, None) for name in names]  # torch's functions, or None
     if not all(callable(register) for register in registers):
         return False
     _graph_hooks_live = True
@@ -265,7 +265,7 @@ def capture_end_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
         tracker = capture.tracker()
         opened = tracker.open_capture(self) if tracker is not None else None
-        if opened is None:
+        if opened is None or tracker is None:
             return original(self, *args, **kwargs)
         if opened.interceptor is not None:
             c10d_ops.deactivate(opened.interceptor)

@@ -136,6 +136,7 @@ def start_call(call: OpCall, thread: ThreadState) -> Optional[Pending]:
 
 
 def next_pair_seq(state: GroupState, call: OpCall) -> int:
+    assert call.peer is not None, "a recv from any source is numbered once its source is known"
     own = state.ranks[state.group_rank]
     src, dst = (own, call.peer) if call.p2p == SEND else (call.peer, own)
     return state.next_pair_seq(src, dst)

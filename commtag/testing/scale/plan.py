@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from commtag import identity
 from commtag.schema import CollectiveAnnotation
@@ -122,12 +122,13 @@ def annotation(
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """A captured graph: node kinds in capture order; an entry (role, op, dtype) is a collective."""
+    """A captured graph: node kinds in capture order; an entry (role, op, dtype) is a collective,
+    an int an index into COMPUTE_NODES."""
 
     capture_id: int
     graph_id: int
     exec_graph_id: int
-    nodes: tuple[object, ...]
+    nodes: tuple[Union[int, tuple[str, str, str]], ...]
 
 
 COMPUTE_NODES = (

@@ -90,8 +90,8 @@ def load_template(path: Path, per_rank_events: int) -> Template:
         if "pid" in e:
             target = gpu_counts if is_gpu(e) else cpu_counts
             target[e["pid"]] = target.get(e["pid"], 0) + 1
-    gpu_pid = max(gpu_counts, key=gpu_counts.get) if gpu_counts else 0
-    cpu_pid = max(cpu_counts, key=cpu_counts.get)
+    gpu_pid = max(gpu_counts, key=gpu_counts.__getitem__) if gpu_counts else 0
+    cpu_pid = max(cpu_counts, key=cpu_counts.__getitem__)
     window_end = max(_ts(e) + float(e.get("dur", 0.0)) for e in events)
     launches = {
         e["args"][CORRELATION_KEY]: i
