@@ -4,7 +4,7 @@
 Inputs: the shared real 4-rank gloo run (conftest's ``gloo_run``), as written and with
 sidecars removed (one, or all: then no rank shows a collective and no profiled window
 carries the world size), merged plain, with ``--align collectives`` and with ``--json``;
-and public traces read from ../shared (DLRM's 8 ranks, 2 sampled ranks of a 128-rank job,
+and public traces read from tests/data/public (DLRM's 8 ranks, 2 sampled ranks of a 128-rank job,
 one CPU-only gloo rank of 300).
 """
 

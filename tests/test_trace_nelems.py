@@ -1,7 +1,7 @@
 """An absurd element count written in a trace is refused as one in a sidecar is.
 
 The input is a public A100 trace (rank 0 of 2, NCCL kernels and record_param_comms ops
-with their eager keys; read from ../shared) with one count changed the way a corrupt or
+with their eager keys; from tests/data/public) with one count changed the way a corrupt or
 hand-made file has it. The bound is the sidecar's, from one place
 (:data:`commtag.constants.MAX_NELEMS`): the count at the bound merges, one past it does
 not, in ``commtag merge`` and ``commtag summary`` alike.
