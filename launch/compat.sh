@@ -8,7 +8,7 @@
 #   ${COMMTAG_COMPAT_CACHE:-~/.cache/commtag-compat}/torch-X.Y
 # Not part of CI (too heavy). Results: a table on stdout and in $cache/results.md, logs
 # under $cache/logs/. Exit status: 0 when every version passed. The tests import this
-# checkout: leave it unchanged while the run goes (or run it from a copy beside ../shared).
+# checkout: leave it unchanged while the run goes (or run it from a clone of its own).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD

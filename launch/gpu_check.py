@@ -28,7 +28,7 @@ Then, with ``commtag.install()`` active throughout:
    (exception: ``Seq`` -- a replay carries its capture-time Seq, which is
    checked against commtag's own record instead; keys the profiler writes
    that commtag does not produce, such as ``Comms Id``, are listed);
-4. hypotheses of shared/reference/cuda-graphs.md: (1) the lower 32 bits of
+4. hypotheses of docs/cuda-graphs.md: (1) the lower 32 bits of
    a replayed kernel's "graph node id" equal the node's creation index; (2)
    a replay's NCCL kernels, by start time, follow capture order and their
    names confirm the collectives. Both are measured and written down, never
@@ -38,7 +38,7 @@ Then, with ``commtag.install()`` active throughout:
    operator level and matched at replay?
 6. nccl2 (launch/gpu_check_nccl2.py, in a process of its own, first): where
    torch >= 2.14 runs on CUDA, ProcessGroupNCCL2's real records against the
-   note's (../shared/reference/nccl2-and-hooks.md §8) and commtag's
+   note's (docs/nccl2.md §8) and commtag's
    annotations; elsewhere it says NOT AVAILABLE. Its fixtures go beside
    ``--out``, in ``gpu_nccl2``.
 
@@ -571,7 +571,7 @@ def provenance(out: Path, checks: Checks) -> None:
     lines += [f"- {k}: {v}" for k, v in info.items()]
     lines += ["", "## Checks", ""] + [f"- PASS {p}" for p in checks.passed] + [f"- FAIL {f}" for f in checks.failures]
     lines += [f"- NOT MEASURABLE {n}" for n in checks.not_measurable]
-    lines += ["", "Hypotheses (shared/reference/cuda-graphs.md):",
+    lines += ["", "Hypotheses (docs/cuda-graphs.md):",
               f"- 1 (node id low 32 bits == creation index): {checks.findings.get('hypothesis1')} "
               f"(offsets seen {checks.findings.get('hypothesis1_offsets_seen')})",
               f"- 2 (replay NCCL kernels follow capture order, names confirm): {checks.findings.get('hypothesis2')}", ""]

@@ -7,7 +7,7 @@ last step; alone: ``python launch/gpu_check_nccl2.py [--out DIR]``). Elsewhere i
 In a fresh process (the backend behind ``"nccl"`` is chosen at its first use;
 ``TORCH_DIST_USE_NCCL2=1`` makes torch 2.14 choose nccl2, 2.15 does by default) it
 profiles one job of every collective a one-rank world can run, with commtag
-installed, and settles the points ../shared/reference/nccl2-and-hooks.md §8 leaves open:
+installed, and settles the points docs/nccl2.md §8 leaves open:
 
 1. every ``record_param_comms`` record, key by key, against the records
    :mod:`commtag.testing.nccl2` generates for the same job (Seq compared as an

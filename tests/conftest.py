@@ -49,9 +49,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture(scope="session")
 def public_traces() -> Path:
-    """../shared/data/public-traces: real traces other projects wrote (see its PROVENANCE.md)."""
-    if not PUBLIC_TRACES.is_dir():
-        pytest.skip(f"the public traces are not at {PUBLIC_TRACES}")
+    """tests/data/public: real traces other projects wrote (see its PROVENANCE.md)."""
     return PUBLIC_TRACES
 
 

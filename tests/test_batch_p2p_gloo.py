@@ -1,6 +1,6 @@
 """pytorch#194693 asks for collective metadata on ``batch_isend_irecv``'s work: the eager profiler
 writes none (its ops launch at the group's end, after each op's scope closed:
-../shared/reference/eager-comm-metadata.md). With commtag, on a real 3-rank gloo job, every op of
+docs/eager-metadata.md). With commtag, on a real 3-rank gloo job, every op of
 every batch carries the eager keys of its own send or receive, and the merge pairs each send with
 its receive. The truth is what each rank recorded it batched.
 """

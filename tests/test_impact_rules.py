@@ -1,8 +1,8 @@
 """The impact replay and the all-to-all matrix on hand-built instances, figures worked by hand.
 
-The split-size texts are the eager format's (../shared/reference/eager-comm-metadata.md: "[]" for
+The split-size texts are the eager format's (docs/eager-metadata.md: "[]" for
 an even all_to_all_single, dim-0 rows otherwise, a list of more than 30 entries cut with "...");
-the nccl2 rows are those of ../shared/reference/nccl2-and-hooks.md's table (all_to_all_v_single
+the nccl2 rows are those of docs/nccl2.md's table (all_to_all_v_single
 records "[in.numel]", allToAllSingleImpl "[in]").
 """
 

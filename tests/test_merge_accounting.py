@@ -1,8 +1,8 @@
 """Nothing goes missing unsaid: every event of every trace we have is in the merged trace, or
 counted under a reason.
 
-The inputs are every public trace other projects wrote (../shared, at any
-depth: docs/found-traces.md lists more found for it) and a real gloo run
+The inputs are every public trace other projects wrote (tests/data/public, at any
+depth) and a real gloo run
 profiled here. For each rank, read
 independently from its JSON: every complete event must be a slice of the
 merged trace on the rank's own rows with the same name, start and end (ns on

@@ -29,8 +29,6 @@ SETS = [
 @pytest.mark.parametrize(("relpath", "rank"), SETS)
 def test_estimate_is_within_a_quarter_of_the_real_size(relpath: str, rank, tmp_path: Path) -> None:
     source = PUBLIC_TRACES / relpath
-    if not source.exists():
-        pytest.skip(f"{source} is not in the shared public traces")
     ranks = discover([source], None, rank=rank)
     guess = estimate(ranks).total()
     out = tmp_path / "merged.pftrace"

@@ -4,7 +4,7 @@ The inputs are the real traces and sidecars of two 3-rank gloo runs (commtag
 installed, torch.profiler on), laid out or altered the way users meet them:
 ranks in subfolders, one trace given by path, a trace that names no rank, a
 file of another run among the rest, a clock shifted by centuries. Public
-traces written by other projects are read from ../shared. Every refusal is
+traces written by other projects are read from tests/data/public. Every refusal is
 checked as a user sees it: exit code 2, one line naming the file, no output.
 """
 

@@ -3,7 +3,7 @@
 Kineto writes a device's events with pid = the device index and tid = the stream,
 and the host's with the OS pid and tids. In a container the training process is
 often pid 1 (or 0 in some sandboxes), the very number of a GPU. The inputs here are
-public traces (read from ../shared, never copied into the repository) with their host
+public traces (tests/data/public) with their host
 pid rewritten to the device's number, the main thread's tid with it (Kineto's main
 thread has tid = pid) and, for the second case, another host thread's tid set to a
 stream id so that a thread and a stream share both numbers. The merged trace must
@@ -79,8 +79,6 @@ def _merged(tmp_path: Path, name: str, trace: dict) -> Path:
 ], ids=["pid1-gpu1", "pid0-gpu0"])
 def test_a_host_process_numbered_as_its_gpu_keeps_its_threads(tmp_path: Path, source: Path, tids: dict,
                                                               device: str) -> None:
-    if not source.exists():
-        pytest.skip(f"{source} is not in the shared public traces")
     original = _load(source)
     name, expected = _rows(_merged(tmp_path, "original", original))
     moved_name, rows = _rows(_merged(tmp_path, "moved", _host_renumbered(original, tids)))
@@ -102,8 +100,6 @@ def test_a_host_process_numbered_as_its_gpu_keeps_its_threads(tmp_path: Path, so
 def test_device_events_of_a_category_not_known_stay_on_their_gpus_stream(tmp_path: Path) -> None:
     """A GPU's events of a category commtag does not know (a newer Kineto's) are on their stream
     still: the pid is labelled a GPU and not the host, and the row joins the kernels' of that stream."""
-    if not DLRM_RANK1.exists():
-        pytest.skip(f"{DLRM_RANK1} is not in the shared public traces")
     original = _load(DLRM_RANK1)
     _, expected = _rows(_merged(tmp_path, "original", original))
     events, renamed = [], 0

@@ -1,9 +1,7 @@
 """Traces written by torch 1.8-1.10's Kineto (2021): string pids and tids, capitalised categories.
 
-Two kinds of input: real traces of that era from pytorch/kineto, expected in
-../shared/data/public-traces/finders/ (docs/found-traces.md says where each
-comes from; the repository keeps no third-party data, so these tests skip with
-the reason until the shared set holds them), and the public 8-rank DLRM set
+Two kinds of input: real traces of that era from pytorch/kineto (the public traces'
+finders/, docs/found-traces.md says where each comes from), and the public 8-rank DLRM set
 rewritten the way that Kineto wrote its events, which must merge into the very
 trace the original does.
 """
@@ -41,8 +39,6 @@ def _load(path: Path) -> dict:
 @pytest.mark.slow  # it runs `python -m commtag summary` on the merged file
 @pytest.mark.parametrize("trace", [METRICS, TORCH19], ids=lambda p: p.name)
 def test_real_2021_traces_are_placed_on_their_threads_and_streams(tmp_path: Path, trace: Path) -> None:
-    if not trace.exists():
-        pytest.skip(f"{trace} is not in the shared public traces yet (see docs/found-traces.md)")
     src = tmp_path / f"rank0.{trace.name}"
     src.symlink_to(trace)
     out = tmp_path / "old.pftrace"

@@ -1,7 +1,7 @@
 """A trace of another device (MTIA) whose work carries its runtime calls' correlation ids.
 
 No public MTIA trace is known, so the input is a public GPU trace (rank 1 of the
-DLRM set, read from ../shared) with Kineto's MTIA category names in place of CUDA's,
+DLRM set in tests/data/public) with Kineto's MTIA category names in place of CUDA's,
 as libkineto's ActivityType table (libkineto/include/ActivityType.h and
 ActivityType.cpp in pytorch/kineto) names them: ``cuda_runtime`` -> ``mtia_runtime``
 (MTIA_RUNTIME, "host side MTIA runtime events"), and the device work ``kernel``,
@@ -65,8 +65,6 @@ def _merged(tmp_path: Path, trace: dict):
 
 @pytest.mark.parametrize("correlated", [True, False], ids=["correlated", "no-correlation"])
 def test_mtia_work_is_on_its_device_and_the_account_says_what_was_drawn(tmp_path: Path, correlated: bool) -> None:
-    if not DLRM_RANK1.exists():
-        pytest.skip(f"{DLRM_RANK1} is not in the shared public traces")
     trace = _as_mtia(orjson.loads(gzip.decompress(DLRM_RANK1.read_bytes())), correlated)
     result, parsed = _merged(tmp_path, trace)
     (account,) = result.accounts

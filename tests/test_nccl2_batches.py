@@ -1,5 +1,5 @@
 """nccl2's batch_op_issue across ranks: one record per rank for a whole
-batch_isend_irecv, with no peer and the Seq of the group's last collective (nccl2-and-hooks.md §3,
+batch_isend_irecv, with no peer and the Seq of the group's last collective (docs/nccl2.md §3,
 §4). A batch pairs with its peers' batches by its own order per peer pair, never by that Seq,
 and the merged trace links them as it links legacy batched p2p. Jobs from the generator
 (commtag.testing.nccl2, nccl2_graph), on 2 and 4 ranks, with and without sidecars."""

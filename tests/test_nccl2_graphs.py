@@ -1,6 +1,6 @@
 """Graph-replayed nccl2 collectives: one job captured in a CUDA graph and replayed,
 its sidecars written in legacy ProcessGroupNCCL's format and in nccl2's by the generator
-(commtag.testing.nccl2_graph, every field citing nccl2-and-hooks.md), merges to the same analysis;
+(commtag.testing.nccl2_graph, every field citing docs/nccl2.md), merges to the same analysis;
 what nccl2 writes otherwise (coalesced records sharing one Seq, a list all_gather's several
 broadcast kernels) is read per replay as it is eagerly."""
 

@@ -1,6 +1,6 @@
 """The merge of nccl2 traces: one job written by the generator in legacy
 ProcessGroupNCCL's format and in nccl2's (commtag.testing.nccl2, every field citing
-nccl2-and-hooks.md) merges, without sidecars, to the same analysis; what nccl2 writes otherwise
+docs/nccl2.md) merges, without sidecars, to the same analysis; what nccl2 writes otherwise
 (coalesced records sharing a Seq, p2p carrying the last collective's Seq, one batch_op_issue per
 batch, several kernels per list all_gather, init and wait records) is read as the note says."""
 

@@ -1,8 +1,8 @@
-"""The nccl2 record generator (commtag.testing.nccl2) against ../shared/reference/nccl2-and-hooks.md.
+"""The nccl2 record generator (commtag.testing.nccl2) against docs/nccl2.md.
 
 Each expected record below is read off the note's tables (§2 common keys, §3 per op, §4 Seq), for
 a 4-rank group, n = 8 Float elements per rank, root 0, seen from rank 1 (and rank 0 where the
-root's record differs); the legacy ones off eager-comm-metadata.md.
+root's record differs); the legacy ones off docs/eager-metadata.md.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def test_the_legacy_traces_of_a_job_merge_with_every_call_matched_on_its_members
     """The generator's traces are what the merge reads: the legacy form of a 4-rank job on two
     groups merges with each collective matched on all its members, no finding, and the bytes the
     note's sizes give. (The same job's nccl2 traces, merged to the same analysis, is the merge's
-    side of nccl2-and-hooks: job_trace(..., NCCL2_FORMAT) writes them.)"""
+    side of docs/nccl2.md: job_trace(..., NCCL2_FORMAT) writes them.)"""
     from commtag.merge import merge
     from commtag.testing.nccl2 import job_trace
 

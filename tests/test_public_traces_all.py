@@ -18,8 +18,7 @@ from commtag.testing import PUBLIC_TRACES
 
 pytestmark = pytest.mark.slow
 
-#: Where public traces are kept: the shared data beside the repository (the repository keeps
-#: no third-party data; docs/found-traces.md lists those found for it).
+#: Where public traces are kept: tests/data/public (with their PROVENANCE.md).
 ROOTS = (PUBLIC_TRACES,)
 #: Larger traces are merged by the scale tests and benchmarks, not here.
 _SMALL = 2 << 20

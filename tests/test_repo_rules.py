@@ -215,3 +215,31 @@ def test_every_error_commtag_defines_derives_from_commtag_error():
     strays = [f"{e.__module__}.{e.__qualname__}" for e in defined
               if not issubclass(e, (CommtagError, KeyboardInterrupt))]
     assert len(defined) >= 9 and strays == []
+
+
+#: What points outside the repository: the folder beside a checkout that once held test data
+#: and notes, and the variable that pointed there. A fresh clone has neither.
+_OUTSIDE = re.compile(r"\.\./shared|shared/reference|shared/data|COMMTAG_PUBLIC_TRACES")
+#: Largest tracked file, bytes: test data stays small enough to clone and review.
+MAX_TRACKED_BYTES = 5 << 20
+
+
+def _tracked_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    return [ROOT / name for name in listed.stdout.decode().split("\0") if name]
+
+
+@pytest.mark.slow  # asks git which files are tracked
+def test_the_repository_stands_alone():
+    """No tracked file (this one aside) cites or reads anything beside the checkout, and none is over 5 MB."""
+    this = Path(__file__).resolve()
+    files = _tracked_files()
+    pointing = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                for path in files if path.resolve() != this and path.is_file()
+                and b"\0" not in (head := path.read_bytes()[:8192]) and not head.startswith(b"\x1f\x8b")
+                for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                if _OUTSIDE.search(line)]
+    assert pointing == [], "references outside the repository:\n" + "\n".join(pointing)
+    large = {str(path.relative_to(ROOT)): path.stat().st_size for path in files
+             if path.is_file() and path.stat().st_size > MAX_TRACKED_BYTES}
+    assert len(files) > 100 and large == {}, f"tracked files over {MAX_TRACKED_BYTES} bytes: {large}"

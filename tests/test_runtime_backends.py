@@ -33,7 +33,7 @@ def test_a_gloo_group_is_told_by_its_backend_object_and_keeps_the_legacy_format(
 
 
 def test_the_format_follows_the_nccl_implementation_not_the_backend_string() -> None:
-    """'nccl' names legacy ProcessGroupNCCL and ProcessGroupNCCL2 alike (nccl2-and-hooks.md §1):
+    """'nccl' names legacy ProcessGroupNCCL and ProcessGroupNCCL2 alike (docs/nccl2.md §1):
     the backend object's own name decides; a group with an nccl2 CUDA backend writes nccl2's
     format for all its calls."""
     assert groups.record_format({"cuda": "nccl"}) == LEGACY_FORMAT
@@ -85,7 +85,7 @@ def _as_if_nccl2(rank: int, world: int, out_dir: str) -> list[tuple]:
 
 @pytest.mark.slow
 def test_an_nccl2_group_is_annotated_in_nccl2s_format_through_every_patched_path(tmp_path) -> None:
-    """nccl2-and-hooks.md §3/§4 on the patched paths: engine names, per-tensor splits, a coalesced
+    """docs/nccl2.md §3/§4 on the patched paths: engine names, per-tensor splits, a coalesced
     block as one record per tensor with one Seq, a batch as one batch_op_issue; no description,
     "[]" ranks. (The batch's Seq is the group's own p2p count here: a gloo group has no nccl2
     counter to read the last collective's Seq from.)"""

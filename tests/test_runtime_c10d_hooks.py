@@ -112,7 +112,7 @@ def test_a_hooked_call_is_described_as_the_patched_function_describes_it(monkeyp
 
 
 def test_an_all_to_all_single_only_a_hook_saw_has_its_sizes_and_says_its_splits_are_not_recorded() -> None:
-    """The hook gives all_to_all_single's two tensors, not its split lists (nccl2-and-hooks.md §7a):
+    """The hook gives all_to_all_single's two tensors, not its split lists (docs/nccl2.md §7a):
     its sizes are written, its split sizes never guessed ("commtag splits": "not recorded"); on an
     nccl2 group under the name of the engine whose record keeps no split lists either."""
     from commtag.runtime.describe.calls import CallRecord
@@ -134,7 +134,7 @@ def test_hooks_are_used_only_where_torch_names_every_op_apart() -> None:
 
 
 def test_a_coalesced_call_on_an_nccl2_group_is_one_record_per_tensor() -> None:
-    """nccl2-and-hooks.md §3: allreduce_coalesced and allgather_into_tensor_coalesced write one
+    """docs/nccl2.md §3: allreduce_coalesced and allgather_into_tensor_coalesced write one
     record per tensor (pair); a legacy group keeps the one fused record."""
     x, six, big = torch.ones(4), torch.ones(6), torch.ones(16)
     for record_format, want in (("legacy", [("allreduce_coalesced", 10, 10)]),

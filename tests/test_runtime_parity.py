@@ -1,7 +1,7 @@
 """Eager parity: every covered op, on a real 4-rank gloo world with several groups,
 yields exactly the keys and values the PyTorch profiler records for an eager NCCL
 collective. Expected values are computed here from the reference table
-(../shared/reference/eager-comm-metadata.md), not by commtag's helpers.
+(docs/eager-metadata.md), not by commtag's helpers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An absurd element count written in a trace is refused as one in a sidecar is.
 
 The input is a public A100 trace (rank 0 of 2, NCCL kernels and record_param_comms ops
-with their eager keys; read from ../shared) with one count changed the way a corrupt or
+with their eager keys; from tests/data/public) with one count changed the way a corrupt or
 hand-made file has it. The bound is the sidecar's, from one place
 (:data:`commtag.constants.MAX_NELEMS`): the count at the bound merges, one past it does
 not, in ``commtag merge`` and ``commtag summary`` alike.
@@ -43,8 +43,6 @@ def _with_count(tmp_path: Path, name: str, key: str, value: object) -> Path:
 ], ids=["kernel-1e30", "kernel-bound+1", "op-float-1e30", "op-negative"])
 def test_an_absurd_count_in_a_trace_is_one_line_naming_the_file(tmp_path: Path, capsys, name: str, key: str,
                                                                 value: object) -> None:
-    if not A100_RANK0.exists():
-        pytest.skip(f"{A100_RANK0} is not in the shared public traces")
     folder = _with_count(tmp_path, name, key, value)
     for command, out in (["merge", str(folder), "-o", str(tmp_path / "m.pftrace"), "--no-progress"], "merge"), \
                          (["summary", str(folder)], "summary"):
@@ -57,7 +55,5 @@ def test_an_absurd_count_in_a_trace_is_one_line_naming_the_file(tmp_path: Path, 
 
 
 def test_the_count_at_the_bound_merges(tmp_path: Path, capsys) -> None:
-    if not A100_RANK0.exists():
-        pytest.skip(f"{A100_RANK0} is not in the shared public traces")
     folder = _with_count(tmp_path, "ncclKernel", "In msg nelems", MAX_NELEMS)
     assert main(["merge", str(folder), "-o", str(tmp_path / "m.pftrace"), "--no-progress"]) == 0, capsys.readouterr().err

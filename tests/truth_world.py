@@ -11,7 +11,7 @@ in most seeds, one re-init of the world (destroy_process_group, then
 init_process_group and the subgroups again) between two windows.
 
 The ground truth is computed here from what was called, following the
-reference table (../shared/reference/eager-comm-metadata.md), not from
+reference table (docs/eager-metadata.md), not from
 commtag: the annotation keys each call should carry, with the Seq, p2p Seq
 and pair Seq counted per group. Each call's first input also has a size no
 other call of the plan has (its *marker*), so with ``record_shapes`` the

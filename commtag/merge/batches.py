@@ -1,6 +1,6 @@
 """nccl2's batched p2p across ranks: one ``batch_op_issue`` per rank and ``batch_isend_irecv``.
 
-nccl2 writes one record for a whole batch (nccl2-and-hooks.md §3): its sends' and receives'
+nccl2 writes one record for a whole batch (docs/nccl2.md §3): its sends' and receives'
 sizes, no peer, and the Seq of the group's last collective (§4), which is no identity. A batch
 names its peers only through commtag (``"commtag send peers"`` / ``"commtag recv peers"``:
 the runtime records them; in a group of two they are the other member, see

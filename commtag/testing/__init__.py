@@ -7,10 +7,9 @@ It lives in the package so that both can import it without editing ``sys.path``
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-#: Real traces written by other projects (with their PROVENANCE.md), shared by every checkout
-#: next to the repository and never copied into it; COMMTAG_PUBLIC_TRACES points elsewhere.
-PUBLIC_TRACES = Path(os.environ.get("COMMTAG_PUBLIC_TRACES")
-                     or Path(__file__).resolve().parents[2].parent / "shared" / "data" / "public-traces")
+#: Real traces written by other projects, kept in the repository with their PROVENANCE.md and
+#: licences. commtag.testing ships only in a checkout (the wheel leaves it out), so this is the
+#: checkout's own folder.
+PUBLIC_TRACES = Path(__file__).resolve().parents[2] / "tests" / "data" / "public"

@@ -9,8 +9,8 @@ tensors); :func:`records` writes, for one rank, the args of every
 :func:`kernel_args` the part Kineto copies onto the call's kernel, and
 :func:`job_trace` a rank's whole Kineto trace of the job (the merge's input).
 
-Every value cites its source: ``LEG`` = ../shared/reference/eager-comm-metadata.md
-(legacy, torch 2.13), ``N§k`` = section k of ../shared/reference/nccl2-and-hooks.md
+Every value cites its source: ``LEG`` = docs/eager-metadata.md
+(legacy, torch 2.13), ``N§k`` = section k of docs/nccl2.md
 (nccl2, torch 2.15). What neither says is not written: "Comms Id" (a hash
 of the profiler's own, LEG) is left out of both formats.
 """

@@ -133,8 +133,8 @@ def graph_job(job: Sequence[JobCall], rank: int, world: int, fmt: str, replays: 
     for call, part in per_call:
         shared: list[GraphNodeRecord] = []
         if fmt == LEGACY_FORMAT and call.op == NCCL2_BATCH_P2P:
-            # A legacy batch: one grouped launch for all its ops (cuda-graphs.md "The problem": the
-            # graph runs what capture launched; eager-comm-metadata.md "Notes": the batch's kernels
+            # A legacy batch: one grouped launch for all its ops (docs/cuda-graphs.md: the
+            # graph runs what capture launched; docs/eager-metadata.md "Where it is written": the batch's kernels
             # launch at group end): one SendRecv kernel (vocab.kernels' name for send/recv), a node
             # every op's record shares. That a captured batch is one kernel node is unverified
             # (docs/cuda-graphs.md, "Batched p2p").

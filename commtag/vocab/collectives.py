@@ -14,7 +14,7 @@ FAMILIES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoal
 
 
 #: Names whose family their letters do not say: nccl2's record of a whole batch of sends and
-#: receives (nccl2-and-hooks.md §3 ``batch_op_issue``), carried out by SendRecv kernels.
+#: receives (docs/nccl2.md §3 ``batch_op_issue``), carried out by SendRecv kernels.
 NAMED_FAMILIES: dict[str, str] = {"batch_op_issue": "sendrecv"}
 
 
@@ -165,7 +165,7 @@ OPERATOR_COLLECTIVES: dict[tuple[str, str], str] = {
 }
 
 #: Names torch added after 2.13 for calls already in the tables above. ``dist.gather_single``
-#: (2.14+; ``gather_into_tensor`` is its alias) records as c10d's gather (nccl2-and-hooks.md §3:
+#: (2.14+; ``gather_into_tensor`` is its alias) records as c10d's gather (docs/nccl2.md §3:
 #: "gather (and gather_single / gather_into_tensor) | gather"); the coalesced c10d ops record
 #: under their own names (rows above).
 FUNCTION_COLLECTIVES.update({"gather_single": "gather", "gather_into_tensor": "gather"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 # The keys ProcessGroupNCCL's ``record_param_comms`` writes for one collective, each named once
-# (their values: ../shared/reference/eager-comm-metadata.md).
+# (their values: docs/eager-metadata.md).
 COLLECTIVE_NAME_KEY = "Collective name"
 IN_NELEMS_KEY = "In msg nelems"
 OUT_NELEMS_KEY = "Out msg nelems"

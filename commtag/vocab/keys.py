@@ -17,7 +17,7 @@ ANN_REPLAY = "commtag replay"
 ANN_ERROR = "commtag error"
 #: On an nccl2 batch_op_issue (one record for a whole batch_isend_irecv): the global peer of
 #: each send and of each receive, in the order of its "In split size" / "Out split size"
-#: (nccl2 writes no peer, nccl2-and-hooks.md §2-3); what pairs the batch with its peers' batches.
+#: (nccl2 writes no peer, docs/nccl2.md §2-3); what pairs the batch with its peers' batches.
 ANN_SEND_PEERS = "commtag send peers"
 ANN_RECV_PEERS = "commtag recv peers"
 #: On an all-to-all whose split sizes were not seen (:data:`SPLITS_NOT_RECORDED`): its "In /
@@ -36,10 +36,10 @@ ANN_CROSS_RANK = "commtag cross-rank"
 #: On an nccl2 record's slices: its format (vocab.NCCL2_FORMAT), read back to its legacy view.
 ANN_RECORD_FORMAT = "commtag record format"
 #: On an nccl2 send/recv: the peer's global rank, which nccl2 does not write (no Dst / Src Rank,
-#: nccl2-and-hooks.md §2), from its "Rank" and the group's members.
+#: docs/nccl2.md §2), from its "Rank" and the group's members.
 ANN_PEER = "commtag peer"
 #: The k-th (from 0) of a rank's nccl2 records sharing one group and Seq (a coalesced call's
-#: per-tensor records, nccl2-and-hooks.md §4): each is an instance of its own.
+#: per-tensor records, docs/nccl2.md §4): each is an instance of its own.
 ANN_SEQ_PART = "commtag seq part"
 #: What the merge guessed, and why (metadata-less NCCL kernels).
 ANN_INFERRED = "commtag inferred"

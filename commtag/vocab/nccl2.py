@@ -8,7 +8,7 @@ from commtag.vocab.collectives import COLLECTIVES, RECV, SEND, Collective, colle
 from commtag.vocab.eager import DST_RANK_KEY, PG_DESC_KEY, RANK_START_KEY, RANK_STRIDE_KEY, SRC_RANK_KEY
 
 
-# Facts from ../shared/reference/nccl2-and-hooks.md (§ numbers below), read from the torch 2.15.0
+# Facts from docs/nccl2.md (§ numbers below), read from the torch 2.15.0
 # wheel and pytorch's nccl2 sources; none from a real nccl2 trace (launch/gpu_check.py's nccl2
 # step is what settles them on hardware).
 
@@ -161,7 +161,7 @@ def legacy_view(record_format: object, name: str, in_nelems: int, out_nelems: in
 
 
 #: c10d's hook op names (torch 2.15 ``HookOpName``, the name a ProcessGroup pre-hook is given;
-#: nccl2-and-hooks.md §7a) -> the eager "Collective name" of the c10d op behind it. Left out:
+#: docs/nccl2.md §7a) -> the eager "Collective name" of the c10d op behind it. Left out:
 #: ALLTOALL_BASE (:data:`SPLITS_UNSEEN_HOOK_OP`), SPLIT, NEW_WINDOW and UNKNOWN (no
 #: collective). torch 2.14's HookOpName lacks the *_BASE and *_COALESCED members (§7a).
 HOOK_OP_COLLECTIVES: dict[str, str] = {

@@ -1,7 +1,7 @@
 """All-to-all traffic: who sent whom how much, per all_to_all(v) instance (MoE dispatch/combine).
 
 Read from each member's ``"In split size"``, in the eager format
-(../shared/reference/eager-comm-metadata.md): all_to_all_single's dim-0 split
+(docs/eager-metadata.md): all_to_all_single's dim-0 split
 list (``"[]"``: an even split), all_to_all's per-tensor element counts. A row
 of a split list holds ``In msg nelems / sum(splits)`` elements, so a split of
 ``k`` rows sends ``k`` times that. ``matrix[i][j]`` is what the group's i-th

@@ -4,7 +4,7 @@ trace_processor rarely fails loudly: a packet without a sequence id, an
 interned id defined too late, a track whose parent is missing or a flow that
 ends before it starts are dropped or mis-attributed in silence. This module
 reads a trace packet by packet with Perfetto's own protos and reports each
-such case (rules: the project's reference perfetto-import-rules.md).
+such case (rules: docs/perfetto.md).
 
 What cannot be seen in a file: slice ENDs carry no name, so two crossing
 slices on one track read back as two properly nested ones. Crossing is

@@ -29,8 +29,7 @@ Two kinds of packets, two ways of writing them:
 A marker is an instant like any other (its name, category and args go
 through the one annotation encoder of :class:`SequenceWriter`); its track is
 a cold descriptor. The rules this writer follows are
-those trace_processor applies at import (see the project's reference
-perfetto-import-rules.md), and ``commtag validate`` checks them.
+those trace_processor applies at import (see docs/perfetto.md), and ``commtag validate`` checks them.
 
 Layout of the file: a header (ClockSnapshot, root descriptor ordering the
 processes), then one block per rank in rank order, then the lanes of each

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is
 def kernel_calls(events: FileEvents) -> list[tuple[int, int, dict, dict, str]]:
     """The file's eager kernels with metadata that no earlier pass took, as calls (see :func:`pair_calls`).
     An nccl2 record's several kernels (the list all_gather's broadcasts, the list reduce_scatter's
-    reduces: nccl2-and-hooks.md §3) are one call, its record's (the same "External id")."""
+    reduces: docs/nccl2.md §3) are one call, its record's (the same "External id")."""
     calls: list[tuple[int, int, dict, dict, str]] = []
     first_of: dict[object, int] = {}
     for start, end, k in events.kernels:
@@ -62,7 +62,7 @@ def kernel_calls(events: FileEvents) -> list[tuple[int, int, dict, dict, str]]:
 
 def _op_rank(events: FileEvents, link: object) -> object:
     """The "Rank" of the record_param_comms op a kernel belongs to (Kineto does not copy it onto
-    the kernel): an nccl2 p2p's peer, which it names nowhere else (nccl2-and-hooks.md §2)."""
+    the kernel): an nccl2 p2p's peer, which it names nowhere else (docs/nccl2.md §2)."""
     if events.op_ranks is None:
         events.op_ranks = {(op.get("args") or {}).get(EXTERNAL_ID_KEY): (op.get("args") or {}).get(RANK_KEY)
                            for ops in events.comms_by_tid.values() for _, _, op in ops}

@@ -112,7 +112,7 @@ def make_instance(interner: Interner, rank: int, parts: tuple[dict, dict], start
 
 def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: Sequence[int]) -> None:
     """Mark an nccl2 record so the merge reads it in legacy terms (vocab.legacy_view), and keep
-    apart what its Seq does not (nccl2-and-hooks.md §4): the k records of one coalesced call share
+    apart what its Seq does not (docs/nccl2.md §4): the k records of one coalesced call share
     a Seq (each its part, counted in call order in ``seq_parts``); a send/recv carries the last
     collective's (it pairs by its own order, its global peer from "Rank" and ``group_ranks``); a
     batch_op_issue pairs with its peers' batches (:mod:`commtag.merge.batches`) where its peers are

@@ -48,7 +48,7 @@ ProcessGroupNCCL2 alike; the group's backend objects name themselves
 (:func:`backend_impls`), and a group with an nccl2 one takes nccl2's record
 format (:func:`record_format`): nccl2 has no p2p counter, its p2p records carry
 the Seq of the group's last collective, so there ``p2p_pair_seq`` is the only
-pairing (nccl2-and-hooks.md §4).
+pairing (docs/nccl2.md §4).
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def backend_impls(pg: Any) -> dict[str, str]:
     """Device type -> the name the group's backend for it gives itself ("nccl", "nccl2", "gloo").
 
     The group's backend string cannot tell nccl2 from legacy NCCL: both are
-    "nccl" (nccl2-and-hooks.md §1); the backend object can.
+    "nccl" (docs/nccl2.md §1); the backend object can.
     """
     impls: dict[str, str] = {}
     for device in getattr(pg, "_device_types", ()):

@@ -6,7 +6,7 @@ positional and keyword arguments exactly as the real call does. It returns an
 :class:`~commtag.runtime.describe.calls.OpCall` (names, sizes, dtype, whose rank goes into "Rank") or None
 when the call will not run a collective on this rank (not a member).
 
-The table follows ../shared/reference/eager-comm-metadata.md: "Collective
+The table follows docs/eager-metadata.md: "Collective
 name" is the c10d op name (:data:`commtag.vocab.FUNCTION_COLLECTIVES`), nelems
 count the local input and output, complex tensors count as their real view,
 and "Rank" is the root for rooted ops and the peer for send/recv.

@@ -4,7 +4,7 @@ One pure rule, shared by the runtime (a group whose backend is nccl2 gets
 nccl2's records, see :mod:`commtag.runtime.describe.groups`) and by the generator of
 nccl2 records for tests (:mod:`commtag.testing.nccl2`): a call described in
 the legacy terms becomes the record(s) nccl2 writes for it. Every value
-follows ../shared/reference/nccl2-and-hooks.md (§2 common rules, §3 per op);
+follows docs/nccl2.md (§2 common rules, §3 per op);
 the names and constants are in :mod:`commtag.vocab`. torch-free.
 """
 

@@ -3,7 +3,7 @@
 Functional collectives (DTensor, torch.compile) and direct backend calls
 (``pg.allreduce([t])``) run c10d's operators from C++; outside a capture no
 patched Python function sees them. torch 2.15 fires ``ProcessGroup`` pre- and
-post-hooks for every call its dispatcher issues (nccl2-and-hooks.md §7a), so
+post-hooks for every call its dispatcher issues (docs/nccl2.md §7a), so
 commtag registers one pair on every group and records the calls nothing
 else recorded:
 
@@ -41,7 +41,7 @@ from commtag.vocab import (
 )
 
 #: The id commtag registers its hooks under (hooks run in id order; torch's FlightRecorder and
-#: NanCheck hooks use their own ids, which nccl2-and-hooks.md §8.7 leaves unverified: a high id
+#: NanCheck hooks use their own ids, which docs/nccl2.md §8.7 leaves unverified: a high id
 #: keeps clear of small ones and runs last).
 HOOK_ID = 0x636F6D74
 
@@ -56,7 +56,7 @@ _watcher: Optional[Callable[..., Any]] = None
 
 def available() -> bool:
     """Does this torch fire c10d pre/post hooks that name every op apart (2.15+)? torch 2.14 has
-    the hooks, but its HookOpName has no *_BASE or *_COALESCED members (nccl2-and-hooks.md §7a),
+    the hooks, but its HookOpName has no *_BASE or *_COALESCED members (docs/nccl2.md §7a),
     so a tensor-form call would be described under its list form's name."""
     names = getattr(getattr(torch._C._distributed_c10d, "HookOpName", None), "__members__", {})
     return (hasattr(c10d.ProcessGroup, "register_pre_hook") and hasattr(c10d.ProcessGroup, "register_post_hook")
