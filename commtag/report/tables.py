@@ -17,7 +17,7 @@ from typing import Optional
 import orjson
 
 from commtag.atomic import write_atomic
-from commtag.kernels import Breakdown
+from commtag.kernels import LANE_SCOPE, Breakdown, mixed_nccl_lanes
 from commtag.merge.analysis.analyze import NO_PAYLOAD
 from commtag.merge.analysis.results import Analysis
 from commtag.merge.analysis.table import GroupSummary, summarize
@@ -138,6 +138,10 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         if table:
             lines += ["", f"GPU time by kernel category, per {scope}:"]
             lines += [f"  rank {r} {scope} {i}: {b.describe()}" for (r, i), b in sorted(table.items())]
+    mixed = mixed_nccl_lanes((kernels or {}).get(LANE_SCOPE, {}))
+    if mixed:
+        lines += ["", "groups mixing NCCL's symmetric-memory and regular kernels (busbw mixes the two):"]
+        lines += [f"  {line}" for line in mixed]
     return "\n".join(lines) + "\n"
 
 
