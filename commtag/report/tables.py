@@ -47,6 +47,7 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         "ranks": analysis.coverage.ranks,
         "world_size": analysis.coverage.world_size,
         "absent_ranks": analysis.coverage.absent,
+        "alignment": analysis.coverage.alignment,
         "collectives": [m.to_dict() for m in analysis.collectives],
         "summary": [row.to_dict() for row in summarize(analysis)],
         "findings": [f.to_dict() for f in analysis.findings],

@@ -67,6 +67,8 @@ ANN_WINDOW_NS = "commtag window ns"
 #: On a window marker: the ProfilerStep spans of the window (commtag.merge.steps.encode).
 ANN_WINDOW_STEPS = "commtag window steps"
 ANN_WORLD_SIZE = "commtag world size"
+#: On the alignment marker: how the clocks were aligned, as JSON (method, reference, each clock's offset and residual).
+ANN_ALIGNMENT = "commtag alignment"
 # With torch's own CUDA-graph annotations (torch 2.14+).
 #: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured
 #: collective (where the user turned torch's graph annotations on): ``"<capture id>.<n>"``, the

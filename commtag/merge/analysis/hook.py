@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from commtag.merge.analysis.align import alignment_marker
 from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
 from commtag.merge.analysis.impact import impact_counters
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
@@ -63,7 +64,7 @@ def window_markers(coverage: Coverage) -> list[Marker]:
         rank = min(coverage.firsts)
         out.append(Marker(rank, coverage.firsts[rank], f"world size {coverage.world_size} (no profiled window: "
                           "no collective recorded)", {ANN_MARKER: WORLD_MARKER, ANN_WORLD_SIZE: coverage.world_size}))
-    return out
+    return out + alignment_marker(coverage)
 
 
 def annotate(analysis: Analysis) -> None:

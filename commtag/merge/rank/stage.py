@@ -206,4 +206,5 @@ def coverage(summaries: Sequence[RankSummary]) -> Coverage:
     sizes = Counter(s.world_size for s in summaries if s.world_size)
     return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
                     steps={s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps},
-                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None})
+                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None},
+                    hosts={s.rank: s.host for s in summaries if s.host})
