@@ -105,18 +105,20 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
     if incomplete:
         lines.append(f"{incomplete} collectives are incomplete (a member rank did not record them): "
                      "left out of skew and busbw")
-    header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers")
+    header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers", "time by cause")
     by_group: dict[str, list[GroupSummary]] = {}
     for row in rows:
         by_group.setdefault(row.pg_uid, []).append(row)
     for pg, group_rows in by_group.items():
         lane = group_rows[0].lane_name
-        lines += ["", f"{lane or pg}  (uid {pg})"]
+        scopes = {r.nodes for r in group_rows}
+        lines += ["", f"{lane or pg}  (uid {pg})" + (f", {scopes.pop()}" if len(scopes) == 1 and None not in scopes else "")]
         table = [header] + [
             (
                 r.collective, str(r.count), _bytes(r.bytes, r.collective), _time(r.total_time_us), _time(r.skew_p50_us),
                 _time(r.skew_max_us), _bw(r.busbw_p50_gbps), _bw(r.busbw_p95_gbps),
                 ", ".join(f"{rank} ({n}x)" for rank, n in sorted(r.stragglers.items(), key=lambda kv: -kv[1])) or "-",
+                ", ".join(f"{cause} {share:.0%}" for cause, share in r.time_by_cause.items()) or "-",
             )
             for r in group_rows
         ]

@@ -60,6 +60,15 @@ ANN_BUSBW = "commtag busbw GB/s"
 ANN_DESYNC = "commtag desync"
 ANN_WAIT_US = "commtag wait us"
 ANN_STRAGGLER = "commtag straggler"
+#: How many hosts a matched instance's ranks span (commtag.merge.analysis.explain).
+ANN_NODES = "commtag nodes"
+#: What a matched instance's time went to: one of commtag.merge.analysis.explain.CAUSES.
+ANN_CAUSE = "commtag cause"
+#: On a busbw above what any link carries: the figure left out, and why.
+ANN_BUSBW_IMPLAUSIBLE = "commtag busbw implausible"
+#: On an instance's own args (the merge's rank pass): how long after its CPU call its device work
+#: (NCCL kernel, gloo work) started on that rank, us; what tells launch skew from arrival skew.
+ANN_LAUNCH_US = "commtag launch us"
 #: A marker's kind ("straggler", "desync", a trace window).
 ANN_MARKER = "commtag marker"
 ANN_WINDOW_RANK = "commtag window of rank"

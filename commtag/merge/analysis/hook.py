@@ -20,7 +20,7 @@ from commtag.merge.records import (
 )
 from commtag.merge.steps import encode, in_window
 from commtag.vocab import (
-    ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
+    ANN_ALGBW, ANN_BUSBW, ANN_BUSBW_IMPLAUSIBLE, ANN_BYTES, ANN_CAUSE, ANN_NODES, MAX_PLAUSIBLE_BUSBW_GBPS, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
     ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
     ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
 )
@@ -102,6 +102,12 @@ def collective_figures(m: MatchedCollective) -> dict[str, object]:
         figures[ANN_ALGBW] = round(m.algbw_gbps, 6)
     if m.busbw_gbps is not None:
         figures[ANN_BUSBW] = round(m.busbw_gbps, 6)
+    if m.busbw_implausible:
+        figures[ANN_BUSBW_IMPLAUSIBLE] = f"above {MAX_PLAUSIBLE_BUSBW_GBPS:,.0f} GB/s, more than any link carries: left out"
+    if m.nodes is not None:
+        figures[ANN_NODES] = m.nodes
+    if m.cause is not None:
+        figures[ANN_CAUSE] = m.cause
     if m.findings:
         figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
     return figures
