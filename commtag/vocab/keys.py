@@ -66,6 +66,13 @@ ANN_NODES = "commtag nodes"
 ANN_CAUSE = "commtag cause"
 #: On a busbw above what any link carries: the figure left out, and why.
 ANN_BUSBW_IMPLAUSIBLE = "commtag busbw implausible"
+#: On an instance's own args: the NCCL Inspector record joined to it (that rank's view of it):
+#: NCCL's busbw and algbw (GB/s), its execution time (us), its timing source, its coll_sn.
+ANN_NCCL_BUSBW = "commtag nccl busbw GB/s"
+ANN_NCCL_ALGBW = "commtag nccl algbw GB/s"
+ANN_NCCL_EXEC_US = "commtag nccl exec us"
+ANN_NCCL_SOURCE = "commtag nccl timing source"
+ANN_NCCL_SN = "commtag nccl sn"
 #: On an instance's own args (the merge's rank pass): how long after its CPU call its device work
 #: (NCCL kernel, gloo work) started on that rank, us; what tells launch skew from arrival skew.
 ANN_LAUNCH_US = "commtag launch us"

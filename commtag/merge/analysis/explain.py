@@ -26,7 +26,9 @@ from typing import Iterable, Optional
 
 from commtag.merge.records import CPU_OP_SOURCE, Coverage
 from commtag.merge.analysis.results import MatchedCollective
-from commtag.vocab import ANN_LAUNCH_US, MAX_PLAUSIBLE_BUSBW_GBPS
+from commtag.vocab import (
+    ANN_LAUNCH_US, ANN_NCCL_ALGBW, ANN_NCCL_BUSBW, ANN_NCCL_EXEC_US, ANN_NCCL_SOURCE, MAX_PLAUSIBLE_BUSBW_GBPS,
+)
 
 TRANSFER = "transfer"
 ARRIVAL_SKEW = "arrival skew"
@@ -49,6 +51,19 @@ def explain(m: MatchedCollective, coverage: Coverage) -> None:
         m.busbw_implausible = True
         m.busbw_gbps = m.algbw_gbps = None
     m.cause = cause(m)
+    m.nccl = nccl_view(m)
+
+
+def nccl_view(m: MatchedCollective) -> Optional[dict[str, object]]:
+    """NCCL Inspector's figures for ``m`` (commtag.merge.inputs.inspector), as the rank commtag measures
+    its busbw on saw them (the last arrival), else its lowest member with a record; None without one."""
+    for rank in ([m.last_rank] if m.last_rank is not None else []) + sorted(m.members):
+        inst = m.members[rank]
+        busbw = inst.arg(ANN_NCCL_BUSBW)
+        if busbw is not None:
+            return {"busbw_gbps": busbw, "algbw_gbps": inst.arg(ANN_NCCL_ALGBW),
+                    "exec_time_us": inst.arg(ANN_NCCL_EXEC_US), "source": inst.arg(ANN_NCCL_SOURCE), "rank": rank}
+    return None
 
 
 def cause(m: MatchedCollective) -> str:

@@ -114,6 +114,8 @@ class MatchedCollective:
     cause: Optional[str] = None
     #: Its busbw came out above what any link carries: left out (``busbw_gbps`` and ``algbw_gbps`` None).
     busbw_implausible: bool = False
+    #: NCCL Inspector's own figures for it (commtag.merge.analysis.explain.nccl_view); None without a record.
+    nccl: Optional[dict[str, object]] = None
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -164,6 +166,7 @@ class MatchedCollective:
             "busbw_implausible": self.busbw_implausible,
             "nodes": self.nodes,
             "cause": self.cause,
+            "nccl": self.nccl,
             "straggler": self.straggler,
             "desync": [f.to_dict() for f in self.findings],
         }

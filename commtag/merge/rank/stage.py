@@ -23,6 +23,7 @@ from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
 from commtag.merge.inputs.load import RankInput, TraceFile
 from commtag.merge.inputs.sidecars import load_sidecar
 from commtag.merge.inputs.clock import wall_clock
+from commtag.merge.inputs.inspector import join as join_inspector, read_inspector
 from commtag.merge.records import (
     Coverage, FileSpan, GroupLane, Interner, RankSummary,
 )
@@ -192,7 +193,11 @@ def collector_paused():
 
 
 def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[int],
-                  lane_kernels: dict[str, dict], files: list[FileSpan]) -> RankSummary:
+                  lane_kernels: dict[str, dict], files: list[FileSpan], inspector: Optional[Path] = None) -> RankSummary:
+    """What is kept of a converted rank; with ``inspector`` (a folder of NCCL Inspector dumps) its
+    records joined to the rank's instances, what joined nothing in its notes."""
+    if inspector is not None:
+        converter.notes.extend(join_inspector(converter.instances, rank.rank, read_inspector(inspector)))
     groups = dict(converter.groups)
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
