@@ -38,7 +38,7 @@ from typing import Mapping, Optional
 
 from commtag.vocab import (
     ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_PREFIX, ANN_LANE, COMMUNICATION_KERNELS, CORRELATION_KEY,
-    DEVICE_WORK_NODE_TYPES, KERNEL_NODE_TYPE, is_graph_launch, parse_nccl_kernel,
+    DEVICE_WORK_NODE_TYPES, KERNEL_NODE_TYPE, is_graph_launch, nccl_kind, nccl_symmetric,
 )
 
 GEMM = "GEMM"
@@ -275,12 +275,10 @@ class DeviceWork:
         self._dur.append(dur_us)
         lane = args.get(ANN_LANE) if lane is None else lane
         self._lane.append(lane)
-        if lane.__class__ is str and category == COMMUNICATION:
-            parsed = parse_nccl_kernel(name)
-            if parsed is not None:
-                variants = self._lane_nccl.setdefault(lane, {})  # type: ignore[arg-type]
-                variant = SYMMETRIC if parsed.symmetric else REGULAR
-                variants[variant] = variants.get(variant, 0) + 1
+        if lane.__class__ is str and category == COMMUNICATION and nccl_kind(name) is not None:
+            variants = self._lane_nccl.setdefault(lane, {})  # type: ignore[arg-type]
+            variant = SYMMETRIC if nccl_symmetric(name) else REGULAR
+            variants[variant] = variants.get(variant, 0) + 1
 
     def launch(self, name: str, correlation: object) -> None:
         """A runtime call; graph launches tie the kernels of their correlation id to them."""

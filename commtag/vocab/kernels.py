@@ -76,8 +76,12 @@ class NcclKernel(NamedTuple):
     collective: str
     op: Optional[str]
     dtype: Optional[str]
-    #: A symmetric-memory kernel (:data:`NCCL_SYMMETRIC_PREFIX`), not one of NCCL's regular ones.
-    symmetric: bool = False
+
+
+@lru_cache(maxsize=65536)
+def nccl_symmetric(name: str) -> bool:
+    """Whether a kernel name is one of NCCL's symmetric-memory kernels (:data:`NCCL_SYMMETRIC_PREFIX`)."""
+    return nccl_kind(name) is not None and base_name(name).startswith(NCCL_SYMMETRIC_PREFIX)
 
 
 @lru_cache(maxsize=65536)
@@ -91,10 +95,10 @@ def parse_nccl_kernel(name: str) -> Optional[NcclKernel]:
     if symmetric:
         coll, op, ty = symmetric.group(1), symmetric.group(3), symmetric.group(4)
         if coll not in NCCL_REDUCING:
-            return NcclKernel(coll, None, None, True)
-        return NcclKernel(coll, NCCL_SYMMETRIC_OPS.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""), True)
+            return NcclKernel(coll, None, None)
+        return NcclKernel(coll, NCCL_SYMMETRIC_OPS.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""))
     if base.startswith(NCCL_SYMMETRIC_PREFIX):
-        return NcclKernel("Generic", None, None, True)
+        return NcclKernel("Generic", None, None)
     new = _NCCL_NEW.match(base)
     if new:
         coll, op, ty = new.group(1), new.group(2), new.group(3)

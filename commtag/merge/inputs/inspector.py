@@ -59,20 +59,27 @@ class InspectorRecord:
         return self.nbytes * self.n_ranks if self.coll in PER_RANK_SIZE else self.nbytes
 
 
+#: Records by (communicator name, rank in it), each list in ``coll_sn`` order.
+Dumps = dict[tuple[str, int], list[InspectorRecord]]
+
+
 @functools.lru_cache(maxsize=4)
-def read_inspector(folder: Path) -> tuple[InspectorRecord, ...]:
-    """Every collective record of the dumps in ``folder``; MergeInputError (naming the file and
-    the line) on anything else than NCCL Inspector's format. Cached: each merge worker and the
-    summary read it once."""
+def read_inspector(folder: Path) -> Dumps:
+    """Every collective record of the dumps in ``folder``, by communicator and rank; MergeInputError
+    (naming the file and the line) on anything else than NCCL Inspector's format. Cached: each
+    merge worker and the summary read it once, whatever the ranks."""
     if not folder.is_dir():
         raise MergeInputError(folder, "--nccl-inspector needs a folder of NCCL Inspector dumps")
     paths = sorted(p for p in folder.iterdir() if INSPECTOR_FILE.match(p.name) and p.is_file())
     if not paths:
         raise MergeInputError(folder, "no NCCL Inspector dump (<hostname>-pid<pid>.log) in it")
-    out: list[InspectorRecord] = []
+    out: Dumps = {}
     for path in paths:
-        out += _read_file(path)
-    return tuple(out)
+        for rec in _read_file(path):
+            out.setdefault((rec.comm_name, rec.comm_rank), []).append(rec)
+    for recs in out.values():
+        recs.sort(key=lambda r: r.sn)
+    return out
 
 
 def _read_file(path: Path) -> list[InspectorRecord]:
@@ -143,24 +150,24 @@ def comm_name(inst: CollectiveInstance) -> str:
     return f"{inst.arg(PG_DESC_KEY, '')}:{inst.arg(PG_NAME_KEY, '')}"
 
 
-def join(instances: Sequence[CollectiveInstance], rank: int, records: Sequence[InspectorRecord]) -> list[str]:
+def join(instances: Sequence[CollectiveInstance], rank: int, dumps: Dumps) -> list[str]:
     """Put each record of ``rank`` on its instance (its own args, :data:`commtag.vocab.ANN_NCCL_BUSBW`
     ...); what could not be joined, as notes."""
     mine: dict[str, list[CollectiveInstance]] = {}
-    index: dict[str, int] = {}
+    index: dict[str, Optional[int]] = {}
     for inst in instances:
-        if inst.is_p2p or inst.source not in _NCCL_TIMED or rank not in inst.group_ranks:
+        if inst.is_p2p or inst.source not in _NCCL_TIMED:
             continue
         name = comm_name(inst)
-        mine.setdefault(name, []).append(inst)
-        index[name] = inst.group_ranks.index(rank)
-    theirs: dict[str, list[InspectorRecord]] = {}
-    for rec in records:
-        if rec.comm_name in index and rec.comm_rank == index[rec.comm_name]:
-            theirs.setdefault(rec.comm_name, []).append(rec)
+        if name not in index:  # a group's members are looked up once, not once per instance
+            index[name] = inst.group_ranks.index(rank) if rank in inst.group_ranks else None
+        if index[name] is not None:
+            mine.setdefault(name, []).append(inst)
     notes = []
-    for name, recs in sorted(theirs.items()):
-        recs.sort(key=lambda r: r.sn)
+    for name in sorted(mine):
+        recs = dumps.get((name, index[name]), [])  # type: ignore[arg-type]
+        if not recs:
+            continue
         insts = sorted(mine[name], key=lambda i: (i.start_ns, i.end_ns))
         joined = _join_in_order(insts, recs)
         if joined < len(recs):
