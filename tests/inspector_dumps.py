@@ -36,16 +36,18 @@ def planted_busbw(rank: int, k: int) -> float:
     return round(100 + rank + k / 1000, 6)
 
 
-def write_dumps(instances, hosts: dict[int, str], out: Path, *, v43_ranks=frozenset(), min_size: int = 16384,
-                before: int = 2) -> dict[tuple, float]:
+def write_dumps(instances, processes: dict[int, tuple[str, int]], out: Path, *, v43_ranks=frozenset(),
+                min_size: int = 16384, before: int = 2, stray: int = 3) -> dict[tuple, float]:
     """Dumps for ``instances`` (each rank's NCCL-timed collectives) into ``out``. Ranks in
     ``v43_ranks`` write format v4.3, dumped at teardown (one ``dump_stats`` per communicator, a
     record per instance). The others write v4.2 dumped as they go (each record 1 ms after its
     operation ended), per communicator and rank: ``before`` records of operations before the
     profiled window, a record per instance of at least ``min_size`` bytes (the plugin's
     NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES leaves smaller ones out), and after each third an operation
-    the traces do not show (a Broadcast of 8 bytes). Returns (rank, pg uid, Seq, replay) -> the
-    busbw planted for the instances given a record."""
+    the traces do not show (a Broadcast of 8 bytes). ``processes``: each rank's (host, pid), as its
+    sidecar says. The lowest rank also writes ``stray`` records of a communicator no trace shows
+    (``"pp:9"``). Returns (rank, pg uid, Seq, replay) -> the busbw planted for the instances given a record."""
+    hosts = {rank: host for rank, (host, _) in processes.items()}
     out.mkdir(parents=True, exist_ok=True)
     planted: dict[tuple, float] = {}
     by_rank: dict[int, dict[str, list]] = {}
@@ -55,7 +57,7 @@ def write_dumps(instances, hosts: dict[int, str], out: Path, *, v43_ranks=frozen
         by_rank.setdefault(inst.rank, {}).setdefault(comm_name(inst), []).append(inst)
     for rank, comms in sorted(by_rank.items()):
         lines: list[bytes] = []
-        pid = 1000 + rank
+        pid = processes[rank][1]
         for name, insts in sorted(comms.items()):
             insts.sort(key=lambda i: (i.start_ns, i.end_ns))
             first = insts[0]
@@ -93,6 +95,15 @@ def write_dumps(instances, hosts: dict[int, str], out: Path, *, v43_ranks=frozen
                 if k % 3 == 2 and not v43:
                     sn += 1
                     record("Broadcast", sn, 8, inst.end_ns + 1_000_000, 2.0)
+        if rank == min(by_rank):
+            for sn in range(1, stray + 1):
+                lines.append(orjson.dumps({
+                    "header": {"id": "0x9", "comm_name": "pp:9", "rank": 0, "n_ranks": 2, "nnodes": 1},
+                    "metadata": {"inspector_output_format_version": "v4.2", "git_rev": "0000000",
+                                 "rec_mechanism": "nccl_profiler_interface", "dump_timestamp_us": 1, "hostname": hosts[rank],
+                                 "pid": pid},
+                    "coll_perf": {"coll": "AllReduce", "coll_sn": sn, "coll_msg_size_bytes": 65536, "coll_exec_time_us": 1.0,
+                                  "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 1.0, "coll_busbw_gbs": 1.0}}))
         (out / f"{hosts[rank]}-pid{pid}.log").write_bytes(b"\n".join(lines) + b"\n")
     return planted
 

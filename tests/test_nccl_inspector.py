@@ -3,10 +3,11 @@
 On a generated 8-rank set, with dumps written in the plugin's format for its collectives
 (tests/inspector_dumps.py, each field citing the plugin): ranks 0-3 dump as they go (v4.2) with
 records of operations before the profiled window, operations the traces do not show and no
-record of operations below the plugin's minimum size; ranks 4-7 dump at teardown (v4.3). Every
-planted record joins exactly its instance and no instance gets another's, what joined nothing is
-counted, the summary of the directory and of the merged file agree, ``-j 2`` writes the same
-bytes, and a damaged dump stops the merge in one line.
+record of operations below the plugin's minimum size; ranks 4-7 dump at teardown (v4.3); rank 0
+also dumps records of a communicator no trace shows. Every planted record joins exactly its
+instance and no instance gets another's, what joined nothing is counted, the summary of the
+directory and of the merged file agree, ``-j 2`` writes the same bytes, and a damaged dump stops
+the merge in one line.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     traces = root / "job"
     subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "8", "--events", "20000",
                     "--ranks-per-node", "4", "-o", str(traces)], check=True, capture_output=True, timeout=300)
-    coverage, instances = collect([traces])
-    planted = write_dumps(instances, coverage.hosts, root / "inspector", v43_ranks=frozenset({4, 5, 6, 7}))
+    _, instances = collect([traces])
+    sidecars = [orjson.loads(path.read_bytes()) for path in traces.glob("*.commtag.json")]
+    processes = {s["rank"]: (s["host"], s["pid"]) for s in sidecars}
+    planted = write_dumps(instances, processes, root / "inspector", v43_ranks=frozenset({4, 5, 6, 7}))
     return traces, root / "inspector", planted
 
 
@@ -59,6 +62,9 @@ def test_each_record_joins_its_own_instance(job, tmp_path: Path) -> None:
             "(operations before or after the profiled window, ones the traces do not show, or past a point where "
             "the order was ambiguous)") in result.notices
     assert not any("ranks 4-7" in n or "rank 4:" in n for n in result.notices if "Inspector" in n)
+    # Rank 0's process also dumped 3 records of a communicator no trace shows.
+    assert ("rank 0: NCCL Inspector: 3 records joined no collective: no trace here shows an NCCL collective of their "
+            "communicator and rank ('pp:9')") in result.notices
 
 
 def test_the_summary_gives_nccls_figures_beside_commtags(job, tmp_path: Path) -> None:
@@ -68,6 +74,8 @@ def test_the_summary_gives_nccls_figures_beside_commtags(job, tmp_path: Path) ->
     notices: list[str] = []
     from_dir = orjson.loads(to_json(*load(traces, nccl_inspector=dumps, notices=notices)))
     assert any("36 of 120 records of communicator 'default_pg:0'" in n for n in notices)
+    assert ("NCCL Inspector: 3 records joined no collective: no trace here shows an NCCL collective of their "
+            "communicator and rank ('pp:9')") in notices
     from_file = orjson.loads(to_json(*load(out)))
     assert [r["nccl"] for r in from_file["collectives"]] == [r["nccl"] for r in from_dir["collectives"]]
     with_nccl = [r for r in from_dir["collectives"] if r["nccl"]]

@@ -79,7 +79,7 @@ def _join_inspector(instances: list, folder: Path, notices: Optional[list[str]])
     """Each rank's NCCL Inspector records joined to its instances, as the merge's rank pass joins them."""
     from commtag.identity import describe_ranks
     from commtag.merge.errors import MergeInputError
-    from commtag.merge.inputs.inspector import join, read_inspector
+    from commtag.merge.inputs.inspector import claimed, join, read_inspector, unclaimed_note
 
     try:
         records = read_inspector(folder)
@@ -91,6 +91,10 @@ def _join_inspector(instances: list, folder: Path, notices: Optional[list[str]])
             said.setdefault(note, []).append(rank)
     if notices is not None:
         notices += [f"{describe_ranks(ranks)}: {note}" for note, ranks in said.items()]
+        taken = claimed(instances)
+        others = [key for key, recs in records.items() if key not in taken for _ in recs]
+        if others:
+            notices.append(unclaimed_note(others))
 
 
 def _tables(found: KernelTables) -> KernelTables:

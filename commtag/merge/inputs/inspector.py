@@ -29,7 +29,7 @@ from commtag.vocab import (
     ANN_NCCL_ALGBW, ANN_NCCL_BUSBW, ANN_NCCL_EXEC_US, ANN_NCCL_SN, ANN_NCCL_SOURCE, COLL_ALGBW, COLL_BUSBW,
     COLL_BYTES, COLL_EXEC_US, COLL_NAME, COLL_SN, COLL_SOURCE, COLLECTIVES, HEADER_COMM_NAME, HEADER_N_RANKS,
     HEADER_RANK, INSPECTOR_COLL_PERF, INSPECTOR_DUMP_STATS, INSPECTOR_FILE, INSPECTOR_HEADER, INSPECTOR_METADATA,
-    INSPECTOR_VERSIONS, META_DUMP_US, META_VERSION, PER_RANK_SIZE, PG_DESC_KEY, PG_NAME_KEY,
+    INSPECTOR_VERSIONS, META_DUMP_US, META_HOSTNAME, META_PID, META_VERSION, PER_RANK_SIZE, PG_DESC_KEY, PG_NAME_KEY,
 )
 
 #: Instance sources NCCL's own operations time (its kernels, eager or replayed).
@@ -43,6 +43,9 @@ class InspectorRecord:
     comm_name: str
     comm_rank: int
     n_ranks: int
+    #: The host and process that wrote it.
+    host: str
+    pid: int
     #: When its own record was dumped (ns); None where only its communicator's ``dump_stats`` says a time (v4.3).
     dump_ns: Optional[int]
     coll: str
@@ -126,7 +129,8 @@ def _record(header: Optional[dict], metadata: Optional[dict], perf: dict, own_ti
         raise ValueError(f"format {version!r}, not one of {', '.join(sorted(INSPECTOR_VERSIONS))}")
     return InspectorRecord(
         comm_name=str(header.get(HEADER_COMM_NAME, "unknown")), comm_rank=_int(header[HEADER_RANK], HEADER_RANK),
-        n_ranks=_int(header[HEADER_N_RANKS], HEADER_N_RANKS),
+        n_ranks=_int(header[HEADER_N_RANKS], HEADER_N_RANKS), host=str(metadata[META_HOSTNAME]),
+        pid=_int(metadata[META_PID], META_PID),
         dump_ns=_int(metadata[META_DUMP_US], META_DUMP_US) * 1000 if own_time else None,
         coll=str(perf[COLL_NAME]), sn=_int(perf[COLL_SN], COLL_SN), nbytes=_int(perf[COLL_BYTES], COLL_BYTES),
         exec_us=_number(perf[COLL_EXEC_US], COLL_EXEC_US), source=str(perf[COLL_SOURCE]),
@@ -150,9 +154,11 @@ def comm_name(inst: CollectiveInstance) -> str:
     return f"{inst.arg(PG_DESC_KEY, '')}:{inst.arg(PG_NAME_KEY, '')}"
 
 
-def join(instances: Sequence[CollectiveInstance], rank: int, dumps: Dumps) -> list[str]:
+def join(instances: Sequence[CollectiveInstance], rank: int, dumps: Dumps,
+         process: Optional[tuple[str, int]] = None) -> list[str]:
     """Put each record of ``rank`` on its instance (its own args, :data:`commtag.vocab.ANN_NCCL_BUSBW`
-    ...); what could not be joined, as notes."""
+    ...); what could not be joined, as notes. ``process``: the rank's (host, pid), where its
+    sidecar says them: its process's records of communicators it joined none of are counted too."""
     mine: dict[str, list[CollectiveInstance]] = {}
     index: dict[str, Optional[int]] = {}
     for inst in instances:
@@ -173,7 +179,29 @@ def join(instances: Sequence[CollectiveInstance], rank: int, dumps: Dumps) -> li
         if joined < len(recs):
             notes.append(f"NCCL Inspector: {len(recs) - joined} of {len(recs)} records of communicator {name!r} joined "
                          f"no collective ({_why(insts, recs)})")
+    if process is not None:
+        claimed = {(name, index[name]) for name in mine}
+        others = [key for key, recs in dumps.items() if key not in claimed
+                  for r in recs if (r.host, r.pid) == process]
+        if others:
+            notes.append(unclaimed_note(others))
     return notes
+
+
+def unclaimed_note(keys: Sequence[tuple[str, int]]) -> str:
+    """What is said of records (one key each) whose communicator and rank no traced NCCL collective has."""
+    names = sorted({name for name, _ in keys})
+    return (f"NCCL Inspector: {len(keys)} records joined no collective: no trace here shows an NCCL collective of "
+            f"their communicator and rank ({', '.join(map(repr, names[:5]))}{', ...' if len(names) > 5 else ''})")
+
+
+def claimed(instances: Sequence[CollectiveInstance]) -> set[tuple[str, int]]:
+    """The (communicator, rank in it) of every NCCL-timed collective instance: the records :func:`join` may take."""
+    out = set()
+    for inst in instances:
+        if not inst.is_p2p and inst.source in _NCCL_TIMED and inst.rank in inst.group_ranks:
+            out.add((comm_name(inst), inst.group_ranks.index(inst.rank)))
+    return out
 
 
 def _key(inst: CollectiveInstance) -> Optional[tuple[str, Optional[int]]]:

@@ -197,7 +197,9 @@ def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[i
     """What is kept of a converted rank; with ``inspector`` (a folder of NCCL Inspector dumps) its
     records joined to the rank's instances, what joined nothing in its notes."""
     if inspector is not None:
-        converter.notes.extend(join_inspector(converter.instances, rank.rank, read_inspector(inspector)))
+        pids = {(f.sidecar_host or f.host, f.pid) for f in files if f.pid is not None}
+        converter.notes.extend(join_inspector(converter.instances, rank.rank, read_inspector(inspector),
+                                              next(iter(pids)) if len(pids) == 1 else None))
     groups = dict(converter.groups)
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
