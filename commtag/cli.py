@@ -35,7 +35,8 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     notices: list[str] = []
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
-                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices)
+                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices,
+                                 nccl_inspector=args.nccl_inspector)
     except SummaryInputError as exc:
         sys.stderr.write(f"commtag summary: {exc}\n")
         return 2
@@ -80,7 +81,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
                        rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
                        list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
-                       max_output=max_output, jobs=args.jobs)
+                       max_output=max_output, jobs=args.jobs, nccl_inspector=args.nccl_inspector)
     except MergeFailed as exc:  # under torchrun every worker fails alike; worker 0 says why
         _say([f"error: {_one_line(e)}" for e in exc.errors] if exc.lead else [])
         return 2
@@ -214,6 +215,14 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 2 writing nothing where files may be of different runs (what is otherwise "
                              "a warning: days apart, another host); exit 1 when ranks disagree on a collective "
                              "(op, size, dtype, missing rank, Seq gap), the trace still written")
+    add_inspector_argument(parser)
+
+
+def add_inspector_argument(parser: argparse.ArgumentParser) -> None:
+    """--nccl-inspector, for merge and summary alike."""
+    parser.add_argument("--nccl-inspector", type=Path, metavar="DIR",
+                        help="a folder of NCCL Inspector dumps (<host>-pid<pid>.log): each record joins its "
+                             "collective, which then carries NCCL's own busbw, algbw and time beside commtag's")
 
 
 def _positive(text: str) -> int:
@@ -258,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="name the last rank a straggler from this skew on (and at least the "
                               "collective's own time and 10x the run's noise, see README; default %(default)s)")
     add_rank_arguments(summary)
+    add_inspector_argument(summary)
     summary.set_defaults(func=_cmd_summary)
     return parser
 

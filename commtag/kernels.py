@@ -38,7 +38,7 @@ from typing import Mapping, Optional
 
 from commtag.vocab import (
     ANN_DOMINANT, ANN_KERNELS, ANN_KERNELS_PREFIX, ANN_LANE, COMMUNICATION_KERNELS, CORRELATION_KEY,
-    DEVICE_WORK_NODE_TYPES, KERNEL_NODE_TYPE, is_graph_launch,
+    DEVICE_WORK_NODE_TYPES, KERNEL_NODE_TYPE, is_graph_launch, nccl_kind, nccl_symmetric,
 )
 
 GEMM = "GEMM"
@@ -84,6 +84,11 @@ KERNEL_RULES: tuple[tuple[str, str, str], ...] = (
 
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern, _ in KERNEL_RULES)
 
+#: The NCCL kernel variants a lane's breakdown counts (:attr:`Breakdown.nccl_kernels`).
+SYMMETRIC = "symmetric"
+REGULAR = "regular"
+NCCL_VARIANTS = (SYMMETRIC, REGULAR)
+
 #: Kineto categories of device work this module reads (:data:`commtag.vocab.DEVICE_WORK_NODE_TYPES`),
 #: with the category their kind fixes: copies and memsets are MEMORY, a kernel goes by its name (None).
 WORK_CATEGORIES: dict[str, Optional[str]] = {
@@ -106,6 +111,9 @@ class Breakdown:
 
     time_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: A lane's NCCL kernels by variant (:data:`NCCL_VARIANTS`): whether its group ran NCCL's
+    #: symmetric-memory kernels, its regular ones, or both; outside the sums the breakdown compares.
+    nccl_kernels: dict[str, int] = field(default_factory=dict, compare=False)
 
     def merge(self, other: "Breakdown") -> None:
         """Add another breakdown's time and counts (category by category, in its order)."""
@@ -113,6 +121,13 @@ class Breakdown:
             self.time_us[category] += time
         for category, n in other.count.items():
             self.count[category] += n
+        for variant, n in other.nccl_kernels.items():
+            self.nccl_kernels[variant] = self.nccl_kernels.get(variant, 0) + n
+
+    @property
+    def mixes_nccl_variants(self) -> bool:
+        """Whether both NCCL's symmetric-memory and its regular kernels ran here."""
+        return all(self.nccl_kernels.get(variant) for variant in NCCL_VARIANTS)
 
     @property
     def total_us(self) -> float:
@@ -138,13 +153,16 @@ class Breakdown:
 
     def to_dict(self) -> dict[str, object]:
         category, share = self.dominant
-        return {
+        out: dict[str, object] = {
             "dominant": category,
             "dominant_share": round(share, 4),
             "total_us": round(self.total_us, 3),
             "time_us": {c: round(self.time_us[c], 3) for c in CATEGORIES if c in self.time_us},
             "count": {c: self.count[c] for c in CATEGORIES if c in self.count},
         }
+        if self.nccl_kernels.get(SYMMETRIC):
+            out["nccl_kernels"] = {v: self.nccl_kernels.get(v, 0) for v in NCCL_VARIANTS}
+        return out
 
     def annotations(self) -> dict[str, object]:
         """Debug annotations for the merged trace: the one-line answer, the dominant category,
@@ -154,6 +172,9 @@ class Breakdown:
             if c in self.count:
                 args[f"{ANN_KERNELS_PREFIX}{c} us"] = float(self.time_us[c])
                 args[f"{ANN_KERNELS_PREFIX}{c} count"] = self.count[c]
+        if self.nccl_kernels.get(SYMMETRIC):  # only where symmetric kernels ran: other traces keep their bytes
+            for variant in NCCL_VARIANTS:
+                args[f"{ANN_KERNELS_PREFIX}nccl {variant} count"] = self.nccl_kernels.get(variant, 0)
         return args
 
     @classmethod
@@ -165,7 +186,22 @@ class Breakdown:
             if isinstance(time, (int, float)) and isinstance(n, int):
                 out.time_us[c] += time
                 out.count[c] += n
+        for variant in NCCL_VARIANTS:
+            n = args.get(f"{ANN_KERNELS_PREFIX}nccl {variant} count")
+            if isinstance(n, int) and n:
+                out.nccl_kernels[variant] = n
         return out
+
+
+def mixed_nccl_lanes(lanes: Mapping[tuple[int, object], Breakdown]) -> list[str]:
+    """One line per lane whose group ran both NCCL's symmetric-memory and regular kernels, its
+    ranks' counts summed: the two run at different speeds, so its busbw mixes two figures."""
+    totals: dict[object, Breakdown] = {}
+    for (_, lane), b in sorted(lanes.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])):
+        if b.nccl_kernels:
+            totals.setdefault(lane, Breakdown()).merge(Breakdown(nccl_kernels=dict(b.nccl_kernels)))
+    return [f"{lane}: {b.nccl_kernels[SYMMETRIC]} symmetric-memory and {b.nccl_kernels[REGULAR]} regular NCCL kernels"
+            for lane, b in totals.items() if b.mixes_nccl_variants]
 
 
 #: The scopes of a breakdown, in the report's order: what an annotated slice or instant says
@@ -204,7 +240,8 @@ class DeviceWork:
     collection (hundreds of ms) nearer.
     """
 
-    __slots__ = ("streams", "launches", "lanes", "_corr", "_cat", "_dur", "_lane", "_graphs", "_lane_launches")
+    __slots__ = ("streams", "launches", "lanes", "_corr", "_cat", "_dur", "_lane", "_graphs", "_lane_launches",
+                 "_lane_nccl")
 
     def __init__(self) -> None:
         #: Stream key (the caller's, e.g. (pid, tid)) -> breakdown.
@@ -219,6 +256,8 @@ class DeviceWork:
         self._lane: list[object] = []
         self._graphs: set[int] = set()
         self._lane_launches: dict[str, set[int]] = {}
+        #: Lane name -> its NCCL kernels by variant (graph-replayed ones too).
+        self._lane_nccl: dict[str, dict[str, int]] = {}
 
     def kernel(self, stream: tuple, name: str, cat: str, dur_us: float, args: Mapping[str, object],
                lane: object = None) -> None:
@@ -234,7 +273,12 @@ class DeviceWork:
         self._corr.append(correlation if correlation.__class__ is int else None)
         self._cat.append(category)
         self._dur.append(dur_us)
-        self._lane.append(args.get(ANN_LANE) if lane is None else lane)
+        lane = args.get(ANN_LANE) if lane is None else lane
+        self._lane.append(lane)
+        if lane.__class__ is str and category == COMMUNICATION and nccl_kind(name) is not None:
+            variants = self._lane_nccl.setdefault(lane, {})  # type: ignore[arg-type]
+            variant = SYMMETRIC if nccl_symmetric(name) else REGULAR
+            variants[variant] = variants.get(variant, 0) + 1
 
     def launch(self, name: str, correlation: object) -> None:
         """A runtime call; graph launches tie the kernels of their correlation id to them."""
@@ -273,3 +317,7 @@ class DeviceWork:
             for correlation in sorted(correlations):
                 b.merge(self.launches[correlation])
         self._lane_launches.clear()
+        for lane, variants in self._lane_nccl.items():
+            if lane in self.lanes:
+                self.lanes[lane].nccl_kernels = variants
+        self._lane_nccl.clear()

@@ -22,7 +22,7 @@ from commtag.schema import (
     GraphNodeRecord,
     GraphReplay,
 )
-from commtag.vocab import base_name, parse_nccl_kernel
+from commtag.vocab import base_name, nccl_kind, nccl_symmetric, parse_nccl_kernel
 
 BASE_NS = 1_775_078_550_000_000_000
 TID = 514683
@@ -370,3 +370,34 @@ def test_a_launch_just_beyond_the_tolerance_is_not_taken_for_the_logged_replay()
     result = match_graph_replays(trace.events, [capture], BASE_NS)
     assert result.matches == [] and [u.reason for u in result.unmatched] == [
         "NCCL kernels in a replay that matches no capture"]
+
+
+#: NCCL's symmetric-memory kernels as src/device/symmetric/generate.py names them
+#: (ncclSymkDevKernel_<Coll>_<Algo>[_<red>_<ty>]), with the argument Kineto prints.
+SYMK_AR = "ncclSymkDevKernel_AllReduce_RSxLDMC_AGxSTMC_sum_f32"
+SYMK_RS = "ncclSymkDevKernel_ReduceScatter_LL_sum_bf16"
+SYMK_ARGS = "(ncclSymkDevWorkArgs4K)"
+
+
+def test_symmetric_kernel_names_parse_in_every_spelling() -> None:
+    for name, parsed in [
+        (SYMK_AR + SYMK_ARGS, ("AllReduce", "sum", "Float")),
+        ("ncclSymkDevKernel_AllReduce_RSxLDMC_AGxSTMC_sum_f8e5m2", ("AllReduce", "sum", "Float8_e5m2")),
+        ("ncclSymkDevKernel_AllReduce_AGxLL_R_sum_f16", ("AllReduce", "sum", "Half")),
+        (SYMK_RS, ("ReduceScatter", "sum", "BFloat16")),
+        ("ncclSymkDevKernel_AllGather_LL" + SYMK_ARGS, ("AllGather", None, None)),
+        ("ncclSymkDevKernel_AllGather_GinHier_MCRing", ("AllGather", None, None)),
+        (f"_Z{len(SYMK_RS)}{SYMK_RS}21ncclSymkDevWorkArgs4K", ("ReduceScatter", "sum", "BFloat16")),
+    ]:
+        p = parse_nccl_kernel(name)
+        assert p == parsed and nccl_symmetric(name), name
+        assert nccl_kind(name) == parsed[0].lower()
+    assert not nccl_symmetric(AR) and not nccl_symmetric(GEMM)
+
+
+def test_a_replay_of_symmetric_kernels_is_matched_by_order_confirmed_by_names() -> None:
+    trace = Trace()
+    trace.replay(1000.0, 0, [(GEMM, 0), (SYMK_AR, 0), ("void at::native::relu_kernel", 0), (SYMK_RS, 0), (GEMM, 0)])
+    result = match_graph_replays(trace.events, [_capture(names=False, replays=((0, 1000.0),))], BASE_NS)
+    assert _annotated(trace.events, result) == [(SYMK_AR, 7, 0, 0, "order"), (SYMK_RS, 3, 0, 0, "order")]
+    assert result.unmatched == []

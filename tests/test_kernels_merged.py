@@ -208,3 +208,36 @@ def test_summary_of_one_trace_file_is_that_of_its_directory(merged):
     (trace,) = source.iterdir()
     assert to_json(*load(trace)) == to_json(*load(source))
     assert orjson.loads(to_json(*load(trace)))["collectives"]
+
+
+def test_a_group_mixing_symmetric_and_regular_nccl_kernels_is_said(tmp_path):
+    """The public eager trace with every other all_reduce kernel renamed to the symmetric-memory
+    kernel NCCL runs for it on registered buffers (src/device/symmetric/generate.py:
+    ncclSymkDevKernel_AllReduce_<algo>_sum_f32): each is still its collective, counted as
+    communication, and the lane says it mixes both kinds, from the directory and the merged trace."""
+    from commtag.report.inputs import load
+    from commtag.report.tables import to_json, to_text
+
+    source = _input("eager-nccl-metadata/hta_a100_nccl_data.json.gz")
+    doc = orjson.loads(gzip.decompress(source.read_bytes()))
+    renamed = 0
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e.get("name", "").startswith("ncclKernel_AllReduce"):
+            if renamed % 2 == 0:
+                e["name"] = "ncclSymkDevKernel_AllReduce_AGxLL_R_sum_f32(ncclSymkDevWorkArgs4K)"
+            renamed += 1
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / source.name).write_bytes(gzip.compress(orjson.dumps(doc)))
+    out = tmp_path / "merged.pftrace"
+    merge(tmp_path / "in", out, progress=False)
+    assert validate_file(out) == []
+    (lane,) = _annotated(read(out), "lane").values()
+    assert (lane.args["commtag kernels nccl symmetric count"], lane.args["commtag kernels nccl regular count"]) == (8, 13)
+    for path in (tmp_path / "in", out):
+        analysis, kernels = load(path)
+        text = to_text(analysis, kernels)
+        assert "groups mixing NCCL's symmetric-memory and regular kernels" in text
+        assert f"{lane.args['commtag kernels id']}: 8 symmetric-memory and 13 regular NCCL kernels" in text
+        (entry,) = orjson.loads(to_json(analysis, kernels))["kernels"]["lane"]
+        assert entry["nccl_kernels"] == {"symmetric": 8, "regular": 13}
+        assert entry["count"] == {"communication": 21}

@@ -51,6 +51,7 @@ def merge(
     selection: Optional[Selection] = None,
     max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
     jobs: Optional[int] = None,
+    nccl_inspector: Optional[Union[Path, str]] = None,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) into one Perfetto file, as ``commtag merge`` does.
 
@@ -89,6 +90,9 @@ def merge(
             (:func:`commtag.merge.engine.jobs.default_jobs`); 1 merges in this
             process alone. Ignored under torchrun. A custom ``analysis`` hook
             cannot be sent to other processes: with one, this process merges alone.
+        nccl_inspector: A folder of NCCL Inspector dumps (``<host>-pid<pid>.log``): each record
+            joins its instance, whose lane slice then carries NCCL's own figures beside commtag's
+            (:mod:`commtag.merge.inputs.inspector`); records that join nothing are counted in notices.
 
     Returns:
         A :class:`commtag.merge.engine.options.MergeResult`: the output, the ranks
@@ -113,7 +117,16 @@ def merge(
     options = MergeOptions(align=align, json_dir=Path(json_dir) if json_dir is not None else None,
                            rank_pattern=rank_pattern, rank=rank, progress=progress,
                            skip_bad_ranks=skip_bad_ranks, list_left_out=list_left_out, strict=strict,
-                           selection=selection, max_output=max_output)
+                           selection=selection, max_output=max_output,
+                           nccl_inspector=Path(nccl_inspector) if nccl_inspector is not None else None)
+    if options.nccl_inspector is not None:  # bad dumps stop the merge before any worker starts
+        from commtag.merge.errors import MergeFailed, MergeInputError
+        from commtag.merge.inputs.inspector import read_inspector
+
+        try:
+            read_inspector(options.nccl_inspector)
+        except MergeInputError as exc:
+            raise MergeFailed([exc]) from None
     hook = MergeAnalysis() if analysis is True else analysis or None
     where = Path(output) if output else default_output(paths) if paths else Path(DEFAULT_OUTPUT)
 

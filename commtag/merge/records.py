@@ -356,6 +356,9 @@ ALL_TIME = (0, 1 << 63)
 WINDOW_MARKER = "window"
 #: With no window to carry it, the world size goes on an instant of its own at the lowest rank's first event.
 WORLD_MARKER = "world"
+#: The marker that says how the merged trace's clocks were aligned (``"commtag alignment"``: the
+#: entry of :func:`commtag.merge.analysis.align.alignment_entry`, as JSON), at the lowest rank's first event.
+ALIGNMENT_MARKER = "alignment"
 
 
 @dataclass(slots=True)
@@ -378,6 +381,10 @@ class Coverage:
     steps: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     #: Rank -> its first event (ns): where the merged trace can say the world size when no window does.
     firsts: dict[int, int] = field(default_factory=dict)
+    #: Rank -> the host it ran on (its sidecar's, else its trace's ``host_name``); absent where unknown.
+    hosts: dict[int, str] = field(default_factory=dict)
+    #: How the clocks were aligned (:func:`commtag.merge.analysis.align.alignment_entry`); None: not said.
+    alignment: Optional[dict] = None
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":

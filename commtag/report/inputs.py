@@ -28,11 +28,13 @@ class SummaryInputError(CommtagError):
 
 def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
          rank_pattern: Optional[str] = None, rank: Optional[int] = None, warnings: Optional[list[str]] = None,
-         notices: Optional[list[str]] = None) -> tuple[Analysis, Optional[KernelTables]]:
+         notices: Optional[list[str]] = None,
+         nccl_inspector: Optional[Path] = None) -> tuple[Analysis, Optional[KernelTables]]:
     """The analysis of ``path`` and its kernel categories (the same scopes for both inputs);
     ``rank_pattern`` and ``rank`` tell the rank of traces that name none, as for the merge.
     ``warnings`` gets the merge's warnings of traces read (files that may not be of one run),
-    ``notices`` its notices of files left out (a link to nothing)."""
+    ``notices`` its notices of files left out (a link to nothing), and with ``nccl_inspector`` (a
+    folder of NCCL Inspector dumps, joined as the merge joins them) the records that joined nothing."""
     path = Path(path)
     if path.is_dir():
         instances, coverage, kernels = _from_traces(path, rank_pattern, rank, warnings, notices)
@@ -51,6 +53,8 @@ def load(path: Path, *, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKE
             instances, coverage, kernels = _from_pftrace(path)
     else:
         raise SummaryInputError(f"{path}: no such file or directory")
+    if nccl_inspector is not None:
+        _join_inspector(instances, Path(nccl_inspector), notices)
     return analyze(instances, coverage=coverage, straggler_min_skew_us=straggler_min_skew_us), kernels
 
 
@@ -69,6 +73,28 @@ def _from_pftrace(path: Path) -> tuple[list, Coverage, KernelTables]:
         raise SummaryInputError(f"{path}: no rank processes or collective lane slices "
                                 "(is it a trace written by `commtag merge`?)")
     return instances, coverage, _tables(kernels)
+
+
+def _join_inspector(instances: list, folder: Path, notices: Optional[list[str]]) -> None:
+    """Each rank's NCCL Inspector records joined to its instances, as the merge's rank pass joins them."""
+    from commtag.identity import describe_ranks
+    from commtag.merge.errors import MergeInputError
+    from commtag.merge.inputs.inspector import claimed, join, read_inspector, unclaimed_note
+
+    try:
+        records = read_inspector(folder)
+    except MergeInputError as exc:
+        raise SummaryInputError(str(exc)) from exc
+    said: dict[str, list[int]] = {}
+    for rank in sorted({i.rank for i in instances}):
+        for note in join([i for i in instances if i.rank == rank], rank, records):
+            said.setdefault(note, []).append(rank)
+    if notices is not None:
+        notices += [f"{describe_ranks(ranks)}: {note}" for note, ranks in said.items()]
+        taken = claimed(instances)
+        others = [key for key, recs in records.items() if key not in taken for _ in recs]
+        if others:
+            notices.append(unclaimed_note(others))
 
 
 def _tables(found: KernelTables) -> KernelTables:

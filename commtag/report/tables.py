@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import orjson
 
 from commtag.atomic import write_atomic
-from commtag.kernels import Breakdown
+from commtag.kernels import LANE_SCOPE, Breakdown, mixed_nccl_lanes
 from commtag.merge.analysis.analyze import NO_PAYLOAD
 from commtag.merge.analysis.results import Analysis
 from commtag.merge.analysis.table import GroupSummary, summarize
@@ -47,6 +47,7 @@ def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         "ranks": analysis.coverage.ranks,
         "world_size": analysis.coverage.world_size,
         "absent_ranks": analysis.coverage.absent,
+        "alignment": analysis.coverage.alignment,
         "collectives": [m.to_dict() for m in analysis.collectives],
         "summary": [row.to_dict() for row in summarize(analysis)],
         "findings": [f.to_dict() for f in analysis.findings],
@@ -104,18 +105,20 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
     if incomplete:
         lines.append(f"{incomplete} collectives are incomplete (a member rank did not record them): "
                      "left out of skew and busbw")
-    header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers")
+    header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers", "time by cause")
     by_group: dict[str, list[GroupSummary]] = {}
     for row in rows:
         by_group.setdefault(row.pg_uid, []).append(row)
     for pg, group_rows in by_group.items():
         lane = group_rows[0].lane_name
-        lines += ["", f"{lane or pg}  (uid {pg})"]
+        scopes = {r.nodes for r in group_rows}
+        lines += ["", f"{lane or pg}  (uid {pg})" + (f", {scopes.pop()}" if len(scopes) == 1 and None not in scopes else "")]
         table = [header] + [
             (
                 r.collective, str(r.count), _bytes(r.bytes, r.collective), _time(r.total_time_us), _time(r.skew_p50_us),
                 _time(r.skew_max_us), _bw(r.busbw_p50_gbps), _bw(r.busbw_p95_gbps),
                 ", ".join(f"{rank} ({n}x)" for rank, n in sorted(r.stragglers.items(), key=lambda kv: -kv[1])) or "-",
+                ", ".join(f"{cause} {share:.0%}" for cause, share in r.time_by_cause.items()) or "-",
             )
             for r in group_rows
         ]
@@ -140,6 +143,10 @@ def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int]
         if breakdowns:
             lines += ["", f"GPU time by kernel category, per {scope}:"]
             lines += [f"  rank {r} {scope} {i}: {b.describe()}" for (r, i), b in sorted(breakdowns.items())]
+    mixed = mixed_nccl_lanes((kernels or {}).get(LANE_SCOPE, {}))
+    if mixed:
+        lines += ["", "groups mixing NCCL's symmetric-memory and regular kernels (busbw mixes the two):"]
+        lines += [f"  {line}" for line in mixed]
     return "\n".join(lines) + "\n"
 
 

@@ -192,3 +192,7 @@ SYMM_MEM_COLLECTIVES: dict[str, Collective] = {row.name: row for row in (
     collective_row(SYMM_MEM_PREFIX + "multimem_all_gather", "allgather", True, "", "out", "(n-1)/n", "io", "out = in x n", "all"),
     collective_row(SYMM_MEM_PREFIX + "reduce_scatter", "reducescatter", True, "", "in", "(n-1)/n", "io", "in = out x n", "all"),
 )}
+#: The busbw no link carries (GB/s): NVLink 5 (B200/GB200) moves 900 GB/s per GPU each way, the
+#: fastest GPU link NVIDIA ships; InfiniBand XDR 100 GB/s. A busbw above it was measured on a time
+#: that is not the transfer's (a kernel that only signalled, a clipped span): flagged, not reported.
+MAX_PLAUSIBLE_BUSBW_GBPS = 1000.0

@@ -9,9 +9,17 @@ from typing import NamedTuple, Optional
 
 #: A kernel NCCL or RCCL launched for a collective, and the collective its name gives:
 #: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` (NCCL 2.19+), ``ncclKernel_AllReduce_RING_LL_Sum_float``
-#: (older), ``ncclDevKernel_Generic`` (NCCL and RCCL: the collective is in the args only).
-#: The one recogniser: :func:`nccl_kind` and :func:`parse_nccl_kernel` read it.
-NCCL_KERNEL = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+#: (older), ``ncclDevKernel_Generic`` (NCCL and RCCL: the collective is in the args only),
+#: ``ncclSymkDevKernel_AllReduce_RSxLDMC_AGxSTMC_sum_bf16`` (NCCL 2.27+'s symmetric-memory kernels,
+#: :data:`NCCL_SYMMETRIC_KERNEL`). The one recogniser: :func:`nccl_kind` and :func:`parse_nccl_kernel` read it.
+NCCL_KERNEL = re.compile(r"(?:nccl|rccl)(?:SymkDev|Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+#: The prefix of NCCL's symmetric-memory kernels: a collective on buffers every rank registered
+#: in a symmetric window (torch dispatches plain collectives to them when the tensors come from a
+#: symmetric memory pool, pytorch#192515). NCCL's src/device/symmetric/generate.py names each
+#: ``ncclSymkDevKernel_<Coll>_<Algo>[_<red>_<ty>]``: the algorithm joins steps with "x" and "_"
+#: (``AGxLL_R``, ``RSxLDMC_AGxSTMC``, ``GinHier_MCRing``), the reduction and type are lowercase and
+#: only the reducing collectives have them (``ncclSymkDevKernel_AllGather_LL``).
+NCCL_SYMMETRIC_PREFIX = "ncclSymkDevKernel_"
 #: Kernel names that are communication for the kernel breakdown: NCCL's and RCCL's (as
 #: :data:`NCCL_KERNEL` and beyond: MSCCL, NVSHMEM, DeepEP) and custom all-reduce kernels.
 COMMUNICATION_KERNELS = (
@@ -21,6 +29,13 @@ COMMUNICATION_KERNELS = (
 _NCCL_NEW = re.compile(
     r"^ncclDevKernel_([A-Za-z]+?)(?:_(Sum|Prod|MinMax|Max|Min|PreMulSum|SumPostDiv))?(?:_([a-z]+[0-9a-z]*))?"
     r"(?:_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_(LL128|LL|SIMPLE))?$")
+_NCCL_SYMMETRIC = re.compile(
+    r"^ncclSymkDevKernel_([A-Za-z]+?)_([A-Za-z0-9_]+?)"
+    r"(?:_(sum|prod|min|max|minmax|premulsum|sumpostdiv)_([a-z]+[0-9a-z]*))?$")
+#: NCCL's reduction op in a symmetric kernel's name (generate.py spells them lowercase) -> commtag's name.
+NCCL_SYMMETRIC_OPS: dict[str, str] = {
+    "sum": "sum", "prod": "product", "max": "max", "min": "min", "premulsum": "premul_sum", "sumpostdiv": "sum_post_div",
+}
 _NCCL_OLD = re.compile(
     r"^ncclKernel_([A-Za-z]+)_(?:[A-Z_]+?)_(LL128|LL|SIMPLE)_(Sum|Prod|Max|Min|PreMulSum|SumPostDiv)_([A-Za-z0-9_]+)$")
 #: NCCL's element type in a kernel name (new and old spelling) -> ScalarType name.
@@ -64,12 +79,26 @@ class NcclKernel(NamedTuple):
 
 
 @lru_cache(maxsize=65536)
+def nccl_symmetric(name: str) -> bool:
+    """Whether a kernel name is one of NCCL's symmetric-memory kernels (:data:`NCCL_SYMMETRIC_PREFIX`)."""
+    return nccl_kind(name) is not None and base_name(name).startswith(NCCL_SYMMETRIC_PREFIX)
+
+
+@lru_cache(maxsize=65536)
 def parse_nccl_kernel(name: str) -> Optional[NcclKernel]:
     """Collective, reduction op and dtype from an NCCL/RCCL kernel name (Kineto's or a mangled
     symbol), old or new style; None if :data:`NCCL_KERNEL` does not recognise it."""
     if nccl_kind(name) is None:
         return None
     base = base_name(name)
+    symmetric = _NCCL_SYMMETRIC.match(base)
+    if symmetric:
+        coll, op, ty = symmetric.group(1), symmetric.group(3), symmetric.group(4)
+        if coll not in NCCL_REDUCING:
+            return NcclKernel(coll, None, None)
+        return NcclKernel(coll, NCCL_SYMMETRIC_OPS.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""))
+    if base.startswith(NCCL_SYMMETRIC_PREFIX):
+        return NcclKernel("Generic", None, None)
     new = _NCCL_NEW.match(base)
     if new:
         coll, op, ty = new.group(1), new.group(2), new.group(3)

@@ -60,6 +60,22 @@ ANN_BUSBW = "commtag busbw GB/s"
 ANN_DESYNC = "commtag desync"
 ANN_WAIT_US = "commtag wait us"
 ANN_STRAGGLER = "commtag straggler"
+#: How many hosts a matched instance's ranks span (commtag.merge.analysis.explain).
+ANN_NODES = "commtag nodes"
+#: What a matched instance's time went to: one of commtag.merge.analysis.explain.CAUSES.
+ANN_CAUSE = "commtag cause"
+#: On a busbw above what any link carries: the figure left out, and why.
+ANN_BUSBW_IMPLAUSIBLE = "commtag busbw implausible"
+#: On an instance's own args: the NCCL Inspector record joined to it (that rank's view of it):
+#: NCCL's busbw and algbw (GB/s), its execution time (us), its timing source, its coll_sn.
+ANN_NCCL_BUSBW = "commtag nccl busbw GB/s"
+ANN_NCCL_ALGBW = "commtag nccl algbw GB/s"
+ANN_NCCL_EXEC_US = "commtag nccl exec us"
+ANN_NCCL_SOURCE = "commtag nccl timing source"
+ANN_NCCL_SN = "commtag nccl sn"
+#: On an instance's own args (the merge's rank pass): how long after its CPU call its device work
+#: (NCCL kernel, gloo work) started on that rank, us; what tells launch skew from arrival skew.
+ANN_LAUNCH_US = "commtag launch us"
 #: A marker's kind ("straggler", "desync", a trace window).
 ANN_MARKER = "commtag marker"
 ANN_WINDOW_RANK = "commtag window of rank"
@@ -67,6 +83,8 @@ ANN_WINDOW_NS = "commtag window ns"
 #: On a window marker: the ProfilerStep spans of the window (commtag.merge.steps.encode).
 ANN_WINDOW_STEPS = "commtag window steps"
 ANN_WORLD_SIZE = "commtag world size"
+#: On the alignment marker: how the clocks were aligned, as JSON (method, reference, each clock's offset and residual).
+ANN_ALIGNMENT = "commtag alignment"
 # With torch's own CUDA-graph annotations (torch 2.14+).
 #: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured
 #: collective (where the user turned torch's graph annotations on): ``"<capture id>.<n>"``, the

@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
-from commtag.merge.records import CollectiveInstance, match_groups
+import orjson
+
+from commtag.merge.records import ALIGNMENT_MARKER, CollectiveInstance, Coverage, Marker, match_groups
 from commtag.merge.inputs.selection import describe_numbers
-from commtag.vocab import SYNCHRONIZING_FAMILIES, family
+from commtag.vocab import ANN_ALIGNMENT, ANN_MARKER, SYNCHRONIZING_FAMILIES, family
+
+#: What an unaligned merge can say of its clocks' error: each host's CLOCK_REALTIME as its NTP or
+#: PTP daemon kept it, which nothing in the traces measures.
+NOT_MEASURED = "not measured: each host's CLOCK_REALTIME as NTP/PTP kept it (--align collectives measures it)"
+ONE_CLOCK = "none: every rank ran on one host, one clock"
 
 _ROUNDS = 30
 
@@ -37,6 +44,8 @@ class Alignment:
     residual_max_ns: int = 0
     #: Distinct clocks among the ranks (hosts, or ranks when hosts are unknown).
     clocks: int = 0
+    #: Each clock's median distance of its ends from their instances' median after correction (ns).
+    residual_by_clock: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.clocks == 1 and self.unit == "host":
@@ -97,4 +106,57 @@ def estimate_offsets(instances: Sequence[CollectiveInstance], hosts: Mapping[int
         spreads.append(max(abs(e - center) for e in ends))
     alignment.residual_median_ns = round(statistics.median(spreads))
     alignment.residual_max_ns = round(max(spreads))
+    by_clock: dict[str, list[float]] = {}
+    for g in matched:
+        center = statistics.median(i.end_ns + alignment.offsets[i.rank] for i in g)
+        for i in g:
+            by_clock.setdefault(unit_of[i.rank], []).append(abs(i.end_ns + alignment.offsets[i.rank] - center))
+    alignment.residual_by_clock = {u: round(statistics.median(d)) for u, d in by_clock.items()}
     return alignment
+
+
+def alignment_entry(alignment: Optional[Alignment], hosts: Mapping[int, str], ranks: Sequence[int]) -> dict:
+    """How a merge's clocks were aligned, for the merged trace and the summary's JSON: the method
+    ("collectives" or "none"), the reference clock (the lowest rank's), and per clock (a host, or a
+    rank where some rank's host is unknown) its ranks, its offset and its residual (us; null where
+    nothing measured it), with the uncertainty where no residual was measured."""
+    ranks = sorted(ranks)
+    by_host = bool(ranks) and all(hosts.get(r) for r in ranks)
+    members: dict[str, list[int]] = {}
+    for r in ranks:
+        members.setdefault(hosts[r] if by_host else str(r), []).append(r)
+    measured = alignment is not None and alignment.matched > 0
+    one_clock = len(members) == 1
+    clocks = [{"clock": clock if by_host else f"rank {clock}", "ranks": rs,
+               "offset_us": round(alignment.offsets.get(rs[0], 0) / 1000, 3) if measured else 0.0,  # type: ignore[union-attr]
+               "residual_us": (round(alignment.residual_by_clock[clock] / 1000, 3)  # type: ignore[union-attr]
+                               if measured and clock in alignment.residual_by_clock else 0.0 if one_clock else None)}
+              for clock, rs in members.items()]
+    return {
+        "method": "collectives" if alignment is not None else "none",
+        "unit": "host" if by_host else "rank",
+        "reference": clocks[0]["clock"] if clocks else None,
+        "matched": alignment.matched if alignment is not None else None,
+        "residual_median_us": round(alignment.residual_median_ns / 1000, 3) if measured else None,  # type: ignore[union-attr]
+        "residual_max_us": round(alignment.residual_max_ns / 1000, 3) if measured else None,  # type: ignore[union-attr]
+        "uncertainty": ONE_CLOCK if one_clock else None if measured else NOT_MEASURED,
+        "clocks": clocks,
+    }
+
+
+def with_clocks(covered: Coverage, alignment: Optional[Alignment]) -> Coverage:
+    """``covered`` saying how its clocks were aligned (``alignment``: None where they were not)."""
+    covered.alignment = alignment_entry(alignment, covered.hosts, covered.ranks)
+    return covered
+
+
+def alignment_marker(covered: Coverage) -> list[Marker]:
+    """The merged trace's alignment entry, at the lowest rank's first event (none where not said)."""
+    entry = covered.alignment
+    if entry is None or not covered.firsts:
+        return []
+    rank = min(covered.firsts)
+    said = entry["uncertainty"] or f"residual median {entry['residual_median_us']} us"
+    name = f"clock alignment: {entry['method']}, {len(entry['clocks'])} clock(s), {said}"
+    return [Marker(rank, covered.firsts[rank], name,
+                   {ANN_MARKER: ALIGNMENT_MARKER, ANN_ALIGNMENT: orjson.dumps(entry).decode()})]

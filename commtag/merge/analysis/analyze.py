@@ -86,6 +86,7 @@ from commtag.merge.analysis.alltoall import traffic
 from commtag.merge.batches import batch_ranks, is_batch
 from commtag.merge.analysis.checks import SeqIndex, check, seq_gaps
 from commtag.merge.analysis.impact import impact
+from commtag.merge.analysis.explain import explain
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.vocab import (
     ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_MARKER, ANN_PG_UID, ANN_SKEW_US, BUSBW_FACTORS, COLLECTIVES,
@@ -229,7 +230,7 @@ def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqInde
                     if transfer is not None else (None, None))
     if last.source == CPU_OP_SOURCE:
         algbw = busbw = None  # the host time of a call that only enqueued the transfer
-    return MatchedCollective(
+    matched = MatchedCollective(
         pg_uid=last.pg_uid,
         lane_name=last.lane_name,
         is_p2p=last.is_p2p,
@@ -253,6 +254,8 @@ def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqInde
         algbw_gbps=algbw,
         busbw_gbps=busbw,
     )
+    explain(matched, coverage)
+    return matched
 
 
 def skews(matched: list[MatchedCollective]) -> list[tuple[bool, int, int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from commtag.merge.analysis.align import alignment_marker
 from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
 from commtag.merge.analysis.impact import impact_counters
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
@@ -19,7 +20,7 @@ from commtag.merge.records import (
 )
 from commtag.merge.steps import encode, in_window
 from commtag.vocab import (
-    ANN_ALGBW, ANN_BUSBW, ANN_BYTES, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
+    ANN_ALGBW, ANN_BUSBW, ANN_BUSBW_IMPLAUSIBLE, ANN_BYTES, ANN_CAUSE, ANN_NODES, MAX_PLAUSIBLE_BUSBW_GBPS, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
     ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
     ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
 )
@@ -63,7 +64,7 @@ def window_markers(coverage: Coverage) -> list[Marker]:
         rank = min(coverage.firsts)
         out.append(Marker(rank, coverage.firsts[rank], f"world size {coverage.world_size} (no profiled window: "
                           "no collective recorded)", {ANN_MARKER: WORLD_MARKER, ANN_WORLD_SIZE: coverage.world_size}))
-    return out
+    return out + alignment_marker(coverage)
 
 
 def annotate(analysis: Analysis) -> None:
@@ -101,6 +102,12 @@ def collective_figures(m: MatchedCollective) -> dict[str, object]:
         figures[ANN_ALGBW] = round(m.algbw_gbps, 6)
     if m.busbw_gbps is not None:
         figures[ANN_BUSBW] = round(m.busbw_gbps, 6)
+    if m.busbw_implausible:
+        figures[ANN_BUSBW_IMPLAUSIBLE] = f"above {MAX_PLAUSIBLE_BUSBW_GBPS:,.0f} GB/s, more than any link carries: left out"
+    if m.nodes is not None:
+        figures[ANN_NODES] = m.nodes
+    if m.cause is not None:
+        figures[ANN_CAUSE] = m.cause
     if m.findings:
         figures[ANN_DESYNC] = "\n".join(f.message for f in m.findings)
     return figures

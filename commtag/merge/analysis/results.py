@@ -108,6 +108,14 @@ class MatchedCollective:
     #: Members of an unknown group (an NCCL kernel without metadata) that no rank's trace
     #: matched: there are this many, but which ranks is not known (so not in missing_ranks).
     unnamed_missing: int = 0
+    #: How many hosts its ranks ran on; None where a member's host is unknown (commtag.merge.analysis.explain).
+    nodes: Optional[int] = None
+    #: What its time went to (commtag.merge.analysis.explain.CAUSES); None before it is explained.
+    cause: Optional[str] = None
+    #: Its busbw came out above what any link carries: left out (``busbw_gbps`` and ``algbw_gbps`` None).
+    busbw_implausible: bool = False
+    #: NCCL Inspector's own figures for it (commtag.merge.analysis.explain.nccl_view); None without a record.
+    nccl: Optional[dict[str, object]] = None
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -155,6 +163,10 @@ class MatchedCollective:
             "bytes": self.bytes,
             "algbw_gbps": self.algbw_gbps,
             "busbw_gbps": self.busbw_gbps,
+            "busbw_implausible": self.busbw_implausible,
+            "nodes": self.nodes,
+            "cause": self.cause,
+            "nccl": self.nccl,
             "straggler": self.straggler,
             "desync": [f.to_dict() for f in self.findings],
         }

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+from commtag.merge.analysis.explain import INTER_NODE, INTRA_NODE, node_scope, time_by_cause
 from commtag.merge.analysis.results import Analysis, MatchedCollective
 
 
@@ -49,6 +50,14 @@ class GroupSummary:
     desyncs: int
     #: Instances some member rank did not record (left out of skew and busbw).
     incomplete: int = 0
+    #: "intra-node" (every instance on one host), "inter-node" (every one across hosts), else None.
+    nodes: Optional[str] = None
+    #: Per scope (intra-node, inter-node) of the instances whose hosts are known: count, time, busbw.
+    by_nodes: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: Each cause's share of the instances' summed span (commtag.merge.analysis.explain).
+    time_by_cause: dict[str, float] = field(default_factory=dict)
+    #: Instances whose busbw came out above what any link carries (left out of the busbw figures).
+    busbw_implausible: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -65,6 +74,10 @@ class GroupSummary:
             "stragglers": {str(r): n for r, n in sorted(self.stragglers.items())},
             "desyncs": self.desyncs,
             "incomplete": self.incomplete,
+            "nodes": self.nodes,
+            "by_nodes": self.by_nodes,
+            "time_by_cause": self.time_by_cause,
+            "busbw_implausible": self.busbw_implausible,
         }
 
 
@@ -97,8 +110,25 @@ def summarize(analysis: Analysis) -> list[GroupSummary]:
             stragglers=dict(stragglers),
             desyncs=sum(1 for m in ms if m.desync),
             incomplete=sum(1 for m in ms if not m.complete),
+            nodes=node_scope(ms),
+            by_nodes=_by_nodes(ms),
+            time_by_cause=time_by_cause(ms),
+            busbw_implausible=sum(1 for m in ms if m.busbw_implausible),
         ))
     out.sort(key=lambda g: (g.lane_name or g.pg_uid, -g.total_time_us, g.collective))
+    return out
+
+
+def _by_nodes(ms: list[MatchedCollective]) -> dict[str, dict[str, object]]:
+    """The instances split by scope: on one host, across hosts (unknown hosts in neither)."""
+    out: dict[str, dict[str, object]] = {}
+    for scope in (INTRA_NODE, INTER_NODE):
+        part = [m for m in ms if m.nodes is not None and (m.nodes == 1) == (scope == INTRA_NODE)]
+        if part:
+            bws = [m.busbw_gbps for m in part if m.busbw_gbps is not None]
+            time = sum(statistics.fmean(i.duration_ns for i in m.members.values()) for m in part) / 1000.0
+            out[scope] = {"count": len(part), "total_time_us": round(time, 3),
+                          "busbw_p50_gbps": _significant(percentile(bws, 50))}
     return out
 
 

@@ -272,7 +272,9 @@ def options_from_wire(data: dict) -> MergeOptions:
         steps=None if chosen["steps"] is None else frozenset(chosen["steps"]),
         window=None if window is None else (window[0], window[1]),
         detail=None if chosen["detail"] is None else frozenset(chosen["detail"]))
+    inspector = data.get("nccl_inspector")
     return MergeOptions(**{**data, "json_dir": None if data["json_dir"] is None else Path(data["json_dir"]),
+                           "nccl_inspector": None if inspector is None else Path(inspector),
                            "selection": selection, "progress": False})
 
 

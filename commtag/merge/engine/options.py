@@ -48,6 +48,8 @@ class MergeOptions:
     selection: Optional[Selection] = None
     #: Bytes the merged trace may take (its size is estimated before it is written); None: any.
     max_output: Optional[int] = DEFAULT_MAX_OUTPUT
+    #: A folder of NCCL Inspector dumps whose records join their instances (commtag.merge.inputs.inspector).
+    nccl_inspector: Optional[Path] = None
 
     def __post_init__(self) -> None:
         if self.align not in ALIGN_MODES:
@@ -59,6 +61,7 @@ class MergeOptions:
         compare (:func:`commtag.merge.engine.hosts.share`)."""
         sent = {f.name: getattr(self, f.name) for f in fields(self)}
         sent["json_dir"] = None if self.json_dir is None else str(self.json_dir)
+        sent["nccl_inspector"] = None if self.nccl_inspector is None else str(self.nccl_inspector)
         chosen = self.selection
         sent["selection"] = None if chosen is None else {
             name: None if value is None else sorted(value) if isinstance(value, frozenset) else list(value)

@@ -1,5 +1,4 @@
-"""The merge, stage by stage: discover, plan, (align), write ranks, exchange, analyze,
-write lanes, publish.
+"""The merge, stage by stage: discover, plan, (align), write ranks, exchange, analyze, write lanes, publish.
 
 :func:`merge` reads as that list; each stage is a function below taking the
 :class:`MergePlan`, which holds what the merge decided before reading any
@@ -43,7 +42,7 @@ from commtag.merge.inputs.clock import time_origin
 from commtag.merge.pftrace import lanes, writer
 from commtag.merge.ids import sequence_block
 from commtag.merge.pftrace.sequence import SequenceWriter
-from commtag.merge.analysis.align import Alignment, estimate_offsets
+from commtag.merge.analysis.align import Alignment, estimate_offsets, with_clocks
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
@@ -141,12 +140,13 @@ def merge(
                             plan.interner, plan.skipped, plan.notices)
         instances, warned = gather(plan, everyone, held)
         own: Optional[OwnLanes] = None
+        covered = with_clocks(coverage(everyone), plan.alignment)  # hosts, and how their clocks were aligned
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             if held is not None:
-                outcome = share_analysis(plan.world, held, everyone, analysis, coverage(everyone), plan.interner)
+                outcome = share_analysis(plan.world, held, everyone, analysis, covered, plan.interner)
                 annotations, own = outcome.annotations, outcome.lanes
             else:
-                annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
+                annotations = analysis(instances, covered) if analysis is not None else None
         # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, own))
         if plan.output.apart:
@@ -385,17 +385,17 @@ def collect(
     if warnings is not None:
         warnings += [f"{path}: {problem}" for path, problem in runs.suspects(summaries)]
     instances = [i for s in summaries for i in s.instances]
-    if align == "collectives":
-        offsets = estimate_offsets(instances, {s.rank: s.host for s in summaries}).offsets
+    alignment = estimate_offsets(instances, {s.rank: s.host for s in summaries}) if align == "collectives" else None
+    if alignment is not None:
         for inst in instances:
-            inst.start_ns += offsets.get(inst.rank, 0)
-            inst.end_ns += offsets.get(inst.rank, 0)
+            inst.start_ns += alignment.offsets.get(inst.rank, 0)
+            inst.end_ns += alignment.offsets.get(inst.rank, 0)
         for s in summaries:
-            shift = offsets.get(s.rank, 0)
+            shift = alignment.offsets.get(s.rank, 0)
             s.windows = [(first + shift, last + shift) for first, last in s.windows]
             s.steps = [(n, start + shift, end + shift) for n, start, end in s.steps]
     settle_inferred(instances)
-    return coverage(summaries), instances
+    return with_clocks(coverage(summaries), alignment), instances
 
 
 def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSummary]] = None) -> list[RankSummary]:
@@ -438,7 +438,7 @@ def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
         return None
     converter, files = converted
     timeline = converter.timeline()
-    summary = rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files)
+    summary = rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files, plan.options.nccl_inspector)
     summary.account = converter.account()
     if header:
         stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))

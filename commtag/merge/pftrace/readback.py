@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
 
+import orjson
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.errors import CommtagError
@@ -29,6 +30,7 @@ from commtag.identity import UNATTRIBUTED_UID
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.ids import PID_BASE, process_uuid
 from commtag.merge.records import (
+    ALIGNMENT_MARKER,
     ALL_TIME,
     WINDOW_MARKER,
     WORLD_MARKER,
@@ -39,7 +41,7 @@ from commtag.merge.records import (
 from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.merge.steps import StepSpan, decode
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
+    ANN_ALIGNMENT, ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
     ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
 )
 
@@ -125,6 +127,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     windows: dict[int, list[tuple[int, int]]] = {}
     steps: dict[int, list[StepSpan]] = {}
     world_size: Optional[int] = None
+    alignment: Optional[dict] = None
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
     strings: dict[int, dict[int, str]] = {}
@@ -175,6 +178,8 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
             elif args.get(ANN_MARKER) == WORLD_MARKER:
                 world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
+            elif args.get(ANN_MARKER) == ALIGNMENT_MARKER:
+                alignment = _alignment(args.get(ANN_ALIGNMENT)) or alignment
     # A file with window instants has them for every rank whose trace showed its collectives; one
     # written before they existed says nothing of when its ranks were profiled.
     unknown = [] if windows else [ALL_TIME]
@@ -183,8 +188,25 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     for instance in out:  # an NCCL kernel without metadata: the merge took its group as the world
         if world_size and instance.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
             instance.group_size = world_size
+    hosts = {r: str(c["clock"]) for c in alignment["clocks"] for r in c["ranks"]} \
+        if alignment is not None and alignment.get("unit") == "host" else {}
     return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size,
-                                  {r: sorted(s, key=lambda step: (step[1], step[0])) for r, s in steps.items() if s})
+                                  {r: sorted(s, key=lambda step: (step[1], step[0])) for r, s in steps.items() if s},
+                                  hosts=hosts, alignment=alignment)
+
+
+def _alignment(text: object) -> Optional[dict]:
+    """The alignment entry a merged trace carries (commtag.merge.analysis.align.alignment_entry); None
+    where it is not one (a trace from before it, or damaged: then the summary says nothing of its clocks)."""
+    try:
+        entry = orjson.loads(text) if isinstance(text, str) else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("clocks"), list):
+        return None
+    if not all(isinstance(c, dict) and isinstance(c.get("ranks"), list) for c in entry["clocks"]):
+        return None
+    return entry
 
 
 def _int_or_none(value: object) -> Optional[int]:

@@ -18,11 +18,11 @@ torch's integer "Process Group ID" is read through pg_config's uid.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from commtag.constants import parse_rank_list
 from commtag.identity import group_info
-from commtag.merge.rank.events import FileEvents, HostCall, make_instance, mark_nccl2
+from commtag.merge.rank.events import FileEvents, HostCall, make_instance, mark_nccl2, with_launch
 from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
     ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_PG_UID, ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY,
@@ -58,6 +58,13 @@ def kernel_calls(events: FileEvents) -> list[tuple[int, int, dict, dict, str]]:
                 args = {**args, RANK_KEY: _op_rank(events, link)}
         calls.append((start, end, k, args, "nccl-kernel"))
     return calls
+
+
+def _call_start(events: FileEvents, kernel: dict) -> Optional[int]:
+    """The start of the record_param_comms op that launched ``kernel`` (the same "External id"), if profiled."""
+    if events.op_starts is None:
+        events.op_starts = {(op.get("args") or {}).get(EXTERNAL_ID_KEY): start for start, _, op in events.comms_ops}
+    return events.op_starts.get((kernel.get("args") or {}).get(EXTERNAL_ID_KEY))
 
 
 def _op_rank(events: FileEvents, link: object) -> object:
@@ -99,8 +106,9 @@ def kernel_timed(events: FileEvents, call: HostCall, kernels: list[tuple]) -> No
     for kernel in kernels:
         events.taken.add(id(kernel[2]))
         events.annotate(kernel[2], parts)
-    events.instances.append(make_instance(events.interner, events.rank, parts, kernels[0][0], max(k[1] for k in kernels),
-                                    "nccl-kernel", call.group, events.flows.source(kernels[0][2]), events.members))
+    events.instances.append(with_launch(make_instance(
+        events.interner, events.rank, parts, kernels[0][0], max(k[1] for k in kernels), "nccl-kernel", call.group,
+        events.flows.source(kernels[0][2]), events.members), call.lo))
 
 
 def pair_calls(events: FileEvents, calls: list[tuple[int, int, dict, dict, str]], records: list, order: str) -> set[int]:
@@ -143,7 +151,8 @@ def pair_calls(events: FileEvents, calls: list[tuple[int, int, dict, dict, str]]
         for sibling in events.siblings.get(id(e), ()):
             events.annotate(sibling, parts)
         group = events.by_uid.get(str(parts[0][ANN_PG_UID]))
-        events.instances.append(make_instance(events.interner, events.rank, parts, start, end, source, group, events.flows.source(e), events.members))
+        inst = make_instance(events.interner, events.rank, parts, start, end, source, group, events.flows.source(e), events.members)
+        events.instances.append(with_launch(inst, _call_start(events, e)) if source != CPU_OP_SOURCE else inst)
     return paired
 
 

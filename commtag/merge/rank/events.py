@@ -19,6 +19,7 @@ from commtag.merge.ids import FLOW_LAUNCH, FLOW_SOURCE, flow_id
 from commtag.merge.inputs.clock import base_ns, event_ns
 from commtag.merge.records import CollectiveInstance, Interner, ranks_of, whole
 from commtag.vocab import (
+    ANN_LAUNCH_US,
     ANN_CROSS_RANK, ANN_P2P_PAIR_SEQ, ANN_PEER, ANN_RANK, ANN_RECORD_FORMAT, ANN_RECV_PEERS, ANN_REPLAY,
     ANN_SEND_PEERS, ANN_SEQ_PART, C10D_OP_PREFIX, COLLECTIVE_NAME_KEY, COMMS_OP, CORRELATION_KEY, EXTERNAL_ID_KEY,
     GRAPH_NODE_ID_KEY, IN_SPLIT_KEY, KERNEL_CATEGORY, LAUNCH_CATEGORIES, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_P2P_NAMES,
@@ -110,6 +111,15 @@ def make_instance(interner: Interner, rank: int, parts: tuple[dict, dict], start
         source_flow=flow)
 
 
+def with_launch(inst: CollectiveInstance, call_ns: Optional[int]) -> CollectiveInstance:
+    """``inst`` saying how long after its CPU call (``call_ns``) its device work started
+    (:data:`ANN_LAUNCH_US`, what tells launch skew from arrival skew); unsaid where the call is unknown
+    or started after it (clocks of another source)."""
+    if call_ns is not None and call_ns <= inst.start_ns:
+        inst.args[ANN_LAUNCH_US] = round((inst.start_ns - call_ns) / 1000, 3)
+    return inst
+
+
 def mark_nccl2(eager: dict, seq_parts: dict[tuple[str, int], int], group_ranks: Sequence[int]) -> None:
     """Mark an nccl2 record so the merge reads it in legacy terms (vocab.legacy_view), and keep
     apart what its Seq does not (docs/nccl2.md §4): the k records of one coalesced call share
@@ -194,6 +204,8 @@ class FileEvents:
         self.nccl2_parts: dict[int, tuple[dict, dict]] = {}
         #: record_param_comms ops' "Rank" by "External id", made when an nccl2 p2p kernel needs it.
         self.op_ranks: Optional[dict[object, object]] = None
+        #: record_param_comms ops' starts by "External id", made when an eager kernel's call is asked for.
+        self.op_starts: Optional[dict[object, int]] = None
         self.c10d: dict[int, list[tuple[int, int, dict]]] = {}
         self.gloo: list[tuple[int, int, dict, str, int]] = []
         self.kernels: list[tuple[int, int, dict]] = []
@@ -306,5 +318,5 @@ class FileEvents:
         first = min(works, key=lambda w: w[0]) if works else None
         origin = op if op is not None and (first is None or op[0] <= first[0]) else first
         flow = self.flows.source(origin[2]) if origin is not None else None
-        self.instances.append(make_instance(self.interner, self.rank, parts, timing[0], timing[1], source, call.group, flow,
-                                        self.members))
+        inst = make_instance(self.interner, self.rank, parts, timing[0], timing[1], source, call.group, flow, self.members)
+        self.instances.append(with_launch(inst, call.lo) if works else inst)

@@ -23,6 +23,7 @@ from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
 from commtag.merge.inputs.load import RankInput, TraceFile
 from commtag.merge.inputs.sidecars import load_sidecar
 from commtag.merge.inputs.clock import wall_clock
+from commtag.merge.inputs.inspector import join as join_inspector, read_inspector
 from commtag.merge.records import (
     Coverage, FileSpan, GroupLane, Interner, RankSummary,
 )
@@ -199,7 +200,13 @@ def collector_paused():
 
 
 def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[int],
-                  lane_kernels: dict[str, dict], files: list[FileSpan]) -> RankSummary:
+                  lane_kernels: dict[str, dict], files: list[FileSpan], inspector: Optional[Path] = None) -> RankSummary:
+    """What is kept of a converted rank; with ``inspector`` (a folder of NCCL Inspector dumps) its
+    records joined to the rank's instances, what joined nothing in its notes."""
+    if inspector is not None:
+        pids = {(f.sidecar_host or f.host, f.pid) for f in files if f.pid is not None}
+        converter.notes.extend(join_inspector(converter.instances, rank.rank, read_inspector(inspector),
+                                              next(iter(pids)) if len(pids) == 1 else None))
     groups = dict(converter.groups)
     for inst in converter.instances:
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
@@ -213,4 +220,5 @@ def coverage(summaries: Sequence[RankSummary]) -> Coverage:
     sizes = Counter(s.world_size for s in summaries if s.world_size)
     return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
                     steps={s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps},
-                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None})
+                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None},
+                    hosts={s.rank: s.host for s in summaries if s.host})
