@@ -276,7 +276,7 @@ class DeviceWork:
         lane = args.get(ANN_LANE) if lane is None else lane
         self._lane.append(lane)
         if lane.__class__ is str and category == COMMUNICATION and nccl_kind(name) is not None:
-            variants = self._lane_nccl.setdefault(lane, {})  # type: ignore[arg-type]
+            variants = self._lane_nccl.setdefault(lane, {})
             variant = SYMMETRIC if nccl_symmetric(name) else REGULAR
             variants[variant] = variants.get(variant, 0) + 1
 

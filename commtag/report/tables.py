@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import orjson
 
 from commtag.atomic import write_atomic
-from commtag.kernels import LANE_SCOPE, Breakdown, mixed_nccl_lanes
+from commtag.kernels import LANE_SCOPE, KernelTables, mixed_nccl_lanes
 from commtag.merge.analysis.analyze import NO_PAYLOAD
 from commtag.merge.analysis.results import Analysis
 from commtag.merge.analysis.table import GroupSummary, summarize
@@ -39,7 +39,7 @@ _CSV_COLUMNS = (
 )
 
 
-def to_json(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int], Breakdown]]] = None) -> bytes:
+def to_json(analysis: Analysis, kernels: Optional[KernelTables] = None) -> bytes:
     """The machine-readable report: one record per matched instance, the table, the findings."""
     doc: dict[str, object] = {
         "kind": "commtag-summary",
@@ -82,7 +82,7 @@ def to_csv(analysis: Analysis, table: str = "summary") -> str:
     return buffer.getvalue()
 
 
-def to_text(analysis: Analysis, kernels: Optional[dict[str, dict[tuple[int, int], Breakdown]]] = None) -> str:
+def to_text(analysis: Analysis, kernels: Optional[KernelTables] = None) -> str:
     """Tables for a terminal: one per process group, then findings, then kernel categories."""
     rows = summarize(analysis)
     coverage = analysis.coverage

@@ -125,20 +125,22 @@ def alignment_entry(alignment: Optional[Alignment], hosts: Mapping[int, str], ra
     members: dict[str, list[int]] = {}
     for r in ranks:
         members.setdefault(hosts[r] if by_host else str(r), []).append(r)
-    measured = alignment is not None and alignment.matched > 0
+    measured = alignment if alignment is not None and alignment.matched > 0 else None
+    offsets = measured.offsets if measured else {}
+    residuals = measured.residual_by_clock if measured else {}
     one_clock = len(members) == 1
     clocks = [{"clock": clock if by_host else f"rank {clock}", "ranks": rs,
-               "offset_us": round(alignment.offsets.get(rs[0], 0) / 1000, 3) if measured else 0.0,  # type: ignore[union-attr]
-               "residual_us": (round(alignment.residual_by_clock[clock] / 1000, 3)  # type: ignore[union-attr]
-                               if measured and clock in alignment.residual_by_clock else 0.0 if one_clock else None)}
+               "offset_us": round(offsets.get(rs[0], 0) / 1000, 3),
+               "residual_us": (round(residuals[clock] / 1000, 3) if clock in residuals
+                               else 0.0 if one_clock else None)}
               for clock, rs in members.items()]
     return {
         "method": "collectives" if alignment is not None else "none",
         "unit": "host" if by_host else "rank",
         "reference": clocks[0]["clock"] if clocks else None,
         "matched": alignment.matched if alignment is not None else None,
-        "residual_median_us": round(alignment.residual_median_ns / 1000, 3) if measured else None,  # type: ignore[union-attr]
-        "residual_max_us": round(alignment.residual_max_ns / 1000, 3) if measured else None,  # type: ignore[union-attr]
+        "residual_median_us": round(measured.residual_median_ns / 1000, 3) if measured else None,
+        "residual_max_us": round(measured.residual_max_ns / 1000, 3) if measured else None,
         "uncertainty": ONE_CLOCK if one_clock else None if measured else NOT_MEASURED,
         "clocks": clocks,
     }

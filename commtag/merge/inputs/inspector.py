@@ -138,15 +138,15 @@ def _record(header: Optional[dict], metadata: Optional[dict], perf: dict, own_ti
 
 
 def _int(value: object, key: str) -> int:
-    if value.__class__ is not int or value < 0:  # type: ignore[operator]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{key} is {value!r}, not a count")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _number(value: object, key: str) -> float:
-    if value.__class__ not in (int, float) or value < 0:  # type: ignore[operator]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{key} is {value!r}, not a number")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def comm_name(inst: CollectiveInstance) -> str:
@@ -227,8 +227,8 @@ def _join_in_order(insts: list[CollectiveInstance], recs: list[InspectorRecord])
             return 0
         pairs = list(zip(insts, recs))
     else:
-        ahead = Counter(_key(i) for i in insts)  # the keys of the instances and records not passed yet
-        recorded = Counter((r.coll, r.collective_bytes) for r in recs)
+        ahead: Counter[Optional[tuple[str, Optional[int]]]] = Counter(_key(i) for i in insts)  # the keys of the instances and records not passed yet
+        recorded: Counter[Optional[tuple[str, Optional[int]]]] = Counter((r.coll, r.collective_bytes) for r in recs)
         pairs, i, at = [], 0, 0
         while i < len(insts) and at < len(recs):
             inst, rec = insts[i], recs[at]
