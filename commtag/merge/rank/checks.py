@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
-from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US, MAX_NELEMS
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US, MAX_NELEMS, RANK_LIST, parse_rank_list
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.sidecars import check_world_size
 from commtag.merge.inputs.clock import wall_clock
-from commtag.vocab import COLLECTIVE_NAME_KEY, CORRELATION_KEY, EXTERNAL_ID_KEY, IN_NELEMS_KEY, OUT_NELEMS_KEY, PG_NAME_KEY
+from commtag.vocab import (
+    COLLECTIVE_NAME_KEY, CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY,
+    OUT_NELEMS_KEY, OUT_SPLIT_KEY, PG_ID_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, SEQ_KEY, SEQ_LIMIT, SRC_RANK_KEY,
+)
 
 _INF = float("inf")
 
@@ -93,7 +96,7 @@ def check_join_args(path: Path, events: Iterable[dict]) -> None:
                 raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a number or name")
         for key in (IN_NELEMS_KEY, OUT_NELEMS_KEY):
             n = args.get(key)
-            if n.__class__ in (int, float) and not 0 <= n <= MAX_NELEMS:
+            if n.__class__ in (int, float) and not (0 <= n <= MAX_NELEMS and n == int(n)):
                 raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {n!r} is not an element count "
                                             f"in [0, {MAX_NELEMS}]")
 
@@ -105,3 +108,43 @@ def check_clock(path: Path, last_ns: Optional[int]) -> None:
         raise MergeInputError(path, f"its clock is absurd: it ends at {wall_clock(last_ns)}, "
                                     f"{(last_ns - now) / 86_400e9:.0f} days after this machine's clock "
                                     "(check its baseTimeNanoseconds and ts)")
+
+
+def _whole(value: object, least: int, most: int) -> bool:
+    return value.__class__ is int and least <= value <= most  # type: ignore[operator]
+
+
+def record_problem(args: Mapping[str, object], world_size: object, named: bool) -> Optional[str]:
+    """Why a trace's collective record (its eager keys) cannot be read, or None: a field the
+    matching would misread (a Seq that is no Seq, a rank list that lists no ranks, ranks outside
+    the world or the group, negative split sizes). Such a record is left out of the matching,
+    never guessed at: a guess would blame a rank for what the file got wrong. ``named``: whether
+    the file's other records name their group (a record that alone names none cannot be placed)."""
+    seq = args.get(SEQ_KEY)
+    if SEQ_KEY in args and not _whole(seq, 0, SEQ_LIMIT):
+        return f"{SEQ_KEY!r} {seq!r} is not a sequence number in [0, 2**63-1]"
+    if named and PG_NAME_KEY not in args and PG_ID_KEY not in args:
+        return f"no {PG_NAME_KEY!r} (the file's other records name their group)"
+    for key in (IN_SPLIT_KEY, OUT_SPLIT_KEY, PG_RANKS_KEY):
+        text = args.get(key)
+        if key in args and (text.__class__ is not str or not RANK_LIST.match(text)):  # type: ignore[arg-type]
+            return f"{key!r} {text!r} is not a list of non-negative integers"
+    ranks = parse_rank_list(args[PG_RANKS_KEY]) if PG_RANKS_KEY in args else None  # type: ignore[arg-type]
+    size = args.get(GROUP_SIZE_KEY)
+    if GROUP_SIZE_KEY in args and not _whole(size, 1, MAX_NELEMS):
+        return f"{GROUP_SIZE_KEY!r} {size!r} is not a group size"
+    if ranks:
+        if len(set(ranks)) != len(ranks):
+            return f"{PG_RANKS_KEY!r} names a rank twice"
+        if _count(world_size, 1) and max(ranks) >= world_size:  # type: ignore[operator]
+            return f"{PG_RANKS_KEY!r} names rank {max(ranks)}, outside the world of {world_size}"
+        if size.__class__ is int and size != len(ranks):
+            return f"{GROUP_SIZE_KEY!r} {size} but {PG_RANKS_KEY!r} lists {len(ranks)} ranks"
+    for key in (DST_RANK_KEY, SRC_RANK_KEY):
+        peer = args.get(key)
+        if key in args and not (_whole(peer, 0, MAX_NELEMS) and (not ranks or peer in ranks)):
+            return f"{key!r} {peer!r} is not a global rank of the group"
+    rank = args.get(RANK_KEY)
+    if rank is not None and not (_whole(rank, 0, MAX_NELEMS) and (size.__class__ is not int or rank < size)):
+        return f"{RANK_KEY!r} {rank!r} is not a group rank of a group of {size}"
+    return None

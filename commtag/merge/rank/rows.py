@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from array import array
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence, Union
+from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.rank.events import RankFlows
+from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import CPU_GROUP, Row, Track
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
@@ -251,3 +252,17 @@ def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], boo
     if outside:
         file.candidates = [c for c in file.candidates if c[2] != OUTSIDE]
     return kept
+
+
+def without_blind(covered: list[tuple[int, int]], attached: Sequence[CollectiveInstance],
+                  blind: Iterable[tuple[int, int]], first: int, last: int) -> list[tuple[int, int]]:
+    """A file's windows less, around each record it could not read (``blind``: its times), the time
+    from the rank's collective before it to the one after (``first`` / ``last``: the file's ends
+    where there is none): what the rank ran there is not known, so its absence blames no one."""
+    for start, end in blind:
+        low = max((i.end_ns for i in attached if i.end_ns <= start), default=first)
+        high = min((i.start_ns for i in attached if i.start_ns >= end), default=last)
+        covered = [piece for a, b in covered
+                   for piece in (((a, min(b, low)), (max(a, high), b)) if a < high and low < b else ((a, b),))
+                   if piece[0] < piece[1]]
+    return covered
