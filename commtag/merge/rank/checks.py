@@ -84,7 +84,8 @@ def check_join_args(path: Path, events: Iterable[dict]) -> None:
     """The args attach joins by are what Kineto writes on every event that carries them: the names
     it compares ("Collective name", "Process Group Name") strings, the ids it looks up ("External
     id", "correlation") numbers or names; anything else is bad input, not a key. A message's element
-    count is bounded as a sidecar's is (:data:`commtag.constants.MAX_NELEMS`); one that is no number
+    count is a whole number bounded as a sidecar's is (:data:`commtag.constants.MAX_NELEMS`): 8.5 is
+    bad input, not 8; one that is no number
     (null, text) reads as unknown (:func:`commtag.merge.records.whole`)."""
     for e in events:
         args = e.get("args") or {}
