@@ -128,3 +128,16 @@ def test_a_gap_of_millions_of_seqs_is_two_spans(tmp_path: Path) -> None:
         [(5, 5, (1,)), (6, 4 + gap, (1,))]
     gaps = [(f.seq, f.ranks, f.desync, f.detail) for f in result.analysis.findings if f.kind == "seq_gap"]
     assert gaps == [(5, (1,), True, "Seq 5 missing on rank 1 between their neighbouring Seqs")], gaps
+
+
+def test_an_empty_trace_is_said_and_blames_no_rank(tmp_path: Path) -> None:
+    """A trace without events is well-formed (a profiler window that recorded nothing): the merge
+    says so, naming it, and the collectives of the other ranks do not blame its rank."""
+    folder = tmp_path / "in"
+    _write(folder, LEGACY_FORMAT, lambda trace: "")
+    path = folder / "rank2.pt.trace.json.gz"
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    path.write_bytes(gzip.compress(json.dumps({**trace, "traceEvents": []}).encode()))
+    result = merge(folder, tmp_path / "m.pftrace", analysis=True)
+    assert f"rank 2: {path}: holds no timed events: nothing of its rank is merged from it" in result.notices
+    assert not [f for f in result.analysis.findings if 2 in f.ranks], [f.message for f in result.analysis.findings]

@@ -102,6 +102,8 @@ def convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
                 spans = spans_of(f.path, converter.offset) if spans_of is not None else None
                 said = len(converter.notes)
                 first, last = converter.add_file(f.path, stream, sidecar, spans)
+                if first is None:  # well-formed (a window that recorded nothing), but worth saying
+                    converter.notes.append(f"{f.path}: holds no timed events: nothing of its rank is merged from it")
                 _check_pair(f, sidecar, first, last, converter.offset)
                 told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset,
                                        _conflicts(converter.notes, said)))
