@@ -230,3 +230,24 @@ def test_a_seq_beyond_int64_is_the_same_error_in_every_mode(traces: Path, tmp_pa
         assert len(err) == 1 and f"{named}: " in err[0] and problem in err[0], (command, err)
         assert captured.out == "", command
     assert not (tmp_path / OUT).exists()
+
+
+def test_a_recorded_call_an_hour_outside_its_trace_is_left_out_with_a_notice(traces: Path, tmp_path: Path) -> None:
+    """One call of rank 2's sidecar starts an hour after its trace ends: it is said (file, record) and
+    left out, not aligned to the trace (a 3,600 s skew); the rest merges, and no finding blames rank 2
+    for the call it lacks. -j 1 and -j 2 say the same."""
+    from commtag.merge import merge
+
+    hour = 3600 * 10**9
+    calls = orjson.loads(_sidecar(traces, 2).read_bytes())["collectives"]
+    at = next(i for i, c in enumerate(calls) if c["annotation"]["Group size"] == WORLD and i > 0)
+    _edit_sidecar(_sidecar(traces, 2), _set_times(at, calls[at]["start_ns"] + hour, calls[at]["end_ns"] + hour))
+    one = merge(traces, tmp_path / "one.pftrace", jobs=1, analysis=True)
+    said = [n for n in one.notices if "outside the trace's" in n]
+    assert len(said) == 1 and said[0].startswith(f"rank 2: {_sidecar(traces, 2).with_name(_trace(traces, 2).name)}"), \
+        one.notices
+    assert "1 of its sidecar's recorded calls start more than 1 s outside" in said[0] and f"collectives.{at} " in said[0]
+    assert max(m.skew_ns or 0 for m in one.analysis.collectives) < hour // 2
+    assert not [f for f in one.analysis.findings if 2 in f.ranks], [f.message for f in one.analysis.findings]
+    two = merge(traces, tmp_path / "two.pftrace", jobs=2, analysis=True)
+    assert sorted(two.notices) == sorted(one.notices)

@@ -149,3 +149,34 @@ def record_problem(args: Mapping[str, object], world_size: object, named: bool) 
     if rank is not None and not (_whole(rank, 0, MAX_NELEMS) and (size.__class__ is not int or rank < size)):
         return f"{RANK_KEY!r} {rank!r} is not a group rank of a group of {size}"
     return None
+
+
+#: How far outside its trace's time span a sidecar's recorded call may start (rounding, the
+#: profiler starting its first event late): beyond it the call is not in the trace.
+PAIR_SLACK_NS = 10**9
+
+
+def records_in_span(path: Path, sidecar, first: Optional[int], last: Optional[int], offset: int, notes: list[str],
+                    blind: list[tuple[int, int]]):
+    """The sidecar (a copy) without its recorded calls that start more than :data:`PAIR_SLACK_NS`
+    outside its trace's span ``first``..``last`` (ns, with ``offset``), said in ``notes``: such a
+    call did not run in the profiled window, and aligning it to the trace would invent its time.
+    Where its call ran is not known: from its group's call before it to the one after goes to
+    ``blind`` (see rows.without_blind), so the rank is not blamed for lacking it."""
+    if sidecar is None or first is None or last is None:
+        return sidecar
+    calls = sidecar.collectives
+    inside = [first - PAIR_SLACK_NS <= c.start_ns + offset <= last + PAIR_SLACK_NS for c in calls]
+    if all(inside):
+        return sidecar
+    outside = [i for i, ok in enumerate(inside) if not ok]
+    for i in outside:
+        ann = calls[i].annotation
+        group = [c for c, ok in zip(calls, inside) if ok and c.annotation.pg_uid == ann.pg_uid]
+        before = [c.end_ns + offset for c in group if c.annotation.seq < ann.seq]
+        after = [c.start_ns + offset for c in group if c.annotation.seq > ann.seq]
+        blind.append((max(before, default=first), min(after, default=last)))
+    notes.append(f"{path}: {len(outside)} of its sidecar's recorded calls start more than {PAIR_SLACK_NS // 10**9} s "
+                 f"outside the trace's {wall_clock(first - offset)} to {wall_clock(last - offset)} (collectives."
+                 f"{outside[0]} at {wall_clock(calls[outside[0]].start_ns)}): left out, not placed on the trace")
+    return sidecar.model_copy(update={"collectives": [c for c, ok in zip(calls, inside) if ok]})

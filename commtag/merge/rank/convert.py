@@ -44,6 +44,7 @@ from commtag.vocab import (
 )
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info
+from commtag.merge.rank.checks import records_in_span
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
     left_out_reason, RowNames, without_blind,
@@ -291,9 +292,9 @@ class RankConverter:
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         check_join_args(path, trace["traceEvents"])
         blind: list[tuple[int, int]] = []
-        attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
-                          annotated=self.annotated if self.encoder is not None else None, notes=self.notes,
-                          source=str(path), blind=blind)
+        in_span = records_in_span(path, sidecar, file.first, file.last, self.offset, self.notes, blind)
+        attached = attach(self.rank, trace, in_span, self.flows, offset_ns=self.offset, interner=self.interner, blind=blind,
+                          annotated=self.annotated if self.encoder is not None else None, notes=self.notes, source=str(path))
         if keep is not None:
             attached = kept_by_selection(file, attached, keep, self.flows, self.annotated)
         if self.encoder is None:  # no event is written, so no flow may end on one

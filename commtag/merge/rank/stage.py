@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
+from commtag.merge.rank.checks import PAIR_SLACK_NS
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.rank.events import FormatConflict
 from commtag.merge.errors import MergeInputError
@@ -58,9 +59,6 @@ def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
                                               "one rank cannot record two traces at once")
 
 
-#: How far outside its trace's time span a sidecar's recorded calls may start (rounding, the
-#: profiler starting its first event late): beyond it no call of the sidecar is in the trace.
-PAIR_SLACK_NS = 10**9
 
 
 def _check_pair(f: TraceFile, sidecar: Optional[Sidecar], first: Optional[int], last: Optional[int],
