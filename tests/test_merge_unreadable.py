@@ -42,7 +42,7 @@ def _records(trace: dict, name: str, seq: int = 2) -> list[dict]:
     """The record_param_comms op of rank 1's call ``name`` (an allreduce: that of Seq ``seq``) and its
     kernel (the same External id)."""
     op = next(e for e in trace["traceEvents"] if e["name"] == COMMS_OP and e["args"][COLLECTIVE_NAME_KEY] == name
-              and (name != "allreduce" or e["args"].get(SEQ_KEY) == seq))
+              and (name not in ("allreduce", "all_reduce") or e["args"].get(SEQ_KEY) == seq))
     link = op["args"]["External id"]
     return [op, *(e for e in trace["traceEvents"] if e.get("cat") == KERNEL_CATEGORY
                   and e["args"].get("External id") == link)]
@@ -141,3 +141,17 @@ def test_an_empty_trace_is_said_and_blames_no_rank(tmp_path: Path) -> None:
     result = merge(folder, tmp_path / "m.pftrace", analysis=True)
     assert f"rank 2: {path}: holds no timed events: nothing of its rank is merged from it" in result.notices
     assert not [f for f in result.analysis.findings if 2 in f.ranks], [f.message for f in result.analysis.findings]
+
+
+def test_members_that_disagree_on_the_group_size_are_a_desync_without_busbw(tmp_path: Path) -> None:
+    """nccl2 lists no group ranks ("[]"), so a record's "Group size" stands alone: rank 1's allreduce
+    says 3 where the others say 4. That is a size_mismatch of rank 1, and the collective's bus
+    bandwidth (whose factor is the group size) is not measured, rather than measured with one rank's."""
+    folder = tmp_path / "in"
+    _write(folder, NCCL2_FORMAT, _setting("all_reduce", "Group size", 3))  # nccl2's name (vocab.NCCL2_KINDS)
+    result = merge(folder, tmp_path / "m.pftrace", analysis=True)
+    found = [(f.kind.value, f.seq, f.ranks, f.fields) for f in result.analysis.findings]
+    assert found == [("size_mismatch", 2, (1,), ("Group size",))], found
+    by_seq = {m.seq: m for m in result.analysis.collectives if m.collective == "allreduce"}
+    assert by_seq[2].busbw_gbps is None and by_seq[2].skew_ns is not None
+    assert all(m.busbw_gbps is not None for s, m in by_seq.items() if s != 2)

@@ -14,7 +14,7 @@ from commtag.identity import describe_ranks
 from commtag.merge.batches import is_batch, mismatches
 from commtag.vocab import (
     ANN_SEQ_FROM, COLLECTIVES, COLLECTIVE_NAME_KEY,
-    DTYPE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
+    DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
 )
 from commtag.merge.analysis.results import Finding, FindingKind, MatchedCollective
 
@@ -107,6 +107,9 @@ def check(m: MatchedCollective) -> list[Finding]:
         odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
         if odd:
             add(kind, odd, (key,), detail)
+    odd, detail = _odd_ones(insts, lambda i: i.group_size)
+    if odd:  # one group, sized differently: its bus bandwidth is not measured (analyze.measure)
+        add(FindingKind.SIZE_MISMATCH, odd, (GROUP_SIZE_KEY,), f"{GROUP_SIZE_KEY}: {detail}")
     if any(f.kind == FindingKind.OP_MISMATCH for f in found):
         return found  # sizes of different ops are not comparable
     op = m.collective
