@@ -43,6 +43,16 @@ def _rank_list(value: str) -> Optional[tuple[int, frozenset[int]]]:
     return None if ranks is None else (len(ranks), frozenset(ranks))
 
 
+def _cut(text: str) -> bool:
+    """Is a list string cut short ("[0, 1, ..., 9]")?"""
+    return "..." in text
+
+
+def _count(text: str) -> int:
+    """How many items a whole list string lists."""
+    return 0 if text == "[]" else text.count(",") + 1
+
+
 class CollectiveAnnotation(BaseModel):
     """One collective call, as the eager NCCL profiler would describe it."""
 
@@ -117,6 +127,12 @@ class CollectiveAnnotation(BaseModel):
         for key, peer in ((DST_RANK_KEY, self.dst_rank), (SRC_RANK_KEY, self.src_rank)):
             if peer is not None and listed is not None and peer not in listed[1]:
                 raise ValueError(f"{key}: global rank {peer} is not in the group {parse_rank_list(self.pg_ranks)}")
+        for key, peers, sizes in ((ANN_SEND_PEERS, self.send_peers, self.in_split_size),
+                                  (ANN_RECV_PEERS, self.recv_peers, self.out_split_size)):
+            # A batch's peers name the peer of each of its sends (receives), whose sizes the split lists.
+            if peers is not None and not _cut(peers) and not _cut(sizes) and _count(peers) != _count(sizes):
+                raise ValueError(f"{key}: {peers} names {_count(peers)} peers, but its split size {sizes} "
+                                 f"lists {_count(sizes)} messages")
         return self
 
     def eager_dict(self) -> dict[str, object]:
