@@ -155,3 +155,30 @@ def test_members_that_disagree_on_the_group_size_are_a_desync_without_busbw(tmp_
     by_seq = {m.seq: m for m in result.analysis.collectives if m.collective == "allreduce"}
     assert by_seq[2].busbw_gbps is None and by_seq[2].skew_ns is not None
     assert all(m.busbw_gbps is not None for s, m in by_seq.items() if s != 2)
+
+
+def test_a_rank_listing_other_members_of_a_group_is_warned_of(tmp_path: Path) -> None:
+    """Rank 1's distributedInfo lists the world group "0" as ranks [0, 1, 2]; the others as [0, 1, 2, 3]:
+    a warning names rank 1's file and both lists (--strict refuses it)."""
+    folder = tmp_path / "in"
+
+    def three(trace: dict) -> str:
+        trace["distributedInfo"]["pg_config"][0].update(ranks=[0, 1, 2], pg_size=3)
+        return ""
+    _write(folder, LEGACY_FORMAT, three)
+    result = merge(folder, tmp_path / "m.pftrace", analysis=True)
+    assert result.warnings == [f"{folder / 'rank1.pt.trace.json.gz'}: rank 1 lists process group '0' with members "
+                               "[0, 1, 2], ranks 0, 2, 3 with [0, 1, 2, 3]: its calls match only among ranks that agree"]
+
+
+@pytest.mark.slow
+def test_two_workers_say_what_one_says(tmp_path: Path) -> None:
+    """The notices of unreadable records and the warnings are the same with -j 2 (worker processes)."""
+    import commtag.merge
+
+    folder = tmp_path / "in"
+    _write(folder, LEGACY_FORMAT, _setting("allreduce", SEQ_KEY, 2**70))
+    one = merge(folder, tmp_path / "one.pftrace", analysis=True)
+    two = commtag.merge.merge(folder, tmp_path / "two.pftrace", analysis=True, jobs=2)
+    assert [n for n in two.notices if "cannot read" in n] == [n for n in one.notices if "cannot read" in n] != []
+    assert two.warnings == one.warnings
