@@ -331,14 +331,14 @@ class Sidecar(SidecarHead):
     def _consistent(self) -> "Sidecar":
         # Each group's members as a set, once: a list searched for every record took O(world size) each.
         groups = {pg.uid: (pg, frozenset(pg.ranks)) for pg in self.process_groups}
-        for pg in self.process_groups:
-            if max(pg.ranks) >= self.world_size:
-                raise ValueError(f"process group {pg.uid}: rank {max(pg.ranks)} is outside world_size {self.world_size}")
         for recorded in self.collectives:
             _check_against_table(recorded.annotation, groups, self.rank)
         for capture in self.captures:
             for captured in capture.collectives:
                 _check_against_table(captured.annotation, groups, self.rank)
+        for pg in self.process_groups:
+            if max(pg.ranks) >= self.world_size:
+                raise ValueError(f"process group {pg.uid}: rank {max(pg.ranks)} is outside world_size {self.world_size}")
         return self
 
 
@@ -353,6 +353,9 @@ def _check_against_table(ann: CollectiveAnnotation, groups: dict[str, tuple[Proc
         )
     if rank not in members:
         raise ValueError(f"Rank: this rank ({rank}) is not a member of group {pg.uid}")
+    listed = _rank_list(ann.pg_ranks)
+    if listed is not None and listed[1] != members:
+        raise ValueError(f"Process Group Ranks: {ann.pg_ranks} are not the members {pg.ranks} of group {pg.uid}")
     for key, peer in ((DST_RANK_KEY, ann.dst_rank), (SRC_RANK_KEY, ann.src_rank)):
         if peer is not None and peer not in members:
             raise ValueError(f"{key}: global rank {peer} is not in group {pg.uid} {pg.ranks}")

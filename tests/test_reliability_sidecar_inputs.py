@@ -134,13 +134,24 @@ def _group_rank_outside_world(d: Path) -> tuple[Path, str]:
     def outside(s: dict) -> None:
         pg = next(pg for pg in s["process_groups"] if pg["ranks"] == [0, 1, 2, 3])
         pg["ranks"] = [0, 1, 2, 99]
+        for call in s["collectives"]:
+            if call["annotation"]["commtag pg uid"] == pg["uid"]:
+                call["annotation"]["Process Group Ranks"] = "[0, 1, 2, 99]"
     _edit_sidecar(_sidecar(d, 2), outside)
     return _sidecar(d, 2), f"rank 99 is outside world_size {WORLD}"
 
 
+def _record_rank_outside_world(d: Path) -> tuple[Path, str]:
+    def outside(s: dict) -> None:
+        annotation = next(c["annotation"] for c in s["collectives"] if c["annotation"]["Group size"] == WORLD)
+        annotation["Process Group Ranks"] = "[0, 1, 2, 99]"
+    _edit_sidecar(_sidecar(d, 3), outside)
+    return _sidecar(d, 3), "Process Group Ranks: [0, 1, 2, 99] are not the members [0, 1, 2, 3] of group"
+
+
 CASES = [_sidecar_time_at_5_ns, _sidecar_time_in_2255, _sidecar_call_lasting_days, _absurd_element_count,
          _sidecar_of_another_world_size, _host_not_utf8, _record_twice, _truncated_sidecar, _seq_beyond_int64,
-         _schema_version_zero, _schema_version_text, _group_rank_outside_world]
+         _schema_version_zero, _schema_version_text, _group_rank_outside_world, _record_rank_outside_world]
 
 
 @pytest.mark.parametrize("damage", CASES, ids=[c.__name__.strip("_") for c in CASES])
