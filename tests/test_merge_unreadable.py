@@ -171,14 +171,33 @@ def test_a_rank_listing_other_members_of_a_group_is_warned_of(tmp_path: Path) ->
                                "[0, 1, 2], ranks 0, 2, 3 with [0, 1, 2, 3]: its calls match only among ranks that agree"]
 
 
+def _answer(result) -> tuple:
+    """What a user reads of a merge of these cases: the notices of unreadable records, the
+    warnings, and the findings."""
+    return ([n for n in result.notices if "cannot read" in n], result.warnings,
+            sorted((f.kind.value, f.pg_uid, f.seq, f.ranks, f.fields, f.detail) for f in result.analysis.findings))
+
+
 @pytest.mark.slow
-def test_two_workers_say_what_one_says(tmp_path: Path) -> None:
-    """The notices of unreadable records and the warnings are the same with -j 2 (worker processes)."""
+@pytest.mark.parametrize("case", ["seq-2**70", "gap"])
+def test_two_workers_say_what_one_says(tmp_path: Path, capsys, case: str) -> None:
+    """A Seq beyond int64 and a gap of millions of Seqs: -j 2 (worker processes) says what -j 1
+    says, and `commtag summary --format json` reads the folder (exit 0) with the same findings."""
     import commtag.merge
+    from commtag.cli import main
 
     folder = tmp_path / "in"
-    _write(folder, LEGACY_FORMAT, _setting("allreduce", SEQ_KEY, 2**70))
+    if case == "gap":
+        _write(folder, LEGACY_FORMAT, lambda trace: [e["args"].update({SEQ_KEY: 5 + 3_000_000})
+                                                     for e in _records(trace, "allreduce", 5)] and "")
+    else:
+        _write(folder, LEGACY_FORMAT, _setting("allreduce", SEQ_KEY, 2**70))
     one = merge(folder, tmp_path / "one.pftrace", analysis=True)
     two = commtag.merge.merge(folder, tmp_path / "two.pftrace", analysis=True, jobs=2)
-    assert [n for n in two.notices if "cannot read" in n] == [n for n in one.notices if "cannot read" in n] != []
-    assert two.warnings == one.warnings
+    assert _answer(two) == _answer(one)
+    assert (case == "gap") != bool(_answer(one)[0])
+    capsys.readouterr()
+    assert main(["summary", str(folder), "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert sorted((f["kind"], f["seq"], tuple(f["ranks"])) for f in summary["findings"]) == \
+        sorted((f.kind.value, f.seq, f.ranks) for f in one.analysis.findings)
