@@ -201,3 +201,19 @@ def test_two_workers_say_what_one_says(tmp_path: Path, capsys, case: str) -> Non
     summary = json.loads(capsys.readouterr().out)
     assert sorted((f["kind"], f["seq"], tuple(f["ranks"])) for f in summary["findings"]) == \
         sorted((f.kind.value, f.seq, f.ranks) for f in one.analysis.findings)
+
+
+def test_every_unreadable_record_is_counted_and_the_first_named(tmp_path: Path) -> None:
+    """All four allreduces of rank 1 carry a Seq that is text: one note counts the four and names
+    three; none of the four collectives blames rank 1 (it ran something there, what is not known)."""
+    def texts(trace: dict) -> str:
+        for e in trace["traceEvents"]:
+            if (e.get("args") or {}).get(COLLECTIVE_NAME_KEY) == "allreduce":
+                e["args"][SEQ_KEY] = "many"
+        return ""
+    _write(tmp_path / "in", LEGACY_FORMAT, texts)
+    result = merge(tmp_path / "in", tmp_path / "m.pftrace", analysis=True)
+    said = [n for n in result.notices if "cannot read" in n]
+    assert len(said) == 1 and ": 4 collective record(s) it cannot read" in said[0], said
+    assert said[0].count("'Seq' 'many'") == 3 and said[0].endswith("; and 1 more"), said
+    assert result.analysis.findings == [], [f.message for f in result.analysis.findings]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US, MAX_NELEMS, RANK_LIST, parse_rank_list
+from commtag.constants import MAX_AHEAD_NS, MAX_DUR_US, MAX_NELEMS, RANK_LIST, TIME_NS_LIMIT, parse_rank_list
 from commtag.merge.errors import MergeInputError
-from commtag.merge.inputs.sidecars import check_world_size
+from commtag.merge.inputs.sidecars import MAX_RANKS, check_world_size
 from commtag.merge.inputs.clock import wall_clock
 from commtag.vocab import (
     COLLECTIVE_NAME_KEY, CORRELATION_KEY, DST_RANK_KEY, EXTERNAL_ID_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY,
@@ -112,6 +113,7 @@ def check_clock(path: Path, last_ns: Optional[int]) -> None:
 
 
 def _whole(value: object, least: int, most: int) -> bool:
+    """An int (not a bool, not 8.0) in [least, most]."""
     return value.__class__ is int and least <= value <= most  # type: ignore[operator]
 
 
@@ -132,7 +134,7 @@ def record_problem(args: Mapping[str, object], world_size: object, named: bool) 
             return f"{key!r} {text!r} is not a list of non-negative integers"
     ranks = parse_rank_list(args[PG_RANKS_KEY]) if PG_RANKS_KEY in args else None  # type: ignore[arg-type]
     size = args.get(GROUP_SIZE_KEY)
-    if GROUP_SIZE_KEY in args and not _whole(size, 1, MAX_NELEMS):
+    if GROUP_SIZE_KEY in args and not _whole(size, 1, MAX_RANKS):
         return f"{GROUP_SIZE_KEY!r} {size!r} is not a group size"
     if ranks:
         if len(set(ranks)) != len(ranks):
@@ -143,10 +145,10 @@ def record_problem(args: Mapping[str, object], world_size: object, named: bool) 
             return f"{GROUP_SIZE_KEY!r} {size} but {PG_RANKS_KEY!r} lists {len(ranks)} ranks"
     for key in (DST_RANK_KEY, SRC_RANK_KEY):
         peer = args.get(key)
-        if key in args and not (_whole(peer, 0, MAX_NELEMS) and (not ranks or peer in ranks)):
+        if key in args and not (_whole(peer, 0, MAX_RANKS) and (not ranks or peer in ranks)):
             return f"{key!r} {peer!r} is not a global rank of the group"
     rank = args.get(RANK_KEY)
-    if rank is not None and not (_whole(rank, 0, MAX_NELEMS) and (size.__class__ is not int or rank < size)):
+    if rank is not None and not (_whole(rank, 0, MAX_RANKS) and (size.__class__ is not int or rank < size)):
         return f"{RANK_KEY!r} {rank!r} is not a group rank of a group of {size}"
     return None
 
@@ -167,15 +169,20 @@ def records_in_span(path: Path, sidecar, first: Optional[int], last: Optional[in
         return sidecar
     calls = sidecar.collectives
     inside = [first - PAIR_SLACK_NS <= c.start_ns + offset <= last + PAIR_SLACK_NS for c in calls]
-    if all(inside):
+    if all(inside) or not any(inside):  # none inside: the two are of different runs (stage._check_pair)
         return sidecar
     outside = [i for i, ok in enumerate(inside) if not ok]
+    by_group: dict[str, list[tuple[int, int, int]]] = {}
+    for c, ok in zip(calls, inside):
+        if ok:
+            by_group.setdefault(c.annotation.pg_uid, []).append((c.annotation.seq, c.start_ns + offset, c.end_ns + offset))
+    for seqs in by_group.values():
+        seqs.sort()
     for i in outside:
-        ann = calls[i].annotation
-        group = [c for c, ok in zip(calls, inside) if ok and c.annotation.pg_uid == ann.pg_uid]
-        before = [c.end_ns + offset for c in group if c.annotation.seq < ann.seq]
-        after = [c.start_ns + offset for c in group if c.annotation.seq > ann.seq]
-        blind.append((max(before, default=first), min(after, default=last)))
+        seqs = by_group.get(calls[i].annotation.pg_uid, [])
+        at = bisect.bisect_left(seqs, (calls[i].annotation.seq,))
+        after = bisect.bisect_right(seqs, (calls[i].annotation.seq, TIME_NS_LIMIT))
+        blind.append((seqs[at - 1][2] if at else first, seqs[after][1] if after < len(seqs) else last))
     notes.append(f"{path}: {len(outside)} of its sidecar's recorded calls start more than {PAIR_SLACK_NS // 10**9} s "
                  f"outside the trace's {wall_clock(first - offset)} to {wall_clock(last - offset)} (collectives."
                  f"{outside[0]} at {wall_clock(calls[outside[0]].start_ns)}): left out, not placed on the trace")

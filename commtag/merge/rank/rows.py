@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from array import array
 from pathlib import Path
@@ -259,10 +260,32 @@ def without_blind(covered: list[tuple[int, int]], attached: Sequence[CollectiveI
     """A file's windows less, around each record it could not read (``blind``: its times), the time
     from the rank's collective before it to the one after (``first`` / ``last``: the file's ends
     where there is none): what the rank ran there is not known, so its absence blames no one."""
+    ends = sorted(i.end_ns for i in attached)
+    starts = sorted(i.start_ns for i in attached)
+    holes = []
     for start, end in blind:
-        low = max((i.end_ns for i in attached if i.end_ns <= start), default=first)
-        high = min((i.start_ns for i in attached if i.start_ns >= end), default=last)
-        covered = [piece for a, b in covered
-                   for piece in (((a, min(b, low)), (max(a, high), b)) if a < high and low < b else ((a, b),))
-                   if piece[0] < piece[1]]
-    return covered
+        at = bisect.bisect_right(ends, start)
+        after = bisect.bisect_left(starts, end)
+        holes.append((ends[at - 1] if at else first, starts[after] if after < len(starts) else last))
+    if not holes:
+        return covered
+    merged: list[list[int]] = []
+    for low, high in sorted(holes):
+        if merged and low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    out = []
+    for a, b in covered:  # each window less the merged holes it overlaps
+        at = max(bisect.bisect_left(merged, [a]) - 1, 0)
+        for low, high in merged[at:]:
+            if low >= b:
+                break
+            if high <= a:
+                continue
+            if a < low:
+                out.append((a, low))
+            a = max(a, high)
+        if a < b:
+            out.append((a, b))
+    return out
