@@ -7,6 +7,7 @@ Kineto, NCCL and CUDA call things is in :mod:`commtag.vocab`.
 
 from __future__ import annotations
 
+import re
 from typing import Final, Literal, Optional, get_args
 
 #: The sidecar format's version. 2 added each group's ``backend_impls`` and ``record_format`` and the
@@ -46,6 +47,11 @@ def newer_version(version: object) -> Optional[str]:
         return (f"sidecar schema version {version} is newer than this commtag supports ({SCHEMA_VERSION}); "
                 "upgrade commtag")
     return None
+
+
+#: A list string as the profiler writes ranks and split sizes: ``"[0, 2, 4]"``, ``"[]"``, or a long
+#: list cut short, ``"[0, 1, 2, ..., 127]"``; non-negative integers only.
+RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
 
 
 def parse_rank_list(text: str) -> Optional[list[int]]:

@@ -12,31 +12,28 @@ Everything here is plain data: JSON in, JSON out, validated on both sides.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MAX_NELEMS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, SidecarKind, newer_version, parse_rank_list,
+    MAX_NELEMS, MIN_LANE_ID, RANK_LIST, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, SidecarKind, newer_version,
+    parse_rank_list,
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS,
     ANN_REPLAY, ANN_SEND_PEERS, ANN_SPLITS, ANN_THREAD, SPLITS_NOT_RECORDED, COLLECTIVE_NAME_KEY, LEGACY_FORMAT,
     NCCL2_FORMAT, DST_RANK_KEY, DTYPE_KEY, EAGER_KEYS, GROUP_SIZE_KEY, IN_NELEMS_KEY,
     IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, PG_DESC_KEY, PG_NAME_KEY, PG_RANKS_KEY, RANK_KEY, RANK_START_KEY,
-    RANK_STRIDE_KEY, SCALAR_TYPE_NAMES, SEQ_KEY, SRC_RANK_KEY,
+    RANK_STRIDE_KEY, SCALAR_TYPE_NAMES, SEQ_KEY, SEQ_LIMIT, SRC_RANK_KEY,
 )
-
-_RANK_LIST = re.compile(r"^\[(\d+(, \d+)*(, \.\.\., \d+)?)?\]$")
-
 
 @lru_cache(maxsize=256)
 def _is_list_string(value: str) -> bool:
     """Cached: every record of a group repeats its rank list (580 characters for 128 ranks),
     and matching it was a fifth of validating a sidecar."""
-    return _RANK_LIST.match(value) is not None
+    return RANK_LIST.match(value) is not None
 
 
 @lru_cache(maxsize=256)
@@ -45,6 +42,16 @@ def _rank_list(value: str) -> Optional[tuple[int, frozenset[int]]]:
     like :func:`_is_list_string`: every record of a group parsed its ranks again."""
     ranks = parse_rank_list(value)
     return None if ranks is None else (len(ranks), frozenset(ranks))
+
+
+def _cut(text: str) -> bool:
+    """Is a list string cut short ("[0, 1, ..., 9]")?"""
+    return "..." in text
+
+
+def _count(text: str) -> int:
+    """How many items a whole list string lists."""
+    return 0 if text == "[]" else text.count(",") + 1
 
 
 class CollectiveAnnotation(BaseModel):
@@ -68,7 +75,7 @@ class CollectiveAnnotation(BaseModel):
     rank: int = Field(alias=RANK_KEY, ge=0)
     dst_rank: Optional[int] = Field(alias=DST_RANK_KEY, default=None, ge=0)
     src_rank: Optional[int] = Field(alias=SRC_RANK_KEY, default=None, ge=0)
-    seq: int = Field(alias=SEQ_KEY, ge=0)
+    seq: int = Field(alias=SEQ_KEY, ge=0, le=SEQ_LIMIT)
 
     # commtag's own keys.
     lane_id: int = Field(alias=ANN_LANE_ID, ge=MIN_LANE_ID)
@@ -79,13 +86,13 @@ class CollectiveAnnotation(BaseModel):
     #: source to the same destination in this group. "Seq" (NCCL's p2p counter)
     #: counts every peer together, so only (pg uid, src, dst, this) pairs a
     #: send with its recv across ranks.
-    p2p_pair_seq: Optional[int] = Field(alias=ANN_P2P_PAIR_SEQ, default=None, ge=1)
+    p2p_pair_seq: Optional[int] = Field(alias=ANN_P2P_PAIR_SEQ, default=None, ge=1, le=SEQ_LIMIT)
     async_op: bool = Field(alias=ANN_ASYNC, default=False)
     thread: int = Field(alias=ANN_THREAD, default=0)
     #: Set for a collective recorded during CUDA-graph capture.
     capture_id: Optional[int] = Field(alias=ANN_CAPTURE_ID, default=None, ge=0)
     #: Set on a replayed instance: the replay index of its graph, 0-based.
-    replay: Optional[int] = Field(alias=ANN_REPLAY, default=None, ge=0)
+    replay: Optional[int] = Field(alias=ANN_REPLAY, default=None, ge=0, le=SEQ_LIMIT)
     #: Set when the call failed (raised, or its work completed with an error, e.g. a timeout):
     #: the exception's type and first line. The call is still recorded: its time was spent.
     error: Optional[str] = Field(alias=ANN_ERROR, default=None, min_length=1)
@@ -121,6 +128,12 @@ class CollectiveAnnotation(BaseModel):
         for key, peer in ((DST_RANK_KEY, self.dst_rank), (SRC_RANK_KEY, self.src_rank)):
             if peer is not None and listed is not None and peer not in listed[1]:
                 raise ValueError(f"{key}: global rank {peer} is not in the group {parse_rank_list(self.pg_ranks)}")
+        for key, peers, sizes in ((ANN_SEND_PEERS, self.send_peers, self.in_split_size),
+                                  (ANN_RECV_PEERS, self.recv_peers, self.out_split_size)):
+            # A batch's peers name the peer of each of its sends (receives), whose sizes the split lists.
+            if peers is not None and not _cut(peers) and not _cut(sizes) and _count(peers) != _count(sizes):
+                raise ValueError(f"{key}: {peers} names {_count(peers)} peers, but its split size {sizes} "
+                                 f"lists {_count(sizes)} messages")
         return self
 
     def eager_dict(self) -> dict[str, object]:
@@ -270,7 +283,8 @@ class SidecarHead(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     kind: SidecarKind = SIDECAR_KIND
-    schema_version: int = SCHEMA_VERSION
+    #: Strict: a version written as text ("2") is no version this reader knows, nor is one below 1.
+    schema_version: int = Field(SCHEMA_VERSION, ge=1, strict=True)
     run_id: str = Field(min_length=1)
     rank: int = Field(ge=0)
     world_size: int = Field(ge=1)
@@ -323,6 +337,9 @@ class Sidecar(SidecarHead):
         for capture in self.captures:
             for captured in capture.collectives:
                 _check_against_table(captured.annotation, groups, self.rank)
+        for pg in self.process_groups:
+            if max(pg.ranks) >= self.world_size:
+                raise ValueError(f"process group {pg.uid}: rank {max(pg.ranks)} is outside world_size {self.world_size}")
         return self
 
 
@@ -337,6 +354,9 @@ def _check_against_table(ann: CollectiveAnnotation, groups: dict[str, tuple[Proc
         )
     if rank not in members:
         raise ValueError(f"Rank: this rank ({rank}) is not a member of group {pg.uid}")
+    listed = _rank_list(ann.pg_ranks)
+    if listed is not None and listed[1] != members:
+        raise ValueError(f"Process Group Ranks: {ann.pg_ranks} are not the members {pg.ranks} of group {pg.uid}")
     for key, peer in ((DST_RANK_KEY, ann.dst_rank), (SRC_RANK_KEY, ann.src_rank)):
         if peer is not None and peer not in members:
             raise ValueError(f"{key}: global rank {peer} is not in group {pg.uid} {pg.ranks}")

@@ -7,6 +7,7 @@ own, so interned ids differ. Every track, slice, arg and flow must be equal.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import subprocess
@@ -145,3 +146,30 @@ def test_a_bad_input_is_one_line_and_every_worker_exits_2(tmp_path: Path) -> Non
     assert exits == {"0": "2", "1": "2"}, proc.stderr[-3000:]
     assert proc.returncode == 1  # torchrun's own status when a worker failed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz", "rank1.json.gz", "rank2.json"]
+
+
+def test_a_record_it_cannot_read_is_the_same_notice_under_two_workers(tmp_path: Path) -> None:
+    """A generated 4-rank job whose rank 1 wrote a Seq beyond int64: two torchrun workers merge it
+    (no TypeError packing the Seq) and say the one process's notice of the record, once."""
+    from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
+
+    world = JobGroup("0", "default_pg", (0, 1, 2, 3))
+    job = [JobCall("allreduce", world, (8,)) for _ in range(3)]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for rank in range(4):
+        trace = job_trace(job, rank, 4, "legacy")
+        if rank == 1:
+            for e in trace["traceEvents"]:
+                if (e.get("args") or {}).get("Seq") == 2:
+                    e["args"]["Seq"] = 2**70
+        (folder / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
+
+    def said(stderr: str) -> list[str]:
+        return [line for line in stderr.splitlines() if "cannot read" in line]
+    one = subprocess.run([sys.executable, "-m", "commtag.merge", str(folder), "-o", str(tmp_path / "one.pftrace"),
+                          "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = torchrun_merge([str(folder), "-o", str(tmp_path / "two.pftrace"), "--no-progress"])
+    assert two.returncode == 0 and not traceback_in_commtag(two.stderr), two.stderr[-3000:]
+    assert said(two.stderr) == said(one.stderr) and len(said(one.stderr)) == 1, (one.stderr, two.stderr[-3000:])

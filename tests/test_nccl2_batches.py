@@ -149,3 +149,28 @@ def test_a_batch_whose_peer_has_no_batch_misses_that_rank(tmp_path) -> None:
     assert sorted(ring_batch.members) == [0, 2, 3] and ring_batch.missing_ranks == (1,)
     assert [(f.kind.value, f.ranks) for f in result.analysis.findings] == [("missing_ranks", (1,))]
     assert {inst.arg(ANN_RECV_PEERS) for inst in ring_batch.members.values()} == {"[3]", "[1]", "[2]"}
+
+
+def test_a_batch_naming_more_peers_than_its_split_sizes_is_bad_input(tmp_path: Path, capsys) -> None:
+    """Rank 1's sidecar says its batch sends to two peers, its split size lists one send: which
+    message went where is not known, so the sidecar is refused (one line naming it, exit 2)."""
+    from commtag.cli import main
+
+    exchange = ((0, 1), (1, 0))
+    directory = tmp_path / "in"
+    directory.mkdir()
+    job = (JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=exchange),)
+    for rank in range(4):
+        (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(
+            gzip.compress(orjson.dumps(job_trace(job, rank, 4, NCCL2_FORMAT))))
+        side = orjson.loads(sidecar(job, rank, 4, NCCL2_FORMAT).model_dump_json(by_alias=True, exclude_none=True))
+        if rank == 1:
+            annotation = side["collectives"][0]["annotation"]
+            assert annotation[ANN_SEND_PEERS] == "[0]" and annotation["In split size"] == "[8]"
+            annotation[ANN_SEND_PEERS] = "[0, 2]"
+        (directory / f"rank{rank}.commtag.json").write_bytes(orjson.dumps(side))
+    assert main(["merge", "--no-progress", str(directory), "-o", str(tmp_path / "m.pftrace")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(err) == 1 and f"{directory / 'rank1.commtag.json'}: " in err[0], err
+    assert "commtag send peers: [0, 2] names 2 peers, but its split size [8] lists 1 messages" in err[0], err
+    assert not (tmp_path / "m.pftrace").exists()

@@ -115,8 +115,43 @@ def _truncated_sidecar(d: Path) -> tuple[Path, str]:
     return _sidecar(d, 3), "invalid sidecar: not valid JSON (EOF while parsing"
 
 
+def _seq_beyond_int64(d: Path) -> tuple[Path, str]:
+    _edit_sidecar(_sidecar(d, 1), lambda s: s["collectives"][2]["annotation"].update({"Seq": 2**70}))
+    return _sidecar(d, 1), f"collectives.2.annotation.Seq: Input should be less than or equal to {2**63 - 1}"
+
+
+def _schema_version_zero(d: Path) -> tuple[Path, str]:
+    _edit_sidecar(_sidecar(d, 0), lambda s: s.update(schema_version=0))
+    return _sidecar(d, 0), "schema_version: Input should be greater than or equal to 1"
+
+
+def _schema_version_text(d: Path) -> tuple[Path, str]:
+    _edit_sidecar(_sidecar(d, 0), lambda s: s.update(schema_version="2"))
+    return _sidecar(d, 0), "schema_version: Input should be a valid integer"
+
+
+def _group_rank_outside_world(d: Path) -> tuple[Path, str]:
+    def outside(s: dict) -> None:
+        pg = next(pg for pg in s["process_groups"] if pg["ranks"] == [0, 1, 2, 3])
+        pg["ranks"] = [0, 1, 2, 99]
+        for call in s["collectives"]:
+            if call["annotation"]["commtag pg uid"] == pg["uid"]:
+                call["annotation"]["Process Group Ranks"] = "[0, 1, 2, 99]"
+    _edit_sidecar(_sidecar(d, 2), outside)
+    return _sidecar(d, 2), f"rank 99 is outside world_size {WORLD}"
+
+
+def _record_rank_outside_world(d: Path) -> tuple[Path, str]:
+    def outside(s: dict) -> None:
+        annotation = next(c["annotation"] for c in s["collectives"] if c["annotation"]["Group size"] == WORLD)
+        annotation["Process Group Ranks"] = "[0, 1, 2, 99]"
+    _edit_sidecar(_sidecar(d, 3), outside)
+    return _sidecar(d, 3), "Process Group Ranks: [0, 1, 2, 99] are not the members [0, 1, 2, 3] of group"
+
+
 CASES = [_sidecar_time_at_5_ns, _sidecar_time_in_2255, _sidecar_call_lasting_days, _absurd_element_count,
-         _sidecar_of_another_world_size, _host_not_utf8, _record_twice, _truncated_sidecar]
+         _sidecar_of_another_world_size, _host_not_utf8, _record_twice, _truncated_sidecar, _seq_beyond_int64,
+         _schema_version_zero, _schema_version_text, _group_rank_outside_world, _record_rank_outside_world]
 
 
 @pytest.mark.parametrize("damage", CASES, ids=[c.__name__.strip("_") for c in CASES])
@@ -193,3 +228,37 @@ def test_a_file_named_gz_that_is_not_gzip(traces: Path, capsys) -> None:
     assert err[0] == (f"commtag merge: error: {plain}: named .gz but is not gzip, and its text is neither a trace "
                       "nor a sidecar (no traceEvents, no commtag kind)")
     assert not (traces / OUT).exists()
+
+
+def test_a_seq_beyond_int64_is_the_same_error_in_every_mode(traces: Path, tmp_path: Path, capsys) -> None:
+    named, problem = _seq_beyond_int64(traces)
+    for command in (["merge", "--no-progress", str(traces), "-o", str(tmp_path / OUT), "-j", "1"],
+                    ["merge", "--no-progress", str(traces), "-o", str(tmp_path / OUT), "-j", "2"],
+                    ["summary", str(traces), "--format", "json"]):
+        assert main(command) == 2, command
+        captured = capsys.readouterr()
+        err = [line for line in captured.err.splitlines() if line]
+        assert len(err) == 1 and f"{named}: " in err[0] and problem in err[0], (command, err)
+        assert captured.out == "", command
+    assert not (tmp_path / OUT).exists()
+
+
+def test_a_recorded_call_an_hour_outside_its_trace_is_left_out_with_a_notice(traces: Path, tmp_path: Path) -> None:
+    """One call of rank 2's sidecar starts an hour after its trace ends: it is said (file, record) and
+    left out, not aligned to the trace (a 3,600 s skew); the rest merges, and no finding blames rank 2
+    for the call it lacks. -j 1 and -j 2 say the same."""
+    from commtag.merge import merge
+
+    hour = 3600 * 10**9
+    calls = orjson.loads(_sidecar(traces, 2).read_bytes())["collectives"]
+    at = next(i for i, c in enumerate(calls) if c["annotation"]["Group size"] == WORLD and i > 0)
+    _edit_sidecar(_sidecar(traces, 2), _set_times(at, calls[at]["start_ns"] + hour, calls[at]["end_ns"] + hour))
+    one = merge(traces, tmp_path / "one.pftrace", jobs=1, analysis=True)
+    said = [n for n in one.notices if "outside the trace's" in n]
+    assert len(said) == 1 and said[0].startswith(f"rank 2: {_sidecar(traces, 2).with_name(_trace(traces, 2).name)}"), \
+        one.notices
+    assert "1 of its sidecar's recorded calls start more than 1 s outside" in said[0] and f"collectives.{at} " in said[0]
+    assert max(m.skew_ns or 0 for m in one.analysis.collectives) < hour // 2
+    assert not [f for f in one.analysis.findings if 2 in f.ranks], [f.message for f in one.analysis.findings]
+    two = merge(traces, tmp_path / "two.pftrace", jobs=2, analysis=True)
+    assert sorted(two.notices) == sorted(one.notices)

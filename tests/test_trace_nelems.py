@@ -40,7 +40,9 @@ def _with_count(tmp_path: Path, name: str, key: str, value: object) -> Path:
     ("ncclKernel", "Out msg nelems", MAX_NELEMS + 1),
     ("record_param_comms", "Out msg nelems", 1e30),
     ("record_param_comms", "In msg nelems", -1),
-], ids=["kernel-1e30", "kernel-bound+1", "op-float-1e30", "op-negative"])
+    ("record_param_comms", "In msg nelems", 8.5),
+    ("ncclKernel", "Out msg nelems", 8.5),
+], ids=["kernel-1e30", "kernel-bound+1", "op-float-1e30", "op-negative", "op-fraction", "kernel-fraction"])
 def test_an_absurd_count_in_a_trace_is_one_line_naming_the_file(tmp_path: Path, capsys, name: str, key: str,
                                                                 value: object) -> None:
     folder = _with_count(tmp_path, name, key, value)

@@ -105,16 +105,16 @@ def event_packet(ts: int, event: bytes, flags: int, interned: pb.InternedData | 
 
 
 ARGS = {"id": 7, "big": 2**40, "neg": -3, "f": 0.5, "b": True, "s": "x", "none": None, "dims": [[2, 2]],
-        "huge": 2**70, "long": "y" * 1_100_000}  # longer than a string the writer interns (1 MiB)
+        "huge": 2**70, "long": "y" * 1_100_000}  # over 1 MiB: interned as every string is
 
 
 def annotations() -> list[pb.DebugAnnotation]:
-    """What ARGS encode as: keys interned 1..10 in order, strings "x", "null", "[[2,2]]", 2**70 as 1..4."""
+    """What ARGS encode as: keys interned 1..10 in order, strings "x", "null", "[[2,2]]", 2**70, the long one as 1..5."""
     ann = pb.DebugAnnotation
     return [ann(name_iid=1, int_value=7), ann(name_iid=2, int_value=2**40), ann(name_iid=3, int_value=-3),
             ann(name_iid=4, double_value=0.5), ann(name_iid=5, bool_value=True), ann(name_iid=6, string_value_iid=1),
             ann(name_iid=7, string_value_iid=2), ann(name_iid=8, string_value_iid=3),
-            ann(name_iid=9, string_value_iid=4), ann(name_iid=10, string_value="y" * 1_100_000)]
+            ann(name_iid=9, string_value_iid=4), ann(name_iid=10, string_value_iid=5)]
 
 
 def interned_args() -> pb.InternedData:
@@ -123,7 +123,7 @@ def interned_args() -> pb.InternedData:
         event_names=[pb.EventName(iid=1, name="aten::mm")],
         debug_annotation_names=[pb.DebugAnnotationName(iid=i, name=k) for i, k in enumerate(ARGS, 1)],
         debug_annotation_string_values=[pb.InternedString(iid=i, str=s.encode())
-                                        for i, s in enumerate(("x", "null", "[[2,2]]", str(2**70)), 1)],
+                                        for i, s in enumerate(("x", "null", "[[2,2]]", str(2**70), "y" * 1_100_000), 1)],
     )
 
 

@@ -17,7 +17,7 @@ no eager keys.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from commtag.identity import GroupRow, format_list, group_info
 from commtag.runtime.describe.nccl2 import nccl2_sizes
@@ -91,7 +91,7 @@ def _groups(job: Sequence[JobCall], rank: int, fmt: str) -> list[ProcessGroupInf
             for row in map(_row, seen.values())]
 
 
-def _head(rank: int, world: int, fmt: str) -> dict[str, object]:
+def _head(rank: int, world: int, fmt: str) -> dict[str, Any]:
     return dict(run_id="nccl2-generator", rank=rank, world_size=world, host="node0", pid=1000 + rank,
                 torch_version="2.15.0", nccl_version=NCCL_VERSION, trace_file=f"rank{rank}.pt.trace.json.gz")
 

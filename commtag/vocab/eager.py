@@ -23,6 +23,10 @@ RANK_KEY = "Rank"
 DST_RANK_KEY = "Dst Rank"
 SRC_RANK_KEY = "Src Rank"
 SEQ_KEY = "Seq"
+#: The largest Seq a record can carry: the profiler keeps it as an int64 (ParamCommsDebugInfo's
+#: ``int64_t sequenceNumber_``, torch/csrc/distributed/c10d/ParamCommsUtils.hpp), though the
+#: backends count in uint64 (``Backend::getSequenceNumberForGroup``, c10d/Backend.hpp).
+SEQ_LIMIT = (1 << 63) - 1
 #: A hash newer profilers add after Seq (of the group name, Seq, p2p-ness and rank start/stride/size):
 #: the profiler's own, which commtag does not reproduce.
 COMMS_ID_KEY = "Comms Id"

@@ -230,6 +230,8 @@ def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqInde
                     if transfer is not None else (None, None))
     if last.source == CPU_OP_SOURCE:
         algbw = busbw = None  # the host time of a call that only enqueued the transfer
+    if len({i.group_size for i in members}) > 1:
+        busbw = None  # members disagree on the group's size, so on the bus factor (a size_mismatch)
     matched = MatchedCollective(
         pg_uid=last.pg_uid,
         lane_name=last.lane_name,

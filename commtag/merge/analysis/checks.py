@@ -14,7 +14,7 @@ from commtag.identity import describe_ranks
 from commtag.merge.batches import is_batch, mismatches
 from commtag.vocab import (
     ANN_SEQ_FROM, COLLECTIVES, COLLECTIVE_NAME_KEY,
-    DTYPE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
+    DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
 )
 from commtag.merge.analysis.results import Finding, FindingKind, MatchedCollective
 
@@ -41,16 +41,21 @@ class SeqIndex:
             for key, seqs in found.items()
         }
 
-    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
-        """(pg, Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
-        skipped between two it recorded in one window (between windows nothing is known)."""
-        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+    def holes(self) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]:
+        """(pg, first, last Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
+        skipped between two it recorded in one window (between windows nothing is known), as
+        :func:`gap_spans` splits them."""
+        gaps: dict[str, list[tuple[int, int, int, tuple[int, int]]]] = defaultdict(list)
+        runs: dict[str, set[int]] = defaultdict(set)
         for (pg, rank), seqs in self.by_rank.items():
             for (a, wa, _, end_a), (b, wb, start_b, _) in zip(seqs, seqs[1:]):
-                if wa is not None and wa == wb:
-                    for s in range(a + 1, b):
-                        out[(pg, s)][rank] = (end_a, start_b)
-        return out
+                if b != a + 1:
+                    runs[pg].update((a + 1, b))
+                    if wa is not None and wa == wb:
+                        gaps[pg].append((a + 1, b - 1, rank, (end_a, start_b)))
+            if seqs:
+                runs[pg].update((seqs[0][0], seqs[-1][0] + 1))
+        return gap_spans(gaps, runs)
 
     def recorded(self, pg: str, rank: int, seq: int) -> bool:
         seqs = self.by_rank.get((pg, rank), [])
@@ -64,6 +69,23 @@ class SeqIndex:
         seqs = self.by_rank.get((pg, rank), [])
         at = bisect.bisect_left(seqs, (seq,))
         return 0 < at < len(seqs) and seqs[at - 1][1] is not None and seqs[at - 1][1] == seqs[at][1]
+
+
+def gap_spans(gaps: dict[str, list[tuple[int, int, int, tuple[int, int]]]],
+              runs: dict[str, set[int]]) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]:
+    """Each group's gaps, ``(first, last, rank, times)``, as spans of Seqs ``(pg, first, last)``
+    over which every rank is alike: the same ranks skipped them, and each other rank recorded all
+    of them or none (``runs``: the Seqs where a rank's run of consecutive Seqs starts, or ends +1).
+    So a gap of a million Seqs is a span, not a million entries, and each span is checked once."""
+    out: dict[tuple[str, int, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+    for pg, listed in gaps.items():
+        cuts = sorted({b for first, last, _, _ in listed for b in (first, last + 1)} | runs.get(pg, set()))
+        for first, last, rank, times in listed:
+            at = bisect.bisect_left(cuts, first)
+            while cuts[at] <= last:
+                out[(pg, cuts[at], cuts[at + 1] - 1)][rank] = times
+                at += 1
+    return out
 
 
 def check(m: MatchedCollective) -> list[Finding]:
@@ -85,6 +107,9 @@ def check(m: MatchedCollective) -> list[Finding]:
         odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
         if odd:
             add(kind, odd, (key,), detail)
+    odd, detail = _odd_ones(insts, lambda i: i.group_size)
+    if odd:  # one group, sized differently: its bus bandwidth is not measured (analyze.measure)
+        add(FindingKind.SIZE_MISMATCH, odd, (GROUP_SIZE_KEY,), f"{GROUP_SIZE_KEY}: {detail}")
     if any(f.kind == FindingKind.OP_MISMATCH for f in found):
         return found  # sizes of different ops are not comparable
     op = m.collective
@@ -158,7 +183,7 @@ def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstan
 def seq_gaps(seqs: SeqIndex, coverage: Coverage) -> list[Finding]:
     """Seq numbers a rank skipped inside one of its windows, where every member was profiled."""
     found = []
-    for (pg, s), gapped in sorted(seqs.holes().items()):
+    for (pg, s, last), gapped in sorted(seqs.holes().items()):
         ref = seqs.groups[pg]
         members = (set(ref.group_ranks) or {r for (p, r) in seqs.by_rank if p == pg}) & set(coverage.windows)
         start, end = next(iter(gapped.values()))
@@ -166,10 +191,11 @@ def seq_gaps(seqs: SeqIndex, coverage: Coverage) -> list[Finding]:
             continue  # some member was not profiled then: nothing to compare with
         shared = not any(seqs.recorded(pg, r, s) for r in members)
         ranks = tuple(sorted(gapped))
+        which = f"Seq {s}" if last == s else f"Seqs {s} to {last} ({last - s + 1})"
         detail = (
-            f"no rank recorded Seq {s} (issued where commtag could not see it?)"
+            f"no rank recorded {which} (issued where commtag could not see it?)"
             if shared
-            else f"Seq {s} is missing on {describe_ranks(ranks)} between their neighbouring Seqs"
+            else f"{which} missing on {describe_ranks(ranks)} between their neighbouring Seqs"
         )
         found.append(Finding(FindingKind.SEQ_GAP, pg, ref.lane_name, s, None, False, ranks, (SEQ_KEY,), detail, desync=not shared))
     return found

@@ -20,6 +20,7 @@ from array import array
 from collections import defaultdict
 from typing import NamedTuple, Optional, Sequence
 
+from commtag.merge.analysis.checks import gap_spans
 from commtag.merge.analysis.columns import Columns
 from commtag.merge.analysis.impact import impact
 from commtag.merge.analysis.results import Analysis, Finding, FindingKind, MatchedCollective
@@ -116,15 +117,16 @@ class SeqRuns:
         return before is not None and after is not None and before.last_window is not None \
             and before.last_window == after.first_window
 
-    def holes(self) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
+    def holes(self) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]:
         """As ``SeqIndex.holes``: the Seqs between two runs of one window, with the times around them."""
-        out: dict[tuple[str, int], dict[int, tuple[int, int]]] = defaultdict(dict)
+        gaps: dict[str, list[tuple[int, int, int, tuple[int, int]]]] = defaultdict(list)
+        bounds: dict[str, set[int]] = defaultdict(set)
         for (pg, rank), runs in self.by_rank.items():
+            bounds[pg].update(b for run in runs for b in (run.first, run.last + 1))
             for a, b in zip(runs, runs[1:]):
                 if a.last_window is not None and a.last_window == b.first_window:
-                    for s in range(a.last + 1, b.first):
-                        out[(pg, s)][rank] = (a.end_ns, b.start_ns)
-        return out
+                    gaps[pg].append((a.last + 1, b.first - 1, rank, (a.end_ns, b.start_ns)))
+        return gap_spans(gaps, bounds)
 
 
 class Member:

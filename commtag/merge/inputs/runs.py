@@ -16,7 +16,9 @@ is a warning (``--strict`` refuses it):
   pid, or traces of other devices (``deviceProperties``); a trace id is no
   sign, each profiled window has its own;
 * two ranks claiming copies of one profile (the same ``trace_id`` and the
-  same time span).
+  same time span);
+* ranks that list one process group (its name, in one life of the world) with other
+  members: its calls match only among the ranks that agree, so a rank that disagrees is named.
 """
 
 from __future__ import annotations
@@ -38,7 +40,33 @@ def warnings(files: list[FileSpan]) -> list[tuple[str, str]]:
 
 def suspects(summaries: Sequence[RankSummary]) -> list[tuple[str, str]]:
     """:func:`warnings` of every file of ``summaries``: what the merge and ``commtag summary DIR`` warn of."""
-    return warnings([f for s in summaries for f in s.files])
+    return [*warnings([f for s in summaries for f in s.files]), *_members(summaries)]
+
+
+def _members(summaries: Sequence[RankSummary]) -> list[tuple[str, str]]:
+    """A file of each rank whose members of a group (by name and life: its uid less the members'
+    digest) are not those most ranks list, with what each side lists."""
+    listed: dict[tuple[str, str], dict[tuple[int, ...], list[int]]] = {}
+    files = {s.rank: s.files[0].path for s in summaries if s.files}
+    for s in summaries:
+        for group in s.groups:
+            if group.ranks and ":" in group.pg_uid:
+                name, _, digest = group.pg_uid.rpartition(":")
+                by_ranks = listed.setdefault((name, digest.partition("~")[2]), {})
+                if s.rank not in by_ranks.setdefault(tuple(group.ranks), []):
+                    by_ranks[tuple(group.ranks)].append(s.rank)
+    found = []
+    for (name, life), by_ranks in listed.items():
+        if len(by_ranks) < 2:
+            continue
+        common = max(by_ranks, key=lambda ranks: (len(by_ranks[ranks]), -min(by_ranks[ranks])))
+        for ranks, who in by_ranks.items():
+            if ranks != common and min(who) in files:
+                found.append((files[min(who)], f"rank {min(who)} lists process group {name!r}"
+                              + (f" (life {life})" if life else "") + f" with members {list(ranks)}, ranks "
+                              f"{', '.join(map(str, sorted(by_ranks[common])))} with {list(common)}: its calls match "
+                              "only among ranks that agree"))
+    return found
 
 
 def _far_apart(files: list[FileSpan]) -> list[tuple[str, str]]:

@@ -19,7 +19,6 @@ from commtag.merge.pftrace.wire import (
     ANNOTATION_DOUBLE,
     ANNOTATION_INT,
     ANNOTATION_NAME_IID,
-    ANNOTATION_STRING,
     ANNOTATION_STRING_IID,
     EVENT_CATEGORY_IID,
     EVENT_DEBUG_ANNOTATION,
@@ -72,12 +71,6 @@ _FIRST = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED | SEQ
 
 
 _NEEDS = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
-
-
-#: Longest string value written once and then referenced by id. Rank lists repeat on
-#: every lane slice of their group: 6 KB at 1,024 ranks, 24 KB at 4,096, 110 KB at 16,384
-#: (at 16 KB, 4,096 ranks' lists were written on every slice: 17 GB instead of 0.3 GB).
-_MAX_INTERNED = 1 << 20
 
 
 #: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
@@ -256,6 +249,10 @@ class SequenceWriter:
         return iid
 
     def _string(self, text: str) -> bytes:
+        """A string value's reference: every string, however long, is written once per sequence and
+        then referenced by id. Rank lists repeat on every lane slice of their group (110 KB at 16,384
+        ranks), a group's description on each of its slices: one of 1.1 MB written on each made a
+        few hundred slices a 637 MB file."""
         iid = self._strings.get(text)
         if iid is None:
             iid = self._strings[text] = self._intern(self._strings, _STRINGS, text)
@@ -329,12 +326,11 @@ class SequenceWriter:
         elif value.__class__ is float:
             body += ANNOTATION_DOUBLE + _pack_double(value)
         elif value.__class__ is str:
-            body += self._string(value) if len(value) <= _MAX_INTERNED else length_delimited(ANNOTATION_STRING, value.encode())
+            body += self._string(value)
         elif value is None:
             body += self._string("null")
         else:
-            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-            body += self._string(text) if len(text) <= _MAX_INTERNED else length_delimited(ANNOTATION_STRING, text.encode())
+            body += self._string(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode())
         return length_delimited(EVENT_DEBUG_ANNOTATION, body)
 
 

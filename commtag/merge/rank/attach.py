@@ -91,11 +91,14 @@ def is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: 
 def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows, *,
            offset_ns: int = 0, interner: Optional[Interner] = None,
            annotated: Optional[dict[int, tuple[dict, dict]]] = None,
-           notes: Optional[list[str]] = None) -> list[CollectiveInstance]:
+           notes: Optional[list[str]] = None, source: str = "its trace",
+           blind: Optional[list[tuple[int, int]]] = None) -> list[CollectiveInstance]:
     """Annotate one trace file's events in place; return its collective instances.
 
     ``notes``: where to say what the file's events are left without (graph replays that
-    could not be matched, copies of captured collectives not placed).
+    could not be matched, copies of captured collectives not placed, records it cannot read);
+    ``source``: the file, as those notes name it; ``blind``: where to put the times (ns) of the
+    records it cannot read.
 
     ``annotated``: instead of merging each annotation into its event's args,
     map ``id(event)`` to its ``(common, own)`` args there (Kineto's copies of
@@ -117,6 +120,9 @@ def attach(rank: int, trace: dict, sidecar: Optional[Sidecar], flows: RankFlows,
         if id(call.rec.annotation) not in paired:
             events.host_timed(call, events.record_parts(call.rec.annotation), CPU_OP_SOURCE)
     _unattributed(events)
+    events.say_unreadable(source)
+    if blind is not None:
+        blind += events.blind
     return events.instances
 
 

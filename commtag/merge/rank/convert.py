@@ -9,9 +9,8 @@ cannot place stops it with an error naming the event), then either
 * kept as a dict until its file is complete, when attach may annotate it: collective and graph
   kernels, graph launches, ``c10d::`` and ``gloo:`` ops. They are a few per thousand events.
 
-Flows are added to the kept bytes when a file ends (a launch may come after its kernels), and so
-are the kernel-category breakdowns of graph launches. Args that only link events, which the merged
-trace draws as flows instead (:data:`commtag.vocab.LINK_ARGS`), are not written.
+Flows and graph launches' kernel-category breakdowns are added to the kept bytes when a file ends (a
+launch may come after its kernels). Link-only args, drawn as flows (:data:`commtag.vocab.LINK_ARGS`), are not written.
 
 Every complete ("X") and instant ("i"/"I") event is written (a ProfilerStep's span also kept). Traces
 of torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream 7"``, ``"pid":
@@ -24,7 +23,7 @@ phases) is counted per reason in the rank's :class:`EventAccount`: the receipt f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
 from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
@@ -43,15 +42,13 @@ from commtag.vocab import (
     PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY,
 )
 from commtag.constants import MAX_DUR_US
-from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info
+from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info, records_in_span
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
-    left_out_reason, RowNames,
+    left_out_reason, RowNames, without_blind,
 )
 
-_MAX_NS = (1 << 63) - 1
-_INF = float("inf")
-_MISSING = object()
+_MAX_NS, _INF, _MISSING = (1 << 63) - 1, float("inf"), object()
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups.
 
@@ -293,8 +290,10 @@ class RankConverter:
         check_clock(path, None if file.last is None else file.last - self.offset)
         trace = {**header, "traceEvents": [c[0] for c in file.candidates]}
         check_join_args(path, trace["traceEvents"])
-        attached = attach(self.rank, trace, sidecar, self.flows, offset_ns=self.offset, interner=self.interner,
-                          annotated=self.annotated if self.encoder is not None else None, notes=self.notes)
+        blind: list[tuple[int, int]] = []
+        in_span = records_in_span(path, sidecar, file.first, file.last, self.offset, self.notes, blind)
+        attached = attach(self.rank, trace, in_span, self.flows, offset_ns=self.offset, interner=self.interner, blind=blind,
+                          annotated=self.annotated if self.encoder is not None else None, notes=self.notes, source=str(path))
         if keep is not None:
             attached = kept_by_selection(file, attached, keep, self.flows, self.annotated)
         if self.encoder is None:  # no event is written, so no flow may end on one
@@ -302,7 +301,7 @@ class RankConverter:
                 inst.source_flow = None
         self.instances += attached
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
-        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
+        self._window(file, attached, claimed, sidecar is not None or bool(attached), spans, blind)
         for g in group_rows(trace, sidecar):
             self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, self.interner.shared(tuple(g.ranks)))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
@@ -316,12 +315,12 @@ class RankConverter:
         return file.first, file.last
 
     def _window(self, file: FileState, attached: list, world_size: Optional[int], evidence: bool,
-                spans: Optional[Spans] = None) -> None:
+                spans: Optional[Spans] = None, blind: Sequence[tuple[int, int]] = ()) -> None:
         """Record the time the file covers (a collective timed from the sidecar may reach past
         its events) and the world size it claims. A file that shows no collective and has
         no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing.
         With ``spans`` (--steps/--window) it covers what it kept of each span, one window each:
-        collectives of steps left out between them are not missing."""
+        collectives of steps left out between them are not missing; ``blind``: see rows.without_blind."""
         self.world_size = self.world_size or world_size
         if not evidence:
             return
@@ -330,10 +329,11 @@ class RankConverter:
         if starts and ends:
             first, last = min(starts), max(ends)
             if spans is None:
-                self.windows.append((first, last))
+                covered = [(first, last)]
             else:
-                self.windows += [(max(low, first), min(high, last)) for low, high in spans
-                                 if max(low, first) < min(high, last)]
+                covered = [(max(low, first), min(high, last)) for low, high in spans
+                           if max(low, first) < min(high, last)]
+            self.windows += without_blind(covered, attached, blind, first, last)
             self.windows.sort()
             self.steps += file.steps
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Optional
 
 from commtag.constants import parse_rank_list
 from commtag.identity import group_info
+from commtag.merge.rank.checks import record_problem
 from commtag.merge.rank.events import FileEvents, HostCall, make_instance, mark_nccl2, with_launch
 from commtag.merge.records import CPU_OP_SOURCE, whole
 from commtag.vocab import (
@@ -124,8 +125,15 @@ def pair_calls(events: FileEvents, calls: list[tuple[int, int, dict, dict, str]]
     derived: dict[tuple[str, bool], int] = {}
     used: dict[str, int] = {}
     paired: set[int] = set()
+    world = (events.trace.get("distributedInfo") or {}).get("world_size")
+    named = any(PG_NAME_KEY in call[3] or PG_ID_KEY in call[3] for call in calls)
     for start, end, e, args, source in calls:
         events.taken.add(id(e))
+        problem = record_problem(args, world, named)
+        if problem is not None:  # left out of the matching: no finding may rest on a misread field
+            events.unreadable.append(f"{e.get('name')!r} at ts {e.get('ts')}: {problem}")
+            events.blind.append((start, end))
+            continue
         pg_name = _pg_name(events, args)
         record = None
         if SEQ_KEY in args:  # the call's own Seq names its record

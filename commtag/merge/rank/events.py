@@ -30,6 +30,10 @@ from commtag.vocab import (
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import CollectiveAnnotation, RecordedCollective, Sidecar
 
+#: How many unreadable records a file's note names (it counts them all).
+_SHOWN = 3
+
+
 def group_rows(trace: dict, sidecar: Optional[Sidecar]) -> list[GroupRow]:
     """Every group of a rank: the sidecar's table, else rebuilt from distributedInfo's pg_config.
 
@@ -191,6 +195,10 @@ class FileEvents:
             if "record_format" in pg.model_fields_set:
                 self.stated[pg.uid] = self.stated[pg.name] = pg.record_format
         self.disagreed: set[str] = set()
+        #: The file's collective records it cannot read, each as "event: field problem" (see :meth:`say_unreadable`),
+        #: and the time each ran (ns): there, the rank's record of a call is not known (see RankConverter._window).
+        self.unreadable: list[str] = []
+        self.blind: list[tuple[int, int]] = []
         self.groups = group_table(rows)
         self.by_uid = {g.uid: g for g in rows}
         #: Each group's member ranks as the merge's one tuple (see :func:`_instance`).
@@ -249,6 +257,14 @@ class FileEvents:
         self.gloo.sort(key=lambda g: g[0])
         for ops in (*self.c10d.values(), *self.comms_by_tid.values()):
             ops.sort(key=lambda o: o[0])
+
+    def say_unreadable(self, source: str) -> None:
+        """One note naming the file's unreadable records (the first few) and counting them all."""
+        if self.unreadable:
+            shown = "; ".join(self.unreadable[:_SHOWN])
+            more = f"; and {len(self.unreadable) - _SHOWN} more" if len(self.unreadable) > _SHOWN else ""
+            self.notes.append(f"{source}: {len(self.unreadable)} collective record(s) it cannot read, left out of "
+                              f"the matching (no finding rests on them): {shown}{more}")
 
     def annotate(self, event: dict, parts: tuple[dict, dict]) -> None:
         """Give ``event`` its annotation, ``(common, own)`` args: merged into its args, or

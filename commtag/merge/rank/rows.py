@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from array import array
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence, Union
+from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.rank.events import RankFlows
+from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import CPU_GROUP, Row, Track
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
@@ -252,3 +254,39 @@ def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], boo
     if outside:
         file.candidates = [c for c in file.candidates if c[2] != OUTSIDE]
     return kept
+
+
+def without_blind(covered: list[tuple[int, int]], attached: Sequence[CollectiveInstance],
+                  blind: Iterable[tuple[int, int]], first: int, last: int) -> list[tuple[int, int]]:
+    """A file's windows less, around each record it could not read (``blind``: its times), the time
+    from the rank's collective before it to the one after (``first`` / ``last``: the file's ends
+    where there is none): what the rank ran there is not known, so its absence blames no one."""
+    ends = sorted(i.end_ns for i in attached)
+    starts = sorted(i.start_ns for i in attached)
+    holes = []
+    for start, end in blind:
+        at = bisect.bisect_right(ends, start)
+        after = bisect.bisect_left(starts, end)
+        holes.append((ends[at - 1] if at else first, starts[after] if after < len(starts) else last))
+    if not holes:
+        return covered
+    merged: list[list[int]] = []
+    for low, high in sorted(holes):
+        if merged and low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    out = []
+    for a, b in covered:  # each window less the merged holes it overlaps
+        at = max(bisect.bisect_left(merged, [a]) - 1, 0)
+        for low, high in merged[at:]:
+            if low >= b:
+                break
+            if high <= a:
+                continue
+            if a < low:
+                out.append((a, low))
+            a = max(a, high)
+        if a < b:
+            out.append((a, b))
+    return out

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
+from commtag.merge.rank.checks import PAIR_SLACK_NS
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.rank.events import FormatConflict
 from commtag.merge.errors import MergeInputError
@@ -61,9 +62,6 @@ def _check_spans(rank: RankInput, files: list[FileSpan]) -> None:
                                               "one rank cannot record two traces at once")
 
 
-#: How far outside its trace's time span a sidecar's recorded calls may start (rounding, the
-#: profiler starting its first event late): beyond it no call of the sidecar is in the trace.
-PAIR_SLACK_NS = 10**9
 
 
 def _check_pair(f: TraceFile, sidecar: Optional[Sidecar], first: Optional[int], last: Optional[int],
@@ -106,6 +104,8 @@ def convert_rank(rank: RankInput, new_converter: Callable[[], RankConverter],
                 spans = spans_of(f.path, converter.offset) if spans_of is not None else None
                 said = len(converter.notes)
                 first, last = converter.add_file(f.path, stream, sidecar, spans)
+                if first is None:  # well-formed (a window that recorded nothing), but worth saying
+                    converter.notes.append(f"{f.path}: holds no timed events: nothing of its rank is merged from it")
                 _check_pair(f, sidecar, first, last, converter.offset)
                 told.append(_file_span(rank.rank, f, stream.header, sidecar, first, last, converter.offset,
                                        _conflicts(converter.notes, said)))
