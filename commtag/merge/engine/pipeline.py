@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
 from commtag.merge.engine import budget, hosts
-from commtag.merge.inputs import runs
+from commtag.merge.inputs import runs, stepmatch
 from commtag.merge.inputs.clock import time_origin
 from commtag.merge.pftrace import lanes, writer
 from commtag.merge.ids import sequence_block
@@ -52,7 +52,7 @@ from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 from commtag.identity import describe_ranks
 from commtag.merge.inputs.selection import (
-    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
+    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
@@ -210,7 +210,7 @@ def place_in_time(plan: MergePlan) -> None:
                 (f.path, offsets.get(r.rank, 0)) for r in plan.mine for f in r.files)})
             found = [part["range"] for part in parts if part["range"] is not None]
             plan.events = (min(f[0] for f in found), max(f[1] for f in found)) if found else None
-        plan.spans_of = file_spans(selection, plan.events, plan.notices)
+        plan.spans_of = stepmatch.selected_spans(plan, functools.partial(from_everyone, plan.world), _selection_subject(plan))
 
 
 def check_detail(plan: MergePlan) -> None:

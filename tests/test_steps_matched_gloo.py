@@ -1,0 +1,60 @@
+"""--steps on a real 3-rank gloo job whose ranks number their profiler steps apart
+(tests/uneven_steps_world.py: the culprit calls prof.step() once more than its peers and is late
+in the others' step 3): steps are matched by the Seqs of their collectives, the merge says so,
+and the straggler of that step is found on every rank's same work; a selection that cuts a
+collective's members is said to be outside the selection, never that a rank did not record it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from uneven_steps_world import CALLS_PER_STEP, CULPRIT, DELAYED_STEP, WORLD, run_uneven_steps_world
+
+pytestmark = pytest.mark.slow
+
+DELAY_S = 0.3
+_DISAGREE = "ProfilerStep#N numbers disagree: rank 1 numbers the same work 1 step above rank 0's"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uneven")
+    records = run_uneven_steps_world(out, DELAY_S)
+    assert records[CULPRIT]["slept_ns"] >= DELAY_S * 1e9
+    return out
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commtag", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_steps_keep_the_same_work_on_every_rank_and_find_its_straggler(job, tmp_path, jobs):
+    merged = tmp_path / "step3.pftrace"
+    done = _run("merge", str(job), "-o", str(merged), "--steps", str(DELAYED_STEP), "-j", jobs)
+    assert done.returncode == 0, done.stderr
+    assert _DISAGREE in done.stderr and "matched by the Seqs of the collectives" in done.stderr, done.stderr
+    summary = _run("summary", str(merged), "--format", "json")
+    assert summary.returncode == 0, summary.stderr
+    doc = orjson.loads(summary.stdout)
+    calls = doc["collectives"]
+    assert len(calls) == CALLS_PER_STEP and not doc["findings"], doc
+    assert all(c["ranks"] == list(range(WORLD)) and not c["missing_ranks"] for c in calls), calls
+    assert len({c["seq"] for c in calls}) == CALLS_PER_STEP  # one iteration's calls, the same on every rank
+    late = [c for c in calls if c["straggler"]]
+    assert [c["last_rank"] for c in late] == [CULPRIT], calls
+    assert late[0]["skew_us"] >= 0.9 * DELAY_S * 1e6
+    assert late[0]["seq"] == max(c["seq"] for c in calls)  # the step's second call, where it slept
+
+
+def test_a_plain_merge_of_the_same_job_does_not_renumber(job, tmp_path):
+    """Without --steps every event is kept: there is nothing to match and nothing is said."""
+    done = _run("merge", str(job), "-o", str(tmp_path / "all.pftrace"))
+    assert done.returncode == 0, done.stderr
+    assert "disagree" not in done.stderr
