@@ -58,3 +58,26 @@ def test_a_plain_merge_of_the_same_job_does_not_renumber(job, tmp_path):
     done = _run("merge", str(job), "-o", str(tmp_path / "all.pftrace"))
     assert done.returncode == 0, done.stderr
     assert "disagree" not in done.stderr
+
+
+def test_a_window_cutting_a_straggler_says_its_peers_are_outside_the_selection(job, tmp_path):
+    """A --window starting just before the culprit's late arrival keeps its call and leaves out its
+    peers', which started 0.3 s earlier: the summary says the selection left them out."""
+    from commtag.merge.inputs.selection import event_range
+
+    whole = orjson.loads(_run("summary", str(job), "--format", "json").stdout)
+    late = next(c for c in whole["collectives"] if c["straggler"])
+    origin = event_range((path, 0) for path in job.glob("*.pt.trace.json.gz"))[0]
+    arrival_ms = (late["start_ns"] + late["skew_us"] * 1000 - origin) / 1e6
+    window = f"{arrival_ms - 1:.3f}:{arrival_ms + 1:.3f}"
+    merged = tmp_path / "window.pftrace"
+    done = _run("merge", str(job), "-o", str(merged), "--window", window)
+    assert done.returncode == 0, done.stderr
+    summary = _run("summary", str(merged))
+    assert summary.returncode == 0, summary.stderr
+    assert "incomplete because a member rank's part lies outside the selection (--window " in summary.stdout, \
+        summary.stdout
+    assert "did not record" not in summary.stdout, summary.stdout
+    doc = orjson.loads(_run("summary", str(merged), "--format", "json").stdout)
+    cut = next(c for c in doc["collectives"] if c["seq"] == late["seq"])
+    assert cut["ranks"] == [CULPRIT] and cut["missing_ranks"] and not doc["findings"], doc

@@ -352,7 +352,8 @@ class TraceAnnotations:
 ALL_TIME = (0, 1 << 63)
 #: A merged trace keeps each rank's windows as instants on its marker track (for
 #: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at its start, with
-#: ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE``, ``ANN_WINDOW_STEPS`` (merge.steps).
+#: ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE``, ``ANN_WINDOW_STEPS`` (merge.steps) and
+#: ``ANN_WINDOW_SELECTION`` (:attr:`Coverage.selection`).
 WINDOW_MARKER = "window"
 #: With no window to carry it, the world size goes on an instant of its own at the lowest rank's first event.
 WORLD_MARKER = "world"
@@ -378,6 +379,9 @@ class Coverage:
     steps: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     #: Rank -> its first event (ns): where the merged trace can say the world size when no window does.
     firsts: dict[int, int] = field(default_factory=dict)
+    #: The --steps or --window the merge kept ("" when it kept all time): the windows are then the
+    #: kept spans, and what lies outside them was left out by it, not unrecorded.
+    selection: str = ""
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":

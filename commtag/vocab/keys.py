@@ -66,6 +66,8 @@ ANN_WINDOW_RANK = "commtag window of rank"
 ANN_WINDOW_NS = "commtag window ns"
 #: On a window marker: the ProfilerStep spans of the window (commtag.merge.steps.encode).
 ANN_WINDOW_STEPS = "commtag window steps"
+#: On a window marker of a merge that kept part of the job: its --steps or --window, as the user wrote it.
+ANN_WINDOW_SELECTION = "commtag window selection"
 ANN_WORLD_SIZE = "commtag world size"
 # With torch's own CUDA-graph annotations (torch 2.14+).
 #: Key commtag adds to the annotation it hands torch's ``mark_kernels`` for a captured

@@ -52,7 +52,7 @@ from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 from commtag.identity import describe_ranks
 from commtag.merge.inputs.selection import (
-    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, step_marks,
+    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, kept_by, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
@@ -143,10 +143,10 @@ def merge(
         own: Optional[OwnLanes] = None
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             if held is not None:
-                outcome = share_analysis(plan.world, held, everyone, analysis, coverage(everyone), plan.interner)
+                outcome = share_analysis(plan.world, held, everyone, analysis, coverage(everyone, kept_by(plan.options.selection)), plan.interner)
                 annotations, own = outcome.annotations, outcome.lanes
             else:
-                annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
+                annotations = analysis(instances, coverage(everyone, kept_by(plan.options.selection))) if analysis is not None else None
         # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, own))
         if plan.output.apart:

@@ -90,6 +90,11 @@ def describe(selection: "Selection") -> str:
     return "no --steps or --window"
 
 
+def kept_by(selection: Optional["Selection"]) -> str:
+    """The --steps or --window a merge kept, as the user wrote it; "" when it keeps all time."""
+    return describe(selection) if selection is not None and selection.selects_time else ""
+
+
 def describe_numbers(numbers: Sequence[int]) -> str:
     """{0, 1, 2, 5} -> "0-2,5": the inverse of :func:`parse_numbers`."""
     out: list[str] = []

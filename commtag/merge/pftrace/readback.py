@@ -40,7 +40,7 @@ from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.merge.steps import StepSpan, decode
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
-    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
+    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_SELECTION, ANN_WINDOW_STEPS, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
 )
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -125,6 +125,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     windows: dict[int, list[tuple[int, int]]] = {}
     steps: dict[int, list[StepSpan]] = {}
     world_size: Optional[int] = None
+    selection = ""
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
     strings: dict[int, dict[int, str]] = {}
@@ -173,6 +174,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                     windows.setdefault(rank, []).append((start, start + length))
                     steps.setdefault(rank, []).extend(decode(args.get(ANN_WINDOW_STEPS), start) or ())
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
+                    selection = selection or str(args.get(ANN_WINDOW_SELECTION) or "")
             elif args.get(ANN_MARKER) == WORLD_MARKER:
                 world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
     # A file with window instants has them for every rank whose trace showed its collectives; one
@@ -184,7 +186,8 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
         if world_size and instance.pg_uid.startswith(UNATTRIBUTED_UID + ":"):
             instance.group_size = world_size
     return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size,
-                                  {r: sorted(s, key=lambda step: (step[1], step[0])) for r, s in steps.items() if s})
+                                  {r: sorted(s, key=lambda step: (step[1], step[0])) for r, s in steps.items() if s},
+                                  selection=selection)
 
 
 def _int_or_none(value: object) -> Optional[int]:

@@ -201,9 +201,10 @@ def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[i
                        steps=step_spans(converter.steps))
 
 
-def coverage(summaries: Sequence[RankSummary]) -> Coverage:
-    """The ranks read, their windows and steps, and the world size most of them claim."""
+def coverage(summaries: Sequence[RankSummary], selection: str = "") -> Coverage:
+    """The ranks read, their windows and steps, and the world size most of them claim;
+    ``selection``: the --steps or --window kept (:func:`commtag.merge.inputs.selection.kept_by`)."""
     sizes = Counter(s.world_size for s in summaries if s.world_size)
     return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
                     steps={s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps},
-                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None})
+                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None}, selection=selection)
