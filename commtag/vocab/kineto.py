@@ -63,6 +63,13 @@ KINETO_LEGACY_CATEGORIES: dict[str, str] = {
 }
 #: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
 KINETO_STREAM_TID_PREFIX = "stream "
+#: The scope (``"s"``) of an instant that belongs to the whole trace, not to a thread (Chrome trace format).
+GLOBAL_INSTANT_SCOPE = "g"
+#: Kineto's trace-wide instants (libkineto/src/output_json.cpp, ChromeTraceLogger): handleTraceSpan
+#: writes ``"Iteration Start: <span>"`` with pid ``"Traces"`` and tid ``"Trace <span>"``, and
+#: finalizeTrace ends the file with ``"Record Window End"`` with pid ``""`` and tid ``""``; both
+#: global-scope. torch's span is named ``"PyTorch Profiler"``: the row of its window's start.
+KINETO_TRACE_ROW = ("Traces", "Trace PyTorch Profiler")
 #: The name of the slice torch's profiler writes around each ``prof.step()``: ``ProfilerStep#<N>``.
 PROFILER_STEP_PREFIX = "ProfilerStep#"
 #: Kineto's category of a host-side record_function range (a ProfilerStep among them); its copy on a
