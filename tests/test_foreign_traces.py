@@ -3,9 +3,16 @@ trace-wide instants, a folder holding another profiler's output, and HTA's criti
 
 from __future__ import annotations
 
+import gzip
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import orjson
+import pytest
+
+from commtag.merge.inputs.load import discover
 from merging import merge
 from pftrace_reader import read
 
@@ -26,3 +33,55 @@ def test_the_record_window_end_instant_sits_on_its_ranks_trace_row(public_traces
     assert marks["Record Window End"] == marks["Iteration Start: PyTorch Profiler"], marks
     assert marks["Record Window End"][0].startswith("rank 1 ") and marks["Record Window End"][1:] == \
         ["Traces", "Trace PyTorch Profiler"]
+
+
+def _rocprofiler_sdk_results(path: Path) -> None:
+    """A small ``<pid>_results.json.gz`` as rocprofv3 --output-format json writes it: one object per
+    process under "rocprofiler-sdk-tool" holding metadata, agents, strings, symbols, a summary and
+    the buffer records (rocprofiler-sdk source/lib/output/generateJSON.cpp: write_json)."""
+    process = {
+        "metadata": {"pid": 4242, "init_time": 1_700_000_000_000_000_000, "fini_time": 1_700_000_001_000_000_000,
+                     "config": {"kernel_trace": True}, "command": ["python", "train.py"]},
+        "agents": [{"node_id": 1, "type": 2, "name": "gfx942"}],
+        "counters": [],
+        "strings": {"callback_records": [], "buffer_records": [{"kind": "KERNEL_DISPATCH", "operations": []}],
+                    "marker_api": [], "correlation_id": {"external": []}},
+        "code_objects": [], "kernel_symbols": [{"kernel_id": 1, "kernel_name": "ncclDevKernel_Generic"}],
+        "host_functions": [],
+        "summary": [{"domain": "KERNEL_DISPATCH", "stats": {"count": 1}}],
+        "callback_records": {"counter_collection": []},
+        "buffer_records": {"kernel_dispatch": [{"start_timestamp": 1_700_000_000_100_000_000,
+                                                "end_timestamp": 1_700_000_000_100_500_000,
+                                                "dispatch_info": {"kernel_id": 1}}],
+                           "hip_api": [], "hsa_api": [], "marker_api": [], "rccl_api": [], "memory_copy": []},
+    }
+    path.write_bytes(gzip.compress(orjson.dumps({"rocprofiler-sdk-tool": [process]}, option=orjson.OPT_INDENT_2)))
+
+
+@pytest.mark.slow
+def test_a_folder_of_another_tools_json_is_refused_naming_the_folder_and_the_format(tmp_path: Path) -> None:
+    job = tmp_path / "profiles"
+    job.mkdir()
+    _rocprofiler_sdk_results(job / "4242_results.json.gz")
+    out = tmp_path / "merged.pftrace"
+    for command in (["merge", str(job), "-o", str(out)], ["summary", str(job)]):
+        done = subprocess.run([sys.executable, "-m", "commtag", *command], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"commtag {command[0]}: "), done.stderr
+        assert f"{job}: no PyTorch profiler trace" in lines[0], lines
+        assert "4242_results.json.gz is another tool's format: rocprofiler-sdk's JSON" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profiles"]  # nothing written, no temporaries
+
+
+def test_another_tools_json_beside_traces_is_said_and_left_out(public_traces: Path, tmp_path: Path) -> None:
+    source = next((public_traces / "param-dlrm-8rank").glob("worker1_*"))
+    job = tmp_path / "job"
+    job.mkdir()
+    shutil.copy(source, job / source.name)
+    _rocprofiler_sdk_results(job / "4242_results.json.gz")
+    notices: list[str] = []
+    ranks = discover([job], notices=notices)
+    assert [r.rank for r in ranks] == [1]
+    assert notices == [f"{job}: 1 file(s) left out; 4242_results.json.gz is another tool's format: "
+                       "rocprofiler-sdk's JSON (rocprofv3 --output-format json)"]

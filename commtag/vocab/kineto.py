@@ -63,6 +63,13 @@ KINETO_LEGACY_CATEGORIES: dict[str, str] = {
 }
 #: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
 KINETO_STREAM_TID_PREFIX = "stream "
+#: Other tools' JSON that a folder of traces may hold: a key each writes at its top -> what it is.
+#: rocprofiler-sdk's rocprofv3 ``--output-format json`` writes ``<pid>_results.json``, one object
+#: under ``"rocprofiler-sdk-tool"`` per process (source/lib/output/generateJSON.cpp: open_json,
+#: write_json), its own records (metadata, agents, buffer_records), not a Chrome trace's traceEvents.
+FOREIGN_JSON_KEYS: dict[bytes, str] = {
+    b'"rocprofiler-sdk-tool"': "rocprofiler-sdk's JSON (rocprofv3 --output-format json)",
+}
 #: The scope (``"s"``) of an instant that belongs to the whole trace, not to a thread (Chrome trace format).
 GLOBAL_INSTANT_SCOPE = "g"
 #: Kineto's trace-wide instants (libkineto/src/output_json.cpp, ChromeTraceLogger): handleTraceSpan
