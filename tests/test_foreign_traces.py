@@ -85,3 +85,44 @@ def test_another_tools_json_beside_traces_is_said_and_left_out(public_traces: Pa
     assert [r.rank for r in ranks] == [1]
     assert notices == [f"{job}: 1 file(s) left out; 4242_results.json.gz is another tool's format: "
                        "rocprofiler-sdk's JSON (rocprofv3 --output-format json)"]
+
+
+def _overlaid_critical_path(source: Path, out: Path) -> list[str]:
+    """``source`` as HTA's critical-path overlay writes it (hta/analyzers/critical_path_analysis.py,
+    overlay_critical_path_analysis; hta/common/trace.py, Trace.flow_event): the events on the path get
+    ``"critical": 1``, each edge a flow start at its first event and an end ("bp": "e") at its second,
+    named "critical_path", its category the edge's type. The names of the events marked."""
+    trace = orjson.loads(gzip.decompress(source.read_bytes()))
+    events = trace["traceEvents"]
+    launch = next(e for e in events if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaLaunchKernel")
+    kernel = next(e for e in events if e.get("cat") == "kernel" and e["args"].get("correlation") ==
+                  launch["args"]["correlation"])
+    op = next(e for e in events if e.get("cat") == "cpu_op" and e["ts"] + e["dur"] <= launch["ts"]
+              and (e["pid"], e["tid"]) == (launch["pid"], launch["tid"]))
+    edges = [(op, launch, "critical_path_dependency"), (launch, kernel, "critical_path_kernel_launch_delay")]
+    for flow_id, (begin, end, kind) in enumerate(edges):
+        for event, phase in ((begin, "s"), (end, "f")):
+            event["args"]["critical"] = 1
+            flow = {"ph": phase, "id": flow_id, "pid": event["pid"], "tid": event["tid"], "ts": int(event["ts"]),
+                    "cat": kind, "name": "critical_path", "args": {"weight": 0, "critical": True}}
+            events.append({**flow, "bp": "e"} if phase == "f" else flow)
+    out.write_bytes(gzip.compress(orjson.dumps(trace)))
+    return [op["name"], launch["name"], kernel["name"]]
+
+
+def test_htas_critical_path_flows_are_counted_and_said_why_not_drawn(public_traces: Path, tmp_path: Path) -> None:
+    """PARAM's DLRM rank 1, overlaid with a two-edge critical path as HTA writes one: its four flow
+    events are left out under a reason that names them and says why; the events on the path keep
+    HTA's mark."""
+    source = next((public_traces / "param-dlrm-8rank").glob("worker1_*"))
+    job = tmp_path / "job"
+    job.mkdir()
+    marked = _overlaid_critical_path(source, job / source.name)
+    out = tmp_path / "merged.pftrace"
+    result = merge(job, out, progress=False)
+    [account] = result.accounts
+    reasons = {reason: n for reason, n in account.left_out.items() if "critical-path" in reason}
+    assert reasons == {"HTA critical-path flows (not drawn: HTA found that path in this one rank's trace alone; "
+                       "the events on it keep HTA's 'critical': 1 arg)": 4}, account.left_out
+    kept = {s.name for s in read(out).slices if s.args.get("critical") == 1}
+    assert set(marked) <= kept, (marked, kept)

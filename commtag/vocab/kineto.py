@@ -70,6 +70,13 @@ KINETO_STREAM_TID_PREFIX = "stream "
 FOREIGN_JSON_KEYS: dict[bytes, str] = {
     b'"rocprofiler-sdk-tool"': "rocprofiler-sdk's JSON (rocprofv3 --output-format json)",
 }
+#: HTA's critical-path overlay (hta/analyzers/critical_path_analysis.py, overlay_critical_path_analysis,
+#: and hta/common/trace.py, Trace.flow_event) adds to one rank's trace a flow ("s" then "f", "bp": "e",
+#: name "critical_path") per edge of its path, its category that edge's CPEdgeType value
+#: ("critical_path_dependency", "critical_path_kernel_launch_delay", ...; "critical_path" alone in
+#: older overlays), and marks each event on the path with this arg set to 1.
+HTA_CRITICAL_PATH_CATEGORY_PREFIX = "critical_path"
+HTA_CRITICAL_ARG = "critical"
 #: The scope (``"s"``) of an instant that belongs to the whole trace, not to a thread (Chrome trace format).
 GLOBAL_INSTANT_SCOPE = "g"
 #: Kineto's trace-wide instants (libkineto/src/output_json.cpp, ChromeTraceLogger): handleTraceSpan

@@ -13,7 +13,7 @@ from commtag.merge.timeline import CPU_GROUP, Row, Track
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
     EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_GPU_LABEL_PREFIX, KINETO_HOST_LABEL, KINETO_HOST_THREAD_PREFIX,
-    KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_TRACE_ROW,
+    HTA_CRITICAL_ARG, HTA_CRITICAL_PATH_CATEGORY_PREFIX, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_TRACE_ROW,
     KINETO_STREAM_TID_PREFIX, RECORD_FUNCTION_ID_KEY,
 )
 
@@ -32,6 +32,9 @@ def left_out_reason(ph: str, cat: Optional[str]) -> str:
     if ph in ("s", "t", "f"):
         if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
             return f"launch flows {cat!r} (not copied: the merge draws launch flows from correlation ids)"
+        if cat is not None and cat.startswith(HTA_CRITICAL_PATH_CATEGORY_PREFIX):
+            return (f"HTA critical-path flows (not drawn: HTA found that path in this one rank's trace alone; "
+                    f"the events on it keep HTA's '{HTA_CRITICAL_ARG}': 1 arg)")
         return f"flows {cat!r} (not drawn)"
     return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
 
