@@ -53,11 +53,16 @@ def test_steps_keep_the_same_work_on_every_rank_and_find_its_straggler(job, tmp_
     assert late[0]["seq"] == max(c["seq"] for c in calls)  # the step's second call, where it slept
 
 
-def test_a_plain_merge_of_the_same_job_does_not_renumber(job, tmp_path):
-    """Without --steps every event is kept: there is nothing to match and nothing is said."""
-    done = _run("merge", str(job), "-o", str(tmp_path / "all.pftrace"))
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_whole_merge_and_the_summary_say_the_step_numbers_disagree(job, tmp_path, jobs):
+    """Without --steps every event is kept, and the merge and the summary of the folder still say
+    that the ranks number their steps apart, and how --steps would match them."""
+    done = _run("merge", str(job), "-o", str(tmp_path / "all.pftrace"), "-j", jobs)
     assert done.returncode == 0, done.stderr
-    assert "disagree" not in done.stderr
+    said = [line for line in done.stderr.splitlines() if "disagree" in line]
+    assert len(said) == 1 and _DISAGREE in said[0] and "matched by the Seqs" in said[0], done.stderr
+    summary = _run("summary", str(job))
+    assert summary.returncode == 0 and _DISAGREE in summary.stderr, summary.stderr
 
 
 def test_a_window_cutting_a_straggler_says_its_peers_are_outside_the_selection(job, tmp_path):

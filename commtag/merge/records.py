@@ -254,6 +254,9 @@ class RankSummary:
     notes: list[str] = field(default_factory=list)
     #: ``(step, start_ns, end_ns)`` of each ProfilerStep of its trace files (:mod:`commtag.merge.steps`).
     steps: list[tuple[int, int, int]] = field(default_factory=list)
+    #: ``(step, pg uid, lowest Seq, highest Seq)`` of its collectives in each step: how its steps
+    #: are matched to other ranks' (:mod:`commtag.merge.inputs.stepmatch`).
+    step_seqs: list[tuple[int, str, int, int]] = field(default_factory=list)
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:
@@ -382,6 +385,8 @@ class Coverage:
     #: The --steps or --window the merge kept ("" when it kept all time): the windows are then the
     #: kept spans, and what lies outside them was left out by it, not unrecorded.
     selection: str = ""
+    #: What is said when ranks number their steps apart ('' when they agree: stepmatch.StepMatch.describe).
+    step_numbers: str = ""
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":

@@ -338,8 +338,8 @@ def gather(plan: MergePlan, everyone: list[RankSummary],
             said.setdefault(note, []).append(s.rank)
     plan.notices += [f"{describe_ranks(ranks)}: {note}" for note, ranks in said.items()]  # once per note, not per rank
     covered = coverage(everyone)
-    if covered.absent:
-        plan.notices.append(covered.describe_absent())
+    plan.notices += [said for said in (covered.describe_absent(), covered.step_numbers)
+                     if said and said not in plan.notices]
     return instances, warned
 
 

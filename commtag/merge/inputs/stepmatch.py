@@ -26,8 +26,9 @@ from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream
 from commtag.merge.inputs.load import MergeInputError, RankInput
 from commtag.merge.inputs.selection import FileSpans, Selection, describe_numbers, file_spans
 from commtag.merge.inputs.sidecars import load_sidecar
+from commtag.merge.records import CollectiveInstance
 from commtag.vocab import (
-    COLLECTIVE_NAME_KEY, COMMS_OP, GPU_CATEGORIES, NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, PG_NAME_KEY, PROFILER_STEP_PREFIX,
+    ANN_SEQ_FROM, COLLECTIVE_NAME_KEY, COMMS_OP, GPU_CATEGORIES, NON_COLLECTIVE_NAMES, P2P_COLLECTIVES, PG_NAME_KEY, PROFILER_STEP_PREFIX,
     SEQ_KEY,
 )
 
@@ -170,6 +171,23 @@ def _votes(a: dict[str, list[tuple[int, int, int]]], b: dict[str, list[tuple[int
                 if other_low <= high and low <= other_high:
                     votes[other_step - step] += 1
     return votes
+
+
+def instance_step_seqs(instances: Iterable[CollectiveInstance], steps: Sequence[tuple[int, int, int]]) -> StepSeqs:
+    """:data:`StepSeqs` of one rank's collective instances (by their pg uid) in its ``(step, start_ns,
+    end_ns)`` steps, each from its start to the next one's: only Seqs its members share (no p2p, no
+    graph replay, none the merge numbered)."""
+    starts = sorted((start, number) for number, start, _ in steps)
+    times = [start for start, _ in starts]
+    found: dict[tuple[int, str], list[int]] = {}
+    for inst in instances:
+        if inst.is_p2p or inst.replay is not None or inst.arg(ANN_SEQ_FROM) is not None:
+            continue
+        at = bisect.bisect_right(times, inst.start_ns) - 1
+        if at >= 0:
+            span = found.setdefault((starts[at][1], inst.pg_uid), [inst.seq, inst.seq])
+            span[0], span[1] = min(span[0], inst.seq), max(span[1], inst.seq)
+    return sorted((step, group, low, high) for (step, group), (low, high) in found.items())
 
 
 def matched_steps(ranks: Iterable[RankInput], found: dict[int, StepSeqs], steps: frozenset[int],
