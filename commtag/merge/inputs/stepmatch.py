@@ -34,6 +34,8 @@ from commtag.vocab import (
 
 #: ``(step, group name, lowest Seq, highest Seq)``: a group's collectives in one step of a rank.
 StepSeqs = list[tuple[int, str, int, int]]
+#: Step numbers and Seqs at or above this are no evidence (they travel between merge workers as int64).
+_LIMIT = 1 << 63
 
 
 def rank_step_seqs(rank: RankInput) -> StepSeqs:
@@ -67,9 +69,10 @@ def _file_seqs(path: Path, sidecar: Optional[Path]) -> Iterable[tuple[int, str, 
                 continue  # device work runs after its step's CPU slice: only host times say the step
             if name.startswith(PROFILER_STEP_PREFIX):
                 number = name[len(PROFILER_STEP_PREFIX):]
-                if number.isascii() and number.isdigit():
+                if number.isascii() and number.isdigit() and int(number) < _LIMIT:
                     starts.append((ts, int(number)))
-            elif name == COMMS_OP and args.__class__ is dict and (seq := args.get(SEQ_KEY)).__class__ is int:
+            elif (name == COMMS_OP and args.__class__ is dict and (seq := args.get(SEQ_KEY)).__class__ is int
+                  and 0 <= seq < _LIMIT):
                 group, collective = args.get(PG_NAME_KEY), args.get(COLLECTIVE_NAME_KEY)
                 if group.__class__ is str and collective not in P2P_COLLECTIVES and collective not in NON_COLLECTIVE_NAMES:
                     calls.append((ts, group, seq))
@@ -77,7 +80,7 @@ def _file_seqs(path: Path, sidecar: Optional[Path]) -> Iterable[tuple[int, str, 
         base_ns = checked_base_ns(path, stream.header.get("baseTimeNanoseconds", 0))
         for c in load_sidecar(sidecar, base_ns).collectives:
             a = c.annotation
-            if not a.is_p2p and a.replay is None and a.capture_id is None:
+            if not a.is_p2p and a.replay is None and a.capture_id is None and a.seq < _LIMIT:
                 calls.append(((c.start_ns - base_ns) / 1000, a.pg_name, a.seq))
     starts.sort()
     times = [ts for ts, _ in starts]
@@ -145,9 +148,11 @@ def match(found: dict[int, StepSeqs]) -> StepMatch:
     result.reference = ranks[0]
     result.shifts[ranks[0]] = 0
     todo = [ranks[0]]
+    expanded: set[str] = set()  # a group's members are matched from the first of them reached (its Seqs are theirs)
     while todo:
         a = todo.pop()
-        for group in index[a]:
+        for group in sorted(index[a].keys() - expanded):
+            expanded.add(group)
             for b in members[group]:
                 if b in result.shifts or b in result.unmatchable:
                     continue
@@ -177,11 +182,11 @@ def instance_step_seqs(instances: Iterable[CollectiveInstance], steps: Sequence[
     """:data:`StepSeqs` of one rank's collective instances (by their pg uid) in its ``(step, start_ns,
     end_ns)`` steps, each from its start to the next one's: only Seqs its members share (no p2p, no
     graph replay, none the merge numbered)."""
-    starts = sorted((start, number) for number, start, _ in steps)
+    starts = sorted((start, number) for number, start, _ in steps if number < _LIMIT)
     times = [start for start, _ in starts]
     found: dict[tuple[int, str], list[int]] = {}
     for inst in instances:
-        if inst.is_p2p or inst.replay is not None or inst.arg(ANN_SEQ_FROM) is not None:
+        if inst.is_p2p or inst.replay is not None or inst.arg(ANN_SEQ_FROM) is not None or not 0 <= inst.seq < _LIMIT:
             continue
         at = bisect.bisect_right(times, inst.start_ns) - 1
         if at >= 0:
