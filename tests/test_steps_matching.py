@@ -51,4 +51,4 @@ def test_a_rank_sharing_no_collective_is_said_to_be_taken_by_its_numbers(tmp_pat
     ranks = [RankInput(r, [TraceFile(Path(f"rank{r}.json"))]) for r in (0, 1, 2)]
     kept = matched_steps(ranks, found, frozenset({3}), notices, tmp_path)
     assert kept == {Path("rank1.json"): {4}}
-    assert len(notices) == 1 and "ranks 2 share no collective with rank 0's steps" in notices[0]
+    assert len(notices) == 1 and "rank 2 shares no collective with rank 0's steps: taken by its own numbers" in notices[0]

@@ -120,8 +120,10 @@ class StepMatch:
                  f"rank {self.reference}'s" for shift, ranks in sorted(by_shift.items())]
         parts += [f"rank {rank}'s steps cannot be matched ({why})" for rank, why in sorted(self.unmatchable.items())]
         if self.unknown:
-            parts.append(f"ranks {describe_numbers(self.unknown)} share no collective with rank {self.reference}'s "
-                         "steps: taken by their own numbers")
+            several = len(self.unknown) > 1
+            parts.append(f"rank{'s' if several else ''} {describe_numbers(self.unknown)} share{'' if several else 's'} "
+                         f"no collective with rank {self.reference}'s steps: taken by {'their' if several else 'its'} "
+                         "own numbers")
         return (f"the ranks' {PROFILER_STEP_PREFIX}N numbers disagree: {'; '.join(parts)}. Steps were matched by the "
                 f"Seqs of the collectives each holds; --steps counts rank {self.reference}'s steps")
 
