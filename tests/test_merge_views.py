@@ -221,11 +221,15 @@ def test_a_selection_of_nothing_is_one_line_and_exit_2(traces: Path, tmp_path: P
 
 def _renumbered(traces: Path, out: Path, rank: int, shift: int) -> Path:
     """A copy of the job where ``rank``'s ProfilerStep#N are named N + shift (as a rank of
-    another schedule would record them); the path of that rank's trace."""
+    another schedule would record them), without that rank's sidecar: no Seq of its collectives
+    can then match its steps to its peers', so its file truly lacks their numbers; the path of
+    that rank's trace."""
     out.mkdir()
     renamed = None
     for path in traces.iterdir():
         data = path.read_bytes()
+        if path.name.endswith(".commtag.json") and orjson.loads(data)["rank"] == rank:
+            continue
         trace = orjson.loads(gzip.decompress(data)) if path.name.endswith(".pt.trace.json.gz") else None
         if trace is not None and trace["distributedInfo"]["rank"] == rank:
             for e in trace["traceEvents"]:

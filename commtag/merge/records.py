@@ -254,6 +254,9 @@ class RankSummary:
     notes: list[str] = field(default_factory=list)
     #: ``(step, start_ns, end_ns)`` of each ProfilerStep of its trace files (:mod:`commtag.merge.steps`).
     steps: list[tuple[int, int, int]] = field(default_factory=list)
+    #: ``(step, pg uid, lowest Seq, highest Seq)`` of its collectives in each step: how its steps
+    #: are matched to other ranks' (:mod:`commtag.merge.inputs.stepmatch`).
+    step_seqs: list[tuple[int, str, int, int]] = field(default_factory=list)
 
 
 def match_groups(instances: Sequence[CollectiveInstance]) -> list[list[CollectiveInstance]]:
@@ -352,7 +355,8 @@ class TraceAnnotations:
 ALL_TIME = (0, 1 << 63)
 #: A merged trace keeps each rank's windows as instants on its marker track (for
 #: ``commtag summary merged.pftrace``): ``"commtag marker": WINDOW_MARKER`` at its start, with
-#: ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE``, ``ANN_WINDOW_STEPS`` (merge.steps).
+#: ``vocab.ANN_WINDOW_RANK``, ``ANN_WINDOW_NS``, ``ANN_WORLD_SIZE``, ``ANN_WINDOW_STEPS`` (merge.steps) and
+#: ``ANN_WINDOW_SELECTION`` (:attr:`Coverage.selection`).
 WINDOW_MARKER = "window"
 #: With no window to carry it, the world size goes on an instant of its own at the lowest rank's first event.
 WORLD_MARKER = "world"
@@ -385,6 +389,11 @@ class Coverage:
     hosts: dict[int, str] = field(default_factory=dict)
     #: How the clocks were aligned (:func:`commtag.merge.analysis.align.alignment_entry`); None: not said.
     alignment: Optional[dict] = None
+    #: The --steps or --window the merge kept ("" when it kept all time): the windows are then the
+    #: kept spans, and what lies outside them was left out by it, not unrecorded.
+    selection: str = ""
+    #: What is said when ranks number their steps apart ('' when they agree: stepmatch.StepMatch.describe).
+    step_numbers: str = ""
 
     @classmethod
     def unknown_windows(cls, ranks: Iterable[int], world_size: Optional[int] = None) -> "Coverage":

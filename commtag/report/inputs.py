@@ -123,4 +123,6 @@ def _from_traces(path: Path, rank_pattern: Optional[str], rank: Optional[int], w
                                       warnings=warnings, notices=notices)
     except MergeInputError as exc:
         raise SummaryInputError(str(exc)) from exc
+    if notices is not None and coverage.step_numbers:
+        notices.append(coverage.step_numbers)
     return instances, coverage, tables

@@ -101,10 +101,7 @@ def to_text(analysis: Analysis, kernels: Optional[KernelTables] = None) -> str:
         lines.append(note)
     if coverage.absent:
         lines.append(coverage.describe_absent())
-    incomplete = sum(1 for m in analysis.collectives if not m.complete)
-    if incomplete:
-        lines.append(f"{incomplete} collectives are incomplete (a member rank did not record them): "
-                     "left out of skew and busbw")
+    lines += _incomplete_lines(analysis)
     header = ("op", "count", "bytes", "total", "skew p50", "skew max", "busbw p50", "busbw p95", "stragglers", "time by cause")
     by_group: dict[str, list[GroupSummary]] = {}
     for row in rows:
@@ -148,6 +145,24 @@ def to_text(analysis: Analysis, kernels: Optional[KernelTables] = None) -> str:
         lines += ["", "groups mixing NCCL's symmetric-memory and regular kernels (busbw mixes the two):"]
         lines += [f"  {line}" for line in mixed]
     return "\n".join(lines) + "\n"
+
+
+def _incomplete_lines(analysis: Analysis) -> list[str]:
+    """Why collectives lack members: in a merge that kept part of the job, a member whose kept
+    spans do not reach the call (none blamed for it) was left out by that selection, not unrecorded."""
+    incomplete = [m for m in analysis.collectives if not m.complete]
+    selection = analysis.coverage.selection
+    read = analysis.coverage.windows  # a rank without any trace is absent, not cut
+    cut = sum(1 for m in incomplete if selection and not m.blamed_ranks and not m.unnamed_missing
+              and all(r in read for r in m.missing_ranks))
+    lines = []
+    if cut:
+        lines.append(f"{_many(cut, 'collective')} {'is' if cut == 1 else 'are'} incomplete because a member "
+                     f"rank's part lies outside the selection ({selection}): left out of skew and busbw")
+    if len(incomplete) > cut:
+        lines.append(f"{len(incomplete) - cut} collectives are incomplete (a member rank did not record them): "
+                     "left out of skew and busbw")
+    return lines
 
 
 def cpu_op_note(analysis: Analysis) -> Optional[str]:

@@ -82,6 +82,8 @@ ANN_WINDOW_RANK = "commtag window of rank"
 ANN_WINDOW_NS = "commtag window ns"
 #: On a window marker: the ProfilerStep spans of the window (commtag.merge.steps.encode).
 ANN_WINDOW_STEPS = "commtag window steps"
+#: On a window marker of a merge that kept part of the job: its --steps or --window, as the user wrote it.
+ANN_WINDOW_SELECTION = "commtag window selection"
 ANN_WORLD_SIZE = "commtag world size"
 #: On the alignment marker: how the clocks were aligned, as JSON (method, reference, each clock's offset and residual).
 ANN_ALIGNMENT = "commtag alignment"

@@ -63,6 +63,27 @@ KINETO_LEGACY_CATEGORIES: dict[str, str] = {
 }
 #: How old Kineto named a GPU row in ``tid``: ``"stream 7"`` (today: ``tid`` 7 on the device's pid).
 KINETO_STREAM_TID_PREFIX = "stream "
+#: Other tools' JSON that a folder of traces may hold: a key each writes at its top -> what it is.
+#: rocprofiler-sdk's rocprofv3 ``--output-format json`` writes ``<pid>_results.json``, one object
+#: under ``"rocprofiler-sdk-tool"`` per process (source/lib/output/generateJSON.cpp: open_json,
+#: write_json), its own records (metadata, agents, buffer_records), not a Chrome trace's traceEvents.
+FOREIGN_JSON_KEYS: dict[bytes, str] = {
+    b'"rocprofiler-sdk-tool"': "rocprofiler-sdk's JSON (rocprofv3 --output-format json)",
+}
+#: HTA's critical-path overlay (hta/analyzers/critical_path_analysis.py, overlay_critical_path_analysis,
+#: and hta/common/trace.py, Trace.flow_event) adds to one rank's trace a flow ("s" then "f", "bp": "e",
+#: name "critical_path") per edge of its path, its category that edge's CPEdgeType value
+#: ("critical_path_dependency", "critical_path_kernel_launch_delay", ...; "critical_path" alone in
+#: older overlays), and marks each event on the path with this arg set to 1.
+HTA_CRITICAL_PATH_CATEGORY_PREFIX = "critical_path"
+HTA_CRITICAL_ARG = "critical"
+#: The scope (``"s"``) of an instant that belongs to the whole trace, not to a thread (Chrome trace format).
+GLOBAL_INSTANT_SCOPE = "g"
+#: Kineto's trace-wide instants (libkineto/src/output_json.cpp, ChromeTraceLogger): handleTraceSpan
+#: writes ``"Iteration Start: <span>"`` with pid ``"Traces"`` and tid ``"Trace <span>"``, and
+#: finalizeTrace ends the file with ``"Record Window End"`` with pid ``""`` and tid ``""``; both
+#: global-scope. torch's span is named ``"PyTorch Profiler"``: the row of its window's start.
+KINETO_TRACE_ROW = ("Traces", "Trace PyTorch Profiler")
 #: The name of the slice torch's profiler writes around each ``prof.step()``: ``ProfilerStep#<N>``.
 PROFILER_STEP_PREFIX = "ProfilerStep#"
 #: Kineto's category of a host-side record_function range (a ProfilerStep among them); its copy on a

@@ -22,7 +22,7 @@ from commtag.merge.steps import encode, in_window
 from commtag.vocab import (
     ANN_ALGBW, ANN_BUSBW, ANN_BUSBW_IMPLAUSIBLE, ANN_BYTES, ANN_CAUSE, ANN_NODES, MAX_PLAUSIBLE_BUSBW_GBPS, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
     ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
-    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
+    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_SELECTION, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
 )
 
 
@@ -58,6 +58,8 @@ def window_markers(coverage: Coverage) -> list[Marker]:
             steps = in_window(coverage.steps.get(rank, ()), first, last)
             if steps:
                 args[ANN_WINDOW_STEPS] = encode(steps, first)
+            if coverage.selection:
+                args[ANN_WINDOW_SELECTION] = coverage.selection
             out.append(Marker(rank, first, f"profiled window {k + 1} of {len(windows)} ({(last - first) / 1e6:.1f} ms)",
                               args))
     if coverage.world_size and not out and coverage.firsts:  # no window says it (no rank showed a collective)

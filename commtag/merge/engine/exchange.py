@@ -192,6 +192,7 @@ def to_wire(summaries: list[RankSummary]) -> dict:
         out.append({"rank": s.rank, "host": s.host, "first_ns": s.first_ns, "groups": groups,
                     "lane_kernels": s.lane_kernels, "windows": s.windows, "world_size": s.world_size,
                     "files": [astuple(f) for f in s.files], "instances": columns, "notes": s.notes, "steps": s.steps,
+                    "step_seqs": s.step_seqs,
                     "account": None if s.account is None else asdict(s.account)})
     return {"common": table, "texts": list(texts), "ranks": [ranks for _, ranks in rank_lists.values()],
             "summaries": out}
@@ -226,6 +227,7 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
         s["groups"] = [GroupLane(name, lane_id, uid, rank_lists[ranks]) for name, lane_id, uid, ranks in s["groups"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
         s["steps"] = [tuple(step) for step in s["steps"]]
+        s["step_seqs"] = [tuple(found) for found in s["step_seqs"]]
         s["account"] = None if s["account"] is None else EventAccount(**s["account"])
         s["files"] = [FileSpan(*f) for f in s["files"]]
         summaries.append(RankSummary(**s, instances=instances))

@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
 from commtag.merge.engine import budget, hosts
-from commtag.merge.inputs import runs
+from commtag.merge.inputs import runs, stepmatch
 from commtag.merge.inputs.clock import time_origin
 from commtag.merge.pftrace import lanes, writer
 from commtag.merge.ids import sequence_block
@@ -51,7 +51,7 @@ from commtag.merge.engine.output import MergeOutput
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 from commtag.identity import describe_ranks
 from commtag.merge.inputs.selection import (
-    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, file_spans, step_marks,
+    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, kept_by, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
@@ -140,7 +140,7 @@ def merge(
                             plan.interner, plan.skipped, plan.notices)
         instances, warned = gather(plan, everyone, held)
         own: Optional[OwnLanes] = None
-        covered = with_clocks(coverage(everyone), plan.alignment)  # hosts, and how their clocks were aligned
+        covered = with_clocks(coverage(everyone, kept_by(plan.options.selection)), plan.alignment)  # hosts, clocks
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             if held is not None:
                 outcome = share_analysis(plan.world, held, everyone, analysis, covered, plan.interner)
@@ -210,7 +210,7 @@ def place_in_time(plan: MergePlan) -> None:
                 (f.path, offsets.get(r.rank, 0)) for r in plan.mine for f in r.files)})
             found = [part["range"] for part in parts if part["range"] is not None]
             plan.events = (min(f[0] for f in found), max(f[1] for f in found)) if found else None
-        plan.spans_of = file_spans(selection, plan.events, plan.notices)
+        plan.spans_of = stepmatch.selected_spans(plan, functools.partial(from_everyone, plan.world), _selection_subject(plan))
 
 
 def check_detail(plan: MergePlan) -> None:
@@ -338,8 +338,8 @@ def gather(plan: MergePlan, everyone: list[RankSummary],
             said.setdefault(note, []).append(s.rank)
     plan.notices += [f"{describe_ranks(ranks)}: {note}" for note, ranks in said.items()]  # once per note, not per rank
     covered = coverage(everyone)
-    if covered.absent:
-        plan.notices.append(covered.describe_absent())
+    plan.notices += [said for said in (covered.describe_absent(), covered.step_numbers)
+                     if said and said not in plan.notices]
     return instances, warned
 
 

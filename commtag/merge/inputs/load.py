@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
 from commtag.constants import SIDECAR_SUFFIX, sidecar_name_for
+from commtag.vocab import FOREIGN_JSON_KEYS
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, GZIP_MAGIC, open_decompressed
 from commtag.merge.inputs.clock import checked_base_ns
@@ -53,6 +54,8 @@ _HEAD_BYTES = 1 << 16
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 #: Names a trace or sidecar file has: such a file that is neither is an error, other JSON is ignored.
 _OWN_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".commtag.json")
+#: How far into a file another tool's top key is looked for.
+_FOREIGN_HEAD = 4096
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*([-+.\deE]+)')
 _DIST_WORLD = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(\d+)')
 
@@ -157,6 +160,11 @@ def _looks_like_trace(head: bytes) -> bool:
     return b'"traceEvents"' in head or b'"schemaVersion"' in head
 
 
+def foreign_format(head: bytes) -> Optional[str]:
+    """What another tool's JSON is, by the key it writes at its top (None: none known)."""
+    return next((what for key, what in FOREIGN_JSON_KEYS.items() if key in head[:_FOREIGN_HEAD]), None)
+
+
 def discoverable(name: str) -> bool:
     """Whether a file of this name under an input folder is read as a trace or sidecar candidate."""
     return name.endswith((".json", ".json.gz"))
@@ -256,6 +264,7 @@ def discover(
 
     traces: dict[Path, tuple[Path, _Facts]] = {}
     claims: dict[Path, list[tuple[Path, SidecarHead]]] = {}
+    foreign: list[str] = []  # other tools' files: said, never read as traces
     for path, possible in _candidates(inputs, notices):
         try:
             head = _head(path)
@@ -270,7 +279,9 @@ def discover(
         if sidecar is not None and target is not None:  # (a sidecar always names a target)
             claims.setdefault(target, []).append((path, sidecar))
         elif not _looks_like_trace(head):
-            if path.name.endswith(".gz") and not _gzipped(path):
+            if (what := foreign_format(head)) is not None:
+                foreign.append(f"{path.name} is another tool's format: {what}")
+            elif path.name.endswith(".gz") and not _gzipped(path):
                 fail(path, "named .gz but is not gzip, and its text is neither a trace nor a sidecar "
                            "(no traceEvents, no commtag kind)")
             elif path.name.endswith(_OWN_SUFFIXES):
@@ -282,9 +293,12 @@ def discover(
                 fail(exc.path, exc.problem)
     sidecars = _pair(traces, claims, fail)
     _one_run(traces, sidecars, fail)
+    others = f"; {'; '.join(foreign[:3])}{f'; and {len(foreign) - 3} more' if len(foreign) > 3 else ''}" if foreign else ""
     if not traces:
         where = ", ".join(str(p) for p in inputs)
-        raise NoTraceFound(where, "no PyTorch profiler trace (.json or .json.gz with traceEvents) found")
+        raise NoTraceFound(where, f"no PyTorch profiler trace (.json or .json.gz with traceEvents) found{others}")
+    if foreign and notices is not None:
+        notices.append(f"{', '.join(str(p) for p in inputs)}: {len(foreign)} file(s) left out{others}")
     if rank is not None and len(traces) > 1:
         raise MergeInputError("--rank", f"gives the rank of a single trace, but {len(traces)} traces were found")
     for key, (path, side) in sidecars.items():

@@ -90,6 +90,11 @@ def describe(selection: "Selection") -> str:
     return "no --steps or --window"
 
 
+def kept_by(selection: Optional["Selection"]) -> str:
+    """The --steps or --window a merge kept, as the user wrote it; "" when it keeps all time."""
+    return describe(selection) if selection is not None and selection.selects_time else ""
+
+
 def describe_numbers(numbers: Sequence[int]) -> str:
     """{0, 1, 2, 5} -> "0-2,5": the inverse of :func:`parse_numbers`."""
     out: list[str] = []
@@ -203,12 +208,15 @@ def event_range(files: Iterable[tuple[Path, int]]) -> Optional[tuple[int, int]]:
     return (min(f[0] for f in found), max(f[1] for f in found)) if found else None
 
 
-def file_spans(selection: Selection, events: Optional[tuple[int, int]], notices: list[str]) -> Optional[FileSpans]:
+def file_spans(selection: Selection, events: Optional[tuple[int, int]], notices: list[str],
+               matched: Optional[dict[Path, frozenset[int]]] = None) -> Optional[FileSpans]:
     """How each file's kept spans are found for ``selection``; None when it keeps all time.
 
     ``events``: the job's :func:`event_range` (only --window needs it: it counts from its
-    start). A file without any ``ProfilerStep#`` cannot be cut into steps: an error; one
-    without the chosen steps keeps nothing, with a notice.
+    start). ``matched``: for --steps, the file's own numbers of the chosen steps where its rank
+    numbers its steps apart from the others (:mod:`commtag.merge.inputs.stepmatch`). A file
+    without any ``ProfilerStep#`` cannot be cut into steps: an error; one without the chosen
+    steps keeps nothing, with a notice.
     """
     if selection.window is not None:
         origin = events[0] if events is not None else 0
@@ -223,8 +231,10 @@ def file_spans(selection: Selection, events: Optional[tuple[int, int]], notices:
         if not marks:
             raise MergeInputError(path, f"has no {PROFILER_STEP_PREFIX}N slices, so --steps cannot select from it "
                                         "(--window can)")
-        chosen = step_spans(marks, steps)
-        notice = (f"{path}: none of --steps {describe_numbers(sorted(steps))} is in it "
+        own = (matched or {}).get(path, steps)
+        chosen = step_spans(marks, own)
+        numbered = f" (its steps {describe_numbers(sorted(own))})" if own != steps else ""
+        notice = (f"{path}: none of --steps {describe_numbers(sorted(steps))}{numbered} is in it "
                   f"(it holds steps {describe_numbers(sorted(marks))}); its events are left out")
         if not chosen and notice not in notices:  # the size estimate asks for a sampled file's spans too
             notices.append(notice)

@@ -41,8 +41,8 @@ from commtag.merge.records import (
 from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.merge.steps import StepSpan, decode
 from commtag.vocab import (
-    ANN_ALIGNMENT, ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY,
-    ANN_SOURCE, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_STEPS, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
+    ANN_ALIGNMENT, ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_MARKER, ANN_PG_UID, ANN_RANK, ANN_REPLAY, ANN_SOURCE,
+    ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_SELECTION, ANN_WINDOW_STEPS, ANN_WORLD_SIZE, COLLECTIVE_NAME_KEY, SEQ_KEY,
 )
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -128,6 +128,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     steps: dict[int, list[StepSpan]] = {}
     world_size: Optional[int] = None
     alignment: Optional[dict] = None
+    selection = ""
     names: dict[int, dict[int, str]] = {}
     keys: dict[int, dict[int, str]] = {}
     strings: dict[int, dict[int, str]] = {}
@@ -176,6 +177,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
                     windows.setdefault(rank, []).append((start, start + length))
                     steps.setdefault(rank, []).extend(decode(args.get(ANN_WINDOW_STEPS), start) or ())
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
+                    selection = selection or str(args.get(ANN_WINDOW_SELECTION) or "")
             elif args.get(ANN_MARKER) == WORLD_MARKER:
                 world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
             elif args.get(ANN_MARKER) == ALIGNMENT_MARKER:
@@ -192,7 +194,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
         if alignment is not None and alignment.get("unit") == "host" else {}
     return out, kernels, Coverage({r: sorted(w) for r, w in windows.items()}, world_size,
                                   {r: sorted(s, key=lambda step: (step[1], step[0])) for r, s in steps.items() if s},
-                                  hosts=hosts, alignment=alignment)
+                                  hosts=hosts, alignment=alignment, selection=selection)
 
 
 def _alignment(text: object) -> Optional[dict]:

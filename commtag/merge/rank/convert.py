@@ -29,7 +29,6 @@ from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGOR
 from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
 from commtag.merge.rank.events import RankFlows, group_rows
 from commtag.merge.errors import MergeInputError
-from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.clock import checked_base_ns
 from commtag.merge.account import EventAccount
@@ -37,15 +36,14 @@ from commtag.merge.records import GroupLane, Interner
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
-from commtag.vocab import (
-    ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, KERNEL_CATEGORY, KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES,
-    PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY,
-)
+from commtag.merge.rank.captures import CapturedKernels
+from commtag.vocab import (ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, GLOBAL_INSTANT_SCOPE, KERNEL_CATEGORY,
+                           KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES, PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY)
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info, records_in_span
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
-    left_out_reason, RowNames, without_blind,
+    left_out_reason, RowNames, TraceRow, without_blind,
 )
 
 _MAX_NS, _INF, _MISSING = (1 << 63) - 1, float("inf"), object()
@@ -88,6 +86,7 @@ class RankConverter:
         self.annotated: dict[int, tuple[dict, dict]] = {}
         #: (pid, tid) as a trace wrote them, when not both ints -> the row they name.
         self.placed: dict[tuple, tuple[RowId, RowId]] = {}
+        self.trace_row = TraceRow()
         #: Events read from every file of the rank.
         self.read = 0
         #: phase -> category -> events of that kind not written.
@@ -246,6 +245,8 @@ class RankConverter:
     def _place(self, e: dict, pid: RowId, tid: RowId) -> tuple[RowId, RowId]:
         """The row of an event whose pid or tid is a string (torch 1.8-1.10, Kineto's own spans):
         written back into the event, so attach and ``--json`` see the same row."""
+        if e.get("s") == GLOBAL_INSTANT_SCOPE:  # Kineto's trace-wide instants: one row (rows.TraceRow)
+            pid, tid = self.trace_row.place(pid, tid)
         placed = self.placed.get((pid, tid))
         if placed is None:
             placed = self.placed[(pid, tid)] = (row_id(pid), row_id(tid))

@@ -15,7 +15,7 @@ from commtag.merge.timeline import CPU_GROUP, Row, Track
 from commtag.vocab import (
     ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
     EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_GPU_LABEL_PREFIX, KINETO_HOST_LABEL, KINETO_HOST_THREAD_PREFIX,
-    KINETO_LAUNCH_FLOW_CATEGORIES,
+    HTA_CRITICAL_ARG, HTA_CRITICAL_PATH_CATEGORY_PREFIX, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_TRACE_ROW,
     KINETO_STREAM_TID_PREFIX, RECORD_FUNCTION_ID_KEY,
 )
 
@@ -34,6 +34,9 @@ def left_out_reason(ph: str, cat: Optional[str]) -> str:
     if ph in ("s", "t", "f"):
         if cat in KINETO_LAUNCH_FLOW_CATEGORIES:
             return f"launch flows {cat!r} (not copied: the merge draws launch flows from correlation ids)"
+        if cat is not None and cat.startswith(HTA_CRITICAL_PATH_CATEGORY_PREFIX):
+            return (f"HTA critical-path flows (not drawn: HTA found that path in this one rank's trace alone; "
+                    f"the events on it keep HTA's '{HTA_CRITICAL_ARG}': 1 arg)")
         return f"flows {cat!r} (not drawn)"
     return f"phase {ph!r} (only 'X' and 'i'/'I' events are written)"
 
@@ -42,6 +45,25 @@ def event_kind(ph: object, cat: object) -> tuple[str, Optional[str]]:
     """An event's (phase, category) as counted: a phase that is not text by its repr, a
     category that is not text as none."""
     return (ph if ph.__class__ is str else repr(ph), cat if cat.__class__ is str else None)
+
+
+class TraceRow:
+    """Where Kineto's trace-wide instants go (:data:`commtag.vocab.KINETO_TRACE_ROW`): the one it
+    writes without a pid or tid (the window's end) on the row of the one it writes with them (the
+    window's start), so both sit under their rank on one row, not on a row named by nothing."""
+
+    __slots__ = ("row",)
+
+    def __init__(self) -> None:
+        self.row: tuple[RowId, RowId] = KINETO_TRACE_ROW
+
+    def place(self, pid: RowId, tid: RowId) -> tuple[RowId, RowId]:
+        """The row of a global-scope instant written on ``(pid, tid)``."""
+        if pid == "" and tid == "":
+            return self.row
+        if pid.__class__ is str and pid:
+            self.row = (pid, tid)
+        return pid, tid
 
 
 def row_id(value: RowId) -> RowId:

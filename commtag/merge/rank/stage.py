@@ -23,6 +23,7 @@ from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceStream, WholeTrace
 from commtag.merge.inputs.load import RankInput, TraceFile
 from commtag.merge.inputs.sidecars import load_sidecar
+from commtag.merge.inputs.stepmatch import instance_step_seqs, match
 from commtag.merge.inputs.clock import wall_clock
 from commtag.merge.inputs.inspector import join as join_inspector, read_inspector
 from commtag.merge.records import (
@@ -212,13 +213,15 @@ def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[i
         groups.setdefault(inst.pg_uid, GroupLane(inst.lane_name, inst.lane_id, inst.pg_uid, inst.group_ranks))
     return RankSummary(rank.rank, converter.host, first_ns, list(groups.values()), converter.instances, lane_kernels,
                        converter.windows, converter.world_size, files=files, notes=converter.notes,
-                       steps=step_spans(converter.steps))
+                       steps=(steps := step_spans(converter.steps)), step_seqs=instance_step_seqs(converter.instances, steps))
 
 
-def coverage(summaries: Sequence[RankSummary]) -> Coverage:
-    """The ranks read, their windows and steps, and the world size most of them claim."""
+def coverage(summaries: Sequence[RankSummary], selection: str = "") -> Coverage:
+    """The ranks read, their windows and steps, and the world size most of them claim;
+    ``selection``: the --steps or --window kept (:func:`commtag.merge.inputs.selection.kept_by`)."""
     sizes = Counter(s.world_size for s in summaries if s.world_size)
     return Coverage({s.rank: list(s.windows) for s in summaries}, sizes.most_common(1)[0][0] if sizes else None,
                     steps={s.rank: sorted(s.steps, key=lambda step: (step[1], step[0])) for s in summaries if s.steps},
-                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None},
-                    hosts={s.rank: s.host for s in summaries if s.host})
+                    firsts={s.rank: s.first_ns for s in summaries if s.first_ns is not None}, selection=selection,
+                    hosts={s.rank: s.host for s in summaries if s.host},
+                    step_numbers=match({s.rank: s.step_seqs for s in summaries}).describe())
