@@ -20,7 +20,9 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
+    from commtag.errors import CommtagError
     from commtag.report import tables as report
+    from commtag.report.hangs import hangs_text, load_hangs, only_dumps, summary_json
     from commtag.report.inputs import SummaryInputError, load
 
     if args.plot is not None and not _can_plot():
@@ -33,20 +35,28 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         return 2
     warnings: list[str] = []
     notices: list[str] = []
+    dumps = None
     try:
+        dumps = load_hangs(args.input)
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
                                  rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices)
     except SummaryInputError as exc:
-        sys.stderr.write(f"commtag summary: {exc}\n")
+        if dumps is None or not only_dumps(exc) or args.format == "csv" or args.plot is not None:
+            sys.stderr.write(f"commtag summary: {exc}\n")
+            return 2
+        analysis = kernels = None  # Flight Recorder dumps alone: a hung job writes no profile
+    except CommtagError as exc:
+        sys.stderr.write(f"commtag summary: {_one_line(exc)}\n")
         return 2
     sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
                            *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
-        sys.stdout.buffer.write(report.to_json(analysis, kernels))
+        sys.stdout.buffer.write(summary_json(analysis, kernels, dumps))
     elif args.format == "csv":
         sys.stdout.write(report.to_csv(analysis, args.table))
     else:
-        sys.stdout.write(report.to_text(analysis, kernels))
+        sys.stdout.write((report.to_text(analysis, kernels) if analysis is not None else "")
+                         + (hangs_text(dumps) if dumps is not None else ""))
     if args.plot is not None:
         try:
             report.plot(analysis, args.plot)

@@ -16,3 +16,4 @@ from commtag.vocab.collectives import *  # noqa: F403 - the package's face: each
 from commtag.vocab.nccl2 import *  # noqa: F403 - the package's face: each fact keeps its one import path
 from commtag.vocab.gloo import *  # noqa: F403 - the package's face: each fact keeps its one import path
 from commtag.vocab.keys import *  # noqa: F403 - the package's face: each fact keeps its one import path
+from commtag.vocab.flight_recorder import *  # noqa: F403 - the package's face: each fact keeps its one import path
