@@ -97,24 +97,25 @@ def _stuck_line(diagnosis: Diagnosis, rank: int) -> str:
     """A rank others wait on: the calls it never entered, who waits, and its last call."""
     blocked = [h for h in diagnosis.hangs if rank in h.missing]
     waiting = sorted({r for h in blocked for r in h.entered})
-    calls = ", ".join(f"{h.collective} Seq {h.seq} of group {h.pg}" for h in blocked[:3])
+    calls = ", ".join(f"{'its side of ' if h.is_p2p else ''}{h.collective} {'p2p ' if h.is_p2p else ''}Seq {h.seq} "
+                      f"of group {h.pg}" for h in blocked[:3])
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     latest = diagnosis.latest.get(rank)
     where = ("no call in its ring" if latest is None else
              f"its last call: {call_name(latest)} Seq {entry_seq(latest)} of group {latest.group}, "
-             f"{'ended' if latest.ended else 'in flight'}")
-    return (f"stuck: rank {rank} never entered {calls}{more}, which {plural_ranks(waiting)} wait in; "
+             f"{'failed' if latest.error else 'ended' if latest.ended else 'in flight'}")
+    verb = "waits" if len(waiting) == 1 else "wait"
+    return (f"stuck: rank {rank} never entered {calls}{more}, which {plural_ranks(waiting)} {verb} in; "
             f"{where}")
 
 
 def _positions(last: dict[int, Position]) -> list[str]:
     """Each member's last call, ranks at the same place on one line."""
-    places: dict[tuple[int, str, str, bool], list[int]] = {}
+    places: dict[tuple[int, str, str, str], list[int]] = {}
     for rank, position in last.items():
-        places.setdefault((position.seq, position.collective, position.state, position.ended), []).append(rank)
-    return [f"{plural_ranks(ranks)}: last Seq {seq} {name} ({state or 'no state'}, "
-            f"{'ended' if done else 'in flight'})"
-            for (seq, name, state, done), ranks in sorted(places.items())]
+        places.setdefault((position.seq, position.collective, position.state, position.outcome), []).append(rank)
+    return [f"{plural_ranks(ranks)}: last Seq {seq} {name} ({state or 'no state'}, {outcome})"
+            for (seq, name, state, outcome), ranks in sorted(places.items())]
 
 
 def _many(count: int, word: str) -> str:

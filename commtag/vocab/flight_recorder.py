@@ -84,11 +84,31 @@ CT_OUT_SPLITS = "commtag_output_splits"
 CT_REPLAY = "commtag_replay"  # a CUDA-graph replay's index; its capture Seq is collective_seq_id
 CT_CAPTURE_SEQ = "commtag_capture_seq"
 CT_END_NS = "commtag_time_ended_ns"
+CT_ERROR = "commtag_error"  # what a failed call raised (torch's states cannot say it failed)
 #: commtag's top-level keys: the dump's own time and why it was written.
 CT_DUMP_NS = "commtag_dump_time_ns"
 CT_DUMP_REASON = "commtag_dump_reason"
 CT_RANK = "commtag_rank"
 CT_WORLD_SIZE = "commtag_world_size"
+CT_RING_SIZE = "commtag_ring_size"
+
+
+#: The eager "Collective name" (vocab.COLLECTIVES) -> the op in torch's profiling_name. NCCL's from
+#: ProcessGroupNCCL.cpp's profilingTitle of each op; gloo's as torch 2.13 wrote them (measured:
+#: all_to_all_single and all_gather_into_tensor record as all_to_all and all_gather).
+FR_OPS = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "allreduce_coalesced", "broadcast": "broadcast",
+    "reduce": "reduce", "all_gather": "all_gather", "_allgather_base": "_all_gather_base",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "_reduce_scatter_base",
+    "all_to_all": "all_to_all", "all_to_allv": "all_to_all", "gather": "gather", "scatter": "scatter",
+    "barrier": "barrier", "send": "send", "recv": "recv",
+}
+FR_OPS_GLOO = {**FR_OPS, "_allgather_base": "all_gather"}
+
+
+def fr_op(backend: str, eager_name: str) -> str:
+    """The op torch's recorder names a call of this eager name (the eager name where it has none)."""
+    return (FR_OPS_GLOO if backend == "gloo" else FR_OPS).get(eager_name, eager_name)
 
 
 def split_profiling_name(name: str) -> tuple[str, str, Optional[str]]:

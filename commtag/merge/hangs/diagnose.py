@@ -23,9 +23,18 @@ class Position:
     collective: str
     state: str
     ended: bool
+    error: Optional[str] = None
+
+    @property
+    def outcome(self) -> str:
+        """"failed", "completed", "ended" (gloo's torch dumps cannot say how) or "in flight"."""
+        if self.error:
+            return "failed"
+        return "completed" if self.state == fr.STATE_COMPLETED else ("ended" if self.ended else "in flight")
 
     def to_dict(self) -> dict[str, object]:
-        return {"seq": self.seq, "collective": self.collective, "state": self.state, "ended": self.ended}
+        return {"seq": self.seq, "collective": self.collective, "state": self.state, "ended": self.ended,
+                "error": self.error}
 
 
 @dataclass(slots=True)
@@ -44,9 +53,10 @@ class Hang:
     @property
     def message(self) -> str:
         kind = "p2p " if self.is_p2p else ""
+        side = "its side of it" if self.is_p2p else "it"
         return (f"hang in group {_group_label(self.pg, self.desc)} {kind}Seq {self.seq} ({self.collective}): "
-                f"{plural_ranks(self.missing)} never entered it; {plural_ranks(self.entered)} "
-                "entered it and wait")
+                f"{plural_ranks(self.missing)} never entered {side}; {plural_ranks(self.entered)} "
+                f"entered it and {'waits' if len(self.entered) == 1 else 'wait'}")
 
     def to_dict(self) -> dict[str, object]:
         return {"pg": self.pg, "desc": self.desc, "seq": self.seq, "collective": self.collective,
@@ -196,7 +206,7 @@ def _last(dump: FrDump, group: str, p2p: bool = False) -> Position:
         return Position(seq=0, collective="none in the ring", state="", ended=True)
     last = entries[-1]
     return Position(seq=entry_seq(last), collective=call_name(last),
-                    state=last.state, ended=last.ended)
+                    state=last.state, ended=last.ended, error=last.error)
 
 
 def entry_seq(entry: FrEntry) -> int:
@@ -215,7 +225,7 @@ def _p2p_hangs(by_rank: dict[int, FrDump], notices: list[str]) -> list[Hang]:
     unjudged = 0
     for rank, dump in sorted(by_rank.items()):
         for entry in dump.entries:
-            if not entry.is_p2p or entry.ended:
+            if not entry.is_p2p or entry.state == fr.STATE_COMPLETED:  # failed (a timeout) or in flight
                 continue
             peer_dump = by_rank.get(entry.peer) if entry.peer is not None else None
             if entry.pair_seq is None or peer_dump is None:
@@ -229,7 +239,8 @@ def _p2p_hangs(by_rank: dict[int, FrDump], notices: list[str]) -> list[Hang]:
             if not ordinals and not whole_ring(peer_dump):
                 unjudged += 1
                 continue
-            hangs.append(Hang(pg=entry.group, desc=entry.desc, seq=entry.pair_seq, collective=call_name(entry),
+            pair = f"send {rank}->{entry.peer}" if entry.op == "send" else f"recv {rank}<-{entry.peer}"
+            hangs.append(Hang(pg=entry.group, desc=entry.desc, seq=entry.pair_seq, collective=pair,
                               entered=[rank], missing=[peer_dump.rank], is_p2p=True,
                               last={rank: _last(dump, entry.group, True),
                                     peer_dump.rank: _last(peer_dump, entry.group, True)}))

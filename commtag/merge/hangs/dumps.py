@@ -75,6 +75,7 @@ class FrEntry:
     output_splits: Optional[list] = None
     replay: Optional[int] = None
     name: str = ""  # the profiling name as written
+    error: Optional[str] = None  # what the call raised (commtag's dumps)
 
 
 @dataclass(slots=True)
@@ -221,6 +222,7 @@ def _entry(raw: Any, members: dict[str, tuple[int, ...]]) -> FrEntry | str:
         is_p2p=is_p2p, record_id=_int(raw.get(fr.E_RECORD_ID)) or 0, pg_id=_int(raw.get(fr.E_PG_ID)),
         input_splits=_list(raw.get(fr.CT_IN_SPLITS)) or None, output_splits=_list(raw.get(fr.CT_OUT_SPLITS)) or None,
         replay=_int(raw.get(fr.CT_REPLAY)), name=name,
+        error=raw.get(fr.CT_ERROR) if isinstance(raw.get(fr.CT_ERROR), str) else None,
     )
 
 
