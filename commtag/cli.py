@@ -174,6 +174,23 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_fr(args: argparse.Namespace) -> int:
+    from commtag.errors import CommtagError
+    from commtag.merge.hangs.export import export_fr, job_instances
+
+    warnings: list[str] = []
+    try:
+        exported = export_fr(job_instances(args.input, args.rank_pattern, args.rank, warnings), args.output)
+    except CommtagError as exc:
+        sys.stderr.write(f"commtag export-fr: error: {_one_line(exc)}\n")
+        return 2
+    sys.stderr.writelines([*(f"commtag export-fr: warning: {w}\n" for w in warnings),
+                           *(f"commtag export-fr: left out {n}: {why}\n" for why, n in sorted(exported.left_out.items()))])
+    sys.stdout.write(f"{args.output}: {len(exported.paths)} Flight Recorder dumps, {exported.entries} entries "
+                     f"(python -m torch.distributed.flight_recorder.fr_trace {args.output})\n")
+    return 0
+
+
 def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
     """How a trace that names no rank gets one: merge and summary read traces alike, and the
     error that cites these options comes from either."""
@@ -269,6 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "collective's own time and 10x the run's noise, see README; default %(default)s)")
     add_rank_arguments(summary)
     summary.set_defaults(func=_cmd_summary)
+
+    export = sub.add_parser("export-fr", help="write a profiled job's collectives as Flight Recorder dumps "
+                                              "(torch's pickle format and naming), for torch's fr_trace")
+    export.add_argument("input", type=Path, metavar="DIR_OR_MERGED_OUTPUT",
+                        help="a directory of rank traces (+ sidecars), or a .pftrace written by `commtag merge`")
+    export.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
+                        help="the folder of dumps to write (commtag_export_rank_<R>; none may exist yet)")
+    add_rank_arguments(export)
+    export.set_defaults(func=_cmd_export_fr)
     return parser
 
 

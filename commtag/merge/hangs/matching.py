@@ -29,8 +29,8 @@ class Mismatch:
 
 
 def mismatches(table: dict[str, dict[int, dict[int, FrEntry]]], sizes: dict[str, int]) -> list[Mismatch]:
-    """Every Seq two or more members hold, compared to its lowest rank's entry; the first disagreement
-    per rank and Seq is said (torch's analyzer stops at it too)."""
+    """Every Seq two or more members hold, compared across them; the first disagreement per rank and Seq
+    is said (torch's analyzer stops at it too)."""
     found: list[Mismatch] = []
     for group, ranks in table.items():
         seqs = sorted({s for entries in ranks.values() for s in entries})
@@ -43,17 +43,28 @@ def mismatches(table: dict[str, dict[int, dict[int, FrEntry]]], sizes: dict[str,
 
 
 def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int) -> list[Mismatch]:
-    (first_rank, first), others = holders[0], holders[1:]
+    """The holders compared to the most common call among them (the lowest rank's on a tie): the odd
+    ones out are named, not the reference (torch's analyzer takes the first rank it reads as the
+    reference, and then names every other rank)."""
+    counts: dict[tuple, int] = {}
+    for _, entry in holders:
+        counts[_signature(entry)] = counts.get(_signature(entry), 0) + 1
+    first_rank, first = next((r, e) for r, e in holders if counts[_signature(e)] == max(counts.values()))
+    others = [(r, e) for r, e in holders if r != first_rank]
     by_kind: dict[tuple[str, str], list[int]] = {}
     for rank, other in others:
         problem = _differs(first, other, size)
         if problem is not None:
             by_kind.setdefault(problem, []).append(rank)
-    found = [Mismatch(group, seq, kind, ranks, f"{detail} (rank {first_rank} is the reference)")
+    found = [Mismatch(group, seq, kind, ranks, f"{detail} (as rank {first_rank} and most members called it)")
              for (kind, detail), ranks in by_kind.items()]
     if first.op in fr.FR_ALL_TO_ALL_OPS:
         found.extend(_splits(group, seq, holders))
     return found
+
+
+def _signature(entry: FrEntry) -> tuple:
+    return (entry.op, str(entry.input_sizes), str(entry.output_sizes), str(sorted(_dtypes(entry))), entry.state)
 
 
 def _differs(ref: FrEntry, other: FrEntry, size: int) -> tuple[str, str] | None:
