@@ -77,6 +77,7 @@ def _can_plot() -> bool:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge import MergeFailed, merge
+    from commtag.merge.hangs.trace import dumps_without_traces
 
     from commtag.merge.engine.budget import parse_size
 
@@ -86,6 +87,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"commtag merge: error: {exc}\n")
         return 2
+    dumps_only = dumps_without_traces(args.inputs)
+    if dumps_only is not None:  # a hung job: Flight Recorder dumps and no profile
+        return _merge_dumps(dumps_only, args.output)
     try:
         result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
                        rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
@@ -104,6 +108,22 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {result.slices} collective slices"
                      " (open it in https://ui.perfetto.dev)\n")
     return _report_desyncs([f.message for f in result.analysis.desyncs] if result.analysis else [], args.strict)
+
+
+def _merge_dumps(folder: Path, output: Optional[Path]) -> int:
+    from commtag.errors import CommtagError
+    from commtag.merge.hangs.trace import merge_dumps
+
+    try:
+        target, drawn, diagnosis = merge_dumps(folder, output)
+    except CommtagError as exc:
+        _say([f"error: {_one_line(exc)}"])
+        return 2
+    _say([*(f"notice: {n}" for n in diagnosis.notices), *(h.message for h in diagnosis.hangs),
+          *(m.message for m in diagnosis.mismatches)])
+    sys.stdout.write(f"{target}: {len(diagnosis.ranks)} ranks' Flight Recorder dumps, {drawn} calls, "
+                     f"{len(diagnosis.hangs)} hangs (open it in https://ui.perfetto.dev)\n")
+    return 0
 
 
 #: Up to this many ranks the merge says each rank's account; above, one line adds them up

@@ -14,6 +14,7 @@ import pytest
 
 from commtag.cli import main
 from commtag.merge.hangs import read_dumps
+from pftrace_reader import read
 
 HANG = {"pg": "0", "seq": 4, "collective": "all_reduce", "entered": [0, 1], "missing": [2]}
 
@@ -57,8 +58,26 @@ def test_a_pipeline_hung_in_a_send_names_the_stage_that_never_received(tmp_path:
     assert ("send 1->2", 3, (1,), (2,)) in hangs
     assert report["stuck_ranks"] == [2]
     assert main(["summary", str(tmp_path / "commtag")]) == 0
-    assert capsys.readouterr().out.splitlines()[1].startswith(
-        "stuck: rank 2 never entered its side of send 1->2 p2p Seq 3 of group 0, which rank 1 waits in")
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "stuck: rank 2 never entered its side of send 1->2 p2p Seq 3 of group 0, which rank 1 waits in; "
+        "its last call: recv from 1 Seq 2 of group 0, completed")
+
+    # The merge of the dumps alone: every call on its rank's group lane, the hang on rank 2's row.
+    output = tmp_path / "hung.pftrace"
+    assert main(["merge", str(tmp_path / "commtag"), "-o", str(output)]) == 0
+    assert main(["validate", str(output)]) == 0
+    parsed = read(output)
+    rows = {s.track: [n for n in parsed.name_path(s.track) if n] for s in parsed.slices}  # the root is unnamed
+    calls = [s for s in parsed.slices if not s.name.startswith("hang")]
+    assert {tuple(rows[s.track]) for s in calls} == {("rank 0", "group 0 (default_pg)"),
+                                                     ("rank 1", "group 0 (default_pg)"),
+                                                     ("rank 2", "group 0 (default_pg)")}
+    failed = [s for s in calls if "error" in s.args]
+    assert sorted((rows[s.track][0], s.name) for s in failed) == [("rank 0", "send to 1 #4"), ("rank 1", "send to 2 #3")]
+    markers = [s for s in parsed.slices if s.name.startswith("hang")]
+    assert sorted((rows[s.track], s.name) for s in markers) == [
+        (["rank 1"], "hang: never entered send 0->1 Seq 4 of group 0"),
+        (["rank 2"], "hang: never entered send 1->2 Seq 3 of group 0")]
 
 
 @pytest.mark.slow

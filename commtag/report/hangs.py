@@ -10,7 +10,7 @@ import orjson
 
 from commtag.merge.analysis.results import Analysis
 from commtag.merge.hangs import Diagnosis, diagnose, find_dumps, read_dumps
-from commtag.merge.hangs.diagnose import Position, call_name, describe_ranks, entry_seq, plural_ranks
+from commtag.merge.hangs.diagnose import Position, call_name, describe_ranks, entry_seq, plural_ranks, position_of
 from commtag.report.tables import REPORT_VERSION, to_json
 
 #: Hangs and desyncs listed in the text report; the JSON has them all.
@@ -103,7 +103,7 @@ def _stuck_line(diagnosis: Diagnosis, rank: int) -> str:
     latest = diagnosis.latest.get(rank)
     where = ("no call in its ring" if latest is None else
              f"its last call: {call_name(latest)} Seq {entry_seq(latest)} of group {latest.group}, "
-             f"{'failed' if latest.error else 'ended' if latest.ended else 'in flight'}")
+             f"{position_of(latest).outcome}")
     verb = "waits" if len(waiting) == 1 else "wait"
     return (f"stuck: rank {rank} never entered {calls}{more}, which {plural_ranks(waiting)} {verb} in; "
             f"{where}")

@@ -204,9 +204,13 @@ def _last(dump: FrDump, group: str, p2p: bool = False) -> Position:
     entries = [e for e in dump.entries if e.group == group and e.is_p2p == p2p]
     if not entries:
         return Position(seq=0, collective="none in the ring", state="", ended=True)
-    last = entries[-1]
-    return Position(seq=entry_seq(last), collective=call_name(last),
-                    state=last.state, ended=last.ended, error=last.error)
+    return position_of(entries[-1])
+
+
+def position_of(entry: FrEntry) -> Position:
+    """Where a call left its rank."""
+    return Position(seq=entry_seq(entry), collective=call_name(entry), state=entry.state, ended=entry.ended,
+                    error=entry.error)
 
 
 def entry_seq(entry: FrEntry) -> int:
