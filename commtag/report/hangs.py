@@ -105,8 +105,20 @@ def _stuck_line(diagnosis: Diagnosis, rank: int) -> str:
              f"its last call: {call_name(latest)} Seq {entry_seq(latest)} of group {latest.group}, "
              f"{position_of(latest).outcome}")
     verb = "waits" if len(waiting) == 1 else "wait"
-    return (f"stuck: rank {rank} never entered {calls}{more}, which {plural_ranks(waiting)} {verb} in; "
+    return (f"stuck: rank {rank} never entered {calls}{more}, which {_brief(waiting)} {verb} in; "
             f"{where}")
+
+
+#: Rank ranges a line lists before it says how many more there are.
+MAX_RANGES = 12
+
+
+def _brief(ranks: list[int]) -> str:
+    """Ranks as ranges, the first MAX_RANGES of them and a count of the rest (--format json lists all)."""
+    parts = describe_ranks(ranks).split(",")
+    if len(parts) <= MAX_RANGES:
+        return plural_ranks(ranks)
+    return f"{len(ranks)} ranks ({','.join(parts[:MAX_RANGES])},...)"
 
 
 def _positions(last: dict[int, Position]) -> list[str]:
@@ -114,7 +126,8 @@ def _positions(last: dict[int, Position]) -> list[str]:
     places: dict[tuple[int, str, str, str], list[int]] = {}
     for rank, position in last.items():
         places.setdefault((position.seq, position.collective, position.state, position.outcome), []).append(rank)
-    return [f"{plural_ranks(ranks)}: last Seq {seq} {name} ({state or 'no state'}, {outcome})"
+    return [f"{_brief(ranks)}: last Seq {seq} {name} ({state or 'no state'}"
+            + (")" if state == outcome else f", {outcome})")
             for (seq, name, state, outcome), ranks in sorted(places.items())]
 
 

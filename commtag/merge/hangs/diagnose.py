@@ -115,7 +115,12 @@ def diagnose(dumps: list[FrDump]) -> Diagnosis:
     absent = sorted(world - set(by_rank))
     if absent:
         notices.append(f"no dump of ranks {describe_ranks(absent)}: their places are unknown")
-    groups = [_progress(name, desc, by_rank, world, notices) for name, desc in _group_names(dumps)]
+    recorded: dict[str, set[int]] = {}
+    for dump in dumps:
+        for group in {e.group for e in dump.entries}:
+            recorded.setdefault(group, set()).add(dump.rank)
+    groups = [_progress(name, desc, by_rank, world, sorted(recorded[name]), notices)
+              for name, desc in _group_names(dumps)]
     hangs = [h for g in groups if (h := _collective_hang(g, by_rank)) is not None]
     hangs.extend(_p2p_hangs(by_rank, notices))
     latest = {d.rank: max(d.entries, key=lambda e: e.created_ns) for d in dumps if d.entries}
@@ -149,10 +154,10 @@ def groups_entries(dumps: list[FrDump]) -> dict[str, dict[int, dict[int, FrEntry
     return table
 
 
-def _progress(name: str, desc: str, by_rank: dict[int, FrDump], world: set[int],
+def _progress(name: str, desc: str, by_rank: dict[int, FrDump], world: set[int], recorded: list[int],
               notices: list[str]) -> GroupProgress:
-    said = {d.members[name] for d in by_rank.values() if name in d.members}
-    recorded = sorted(r for r, d in by_rank.items() if any(e.group == name for e in d.entries))
+    """One group's members and where each got to (``recorded``: the ranks whose rings hold it)."""
+    said = {by_rank[r].members[name] for r in recorded if name in by_rank[r].members}
     if said:
         members, source = max(said, key=len), "pg_config"
         if len(said) > 1:

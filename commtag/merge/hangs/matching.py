@@ -46,6 +46,9 @@ def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int
     """The holders compared to the most common call among them (the lowest rank's on a tie): the odd
     ones out are named, not the reference (torch's analyzer takes the first rank it reads as the
     reference, and then names every other rank)."""
+    first_entry = holders[0][1]
+    if all(_same(first_entry, e) for _, e in holders[1:]) and first_entry.op not in fr.FR_ALL_TO_ALL_OPS:
+        return []  # the common case, decided without building a signature
     counts: dict[tuple, int] = {}
     for _, entry in holders:
         counts[_signature(entry)] = counts.get(_signature(entry), 0) + 1
@@ -61,6 +64,11 @@ def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int
     if first.op in fr.FR_ALL_TO_ALL_OPS:
         found.extend(_splits(group, seq, holders))
     return found
+
+
+def _same(a: FrEntry, b: FrEntry) -> bool:
+    return (a.op == b.op and a.state == b.state and a.input_sizes == b.input_sizes and a.output_sizes == b.output_sizes
+            and a.input_dtypes == b.input_dtypes and a.output_dtypes == b.output_dtypes)
 
 
 def _signature(entry: FrEntry) -> tuple:
