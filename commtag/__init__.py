@@ -35,10 +35,9 @@ def install(dump_dir: Union[str, Path, None] = None, ring_size: Optional[int] = 
     hooks.install()
     dump_dir = dump_dir if dump_dir is not None else os.environ.get(ring.DUMP_DIR_ENV) or None
     if dump_dir is not None:
-        size = ring_size if ring_size is not None else int(os.environ.get(ring.RING_SIZE_ENV) or ring.DEFAULT_RING_SIZE)
-        if size < 1:
-            raise ValueError(f"ring_size must be 1 or more, not {size}")
-        dumping.enable(Path(dump_dir), size)
+        if ring_size is not None and ring_size < 1:
+            raise ValueError(f"ring_size must be 1 or more, not {ring_size}")
+        dumping.enable(Path(dump_dir), ring_size if ring_size is not None else ring.size_from_environment())
 
 
 def dump() -> Optional[Path]:

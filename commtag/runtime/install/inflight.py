@@ -262,5 +262,8 @@ def issuing(call: OpCall, seq: int, pair_seq: Optional[int]) -> Pending:
 def record_issued(pending: Pending, work: Any) -> None:
     """Record a call :func:`issuing` began once it is issued: it ends when its work completes
     (where the work has a future, whether or not the caller waits on it), else now."""
-    record_when_done(pending, future_of(work))
+    future = future_of(work)
+    if pending.slot is not None:
+        ring.finish(pending.slot, None, future)
+    record_when_done(pending, future)
 

@@ -34,6 +34,22 @@ OWN_PREFIX = "commtag_fr_"
 TORCH_PREFIX = "torch_fr_"
 
 
+def size_from_environment() -> int:
+    """COMMTAG_RING_SIZE, or the default where it is unset or not a positive number (said once: a
+    launcher's typo must not stop the job)."""
+    text = os.environ.get(RING_SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_RING_SIZE
+    try:
+        size = int(text)
+        if size < 1:
+            raise ValueError(f"{RING_SIZE_ENV}={text!r} is not a number of calls (1 or more)")
+    except ValueError as exc:
+        log_once(f"reading {RING_SIZE_ENV}; the ring keeps {DEFAULT_RING_SIZE} calls", exc)
+        return DEFAULT_RING_SIZE
+    return size
+
+
 class Slot:
     """One call of the ring: its record (kept as the wrapper made it) and what happened to it."""
 
@@ -62,21 +78,25 @@ class Ring:
         self.slots.append(slot)
         return slot
 
-    def dump(self, reason: str) -> Optional[Path]:
+    def dump(self, reason: str, wait: bool = True) -> Optional[Path]:
         """Write the ring (and torch's own dump, where its recorder is on) into the dump folder;
-        None where it could not be written (logged once: the job goes on)."""
+        None where it could not be written (logged once: the job goes on). ``wait=False`` (a signal
+        handler, which may interrupt a dump of its own thread) leaves it to the dump under way."""
+        if not self._write_lock.acquire(blocking=wait):
+            return None
         try:
-            with self._write_lock:
-                self.dump_dir.mkdir(parents=True, exist_ok=True)
-                slots = list(self.slots)
-                rank = _global_rank(slots)
-                data = pickle.dumps(dump_document(slots, reason, rank, self.size), protocol=2)
-                path = write_atomic(self.dump_dir / f"{OWN_PREFIX}{rank}", data)
-                _save_torch_dump(self.dump_dir / f"{TORCH_PREFIX}{rank}")
-                return path
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            slots = list(self.slots)
+            rank = _global_rank(slots)
+            data = pickle.dumps(dump_document(slots, reason, rank, self.size), protocol=2)
+            path = write_atomic(self.dump_dir / f"{OWN_PREFIX}{rank}", data)
+            _save_torch_dump(self.dump_dir / f"{TORCH_PREFIX}{rank}")
+            return path
         except Exception as exc:  # noqa: BLE001 - fail open: a dump that cannot be written never stops the job
             log_once("writing commtag's flight-recorder dump", exc)
             return None
+        finally:
+            self._write_lock.release()
 
 
 def _global_rank(slots: list[Slot]) -> int:
