@@ -233,20 +233,30 @@ def _entry(raw: Any, members: dict[str, tuple[int, ...]]) -> FrEntry | str:
     )
 
 
-#: One object per distinct size list and string across every dump read: a 1,024-rank job's rings hold
-#: millions of entries of a few shapes, names and states (bounded: cleared past _SHARED_MAX).
-_SHARED: dict[Any, Any] = {}
+#: One object per distinct size or dtype list across every dump read: a 1,024-rank job's rings hold
+#: millions of entries of a few shapes. The recent distinct values are compared first (list equality,
+#: in C), the rest found by their text; both bounded (cleared past _SHARED_MAX).
+_SHARED: dict[str, list] = {}
+_RECENT: list[list] = []
+_RECENT_MAX = 8
 _SHARED_MAX = 100_000
 
 
 def _shared(value: Any) -> list:
     """``value`` as lists (:func:`_list`), one object per distinct value."""
+    if type(value) is list:
+        for known in _RECENT:
+            if known == value:
+                return known
     key = repr(value)
     found = _SHARED.get(key)
     if found is None:
         if len(_SHARED) > _SHARED_MAX:
             _SHARED.clear()
         found = _SHARED[key] = _list(value)
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.pop(0)
+    _RECENT.append(found)  # a miss of the recent ones: the next calls of this shape find it there
     return found
 
 
@@ -276,5 +286,6 @@ def read_dumps(folder: Path) -> list[FrDump]:
         return [read_dump(path, rank) for rank, path in find_dumps(folder).items()]
     finally:
         _SHARED.clear()
+        _RECENT.clear()
         if paused:
             gc.enable()
