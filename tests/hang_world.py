@@ -128,12 +128,13 @@ def on_demand_dumps(rank: int, world_size: int, store, out_dir: Path) -> None:
     import json
     import os
     import signal as signals
+    import time
 
     import torch
     import torch.distributed as dist
 
     import commtag
-    from commtag.merge.hangs.dumps import read_dump
+    from commtag.merge.hangs.dumps import load_plain_pickle, read_dump
 
     own_handler_calls = []
     signals.signal(signals.SIGUSR1, lambda signum, frame: own_handler_calls.append(signum))
@@ -149,8 +150,16 @@ def on_demand_dumps(rank: int, world_size: int, store, out_dir: Path) -> None:
     dist.barrier()  # the handler has run (between bytecodes) by the time the job goes on
     after_signal = read_dump(path, rank)
     dist.all_reduce(tensor)
+    interrupted = False
+    try:  # SIGINT: dumped, then Python's own handler raises KeyboardInterrupt, as without commtag
+        os.kill(os.getpid(), signals.SIGINT)
+        time.sleep(60)
+    except KeyboardInterrupt:
+        interrupted = True
+    reason = load_plain_pickle(path.read_bytes())["commtag_dump_reason"]
     seen = {"path": str(path), "after_dump": after_dump, "after_signal": [e.seq for e in after_signal.entries],
-            "own_handler_calls": len(own_handler_calls), "result": tensor[0].item()}
+            "own_handler_calls": len(own_handler_calls), "result": tensor[0].item(), "interrupted": interrupted,
+            "reason": reason}
     (out_dir / f"seen_{rank}.json").write_text(json.dumps(seen))
 
 

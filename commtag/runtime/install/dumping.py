@@ -107,7 +107,7 @@ def _watch(read_end: int) -> None:
                 break
             for signum in data:
                 if signum in DUMP_SIGNALS:
-                    _dump_for(signum, wait=True)
+                    _dump_for(signum)
                     if signum in ENDING_SIGNALS and _previous.get(signum) is signal.SIG_DFL:
                         _die_by(signum)
     except Exception as exc:  # noqa: BLE001 - fail open: the main thread's handler still dumps
@@ -116,17 +116,17 @@ def _watch(read_end: int) -> None:
         os.close(read_end)
 
 
-def _dump_for(signum: int, wait: bool) -> None:
+def _dump_for(signum: int) -> None:
     kept = ring.RING
     if kept is not None:
-        kept.dump(f"signal {signal.Signals(signum).name}", wait=wait)
+        kept.dump(f"signal {signal.Signals(signum).name}")
 
 
 def _handler(signum: int, frame: Any) -> None:
     """The main thread's handler: dump, then what the job had (the watcher may have dumped already:
     a second write replaces the file whole, and the job's handler never runs before the dump is on disk;
     a dump this thread was writing when the signal came is left to finish)."""
-    _dump_for(signum, wait=False)
+    _dump_for(signum)
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)

@@ -71,6 +71,8 @@ class Ring:
         self.slots: collections.deque[Slot] = collections.deque(maxlen=size)
         self._ids = itertools.count()
         self._write_lock = threading.Lock()
+        #: The thread writing a dump now (None: none).
+        self._writer: Optional[int] = None
 
     def start(self, record: CallRecord) -> Slot:
         """Keep a call as it starts (deque.append with maxlen: atomic, the oldest dropped)."""
@@ -78,12 +80,15 @@ class Ring:
         self.slots.append(slot)
         return slot
 
-    def dump(self, reason: str, wait: bool = True) -> Optional[Path]:
+    def dump(self, reason: str) -> Optional[Path]:
         """Write the ring (and torch's own dump, where its recorder is on) into the dump folder;
-        None where it could not be written (logged once: the job goes on). ``wait=False`` (a signal
-        handler, which may interrupt a dump of its own thread) leaves it to the dump under way."""
-        if not self._write_lock.acquire(blocking=wait):
+        None where it could not be written (logged once: the job goes on). Another thread's dump under
+        way is waited for; this thread's own, which a signal handler interrupted, is left to finish."""
+        me = threading.get_ident()
+        if self._writer == me:
             return None
+        self._write_lock.acquire()
+        self._writer = me
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             slots = list(self.slots)
@@ -96,6 +101,7 @@ class Ring:
             log_once("writing commtag's flight-recorder dump", exc)
             return None
         finally:
+            self._writer = None
             self._write_lock.release()
 
 
