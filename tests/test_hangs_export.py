@@ -69,3 +69,27 @@ def test_export_never_writes_over_a_dump(tmp_path: Path, capsys) -> None:
         export_fr([instance], out)
     assert (out / "commtag_export_rank_0").read_bytes() == b"mine"
     assert sorted(p.name for p in out.iterdir()) == ["commtag_export_rank_0"]
+
+
+@pytest.mark.slow
+def test_graph_replays_are_numbered_per_group_in_time_order(public_traces: Path, tmp_path: Path, capsys) -> None:
+    """A generated 4-rank NCCL job with CUDA-graph replays (commtag.testing.scaleset): each replay gets
+    the next Seq of its group, its capture Seq and replay index kept beside; fr_trace finds nothing."""
+    job = tmp_path / "job"
+    made = subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "4", "--events", "24000",
+                           "--ranks-per-node", "1", "-o", str(job)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "fr"
+    assert main(["export-fr", str(job), "-o", str(out)]) == 0
+    capsys.readouterr()
+    analyzed = _fr_trace(out)
+    assert analyzed.returncode == 0, analyzed.stderr
+    told = analyzed.stdout + analyzed.stderr
+    assert "has errors" not in told and "Not all ranks" not in told
+    for rank in range(4):
+        entries = load_plain_pickle((out / f"commtag_export_rank_{rank}").read_bytes())["entries"]
+        replays = [e for e in entries if "commtag_replay" in e]
+        assert replays and all(isinstance(e["commtag_capture_seq"], int) for e in replays)
+        for group in {e["process_group"] for e in replays}:
+            seqs = [e["collective_seq_id"] for e in entries if e["process_group"] == group]
+            assert seqs == list(range(1, len(seqs) + 1))
