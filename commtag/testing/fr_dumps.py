@@ -31,7 +31,6 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from commtag.vocab import flight_recorder as fr
 
@@ -145,10 +144,3 @@ def expected_stuck(job: Job) -> list[int]:
         if not held:
             causes.append(rank)
     return causes
-
-
-def seq_of(job: Job, rank: int, index: int) -> tuple[str, Optional[int]]:
-    """(group name, Seq) of call ``index`` of ``rank``'s schedule."""
-    kind = STEP[index % len(STEP)][0]
-    seq = sum(1 for i in range(index + 1) if STEP[i % len(STEP)][0] == kind)
-    return job.groups(rank)[kind][0], seq
