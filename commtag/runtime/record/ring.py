@@ -87,22 +87,29 @@ class Ring:
         me = threading.get_ident()
         if self._writer == me:
             return None
-        self._write_lock.acquire()
-        self._writer = me
+        with self._write_lock:
+            self._writer = me
+            try:
+                return self._write(reason)
+            finally:
+                self._writer = None
+
+    def _write(self, reason: str) -> Optional[Path]:
+        """Both files, one after the other (one writer at a time: a temporary's name is per process)."""
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             slots = list(self.slots)
             rank = _global_rank(slots)
             data = pickle.dumps(dump_document(slots, reason, rank, self.size), protocol=2)
             path = write_atomic(self.dump_dir / f"{OWN_PREFIX}{rank}", data)
-            _save_torch_dump(self.dump_dir / f"{TORCH_PREFIX}{rank}")
-            return path
         except Exception as exc:  # noqa: BLE001 - fail open: a dump that cannot be written never stops the job
             log_once("writing commtag's flight-recorder dump", exc)
             return None
-        finally:
-            self._writer = None
-            self._write_lock.release()
+        try:
+            _save_torch_dump(self.dump_dir / f"{TORCH_PREFIX}{rank}")
+        except Exception as exc:  # noqa: BLE001 - fail open: commtag's own dump is written already
+            log_once("saving torch's flight-recorder dump beside commtag's", exc)
+        return path
 
 
 def _global_rank(slots: list[Slot]) -> int:
