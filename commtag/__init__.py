@@ -10,30 +10,50 @@ offline merge starts fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 if TYPE_CHECKING:
     from commtag.schema import CollectiveAnnotation, Sidecar
 
-__all__ = ["CollectiveAnnotation", "Sidecar", "install", "uninstall", "is_installed", "trace_handler"]
+__all__ = ["CollectiveAnnotation", "Sidecar", "install", "uninstall", "is_installed", "trace_handler", "dump"]
 
 
-def install() -> None:
+def install(dump_dir: Union[str, Path, None] = None, ring_size: Optional[int] = None) -> None:
     """Annotate every torch.distributed collective from now on (idempotent, thread-safe).
 
     Call it once per process, before any CUDA-graph capture; before or after
-    init_process_group both work.
+    init_process_group both work. With ``dump_dir`` (or ``COMMTAG_DUMP_DIR``), also keep this
+    rank's last ``ring_size`` calls (``COMMTAG_RING_SIZE``, default 2000) whether or not a profiler
+    runs, and write them there as a Flight Recorder dump when a collective raises, on SIGTERM,
+    SIGINT and SIGUSR1, and on :func:`dump` (`commtag summary DIR` names who hung where).
     """
-    from commtag.runtime.install import hooks
+    import os
+
+    from commtag.runtime.install import dumping, hooks
+    from commtag.runtime.record import ring
 
     hooks.install()
+    dump_dir = dump_dir if dump_dir is not None else os.environ.get(ring.DUMP_DIR_ENV) or None
+    if dump_dir is not None:
+        if ring_size is not None and ring_size < 1:
+            raise ValueError(f"ring_size must be 1 or more, not {ring_size}")
+        dumping.enable(Path(dump_dir), ring_size if ring_size is not None else ring.size_from_environment())
+
+
+def dump() -> Optional[Path]:
+    """Write this rank's ring now (the job goes on): the file written, or None where
+    ``install(dump_dir=...)`` did not turn the ring on."""
+    from commtag.runtime.install import dumping
+
+    return dumping.dump()
 
 
 def uninstall() -> None:
     """Restore the exact original torch.distributed functions and CUDAGraph methods (idempotent,
     thread-safe)."""
-    from commtag.runtime.install import hooks
+    from commtag.runtime.install import dumping, hooks
 
+    dumping.disable()
     hooks.uninstall()
 
 

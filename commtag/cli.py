@@ -20,7 +20,9 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
+    from commtag.errors import CommtagError
     from commtag.report import tables as report
+    from commtag.report.hangs import hangs_text, load_hangs, only_dumps, summary_json
     from commtag.report.inputs import SummaryInputError, load
 
     if args.plot is not None and not _can_plot():
@@ -33,21 +35,29 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         return 2
     warnings: list[str] = []
     notices: list[str] = []
+    dumps = None
     try:
+        dumps = load_hangs(args.input)
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
                                  rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices,
                                  nccl_inspector=args.nccl_inspector)
     except SummaryInputError as exc:
-        sys.stderr.write(f"commtag summary: {exc}\n")
+        if dumps is None or not only_dumps(exc) or args.format == "csv" or args.plot is not None:
+            sys.stderr.write(f"commtag summary: {exc}\n")
+            return 2
+        analysis = kernels = None  # Flight Recorder dumps alone: a hung job writes no profile
+    except CommtagError as exc:
+        sys.stderr.write(f"commtag summary: {_one_line(exc)}\n")
         return 2
     sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
                            *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
-        sys.stdout.buffer.write(report.to_json(analysis, kernels))
+        sys.stdout.buffer.write(summary_json(analysis, kernels, dumps))
     elif args.format == "csv":
         sys.stdout.write(report.to_csv(analysis, args.table))
     else:
-        sys.stdout.write(report.to_text(analysis, kernels))
+        sys.stdout.write((report.to_text(analysis, kernels) if analysis is not None else "")
+                         + (hangs_text(dumps) if dumps is not None else ""))
     if args.plot is not None:
         try:
             report.plot(analysis, args.plot)
@@ -68,6 +78,7 @@ def _can_plot() -> bool:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge import MergeFailed, merge
+    from commtag.merge.hangs.trace import dumps_without_traces
 
     from commtag.merge.engine.budget import parse_size
 
@@ -77,6 +88,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"commtag merge: error: {exc}\n")
         return 2
+    dumps_only = dumps_without_traces(args.inputs)
+    if dumps_only is not None:  # a hung job: Flight Recorder dumps and no profile
+        return _merge_dumps(dumps_only, args.output)
     try:
         result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
                        rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
@@ -95,6 +109,22 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {result.slices} collective slices"
                      " (open it in https://ui.perfetto.dev)\n")
     return _report_desyncs([f.message for f in result.analysis.desyncs] if result.analysis else [], args.strict)
+
+
+def _merge_dumps(folder: Path, output: Optional[Path]) -> int:
+    from commtag.errors import CommtagError
+    from commtag.merge.hangs.trace import merge_dumps
+
+    try:
+        target, drawn, diagnosis = merge_dumps(folder, output)
+    except CommtagError as exc:
+        _say([f"error: {_one_line(exc)}"])
+        return 2
+    _say([*(f"notice: {n}" for n in diagnosis.notices), *(h.message for h in diagnosis.hangs),
+          *(m.message for m in diagnosis.mismatches)])
+    sys.stdout.write(f"{target}: {len(diagnosis.ranks)} ranks' Flight Recorder dumps, {drawn} calls, "
+                     f"{len(diagnosis.hangs)} hangs (open it in https://ui.perfetto.dev)\n")
+    return 0
 
 
 #: Up to this many ranks the merge says each rank's account; above, one line adds them up
@@ -162,6 +192,23 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         sys.stderr.write(f"commtag validate: {args.file}: {len(violations)} violation(s)\n")
         return 1
     sys.stdout.write(f"{args.file}: OK\n")
+    return 0
+
+
+def _cmd_export_fr(args: argparse.Namespace) -> int:
+    from commtag.errors import CommtagError
+    from commtag.merge.hangs.export import export_fr, job_instances
+
+    warnings: list[str] = []
+    try:
+        exported = export_fr(job_instances(args.input, args.rank_pattern, args.rank, warnings), args.output)
+    except CommtagError as exc:
+        sys.stderr.write(f"commtag export-fr: error: {_one_line(exc)}\n")
+        return 2
+    sys.stderr.writelines([*(f"commtag export-fr: warning: {w}\n" for w in warnings),
+                           *(f"commtag export-fr: left out {n}: {why}\n" for why, n in sorted(exported.left_out.items()))])
+    sys.stdout.write(f"{args.output}: {len(exported.paths)} Flight Recorder dumps, {exported.entries} entries "
+                     f"(python -m torch.distributed.flight_recorder.fr_trace {args.output})\n")
     return 0
 
 
@@ -269,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_rank_arguments(summary)
     add_inspector_argument(summary)
     summary.set_defaults(func=_cmd_summary)
+
+    export = sub.add_parser("export-fr", help="write a profiled job's collectives as Flight Recorder dumps "
+                                              "(torch's pickle format and naming), for torch's fr_trace")
+    export.add_argument("input", type=Path, metavar="DIR_OR_MERGED_OUTPUT",
+                        help="a directory of rank traces (+ sidecars), or a .pftrace written by `commtag merge`")
+    export.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
+                        help="the folder of dumps to write (commtag_export_rank_<R>; none may exist yet)")
+    add_rank_arguments(export)
+    export.set_defaults(func=_cmd_export_fr)
     return parser
 
 

@@ -17,3 +17,4 @@ from commtag.vocab.nccl2 import *  # noqa: F403 - the package's face: each fact 
 from commtag.vocab.gloo import *  # noqa: F403 - the package's face: each fact keeps its one import path
 from commtag.vocab.keys import *  # noqa: F403 - the package's face: each fact keeps its one import path
 from commtag.vocab.inspector import *  # noqa: F403 - the package's face: each fact keeps its one import path
+from commtag.vocab.flight_recorder import *  # noqa: F403 - the package's face: each fact keeps its one import path

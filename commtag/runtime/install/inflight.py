@@ -20,7 +20,7 @@ from commtag.runtime import capture
 from commtag.runtime.describe.calls import CallRecord, OpCall, reduce_name
 from commtag.runtime.describe.groups import GroupState
 from commtag.runtime.failopen import log_once
-from commtag.runtime.record import recorder
+from commtag.runtime.record import recorder, ring
 from commtag.runtime.record.recorder import profiler_enabled
 from commtag.vocab import RECV, SEND
 
@@ -62,7 +62,7 @@ def thread_state() -> ThreadState:
 class Pending(CallRecord):
     """A call commtag will annotate once the original returns."""
 
-    __slots__ = ("recording", "token")
+    __slots__ = ("recording", "token", "slot")
 
     def __init__(self, call: OpCall, seq: int, pair_seq: Optional[int], recording: bool, token: Any,
                  thread: ThreadState) -> None:
@@ -76,6 +76,8 @@ class Pending(CallRecord):
         self.error = None
         self.recording = recording
         self.token = token
+        kept = ring.RING  # commtag's own flight recorder, where install(dump_dir=...) turned it on
+        self.slot = None if kept is None else kept.start(self)
         if recording:  # until recorder.add: a window that ends first writes it as unfinished
             _IN_FLIGHT[id(self)] = self
 
@@ -130,7 +132,8 @@ def start_call(call: OpCall, thread: ThreadState) -> Optional[Pending]:
             seq = state.next_collective_seq()
     recording = profiler_enabled()
     token = capture.before_collective()
-    if not recording and token is None and not (call.p2p is not None and call.peer is None):
+    if (not recording and token is None and ring.RING is None
+            and not (call.p2p is not None and call.peer is None)):
         return None  # (a recv from any source still counts its pair Seq once its source is known)
     return Pending(call, seq, pair_seq, recording, token, thread)
 
@@ -145,6 +148,8 @@ def next_pair_seq(state: GroupState, call: OpCall) -> int:
 def finish_call(pending: Pending, work: Any) -> None:
     """Hand the annotation to capture and, while profiling, the call itself to the recorder
     (which builds its fields only when the sidecar is written)."""
+    if pending.slot is not None:
+        ring.finish(pending.slot, pending.error, future_of(work) if pending.call.async_op else None)
     if pending.token is not None:
         if pending.token.reduce_op is None:
             pending.token.reduce_op = reduce_name(pending.call.reduce_op)
@@ -258,5 +263,8 @@ def issuing(call: OpCall, seq: int, pair_seq: Optional[int]) -> Pending:
 def record_issued(pending: Pending, work: Any) -> None:
     """Record a call :func:`issuing` began once it is issued: it ends when its work completes
     (where the work has a future, whether or not the caller waits on it), else now."""
-    record_when_done(pending, future_of(work))
+    future = future_of(work)
+    if pending.slot is not None:
+        ring.finish(pending.slot, None, future)
+    record_when_done(pending, future)
 

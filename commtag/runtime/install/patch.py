@@ -75,6 +75,7 @@ from commtag.runtime.install.idle import (
     more_slow,
 )
 from commtag.runtime.install.inflight import Pending, after_call, record_failed, start_call, thread_state, tls, unseen
+from commtag.runtime.record import ring
 from commtag.runtime.record.recorder import autograd_profiler, thread_profiled
 
 
@@ -138,7 +139,7 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                     seq = state.next_collective_seq()
                     recording = thread_profiled() or autograd_profiler._is_profiler_enabled
                     token = capture.before_collective() if OPEN_CAPTURES else None
-                    if recording or token is not None:
+                    if recording or token is not None or ring.RING is not None:
                         call = describe(*args, **kwargs)
                         if call is not None:
                             pending = Pending(call, seq, None, recording, token, thread)

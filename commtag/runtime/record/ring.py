@@ -1,0 +1,233 @@
+"""commtag's own flight recorder: a bounded ring of this rank's last collective calls, kept whether or
+not a profiler runs, and written as a Flight Recorder dump (torch's schema, commtag's keys added).
+
+Why its own: torch's recorder is off by default, skips gloo's send/recv and the calls a CUDA graph
+replays, and on gloo cannot tell a call that completed from one that failed. The ring holds each
+call from its start (a call in flight is what a hang is), its end and error written in when known.
+It is bounded: at most ``size`` calls, the oldest dropped first (the dump says how many were).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from commtag.atomic import write_atomic
+from commtag.runtime.describe.calls import CallRecord
+from commtag.runtime.failopen import log_once
+from commtag.vocab import RECV, SEND
+from commtag.vocab import flight_recorder as fr
+
+#: How many calls the ring keeps unless told (torch's own recorder has no default: it is off).
+DEFAULT_RING_SIZE = 2000
+#: The environment variables that turn the ring on for a launcher (``commtag.install()`` reads them).
+DUMP_DIR_ENV = "COMMTAG_DUMP_DIR"
+RING_SIZE_ENV = "COMMTAG_RING_SIZE"
+#: commtag's dump of rank R is ``<DIR>/commtag_fr_<R>``; torch's, saved beside it, ``torch_fr_<R>``.
+OWN_PREFIX = "commtag_fr_"
+TORCH_PREFIX = "torch_fr_"
+
+
+def size_from_environment() -> int:
+    """COMMTAG_RING_SIZE, or the default where it is unset or not a positive number (said once: a
+    launcher's typo must not stop the job)."""
+    text = os.environ.get(RING_SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_RING_SIZE
+    try:
+        size = int(text)
+        if size < 1:
+            raise ValueError(f"{RING_SIZE_ENV}={text!r} is not a number of calls (1 or more)")
+    except ValueError as exc:
+        log_once(f"reading {RING_SIZE_ENV}; the ring keeps {DEFAULT_RING_SIZE} calls", exc)
+        return DEFAULT_RING_SIZE
+    return size
+
+
+class Slot:
+    """One call of the ring: its record (kept as the wrapper made it) and what happened to it."""
+
+    __slots__ = ("record_id", "record", "end_ns", "error")
+
+    def __init__(self, record_id: int, record: CallRecord) -> None:
+        self.record_id = record_id
+        self.record = record
+        self.end_ns: Optional[int] = None
+        self.error: Optional[str] = None
+
+
+class Ring:
+    """The bounded ring and where it is written."""
+
+    def __init__(self, dump_dir: Path, size: int) -> None:
+        self.dump_dir = Path(dump_dir)
+        self.size = size
+        self.slots: collections.deque[Slot] = collections.deque(maxlen=size)
+        self._ids = itertools.count()
+        self._write_lock = threading.Lock()
+        #: The thread writing a dump now (None: none).
+        self._writer: Optional[int] = None
+
+    def start(self, record: CallRecord) -> Slot:
+        """Keep a call as it starts (deque.append with maxlen: atomic, the oldest dropped)."""
+        slot = Slot(next(self._ids), record)
+        self.slots.append(slot)
+        return slot
+
+    def dump(self, reason: str) -> Optional[Path]:
+        """Write the ring (and torch's own dump, where its recorder is on) into the dump folder;
+        None where it could not be written (logged once: the job goes on). Another thread's dump under
+        way is waited for; this thread's own, which a signal handler interrupted, is left to finish."""
+        me = threading.get_ident()
+        if self._writer == me:
+            return None
+        with self._write_lock:
+            self._writer = me
+            try:
+                return self._write(reason)
+            finally:
+                self._writer = None
+
+    def _write(self, reason: str) -> Optional[Path]:
+        """Both files, one after the other (one writer at a time: a temporary's name is per process)."""
+        try:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            slots = list(self.slots)
+            rank = _global_rank(slots)
+            data = pickle.dumps(dump_document(slots, reason, rank, self.size), protocol=2)
+            path = write_atomic(self.dump_dir / f"{OWN_PREFIX}{rank}", data)
+        except Exception as exc:  # noqa: BLE001 - fail open: a dump that cannot be written never stops the job
+            log_once("writing commtag's flight-recorder dump", exc)
+            return None
+        try:
+            _save_torch_dump(self.dump_dir / f"{TORCH_PREFIX}{rank}")
+        except Exception as exc:  # noqa: BLE001 - fail open: commtag's own dump is written already
+            log_once("saving torch's flight-recorder dump beside commtag's", exc)
+        return path
+
+
+def _global_rank(slots: list[Slot]) -> int:
+    """This rank in the world: read from c10d, else from the calls kept."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return dist.get_rank()
+    except Exception as exc:  # noqa: BLE001 - fail open: the calls kept still say it
+        log_once("reading the rank for a dump", exc)
+    for slot in reversed(slots):
+        state = slot.record.call.state
+        return state.ranks[state.group_rank]
+    return int(os.environ.get("RANK", "0"))
+
+
+def _save_torch_dump(path: Path) -> None:
+    """torch's own Flight Recorder dump, where its recorder is on (TORCH_FR_BUFFER_SIZE > 0)."""
+    if int(os.environ.get(fr.FR_BUFFER_SIZE_ENV, "0") or 0) <= 0:
+        return
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    write_atomic(path, _dump_fr_trace(True, True, False))
+
+
+def dump_document(slots: list[Slot], reason: str, rank: int, size: int) -> dict[str, Any]:
+    """The ring as a Flight Recorder dump: torch's keys (so torch's analyzer and commtag's reader
+    read it alike) and commtag's (``commtag_*``: peers, per-peer order, splits, end times)."""
+    groups: dict[str, Any] = {}
+    entries = []
+    for slot in slots:
+        state = slot.record.call.state
+        groups.setdefault(state.name, state)
+        entries.append(_entry(slot, list(groups).index(state.name)))
+    world_size = None
+    try:
+        import torch.distributed as dist
+
+        world_size = dist.get_world_size() if dist.is_initialized() else None
+    except Exception as exc:  # noqa: BLE001 - fail open: the dump still says what it holds
+        log_once("reading the world size for a dump", exc)
+    return {
+        fr.FR_VERSION: fr.FR_KNOWN_VERSIONS[-1],
+        fr.FR_PG_CONFIG: {name: {"name": name, "desc": state.desc, "ranks": str(list(state.ranks))}
+                          for name, state in groups.items()},
+        fr.FR_PG_STATUS: {},
+        fr.FR_COMM_LIB_VERSION: "",
+        fr.FR_ENTRIES: entries,
+        fr.CT_RANK: rank,
+        fr.CT_WORLD_SIZE: world_size,
+        fr.CT_DUMP_NS: time.time_ns(),
+        fr.CT_DUMP_REASON: reason,
+        fr.CT_RING_SIZE: size,
+    }
+
+
+def _entry(slot: Slot, pg_id: int) -> dict[str, Any]:
+    record = slot.record
+    call = record.call
+    state = call.state
+    p2p = call.p2p in (SEND, RECV)
+    name = f"{state.backend}:{fr.fr_op(state.backend, call.collective)}"
+    if p2p and call.peer is not None and call.peer in state.ranks:
+        peer = state.ranks.index(call.peer)
+        name += f" {state.group_rank}->{peer}" if call.p2p == SEND else f" {state.group_rank}<-{peer}"
+    ended = slot.end_ns is not None
+    entry: dict[str, Any] = {
+        fr.E_RECORD_ID: slot.record_id, fr.E_PG_ID: pg_id, fr.E_PROCESS_GROUP: (state.name, state.desc),
+        fr.E_SEQ: 0 if p2p else record.seq, fr.E_P2P_SEQ: record.seq if p2p else 0, fr.E_OP_ID: slot.record_id,
+        fr.E_PROFILING_NAME: name, fr.E_CREATED_NS: record.start_ns,
+        fr.E_INPUT_SIZES: [[call.in_nelems]], fr.E_INPUT_DTYPES: [call.dtype],
+        fr.E_OUTPUT_SIZES: [[call.out_nelems]], fr.E_OUTPUT_DTYPES: [call.dtype],
+        fr.E_STATE: (fr.STATE_COMPLETED if slot.error is None else fr.STATE_STARTED) if ended else fr.STATE_STARTED,
+        fr.E_STARTED_NS: record.start_ns, fr.E_COMPLETED_NS: slot.end_ns if ended and slot.error is None else None,
+        fr.E_RETIRED: ended, fr.E_IS_P2P: p2p, fr.E_FRAMES: [],
+        fr.E_THREAD_ID: str(record.tid), fr.E_THREAD_NAME: record.thread_name,
+        fr.CT_END_NS: slot.end_ns, fr.CT_ERROR: slot.error,
+    }
+    if p2p:
+        entry[fr.CT_PEER] = call.peer
+        entry[fr.CT_PAIR_SEQ] = record.pair_seq
+    if call.in_split != "[]" or call.out_split != "[]":
+        entry[fr.CT_IN_SPLITS] = _numbers(call.in_split)
+        entry[fr.CT_OUT_SPLITS] = _numbers(call.out_split)
+    return entry
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(part) for part in text.strip("[]").split(",") if part.strip()]
+
+
+#: The ring of this process while ``install(dump_dir=...)`` has it on; None (the default) costs nothing.
+RING: Optional[Ring] = None
+
+
+def finish(slot: Slot, error: Optional[str], future: Any) -> None:
+    """A call's end: now, or when its work's future completes; a failed call (a timeout, a peer
+    gone) also writes the dump, since the job may not live to write another."""
+    if future is None:
+        _ended(slot, error)
+        return
+
+    def done(fut: Any) -> None:
+        failure = None
+        try:
+            fut.value()
+        except Exception as exc:  # noqa: BLE001 - the work failed: kept as the call's error
+            lines = str(exc).strip().splitlines()
+            failure = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        _ended(slot, failure)
+
+    future.add_done_callback(done)
+
+
+def _ended(slot: Slot, error: Optional[str]) -> None:
+    slot.error = error
+    slot.end_ns = time.time_ns()
+    ring = RING
+    if error is not None and ring is not None:
+        ring.dump(f"exception: {error}")
