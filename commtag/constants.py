@@ -11,8 +11,9 @@ from typing import Final, Optional
 
 #: The sidecar format's version. 2 added each group's ``backend_impls`` and ``record_format`` and the
 #: ``commtag send peers`` / ``commtag recv peers`` args: a reader of 1 would refuse them as unknown
-#: fields, so it is told to upgrade instead. Every version up to this one is read.
-SCHEMA_VERSION = 2
+#: fields, so it is told to upgrade instead. 3 added ``unwatched``, the spans in which commtag was
+#: not installed. Every version up to this one is read.
+SCHEMA_VERSION = 3
 #: A sidecar's "kind" (Final: commtag.schema reads it as its Literal type).
 SIDECAR_KIND: Final = "commtag-sidecar"
 #: Names commtag.trace_handler gives a rank's trace and its sidecar: ``<stem>`` + suffix.

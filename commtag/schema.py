@@ -299,6 +299,21 @@ class SidecarHead(BaseModel):
         return self
 
 
+class UnwatchedSpan(BaseModel):
+    """A span of a rank's window in which commtag was not installed (see ``Sidecar.unwatched``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+    end_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "UnwatchedSpan":
+        if self.end_ns < self.start_ns:
+            raise ValueError(f"end_ns {self.end_ns} is before start_ns {self.start_ns}")
+        return self
+
+
 class Sidecar(SidecarHead):
     """Everything commtag knows about one rank's trace."""
 
@@ -313,6 +328,10 @@ class Sidecar(SidecarHead):
     process_groups: list[ProcessGroupInfo]
     collectives: list[RecordedCollective]
     captures: list[GraphCapture] = []
+    #: ``[start_ns, end_ns]`` spans of the trace's window in which commtag was not installed on this
+    #: rank (uninstalled, or not installed yet), in time order: its calls then were not recorded,
+    #: so the merge counts those spans as outside the window, never as calls the rank skipped.
+    unwatched: list[UnwatchedSpan] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> "Sidecar":

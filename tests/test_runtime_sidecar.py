@@ -104,14 +104,16 @@ def test_a_sidecar_written_before_backend_detection_loads_as_legacy(tmp_path: Pa
     side = _sidecar()
     path = write_sidecar(tmp_path / "rank1.step3.commtag.json", side)
     raw = orjson.loads(path.read_bytes())
-    assert raw["schema_version"] == SCHEMA_VERSION == 2
+    assert raw["schema_version"] == SCHEMA_VERSION == 3
     raw["schema_version"] = 1
+    del raw["unwatched"]  # came with version 3
     for group in raw["process_groups"]:
         del group["backend_impls"], group["record_format"]
     path.write_bytes(orjson.dumps(raw))
     (group,) = read_sidecar(path).process_groups
     assert group.record_format == "legacy" and group.backend_impls == {}
     assert read_sidecar(path).schema_version == 1
+    assert read_sidecar(path).unwatched == []
 
 
 def test_an_nccl2_group_entry_and_its_annotation_round_trip(tmp_path: Path):

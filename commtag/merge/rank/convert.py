@@ -34,7 +34,7 @@ from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.clock import checked_base_ns
 from commtag.merge.account import EventAccount
-from commtag.merge.records import GroupLane, Interner
+from commtag.merge.records import GroupLane, Interner, without_spans
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
@@ -299,7 +299,8 @@ class RankConverter:
                 inst.source_flow = None
         self.instances += attached
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
-        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans)
+        self._window(file, attached, claimed, evidence=sidecar is not None or bool(attached), spans=spans,
+                     unwatched=[(u.start_ns, u.end_ns) for u in sidecar.unwatched] if sidecar else ())
         for g in group_rows(trace, sidecar):
             self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, self.interner.shared(tuple(g.ranks)))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
@@ -313,12 +314,13 @@ class RankConverter:
         return file.first, file.last
 
     def _window(self, file: FileState, attached: list, world_size: Optional[int], evidence: bool,
-                spans: Optional[Spans] = None) -> None:
+                spans: Optional[Spans] = None, unwatched: Iterable[tuple[int, int]] = ()) -> None:
         """Record the time the file covers (a collective timed from the sidecar may reach past
         its events) and the world size it claims. A file that shows no collective and has
         no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing.
         With ``spans`` (--steps/--window) it covers what it kept of each span, one window each:
-        collectives of steps left out between them are not missing."""
+        collectives of steps left out between them are not missing. Nor are those of the
+        ``unwatched`` spans, in which commtag was not installed on the rank: they split its windows."""
         self.world_size = self.world_size or world_size
         if not evidence:
             return
@@ -326,11 +328,14 @@ class RankConverter:
         ends = [t for t in (file.last, *(i.end_ns for i in attached)) if t is not None]
         if starts and ends:
             first, last = min(starts), max(ends)
-            if spans is None:
-                self.windows.append((first, last))
-            else:
-                self.windows += [(max(low, first), min(high, last)) for low, high in spans
-                                 if max(low, first) < min(high, last)]
+            kept = [(first, last)] if spans is None else [
+                (max(low, first), min(high, last)) for low, high in spans if max(low, first) < min(high, last)]
+            pieces = without_spans(kept, unwatched)
+            cut = sum(last - first for first, last in kept) - sum(last - first for first, last in pieces)
+            if cut > 0:
+                self.notes.append(f"commtag was not installed for {cut / 1e6:.3f} ms of a profiled window: "
+                                  "calls then are not recorded, and their absence is not held against the rank")
+            self.windows += pieces
             self.windows.sort()
             self.steps += file.steps
 
@@ -442,5 +447,3 @@ class RankConverter:
         lanes = {lane: kernel_args(self.rank, LANE_SCOPE, lane, b) for lane, b in categories.lanes.items()}
         return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,
                             first_ns=min(starts) if starts else None, lane_kernels=lanes)
-
-

@@ -49,6 +49,7 @@ from commtag.runtime.capture import c10d_ops
 from commtag.runtime.install import c10d_hooks, p2p_count, patch
 from commtag.runtime.capture import CaptureTracker, CollectiveToken
 from commtag.runtime.failopen import log_once
+from commtag.runtime.record import recorder
 from commtag.runtime.describe.groups import unwatch_lives, watch_lives
 from commtag.runtime.describe.metadata import OPS
 from commtag.schema import CollectiveAnnotation
@@ -86,6 +87,7 @@ def install() -> None:
         _hook_cuda_graph()
         c10d_hooks.attach_all()
         _installed = True
+        recorder.note_installed(True)
 
 
 def uninstall() -> None:
@@ -97,6 +99,7 @@ def uninstall() -> None:
     """
     global _installed
     with _lock:
+        recorder.note_installed(False)
         _restore_functions()
         p2p_count.detach()
         c10d_hooks.detach_all()
