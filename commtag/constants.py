@@ -36,6 +36,10 @@ MAX_AHEAD_NS = 86_400 * 10**9
 #: virtual addresses (5-level paging, the widest CPUs) bound to 2**57 bytes, at a byte or more each.
 MAX_NELEMS = 1 << 57
 
+#: Most spans a sidecar's ``unwatched`` lists: the runtime joins its oldest beyond it (more time
+#: counted as unwatched, never less), and the merge's cost of cutting windows by them stays small.
+MAX_UNWATCHED_SPANS = 256
+
 #: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
 MIN_LANE_ID = 60
 

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MAX_NELEMS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
+    MAX_NELEMS, MAX_UNWATCHED_SPANS, MIN_LANE_ID, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, newer_version, parse_rank_list,
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS,
@@ -331,7 +331,7 @@ class Sidecar(SidecarHead):
     #: ``[start_ns, end_ns]`` spans of the trace's window in which commtag was not installed on this
     #: rank (uninstalled, or not installed yet), in time order: its calls then were not recorded,
     #: so the merge counts those spans as outside the window, never as calls the rank skipped.
-    unwatched: list[UnwatchedSpan] = []
+    unwatched: list[UnwatchedSpan] = Field(default=[], max_length=MAX_UNWATCHED_SPANS)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Sidecar":

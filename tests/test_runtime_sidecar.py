@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.constants import SCHEMA_VERSION, sidecar_name_for
+from commtag.constants import MAX_UNWATCHED_SPANS, SCHEMA_VERSION, sidecar_name_for
 from commtag.runtime.record.sidecar import write_sidecar
 from commtag.sidecarfile import SidecarError, read_sidecar
 from commtag.schema import Sidecar
@@ -70,6 +70,11 @@ def test_sidecar_next_to_its_trace():
         (lambda good: good.replace(b'"ranks":[0,1]', b'"ranks":[0,2]'), "this rank \\(1\\) is not a member"),
         (lambda good: good.replace(b'"Process Group Ranks":"[0, 1]"', b'"Process Group Ranks":"[0, 1, 2]"'),
          "Group size: 2 but Process Group Ranks lists 3 ranks"),
+        # the spans in which commtag was not installed: ordered, and few (the merge cuts windows by each)
+        (lambda good: good.replace(b'"unwatched":[]', b'"unwatched":[{"start_ns":9,"end_ns":3}]'),
+         "unwatched.0: Value error, end_ns 3 is before start_ns 9"),
+        (lambda good: good.replace(b'"unwatched":[]', b'"unwatched":[' + b",".join(
+            [b'{"start_ns":1,"end_ns":2}'] * (MAX_UNWATCHED_SPANS + 1)) + b"]"), "unwatched: List should have at most"),
     ],
 )
 def test_bad_files_are_refused_naming_file_and_problem(tmp_path: Path, content, problem):

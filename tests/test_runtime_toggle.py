@@ -19,8 +19,6 @@ import pytest
 
 from gloo_world import run_world
 
-pytestmark = pytest.mark.slow
-
 WORLD = 2
 CALLS = 150
 TOGGLERS = 3
@@ -66,6 +64,32 @@ def _body(rank: int, world_size: int, out_dir: str) -> int:
     return CALLS + len(range(0, CALLS, 5)) + len(range(0, CALLS, 7))  # the calls made while profiled
 
 
+def test_more_toggles_than_a_sidecar_holds_join_the_oldest_spans_losing_no_unwatched_time(monkeypatch):
+    from commtag.constants import MAX_UNWATCHED_SPANS
+    from commtag.runtime.record import recorder
+
+    clock = iter(range(10, 10**9, 10))
+    monkeypatch.setattr(recorder, "_now_ns", lambda: next(clock))
+    monkeypatch.setattr(recorder, "_off_spans", [])
+    monkeypatch.setattr(recorder, "_off_since", None)
+    monkeypatch.setattr(recorder, "_resumed_at", None)
+    off = []
+    for _ in range(3 * MAX_UNWATCHED_SPANS):
+        recorder.note_installed(False)
+        start = recorder._off_since
+        recorder.note_installed(True)  # nothing records: the span ends at the install
+        off.append((start, recorder._off_spans[-1][1]))
+    recorder.note_installed(False)  # one still open when the window ends
+    spans = recorder.unwatched(None, 10**9)
+    assert len(spans) <= MAX_UNWATCHED_SPANS and spans == sorted(spans)
+    assert all(any(a <= start and end <= b for a, b in spans) for start, end in off)
+    assert spans[-1] == (recorder._off_since, 10**9)
+    # A window that begins later clips them, and forgets those that ended before it.
+    later = off[-5][0]
+    assert recorder.unwatched(later, 10**9)[0][0] == later
+    assert all(end >= later for _, end in recorder._off_spans)
+
+
 @pytest.fixture(scope="module")
 def toggled(tmp_path_factory) -> tuple[Path, int]:
     out = tmp_path_factory.mktemp("toggled") / "traces"
@@ -73,6 +97,7 @@ def toggled(tmp_path_factory) -> tuple[Path, int]:
     return out, calls[0]
 
 
+@pytest.mark.slow
 def test_toggling_leaves_calls_unrecorded_and_says_when(toggled):
     traces, calls = toggled
     for path in sorted(traces.glob("*.commtag.json")):
@@ -83,6 +108,7 @@ def test_toggling_leaves_calls_unrecorded_and_says_when(toggled):
         assert spans and spans == sorted(spans) and all(start <= end for start, end in spans), path.name
 
 
+@pytest.mark.slow
 def test_the_merge_blames_no_rank_for_calls_made_while_commtag_was_off(toggled, tmp_path):
     from commtag.merge.analysis.hook import MergeAnalysis
     from merging import merge

@@ -331,7 +331,7 @@ class RankConverter:
             kept = [(first, last)] if spans is None else [
                 (max(low, first), min(high, last)) for low, high in spans if max(low, first) < min(high, last)]
             pieces = without_spans(kept, unwatched)
-            cut = sum(last - first for first, last in kept) - sum(last - first for first, last in pieces)
+            cut = sum(end - start for start, end in kept) - sum(end - start for start, end in pieces)
             if cut > 0:
                 self.notes.append(f"commtag was not installed for {cut / 1e6:.3f} ms of a profiled window: "
                                   "calls then are not recorded, and their absence is not held against the rank")

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from torch.profiler import ProfilerAction
 
 from commtag.atomic import temporary
-from commtag.constants import TRACE_SUFFIX, sidecar_name_for
+from commtag.constants import MAX_UNWATCHED_SPANS, TRACE_SUFFIX, sidecar_name_for
 from commtag.runtime import capture
 from commtag.runtime.describe import groups
 from commtag.runtime.record import sidecar
@@ -148,9 +148,6 @@ _off_since: Optional[int] = 0
 #: function before the install may still be running (unrecorded) after it, so the install's
 #: moment is no proof of watching. (Installed while nothing records, the span ends there.)
 _resumed_at: Optional[int] = None
-#: The most spans kept: beyond it, the two oldest become one span over both, which may count
-#: more time as unwatched (a call then is never blamed) but never less.
-MAX_OFF_SPANS = 256
 
 
 def note_installed(installed: bool) -> None:
@@ -178,7 +175,7 @@ def _watching_since(start_ns: int) -> None:
         return
     _off_spans.append((_off_since, start_ns))
     _off_since = _resumed_at = None
-    if len(_off_spans) > MAX_OFF_SPANS:
+    if len(_off_spans) >= MAX_UNWATCHED_SPANS:  # one more may be open: the two oldest become one
         _off_spans[0:2] = [(_off_spans[0][0], _off_spans[1][1])]
 
 
