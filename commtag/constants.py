@@ -12,8 +12,9 @@ from typing import Final, Literal, Optional, get_args
 
 #: The sidecar format's version. 2 added each group's ``backend_impls`` and ``record_format`` and the
 #: ``commtag send peers`` / ``commtag recv peers`` args: a reader of 1 would refuse them as unknown
-#: fields, so it is told to upgrade instead. Every version up to this one is read.
-SCHEMA_VERSION = 2
+#: fields, so it is told to upgrade instead. 3 added ``unwatched``, the spans in which commtag was
+#: not installed. Every version up to this one is read.
+SCHEMA_VERSION = 3
 #: A sidecar's "kind": the Literal type commtag.schema validates against, and its one value.
 SidecarKind = Literal["commtag-sidecar"]
 SIDECAR_KIND: Final[SidecarKind] = get_args(SidecarKind)[0]
@@ -36,6 +37,10 @@ MAX_AHEAD_NS = 86_400 * 10**9
 #: Most elements one message may count: its tensor lives in one process's memory, which 57-bit
 #: virtual addresses (5-level paging, the widest CPUs) bound to 2**57 bytes, at a byte or more each.
 MAX_NELEMS = 1 << 57
+
+#: Most spans a sidecar's ``unwatched`` lists: the runtime joins its oldest beyond it (more time
+#: counted as unwatched, never less), and the merge's cost of cutting windows by them stays small.
+MAX_UNWATCHED_SPANS = 256
 
 #: Lowest virtual lane id; PyTorch's own per-group lanes start here too.
 MIN_LANE_ID = 60

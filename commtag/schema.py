@@ -18,8 +18,8 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from commtag.constants import (  # re-exported: the contract's names stay importable from here
-    MAX_NELEMS, MIN_LANE_ID, RANK_LIST, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, SidecarKind, newer_version,
-    parse_rank_list,
+    MAX_NELEMS, MAX_UNWATCHED_SPANS, MIN_LANE_ID, RANK_LIST, SCHEMA_VERSION, SIDECAR_KIND, TIME_NS_LIMIT, SidecarKind,
+    newer_version, parse_rank_list,
 )
 from commtag.vocab import (
     ANN_ASYNC, ANN_CAPTURE_ID, ANN_ERROR, ANN_LANE, ANN_LANE_ID, ANN_P2P, ANN_P2P_PAIR_SEQ, ANN_PG_UID, ANN_RECV_PEERS,
@@ -313,6 +313,21 @@ class SidecarHead(BaseModel):
         return self
 
 
+class UnwatchedSpan(BaseModel):
+    """A span of a rank's window in which commtag was not installed (see ``Sidecar.unwatched``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+    end_ns: int = Field(ge=0, lt=TIME_NS_LIMIT)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "UnwatchedSpan":
+        if self.end_ns < self.start_ns:
+            raise ValueError(f"end_ns {self.end_ns} is before start_ns {self.start_ns}")
+        return self
+
+
 class Sidecar(SidecarHead):
     """Everything commtag knows about one rank's trace."""
 
@@ -327,6 +342,10 @@ class Sidecar(SidecarHead):
     process_groups: list[ProcessGroupInfo]
     collectives: list[RecordedCollective]
     captures: list[GraphCapture] = []
+    #: ``[start_ns, end_ns]`` spans of the trace's window in which commtag was not installed on this
+    #: rank (uninstalled, or not installed yet), in time order: its calls then were not recorded,
+    #: so the merge counts those spans as outside the window, never as calls the rank skipped.
+    unwatched: list[UnwatchedSpan] = Field(default=[], max_length=MAX_UNWATCHED_SPANS)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Sidecar":

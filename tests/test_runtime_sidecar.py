@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from commtag.constants import SCHEMA_VERSION, sidecar_name_for
+from commtag.constants import MAX_UNWATCHED_SPANS, SCHEMA_VERSION, sidecar_name_for
 from commtag.runtime.record.sidecar import write_sidecar
 from commtag.sidecarfile import SidecarError, read_sidecar
 from commtag.schema import Sidecar
@@ -70,6 +70,11 @@ def test_sidecar_next_to_its_trace():
         (lambda good: good.replace(b'"ranks":[0,1]', b'"ranks":[0,2]'), "this rank \\(1\\) is not a member"),
         (lambda good: good.replace(b'"Process Group Ranks":"[0, 1]"', b'"Process Group Ranks":"[0, 1, 2]"'),
          "Group size: 2 but Process Group Ranks lists 3 ranks"),
+        # the spans in which commtag was not installed: ordered, and few (the merge cuts windows by each)
+        (lambda good: good.replace(b'"unwatched":[]', b'"unwatched":[{"start_ns":9,"end_ns":3}]'),
+         "unwatched.0: Value error, end_ns 3 is before start_ns 9"),
+        (lambda good: good.replace(b'"unwatched":[]', b'"unwatched":[' + b",".join(
+            [b'{"start_ns":1,"end_ns":2}'] * (MAX_UNWATCHED_SPANS + 1)) + b"]"), "unwatched: List should have at most"),
     ],
 )
 def test_bad_files_are_refused_naming_file_and_problem(tmp_path: Path, content, problem):
@@ -104,14 +109,16 @@ def test_a_sidecar_written_before_backend_detection_loads_as_legacy(tmp_path: Pa
     side = _sidecar()
     path = write_sidecar(tmp_path / "rank1.step3.commtag.json", side)
     raw = orjson.loads(path.read_bytes())
-    assert raw["schema_version"] == SCHEMA_VERSION == 2
+    assert raw["schema_version"] == SCHEMA_VERSION == 3
     raw["schema_version"] = 1
+    del raw["unwatched"]  # came with version 3
     for group in raw["process_groups"]:
         del group["backend_impls"], group["record_format"]
     path.write_bytes(orjson.dumps(raw))
     (group,) = read_sidecar(path).process_groups
     assert group.record_format == "legacy" and group.backend_impls == {}
     assert read_sidecar(path).schema_version == 1
+    assert read_sidecar(path).unwatched == []
 
 
 def test_an_nccl2_group_entry_and_its_annotation_round_trip(tmp_path: Path):

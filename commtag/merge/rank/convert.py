@@ -32,7 +32,7 @@ from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.clock import checked_base_ns
 from commtag.merge.account import EventAccount
-from commtag.merge.records import GroupLane, Interner
+from commtag.merge.records import GroupLane, Interner, without_spans
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
@@ -302,7 +302,8 @@ class RankConverter:
                 inst.source_flow = None
         self.instances += attached
         claimed = sidecar.world_size if sidecar else (header.get("distributedInfo") or {}).get("world_size")
-        self._window(file, attached, claimed, sidecar is not None or bool(attached), spans, blind)
+        self._window(file, attached, claimed, sidecar is not None or bool(attached), spans, blind,
+                     [(u.start_ns, u.end_ns) for u in sidecar.unwatched] if sidecar else ())
         for g in group_rows(trace, sidecar):
             self.groups[g.uid] = GroupLane(g.lane_name, g.lane_id, g.uid, self.interner.shared(tuple(g.ranks)))
         self.host = self.host or (sidecar.host if sidecar else "") or str(header.get("host_name") or "")
@@ -316,12 +317,13 @@ class RankConverter:
         return file.first, file.last
 
     def _window(self, file: FileState, attached: list, world_size: Optional[int], evidence: bool,
-                spans: Optional[Spans] = None, blind: Sequence[tuple[int, int]] = ()) -> None:
-        """Record the time the file covers (a collective timed from the sidecar may reach past
-        its events) and the world size it claims. A file that shows no collective and has
-        no sidecar covers nothing: its rank's calls were not recorded, so their absence says nothing.
+                spans: Optional[Spans] = None, blind: Sequence[tuple[int, int]] = (),
+                unwatched: Iterable[tuple[int, int]] = ()) -> None:
+        """Record the time the file covers (a sidecar-timed collective may reach past its events) and the world
+        size it claims. A file with no collective and no sidecar covers nothing: its absent calls say nothing.
         With ``spans`` (--steps/--window) it covers what it kept of each span, one window each:
-        collectives of steps left out between them are not missing; ``blind``: see rows.without_blind."""
+        collectives of steps left out between them, of ``blind`` (rows.without_blind) and of ``unwatched``
+        spans (commtag was not installed on the rank; they split its windows) are not missing."""
         self.world_size = self.world_size or world_size
         if not evidence:
             return
@@ -329,20 +331,21 @@ class RankConverter:
         ends = [t for t in (file.last, *(i.end_ns for i in attached)) if t is not None]
         if starts and ends:
             first, last = min(starts), max(ends)
-            if spans is None:
-                covered = [(first, last)]
-            else:
-                covered = [(max(low, first), min(high, last)) for low, high in spans
-                           if max(low, first) < min(high, last)]
-            self.windows += without_blind(covered, attached, blind, first, last)
+            kept = [(first, last)] if spans is None else [
+                (max(low, first), min(high, last)) for low, high in spans if max(low, first) < min(high, last)]
+            pieces = without_spans(kept, unwatched)
+            cut = sum(end - start for start, end in kept) - sum(end - start for start, end in pieces)
+            if cut > 0:
+                self.notes.append(f"commtag was not installed for {cut / 1e6:.3f} ms of a profiled window: "
+                                  "calls then are not recorded, and their absence is not held against the rank")
+            self.windows += without_blind(pieces, attached, blind, first, last)
             self.windows.sort()
             self.steps += file.steps
 
     def _categorize(self, file: FileState) -> None:
         """Add the attached kernels to the breakdowns: only now is their lane known (from
         their annotation), and they still carry their correlation (:meth:`_settle` drops it)."""
-        categories = self.categories
-        annotated = self.annotated
+        categories, annotated = self.categories, self.annotated
         for e, _, _ in file.candidates:
             cat = e.get("cat")
             if cat in WORK_CATEGORIES:
@@ -370,8 +373,7 @@ class RankConverter:
         """Encode the attached events (already categorized), then add this file's launch flows
         and graph-launch breakdowns."""
         flows_out, flows_in = self.flows.out, self.flows.into
-        categories = self.categories
-        annotated = self.annotated
+        categories, annotated = self.categories, self.annotated
         for e, row, index in file.candidates:
             assert row is not None, "an encoded event has its row (a selection took out the others)"
             args = e.get("args")
@@ -446,5 +448,3 @@ class RankConverter:
         lanes = {lane: kernel_args(self.rank, LANE_SCOPE, lane, b) for lane, b in categories.lanes.items()}
         return RankTimeline(rank=self.rank, process_name=name, tracks=tracks,
                             first_ns=min(starts) if starts else None, lane_kernels=lanes)
-
-

@@ -35,9 +35,11 @@ which calls it saw: on NCCL that count is the collectives' (the value the
 profiler records for eager kernels); gloo's also advances on each
 point-to-point op of this rank (and more than once for a few calls that run
 point-to-point inside, :data:`GLOO_INNER_P2P`), so commtag takes those
-advances off (:attr:`GroupState.gloo_extra`), counting the p2p ops it sees.
-p2p calls made on a gloo group while commtag was not installed are not seen:
-where the members made different numbers of them, their later Seqs differ.
+advances off (:attr:`GroupState.gloo_extra`): every p2p op issued through the
+group's methods, direct ``isend``/``irecv`` included, is counted by
+:mod:`commtag.runtime.install.p2p_count`. p2p calls made on a gloo group while
+commtag was not installed are not seen: where the members made different
+numbers of them, their later Seqs differ.
 Other backends, and a group with two backends, are counted by commtag from
 the moment it was installed. NCCL's p2p counter counts every peer together,
 so it cannot pair a send with its recv; commtag also keeps a

@@ -18,7 +18,7 @@ from torch.distributed import distributed_c10d as c10d
 from commtag.identity import format_list
 from commtag.runtime import capture
 from commtag.runtime.capture import OPEN_CAPTURES, c10d_ops
-from commtag.runtime.describe.groups import lookup, state_for
+from commtag.runtime.describe.groups import state_for
 from commtag.runtime.describe.metadata import COALESCED_NAMES
 from commtag.runtime.describe.metadata import p2p_call as describe_p2p
 from commtag.runtime.describe.calls import OpCall
@@ -68,7 +68,6 @@ def wrap_batch(original: Callable[..., Any]) -> Callable[..., Any]:
             thread.depth -= 1
         if failure is not None:  # logged only for a batch torch accepted (else the caller's mistake)
             log_once("describing batch_isend_irecv", failure)
-        _batch_counted(p2p_op_list)
         _after_batch(pendings, works)
         return works
 
@@ -121,17 +120,6 @@ def _captured(pendings: list[Pending]) -> None:
     token = capture.before_collective(marked=len(pendings) == 1)
     for pending in pendings:
         pending.token = token
-
-
-def _batch_counted(p2p_op_list: Any) -> None:
-    """Each op of an issued batch advanced its gloo group's count once."""
-    try:
-        for op in p2p_op_list:
-            state = lookup(op.group)
-            if state is not None:
-                state.gloo_advanced(1)
-    except Exception as exc:  # noqa: BLE001 - fail open
-        log_once("counting batch_isend_irecv", exc)
 
 
 def _nccl2_batch(calls: list[OpCall]) -> OpCall:

@@ -15,6 +15,8 @@ concurrent calls can never leave one part installed and another not:
   hook and popped by the capture_end hook;
 * c10d's ``_update_default_pg``, to count the lives of the world
   (:func:`commtag.runtime.describe.groups.watch_lives`);
+* ``ProcessGroup.send``/``recv``/``recv_anysource``, to count the point-to-point
+  ops that advance gloo's per-group count (:mod:`commtag.runtime.install.p2p_count`);
 * on torch 2.15+, c10d's per-group pre/post hooks, for the calls no patched
   function sees (:mod:`commtag.runtime.install.c10d_hooks`).
 
@@ -28,7 +30,7 @@ every later collective of the thread would stay off the idle path).
 The originals of the functions and CUDAGraph methods are kept here and put
 back exactly (an inherited method is un-shadowed), and each replacement
 carries ``__commtag_original__``; the default-group watcher keeps its own
-(``__wrapped__``). Nothing here touches CUDA at install: the capture tracker
+(``__wrapped__``), and ProcessGroup's methods are put back by p2p_count. Nothing here touches CUDA at install: the capture tracker
 is made on the first capture.
 """
 
@@ -44,9 +46,10 @@ from torch.distributed import distributed_c10d as c10d
 
 from commtag.runtime import capture
 from commtag.runtime.capture import c10d_ops
-from commtag.runtime.install import c10d_hooks, patch
+from commtag.runtime.install import c10d_hooks, p2p_count, patch
 from commtag.runtime.capture import CaptureTracker, CollectiveToken
 from commtag.runtime.failopen import log_once
+from commtag.runtime.record import recorder
 from commtag.runtime.describe.groups import unwatch_lives, watch_lives
 from commtag.runtime.describe.metadata import OPS
 from commtag.schema import CollectiveAnnotation
@@ -80,9 +83,11 @@ def install() -> None:
             return
         watch_lives()
         _patch_functions()
+        p2p_count.attach()
         _hook_cuda_graph()
         c10d_hooks.attach_all()
         _installed = True
+        recorder.note_installed(True)
 
 
 def uninstall() -> None:
@@ -94,7 +99,9 @@ def uninstall() -> None:
     """
     global _installed
     with _lock:
+        recorder.note_installed(False)
         _restore_functions()
+        p2p_count.detach()
         c10d_hooks.detach_all()
         _unhook_cuda_graph()
         unwatch_lives()

@@ -9,6 +9,7 @@ recorded the same way whichever path saw it. Nothing here raises into the caller
 
 from __future__ import annotations
 
+import atexit
 import functools
 import threading
 import time
@@ -26,6 +27,12 @@ from commtag.vocab import RECV, SEND
 
 _IN_FLIGHT = recorder.IN_FLIGHT
 _now_ns = time.time_ns
+
+#: Completion callbacks commtag put on works' futures that have not run yet, under ``_callbacks_lock``.
+_callbacks_waiting = 0
+_callbacks_lock = threading.Lock()
+#: The longest the interpreter's exit waits for them (torch's own exit waits for the same works).
+EXIT_WAIT_S = 300.0
 
 
 class ThreadState:
@@ -167,16 +174,54 @@ def record_when_done(pending: Pending, future: Any) -> None:
         # The callback runs on the thread that completed the work (a gloo worker, inside its
         # work's event), or here if it completed already: that thread is the work's identity.
         def done(fut: Any, pending=pending) -> None:
-            end_ns = _now_ns()
             try:
-                fut.value()
-            except Exception as exc:  # noqa: BLE001 - the work failed (a timeout, a peer gone): say so
-                pending.error = error_text(exc)
-            recorder.add(pending, end_ns, threading.get_native_id())
+                end_ns = _now_ns()
+                try:
+                    fut.value()
+                except Exception as exc:  # noqa: BLE001 - the work failed (a timeout, a peer gone): say so
+                    pending.error = error_text(exc)
+                recorder.add(pending, end_ns, threading.get_native_id())
+            finally:
+                _callback_done(1)
 
-        future.add_done_callback(done)
+        _callback_done(-1)
+        try:
+            future.add_done_callback(done)
+        except BaseException:
+            _callback_done(1)
+            raise
     else:
         recorder.add(pending, _now_ns())
+
+
+def _callback_done(ran: int) -> None:
+    """One callback more waiting (-1) or one fewer (1)."""
+    global _callbacks_waiting
+    with _callbacks_lock:
+        _callbacks_waiting -= ran
+
+
+def wait_for_callbacks(limit_s: float = EXIT_WAIT_S) -> int:
+    """Run at the interpreter's exit (atexit): wait, the GIL released, until every completion
+    callback commtag registered has run, at most ``limit_s``; how many had not.
+
+    A callback is Python, run on the thread that completes the work (a gloo
+    worker), which must take the GIL. A work still running when the script
+    returns (an async call never waited, or one whose callback runs just after
+    ``wait()`` returned: a future wakes its waiters before it runs its
+    callbacks) completes while the interpreter shuts down, when CPython ends a
+    thread that asks for the GIL with ``pthread_exit``; unwinding a C++ worker
+    that way aborts the process ("terminate called without an active
+    exception"). torch's own exit waits for those works anyway (the gloo
+    group's destructor drains its queue), so waiting here first costs no time.
+    """
+    deadline = time.monotonic() + limit_s
+    while _callbacks_waiting > 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return max(_callbacks_waiting, 0)
+
+
+atexit.register(wait_for_callbacks)
 
 
 def error_text(exc: BaseException) -> str:

@@ -115,9 +115,7 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             return original(*args, **kwargs)
         pending = None
         reentrant = True
-        #: The group of a p2p call (its gloo count advances once), and of a call whose advance is
-        #: measured, with the count before it.
-        p2p_state: Optional[GroupState] = None
+        #: The group of a call whose advance of gloo's count is measured, with the count before it.
         before: Optional[tuple[GroupState, int]] = None
         #: What went wrong describing the call: logged only if the original accepts the call
         #: (a call torch rejects is the caller's mistake, and torch's error says so).
@@ -126,8 +124,6 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             if p2p or thread.blocks:
                 call = describe(*args, **kwargs)
                 pending = None if call is None else start_call(call, thread)
-                if p2p and call is not None:
-                    p2p_state = call.state
             else:
                 # A plain collective needs only its group to be numbered; it is described
                 # only when it will be annotated.
@@ -167,8 +163,6 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                 less_slow()
             if before is not None:
                 _measure_gloo(*before)
-        if p2p_state is not None:
-            p2p_state.gloo_advanced(1)
         if failure is not None:
             log_once("describing a collective", failure)
         if pending is not None:

@@ -31,12 +31,12 @@ from pydantic import ValidationError
 from torch.profiler import ProfilerAction
 
 from commtag.atomic import temporary
-from commtag.constants import TRACE_SUFFIX, sidecar_name_for
+from commtag.constants import MAX_UNWATCHED_SPANS, TRACE_SUFFIX, sidecar_name_for
 from commtag.runtime import capture
 from commtag.runtime.describe import groups
 from commtag.runtime.record import sidecar
 from commtag.runtime.failopen import log_once
-from commtag.schema import RecordedCollective, Sidecar
+from commtag.schema import RecordedCollective, Sidecar, UnwatchedSpan
 
 #: The calling thread's profiler check (a C call) and the module holding torch's process-wide
 #: flag, bound once: the collectives' idle path reads them on every call.
@@ -86,6 +86,8 @@ def add(entry: Entry, end_ns: int, done_tid: Optional[int] = None) -> None:
     saw an async work complete, at ``end_ns`` (see ``RecordedCollective.done_tid``).
     """
     with _buffer_lock:  # against drain: a call is written once, finished or not
+        if _resumed_at is not None:
+            _watching_since(entry.start_ns)
         if IN_FLIGHT.pop(id(entry), None) is None and _written_unfinished.pop(id(entry), None) is entry:
             return  # its window was written while it ran: it is there, unfinished
         _buffer.append((entry, end_ns, done_tid))
@@ -134,6 +136,60 @@ def drain(since_ns: Optional[int] = None) -> list[RecordedCollective]:
         except ValidationError as exc:
             log_once("validating a recorded collective", exc)
     return recorded
+
+
+#: Spans ``(start_ns, end_ns)`` in which commtag was not installed in this process, in time order:
+#: the calls then were not recorded. The first runs from 0 (the process before its first install).
+_off_spans: list[tuple[int, int]] = []
+#: When the span now open began (None: none is open); kept under ``_buffer_lock``.
+_off_since: Optional[int] = 0
+#: When commtag was installed again, while the profiler recorded, with a span open. The span
+#: stays open until the first call recorded since then starts: a call that fetched torch's own
+#: function before the install may still be running (unrecorded) after it, so the install's
+#: moment is no proof of watching. (Installed while nothing records, the span ends there.)
+_resumed_at: Optional[int] = None
+
+
+def note_installed(installed: bool) -> None:
+    """commtag is now installed (True, after its install) or about to be uninstalled (False,
+    before anything is put back); :mod:`commtag.runtime.install.hooks` calls it under its lock."""
+    global _off_since, _resumed_at
+    now = _now_ns()
+    with _buffer_lock:
+        if installed:
+            if _off_since is not None and _resumed_at is None:
+                _resumed_at = now
+                if not profiler_enabled():
+                    _watching_since(now)
+        else:
+            _resumed_at = None
+            if _off_since is None:
+                _off_since = now
+
+
+def _watching_since(start_ns: int) -> None:
+    """A recorded call started at ``start_ns``: an open span whose install came before it ends
+    there (hold ``_buffer_lock``)."""
+    global _off_since, _resumed_at
+    if _resumed_at is None or start_ns < _resumed_at or _off_since is None:
+        return
+    _off_spans.append((_off_since, start_ns))
+    _off_since = _resumed_at = None
+    if len(_off_spans) >= MAX_UNWATCHED_SPANS:  # one more may be open: the two oldest become one
+        _off_spans[0:2] = [(_off_spans[0][0], _off_spans[1][1])]
+
+
+def unwatched(since_ns: Optional[int], until_ns: int) -> list[tuple[int, int]]:
+    """The spans between ``since_ns`` (None: the beginning) and ``until_ns`` in which commtag was
+    not installed, clipped to them; spans that end before ``since_ns`` are forgotten (a later
+    window begins later still)."""
+    low = since_ns or 0
+    with _buffer_lock:
+        spans = list(_off_spans)
+        if _off_since is not None:
+            spans.append((_off_since, until_ns))
+        _off_spans[:] = [span for span in _off_spans if span[1] >= low]
+    return [(max(start, low), min(end, until_ns)) for start, end in spans if end >= low and start <= until_ns]
 
 
 def pending() -> int:
@@ -212,6 +268,8 @@ def build_sidecar(trace_file: str, since_ns: Optional[int] = None, until_ns: Opt
         process_groups=groups.table(),
         collectives=drain(since_ns),
         captures=capture.captures_snapshot(since_ns, until_ns),
+        unwatched=[UnwatchedSpan(start_ns=start, end_ns=end)
+                   for start, end in unwatched(since_ns, _now_ns() if until_ns is None else until_ns)],
     )
 
 
