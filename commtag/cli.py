@@ -9,6 +9,8 @@ from typing import Optional, Sequence
 
 import orjson
 
+from commtag.errors import CommtagError
+
 
 def _cmd_schema(args: argparse.Namespace) -> int:
     from commtag.schema import CollectiveAnnotation, Sidecar
@@ -21,7 +23,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     from commtag.report import tables as report
-    from commtag.report.inputs import SummaryInputError, load
+    from commtag.report.inputs import load
 
     if args.plot is not None and not _can_plot():
         sys.stderr.write("commtag summary: --plot needs matplotlib, which is not installed: "
@@ -33,12 +35,8 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         return 2
     warnings: list[str] = []
     notices: list[str] = []
-    try:
-        analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
-                                 rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices)
-    except SummaryInputError as exc:
-        sys.stderr.write(f"commtag summary: {exc}\n")
-        return 2
+    analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
+                             rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices)
     sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
                            *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
@@ -66,7 +64,7 @@ def _can_plot() -> bool:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from commtag.merge import MergeFailed, merge
+    from commtag.merge import merge
 
     from commtag.merge.engine.budget import parse_size
 
@@ -76,17 +74,13 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"commtag merge: error: {exc}\n")
         return 2
-    try:
-        result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
-                       rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
-                       list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
-                       max_output=max_output, jobs=args.jobs)
-    except MergeFailed as exc:  # under torchrun every worker fails alike; worker 0 says why
-        _say([f"error: {_one_line(e)}" for e in exc.errors] if exc.lead else [])
-        return 2
+    result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
+                   rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
+                   list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
+                   max_output=max_output, jobs=args.jobs)
     if not result.lead:
         return 0
-    _say([*(f"notice: {n}" for n in result.notices), *(f"warning: {w}" for w in result.warnings),
+    _say("merge", [*(f"notice: {n}" for n in result.notices), *(f"warning: {w}" for w in result.warnings),
           *(f"skipped: {_one_line(e)}" for e in result.skipped),
           *_account_lines(result.accounts, args.verbose)])
     if result.alignment is not None:
@@ -113,10 +107,10 @@ def _account_lines(accounts: Sequence, verbose: bool) -> list[str]:
     return [line for a in accounts for line in [a.describe(), *(f"  left out: {x}" for x in a.listed)]]
 
 
-def _say(lines: list[str]) -> None:
-    """Lines for the user on stderr, each as ``commtag merge: LINE``."""
+def _say(command: str, lines: list[str]) -> None:
+    """Lines for the user on stderr, each as ``commtag COMMAND: LINE``."""
     for line in lines:
-        sys.stderr.write(f"commtag merge: {line}\n")
+        sys.stderr.write(f"commtag {command}: {line}\n")
     sys.stderr.flush()
 
 
@@ -140,21 +134,17 @@ def _one_line(exc: Exception) -> str:
 
 def _report_desyncs(desyncs: list[str], strict: bool) -> int:
     """Desyncs go to stderr, one line each (group, Seq, ranks, fields); --strict makes them fatal."""
-    _say(desyncs)
+    _say("merge", desyncs)
     if desyncs and strict:
-        _say([f"--strict: {len(desyncs)} desync(s) between ranks"])
+        _say("merge", [f"--strict: {len(desyncs)} desync(s) between ranks"])
         return 1
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from commtag.merge.pftrace.validate import TraceReadError, validate_file
+    from commtag.merge.pftrace.validate import validate_file
 
-    try:
-        violations = validate_file(args.file)
-    except TraceReadError as exc:
-        sys.stderr.write(f"commtag validate: error: {args.file}: {exc}\n")
-        return 2
+    violations = validate_file(args.file)
     for violation in violations:
         sys.stdout.write(f"{args.file}: {violation}\n")
     if violations:
@@ -274,6 +264,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with sigterm_stops_cleanly():
             return int(args.func(args))
+    except CommtagError as exc:  # every error raised on purpose: one line each, no traceback
+        _say(args.command, [f"error: {_one_line(told)}" for told in exc.told()])
+        return exc.exit_code
     except KeyboardInterrupt as exc:
         # The merge's temporaries are gone by now (its cleanup ran on the way out); outputs
         # appear only by an atomic rename, so the previous ones are as they were.

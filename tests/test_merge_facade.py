@@ -54,3 +54,16 @@ def test_bad_input_raises_one_error_naming_the_file_and_writes_nothing(tmp_path:
     assert isinstance(failed.value, MergeInputError)
     assert [str(e) for e in failed.value.errors] == [f"{missing}: no such file or directory"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_option_is_said_once_in_merge_options() -> None:
+    # The facade takes MergeOptions' fields as keywords rather than listing them again.
+    import inspect
+    from dataclasses import fields
+
+    from commtag.merge import MergeOptions
+
+    listed = set(inspect.signature(merge).parameters)
+    assert listed.isdisjoint(f.name for f in fields(MergeOptions)), listed
+    assert MergeOptions(json_dir="annotated").json_dir == Path("annotated")  # type: ignore[arg-type]
+

@@ -33,23 +33,37 @@ ALIGN_MODES = ("none", "collectives")
 
 @dataclass(frozen=True)
 class MergeOptions:
-    """How to merge: the options of ``commtag merge`` (see :func:`merge` for each)."""
+    """How to merge: the options of ``commtag merge``, each said here once; :func:`commtag.merge.merge`
+    takes each as a keyword."""
 
+    #: ``"collectives"`` corrects each host's clock from matched collectives (two passes over the
+    #: inputs); ``"none"`` keeps them.
     align: str = "none"
+    #: Also write each rank's annotated Chrome JSON into this folder (a str is taken as a path).
     json_dir: Optional[Path] = None
+    #: A regex with one group giving the rank from a file name, for traces that name none.
     rank_pattern: Optional[str] = None
+    #: The rank of a single trace that names none.
     rank: Optional[int] = None
-    #: None: a progress bar when stderr is a terminal.
+    #: Show a progress bar; None: a progress bar when stderr is a terminal.
     progress: Optional[bool] = None
+    #: Leave out bad files and ranks and list them in the result's ``skipped`` instead of stopping at the first.
     skip_bad_ranks: bool = False
+    #: List every event left out in the result's accounts.
     list_left_out: bool = False
+    #: Refuse files that may be of another run (else the result's ``warnings``).
     strict: bool = False
-    #: The steps or time window kept, and the ranks written in detail (default: everything).
+    #: The profiler steps or time window kept, and the ranks whose whole timelines are written
+    #: (:class:`commtag.merge.inputs.selection.Selection`, what ``--steps``, ``--window`` and
+    #: ``--detail`` build); None: everything.
     selection: Optional[Selection] = None
-    #: Bytes the merged trace may take (its size is estimated before it is written); None: any.
+    #: Bytes the merged trace may take: a merge whose estimated size (:mod:`commtag.merge.engine.budget`)
+    #: is above it stops before writing, saying which ``--detail`` or ``--steps`` would fit; None: any.
     max_output: Optional[int] = DEFAULT_MAX_OUTPUT
 
     def __post_init__(self) -> None:
+        if self.json_dir is not None and not isinstance(self.json_dir, Path):
+            object.__setattr__(self, "json_dir", Path(self.json_dir))
         if self.align not in ALIGN_MODES:
             raise ValueError(f"align must be one of {ALIGN_MODES}, got {self.align!r}")
 
