@@ -67,13 +67,15 @@ def merge(
             ``rank_pattern``, ``selection``, ``max_output``, ...), each described there.
 
     Returns:
-        A :class:`commtag.merge.engine.options.MergeResult`: the output, the ranks
-        merged, every collective instance, what was skipped, notices,
-        warnings and per-rank event accounts, and with ``analysis=True`` the
-        :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``). With
-        several workers (``jobs``, torchrun) each keeps its share: worker 0's result
-        (``result.lead``) counts the slices (``result.slices``) and holds the findings,
-        busbw and impact, not the instances nor the matched collectives.
+        A :class:`commtag.merge.engine.options.MergeResult`, the same whatever the
+        workers on worker 0 (``result.lead``): the output, the ranks merged, the
+        slices written, what was skipped, notices, warnings and per-rank event
+        accounts, every collective instance with its figures (``result.instances``,
+        read back from the output when first asked for), and with ``analysis=True``
+        the :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``:
+        findings, busbw, impact and all-to-all traffic; the matched collectives
+        stay with the workers that matched them, :func:`commtag.merge.analysis.analyze.analyze`
+        over ``result.instances`` matches them again).
 
     Raises:
         MergeFailed: Bad input or an output that cannot be written, nothing

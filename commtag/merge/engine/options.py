@@ -82,9 +82,11 @@ class MergeOptions:
 
 @dataclass(slots=True)
 class MergeResult:
+    """What a merge did, the same whatever the number of workers (``jobs``, torchrun) on the lead
+    worker (``lead``); another worker's result is not the one to report."""
+
     output: Path
     ranks: list[int]
-    instances: list[CollectiveInstance]
     alignment: Optional[Alignment] = None
     annotations: Optional[TraceAnnotations] = None
     #: With ``skip_bad_ranks``: the files left out, each with why (worker 0 has everyone's).
@@ -95,15 +97,26 @@ class MergeResult:
     accounts: list[EventAccount] = field(default_factory=list)
     #: Files that may not be of one run with the rest (``strict`` refuses them instead).
     warnings: list[str] = field(default_factory=list)
-    #: Whether this process is the merge worker that wrote the output (always, without torchrun);
-    #: another worker's result has no instances and is not the one to report.
+    #: Whether this process is the merge worker that wrote the output (always, without torchrun).
     lead: bool = True
-    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker; with
-    #: several workers the matched collectives stay with the workers that matched them (none here).
+    #: The analysis :func:`commtag.merge.merge` ran, on the lead: findings, busbw, impact and
+    #: all-to-all traffic. The matched collectives are not held (workers share them out):
+    #: :func:`commtag.merge.analysis.analyze.analyze` over :attr:`instances` matches them again.
     analysis: Optional[Analysis] = None
-    #: The collective slices the merged trace holds (every rank's, also where ``instances`` holds
-    #: only the lead's own ranks': workers of several keep their own).
+    #: The collective slices the merged trace holds (every rank's).
     slices: int = 0
+    _read: Optional[list[CollectiveInstance]] = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def instances(self) -> list[CollectiveInstance]:
+        """Every collective lane slice of the written trace, with its figures, as records: read
+        back from the output on first use (a merge's workers each hold only their share), so the
+        same list whatever the workers; empty on a worker that is not the lead."""
+        if self._read is None:
+            from commtag.merge.pftrace.readback import read_instances  # protobuf: only a read needs it
+
+            self._read = read_instances(self.output) if self.lead else []
+        return self._read
 
 
 def default_output(inputs: Sequence[Path]) -> Path:
