@@ -11,16 +11,14 @@ After the last rank the analysis is shared out between the workers (one process 
 of one), then the lanes block (process-group lanes, cross-rank flows, counters, markers) is
 written. The output appears atomically; a failed merge leaves any previous output untouched.
 
-With ``-j`` or under torchrun (:mod:`commtag.merge.engine.worlds`) each merge worker
-takes a contiguous chunk of ranks and writes them to a part of its own; each worker
-matches and analyses the collectives it owns and sends their figures to the workers
-holding their members, writes the lanes of its own ranks after them, and worker 0
-appends the others' parts after its own. Blocks only use ids derived from their rank,
-so the file shows exactly what the single-process one shows (each worker's packet
-sequences and interned ids are its own). On several hosts
-(:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker
-takes consecutive ranks its node holds, and worker 0 writes the header and
-then every worker's part, received over the gloo group, in rank order.
+With ``-j`` or under torchrun (:mod:`commtag.merge.engine.worlds`) each merge worker takes a
+contiguous chunk of ranks and writes them to a part of its own, analyses the collectives it
+owns and sends their figures to the workers holding their members, writes the lanes of its
+own ranks, and worker 0 appends the others' parts after its own. Blocks only use ids derived
+from their rank, so the file is the single-process one, byte for byte. On several hosts
+(:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker takes
+consecutive ranks its node holds, and worker 0 writes the header and then every worker's
+part, received over the gloo group, in rank order.
 
 A custom analysis hook (:data:`AnalysisHook`) alone holds every instance in one process. ``collect``
 (``commtag summary`` on a directory) streams ranks the same way, writing nothing; ``--json``
@@ -56,7 +54,7 @@ from commtag.merge.inputs.selection import (
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
 from commtag.merge.analysis.hook import MergeAnalysis
-from commtag.merge.engine.worlds import SoloWorld, World
+from commtag.merge.engine.worlds import SoloWorld, TorchWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
 from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only
 
@@ -134,9 +132,9 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
-        # The analysis is shared out between the workers (engine/shards.py), one alone or several: each
-        # keeps its ranks' records.
-        held = Held() if analysis is None or isinstance(analysis, MergeAnalysis) else None
+        # The analysis is shared out between the workers, one or several (engine/shards.py).
+        hook = analysis if isinstance(analysis, MergeAnalysis) else None
+        held = Held() if analysis is None or hook is not None else None
         # A bad input in any worker's ranks reaches every worker through the exchange.
         everyone = exchange(plan.world, lambda: write_ranks(plan, held.take if held else None),
                             plan.interner, plan.skipped, plan.notices)
@@ -144,7 +142,7 @@ def merge(
         own: Optional[OwnLanes] = None
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             if held is not None:
-                outcome = share_analysis(plan.world, held, everyone, analysis, coverage(everyone), plan.interner)
+                outcome = share_analysis(plan.world, held, everyone, hook, coverage(everyone), plan.interner)
                 annotations, own = outcome.annotations, outcome.lanes
             else:
                 annotations = analysis(instances, coverage(everyone)) if analysis is not None else None
@@ -295,17 +293,19 @@ def _estimate_to_wire(found: budget.Estimate) -> dict:
 def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional[dict]]) -> None:
     """Many hosts: every worker with ranks sends its part and lanes to worker 0, which writes the
     header (as one process would: from the first rank's first event), the parts in rank order, then the lanes."""
+    world = plan.world
+    assert isinstance(world, TorchWorld)  # only torchrun's workers on hosts of their own are apart
     if not plan.lead:
         if plan.mine:
-            plan.world.send_part(plan.output.part)
-            plan.world.send_part(plan.output.lanes)
+            world.send_part(plan.output.part)
+            world.send_part(plan.output.lanes)
         plan.output.publish([])
         return
     firsts = [(plan.mine[0].rank if plan.mine else None) if part is None else part["first"] for part in shards]
     order = sorted((first, index) for index, first in enumerate(firsts) if first is not None)
     first_ns = everyone[0].first_ns if everyone else None
     plan.output.assemble(writer.header(first_ns or plan.origin, plan.origin),
-                         [own if index == plan.world.index else functools.partial(plan.world.receive_part, index)
+                         [own if index == plan.world.index else functools.partial(world.receive_part, index)
                           for own in (plan.output.copy_part, plan.output.copy_lanes) for _, index in order])
 
 

@@ -193,8 +193,12 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
     groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
     for bucket in range(buckets):  # step 2 and the matching of step 3, a bucket at a time
         shard: list[tuple[int, int, tuple, CollectiveInstance]] = []
-        route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)],
-              lambda piece: [shard.extend(instances_from(part, interner)) for part in piece["parts"]])
+
+        def arrived(piece: dict) -> None:
+            for part in piece["parts"]:
+                shard.extend(instances_from(part, interner))
+
+        route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)], arrived)
         outcome.analysed += len(shard)
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs)
@@ -227,7 +231,8 @@ def _unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
     list empties as they go)."""
     sealed.reverse()
     while sealed:
-        parts, count = [], 0
+        parts: list[dict] = []
+        count = 0
         while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
             rows, blob = sealed.pop()
             parts.append(orjson.loads(zlib.decompress(blob)))
