@@ -271,3 +271,19 @@ def test_a_kernel_a_legacy_batch_shares_carries_only_what_its_ops_agree_on(tmp_p
         args = kernel["args"]
         assert not {COLLECTIVE_NAME_KEY, DST_RANK_KEY, SRC_RANK_KEY, "Rank"} & set(args), args
         assert args[PG_NAME_KEY] == "0" and args["Seq"] == 1 and args["commtag replay"] in range(REPLAYS)
+
+
+def test_the_all_to_all_traffic_is_the_same_whatever_the_merge_workers(tmp_path) -> None:
+    """Each worker reads the traffic of the all-to-alls it matched; the lead gathers them in one
+    process's order: the list the analysis of the merged file makes, with one worker or two."""
+    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.pftrace.readback import read_merged
+
+    one = _merged(tmp_path, JOB, NCCL2_FORMAT)
+    two = merge(tmp_path / NCCL2_FORMAT, tmp_path / "two.pftrace", jobs=2)
+    assert two.output.read_bytes() == one.output.read_bytes()
+    instances, _, coverage = read_merged(one.output)
+    expected = [a.to_dict() for a in analyze(instances, coverage=coverage).all_to_all]
+    assert len(expected) == 3 * REPLAYS and any(a["matrix"] for a in expected)
+    assert [a.to_dict() for a in one.analysis.all_to_all] == expected
+    assert [a.to_dict() for a in two.analysis.all_to_all] == expected

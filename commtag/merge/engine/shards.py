@@ -312,10 +312,12 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
                 rank = members.ranks[j]
                 back[holder[rank]].instance(rank, members.places[j], None, None, False, flow)
         return back, None
-    keyed = [((m.first_start_ns, m.pg_uid, m.seq, (members.ranks[0], members.members[0].start_ns, members.first_seq,
-                                                    members.places[0])), m, members, base)
+    # Each collective's place in one process's order, as the JSON it travels as (lists, not tuples:
+    # the lead compares its own places with other workers').
+    keyed = [((m.first_start_ns, m.pg_uid, m.seq, [members.ranks[0], members.members[0].start_ns, members.first_seq,
+                                                    members.places[0]]), m, members, base)
              for (members, m, _), base in zip(groups, bases) if m is not None]
-    sent = [[[*key[:3], list(key[3])], list(astuple(a2a))] for key, (_, _, a2a) in
+    sent = [[list(key), list(astuple(a2a))] for key, (_, _, a2a) in
             zip((item[0] for item in keyed), (g for g in groups if g[1] is not None)) if a2a is not None]
     del bases
     keyed.sort(key=lambda item: item[0])
