@@ -9,6 +9,8 @@ from typing import Optional, Sequence
 
 import orjson
 
+from commtag.errors import CommtagError
+
 
 def _cmd_schema(args: argparse.Namespace) -> int:
     from commtag.schema import CollectiveAnnotation, Sidecar
@@ -20,7 +22,6 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from commtag.errors import CommtagError
     from commtag.report import tables as report
     from commtag.report.hangs import hangs_text, load_hangs, only_dumps, summary_json
     from commtag.report.inputs import SummaryInputError, load
@@ -35,20 +36,20 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         return 2
     warnings: list[str] = []
     notices: list[str] = []
-    dumps = None
+    dumps = load_hangs(args.input)
     try:
-        dumps = load_hangs(args.input)
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
                                  rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices,
                                  nccl_inspector=args.nccl_inspector)
     except SummaryInputError as exc:
         if dumps is None or not only_dumps(exc) or args.format == "csv" or args.plot is not None:
-            sys.stderr.write(f"commtag summary: {exc}\n")
-            return 2
-        analysis = kernels = None  # Flight Recorder dumps alone: a hung job writes no profile
-    except CommtagError as exc:
-        sys.stderr.write(f"commtag summary: {_one_line(exc)}\n")
-        return 2
+            raise
+        # Flight Recorder dumps alone: a hung job writes no profile.
+        if args.format == "json":
+            sys.stdout.buffer.write(summary_json(None, None, dumps))
+        else:
+            sys.stdout.write(hangs_text(dumps))
+        return 0
     sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
                            *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
@@ -56,8 +57,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(report.to_csv(analysis, args.table))
     else:
-        sys.stdout.write((report.to_text(analysis, kernels) if analysis is not None else "")
-                         + (hangs_text(dumps) if dumps is not None else ""))
+        sys.stdout.write(report.to_text(analysis, kernels) + (hangs_text(dumps) if dumps is not None else ""))
     if args.plot is not None:
         try:
             report.plot(analysis, args.plot)
@@ -77,7 +77,7 @@ def _can_plot() -> bool:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from commtag.merge import MergeFailed, merge
+    from commtag.merge import merge
     from commtag.merge.hangs.trace import dumps_without_traces
 
     from commtag.merge.engine.budget import parse_size
@@ -91,17 +91,13 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     dumps_only = dumps_without_traces(args.inputs)
     if dumps_only is not None:  # a hung job: Flight Recorder dumps and no profile
         return _merge_dumps(dumps_only, args.output)
-    try:
-        result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
-                       rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
-                       list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
-                       max_output=max_output, jobs=args.jobs, nccl_inspector=args.nccl_inspector)
-    except MergeFailed as exc:  # under torchrun every worker fails alike; worker 0 says why
-        _say([f"error: {_one_line(e)}" for e in exc.errors] if exc.lead else [])
-        return 2
+    result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
+                   rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
+                   list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
+                   max_output=max_output, jobs=args.jobs, nccl_inspector=args.nccl_inspector)
     if not result.lead:
         return 0
-    _say([*(f"notice: {n}" for n in result.notices), *(f"warning: {w}" for w in result.warnings),
+    _say("merge", [*(f"notice: {n}" for n in result.notices), *(f"warning: {w}" for w in result.warnings),
           *(f"skipped: {_one_line(e)}" for e in result.skipped),
           *_account_lines(result.accounts, args.verbose)])
     if result.alignment is not None:
@@ -112,15 +108,10 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _merge_dumps(folder: Path, output: Optional[Path]) -> int:
-    from commtag.errors import CommtagError
     from commtag.merge.hangs.trace import merge_dumps
 
-    try:
-        target, drawn, diagnosis = merge_dumps(folder, output)
-    except CommtagError as exc:
-        _say([f"error: {_one_line(exc)}"])
-        return 2
-    _say([*(f"notice: {n}" for n in diagnosis.notices), *(h.message for h in diagnosis.hangs),
+    target, drawn, diagnosis = merge_dumps(folder, output)
+    _say("merge", [*(f"notice: {n}" for n in diagnosis.notices), *(h.message for h in diagnosis.hangs),
           *(m.message for m in diagnosis.mismatches)])
     sys.stdout.write(f"{target}: {len(diagnosis.ranks)} ranks' Flight Recorder dumps, {drawn} calls, "
                      f"{len(diagnosis.hangs)} hangs (open it in https://ui.perfetto.dev)\n")
@@ -144,10 +135,10 @@ def _account_lines(accounts: Sequence, verbose: bool) -> list[str]:
     return [line for a in accounts for line in [a.describe(), *(f"  left out: {x}" for x in a.listed)]]
 
 
-def _say(lines: list[str]) -> None:
-    """Lines for the user on stderr, each as ``commtag merge: LINE``."""
+def _say(command: str, lines: list[str]) -> None:
+    """Lines for the user on stderr, each as ``commtag COMMAND: LINE``."""
     for line in lines:
-        sys.stderr.write(f"commtag merge: {line}\n")
+        sys.stderr.write(f"commtag {command}: {line}\n")
     sys.stderr.flush()
 
 
@@ -171,21 +162,17 @@ def _one_line(exc: Exception) -> str:
 
 def _report_desyncs(desyncs: list[str], strict: bool) -> int:
     """Desyncs go to stderr, one line each (group, Seq, ranks, fields); --strict makes them fatal."""
-    _say(desyncs)
+    _say("merge", desyncs)
     if desyncs and strict:
-        _say([f"--strict: {len(desyncs)} desync(s) between ranks"])
+        _say("merge", [f"--strict: {len(desyncs)} desync(s) between ranks"])
         return 1
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from commtag.merge.pftrace.validate import TraceReadError, validate_file
+    from commtag.merge.pftrace.validate import validate_file
 
-    try:
-        violations = validate_file(args.file)
-    except TraceReadError as exc:
-        sys.stderr.write(f"commtag validate: error: {args.file}: {exc}\n")
-        return 2
+    violations = validate_file(args.file)
     for violation in violations:
         sys.stdout.write(f"{args.file}: {violation}\n")
     if violations:
@@ -196,15 +183,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_fr(args: argparse.Namespace) -> int:
-    from commtag.errors import CommtagError
     from commtag.merge.hangs.export import export_fr, job_instances
 
     warnings: list[str] = []
-    try:
-        exported = export_fr(job_instances(args.input, args.rank_pattern, args.rank, warnings), args.output)
-    except CommtagError as exc:
-        sys.stderr.write(f"commtag export-fr: error: {_one_line(exc)}\n")
-        return 2
+    exported = export_fr(job_instances(args.input, args.rank_pattern, args.rank, warnings), args.output)
     sys.stderr.writelines([*(f"commtag export-fr: warning: {w}\n" for w in warnings),
                            *(f"commtag export-fr: left out {n}: {why}\n" for why, n in sorted(exported.left_out.items()))])
     sys.stdout.write(f"{args.output}: {len(exported.paths)} Flight Recorder dumps, {exported.entries} entries "
@@ -340,6 +322,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with sigterm_stops_cleanly():
             return int(args.func(args))
+    except CommtagError as exc:  # every error raised on purpose: one line each, no traceback
+        _say(args.command, [f"error: {_one_line(told)}" for told in exc.told()])
+        return exc.exit_code
     except KeyboardInterrupt as exc:
         # The merge's temporaries are gone by now (its cleanup ran on the way out); outputs
         # appear only by an atomic rename, so the previous ones are as they were.

@@ -7,10 +7,21 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import commtag.merge
+from commtag.merge.analysis.analyze import analyze
+from commtag.merge.analysis.results import MatchedCollective
 from commtag.merge.engine.options import AnalysisHook, MergeResult
+from commtag.merge.pftrace.readback import read_merged
 
 
 def merge(inputs: Union[Sequence[Union[Path, str]], Path, str], output: Optional[Union[Path, str]] = None, *,
           analysis: Union[bool, AnalysisHook] = False, **options) -> MergeResult:
     """:func:`commtag.merge.merge` with ``jobs=1`` and ``analysis=False`` unless given."""
     return commtag.merge.merge(inputs, output, jobs=1, analysis=analysis, **options)
+
+
+def matched(result: MergeResult) -> list[MatchedCollective]:
+    """The merge's collectives matched across their ranks, as ``commtag summary FILE`` matches them:
+    a result holds its instances (read back from its output), not the matched collectives, which
+    stay with the merge workers that matched them."""
+    instances, _, coverage = read_merged(result.output)
+    return analyze(instances, coverage=coverage).collectives

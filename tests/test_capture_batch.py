@@ -14,6 +14,7 @@ import pytest
 from commtag.schema import CapturedCollective
 from commtag.testing.nccl2 import JobCall, JobGroup
 from commtag.vocab import COLLECTIVE_NAME_KEY, LEGACY_FORMAT, NCCL2_BATCH_P2P, NCCL2_FORMAT
+from merging import matched
 
 PAIR = JobGroup("0", "default_pg", (0, 1))
 #: Each rank sends 4 floats to the other and receives 4 from it, in one batch.
@@ -132,7 +133,7 @@ def _merged(tmp_path, fmt: str, runtime: list[list[dict]] | None):
 def _view(result) -> tuple[list, list]:
     rows = sorted((m.collective, m.pg_uid, m.replay, tuple(sorted(m.members)), m.missing_ranks, m.bytes,
                    tuple(sorted((r, inst.source, inst.arg(COLLECTIVE_NAME_KEY)) for r, inst in m.members.items())))
-                  for m in result.analysis.collectives)
+                  for m in matched(result))
     return rows, sorted((f.kind.value, f.replay, f.ranks) for f in result.analysis.findings)
 
 

@@ -35,6 +35,7 @@ from commtag.vocab import (
     SEQ_KEY,
 )
 from pftrace_reader import read
+from merging import matched
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu_graphs"
 #: Keys a replay must say as the eager kernel did (its Seq is the capture's: see gpu_check).
@@ -120,7 +121,7 @@ def test_the_merge_shows_each_replayed_all_reduce_with_its_replay(tmp_path: Path
     assert any(n.startswith("rank 0: capture 0: 2 copy/memset node(s)") for n in result.notices), result.notices
     # Replays carry capture-time Seqs (30, 33, 35 on default_pg: the all_gather between them left only a
     # copy, the broadcast nothing, Seq 34 ran before the profiler): no Seq went missing in the window.
-    assert len(result.analysis.collectives) == 12  # 3 x 3 of the step's, 3 of the single one: all analyzed
+    assert len(matched(result)) == 12  # 3 x 3 of the step's, 3 of the single one: all analyzed
     assert not [f for f in result.analysis.findings if f.kind == "seq_gap"], result.analysis.findings
     parsed = read(out)
     replayed = sorted((s.args[ANN_REPLAY], s.args[PG_DESC_KEY], s.args[IN_NELEMS_KEY], s.args[SEQ_KEY])
@@ -150,7 +151,7 @@ def test_the_eager_step_is_one_collective_per_call(tmp_path: Path) -> None:
                      if e.get("cat") == "kernel" and COLLECTIVE_NAME_KEY in e.get("args", {}))
     assert [desc for _, desc in kernels] == ["default_pg", "tp", "default_pg"]  # the step's, tp's, funcol's
     found = sorted(((i.arg(PG_DESC_KEY), i.seq, i.collective, i.source, i.arg(ANN_SEQ_FROM))
-                    for m in result.analysis.collectives for i in m.members.values()), key=str)
+                    for m in matched(result) for i in m.members.values()), key=str)
     recorded = {(c.annotation.pg_desc, c.annotation.seq): c.annotation.collective_name for c in sidecar.collectives}
     # all_reduce and tp's all_reduce launched kernels; the one-rank all_gather only a copy, the broadcast nothing.
     launched = {"allreduce"}
@@ -160,7 +161,7 @@ def test_the_eager_step_is_one_collective_per_call(tmp_path: Path) -> None:
                       + [("default_pg", 1, "allreduce", "nccl-kernel", "kernel order")], key=str)
     assert found == expected
     base = base_ns(trace)
-    timed = sorted(i.start_ns for m in result.analysis.collectives for i in m.members.values()
+    timed = sorted(i.start_ns for m in matched(result) for i in m.members.values()
                    if i.source == "nccl-kernel")
     assert timed == sorted(base + round(ts * 1000) for ts, _ in kernels)
     assert not [f for f in result.analysis.findings if f.kind == "seq_gap"], result.analysis.findings

@@ -131,13 +131,21 @@ def test_a_merge_shares_its_values_within_itself_and_with_no_other_merge(tmp_pat
     tables go with it instead of living as long as the process."""
     import orjson
 
-    from merging import merge
+    from commtag.merge.engine.options import MergeOptions
+    from commtag.merge.engine.pipeline import make_plan, write_ranks
+    from commtag.merge.engine.worlds import SoloWorld
 
     (tmp_path / "rank0.pt.trace.json").write_bytes(orjson.dumps(_trace(True)))
     sidecar = _sidecar([]).model_copy(update={"trace_file": "rank0.pt.trace.json"})
     (tmp_path / "rank0.commtag.json").write_text(sidecar.model_dump_json(by_alias=True))
-    first = merge([tmp_path], tmp_path / "first.pftrace").instances
-    second = merge([tmp_path], tmp_path / "second.pftrace").instances
+
+    def instances(name: str) -> list:  # what a merge's ranks keep once written (a result reads its file back)
+        plan = make_plan([tmp_path], tmp_path / name, MergeOptions(progress=False), SoloWorld())
+        with plan.output:
+            return [i for s in write_ranks(plan) for i in s.instances]
+
+    first = instances("first.pftrace")
+    second = instances("second.pftrace")
     assert [i.key for i in first] == [i.key for i in second] and len(first) == 4
     by_site = {}
     for inst in first:

@@ -215,7 +215,7 @@ def test_summary_takes_the_rank_options_its_error_cites(tmp_path: Path, capsys):
     shutil.copy(NAMELESS, folder / "node7.json.gz")
     assert _summary_ranks(capsys, str(folder), "--rank-pattern", r"node(\d+)") == (0, [7], "")
     code, _, err = _summary_ranks(capsys, str(folder), "--rank-pattern", "(")
-    assert code == 2 and err.startswith("commtag summary: --rank-pattern: '(' is not a valid regular expression")
+    assert code == 2 and err.startswith("commtag summary: error: --rank-pattern: '(' is not a valid regular expression")
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_a_clock_shifted_by_centuries_is_bad_input(traces: Path, tmp_path: Path,
     # The summary reads the same traces: the same line, not a rank 5.5e9 s late.
     assert main(["summary", str(traces)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == f"commtag summary: {line}\n"
+    assert captured.out == "" and captured.err == f"commtag summary: error: {line}\n"
 
     code, err, _ = _merge(capsys, str(traces), "--skip-bad-ranks", "-o", str(tmp_path / OUT))
     assert code == 0, err

@@ -16,6 +16,7 @@ import pytest
 from commtag.merge import MergeFailed, MergeInputError, merge
 from commtag.merge.pftrace.readback import read_trace
 from commtag.testing import PUBLIC_TRACES
+from merging import matched
 
 DLRM = PUBLIC_TRACES / "param-dlrm-8rank"
 
@@ -37,7 +38,7 @@ def test_library_call_writes_what_the_console_script_writes(tmp_path: Path) -> N
 
     assert result.output.read_bytes() == by_cli.read_bytes()
     assert result.lead and len(result.ranks) == 8 and result.instances
-    assert result.analysis is not None and result.analysis.collectives
+    assert result.analysis is not None and matched(result)
     assert _figures(result.output) == {"commtag skew us", "commtag ranks matched"}
 
 
@@ -54,3 +55,16 @@ def test_bad_input_raises_one_error_naming_the_file_and_writes_nothing(tmp_path:
     assert isinstance(failed.value, MergeInputError)
     assert [str(e) for e in failed.value.errors] == [f"{missing}: no such file or directory"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_option_is_said_once_in_merge_options() -> None:
+    # The facade takes MergeOptions' fields as keywords rather than listing them again.
+    import inspect
+    from dataclasses import fields
+
+    from commtag.merge import MergeOptions
+
+    listed = set(inspect.signature(merge).parameters)
+    assert listed.isdisjoint(f.name for f in fields(MergeOptions)), listed
+    assert MergeOptions(json_dir="annotated").json_dir == Path("annotated")  # type: ignore[arg-type]
+

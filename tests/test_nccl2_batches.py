@@ -18,6 +18,7 @@ from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
 from commtag.testing.nccl2_graph import sidecar
 from commtag.vocab import ANN_RECV_PEERS, ANN_SEND_PEERS, COLLECTIVE_NAME_KEY, NCCL2_BATCH_P2P, NCCL2_FORMAT
 from pftrace_reader import read
+from merging import matched
 
 PAIR = JobGroup("0", "default_pg", (0, 1))
 WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
@@ -39,7 +40,7 @@ def _merged(tmp_path: Path, job, world: int, sidecars: bool, edit=None, jobs: in
 
 
 def _batches(result) -> list[tuple[int, ...]]:
-    return sorted(tuple(sorted(m.members)) for m in result.analysis.collectives
+    return sorted(tuple(sorted(m.members)) for m in matched(result)
                   if {inst.collective for inst in m.members.values()} == {NCCL2_BATCH_P2P})
 
 
@@ -73,7 +74,7 @@ def test_two_ranks_batches_pair_in_order_whatever_seq_they_carry(tmp_path, sidec
     result, parsed = _merged(tmp_path, job, 2, sidecars)
     assert _batches(result) == [(0, 1)] * 3
     assert not result.analysis.findings, result.analysis.findings
-    sizes = sorted(tuple(inst.in_nelems for _, inst in sorted(m.members.items())) for m in result.analysis.collectives
+    sizes = sorted(tuple(inst.in_nelems for _, inst in sorted(m.members.items())) for m in matched(result)
                    if m.members[0].collective == NCCL2_BATCH_P2P)
     assert sizes == [(2, 0), (4, 4), (8, 8)]  # each batch met its own peer batch, in order
     assert _linked(parsed) == [(0, 1)]
@@ -91,7 +92,7 @@ def test_four_ranks_a_ring_is_one_batch_and_two_pair_exchanges_are_two(tmp_path,
     assert not result.analysis.findings, result.analysis.findings
     if sidecars:
         assert _batches(result) == [(0, 1), (0, 1, 2, 3), (2, 3)]
-        ring_batch = next(m for m in result.analysis.collectives if len(m.members) == 4 and m.is_p2p)
+        ring_batch = next(m for m in matched(result) if len(m.members) == 4 and m.is_p2p)
         assert ring_batch.missing_ranks == () and ring_batch.skew_ns == 0  # timed by kernels that end together
         assert {inst.arg(ANN_SEND_PEERS) for inst in ring_batch.members.values()} == {"[1]", "[2]", "[3]", "[0]"}
         assert sorted(_linked(parsed)) == [(0, 1), (0, 1, 2, 3), (2, 3)]
@@ -145,7 +146,7 @@ def test_a_batch_whose_peer_has_no_batch_misses_that_rank(tmp_path) -> None:
             trace["traceEvents"] = [e for e in trace["traceEvents"] if e["args"].get("External id") not in gone]
 
     result, _ = _merged(tmp_path, job, 4, True, drop)
-    ring_batch = next(m for m in result.analysis.collectives if m.is_p2p)
+    ring_batch = next(m for m in matched(result) if m.is_p2p)
     assert sorted(ring_batch.members) == [0, 2, 3] and ring_batch.missing_ranks == (1,)
     assert [(f.kind.value, f.ranks) for f in result.analysis.findings] == [("missing_ranks", (1,))]
     assert {inst.arg(ANN_RECV_PEERS) for inst in ring_batch.members.values()} == {"[3]", "[1]", "[2]"}

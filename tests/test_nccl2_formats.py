@@ -18,6 +18,7 @@ from commtag.runtime.record.sidecar import write_sidecar
 from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
 from commtag.testing.nccl2_graph import sidecar
 from commtag.vocab import ANN_RECORD_FORMAT, IN_SPLIT_KEY, LEGACY_FORMAT, NCCL2_FORMAT, OUT_SPLIT_KEY, SEND
+from merging import matched
 
 WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
 #: Ops whose nccl2 records differ from legacy's in more than the name (the list all_gather swaps
@@ -69,19 +70,19 @@ def test_records_the_content_does_not_tell_are_read_in_the_format_the_sidecar_st
     alone = _merge(tmp_path, "alone", NCCL2_FORMAT, None)
     assert _view(stated.analysis) == _view(legacy.analysis) and not stated.analysis.findings
     assert not stated.warnings, stated.warnings
-    formats = {inst.arg(ANN_RECORD_FORMAT) for m in stated.analysis.collectives for inst in m.members.values()}
+    formats = {inst.arg(ANN_RECORD_FORMAT) for m in matched(stated) for inst in m.members.values()}
     assert formats == {NCCL2_FORMAT}
     # Without the sidecar nothing says these records are nccl2's: read as legacy's, the list
     # all_gather's sizes are a mismatch and the two sends, one Seq, are one p2p of four ranks.
     assert _view(alone.analysis) != _view(legacy.analysis)
     assert {f.kind.value for f in alone.analysis.findings} >= {"size_mismatch"}
-    assert [tuple(sorted(m.members)) for m in alone.analysis.collectives if m.is_p2p] == [(0, 1, 2, 3)]
+    assert [tuple(sorted(m.members)) for m in matched(alone) if m.is_p2p] == [(0, 1, 2, 3)]
 
 
 def test_a_sidecars_annotations_the_content_does_not_tell_take_its_groups_format(tmp_path) -> None:
     """A barrier reads alike in both formats (note §3): the group entry says whose it is."""
     result = _merge(tmp_path, "annotated", NCCL2_FORMAT, NCCL2_FORMAT, annotations=True, edit=None)
-    barriers = [inst for m in result.analysis.collectives if m.collective == "barrier" for inst in m.members.values()]
+    barriers = [inst for m in matched(result) if m.collective == "barrier" for inst in m.members.values()]
     assert len(barriers) == 4 and {inst.arg(ANN_RECORD_FORMAT) for inst in barriers} == {NCCL2_FORMAT}
     assert all("commtag thread" in inst.all_args() for inst in barriers)  # the sidecar's record, not the trace's
 

@@ -17,6 +17,7 @@ from commtag.runtime.record.sidecar import write_sidecar
 from commtag.testing.nccl2 import JobCall, JobGroup
 from commtag.testing.nccl2_graph import graph_job
 from commtag.vocab import ANN_MATCH, ANN_RECORD_FORMAT, ANN_SEQ_PART, COLLECTIVE_NAME_KEY, LEGACY_FORMAT, NCCL2_FORMAT, SEND
+from merging import matched
 
 WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
 PAIR = JobGroup("1", "undefined", (0, 1))
@@ -49,31 +50,31 @@ def _merged(tmp_path: Path, job, fmt: str):
     return merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1)
 
 
-def _view(analysis) -> tuple[list, list]:
+def _view(result) -> tuple[list, list]:
     """Per matched instance: kind, group, lane, Seq (a collective's), replay, members, bytes,
     busbw and skew; and the findings."""
     rows = sorted((m.collective, m.pg_uid, m.lane_name, None if m.is_p2p else m.seq, m.replay,
                    tuple(sorted(m.members)), m.missing_ranks, m.bytes, m.busbw_gbps, m.skew_ns, m.straggler)
-                  for m in analysis.collectives)
-    findings = sorted((f.kind.value, f.pg_uid, f.seq, f.replay, f.ranks, f.fields) for f in analysis.findings)
+                  for m in matched(result))
+    findings = sorted((f.kind.value, f.pg_uid, f.seq, f.replay, f.ranks, f.fields) for f in result.analysis.findings)
     return rows, findings
 
 
 def test_one_graphed_job_in_either_format_merges_to_the_same_analysis(tmp_path) -> None:
     legacy = _merged(tmp_path, JOB, LEGACY_FORMAT)
     nccl2 = _merged(tmp_path, JOB, NCCL2_FORMAT)
-    assert _view(nccl2.analysis) == _view(legacy.analysis)
-    rows = _view(nccl2.analysis)[0]
+    assert _view(nccl2) == _view(legacy)
+    rows = _view(nccl2)[0]
     assert len(rows) == len(JOB) * REPLAYS and {row[4] for row in rows} == set(range(REPLAYS))
     assert not nccl2.analysis.findings, nccl2.analysis.findings
     # Every replayed collective is matched on every rank that takes part (no replay left over).
     assert not [n for n in nccl2.notices if "left unannotated" in n], nccl2.notices
-    assert all(inst.source == "graph-replay" for m in nccl2.analysis.collectives for inst in m.members.values())
-    assert all(m.busbw_gbps is not None for m in nccl2.analysis.collectives)
+    assert all(inst.source == "graph-replay" for m in matched(nccl2) for inst in m.members.values())
+    assert all(m.busbw_gbps is not None for m in matched(nccl2))
     # One name per kind (the legacy one), while the slices keep nccl2's own names and say their format.
     assert {row[0] for row in rows} >= {"allreduce", "_allgather_base", "_reduce_scatter_base", "all_to_allv"}
     own = {(inst.arg(COLLECTIVE_NAME_KEY), inst.arg(ANN_RECORD_FORMAT), inst.arg(ANN_MATCH))
-           for m in nccl2.analysis.collectives for inst in m.members.values()}
+           for m in matched(nccl2) for inst in m.members.values()}
     assert {name for name, _, _ in own} >= {"all_reduce", "allGatherSingleImpl", "reduceScatterSingleImpl",
                                             "allToAllSingleImpl", "all_to_all_v_single", "send", "recv"}
     assert {fmt for _, fmt, _ in own} == {NCCL2_FORMAT} and {match for _, _, match in own} == {"node-id"}
@@ -83,7 +84,7 @@ def test_the_broadcast_kernels_of_a_replayed_list_all_gather_are_its_one_collect
     """nccl2's list all_gather runs N broadcast kernels (note §3): each replay joins all of them to
     its one record; legacy's runs one all_gather kernel, which a Broadcast kernel would not confirm."""
     result = _merged(tmp_path, (JobCall("all_gather", WORLD, (8,)), JobCall("allreduce", WORLD, (8,))), NCCL2_FORMAT)
-    gathers = [m for m in result.analysis.collectives if m.collective == "all_gather"]
+    gathers = [m for m in matched(result) if m.collective == "all_gather"]
     assert sorted(m.replay for m in gathers) == list(range(REPLAYS))
     assert all(len(m.members) == 4 and m.bytes == 4 * 8 * 4 for m in gathers)
     assert not result.analysis.findings, result.analysis.findings
@@ -93,12 +94,12 @@ def test_a_replayed_coalesced_call_is_one_instance_per_record_on_every_replay(tm
     """nccl2 writes one all_reduce per tensor with the call's one Seq (note §3, §4); captured, each
     record keeps its part on every replay, so no two parts meet across ranks and no replay mixes."""
     job = (JobCall("allreduce", WORLD, (8,)), JobCall("allreduce_coalesced", WORLD, (4, 6)))
-    analysis = _merged(tmp_path, job, NCCL2_FORMAT).analysis
-    coalesced = sorted((m.replay, m.bytes, len(m.members)) for m in analysis.collectives if m.seq == 2)
+    result = _merged(tmp_path, job, NCCL2_FORMAT)
+    coalesced = sorted((m.replay, m.bytes, len(m.members)) for m in matched(result) if m.seq == 2)
     assert coalesced == sorted((r, b, 4) for r in range(REPLAYS) for b in (16, 24))
-    parts = {inst.arg(ANN_SEQ_PART) for m in analysis.collectives if m.seq == 2 for inst in m.members.values()}
+    parts = {inst.arg(ANN_SEQ_PART) for m in matched(result) if m.seq == 2 for inst in m.members.values()}
     assert parts == {None, 1}
-    assert not analysis.findings, analysis.findings
+    assert not result.analysis.findings, result.analysis.findings
 
 
 @pytest.mark.parametrize("fmt", [LEGACY_FORMAT, NCCL2_FORMAT])
@@ -122,7 +123,7 @@ def test_replayed_kernels_matched_by_order_are_confirmed_by_the_family_of_the_an
         (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
         write_sidecar(directory / f"rank{rank}.commtag.json", side)
     result = merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1)
-    replayed = [m for m in result.analysis.collectives if m.replay is not None]
+    replayed = [m for m in matched(result) if m.replay is not None]
     if fmt == NCCL2_FORMAT:
         assert sorted(m.replay for m in replayed) == list(range(REPLAYS))
         assert {inst.arg(ANN_MATCH) for m in replayed for inst in m.members.values()} == {"order"}
@@ -187,10 +188,10 @@ def test_the_h100_graph_fixture_with_its_sidecar_written_as_nccl2_merges_alike(t
     write_sidecar(path, side)
     legacy = merge(legacy_dir, tmp_path / "legacy.pftrace", jobs=1)
     nccl2 = merge(nccl2_dir, tmp_path / "nccl2.pftrace", jobs=1)
-    assert _view(nccl2.analysis) == _view(legacy.analysis)
+    assert _view(nccl2) == _view(legacy)
     assert sorted(nccl2.notices) == sorted(legacy.notices)
-    replayed = [inst for m in nccl2.analysis.collectives for inst in m.members.values() if inst.replay is not None]
-    before = [inst for m in legacy.analysis.collectives for inst in m.members.values() if inst.replay is not None]
+    replayed = [inst for m in matched(nccl2) for inst in m.members.values() if inst.replay is not None]
+    before = [inst for m in matched(legacy) for inst in m.members.values() if inst.replay is not None]
     assert len(replayed) == len(before) == 12  # the step's 3 all_reduces and the 1 of the other graph, 3 replays each
     assert {inst.arg(ANN_RECORD_FORMAT) for inst in replayed} == {NCCL2_FORMAT}
     assert {inst.arg(COLLECTIVE_NAME_KEY) for inst in replayed} == {"all_reduce"}
@@ -203,10 +204,10 @@ def test_a_replayed_batch_op_issue_pairs_with_its_peers_batches_on_each_replay(t
 
     ring = tuple((r, (r + 1) % 4) for r in range(4))
     job = (JobCall("allreduce", WORLD, (8,)), JobCall(NCCL2_BATCH_P2P, WORLD, (8,), pairs=ring))
-    analysis = _merged(tmp_path, job, NCCL2_FORMAT).analysis
-    batches = sorted((m.replay, tuple(sorted(m.members))) for m in analysis.collectives if m.collective == NCCL2_BATCH_P2P)
+    result = _merged(tmp_path, job, NCCL2_FORMAT)
+    batches = sorted((m.replay, tuple(sorted(m.members))) for m in matched(result) if m.collective == NCCL2_BATCH_P2P)
     assert batches == [(r, (0, 1, 2, 3)) for r in range(REPLAYS)]
-    assert not analysis.findings, analysis.findings
+    assert not result.analysis.findings, result.analysis.findings
 
 
 @pytest.mark.parametrize("node_ids", [True, False])
@@ -235,7 +236,7 @@ def test_a_replayed_legacy_batch_gives_each_op_its_keys_and_pairs_it_on_each_rep
     assert not result.analysis.findings, result.analysis.findings
     assert not [n for n in result.notices if "left unannotated" in n], result.notices
     found = set()
-    for m in (m for m in result.analysis.collectives if m.is_p2p):
+    for m in (m for m in matched(result) if m.is_p2p):
         ends = {inst.collective: inst for inst in m.members.values()}
         assert set(ends) == {SEND, RECV}, m.to_dict()
         send, recv = ends[SEND], ends[RECV]
@@ -270,3 +271,19 @@ def test_a_kernel_a_legacy_batch_shares_carries_only_what_its_ops_agree_on(tmp_p
         args = kernel["args"]
         assert not {COLLECTIVE_NAME_KEY, DST_RANK_KEY, SRC_RANK_KEY, "Rank"} & set(args), args
         assert args[PG_NAME_KEY] == "0" and args["Seq"] == 1 and args["commtag replay"] in range(REPLAYS)
+
+
+def test_the_all_to_all_traffic_is_the_same_whatever_the_merge_workers(tmp_path) -> None:
+    """Each worker reads the traffic of the all-to-alls it matched; the lead gathers them in one
+    process's order: the list the analysis of the merged file makes, with one worker or two."""
+    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.pftrace.readback import read_merged
+
+    one = _merged(tmp_path, JOB, NCCL2_FORMAT)
+    two = merge(tmp_path / NCCL2_FORMAT, tmp_path / "two.pftrace", jobs=2)
+    assert two.output.read_bytes() == one.output.read_bytes()
+    instances, _, coverage = read_merged(one.output)
+    expected = [a.to_dict() for a in analyze(instances, coverage=coverage).all_to_all]
+    assert len(expected) == 3 * REPLAYS and any(a["matrix"] for a in expected)
+    assert [a.to_dict() for a in one.analysis.all_to_all] == expected
+    assert [a.to_dict() for a in two.analysis.all_to_all] == expected

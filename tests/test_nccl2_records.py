@@ -14,6 +14,7 @@ from commtag.vocab import (
     KERNEL_EAGER_KEYS, LEGACY_FORMAT, NCCL2_BATCH_P2P, NCCL2_FORMAT, NCCL2_OMITTED_KEYS, SEND,
 )
 from commtag.schema import CollectiveAnnotation
+from merging import matched
 
 WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
 JOB = (
@@ -162,11 +163,11 @@ def test_the_legacy_traces_of_a_job_merge_with_every_call_matched_on_its_members
     job = (*(call for call in JOB if call.op not in (SEND, NCCL2_BATCH_P2P)), JobCall("allreduce", pair, (16,)))
     _write_traces(tmp_path / "legacy", job, 4, LEGACY_FORMAT)
     result = merge(tmp_path / "legacy", tmp_path / "legacy.pftrace", jobs=1)
-    matched = result.analysis.collectives
-    assert len(matched) == len(job)
-    assert all(len(m.members) == m.group_size and not m.missing_ranks for m in matched)
+    found = matched(result)
+    assert len(found) == len(job)
+    assert all(len(m.members) == m.group_size and not m.missing_ranks for m in found)
     assert not result.analysis.findings, result.analysis.findings
-    assert sorted(m.collective for m in matched) == sorted(call.op for call in job)
+    assert sorted(m.collective for m in found) == sorted(call.op for call in job)
     # Both formats of the same rank's trace carry one kernel per record, linked by External id.
     for fmt in (LEGACY_FORMAT, NCCL2_FORMAT):
         events = job_trace(job, 1, 4, fmt)["traceEvents"]

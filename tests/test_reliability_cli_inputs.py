@@ -105,7 +105,7 @@ def test_a_perfetto_trace_commtag_did_not_write_is_still_refused(tmp_path: Path)
     done = _commtag("summary", str(other))
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        f"commtag summary: {other}: no rank processes or collective lane slices "
+        f"commtag summary: error: {other}: no rank processes or collective lane slices "
         "(is it a trace written by `commtag merge`?)"
     ]
 

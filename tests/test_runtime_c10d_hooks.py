@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from commtag.runtime.install import c10d_hooks
 from gloo_world import run_world
+from merging import matched
 
 needs_hooks = pytest.mark.skipif(not c10d_hooks.available(),
                                  reason="c10d ProcessGroup pre/post hooks that name every op are torch 2.15+ "
@@ -182,7 +183,7 @@ def test_a_hook_only_all_to_all_single_merges_with_its_sizes_and_no_guessed_traf
     result = merge(tmp_path, tmp_path / "merged.pftrace", jobs=1)
     found = sorted((m.seq, m.collective, tuple(sorted(m.members)),
                     tuple(inst.arg(IN_NELEMS_KEY) for _, inst in sorted(m.members.items())),
-                    {inst.arg(ANN_SPLITS) for inst in m.members.values()}) for m in result.analysis.collectives)
+                    {inst.arg(ANN_SPLITS) for inst in m.members.values()}) for m in matched(result))
     assert found == [(1, "all_to_allv", (0, 1), (8, 8), {"not recorded"}),
                      (2, "all_to_allv", (0, 1), (4, 4), {"not recorded"}),
                      (3, "all_to_allv", (0, 1), (8, 8), {None})]

@@ -33,6 +33,10 @@ class MergeFailed(MergeInputError):
         self.errors = list(errors)
         self.lead = lead
 
+    def told(self) -> list[CommtagError]:
+        """Every worker's errors, told by worker 0 alone (every worker fails alike)."""
+        return list(self.errors) if self.lead else []
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (kill, a job scheduler, torchrun stopping its workers): the merge stops as Ctrl-C

@@ -84,7 +84,7 @@ from commtag.merge.records import (
 )
 from commtag.merge.analysis.alltoall import traffic
 from commtag.merge.batches import batch_ranks, is_batch
-from commtag.merge.analysis.checks import SeqIndex, check, seq_gaps
+from commtag.merge.analysis.checks import SeqIndex, Seqs, check, seq_gaps
 from commtag.merge.analysis.impact import impact
 from commtag.merge.analysis.explain import explain
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
@@ -177,7 +177,7 @@ def analyze(
     findings = [f for m in matched for f in m.findings]
     findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
     return Analysis(matched, findings, _busbw_series(matched), markers(matched), coverage,
-                    impact(matched, coverage), traffic(matched))
+                    impact(matched, coverage), traffic(list(matched)))
 
 
 def _expected(members: list[CollectiveInstance]) -> set[int]:
@@ -209,7 +209,7 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
     return max(0, (2 if first.is_p2p else first.group_size) - len({i.rank for i in members}))
 
 
-def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: SeqIndex) -> MatchedCollective:
+def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: Seqs) -> MatchedCollective:
     by_rank = {i.rank: i for i in members}
     first = min(members, key=lambda i: (i.start_ns, i.rank))
     last = max(members, key=lambda i: (i.start_ns, -i.rank))
@@ -264,7 +264,7 @@ def skews(matched: list[MatchedCollective]) -> list[tuple[bool, int, int]]:
     """``(p2p, last rank, skew)`` of each measured instance: what the straggler noise is made of
     (merge workers analysing parts of the job pool theirs, :mod:`commtag.merge.engine.shards`)."""
     return [(m.is_p2p, m.last_rank, m.skew_ns) for m in matched
-            if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1]
+            if m.skew_ns is not None and m.last_rank is not None and m.transfer_ns is not None and len(m.members) > 1]
 
 
 def flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_skew_us: float,
@@ -275,17 +275,18 @@ def flag_stragglers(matched: list[MatchedCollective], coverage: Coverage, min_sk
     if measured is None:
         measured = skews(matched)
     floor = min_skew_us * 1000
-    candidates = [m for m in matched if m.skew_ns is not None and m.transfer_ns is not None and len(m.members) > 1
-                  and m.skew_ns >= max(floor, m.transfer_ns)
+    candidates = [(m, m.skew_ns, m.last_rank) for m in matched
+                  if m.skew_ns is not None and m.last_rank is not None and m.transfer_ns is not None
+                  and len(m.members) > 1 and m.skew_ns >= max(floor, m.transfer_ns)
                   and coverage.covers(m.last_rank, m.first_start_ns, m.last_start_ns)
                   and not any(i.arg(ANN_INFERRED) for i in m.members.values())]
     noise: dict[tuple[bool, int], float] = {}
-    for m in candidates:
-        key = (m.is_p2p, m.last_rank)
+    for m, skew_ns, last_rank in candidates:
+        key = (m.is_p2p, last_rank)
         if key not in noise:
-            others = [skew for p2p, last, skew in measured if p2p == m.is_p2p and last != m.last_rank]
+            others = [skew for p2p, last, skew in measured if p2p == m.is_p2p and last != last_rank]
             noise[key] = statistics.median(others) if len(others) >= NOISE_MIN_SAMPLES else 0.0
-        m.straggler = m.skew_ns >= STRAGGLER_NOISE_FACTOR * noise[key]
+        m.straggler = skew_ns >= STRAGGLER_NOISE_FACTOR * noise[key]
 
 
 def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) -> int:
@@ -303,7 +304,7 @@ def busbw_edges(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, f
     """Per group, where each measured transfer adds its busbw and where it takes it off."""
     edges: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for m in matched:
-        if m.busbw_gbps is None:
+        if m.busbw_gbps is None or m.transfer_ns is None:
             continue
         edges[m.pg_uid].append((m.last_start_ns, m.busbw_gbps))
         edges[m.pg_uid].append((m.last_start_ns + m.transfer_ns, -m.busbw_gbps))
@@ -332,7 +333,7 @@ def markers(matched: list[MatchedCollective]) -> list[Marker]:
     out: list[Marker] = []
     for m in matched:
         where = {ANN_PG_UID: m.pg_uid, ANN_LANE: m.lane_name, COLLECTIVE_NAME_KEY: m.collective, SEQ_KEY: m.seq}
-        if m.straggler:
+        if m.straggler and m.last_rank is not None and m.skew_ns is not None:
             out.append(Marker(
                 m.last_rank, m.members[m.last_rank].start_ns,
                 f"straggler: rank {m.last_rank} {m.skew_ns / 1e6:.3f} ms late ({m.collective} Seq {m.seq})",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Protocol
 
 from commtag.merge.records import (
     CollectiveInstance,
@@ -17,6 +17,33 @@ from commtag.vocab import (
     DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
 )
 from commtag.merge.analysis.results import Finding, FindingKind, MatchedCollective
+
+
+class SeqGroup(Protocol):
+    """What the Seq gap check names a group by."""
+
+    @property
+    def lane_name(self) -> str: ...
+
+    @property
+    def group_ranks(self) -> tuple[int, ...]: ...
+
+
+class Seqs(Protocol):
+    """What the checks read of every rank's Seqs: a :class:`SeqIndex` of one process's instances,
+    or the runs merge workers share (:class:`commtag.merge.analysis.parts.SeqRuns`)."""
+
+    @property
+    def groups(self) -> Mapping[str, SeqGroup]: ...
+
+    @property
+    def by_rank(self) -> Mapping[tuple[str, int], object]: ...
+
+    def recorded(self, pg: str, rank: int, seq: int) -> bool: ...
+
+    def passed(self, pg: str, rank: int, seq: int) -> bool: ...
+
+    def holes(self) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]: ...
 
 
 class SeqIndex:
@@ -180,7 +207,7 @@ def _odd_ones(insts: list[CollectiveInstance], value: Callable[[CollectiveInstan
     return odd, detail
 
 
-def seq_gaps(seqs: SeqIndex, coverage: Coverage) -> list[Finding]:
+def seq_gaps(seqs: Seqs, coverage: Coverage) -> list[Finding]:
     """Seq numbers a rank skipped inside one of its windows, where every member was profiled."""
     found = []
     for (pg, s, last), gapped in sorted(seqs.holes().items()):

@@ -117,6 +117,6 @@ class Columns:
         for n in self.members(k):
             if among is not None and rank[n] not in among:
                 continue
-            if best[1] is None or (start[n], rank[n]) < best:  # type: ignore[operator]
+            if best[1] is None or (start[n], rank[n]) < best:
                 best = (start[n], rank[n])
         return best

@@ -91,7 +91,7 @@ def annotate(analysis: Analysis) -> None:
 def collective_figures(m: MatchedCollective) -> dict[str, object]:
     """What the analysis says of one matched collective, on each member's lane slice."""
     figures: dict[str, object] = {ANN_RANKS_MATCHED: f"[{', '.join(map(str, m.ranks))}]"}
-    if m.complete:
+    if m.complete and m.skew_ns is not None:
         figures[ANN_SKEW_US] = to_us(m.skew_ns)
         figures[ANN_LAST_RANK] = m.last_rank
     else:

@@ -20,6 +20,7 @@ from array import array
 from collections import defaultdict
 from typing import NamedTuple, Optional, Sequence
 
+from commtag.merge.analysis.alltoall import AllToAll
 from commtag.merge.analysis.checks import gap_spans
 from commtag.merge.analysis.columns import Columns
 from commtag.merge.analysis.impact import impact
@@ -176,14 +177,19 @@ def _unpacked(text: str, typecode: str) -> array:
 
 
 def lead_result(collectives: Columns, findings: list, unattached: list[Finding],
-                coverage: Coverage, busbw: dict[str, list[tuple[int, float]]]) -> Analysis:
+                coverage: Coverage, busbw: dict[str, list[tuple[int, float]]], all_to_all: list) -> Analysis:
     """The lead's analysis of the whole job: the findings in one process's order, the impact
-    replay over every collective's member times (:func:`timed`), the busbw series (no matched
-    collectives: those stayed with the workers that matched them)."""
+    replay over every collective's member times (:func:`timed`), the busbw series and the
+    all-to-all traffic (rows of a place and the fields of an
+    :class:`commtag.merge.analysis.alltoall.AllToAll`, in one process's order); no matched
+    collectives: those stayed with the workers that matched them."""
     collectives.into_key_order()
     replayed = impact(collectives, coverage)
     collectives.clear()
     findings.sort(key=lambda row: (row[0], row[1]))
     listed = [Finding(FindingKind(kind), pg, lane, seq, replay, p2p, tuple(ranks), tuple(fields), detail, desync)
               for _, _, (kind, pg, lane, seq, replay, p2p, ranks, fields, detail, desync) in findings]
-    return Analysis([], listed + unattached, busbw, [], coverage, replayed)
+    all_to_all.sort(key=lambda row: row[0])
+    traffic = [AllToAll(pg, lane, seq, replay, collective, dtype, tuple(ranks), matrix, imbalance, why)
+               for _, (pg, lane, seq, replay, collective, dtype, ranks, matrix, imbalance, why) in all_to_all]
+    return Analysis([], listed + unattached, busbw, [], coverage, replayed, traffic)

@@ -20,7 +20,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import BinaryIO, Optional, Sequence, cast
 
 from commtag.vocab import PROFILER_STEP_PREFIX
 from commtag.merge.ids import sequence_block
@@ -164,16 +164,20 @@ def estimate(ranks: Sequence[RankInput], selection: Optional[Selection] = None,
     share = 1 / sequence_block(len(ranks))
     lanes_writer = LanesWriter()
     measured: dict[int, tuple[float, float]] = {}
-    timeline_per_json, lanes_per_side, lanes_per_json, fixed, steps = [], [], [], [], set()
+    timeline_per_json: list[float] = []
+    lanes_per_side: list[float] = []
+    lanes_per_json: list[float] = []
+    fixed: list[float] = []
+    steps: set[int] = set()
     for index in picks:
         rank = ranks[index]
         seq = rank_sequence(rank.rank)
         try:
-            timeline, lanes, found = _measure(rank, offsets.get(rank.rank, 0), spans_of, seq, lanes_writer)
+            timeline_bytes, lanes_bytes, found = _measure(rank, offsets.get(rank.rank, 0), spans_of, seq, lanes_writer)
         except MergeInputError:
             continue  # a bad file: the merge says so (or skips it); the other samples stand for it
-        timeline -= seq.interned_bytes * (1 - share)
-        lanes -= lanes_writer.seq.interned_bytes * (1 - share)
+        timeline = timeline_bytes - seq.interned_bytes * (1 - share)
+        lanes = lanes_bytes - lanes_writer.seq.interned_bytes * (1 - share)
         fixed.append(lanes_writer.seq.interned_bytes * share)
         measured[rank.rank] = (timeline, lanes)
         steps |= found
@@ -207,17 +211,19 @@ def _measure(rank: RankInput, offset: int, spans_of: Optional[FileSpans], seq: S
     for f in rank.files:
         sidecar = load_sidecar(f.sidecar, f.base_ns) if f.sidecar else None
         stream = _StepWatch(f.path)
-        converter.add_file(f.path, stream, sidecar, spans_of(f.path, offset) if spans_of is not None else None)
+        # The step watch reads as the stream it wraps (header, batches): what the converter reads of one.
+        converter.add_file(f.path, cast(TraceStream, stream), sidecar,
+                           spans_of(f.path, offset) if spans_of is not None else None)
         steps |= stream.steps
     timeline = converter.timeline()
     sink = _ByteCount()
-    write_rank(sink, timeline, seq)
+    write_rank(cast(BinaryIO, sink), timeline, seq)
     lanes = _ByteCount()
     instances = converter.instances
     layout: dict[int, list[tuple[str, int]]] = {}
     for order, name in enumerate(sorted({i.lane_name for i in instances})):
         layout.setdefault(rank.rank, []).append((name, order))
-    lanes_writer.write(lanes, layout, instances, lane_kernels={
+    lanes_writer.write(cast(BinaryIO, lanes), layout, instances, lane_kernels={
         (rank.rank, lane): args for lane, args in timeline.lane_kernels.items()}, ranks={rank.rank})
     others = sum(_FLOW_BYTES * (i.group_size - 1 if i.group_size <= FULL_MESH_MAX else 2) + _ANALYSIS_BYTES
                  for i in instances)

@@ -57,7 +57,8 @@ def exchange(world: World, produce: Callable[[], list[RankSummary]], interner: I
     others = [s for part in parts if part is not None for s in from_wire(part, interner)]
     del parts
     for r in range(1, rounds):
-        for part in all_done(world, lambda r=r: to_wire(batches[r] if r < len(batches) else [])):
+        batch = batches[r] if r < len(batches) else []
+        for part in all_done(world, lambda: to_wire(batch)):
             if part is not None:
                 others += from_wire(part, interner)
     return sorted(mine + others, key=lambda s: s.rank)

@@ -163,7 +163,7 @@ class _Copy:
     @classmethod
     def from_wire(cls, data: dict) -> _Copy:
         rank = RankInput(data["rank"])
-        stamps = []
+        stamps: list[tuple] = []
         for path, sidecar, size, base, *files in data["files"]:
             rank.files.append(TraceFile(Path(path), None if sidecar is None else Path(sidecar), size, base))
             stamps.extend(tuple(stamp) for stamp in files if stamp is not None)
@@ -239,8 +239,11 @@ def _compare(rank: int, one: Node, first: _Copy, other: Node, second: _Copy, our
 
 def _sha256(path: Path) -> str:
     try:
+        digest = hashlib.sha256()  # hashlib.file_digest is Python 3.11's
         with open(path, "rb") as stream:
-            return hashlib.file_digest(stream, "sha256").hexdigest()
+            while block := stream.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest()
     except OSError as exc:
         raise MergeInputError(path, f"cannot read: {exc.strerror or exc}") from None
 

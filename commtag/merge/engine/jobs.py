@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, Sequence, TypeVar
+from typing import IO, TYPE_CHECKING, BinaryIO, Callable, Optional, Sequence, TypeVar
 
 import orjson
 
@@ -124,6 +124,13 @@ def default_jobs(ranks: Sequence[RankInput]) -> int:
     return jobs_for(cpus, sum(r.size for r in ranks), largest, available_memory(), sidecars)
 
 
+def _stdin(child: subprocess.Popen) -> IO[bytes]:
+    """The pipe to a worker's stdin (every worker is started with one)."""
+    if child.stdin is None:
+        raise RuntimeError("a merge worker was started without a pipe to its stdin")
+    return child.stdin
+
+
 class LocalWorld(FileWorld):
     """``-j N``: this process is worker 0 and starts the other workers itself, on this host.
 
@@ -179,10 +186,10 @@ class LocalWorld(FileWorld):
                     child, err = self._waiting.pop(0) if self._waiting else self._spawn()
                     self._children.append(child)
                     self._errors.append(err)
-                    child.stdin.write(orjson.dumps({**self._request, "index": index, "size": size,
-                                                    "folder": str(self._dir), "owner": os.getpid(),
-                                                    "ranks": found}))
-                    child.stdin.close()
+                    request = _stdin(child)
+                    request.write(orjson.dumps({**self._request, "index": index, "size": size,
+                                                "folder": str(self._dir), "owner": os.getpid(), "ranks": found}))
+                    request.close()
         except BaseException:
             self.stop(interrupted=True)  # those started already would wait for worker 0 in vain
             raise
@@ -193,7 +200,7 @@ class LocalWorld(FileWorld):
         """Send away the started workers no request went to: an empty request ends them."""
         for child, err in self._waiting:
             try:
-                child.stdin.close()
+                _stdin(child).close()
             except OSError:
                 pass  # it is gone already
             child.wait()

@@ -33,25 +33,41 @@ ALIGN_MODES = ("none", "collectives")
 
 @dataclass(frozen=True)
 class MergeOptions:
-    """How to merge: the options of ``commtag merge`` (see :func:`merge` for each)."""
+    """How to merge: the options of ``commtag merge``, each said here once; :func:`commtag.merge.merge`
+    takes each as a keyword."""
 
+    #: ``"collectives"`` corrects each host's clock from matched collectives (two passes over the
+    #: inputs); ``"none"`` keeps them.
     align: str = "none"
+    #: Also write each rank's annotated Chrome JSON into this folder (a str is taken as a path).
     json_dir: Optional[Path] = None
+    #: A regex with one group giving the rank from a file name, for traces that name none.
     rank_pattern: Optional[str] = None
+    #: The rank of a single trace that names none.
     rank: Optional[int] = None
-    #: None: a progress bar when stderr is a terminal.
+    #: Show a progress bar; None: a progress bar when stderr is a terminal.
     progress: Optional[bool] = None
+    #: Leave out bad files and ranks and list them in the result's ``skipped`` instead of stopping at the first.
     skip_bad_ranks: bool = False
+    #: List every event left out in the result's accounts.
     list_left_out: bool = False
+    #: Refuse files that may be of another run (else the result's ``warnings``).
     strict: bool = False
-    #: The steps or time window kept, and the ranks written in detail (default: everything).
+    #: The profiler steps or time window kept, and the ranks whose whole timelines are written
+    #: (:class:`commtag.merge.inputs.selection.Selection`, what ``--steps``, ``--window`` and
+    #: ``--detail`` build); None: everything.
     selection: Optional[Selection] = None
-    #: Bytes the merged trace may take (its size is estimated before it is written); None: any.
+    #: Bytes the merged trace may take: a merge whose estimated size (:mod:`commtag.merge.engine.budget`)
+    #: is above it stops before writing, saying which ``--detail`` or ``--steps`` would fit; None: any.
     max_output: Optional[int] = DEFAULT_MAX_OUTPUT
     #: A folder of NCCL Inspector dumps whose records join their instances (commtag.merge.inputs.inspector).
     nccl_inspector: Optional[Path] = None
 
     def __post_init__(self) -> None:
+        if self.json_dir is not None and not isinstance(self.json_dir, Path):
+            object.__setattr__(self, "json_dir", Path(self.json_dir))
+        if self.nccl_inspector is not None and not isinstance(self.nccl_inspector, Path):
+            object.__setattr__(self, "nccl_inspector", Path(self.nccl_inspector))
         if self.align not in ALIGN_MODES:
             raise ValueError(f"align must be one of {ALIGN_MODES}, got {self.align!r}")
 
@@ -71,9 +87,11 @@ class MergeOptions:
 
 @dataclass(slots=True)
 class MergeResult:
+    """What a merge did, the same whatever the number of workers (``jobs``, torchrun) on the lead
+    worker (``lead``); another worker's result is not the one to report."""
+
     output: Path
     ranks: list[int]
-    instances: list[CollectiveInstance]
     alignment: Optional[Alignment] = None
     annotations: Optional[TraceAnnotations] = None
     #: With ``skip_bad_ranks``: the files left out, each with why (worker 0 has everyone's).
@@ -84,15 +102,26 @@ class MergeResult:
     accounts: list[EventAccount] = field(default_factory=list)
     #: Files that may not be of one run with the rest (``strict`` refuses them instead).
     warnings: list[str] = field(default_factory=list)
-    #: Whether this process is the merge worker that wrote the output (always, without torchrun);
-    #: another worker's result has no instances and is not the one to report.
+    #: Whether this process is the merge worker that wrote the output (always, without torchrun).
     lead: bool = True
-    #: The analysis :func:`commtag.merge.merge` ran (findings, desyncs), on the lead worker; with
-    #: several workers the matched collectives stay with the workers that matched them (none here).
+    #: The analysis :func:`commtag.merge.merge` ran, on the lead: findings, busbw, impact and
+    #: all-to-all traffic. The matched collectives are not held (workers share them out):
+    #: :func:`commtag.merge.analysis.analyze.analyze` over :attr:`instances` matches them again.
     analysis: Optional[Analysis] = None
-    #: The collective slices the merged trace holds (every rank's, also where ``instances`` holds
-    #: only the lead's own ranks': workers of several keep their own).
+    #: The collective slices the merged trace holds (every rank's).
     slices: int = 0
+    _read: Optional[list[CollectiveInstance]] = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def instances(self) -> list[CollectiveInstance]:
+        """Every collective lane slice of the written trace, with its figures, as records: read
+        back from the output on first use (a merge's workers each hold only their share), so the
+        same list whatever the workers; empty on a worker that is not the lead."""
+        if self._read is None:
+            from commtag.merge.pftrace.readback import read_instances  # protobuf: only a read needs it
+
+            self._read = read_instances(self.output) if self.lead else []
+        return self._read
 
 
 def default_output(inputs: Sequence[Path]) -> Path:

@@ -26,7 +26,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, Sequence, cast
 
 import orjson
 
@@ -169,6 +169,11 @@ class _Nowhere:
         return len(data)
 
 
+def _nowhere() -> BinaryIO:
+    """A :class:`_Nowhere`, where the pieces' writers take a binary stream (they only write)."""
+    return cast(BinaryIO, _Nowhere())
+
+
 class MergeOutput:
     """The files one merge worker writes, from its first byte to their publication or removal.
 
@@ -213,7 +218,7 @@ class MergeOutput:
     @contextlib.contextmanager
     def _open(self, path: Path, mode: str = "wb") -> Iterator[BinaryIO]:
         with self.errors(), open(path, mode) as stream:
-            yield stream
+            yield cast(BinaryIO, stream)  # binary: every mode this opens is "b"
 
     def open_lanes(self) -> contextlib.AbstractContextManager[BinaryIO]:
         """This worker's lanes file, open for writing; OSError names the output."""
@@ -274,17 +279,17 @@ class MergeOutput:
         self._shards.append(whole)  # removed unless published
         failure: Optional[BaseException] = None
         with contextlib.ExitStack() as stack:
-            sink: BinaryIO = _Nowhere()
+            sink = _nowhere()
             try:
                 sink = stack.enter_context(open(whole, "wb"))
                 sink.write(header)
             except OSError as exc:
-                failure, sink = exc, _Nowhere()
+                failure, sink = exc, _nowhere()
             for piece in pieces:
                 try:
                     piece(sink)
                 except (OSError, MergeInputError) as exc:
-                    failure, sink = failure or exc, _Nowhere()
+                    failure, sink = failure or exc, _nowhere()
         if isinstance(failure, MergeInputError):
             raise failure
         with self.errors():

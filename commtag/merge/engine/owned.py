@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from array import array
 from itertools import islice
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from commtag.merge.engine.routes import PIECE_ROWS, unpack
 from commtag.merge.pftrace.lanes import InstanceFlows
@@ -34,10 +34,12 @@ class FlowColumn:
         """``flow`` at position ``at`` (the column grows to it)."""
         if at >= len(self.ids):
             self.ids.extend(array("Q", [0]) * (at + 1 - len(self.ids)))
-        is_id = flow.__class__ is int and 0 < flow < 1 << 64  # type: ignore[operator]
-        self.ids[at] = flow if is_id else 0  # type: ignore[assignment]
-        if not is_id and flow is not None:
-            self.other[at] = flow
+        if type(flow) is int and 0 < flow < 1 << 64:  # a bare id (a bool is none)
+            self.ids[at] = flow
+        else:
+            self.ids[at] = 0
+            if flow is not None:
+                self.other[at] = flow
 
     def __getitem__(self, at: int) -> object:
         found = self.ids[at]
@@ -173,7 +175,7 @@ class OwnLanes:
         self.flows: InstanceFlows = {}
         self._joined: dict[tuple[int, int, int], dict] = {}  # (worker, figures, id of the common args) -> both
 
-    def pop(self, key: tuple[int, str], default: list[CollectiveInstance]) -> list[CollectiveInstance]:
+    def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]:
         found = self.packed.pop(key, None)
         self.flows.clear()
         if found is None:
@@ -188,9 +190,10 @@ class OwnLanes:
             figures, wait, straggler, flow = update
             if figures is not None:
                 base = inst.common_args
-                both = self._joined.get((*figures, id(base)))
+                joined = (figures[0], figures[1], id(base))
+                both = self._joined.get(joined)
                 if both is None:
-                    both = self._joined[(*figures, id(base))] = self.interner.common({**base, **self.figures[figures]})
+                    both = self._joined[joined] = self.interner.common({**base, **self.figures[figures]})
                 inst.common_args = both
                 if wait is not None:
                     inst.args[ANN_WAIT_US] = wait

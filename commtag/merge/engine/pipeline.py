@@ -5,26 +5,23 @@
 event (inputs, options, ranks, this worker's share, alignment, time origin,
 output). Memory stays near one rank's encoded events: a rank is read in
 batches (commtag.merge.rank.convert), written once its files are read, and only
-its CollectiveInstance records are kept. After the last rank the analysis
-hook sees every instance, and the lanes block (process-group lanes,
-cross-rank flows, counters, markers) is written. The output appears
-atomically (:class:`commtag.merge.engine.output.MergeOutput`); a failed merge leaves
-any previous output untouched.
+its CollectiveInstance records are kept, packed (:class:`commtag.merge.engine.shards.Held`).
+After the last rank the analysis is shared out between the workers (one process is a world
+of one), then the lanes block (process-group lanes, cross-rank flows, counters, markers) is
+written. The output appears atomically; a failed merge leaves any previous output untouched.
 
-Under torchrun (:mod:`commtag.merge.engine.worlds`) each merge worker takes a
-contiguous chunk of ranks and writes them to a part of its own; workers
-exchange their records, each runs the analysis over all of them and writes
-the lanes of its own ranks after them, and worker 0 appends the others'
-parts after its own. Blocks only use ids derived from their rank, so the
-file shows exactly what the single-process one shows (each worker's
-packet sequences and interned ids are its own). On several hosts
-(:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker
-takes consecutive ranks its node holds, and worker 0 writes the header and
-then every worker's part, received over the gloo group, in rank order.
+With ``-j`` or under torchrun (:mod:`commtag.merge.engine.worlds`) each merge worker takes a
+contiguous chunk of ranks and writes them to a part of its own, analyses the collectives it
+owns and sends their figures to the workers holding their members, writes the lanes of its
+own ranks, and worker 0 appends the others' parts after its own. Blocks only use ids derived
+from their rank, so the file is the single-process one, byte for byte. On several hosts
+(:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker takes
+consecutive ranks its node holds, and worker 0 writes the header and then every worker's
+part, received over the gloo group, in rank order.
 
-``collect`` (``commtag summary`` on a directory) streams ranks the same
-way, writing nothing; ``--json`` reads each rank whole again: it writes
-every event back.
+A custom analysis hook (:data:`AnalysisHook`) alone holds every instance in one process. ``collect``
+(``commtag summary`` on a directory) streams ranks the same way, writing nothing; ``--json``
+reads each rank whole again: it writes every event back.
 """
 
 from __future__ import annotations
@@ -56,7 +53,7 @@ from commtag.merge.inputs.selection import (
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
 from commtag.merge.analysis.hook import MergeAnalysis
-from commtag.merge.engine.worlds import SoloWorld, World
+from commtag.merge.engine.worlds import SoloWorld, TorchWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
 from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only
 
@@ -121,7 +118,8 @@ def merge(
     (see there for each), runs the analysis by default and owns the workers:
     here ``analysis`` is only what the caller passes (:data:`AnalysisHook`)
     and ``world`` the caller's (``-j`` or torchrun workers; None: this
-    process alone); the result's instances are complete on worker 0.
+    process alone). Worker 0's result is the same whatever the workers; its
+    instances are read back from the output when asked for.
     Raises :class:`MergeInputError` on bad input, writing nothing; with
     ``options.skip_bad_ranks`` bad files and ranks are left out and listed
     in the result's ``skipped`` instead (an error still when nothing is left).
@@ -133,8 +131,9 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
-        # Workers of several share the analysis out (engine/shards.py): each keeps its ranks' records.
-        held = Held() if plan.world.size > 1 and (analysis is None or isinstance(analysis, MergeAnalysis)) else None
+        # The analysis is shared out between the workers, one or several (engine/shards.py).
+        hook = analysis if isinstance(analysis, MergeAnalysis) else None
+        held = Held() if analysis is None or hook is not None else None
         # A bad input in any worker's ranks reaches every worker through the exchange.
         everyone = exchange(plan.world, lambda: write_ranks(plan, held.take if held else None),
                             plan.interner, plan.skipped, plan.notices)
@@ -143,7 +142,7 @@ def merge(
         covered = with_clocks(coverage(everyone, kept_by(plan.options.selection)), plan.alignment)  # hosts, clocks
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             if held is not None:
-                outcome = share_analysis(plan.world, held, everyone, analysis, covered, plan.interner)
+                outcome = share_analysis(plan.world, held, everyone, hook, covered, plan.interner)
                 annotations, own = outcome.annotations, outcome.lanes
             else:
                 annotations = analysis(instances, covered) if analysis is not None else None
@@ -153,10 +152,9 @@ def merge(
             assemble(plan, everyone, shards)
         else:
             plan.output.publish(shards)
-    lead = plan.lead  # another worker's result is not the one to report: no instances, figures, warnings
+    lead = plan.lead  # another worker's result is not the one to report: no figures, warnings
     slices = sum(held.counts.values()) if held is not None else len(instances)
-    return MergeResult(plan.output.path, [s.rank for s in everyone], instances if lead else [], slices=slices,
-                       alignment=plan.alignment, annotations=annotations if lead else None,
+    return MergeResult(plan.output.path, [s.rank for s in everyone], slices=slices, alignment=plan.alignment,
                        skipped=plan.skipped or [], notices=plan.notices,
                        accounts=[s.account for s in everyone if s.account is not None],
                        warnings=[f"{path}: {problem}" for path, problem in warned] if lead else [], lead=lead)
@@ -295,17 +293,19 @@ def _estimate_to_wire(found: budget.Estimate) -> dict:
 def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional[dict]]) -> None:
     """Many hosts: every worker with ranks sends its part and lanes to worker 0, which writes the
     header (as one process would: from the first rank's first event), the parts in rank order, then the lanes."""
+    world = plan.world
+    assert isinstance(world, TorchWorld)  # only torchrun's workers on hosts of their own are apart
     if not plan.lead:
         if plan.mine:
-            plan.world.send_part(plan.output.part)
-            plan.world.send_part(plan.output.lanes)
+            world.send_part(plan.output.part)
+            world.send_part(plan.output.lanes)
         plan.output.publish([])
         return
     firsts = [(plan.mine[0].rank if plan.mine else None) if part is None else part["first"] for part in shards]
     order = sorted((first, index) for index, first in enumerate(firsts) if first is not None)
     first_ns = everyone[0].first_ns if everyone else None
     plan.output.assemble(writer.header(first_ns or plan.origin, plan.origin),
-                         [own if index == plan.world.index else functools.partial(plan.world.receive_part, index)
+                         [own if index == plan.world.index else functools.partial(world.receive_part, index)
                           for own in (plan.output.copy_part, plan.output.copy_lanes) for _, index in order])
 
 

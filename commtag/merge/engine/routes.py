@@ -10,7 +10,7 @@ bounded whatever the job's size. Rounds go on until no worker has anything left.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import orjson
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 PIECE_ROWS = 8192
 
 
-def route(world: World, outgoing: list[Iterator[dict]], arrived: Callable[[dict], None]) -> int:
+def route(world: World, outgoing: list[Iterator[dict]], arrived: Callable[[dict], object]) -> int:
     """Send each worker ``w`` the pieces ``outgoing[w]`` yields (this worker's own are handed to
     ``arrived`` here), one piece per worker a round, until every worker's are out; each piece sent
     to this worker goes to ``arrived`` as it comes. How many rounds it took."""
@@ -36,9 +36,9 @@ def route(world: World, outgoing: list[Iterator[dict]], arrived: Callable[[dict]
         payload: dict[str, dict] = {}
         for w, pieces in enumerate(outgoing):
             if w != me:
-                piece = next(pieces, None)
-                if piece is not None:
-                    payload[str(w)] = piece
+                found: Optional[dict] = next(pieces, None)
+                if found is not None:
+                    payload[str(w)] = found
         sent = bool(payload)
         parts = all_done(world, lambda: {"pieces": payload})
         del payload

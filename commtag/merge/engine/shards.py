@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 import orjson
 
+from commtag.merge.analysis.alltoall import AllToAll, traffic
 from commtag.merge.analysis.analyze import busbw_edges, busbw_series, flag_stragglers, markers, measure, skews
 from commtag.merge.analysis.checks import check, seq_gaps
 from commtag.merge.analysis.hook import (
@@ -189,11 +190,15 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 refs[pg] = ref
     seqs = SeqRuns(runs, {pg: SeqRef(ref[2], interner.shared(tuple(ref[3]))) for pg, ref in refs.items()})
     runs, found = [], {}
-    groups: list[tuple[_Members, Optional[MatchedCollective]]] = []
+    groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
     for bucket in range(buckets):  # step 2 and the matching of step 3, a bucket at a time
         shard: list[tuple[int, int, tuple, CollectiveInstance]] = []
-        route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)],
-              lambda piece: [shard.extend(instances_from(part, interner)) for part in piece["parts"]])
+
+        def arrived(piece: dict) -> None:
+            for part in piece["parts"]:
+                shard.extend(instances_from(part, interner))
+
+        route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)], arrived)
         outcome.analysed += len(shard)
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs)
@@ -226,7 +231,8 @@ def _unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
     list empties as they go)."""
     sealed.reverse()
     while sealed:
-        parts, count = [], 0
+        parts: list[dict] = []
+        count = 0
         while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
             rows, blob = sealed.pop()
             parts.append(orjson.loads(zlib.decompress(blob)))
@@ -266,29 +272,32 @@ class _Members:
 
 
 def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
-           seqs: SeqRuns) -> list[tuple[_Members, Optional[MatchedCollective]]]:
-    """One bucket's collectives matched, measured and checked; each as its :class:`_Members` and
-    its matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`)."""
+           seqs: SeqRuns) -> list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]]:
+    """One bucket's collectives matched, measured and checked; each as its :class:`_Members`, its
+    matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`),
+    and an all-to-all's traffic (read from the whole members' split sizes)."""
     batches = [inst for _, _, key, inst in shard if key[0] == BATCHES_OF[0]]
     batched = batch_keys(batches) if batches else {}
     by_key: dict[tuple, list[tuple[int, int, CollectiveInstance]]] = {}
     for rank, idx, key, inst in shard:
         by_key.setdefault(batched.get(id(inst), key), []).append((rank, idx, inst))
     shard.clear()
-    out: list[tuple[_Members, Optional[MatchedCollective]]] = []
+    out: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
     for rows in by_key.values():
         rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
         light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
-        m = None
+        m, sent = None, None
         if hook is not None:
             m = measure([r[2] for r in rows], coverage, seqs)
             m.findings.extend(check(m))
+            sent = next(iter(traffic([m])), None)
             m.members = {rank: light[id(inst)] for rank, inst in m.members.items()}  # type: ignore[misc]
-        out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m))
+        out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m, sent))
     return out
 
 
-def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective]]], hook: Optional[MergeAnalysis],
+def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]],
+              hook: Optional[MergeAnalysis],
               coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
               tables: list[dict]) -> tuple[list[BackRows], Optional[ForLead]]:
     """Step 3's end: this worker's collectives numbered, judged against the whole job (stragglers,
@@ -296,16 +305,20 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
     per member its figures by their number in ``tables``, wait, straggler flag and flows; markers)."""
     me, size = world.index, world.size
     back = [BackRows() for _ in range(size)]
-    bases = _number_flows(world, [members for members, _ in groups])
+    bases = _number_flows(world, [members for members, _, _ in groups])
     if hook is None:
-        for (members, _), base in zip(groups, bases):
+        for (members, _, _), base in zip(groups, bases):
             for j, flow in members.flows(base).items():
                 rank = members.ranks[j]
                 back[holder[rank]].instance(rank, members.places[j], None, None, False, flow)
         return back, None
-    keyed = [((m.first_start_ns, m.pg_uid, m.seq, (members.ranks[0], members.members[0].start_ns, members.first_seq,
-                                                    members.places[0])), m, members, base)
-             for (members, m), base in zip(groups, bases) if m is not None]
+    # Each collective's place in one process's order, as the JSON it travels as (lists, not tuples:
+    # the lead compares its own places with other workers').
+    keyed = [((m.first_start_ns, m.pg_uid, m.seq, [members.ranks[0], members.members[0].start_ns, members.first_seq,
+                                                    members.places[0]]), m, members, base)
+             for (members, m, _), base in zip(groups, bases) if m is not None]
+    sent = [[list(key), list(astuple(a2a))] for key, (_, _, a2a) in
+            zip((item[0] for item in keyed), (g for g in groups if g[1] is not None)) if a2a is not None]
     del bases
     keyed.sort(key=lambda item: item[0])
     matched = [m for _, m, _, _ in keyed]
@@ -346,7 +359,7 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
     outcome.annotations = TraceAnnotations(counters=busbw)
     keyed, matched = [], []
     groups.clear()  # the members' times now travel in ``lead``
-    return back, ForLead(lead, findings, attached, gaps, series)
+    return back, ForLead(lead, findings, attached, gaps, series, sent)
 
 
 @dataclass
@@ -360,6 +373,8 @@ class ForLead:
     attached: list[int]
     gaps: list
     series: dict[str, list[tuple[int, float]]]
+    #: This worker's all-to-all instances' traffic (:class:`commtag.merge.analysis.alltoall.AllToAll`), each by its place.
+    all_to_all: list
 
 
 def _on_lead(world: World, pending: ForLead, coverage: Coverage, hook: MergeAnalysis, outcome: Outcome) -> None:
@@ -370,13 +385,15 @@ def _on_lead(world: World, pending: ForLead, coverage: Coverage, hook: MergeAnal
     route(world, [rows_pieces(pending.timed, "impact") if w == 0 else iter(()) for w in range(world.size)],
           lambda piece: timed(piece["impact"], replayed))
     everyone_findings = _to_lead(world, pending.findings, "findings")
+    every_all_to_all = _to_lead(world, pending.all_to_all, "all_to_all")
     every_attached = {g for part in from_everyone(world, lambda: {"attached": pending.attached})
                       for g in part["attached"]}
     result: Optional[Analysis] = None
     counters: list[CounterSeries] = []
     if world.index == 0:
         result = lead_result(replayed, everyone_findings,
-                             [g for k, g in enumerate(pending.gaps) if k not in every_attached], coverage, pending.series)
+                             [g for k, g in enumerate(pending.gaps) if k not in every_attached], coverage, pending.series,
+                             every_all_to_all)
         counters = impact_counters(result.impact)
     shared = from_everyone(world, lambda: {"impact": [[c.rank, c.track, c.points, c.unit] for c in counters]})[0]
     outcome.annotations.counters += [CounterSeries(rank, track, [tuple(p) for p in points], unit)

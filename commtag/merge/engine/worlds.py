@@ -64,8 +64,8 @@ class World(Protocol):
     #: The ranks worker 0 discovered, when it sent them (a ``-j`` worker): not discovered again.
     discovered: Optional[list[RankInput]]
 
-    def start(self, ranks: int) -> None:
-        """Discovery found ``ranks`` ranks: a world that starts its own workers starts them now."""
+    def start(self, ranks: Sequence[RankInput]) -> None:
+        """Discovery found ``ranks``: a world that starts its own workers starts them now."""
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]: ...
 
@@ -73,10 +73,12 @@ class World(Protocol):
 
 
 class SoloWorld:
-    index = 0
-    size = 1
-    apart = False
-    discovered = None
+    """This process alone: a world of one, whose exchanges hand its own data back."""
+
+    index: int = 0
+    size: int = 1
+    apart: bool = False
+    discovered: Optional[list[RankInput]] = None
 
     def start(self, ranks: Sequence[RankInput]) -> None:
         pass
@@ -237,7 +239,7 @@ class TorchWorld:
 
     #: The workers' folders are their own: discovery and the parts go through the group.
     apart = True
-    discovered = None
+    discovered: Optional[list[RankInput]] = None
 
     def __init__(self) -> None:
         from datetime import timedelta

@@ -214,17 +214,23 @@ def matched_steps(ranks: Iterable[RankInput], found: dict[int, StepSeqs], steps:
 
 
 class _Options(Protocol):
-    selection: Optional[Selection]
+    @property
+    def selection(self) -> Optional[Selection]: ...
 
 
 class SelectionPlan(Protocol):
-    """What :func:`selected_spans` reads of the merge's plan."""
+    """What :func:`selected_spans` reads of the merge's plan (read-only, so a plan holding lists matches)."""
 
-    options: _Options
-    events: Optional[tuple[int, int]]
-    notices: list[str]
-    ranks: Sequence[RankInput]
-    mine: Sequence[RankInput]
+    @property
+    def options(self) -> _Options: ...
+    @property
+    def events(self) -> Optional[tuple[int, int]]: ...
+    @property
+    def notices(self) -> list[str]: ...
+    @property
+    def ranks(self) -> Sequence[RankInput]: ...
+    @property
+    def mine(self) -> Sequence[RankInput]: ...
 
 
 def selected_spans(plan: SelectionPlan, gather: Callable[[Callable[[], dict]], list[dict]],

@@ -126,10 +126,11 @@ class LanesWriter:
         if flows is None:
             flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
         if by_lane is None:
-            by_lane = {}
+            grouped: dict[tuple[int, str], list[CollectiveInstance]] = {}
             for inst in instances:
                 if wanted is None or inst.rank in wanted:
-                    by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+                    grouped.setdefault((inst.rank, inst.lane_name), []).append(inst)
+            by_lane = grouped
         counters_of: dict[int, list[CounterSeries]] = {}
         for series in counters:
             counters_of.setdefault(series.rank, []).append(series)
@@ -157,7 +158,7 @@ class LanesWriter:
         row = Row()
         for inst in instances:
             found = flows.get(id(inst))
-            fout, fin = (None, None) if found is None else (None, (found,)) if found.__class__ is int else found
+            fout, fin = (None, None) if found is None else (None, (found,)) if isinstance(found, int) else found
             if inst.source_flow is not None:
                 fin = (*(fin or ()), inst.source_flow)
             data = seq.body(inst.collective, "collective", None)

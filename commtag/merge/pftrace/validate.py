@@ -222,29 +222,29 @@ class _Checker:
 def validate_file(path: Path | str) -> list[Violation]:
     """Every import-rule violation in a .pftrace, gzipped or not (empty: it loads as written).
 
-    Raises :class:`TraceReadError` on a file that is no Perfetto trace at all
+    Raises :class:`TraceReadError`, naming the file, on a file that is no Perfetto trace at all
     (empty, a JSON trace, not framed as one).
     """
     checker = _Checker()
     try:
         kind, gzipped = sniff(Path(path))
         if kind == EMPTY:
-            raise TraceReadError(f"{'gzipped ' if gzipped else ''}empty file, not a .pftrace")
+            raise TraceReadError(f"{path}: {'gzipped ' if gzipped else ''}empty file, not a .pftrace")
         if kind == JSON:
-            raise TraceReadError(f"this is a {'gzipped ' if gzipped else ''}JSON file (a profiler trace?), not a "
+            raise TraceReadError(f"{path}: this is a {'gzipped ' if gzipped else ''}JSON file (a profiler trace?), not a "
                                  ".pftrace: `commtag merge` turns profiler traces into one")
         with open_decompressed(Path(path)) as stream:
             for idx, raw in enumerate(iter_frames(stream)):
                 try:
                     packet = pb.TracePacket.FromString(raw)
                 except DecodeError as exc:
-                    raise TraceReadError(f"packet {idx} does not parse as a TracePacket ({exc})") from None
+                    raise TraceReadError(f"{path}: packet {idx} does not parse as a TracePacket ({exc})") from None
                 checker.packet(idx, packet)
     except FrameError as exc:
-        raise TraceReadError(str(exc)) from None
+        raise TraceReadError(f"{path}: {exc}") from None
     except GZIP_ERRORS as exc:
-        raise TraceReadError(f"corrupt gzip stream ({exc})") from None
+        raise TraceReadError(f"{path}: corrupt gzip stream ({exc})") from None
     except OSError as exc:
-        raise TraceReadError(f"cannot read: {exc.strerror or exc}") from None
+        raise TraceReadError(f"{path}: cannot read: {exc.strerror or exc}") from None
     checker.finish()
     return checker.violations

@@ -131,9 +131,10 @@ def _save_torch_dump(path: Path) -> None:
     """torch's own Flight Recorder dump, where its recorder is on (TORCH_FR_BUFFER_SIZE > 0)."""
     if int(os.environ.get(fr.FR_BUFFER_SIZE_ENV, "0") or 0) <= 0:
         return
-    from torch._C._distributed_c10d import _dump_fr_trace
+    import torch._C._distributed_c10d as c10d
 
-    write_atomic(path, _dump_fr_trace(True, True, False))
+    dump = getattr(c10d, "_dump_fr_trace")  # private: the stubs of some torch versions lack it
+    write_atomic(path, dump(True, True, False))
 
 
 def dump_document(slots: list[Slot], reason: str, rank: int, size: int) -> dict[str, Any]:
