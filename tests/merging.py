@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Union
 
 import commtag.merge
 from commtag.merge.analysis.analyze import analyze
-from commtag.merge.analysis.results import MatchedCollective
+from commtag.merge.analysis.results import Analysis, MatchedCollective
 from commtag.merge.engine.options import AnalysisHook, MergeResult
 from commtag.merge.pftrace.readback import read_merged
 
@@ -19,9 +19,14 @@ def merge(inputs: Union[Sequence[Union[Path, str]], Path, str], output: Optional
     return commtag.merge.merge(inputs, output, jobs=1, analysis=analysis, **options)
 
 
-def matched(result: MergeResult) -> list[MatchedCollective]:
-    """The merge's collectives matched across their ranks, as ``commtag summary FILE`` matches them:
-    a result holds its instances (read back from its output), not the matched collectives, which
-    stay with the merge workers that matched them."""
+def analysed(result: MergeResult) -> Analysis:
+    """The merge's analysis as ``commtag summary FILE`` makes it from the merged trace, matched
+    collectives included: a result holds its instances (read back from its output), not the matched
+    collectives, which stay with the merge workers that matched them."""
     instances, _, coverage = read_merged(result.output)
-    return analyze(instances, coverage=coverage).collectives
+    return analyze(instances, coverage=coverage)
+
+
+def matched(result: MergeResult) -> list[MatchedCollective]:
+    """The merge's collectives matched across their ranks (see :func:`analysed`)."""
+    return analysed(result).collectives

@@ -25,7 +25,7 @@ from commtag.vocab import (
     COLLECTIVE_NAME_KEY, COMMS_OP, IN_SPLIT_KEY, KERNEL_CATEGORY, LEGACY_FORMAT, NCCL2_FORMAT, PG_NAME_KEY,
     PG_RANKS_KEY, RANK_KEY, SEND, SEQ_KEY,
 )
-from merging import merge
+from merging import matched, merge
 
 WORLD = JobGroup("0", "default_pg", (0, 1, 2, 3))
 JOB = (
@@ -152,7 +152,7 @@ def test_members_that_disagree_on_the_group_size_are_a_desync_without_busbw(tmp_
     result = merge(folder, tmp_path / "m.pftrace", analysis=True)
     found = [(f.kind.value, f.seq, f.ranks, f.fields) for f in result.analysis.findings]
     assert found == [("size_mismatch", 2, (1,), ("Group size",))], found
-    by_seq = {m.seq: m for m in result.analysis.collectives if m.collective == "allreduce"}
+    by_seq = {m.seq: m for m in matched(result) if m.collective == "allreduce"}
     assert by_seq[2].busbw_gbps is None and by_seq[2].skew_ns is not None
     assert all(m.busbw_gbps is not None for s, m in by_seq.items() if s != 2)
 

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from commtag.merge import merge
+from merging import analysed
 from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
 from commtag.vocab import LEGACY_FORMAT, NCCL2_BATCH_P2P, NCCL2_FORMAT, SEND
 
@@ -52,7 +53,7 @@ def _merged(tmp_path: Path, job, fmt: str, edit: Optional[Callable[[dict], None]
         (directory / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
         if sidecars:
             write_sidecar(directory / f"rank{rank}.commtag.json", sidecar(job, rank, 4, fmt, skew_us=5.0 * rank))
-    return merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1).analysis
+    return analysed(merge(directory, tmp_path / f"{fmt}.pftrace", jobs=1))
 
 
 def _view(analysis) -> tuple[list, list]:

@@ -105,6 +105,8 @@ def test_an_nccl2_group_is_annotated_in_nccl2s_format_through_every_patched_path
     assert [got[-1][8:] for got in results] == [("[1]", "[1]"), ("[0]", "[0]")]
     from commtag.merge import merge
 
-    analysis = merge(tmp_path, tmp_path / "merged.pftrace", jobs=1).analysis
+    from merging import analysed
+
+    analysis = analysed(merge(tmp_path, tmp_path / "merged.pftrace", jobs=1))
     batches = [m for m in analysis.collectives if m.collective == "batch_op_issue"]
     assert [sorted(m.members) for m in batches] == [[0, 1]] and not analysis.findings, analysis.findings

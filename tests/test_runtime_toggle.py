@@ -111,12 +111,12 @@ def test_toggling_leaves_calls_unrecorded_and_says_when(toggled):
 @pytest.mark.slow
 def test_the_merge_blames_no_rank_for_calls_made_while_commtag_was_off(toggled, tmp_path):
     from commtag.merge.analysis.hook import MergeAnalysis
-    from merging import merge
+    from merging import matched, merge
 
     traces, _ = toggled
     result = merge(traces, tmp_path / "merged.pftrace", analysis=MergeAnalysis(), progress=False)
     assert [f.message for f in result.analysis.desyncs] == []
-    both = [m for m in result.analysis.collectives if len(m.members) == WORLD]
+    both = [m for m in matched(result) if len(m.members) == WORLD]
     assert both and all(len({i.collective for i in m.members.values()}) == 1 for m in both)
     said = [n for n in result.notices if "commtag was not installed for" in n]
     assert sorted(n.split(":", 1)[0] for n in said) == ["rank 0", "rank 1"], result.notices

@@ -251,7 +251,7 @@ def test_readback_and_validate_read_a_cut_trace_with_the_one_frame_reader(tmp_pa
     with pytest.raises(ReadbackError) as by_readback:
         read_merged(path)
     said = f"truncated trace (the packet at byte {len(header(T0 + 500, T0))} is cut short: 50 of 80 bytes)"
-    assert str(by_validate.value) == said
+    assert str(by_validate.value) == f"{path}: {said}"
     assert str(by_readback.value) == f"{path}: {said}"
 
 

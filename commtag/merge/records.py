@@ -430,23 +430,6 @@ class Coverage:
                 "collectives of their groups are incomplete (marked missing_ranks, no skew or bandwidth)")
 
 
-def without_spans(windows: list[tuple[int, int]], holes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``windows`` less the time of ``holes`` (closed spans, e.g. where commtag was not installed on the
-    rank): what is left of each, in pieces, each a window of its own."""
-    for low, high in holes:
-        cut = []
-        for first, last in windows:
-            if high < first or last < low:
-                cut.append((first, last))
-                continue
-            if first < low:
-                cut.append((first, low - 1))
-            if high < last:
-                cut.append((high + 1, last))
-        windows = cut
-    return windows
-
-
 @dataclass(slots=True)
 class FileSpan:
     """What one merged trace file says of itself (and its sidecar, if any)."""

@@ -32,7 +32,7 @@ from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
 from commtag.merge.inputs.clock import checked_base_ns
 from commtag.merge.account import EventAccount
-from commtag.merge.records import GroupLane, Interner, without_spans
+from commtag.merge.records import GroupLane, Interner
 from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spans, keeper
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
@@ -43,7 +43,7 @@ from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info, records_in_span
 from commtag.merge.rank.rows import (
     OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
-    left_out_reason, RowNames, TraceRow, without_blind,
+    left_out_reason, RowNames, TraceRow, without_blind, without_spans,
 )
 
 _MAX_NS, _INF, _MISSING = (1 << 63) - 1, float("inf"), object()
