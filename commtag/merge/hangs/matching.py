@@ -33,9 +33,16 @@ def mismatches(table: dict[str, dict[int, dict[int, FrEntry]]], sizes: dict[str,
     is said (torch's analyzer stops at it too)."""
     found: list[Mismatch] = []
     for group, ranks in table.items():
-        seqs = sorted({s for entries in ranks.values() for s in entries})
-        for seq in seqs:
-            holders = sorted((r, entries[seq]) for r, entries in ranks.items() if seq in entries)
+        by_seq: dict[int, list[tuple[int, FrEntry]]] = {}
+        for rank in sorted(ranks):  # each Seq's holders in rank order, in one pass over the group
+            for seq, entry in ranks[rank].items():
+                holders = by_seq.get(seq)
+                if holders is None:
+                    by_seq[seq] = [(rank, entry)]
+                else:
+                    holders.append((rank, entry))
+        for seq in sorted(by_seq):
+            holders = by_seq[seq]
             if len(holders) < 2:
                 continue
             found.extend(_compare(group, seq, holders, sizes.get(group, len(holders))))
