@@ -7,6 +7,7 @@ it, and said so; a rank whose ring no longer holds a group's entries has no plac
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -183,13 +184,16 @@ def _progress(name: str, desc: str, by_rank: dict[int, FrDump], world: set[int],
         # The ring's entries, not pg_status: gloo counts its unrecorded send/recv there too.
         entries = [e for e in dump.by_group.get(name, ()) if not e.is_p2p and e.replay is None]
         if entries:
-            progress.entered[rank] = max(e.seq for e in entries)
+            progress.entered[rank] = max(map(_seq_of, entries))
             progress.ended[rank] = max((e.seq for e in entries if e.ended), default=0)
         elif whole_ring(dump):
             progress.entered[rank] = progress.ended[rank] = 0  # the whole ring is here: it never entered
         else:
             progress.unknown.append(rank)
     return progress
+
+
+_seq_of = operator.attrgetter("seq")
 
 
 def whole_ring(dump: FrDump) -> bool:

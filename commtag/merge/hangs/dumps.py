@@ -9,7 +9,6 @@ is refused in one line, never run.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import io
 import operator
@@ -181,7 +180,7 @@ def _dump(path: Path, rank: int, doc: dict) -> FrDump:
             dump.left_out[entry] = dump.left_out.get(entry, 0) + 1
         else:
             dump.entries.append(entry)
-    dump.entries.sort(key=lambda e: e.record_id)
+    dump.entries.sort(key=_record_id)
     for entry in dump.entries:
         group = dump.by_group.get(entry.group)
         if group is None:
@@ -230,8 +229,12 @@ def _entry(raw: Any, members: dict[str, tuple[int, ...]], by_commtag: bool) -> F
         state = raw.get(fr.E_STATE, "")
     if (type(group) not in (list, tuple) or len(group) != 2 or type(name) is not str or type(seq) is not int):
         return "an entry without a process_group, profiling_name or collective_seq_id as torch writes them"
-    backend, op, meta = _split_name(name)
-    group_name, desc = _group_names(group)
+    known = _CALLS.get((name, group)) if type(group) is tuple else None
+    if known is None:
+        known = _call_names(name, group)
+        if type(group) is tuple and type(group[0]) is str and type(group[1]) is str and len(_CALLS) < _SHARED_MAX:
+            _CALLS[(name, group)] = known
+    backend, op, meta, group_name, desc, name = known
     state = sys.intern(state) if type(state) is str else str(state)
     is_p2p = op in fr.FR_P2P_OPS or is_p2p is True
     completed_ns = completed_ns if type(completed_ns) is int and completed_ns else None
@@ -254,23 +257,20 @@ def _entry(raw: Any, members: dict[str, tuple[int, ...]], by_commtag: bool) -> F
         created if type(created) is int else 0, end_ns or completed_ns,
         in_sizes, out_sizes, in_dtypes, out_dtypes,
         is_p2p, record_id if type(record_id) is int else 0, pg_id if type(pg_id) is int else None,
-        in_splits, out_splits, replay, sys.intern(name), error if type(error) is str else None,
+        in_splits, out_splits, replay, name, error if type(error) is str else None,
     )
 
 
-#: A group's (name, description) as read, by the pair the dump wrote: a ring holds a few groups.
-_GROUPS: dict[tuple, tuple[str, str]] = {}
+#: (profiling name, process_group) as read -> what :func:`_call_names` makes of them: a ring repeats a
+#: few calls on a few groups, each read once.
+_CALLS: dict[tuple, tuple[str, str, Optional[str], str, str, str]] = {}
 
 
-def _group_names(group: Any) -> tuple[str, str]:
-    """``process_group``'s name and description as strings, interned, found once per distinct pair."""
-    if type(group[0]) is str and type(group[1]) is str:
-        key = (group[0], group[1])
-        found = _GROUPS.get(key)
-        if found is None:
-            found = _GROUPS[key] = (sys.intern(group[0]), sys.intern(group[1]))
-        return found
-    return _text(group[0]), _text(group[1])
+def _call_names(name: str, group: Any) -> tuple[str, str, Optional[str], str, str, str]:
+    """The backend, op and p2p detail of a profiling name, the group's name and description, and the
+    name itself, strings interned."""
+    backend, op, meta = fr.split_profiling_name(name)
+    return backend, op, meta, _text(group[0]), _text(group[1]), sys.intern(name)
 
 
 #: The recent distinct shapes (sizes and dtypes, in and out) as read and as kept: a ring repeats a few.
@@ -289,6 +289,8 @@ def _shape(raw: tuple) -> tuple[list, list, list, list]:
     _RECENT_SHAPES.insert(0, (raw, kept))
     return kept
 
+
+_record_id = operator.attrgetter("record_id")
 
 #: One object per distinct size or dtype list across every dump read: a 1,024-rank job's rings hold
 #: millions of entries of a few shapes. The recent distinct values are compared first (list equality,
@@ -321,11 +323,6 @@ def _text(value: Any) -> str:
     return sys.intern(value) if type(value) is str else str(value)
 
 
-@functools.lru_cache(maxsize=4096)
-def _split_name(name: str) -> tuple[str, str, Optional[str]]:
-    return fr.split_profiling_name(name)
-
-
 def _list(value: Any) -> list:
     """Sizes as lists (a pickle's tuples and a JSON's lists compare alike)."""
     if isinstance(value, (list, tuple)):
@@ -355,4 +352,4 @@ def read_dumps(folder: Path) -> list[FrDump]:
         _SHARED.clear()
         _RECENT.clear()
         _RECENT_SHAPES.clear()
-        _GROUPS.clear()
+        _CALLS.clear()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 from commtag.merge.hangs.dumps import FrEntry
@@ -54,8 +55,9 @@ def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int
     ones out are named, not the reference (torch's analyzer takes the first rank it reads as the
     reference, and then names every other rank)."""
     first_entry = holders[0][1]
-    if all(_same(first_entry, e) for _, e in holders[1:]) and first_entry.op not in fr.FR_ALL_TO_ALL_OPS:
-        return []  # the common case, decided without building a signature
+    reference = _call(first_entry)
+    if first_entry.op not in fr.FR_ALL_TO_ALL_OPS and all(map(reference.__eq__, map(_call, map(_entry_of, holders)))):
+        return []  # the common case, decided in C without building a signature (shared sizes compare by identity)
     counts: dict[tuple, int] = {}
     for _, entry in holders:
         counts[_signature(entry)] = counts.get(_signature(entry), 0) + 1
@@ -73,9 +75,9 @@ def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int
     return found
 
 
-def _same(a: FrEntry, b: FrEntry) -> bool:
-    return (a.op == b.op and a.state == b.state and a.input_sizes == b.input_sizes and a.output_sizes == b.output_sizes
-            and a.input_dtypes == b.input_dtypes and a.output_dtypes == b.output_dtypes)
+#: What two members' calls at one Seq must share to agree (torch's Op.match in the common case).
+_call = operator.attrgetter("op", "state", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+_entry_of = operator.itemgetter(1)
 
 
 def _signature(entry: FrEntry) -> tuple:
