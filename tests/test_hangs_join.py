@@ -83,3 +83,15 @@ def test_an_entry_whose_op_differs_from_the_profiled_call_is_named_not_joined(jo
     assert joined["joined"] == sum(PROFILED.values()) - 1
     assert joined["disagreements"] == ["rank 2 group 0 Seq 3: the dump says broadcast, the profile allreduce"]
     assert (2, "0", 3) not in {(c["rank"], c["pg"], c["seq"]) for c in joined["calls"]}
+
+
+@pytest.mark.slow
+def test_an_unreadable_dump_beside_traces_stops_the_merge_before_it_writes(job: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    folder = _folder(job, tmp_path, "torch", "fr_*")
+    (folder / "fr_1").write_bytes(b"\x80\x02not a pickle")
+    target = tmp_path / "out.pftrace"
+    assert main(["merge", str(folder), "-o", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fr_1" in err[0] and "Traceback" not in err[0]
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["torch"]
