@@ -75,7 +75,7 @@ class FrJoin:
 
 def group_name(instance: CollectiveInstance) -> str:
     """The c10d group name the trace recorded (the name a dump keys its entries by); the uid where none."""
-    name = instance.common_args.get(PG_NAME_KEY)
+    name = instance.common_args.get(PG_NAME_KEY, instance.args.get(PG_NAME_KEY))  # shared, or its own (read back)
     return str(name) if name not in (None, "") else instance.pg_uid
 
 
