@@ -23,7 +23,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     from commtag.report import tables as report
-    from commtag.report.hangs import hangs_text, load_hangs, only_dumps, summary_json
+    from commtag.report.hangs import hangs_text, join_profile, load_hangs, only_dumps, summary_json
     from commtag.report.inputs import SummaryInputError, load
 
     if args.plot is not None and not _can_plot():
@@ -36,11 +36,13 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         return 2
     warnings: list[str] = []
     notices: list[str] = []
-    dumps = load_hangs(args.input)
+    dumps, join = load_hangs(args.input), None
     try:
         analysis, kernels = load(args.input, straggler_min_skew_us=args.straggler_skew_us,
                                  rank_pattern=args.rank_pattern, rank=args.rank, warnings=warnings, notices=notices,
                                  nccl_inspector=args.nccl_inspector)
+        if dumps is not None:  # the same job profiled and dumped: the dumps' entries join its calls
+            join = join_profile(args.input, analysis)
     except SummaryInputError as exc:
         if dumps is None or not only_dumps(exc) or args.format == "csv" or args.plot is not None:
             raise
@@ -53,11 +55,11 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     sys.stderr.writelines([*(f"commtag summary: notice: {n}\n" for n in notices),
                            *(f"commtag summary: warning: {w}\n" for w in warnings)])
     if args.format == "json":
-        sys.stdout.buffer.write(summary_json(analysis, kernels, dumps))
+        sys.stdout.buffer.write(summary_json(analysis, kernels, dumps, join))
     elif args.format == "csv":
         sys.stdout.write(report.to_csv(analysis, args.table))
     else:
-        sys.stdout.write(report.to_text(analysis, kernels) + (hangs_text(dumps) if dumps is not None else ""))
+        sys.stdout.write(report.to_text(analysis, kernels) + (hangs_text(dumps, join) if dumps is not None else ""))
     if args.plot is not None:
         try:
             report.plot(analysis, args.plot)
@@ -78,7 +80,8 @@ def _can_plot() -> bool:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge import merge
-    from commtag.merge.hangs.trace import dumps_without_traces
+    from commtag.merge.hangs.trace import dumps_beside_traces, dumps_without_traces
+    from commtag.report.hangs import beside_profile
 
     from commtag.merge.engine.budget import parse_size
 
@@ -91,6 +94,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     dumps_only = dumps_without_traces(args.inputs)
     if dumps_only is not None:  # a hung job: Flight Recorder dumps and no profile
         return _merge_dumps(dumps_only, args.output)
+    dumps = dumps_beside_traces(args.inputs)  # read first: a bad dump stops the merge before it writes
     result = merge(args.inputs, args.output, align=args.align, json_dir=args.json, rank_pattern=args.rank_pattern,
                    rank=args.rank, skip_bad_ranks=args.skip_bad_ranks, strict=args.strict,
                    list_left_out=args.verbose, progress=False if args.no_progress else None, selection=selection,
@@ -102,6 +106,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
           *_account_lines(result.accounts, args.verbose)])
     if result.alignment is not None:
         sys.stderr.write(result.alignment.describe() + "\n")
+    if dumps:
+        _say("merge", beside_profile(dumps, result.instances))
     sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {result.slices} collective slices"
                      " (open it in https://ui.perfetto.dev)\n")
     return _report_desyncs([f.message for f in result.analysis.desyncs] if result.analysis else [], args.strict)

@@ -4,12 +4,14 @@ progress and the desyncs, grouped by what the ranks share so a 1,024-rank job re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import orjson
 
 from commtag.merge.analysis.results import Analysis
-from commtag.merge.hangs import Diagnosis, diagnose, find_dumps, read_dumps
+from commtag.merge.records import CollectiveInstance
+from commtag.merge.hangs import Diagnosis, FrDump, diagnose, find_dumps, read_dumps
+from commtag.merge.hangs.join import FrJoin, join_fr
 from commtag.merge.hangs.diagnose import Position, call_name, describe_ranks, entry_seq, plural_ranks, position_of
 from commtag.report.tables import REPORT_VERSION, to_json
 
@@ -26,6 +28,21 @@ def load_hangs(path: Path) -> Optional[Diagnosis]:
     return diagnose(read_dumps(path))
 
 
+def join_profile(path: Path, analysis: Analysis) -> FrJoin:
+    """The dumps in ``path`` joined to the profiled instances of ``analysis`` by (rank, group, Seq)."""
+    instances = [i for c in analysis.collectives for i in c.members.values()]
+    return join_fr(read_dumps(Path(path)), instances)
+
+
+def beside_profile(dumps: list[FrDump], instances: Sequence[CollectiveInstance]) -> list[str]:
+    """What `commtag merge` of a profile with its dumps says of them: the dumps' hangs and desyncs, then
+    how their entries joined the profiled calls (the merge's instances, read back from its output)."""
+    diagnosis = diagnose(dumps)
+    join = join_fr(dumps, instances)
+    return [*(h.message for h in diagnosis.hangs), *(m.message for m in diagnosis.mismatches), join.describe(),
+            *(f"not joined: {d}" for d in join.disagreements)]
+
+
 def only_dumps(exc: Exception) -> bool:
     """Whether the summary's error is only that no profiler trace was found (the dumps then stand alone)."""
     from commtag.merge.inputs.load import NoTraceFound
@@ -33,13 +50,17 @@ def only_dumps(exc: Exception) -> bool:
     return isinstance(exc.__cause__, NoTraceFound)
 
 
-def summary_json(analysis: Optional[Analysis], kernels: Optional[dict], diagnosis: Optional[Diagnosis]) -> bytes:
-    """The JSON summary: the profiles' (where there are any) with the dumps' keys and findings added."""
-    doc = orjson.loads(to_json(analysis, kernels)) if analysis is not None else {
+def summary_json(analysis: Optional[Analysis], kernels: Optional[dict], diagnosis: Optional[Diagnosis],
+                 join: Optional[FrJoin] = None) -> bytes:
+    """The JSON summary: the profiles' (where there are any) with the dumps' keys and findings added, and
+    ``fr_join`` where the dumps were joined to the profile."""
+    doc: dict[str, Any] = orjson.loads(to_json(analysis, kernels)) if analysis is not None else {
         "kind": "commtag-summary", "version": REPORT_VERSION, "findings": []}
     if diagnosis is not None:
         doc.update(hangs_json(diagnosis))
-        doc["findings"] = hang_findings(diagnosis) + doc["findings"]
+        doc["findings"] = [*hang_findings(diagnosis), *doc["findings"]]
+    if join is not None:
+        doc["fr_join"] = join.to_dict()
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 
 
@@ -63,8 +84,9 @@ def hangs_json(diagnosis: Diagnosis) -> dict[str, object]:
     }
 
 
-def hangs_text(diagnosis: Diagnosis) -> str:
-    """The dumps' report for a terminal: one answer first (who is stuck, in what), then the detail."""
+def hangs_text(diagnosis: Diagnosis, join: Optional[FrJoin] = None) -> str:
+    """The dumps' report for a terminal: one answer first (who is stuck, in what), then the detail, and
+    how the dumps joined the profile where there is one."""
     lines = [f"Flight Recorder dumps of {len(diagnosis.ranks)} ranks ({describe_ranks(diagnosis.ranks)}): "
              f"{_many(len(diagnosis.hangs), 'hang')}, {_many(len(diagnosis.mismatches), 'desync')}"]
     for rank in diagnosis.stuck():
@@ -89,6 +111,9 @@ def hangs_text(diagnosis: Diagnosis) -> str:
         lines.append(f"  {label}, {len(group.members)} members ({group.members_from}): {where}{unknown}")
     if len(diagnosis.groups) > MAX_LINES:
         lines.append(f"  ... {len(diagnosis.groups) - MAX_LINES} more groups (--format json lists them all)")
+    if join is not None:
+        lines.append(join.describe())
+        lines.extend(f"  not joined: {d}" for d in join.disagreements[:MAX_LINES])
     lines.extend(f"notice: {n}" for n in diagnosis.notices)
     return "\n".join(lines) + "\n"
 

@@ -7,10 +7,11 @@ it, and said so; a rank whose ring no longer holds a group's entries has no plac
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from commtag.merge.hangs.dumps import FrDump, FrEntry
+from commtag.merge.hangs.dumps import FrDump, FrEntry, collector_paused
 from commtag.merge.hangs.matching import Mismatch, mismatches
 from commtag.vocab import flight_recorder as fr
 
@@ -103,6 +104,11 @@ class Diagnosis:
 
 def diagnose(dumps: list[FrDump]) -> Diagnosis:
     """Every group of ``dumps`` diagnosed (the dumps of one job, one per rank)."""
+    with collector_paused():
+        return _diagnose(dumps)
+
+
+def _diagnose(dumps: list[FrDump]) -> Diagnosis:
     by_rank = {d.rank: d for d in dumps}
     notices = _version_notices(dumps)
     for dump in dumps:
@@ -117,7 +123,7 @@ def diagnose(dumps: list[FrDump]) -> Diagnosis:
         notices.append(f"no dump of ranks {describe_ranks(absent)}: their places are unknown")
     recorded: dict[str, set[int]] = {}
     for dump in dumps:
-        for group in {e.group for e in dump.entries}:
+        for group in dump.by_group:
             recorded.setdefault(group, set()).add(dump.rank)
     groups = [_progress(name, desc, by_rank, world, sorted(recorded[name]), notices)
               for name, desc in _group_names(dumps)]
@@ -139,8 +145,8 @@ def _version_notices(dumps: list[FrDump]) -> list[str]:
 def _group_names(dumps: list[FrDump]) -> list[tuple[str, str]]:
     names: dict[str, str] = {}
     for dump in dumps:
-        for entry in dump.entries:
-            names.setdefault(entry.group, entry.desc)
+        for group, entries in dump.by_group.items():
+            names.setdefault(group, entries[0].desc)
     return sorted(names.items(), key=lambda item: (len(item[0]), item[0]))
 
 
@@ -148,9 +154,10 @@ def groups_entries(dumps: list[FrDump]) -> dict[str, dict[int, dict[int, FrEntry
     """Group -> rank -> Seq -> its collective entry (p2p left out)."""
     table: dict[str, dict[int, dict[int, FrEntry]]] = {}
     for dump in dumps:
-        for entry in dump.entries:
-            if not entry.is_p2p and entry.replay is None:
-                table.setdefault(entry.group, {}).setdefault(dump.rank, {})[entry.seq] = entry
+        for group, entries in dump.by_group.items():
+            seqs = {e.seq: e for e in entries if not e.is_p2p and e.replay is None}
+            if seqs:
+                table.setdefault(group, {})[dump.rank] = seqs
     return table
 
 
@@ -175,15 +182,18 @@ def _progress(name: str, desc: str, by_rank: dict[int, FrDump], world: set[int],
         if dump is None:
             continue
         # The ring's entries, not pg_status: gloo counts its unrecorded send/recv there too.
-        entries = [e for e in dump.entries if e.group == name and not e.is_p2p and e.replay is None]
+        entries = [e for e in dump.by_group.get(name, ()) if not e.is_p2p and e.replay is None]
         if entries:
-            progress.entered[rank] = max(e.seq for e in entries)
+            progress.entered[rank] = max(map(_seq_of, entries))
             progress.ended[rank] = max((e.seq for e in entries if e.ended), default=0)
         elif whole_ring(dump):
             progress.entered[rank] = progress.ended[rank] = 0  # the whole ring is here: it never entered
         else:
             progress.unknown.append(rank)
     return progress
+
+
+_seq_of = operator.attrgetter("seq")
 
 
 def whole_ring(dump: FrDump) -> bool:
@@ -199,14 +209,14 @@ def _collective_hang(group: GroupProgress, by_rank: dict[int, FrDump]) -> Option
     seq = low + 1
     entered = sorted(r for r, s in group.entered.items() if s >= seq)
     missing = sorted(r for r, s in group.entered.items() if s == low)
-    collective = next((e.op for r in entered for e in by_rank[r].entries
-                       if e.group == group.pg and e.seq == seq and not e.is_p2p), "not in the rings")
+    collective = next((e.op for r in entered for e in by_rank[r].by_group.get(group.pg, ())
+                       if e.seq == seq and not e.is_p2p), "not in the rings")
     return Hang(pg=group.pg, desc=group.desc, seq=seq, collective=collective, entered=entered, missing=missing,
                 last={r: _last(by_rank[r], group.pg) for r in sorted(group.entered)})
 
 
 def _last(dump: FrDump, group: str, p2p: bool = False) -> Position:
-    entries = [e for e in dump.entries if e.group == group and e.is_p2p == p2p]
+    entries = [e for e in dump.by_group.get(group, ()) if e.is_p2p == p2p]
     if not entries:
         return Position(seq=0, collective="none in the ring", state="", ended=True)
     return position_of(entries[-1])
@@ -241,8 +251,8 @@ def _p2p_hangs(by_rank: dict[int, FrDump], notices: list[str]) -> list[Hang]:
                 unjudged += 1
                 continue
             wanted = "recv" if entry.op == "send" else "send"
-            ordinals = [e.pair_seq for e in peer_dump.entries if e.is_p2p and e.op == wanted and e.peer == rank
-                        and e.group == entry.group and e.pair_seq is not None]
+            ordinals = [e.pair_seq for e in peer_dump.by_group.get(entry.group, ()) if e.is_p2p and e.op == wanted
+                        and e.peer == rank and e.pair_seq is not None]
             if entry.pair_seq in ordinals:
                 continue
             if not ordinals and not whole_ring(peer_dump):

@@ -8,16 +8,17 @@ is refused in one line, never run.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import gc
 import io
+import operator
 import os
 import pickle
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import orjson
 
@@ -96,6 +97,8 @@ class FrDump:
     world_size: Optional[int] = None
     #: Entries of the ring left out, by why (unknown op names, missing keys).
     left_out: dict[str, int] = field(default_factory=dict)
+    #: Group name -> its entries, in record order: the diagnosis reads each group's alone.
+    by_group: dict[str, list[FrEntry]] = field(default_factory=dict)
 
 
 def find_dumps(folder: Path) -> dict[int, Path]:
@@ -172,12 +175,17 @@ def _dump(path: Path, rank: int, doc: dict) -> FrDump:
                   dump_ns=_int(doc.get(fr.CT_DUMP_NS)), by_commtag=fr.CT_RANK in doc,
                   world_size=_int(doc.get(fr.CT_WORLD_SIZE)))
     for raw in doc[fr.FR_ENTRIES]:
-        entry = _entry(raw, dump.members)
+        entry = _entry(raw, dump.members, dump.by_commtag)
         if isinstance(entry, str):
             dump.left_out[entry] = dump.left_out.get(entry, 0) + 1
         else:
             dump.entries.append(entry)
-    dump.entries.sort(key=lambda e: e.record_id)
+    dump.entries.sort(key=_record_id)
+    for entry in dump.entries:
+        group = dump.by_group.get(entry.group)
+        if group is None:
+            group = dump.by_group[entry.group] = []
+        group.append(entry)
     return dump
 
 
@@ -199,39 +207,90 @@ def _int(value: Any) -> Optional[int]:
     return value if type(value) is int else None
 
 
-def _entry(raw: Any, members: dict[str, tuple[int, ...]]) -> FrEntry | str:
-    """An entry, or why it is left out (read on every entry of every ring: kept to plain lookups)."""
+#: The keys of torch's entry the diagnosis reads, fetched in one call where all are there (torch writes
+#: every one); an entry that lacks some is read key by key.
+_TORCH_KEYS = (fr.E_PROCESS_GROUP, fr.E_PROFILING_NAME, fr.E_SEQ, fr.E_STATE, fr.E_IS_P2P, fr.E_COMPLETED_NS,
+               fr.E_CREATED_NS, fr.E_P2P_SEQ, fr.E_RECORD_ID, fr.E_PG_ID, fr.E_INPUT_SIZES, fr.E_OUTPUT_SIZES,
+               fr.E_INPUT_DTYPES, fr.E_OUTPUT_DTYPES, fr.E_RETIRED)
+_torch_fields = operator.itemgetter(*_TORCH_KEYS)
+
+
+def _entry(raw: Any, members: dict[str, tuple[int, ...]], by_commtag: bool) -> FrEntry | str:
+    """An entry, or why it is left out (read on every entry of every ring: one call fetches torch's keys,
+    commtag's are looked up only in commtag's dumps, the shared values are found once per distinct value)."""
     if type(raw) is not dict:
         return "an entry that is not a mapping"
-    get = raw.get
-    group, name, seq = get(fr.E_PROCESS_GROUP), get(fr.E_PROFILING_NAME), get(fr.E_SEQ)
+    try:
+        (group, name, seq, state, is_p2p, completed_ns, created, p2p_seq, record_id, pg_id,
+         in_sizes, out_sizes, in_dtypes, out_dtypes, retired) = _torch_fields(raw)
+    except KeyError:
+        (group, name, seq, state, is_p2p, completed_ns, created, p2p_seq, record_id, pg_id,
+         in_sizes, out_sizes, in_dtypes, out_dtypes, retired) = map(raw.get, _TORCH_KEYS)
+        state = raw.get(fr.E_STATE, "")
     if (type(group) not in (list, tuple) or len(group) != 2 or type(name) is not str or type(seq) is not int):
         return "an entry without a process_group, profiling_name or collective_seq_id as torch writes them"
-    backend, op, meta = _split_name(name)
-    state = _text(get(fr.E_STATE, ""))
-    is_p2p = op in fr.FR_P2P_OPS or get(fr.E_IS_P2P) is True
-    peer = _int(get(fr.CT_PEER))
+    known = _CALLS.get((name, group)) if type(group) is tuple else None
+    if known is None:
+        known = _call_names(name, group)
+        if type(group) is tuple and type(group[0]) is str and type(group[1]) is str and len(_CALLS) < _SHARED_MAX:
+            _CALLS[(name, group)] = known
+    backend, op, meta, group_name, desc, name = known
+    state = sys.intern(state) if type(state) is str else str(state)
+    is_p2p = op in fr.FR_P2P_OPS or is_p2p is True
+    completed_ns = completed_ns if type(completed_ns) is int and completed_ns else None
+    peer = pair_seq = end_ns = in_splits = out_splits = replay = error = None
+    if by_commtag:
+        get = raw.get
+        peer, pair_seq, error = _int(get(fr.CT_PEER)), _int(get(fr.CT_PAIR_SEQ)), get(fr.CT_ERROR)
+        if get(fr.CT_END_NS) is not None or get(fr.CT_IN_SPLITS) is not None or get(fr.CT_REPLAY) is not None:
+            end_ns, replay = _int(get(fr.CT_END_NS)), _int(get(fr.CT_REPLAY))
+            in_splits, out_splits = _list(get(fr.CT_IN_SPLITS)) or None, _list(get(fr.CT_OUT_SPLITS)) or None
     if peer is None and is_p2p:
         group_peer = fr.p2p_peer(op, meta)
-        ranks = members.get(str(group[0]))
+        ranks = members.get(group_name)
         if group_peer is not None and ranks and 0 <= group_peer < len(ranks):
             peer = ranks[group_peer]
-    completed_ns = _int(get(fr.E_COMPLETED_NS)) or None
-    extra = get(fr.CT_END_NS) is not None or get(fr.CT_IN_SPLITS) is not None or get(fr.CT_REPLAY) is not None
-    error = get(fr.CT_ERROR)
+    in_sizes, out_sizes, in_dtypes, out_dtypes = _shape((in_sizes, out_sizes, in_dtypes, out_dtypes))
     return FrEntry(
-        _text(group[0]), _text(group[1]), seq, _int(get(fr.E_P2P_SEQ)) or 0, backend, op, peer,
-        _int(get(fr.CT_PAIR_SEQ)), state,
-        state == fr.STATE_COMPLETED or get(fr.E_RETIRED) is True or completed_ns is not None,
-        _int(get(fr.E_CREATED_NS)) or 0, (_int(get(fr.CT_END_NS)) if extra else None) or completed_ns,
-        _shared(get(fr.E_INPUT_SIZES)), _shared(get(fr.E_OUTPUT_SIZES)),
-        _shared(get(fr.E_INPUT_DTYPES)), _shared(get(fr.E_OUTPUT_DTYPES)),
-        is_p2p, _int(get(fr.E_RECORD_ID)) or 0, _int(get(fr.E_PG_ID)),
-        (_list(get(fr.CT_IN_SPLITS)) or None) if extra else None,
-        (_list(get(fr.CT_OUT_SPLITS)) or None) if extra else None,
-        _int(get(fr.CT_REPLAY)) if extra else None, _text(name), error if type(error) is str else None,
+        group_name, desc, seq, p2p_seq if type(p2p_seq) is int else 0, backend, op, peer, pair_seq, state,
+        state == fr.STATE_COMPLETED or retired is True or completed_ns is not None,
+        created if type(created) is int else 0, end_ns or completed_ns,
+        in_sizes, out_sizes, in_dtypes, out_dtypes,
+        is_p2p, record_id if type(record_id) is int else 0, pg_id if type(pg_id) is int else None,
+        in_splits, out_splits, replay, name, error if type(error) is str else None,
     )
 
+
+#: (profiling name, process_group) as read -> what :func:`_call_names` makes of them: a ring repeats a
+#: few calls on a few groups, each read once.
+_CALLS: dict[tuple, tuple[str, str, Optional[str], str, str, str]] = {}
+
+
+def _call_names(name: str, group: Any) -> tuple[str, str, Optional[str], str, str, str]:
+    """The backend, op and p2p detail of a profiling name, the group's name and description, and the
+    name itself, strings interned."""
+    backend, op, meta = fr.split_profiling_name(name)
+    return backend, op, meta, _text(group[0]), _text(group[1]), sys.intern(name)
+
+
+#: The recent distinct shapes (sizes and dtypes, in and out) as read and as kept: a ring repeats a few.
+_RECENT_SHAPES: list[tuple[tuple, tuple[list, list, list, list]]] = []
+
+
+def _shape(raw: tuple) -> tuple[list, list, list, list]:
+    """An entry's four size and dtype values as shared lists (:func:`_shared`); the recent shapes are
+    compared whole first (tuple equality, in C), so a repeated shape costs one comparison."""
+    for seen, kept in _RECENT_SHAPES:
+        if seen == raw:
+            return kept
+    kept = (_shared(raw[0]), _shared(raw[1]), _shared(raw[2]), _shared(raw[3]))
+    if len(_RECENT_SHAPES) >= _RECENT_MAX:
+        _RECENT_SHAPES.pop()
+    _RECENT_SHAPES.insert(0, (raw, kept))
+    return kept
+
+
+_record_id = operator.attrgetter("record_id")
 
 #: One object per distinct size or dtype list across every dump read: a 1,024-rank job's rings hold
 #: millions of entries of a few shapes. The recent distinct values are compared first (list equality,
@@ -264,11 +323,6 @@ def _text(value: Any) -> str:
     return sys.intern(value) if type(value) is str else str(value)
 
 
-@functools.lru_cache(maxsize=4096)
-def _split_name(name: str) -> tuple[str, str, Optional[str]]:
-    return fr.split_profiling_name(name)
-
-
 def _list(value: Any) -> list:
     """Sizes as lists (a pickle's tuples and a JSON's lists compare alike)."""
     if isinstance(value, (list, tuple)):
@@ -276,16 +330,26 @@ def _list(value: Any) -> list:
     return []
 
 
-def read_dumps(folder: Path) -> list[FrDump]:
-    """Every dump in ``folder``, in rank order (DumpError at the first that cannot be read). The
-    collector is paused meanwhile: millions of new dicts and lists, none in a cycle, would set it off
-    again and again (torch's analyzer pauses it too)."""
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic collector paused: reading and diagnosing a job's dumps makes millions of objects, none
+    in a cycle, that would set it off again and again over every entry read (torch's analyzer pauses it too)."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        return [read_dump(path, rank) for rank, path in find_dumps(folder).items()]
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+def read_dumps(folder: Path) -> list[FrDump]:
+    """Every dump in ``folder``, in rank order (DumpError at the first that cannot be read)."""
+    try:
+        with collector_paused():
+            return [read_dump(path, rank) for rank, path in find_dumps(folder).items()]
     finally:
         _SHARED.clear()
         _RECENT.clear()
-        if paused:
-            gc.enable()
+        _RECENT_SHAPES.clear()
+        _CALLS.clear()

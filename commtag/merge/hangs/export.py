@@ -74,7 +74,7 @@ def _document(rank: int, instances: list[CollectiveInstance], renumbered: set[tu
     instances = sorted(instances, key=lambda i: (i.start_ns, i.seq))
     groups: dict[str, tuple[str, str, tuple[int, ...]]] = {}
     counters: dict[str, int] = {}
-    entries = []
+    entries: list[dict] = []
     for instance in instances:
         name, desc = _group_names(instance)
         groups.setdefault(name, (name, desc, instance.group_ranks))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 from commtag.merge.hangs.dumps import FrEntry
@@ -33,9 +34,16 @@ def mismatches(table: dict[str, dict[int, dict[int, FrEntry]]], sizes: dict[str,
     is said (torch's analyzer stops at it too)."""
     found: list[Mismatch] = []
     for group, ranks in table.items():
-        seqs = sorted({s for entries in ranks.values() for s in entries})
-        for seq in seqs:
-            holders = sorted((r, entries[seq]) for r, entries in ranks.items() if seq in entries)
+        by_seq: dict[int, list[tuple[int, FrEntry]]] = {}
+        for rank in sorted(ranks):  # each Seq's holders in rank order, in one pass over the group
+            for seq, entry in ranks[rank].items():
+                holders = by_seq.get(seq)
+                if holders is None:
+                    by_seq[seq] = [(rank, entry)]
+                else:
+                    holders.append((rank, entry))
+        for seq in sorted(by_seq):
+            holders = by_seq[seq]
             if len(holders) < 2:
                 continue
             found.extend(_compare(group, seq, holders, sizes.get(group, len(holders))))
@@ -47,8 +55,9 @@ def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int
     ones out are named, not the reference (torch's analyzer takes the first rank it reads as the
     reference, and then names every other rank)."""
     first_entry = holders[0][1]
-    if all(_same(first_entry, e) for _, e in holders[1:]) and first_entry.op not in fr.FR_ALL_TO_ALL_OPS:
-        return []  # the common case, decided without building a signature
+    reference = _call(first_entry)
+    if first_entry.op not in fr.FR_ALL_TO_ALL_OPS and all(map(reference.__eq__, map(_call, map(_entry_of, holders)))):
+        return []  # the common case, decided in C without building a signature (shared sizes compare by identity)
     counts: dict[tuple, int] = {}
     for _, entry in holders:
         counts[_signature(entry)] = counts.get(_signature(entry), 0) + 1
@@ -66,9 +75,9 @@ def _compare(group: str, seq: int, holders: list[tuple[int, FrEntry]], size: int
     return found
 
 
-def _same(a: FrEntry, b: FrEntry) -> bool:
-    return (a.op == b.op and a.state == b.state and a.input_sizes == b.input_sizes and a.output_sizes == b.output_sizes
-            and a.input_dtypes == b.input_dtypes and a.output_dtypes == b.output_dtypes)
+#: What two members' calls at one Seq must share to agree (torch's Op.match in the common case).
+_call = operator.attrgetter("op", "state", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+_entry_of = operator.itemgetter(1)
 
 
 def _signature(entry: FrEntry) -> tuple:
@@ -107,12 +116,13 @@ def _dtypes(entry: FrEntry) -> set:
 def _splits(group: str, seq: int, holders: list[tuple[int, FrEntry]]) -> list[Mismatch]:
     """What rank a sends to rank b (its input split b) must be what b receives from a (its output split a);
     judged where every holder's splits are known and span the holders."""
-    known = {r: e for r, e in holders if e.input_splits is not None and e.output_splits is not None}
+    known = {r: (e.input_splits, e.output_splits) for r, e in holders
+             if e.input_splits is not None and e.output_splits is not None}
     order = sorted(known)
     found = []
     for a in order:
         for b in order:
-            sent, received = known[a].input_splits, known[b].output_splits
+            sent, received = known[a][0], known[b][1]
             ia, ib = order.index(b), order.index(a)
             if len(sent) == len(order) and len(received) == len(order) and sent[ia] != received[ib]:
                 found.append(Mismatch(group, seq, "splits", [a, b],

@@ -120,6 +120,14 @@ def dumps_without_traces(inputs: list[Path]) -> Optional[Path]:
     return Path(inputs[0])
 
 
+def dumps_beside_traces(inputs: list[Path]) -> list[FrDump]:
+    """The Flight Recorder dumps directly in the input folders of a merge of profiler traces, read
+    (DumpError: one that cannot be read); their entries join the profiled calls."""
+    from commtag.merge.hangs.dumps import read_dumps
+
+    return [dump for folder in inputs if Path(folder).is_dir() for dump in read_dumps(Path(folder))]
+
+
 def merge_dumps(folder: Path, output: Optional[Path]) -> tuple[Path, int, Diagnosis]:
     """`commtag merge` of a folder of dumps alone: the trace written, the calls drawn, the diagnosis."""
     from commtag.merge.hangs.diagnose import diagnose
