@@ -42,6 +42,9 @@ META_VERSION, META_HOSTNAME, META_PID, META_DUMP_US = (
 #: AllReduce and an AllGather of one communicator number apart, so records are ordered by the file,
 #: never by ``coll_sn`` across functions. It counts NCCL operations, not torch calls (one c10d call
 #: may issue several; a CUDA-graph replay counts, as the plugin asks for kernel channel events).
+#: From NCCL 2.29.2 a Broadcast runs as a batched AllGatherV by default (src/enqueue.cc,
+#: NCCL_ALLGATHERV_ENABLE, outside a confidential-compute communicator), a task the profiler is never
+#: told of (src/plugin/profiler.cc starts events for the plan's collective tasks only): it has no record.
 COLL_NAME, COLL_SN, COLL_BYTES, COLL_EXEC_US, COLL_SOURCE, COLL_ALGBW, COLL_BUSBW = (
     "coll", "coll_sn", "coll_msg_size_bytes", "coll_exec_time_us", "coll_timing_source", "coll_algobw_gbs",
     "coll_busbw_gbs")
