@@ -1,13 +1,16 @@
 """NCCL Inspector dumps joined to the merged collectives (``--nccl-inspector``).
 
-On a generated 8-rank set, with dumps written in the plugin's format for its collectives
-(tests/inspector_dumps.py, each field citing the plugin): ranks 0-3 dump as they go (v4.2) with
-records of operations before the profiled window, operations the traces do not show and no
-record of operations below the plugin's minimum size; ranks 4-7 dump at teardown (v4.3); rank 0
-also dumps records of a communicator no trace shows. Every planted record joins exactly its
+On a generated 8-rank set, with dumps shaped exactly as NCCL's plugin writes them for its
+collectives (tests/inspector_dumps.py, each field citing NCCL's source; ``coll_sn`` counted per
+NCCL function, as NCCL does): ranks 0-3 dump as they go with records of operations before the
+profiled window, operations the traces do not show and no record of operations below the
+plugin's minimum size; ranks 4-7 dump once at teardown; rank 0 also dumps records of a
+communicator no trace shows. Every planted record joins exactly its
 instance and no instance gets another's, what joined nothing is counted, the summary of the
 directory and of the merged file agree, ``-j 2`` writes the same bytes, and a damaged dump stops
-the merge in one line.
+the merge in one line. On their own, a dump's records keep the order of its lines (NCCL's
+completion order) whatever their ``coll_sn``, p2p lines are passed over, and a line in a layout
+NCCL does not write is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import orjson
 import pytest
 
 from commtag.merge.engine.pipeline import collect
+from commtag.merge.errors import MergeInputError
+from commtag.merge.inputs.inspector import read_inspector
 from commtag.merge.pftrace.readback import read_merged
 from commtag.report.inputs import load
 from commtag.report.tables import to_json
@@ -41,7 +46,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     _, instances = collect([traces])
     sidecars = [orjson.loads(path.read_bytes()) for path in traces.glob("*.commtag.json")]
     processes = {s["rank"]: (s["host"], s["pid"]) for s in sidecars}
-    planted = write_dumps(instances, processes, root / "inspector", v43_ranks=frozenset({4, 5, 6, 7}))
+    planted = write_dumps(instances, processes, root / "inspector", teardown_ranks=frozenset({4, 5, 6, 7}))
     return traces, root / "inspector", planted
 
 
@@ -53,7 +58,7 @@ def test_each_record_joins_its_own_instance(job, tmp_path: Path) -> None:
     found = {(i.rank, i.pg_uid, i.seq, i.replay): i.arg("commtag nccl busbw GB/s") for i in instances}
     assert {key: value for key, value in found.items() if value is not None} == planted
     joined = [i for i in instances if i.arg("commtag nccl busbw GB/s") is not None]
-    assert all(i.arg("commtag nccl timing source") == "kernel_gpu" and i.arg("commtag nccl exec us") == 42.5
+    assert all(i.arg("commtag nccl timing source") == "kernel_gpu" and i.arg("commtag nccl exec us") == 42
                for i in joined)
     assert {r for r, *_ in planted} == set(range(8))
     # Ranks 0-3: per world communicator 2 records from before the window and 34 of operations the
@@ -118,3 +123,42 @@ def test_a_damaged_dump_stops_the_merge_in_one_line(job, tmp_path: Path) -> None
         lines = [line for line in done.stderr.splitlines() if str(victim) in line]
         assert len(lines) == 1 and "is not JSON" in lines[0], done.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["inspector"]
+
+
+def _line(coll: str, sn: int, *, version: str = "v4.0", dump_us: int = 7) -> dict:
+    """One line as NCCL's inspector_json.cc (inspectorCommInfoDumpColl, 5067397c) writes it."""
+    return {"header": {"id": "0x5", "comm_name": "default_pg:0", "rank": 1, "n_ranks": 2, "nnodes": 1},
+            "metadata": {"inspector_output_format_version": version, "git_rev": "0000000",
+                         "rec_mechanism": "nccl_profiler_interface", "dump_timestamp_us": dump_us,
+                         "hostname": "node0", "pid": 11},
+            "coll_perf": {"coll": coll, "coll_sn": sn, "coll_msg_size_bytes": 4096, "coll_exec_time_us": 3,
+                          "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 1.5, "coll_busbw_gbs": 2.25}}
+
+
+def _write(folder: Path, docs: list[dict]) -> Path:
+    folder.mkdir()
+    (folder / "node0-pid11.log").write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    return folder
+
+
+def test_records_keep_nccls_completion_order_across_functions(tmp_path: Path) -> None:
+    # NCCL numbers each function apart: AllReduce 0, 1, 2 and AllGather 0, 1 interleaved.
+    order = [("AllReduce", 0), ("AllReduce", 1), ("AllGather", 0), ("AllReduce", 2), ("AllGather", 1)]
+    p2p = {"header": _line("AllReduce", 0)["header"], "metadata": _line("AllReduce", 0)["metadata"],
+           "p2p_perf": {"p2p": "Send", "p2p_sn": 1, "p2p_peer": 0, "p2p_msg_size_bytes": 64}}
+    docs = [_line(coll, sn, dump_us=10 + k) for k, (coll, sn) in enumerate(order)]
+    dumps = read_inspector(_write(tmp_path / "d", docs[:2] + [p2p] + docs[2:]))
+    assert [(r.coll, r.sn) for r in dumps[("default_pg:0", 1)]] == order
+    assert dumps[("default_pg:0", 1)][0].exec_us == 3.0 and dumps[("default_pg:0", 1)][0].dump_ns == 10_000
+
+
+@pytest.mark.parametrize("doc", [
+    {"dump_stats": {"header": _line("AllReduce", 0)["header"], "metadata": _line("AllReduce", 0)["metadata"]}},
+    {"coll_perf": _line("AllReduce", 0)["coll_perf"]},
+    _line("AllReduce", 0, version="v4.3"),
+], ids=["header-once", "perf-alone", "version"])
+def test_a_layout_nccl_does_not_write_is_refused(tmp_path: Path, doc: dict) -> None:
+    folder = _write(tmp_path / "d", [_line("AllReduce", 0), doc])
+    with pytest.raises(MergeInputError) as caught:
+        read_inspector(folder)
+    assert "node0-pid11.log" in str(caught.value) and "line 2" in str(caught.value)

@@ -3,12 +3,13 @@
 A record is one NCCL operation on one communicator as one rank saw it (:mod:`commtag.vocab.inspector`).
 Its communicator is a process group: torch names it ``"<group_desc>:<group_name>"``; its rank in the
 communicator is the group's member at that index. ``coll_sn`` counts NCCL operations, not c10d
-calls (nccl2 may issue several per call, a graph replay issues its own), so a record is never
-joined by Seq: per communicator and rank, the records in ``coll_sn`` order meet the instances NCCL
-ran (not p2p, timed by a kernel or a graph replay) in start order, where op and size agree
-(:func:`_join_in_order` says each step). Where no record was dumped before the last profiled
-instance ended (a dump at teardown; v4.3 records carry no time of their own) their order cannot be
-placed against the profiled window: they join only where they match the instances one to one.
+calls (nccl2 may issue several per call, a graph replay issues its own) and is counted per NCCL
+function, so a record is never joined by Seq, nor ordered by ``coll_sn``: per communicator and
+rank, the records in the order NCCL completed them (the order of the dump's lines) meet the
+instances NCCL ran (not p2p, timed by a kernel or a graph replay) in start order, where op and
+size agree (:func:`_join_in_order` says each step). Where no record was dumped before the last
+profiled instance ended (a dump at teardown) their order cannot be placed against the profiled
+window: they join only where they match the instances one to one.
 What joins nothing is counted.
 """
 
@@ -28,7 +29,7 @@ from commtag.merge.records import CollectiveInstance
 from commtag.vocab import (
     ANN_NCCL_ALGBW, ANN_NCCL_BUSBW, ANN_NCCL_EXEC_US, ANN_NCCL_SN, ANN_NCCL_SOURCE, COLL_ALGBW, COLL_BUSBW,
     COLL_BYTES, COLL_EXEC_US, COLL_NAME, COLL_SN, COLL_SOURCE, COLLECTIVES, HEADER_COMM_NAME, HEADER_N_RANKS,
-    HEADER_RANK, INSPECTOR_COLL_PERF, INSPECTOR_DUMP_STATS, INSPECTOR_FILE, INSPECTOR_HEADER, INSPECTOR_METADATA,
+    HEADER_RANK, INSPECTOR_COLL_PERF, INSPECTOR_FILE, INSPECTOR_HEADER, INSPECTOR_METADATA, INSPECTOR_P2P_PERF,
     INSPECTOR_VERSIONS, META_DUMP_US, META_HOSTNAME, META_PID, META_VERSION, PER_RANK_SIZE, PG_DESC_KEY, PG_NAME_KEY,
 )
 
@@ -46,8 +47,8 @@ class InspectorRecord:
     #: The host and process that wrote it.
     host: str
     pid: int
-    #: When its own record was dumped (ns); None where only its communicator's ``dump_stats`` says a time (v4.3).
-    dump_ns: Optional[int]
+    #: When its line was dumped (ns since the epoch).
+    dump_ns: int
     coll: str
     sn: int
     nbytes: int
@@ -62,7 +63,7 @@ class InspectorRecord:
         return self.nbytes * self.n_ranks if self.coll in PER_RANK_SIZE else self.nbytes
 
 
-#: Records by (communicator name, rank in it), each list in ``coll_sn`` order.
+#: Records by (communicator name, rank in it), each list in the order NCCL completed them.
 Dumps = dict[tuple[str, int], list[InspectorRecord]]
 
 
@@ -80,15 +81,13 @@ def read_inspector(folder: Path) -> Dumps:
     for path in paths:
         for rec in _read_file(path):
             out.setdefault((rec.comm_name, rec.comm_rank), []).append(rec)
-    for recs in out.values():
-        recs.sort(key=lambda r: r.sn)
+    for recs in out.values():  # each file's lines in order; a second process's after, by when it dumped
+        recs.sort(key=lambda r: r.dump_ns)
     return out
 
 
 def _read_file(path: Path) -> list[InspectorRecord]:
     out = []
-    header: Optional[dict] = None
-    metadata: Optional[dict] = None
     try:
         lines = path.read_bytes().splitlines()
     except OSError as exc:
@@ -102,16 +101,10 @@ def _read_file(path: Path) -> list[InspectorRecord]:
             raise MergeInputError(path, f"line {number} is not JSON (not an NCCL Inspector dump?)") from None
         if not isinstance(doc, dict):
             raise MergeInputError(path, f"line {number} is not a JSON object")
-        stats = doc.get(INSPECTOR_DUMP_STATS)
-        if isinstance(stats, dict):  # v4.3: the communicator's header and metadata, once
-            header, metadata = stats.get(INSPECTOR_HEADER), stats.get(INSPECTOR_METADATA)
-        header = doc.get(INSPECTOR_HEADER, header)
-        metadata = doc.get(INSPECTOR_METADATA, metadata)
-        perf = doc.get(INSPECTOR_COLL_PERF)
-        if perf is None:
-            continue  # a dump_stats record, or another kind (p2p_perf): no collective to join
+        if INSPECTOR_P2P_PERF in doc and INSPECTOR_COLL_PERF not in doc:
+            continue  # a point-to-point operation's line: no collective to join
         try:
-            out.append(_record(header, metadata, perf, INSPECTOR_METADATA in doc))
+            out.append(_record(doc))
         except (KeyError, TypeError, ValueError) as exc:
             raise MergeInputError(path, f"line {number}: {_problem(exc)}") from None
     return out
@@ -121,9 +114,10 @@ def _problem(exc: Exception) -> str:
     return f"missing {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
 
 
-def _record(header: Optional[dict], metadata: Optional[dict], perf: dict, own_time: bool) -> InspectorRecord:
-    if not isinstance(header, dict) or not isinstance(metadata, dict):
-        raise ValueError("a coll_perf record with no header or metadata before it")
+def _record(doc: dict) -> InspectorRecord:
+    header, metadata, perf = doc[INSPECTOR_HEADER], doc[INSPECTOR_METADATA], doc[INSPECTOR_COLL_PERF]
+    if not all(isinstance(part, dict) for part in (header, metadata, perf)):
+        raise ValueError(f"{INSPECTOR_HEADER}, {INSPECTOR_METADATA} and {INSPECTOR_COLL_PERF} are not all objects")
     version = metadata[META_VERSION]
     if version not in INSPECTOR_VERSIONS:
         raise ValueError(f"format {version!r}, not one of {', '.join(sorted(INSPECTOR_VERSIONS))}")
@@ -131,7 +125,7 @@ def _record(header: Optional[dict], metadata: Optional[dict], perf: dict, own_ti
         comm_name=str(header.get(HEADER_COMM_NAME, "unknown")), comm_rank=_int(header[HEADER_RANK], HEADER_RANK),
         n_ranks=_int(header[HEADER_N_RANKS], HEADER_N_RANKS), host=str(metadata[META_HOSTNAME]),
         pid=_int(metadata[META_PID], META_PID),
-        dump_ns=_int(metadata[META_DUMP_US], META_DUMP_US) * 1000 if own_time else None,
+        dump_ns=_int(metadata[META_DUMP_US], META_DUMP_US) * 1000,
         coll=str(perf[COLL_NAME]), sn=_int(perf[COLL_SN], COLL_SN), nbytes=_int(perf[COLL_BYTES], COLL_BYTES),
         exec_us=_number(perf[COLL_EXEC_US], COLL_EXEC_US), source=str(perf[COLL_SOURCE]),
         algbw_gbps=_number(perf[COLL_ALGBW], COLL_ALGBW), busbw_gbps=_number(perf[COLL_BUSBW], COLL_BUSBW))
@@ -211,8 +205,8 @@ def _key(inst: CollectiveInstance) -> Optional[tuple[str, Optional[int]]]:
 
 def _placed(insts: list[CollectiveInstance], recs: list[InspectorRecord]) -> bool:
     """Whether the records' dump times place them against the instances: some was dumped before
-    the last instance ended (a dump at teardown places none; v4.3 records carry no time of their own)."""
-    return bool(insts) and any(r.dump_ns is not None and r.dump_ns < insts[-1].end_ns for r in recs)
+    the last instance ended (a dump at teardown places none)."""
+    return bool(insts) and any(r.dump_ns < insts[-1].end_ns for r in recs)
 
 
 def _join_in_order(insts: list[CollectiveInstance], recs: list[InspectorRecord]) -> int:
@@ -233,7 +227,7 @@ def _join_in_order(insts: list[CollectiveInstance], recs: list[InspectorRecord])
         while i < len(insts) and at < len(recs):
             inst, rec = insts[i], recs[at]
             key = (rec.coll, rec.collective_bytes)
-            if (rec.dump_ns is not None and rec.dump_ns < inst.end_ns) or not ahead[key]:
+            if rec.dump_ns < inst.end_ns or not ahead[key]:
                 at += 1  # an earlier operation's, or one the traces do not show
                 recorded[key] -= 1
             elif _key(inst) == key:
