@@ -25,7 +25,6 @@ import pytest
 from commtag.merge.analysis.align import NOT_MEASURED
 from commtag.report.inputs import load
 from commtag.report.tables import to_json
-from commtag.testing import PUBLIC_TRACES
 from pftrace_reader import read
 
 pytestmark = pytest.mark.slow
@@ -33,8 +32,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not PUBLIC_TRACES.is_dir():
-        pytest.skip(f"public traces {PUBLIC_TRACES} are not present (the generator's template)")
     out = tmp_path_factory.mktemp("job") / "job"
     subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "8", "--events", "20000",
                     "--ranks-per-node", "4", "-o", str(out)], check=True, capture_output=True, timeout=300)

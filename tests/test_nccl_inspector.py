@@ -28,7 +28,6 @@ from commtag.merge.inputs.inspector import read_inspector
 from commtag.merge.pftrace.readback import read_merged
 from commtag.report.inputs import load
 from commtag.report.tables import to_json
-from commtag.testing import PUBLIC_TRACES
 from inspector_dumps import write_dumps
 from merging import merge
 
@@ -37,8 +36,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
-    if not PUBLIC_TRACES.is_dir():
-        pytest.skip(f"public traces {PUBLIC_TRACES} are not present (the generator's template)")
     root = tmp_path_factory.mktemp("job")
     traces = root / "job"
     subprocess.run([sys.executable, "-m", "commtag.testing.scaleset", "--ranks", "8", "--events", "20000",

@@ -93,25 +93,24 @@ def parse_nccl_kernel(name: str) -> Optional[NcclKernel]:
     base = base_name(name)
     symmetric = _NCCL_SYMMETRIC.match(base)
     if symmetric:
-        coll, op, ty = symmetric.group(1), symmetric.group(3), symmetric.group(4)
-        if coll not in NCCL_REDUCING:
-            return NcclKernel(coll, None, None)
-        return NcclKernel(coll, NCCL_SYMMETRIC_OPS.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""))
+        return _named(symmetric.group(1), symmetric.group(3), symmetric.group(4), NCCL_SYMMETRIC_OPS)
     if base.startswith(NCCL_SYMMETRIC_PREFIX):
         return NcclKernel("Generic", None, None)
     new = _NCCL_NEW.match(base)
     if new:
-        coll, op, ty = new.group(1), new.group(2), new.group(3)
-        if coll not in NCCL_REDUCING:
-            return NcclKernel(coll, None, None)
-        return NcclKernel(coll, NCCL_KERNEL_OPS.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""))
+        return _named(new.group(1), new.group(2), new.group(3), NCCL_KERNEL_OPS)
     old = _NCCL_OLD.match(base)
     if old:
-        coll, op, ty = old.group(1), old.group(3), old.group(4)
-        if coll not in NCCL_REDUCING:
-            return NcclKernel(coll, None, None)
-        return NcclKernel(coll, NCCL_KERNEL_OPS.get(op), NCCL_KERNEL_TYPES.get(ty))
+        return _named(old.group(1), old.group(3), old.group(4), NCCL_KERNEL_OPS)
     return NcclKernel("Generic", None, None)
+
+
+def _named(coll: str, op: Optional[str], ty: Optional[str], ops: dict[str, str]) -> NcclKernel:
+    """What a recognised name says: the op and element type only of a reducing collective (the
+    others move bytes, whatever type their name carries)."""
+    if coll not in NCCL_REDUCING:
+        return NcclKernel(coll, None, None)
+    return NcclKernel(coll, ops.get(op or ""), NCCL_KERNEL_TYPES.get(ty or ""))
 
 
 def base_name(name: str) -> str:
