@@ -49,10 +49,14 @@ def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, a
     return OpCall(collective, state, n, n, name, rank, "[]", "[]", None, None, bool(async_op), fusable, reduce_op)
 
 
+#: torch.distributed's default reduction, read once (one object: a class attribute read per call otherwise).
+_DEFAULT_REDUCTION = torch.distributed.ReduceOp.SUM
+
+
 def _reduction(op: Any) -> Any:
     """The reduction a call names, as it names it (torch.distributed's default where it names
     none): named only where a capture needs it (:func:`commtag.runtime.describe.calls.reduce_name`)."""
-    return torch.distributed.ReduceOp.SUM if op is None else op
+    return _DEFAULT_REDUCTION if op is None else op
 
 
 def _all_reduce(tensor, op=None, group=None, async_op=False):
