@@ -34,6 +34,13 @@ _RECORDED_NAMES: dict[torch.dtype, str] = {
 }
 
 
+#: torch dtype -> (the name recorded for it, elements recorded per element: 2 for complex, counted
+#: as its real view): what :func:`dtype_name` and :func:`nelems` read, in one lookup per call.
+RECORDED_SIZES: dict[torch.dtype, tuple[str, int]] = {
+    dtype: (name, 2 if dtype.is_complex else 1) for dtype, name in _RECORDED_NAMES.items()
+}
+
+
 def reduce_name(value: Any) -> Optional[str]:
     """"sum", "avg", ... from a ReduceOp ScriptObject (the c10d operators'), a ReduceOp, or funcol's string."""
     if value is None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from commtag.identity import format_list
-from commtag.runtime.describe.calls import OpCall, dtype_name, nelems
+from commtag.runtime.describe.calls import RECORDED_SIZES, OpCall, dtype_name, nelems
 from commtag.runtime.describe.groups import GroupState, lookup
 from commtag.vocab import BARRIER_DTYPE, FUNCTION_COLLECTIVES, P2P_COLLECTIVES
 from commtag.vocab import COALESCED_NAMES as COALESCED_NAMES  # the fused block's name, read by grouped
@@ -41,24 +41,29 @@ def _root(state: GroupState, global_rank: Optional[int], group_rank: Optional[in
 
 
 def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, async_op: bool,
-          reduce_op: Any = None) -> OpCall:
-    n = nelems(tensor)
-    return OpCall(collective, state, n, n, dtype_name(tensor), rank, async_op=bool(async_op), reduce_op=reduce_op)
+          reduce_op: Any = None, fusable: bool = False) -> OpCall:
+    # One table lookup for the dtype's name and count, and OpCall's fields by position (no
+    # keywords to match): the most common calls are described on every collective the ring keeps.
+    name, per_element = RECORDED_SIZES[tensor.dtype]
+    n = tensor.numel() * per_element
+    return OpCall(collective, state, n, n, name, rank, "[]", "[]", None, None, bool(async_op), fusable, reduce_op)
+
+
+#: torch.distributed's default reduction, read once (one object: a class attribute read per call otherwise).
+_DEFAULT_REDUCTION = torch.distributed.ReduceOp.SUM
 
 
 def _reduction(op: Any) -> Any:
     """The reduction a call names, as it names it (torch.distributed's default where it names
     none): named only where a capture needs it (:func:`commtag.runtime.describe.calls.reduce_name`)."""
-    return torch.distributed.ReduceOp.SUM if op is None else op
+    return _DEFAULT_REDUCTION if op is None else op
 
 
 def _all_reduce(tensor, op=None, group=None, async_op=False):
     state = _state(group)
     if state is None:
         return None
-    call = _same(_eager("all_reduce"), state, tensor, state.group_rank, async_op, _reduction(op))
-    call.fusable = True
-    return call
+    return _same(_eager("all_reduce"), state, tensor, state.group_rank, async_op, _reduction(op), True)
 
 
 def _all_reduce_coalesced(tensors, op=None, group=None, async_op=False):

@@ -26,7 +26,7 @@ from commtag.runtime.record.recorder import profiler_enabled
 from commtag.vocab import RECV, SEND
 
 _IN_FLIGHT = recorder.IN_FLIGHT
-_now_ns = time.time_ns
+_now_ns = now_ns = time.time_ns
 
 #: Completion callbacks commtag put on works' futures that have not run yet, under ``_callbacks_lock``.
 _callbacks_waiting = 0
@@ -239,6 +239,24 @@ def record_failed(pending: Optional[Pending], exc: BaseException) -> None:
         finish_call(pending, None)
     except Exception as inner:  # noqa: BLE001 - fail open
         log_once("annotating a failed collective", inner)
+
+
+def ring_failed(kept: Optional[ring.KeptCall], exc: BaseException) -> None:
+    """End a call only the ring keeps whose original raised, with what failed (which writes the dump)."""
+    if kept is None:
+        return
+    try:
+        ring.finish(kept, error_text(exc), None)
+    except Exception as inner:  # noqa: BLE001 - fail open
+        log_once("keeping a failed collective in the ring", inner)
+
+
+def ring_ended(kept: ring.KeptCall, work: Any) -> None:
+    """An async call only the ring keeps: it ends when its work's future completes."""
+    try:
+        ring.finish(kept, None, future_of(work))
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("keeping a collective in the ring", exc)
 
 
 def future_of(work: Any) -> Any:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional
 
+from torch._C import DisableTorchFunction
 from torch.distributed import distributed_c10d as c10d
 
 from commtag.runtime import capture
@@ -74,14 +75,26 @@ from commtag.runtime.install.idle import (
     less_slow,
     more_slow,
 )
-from commtag.runtime.install.inflight import Pending, after_call, record_failed, start_call, thread_state, tls, unseen
+from commtag.runtime.install.inflight import (
+    Pending,
+    after_call,
+    now_ns,
+    record_failed,
+    ring_ended,
+    ring_failed,
+    start_call,
+    thread_state,
+    tls,
+    unseen,
+)
 from commtag.runtime.record import ring
 from commtag.runtime.record.recorder import autograd_profiler, thread_profiled
 
 
 def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Optional[Callable[..., Any]]:
     """The wrapper of op ``name``, or None where the original is better left in place."""
-    describe = unseen(OPS[name])
+    described = OPS[name]
+    describe = unseen(described)
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
     #: May take the idle fast path (a plain collective: p2p, unreadable ops and those whose gloo
@@ -114,6 +127,8 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         if thread.depth:
             return original(*args, **kwargs)
         pending = None
+        #: A call only the ring keeps (see ring.KeptCall).
+        kept: Optional[ring.KeptCall] = None
         reentrant = True
         #: The group of a call whose advance of gloo's count is measured, with the count before it.
         before: Optional[tuple[GroupState, int]] = None
@@ -135,10 +150,17 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                     seq = state.next_collective_seq()
                     recording = thread_profiled() or autograd_profiler._is_profiler_enabled
                     token = capture.before_collective() if OPEN_CAPTURES else None
-                    if recording or token is not None or ring.RING is not None:
+                    if recording or token is not None:
                         call = describe(*args, **kwargs)
                         if call is not None:
                             pending = Pending(call, seq, None, recording, token, thread)
+                    elif ring.RING is not None:
+                        # Only the ring keeps it: one object, no annotation, its end written below.
+                        keeping = ring.RING
+                        with DisableTorchFunction():  # as unseen(): the caller's modes see no reads of ours
+                            call = described(*args, **kwargs)
+                        if call is not None:
+                            kept = keeping.keep(call, seq, thread.tid, thread.thread_name)
             # Can the original call a wrapper again? Then every thread's calls take this
             # path until it returns, so the inner call meets this thread's depth (and is
             # skipped) even if the profiler stops in between.
@@ -156,6 +178,7 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                 result = original(*args, **kwargs)
         except Exception as exc:
             record_failed(pending, exc)
+            ring_failed(kept, exc)
             raise
         finally:
             thread.depth -= 1
@@ -167,6 +190,11 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
             log_once("describing a collective", failure)
         if pending is not None:
             after_call(pending, result)
+        elif kept is not None:
+            if kept.call.async_op:
+                ring_ended(kept, result)
+            else:
+                kept.end_ns = now_ns()
         return result
 
     functools.update_wrapper(wrapper, original)

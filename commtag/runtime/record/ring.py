@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from commtag.atomic import write_atomic
-from commtag.runtime.describe.calls import CallRecord
+from commtag.runtime.describe.calls import CallRecord, OpCall
 from commtag.runtime.failopen import log_once
 from commtag.vocab import RECV, SEND
 from commtag.vocab import flight_recorder as fr
@@ -29,6 +29,7 @@ DEFAULT_RING_SIZE = 2000
 #: The environment variables that turn the ring on for a launcher (``commtag.install()`` reads them).
 DUMP_DIR_ENV = "COMMTAG_DUMP_DIR"
 RING_SIZE_ENV = "COMMTAG_RING_SIZE"
+_now_ns = time.time_ns
 #: commtag's dump of rank R is ``<DIR>/commtag_fr_<R>``; torch's, saved beside it, ``torch_fr_<R>``.
 OWN_PREFIX = "commtag_fr_"
 TORCH_PREFIX = "torch_fr_"
@@ -62,13 +63,37 @@ class Slot:
         self.error: Optional[str] = None
 
 
+class KeptCall(CallRecord):
+    """A call only the ring keeps (no profiler records, no capture): record and slot in one
+    object, so the slow path builds one object per call, not a record and a slot."""
+
+    __slots__ = ("record_id", "end_ns")
+
+    def __init__(self, record_id: int, call: OpCall, seq: int, tid: int, thread_name: str) -> None:
+        # CallRecord.__init__ inlined: a frame fewer on every call the ring keeps.
+        self.record_id = record_id
+        self.call = call
+        self.seq = seq
+        self.pair_seq = None
+        self.tid = tid
+        self.thread_name = thread_name
+        self.start_ns = _now_ns()
+        self.error = None
+        self.end_ns: Optional[int] = None
+
+    @property
+    def record(self) -> CallRecord:
+        """The record the dump reads (itself), as :class:`Slot` names it."""
+        return self
+
+
 class Ring:
     """The bounded ring and where it is written."""
 
     def __init__(self, dump_dir: Path, size: int) -> None:
         self.dump_dir = Path(dump_dir)
         self.size = size
-        self.slots: collections.deque[Slot] = collections.deque(maxlen=size)
+        self.slots: collections.deque[Slot | KeptCall] = collections.deque(maxlen=size)
         self._ids = itertools.count()
         self._write_lock = threading.Lock()
         #: The thread writing a dump now (None: none).
@@ -79,6 +104,13 @@ class Ring:
         slot = Slot(next(self._ids), record)
         self.slots.append(slot)
         return slot
+
+    def keep(self, call: OpCall, seq: int, tid: int, thread_name: str) -> KeptCall:
+        """Keep a plain collective that nothing else records, as it starts; its end is written into
+        ``end_ns`` (or by :func:`finish`)."""
+        kept = KeptCall(next(self._ids), call, seq, tid, thread_name)
+        self.slots.append(kept)
+        return kept
 
     def dump(self, reason: str) -> Optional[Path]:
         """Write the ring (and torch's own dump, where its recorder is on) into the dump folder;
@@ -112,7 +144,7 @@ class Ring:
         return path
 
 
-def _global_rank(slots: list[Slot]) -> int:
+def _global_rank(slots: list[Slot | KeptCall]) -> int:
     """This rank in the world: read from c10d, else from the calls kept."""
     try:
         import torch.distributed as dist
@@ -137,7 +169,7 @@ def _save_torch_dump(path: Path) -> None:
     write_atomic(path, dump(True, True, False))
 
 
-def dump_document(slots: list[Slot], reason: str, rank: int, size: int) -> dict[str, Any]:
+def dump_document(slots: list[Slot | KeptCall], reason: str, rank: int, size: int) -> dict[str, Any]:
     """The ring as a Flight Recorder dump: torch's keys (so torch's analyzer and commtag's reader
     read it alike) and commtag's (``commtag_*``: peers, per-peer order, splits, end times)."""
     groups: dict[str, Any] = {}
@@ -168,7 +200,7 @@ def dump_document(slots: list[Slot], reason: str, rank: int, size: int) -> dict[
     }
 
 
-def _entry(slot: Slot, pg_id: int) -> dict[str, Any]:
+def _entry(slot: Slot | KeptCall, pg_id: int) -> dict[str, Any]:
     record = slot.record
     call = record.call
     state = call.state
@@ -207,7 +239,7 @@ def _numbers(text: str) -> list[int]:
 RING: Optional[Ring] = None
 
 
-def finish(slot: Slot, error: Optional[str], future: Any) -> None:
+def finish(slot: Slot | KeptCall, error: Optional[str], future: Any) -> None:
     """A call's end: now, or when its work's future completes; a failed call (a timeout, a peer
     gone) also writes the dump, since the job may not live to write another."""
     if future is None:
@@ -226,7 +258,7 @@ def finish(slot: Slot, error: Optional[str], future: Any) -> None:
     future.add_done_callback(done)
 
 
-def _ended(slot: Slot, error: Optional[str]) -> None:
+def _ended(slot: Slot | KeptCall, error: Optional[str]) -> None:
     slot.error = error
     slot.end_ns = time.time_ns()
     ring = RING
