@@ -114,7 +114,7 @@ def dump_of(job: Job, rank: int, stop: int, in_flight: bool) -> dict:
         created = START_NS + index * CALL_NS
         entries.append({
             fr.E_RECORD_ID: index, fr.E_PG_ID: pg_ids[kind], fr.E_PROCESS_GROUP: (name, desc),
-            fr.E_SEQ: seqs[kind], fr.E_P2P_SEQ: 0, fr.E_OP_ID: seqs[kind], fr.E_PROFILING_NAME: f"nccl:{op}",
+            fr.E_SEQ: seqs[kind], fr.E_P2P_SEQ: 0, fr.E_OP_ID: seqs[kind], fr.E_PROFILING_NAME: fr.profiling_name("nccl", op),
             fr.E_CREATED_NS: created, fr.E_INPUT_SIZES: [shape[ins]], fr.E_INPUT_DTYPES: ["BFloat16"],
             fr.E_OUTPUT_SIZES: [shape[outs]], fr.E_OUTPUT_DTYPES: ["BFloat16"],
             fr.E_STATE: fr.STATE_COMPLETED if done else fr.STATE_STARTED,

@@ -111,6 +111,12 @@ def fr_op(backend: str, eager_name: str) -> str:
     return (FR_OPS_GLOO if backend == "gloo" else FR_OPS).get(eager_name, eager_name)
 
 
+def profiling_name(backend: str, op: str) -> str:
+    """The ``profiling_name`` torch's recorder gives a call of ``op`` (:func:`fr_op`): ``"nccl:all_reduce"``;
+    a send/recv adds its ranks (see :func:`split_profiling_name`)."""
+    return f"{backend}:{op}"
+
+
 def split_profiling_name(name: str) -> tuple[str, str, Optional[str]]:
     """``"nccl:send 0->1"`` -> ``("nccl", "send", "0->1")``; a name without backend gets ``""``."""
     backend, _, rest = name.partition(":") if ":" in name else ("", "", name)

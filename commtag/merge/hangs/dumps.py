@@ -124,6 +124,10 @@ def find_dumps(folder: Path) -> dict[int, Path]:
     return {rank: path for rank, (_, path) in sorted(found.items())}
 
 
+#: A JSON dump names one of these keys near its start (quoted, as JSON writes them).
+_JSON_KEYS = tuple(f'"{key}"'.encode() for key in (fr.FR_ENTRIES, fr.FR_VERSION, fr.FR_PG_CONFIG))
+
+
 def _head(path: Path) -> Optional[tuple[str, bool]]:
     """("pickle" or "json", whether commtag wrote it) for a file that starts as a dump, else None."""
     try:
@@ -135,7 +139,7 @@ def _head(path: Path) -> Optional[tuple[str, bool]]:
         return None
     if start[0] == _PICKLE_MARK:
         return "pickle", fr.CT_DUMP_NS.encode() in start or fr.CT_RANK.encode() in start
-    if start[0] == _JSON_MARK and (b'"entries"' in start or b'"version"' in start or b'"pg_config"' in start):
+    if start[0] == _JSON_MARK and any(key in start for key in _JSON_KEYS):
         return "json", fr.CT_RANK.encode() in start
     return None
 

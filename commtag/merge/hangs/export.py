@@ -117,7 +117,7 @@ def _entry(record_id: int, pg_id: int, name: str, desc: str, instance: Collectiv
     """The call's entry, or why it is left out."""
     backend = "gloo" if instance.source == "gloo" else "nccl"
     op = fr.fr_op(backend, instance.collective)
-    profiling_name = f"{backend}:{op}"
+    profiling_name = fr.profiling_name(backend, op)
     if instance.is_p2p:
         peer = _peer(instance, op)
         if peer is None or peer not in instance.group_ranks or instance.rank not in instance.group_ranks:

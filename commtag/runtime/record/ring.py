@@ -205,7 +205,7 @@ def _entry(slot: Slot | KeptCall, pg_id: int) -> dict[str, Any]:
     call = record.call
     state = call.state
     p2p = call.p2p in (SEND, RECV)
-    name = f"{state.backend}:{fr.fr_op(state.backend, call.collective)}"
+    name = fr.profiling_name(state.backend, fr.fr_op(state.backend, call.collective))
     if p2p and call.peer is not None and call.peer in state.ranks:
         peer = state.ranks.index(call.peer)
         name += f" {state.group_rank}->{peer}" if call.p2p == SEND else f" {state.group_rank}<-{peer}"
