@@ -33,6 +33,9 @@ _callbacks_waiting = 0
 _callbacks_lock = threading.Lock()
 #: The longest the interpreter's exit waits for them (torch's own exit waits for the same works).
 EXIT_WAIT_S = 300.0
+#: After the last callback counted itself done, how long its thread is given to leave it (return to
+#: C++, drop its references) before the interpreter ends threads: only when a callback was pending.
+EXIT_GRACE_S = 0.05
 
 
 class ThreadState:
@@ -216,8 +219,11 @@ def wait_for_callbacks(limit_s: float = EXIT_WAIT_S) -> int:
     group's destructor drains its queue), so waiting here first costs no time.
     """
     deadline = time.monotonic() + limit_s
+    waited = _callbacks_waiting > 0
     while _callbacks_waiting > 0 and time.monotonic() < deadline:
         time.sleep(0.001)
+    if waited:  # the count drops inside the callback: let its thread return out of it before shutdown
+        time.sleep(EXIT_GRACE_S)
     return max(_callbacks_waiting, 0)
 
 
