@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import struct
 from pathlib import Path
 from typing import Callable
 
@@ -111,7 +112,18 @@ def _truncated_big_gzip(d: Path) -> tuple[Path, str]:
     _edit_trace(_trace(d, 2), pad)
     raw = _trace(d, 2).read_bytes()
     assert len(raw) > 200_000
-    _trace(d, 2).write_bytes(raw[: len(raw) - 1000])
+    # The cut leaves deflate data where the trailer was: fix its last 4 bytes so the case does not
+    # depend on the random padding (a plausible size here; an impossible one below).
+    _trace(d, 2).write_bytes(raw[: len(raw) - 1000 - 4] + struct.pack("<I", 3 * len(raw)))
+    return _trace(d, 2), "truncated or corrupt gzip"
+
+
+def _truncated_gzip_impossible_trailer(d: Path) -> tuple[Path, str]:
+    # A cut file whose last 4 bytes read as 4 GiB of JSON, more than its size can inflate to: said
+    # as the cut it is, not as an output too big for --max-output.
+    _truncated_big_gzip(d)
+    raw = _trace(d, 2).read_bytes()
+    _trace(d, 2).write_bytes(raw[:-4] + b"\xff\xff\xff\xff")
     return _trace(d, 2), "truncated or corrupt gzip"
 
 
@@ -277,7 +289,8 @@ def _sidecar_of_another_rank(d: Path) -> tuple[Path, str]:
 
 
 CASES = [
-    _empty, _sidecar_without_trace, _truncated_gzip, _truncated_big_gzip, _invalid_json_trace,
+    _empty, _sidecar_without_trace, _truncated_gzip, _truncated_big_gzip, _truncated_gzip_impossible_trailer,
+    _invalid_json_trace,
     _invalid_json_sidecar, _not_a_trace, _trace_wrong_shape, _event_wrong_shape, _args_wrong_shape,
     _sidecar_wrong_shape, _same_rank_twice, _two_sidecars_one_trace, _other_run_id, _other_world_size,
     _absurd_world_size, _absurd_sidecar_world_size,

@@ -78,7 +78,8 @@ def json_bytes(path: Path) -> int:
     Only a gzip file of more than 4 GiB / :data:`_DEFLATE_MAX_RATIO` can hold 4 GiB or more, so
     the record of a smaller one is exact (a tiny or broken file may be bigger than its content);
     in a bigger one a record under a quarter of the file's size has wrapped (deflate never
-    compresses Kineto JSON less than 4:1), and is taken as bigger by whole 4 GiBs."""
+    compresses Kineto JSON less than 4:1), and is taken as bigger by whole 4 GiBs. A record more than
+    the file can hold is a cut file's: bad input, said before any size is estimated from it."""
     size = path.stat().st_size
     with open(path, "rb") as stream:
         if stream.read(2) != GZIP_MAGIC or size < 18:
@@ -86,6 +87,9 @@ def json_bytes(path: Path) -> int:
         stream.seek(-4, 2)
         recorded = struct.unpack("<I", stream.read(4))[0]
     if size * _DEFLATE_MAX_RATIO < 1 << 32:
+        if recorded > size * _DEFLATE_MAX_RATIO:  # a cut file's last 4 bytes are deflate data, not the record
+            raise MergeInputError(path, f"truncated or corrupt gzip (its trailer records {recorded:,} bytes of "
+                                        f"JSON, more than {size:,} bytes of deflate can hold)")
         return recorded
     while recorded < size * 4:
         recorded += 1 << 32
