@@ -59,6 +59,9 @@ E_REQUIRED = (E_PROCESS_GROUP, E_SEQ, E_PROFILING_NAME)
 STATE_SCHEDULED = "scheduled"
 STATE_STARTED = "started"
 STATE_COMPLETED = "completed"
+#: How commtag marks a call a dump holds neither completed nor ended: drawn up to its dump's time
+#: where only dumps are drawn, and said on its profiled slice where a profile has it.
+FR_IN_FLIGHT = "in flight"
 
 #: The versions known: torch 2.13 writes "2.10" (FlightRecorder.hpp ``version_val``). Another
 #: version is read by the keys above, those it lacks left out, and said.

@@ -31,7 +31,7 @@ class Position:
         """"failed", "completed", "ended" (gloo's torch dumps cannot say how) or "in flight"."""
         if self.error:
             return "failed"
-        return "completed" if self.state == fr.STATE_COMPLETED else ("ended" if self.ended else "in flight")
+        return "completed" if self.state == fr.STATE_COMPLETED else ("ended" if self.ended else fr.FR_IN_FLIGHT)
 
     def to_dict(self) -> dict[str, object]:
         return {"seq": self.seq, "collective": self.collective, "state": self.state, "ended": self.ended,
