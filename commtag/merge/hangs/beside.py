@@ -33,6 +33,8 @@ WAITING_RANKS = "waiting ranks"
 #: Per folder: its dumps' files and times as last read, the dumps by rank and their diagnosis. A merge
 #: worker reads each folder once, not once per rank; a file changed since is read again.
 _READ: dict[Path, tuple[tuple, dict[int, FrDump], Diagnosis]] = {}
+#: Per folder: its names as last listed, and the dumps found among them then.
+_FOUND: dict[Path, tuple[tuple[str, ...], dict[int, Path]]] = {}
 
 
 def draw_beside(instances: Sequence[CollectiveInstance], rank: int, trace_files: Iterable[Path],
@@ -52,7 +54,7 @@ def draw_beside(instances: Sequence[CollectiveInstance], rank: int, trace_files:
 def folder_dumps(folder: Path) -> Optional[tuple[dict[int, FrDump], Diagnosis]]:
     """The dumps in ``folder`` by rank and their diagnosis, or None where it holds none
     (commtag.merge.hangs.DumpError: one that cannot be read)."""
-    paths = find_dumps(folder)
+    paths = _found(folder)
     if not paths:
         return None
     stamp = tuple((rank, path.name, *_stat(path)) for rank, path in paths.items())
@@ -63,6 +65,20 @@ def folder_dumps(folder: Path) -> Optional[tuple[dict[int, FrDump], Diagnosis]]:
             _READ.clear()
         known = _READ[folder] = (stamp, {d.rank: d for d in dumps}, diagnose(dumps))
     return known[1], known[2]
+
+
+def _found(folder: Path) -> dict[int, Path]:
+    """:func:`find_dumps`, looked for again only when the folder's names changed (each rank of a merge asks)."""
+    try:
+        names = tuple(sorted(os.listdir(folder)))
+    except OSError:
+        names = ()
+    known = _FOUND.get(folder)
+    if known is None or known[0] != names:
+        if len(_FOUND) >= 64:
+            _FOUND.clear()
+        known = _FOUND[folder] = (names, find_dumps(folder))
+    return known[1]
 
 
 def _stat(path: Path) -> tuple[int, int]:
