@@ -4,7 +4,13 @@ Sources: torch/csrc/distributed/c10d/FlightRecorder.hpp and FlightRecorderDetail
 its entries and the pickle/JSON writers ``_dump_fr_trace`` and ``_dump_fr_trace_json``), and
 torch/distributed/flight_recorder/components/{loader,types,utils}.py (the analyzer ``fr_trace``).
 Measured with torch 2.13 on gloo: version "2.10", ``state`` always "scheduled", send/recv not
-recorded, ``pg_config`` one entry keyed "" whose ``ranks`` is "[]" (the analyzer then fails).
+recorded, ``pg_config`` one entry keyed "" whose ``ranks`` is "[]" (the analyzer then fails),
+``comm_lib_version`` "", ``thread_name`` "python" and ``thread_id`` the thread's id in decimal.
+
+Each release's writer was read from its wheel (:data:`FR_WRITERS`): the headers
+torch/include/torch/csrc/distributed/c10d/FlightRecorder.hpp and FlightRecorderDetail.hpp, and, for
+torch 2.15, hooks/FlightRecorderHook.hpp, torch/distributed/distributed_c10d.py and the analyzer's
+components/types.py. torch 2.11.0 to 2.15.0 write the same version and keys.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ FR_VERSION = "version"
 FR_ENTRIES = "entries"
 FR_PG_CONFIG = "pg_config"
 FR_PG_STATUS = "pg_status"
-FR_COMM_LIB_VERSION = "comm_lib_version"
+FR_COMM_LIB_VERSION = "comm_lib_version"  # NCCL's version (NCCLUtils.hpp getNcclVersion); "" on gloo
+#: Written only where the backend hands the dump its communicators' state (ProcessGroupNCCL).
+FR_NCCL_COMM_STATE = "nccl_comm_state"
 #: pg_status per pg_id (a string): the last Seq each stage reached, -1 for none.
 FR_LAST_ENQUEUED = "last_enqueued_collective"
 FR_LAST_STARTED = "last_started_collective"
@@ -49,9 +57,10 @@ E_STATE = "state"
 E_RETIRED = "retired"
 E_TIMEOUT_MS = "timeout_ms"
 E_IS_P2P = "is_p2p"
-E_FRAMES = "frames"
-E_THREAD_ID = "thread_id"
-E_THREAD_NAME = "thread_name"
+E_FRAMES = "frames"  # only in a dump with stack traces: [{"name", "filename", "line"}]
+E_DURATION_MS = "duration_ms"  # only where the backend timed the call (NCCL with timing on; 2.15's hook: the backend's)
+E_THREAD_ID = "thread_id"  # std::this_thread::get_id() of the recording thread, as text
+E_THREAD_NAME = "thread_name"  # c10::getThreadName() of that thread
 #: The keys an entry must have for commtag to place it; every other key may be absent.
 E_REQUIRED = (E_PROCESS_GROUP, E_SEQ, E_PROFILING_NAME)
 
@@ -63,18 +72,65 @@ STATE_COMPLETED = "completed"
 #: where only dumps are drawn, and said on its profiled slice where a profile has it.
 FR_IN_FLIGHT = "in flight"
 
-#: The versions known: torch 2.13 writes "2.10" (FlightRecorder.hpp ``version_val``). Another
-#: version is read by the keys above, those it lacks left out, and said.
-FR_KNOWN_VERSIONS = ("2.10",)
+def version_number(version: str) -> tuple[int, ...]:
+    """A dump version as numbers to compare ("2.10" after "2.9"); () where it is not "<major>.<minor>"."""
+    parts = version.split(".")
+    return tuple(map(int, parts)) if len(parts) == 2 and all(p.isdigit() for p in parts) else ()
+
+
+#: torch release -> (the dump version it writes, FlightRecorder.hpp ``version_val``; the git commit its
+#: wheel was built from, ``torch.version.git_version``): each read from that release's wheel.
+FR_WRITERS = {
+    "2.11.0": ("2.10", "70d99e998b4955e0049d13a98d77ae1b14db1f45"),
+    "2.12.1": ("2.10", "7269437d655783a26cba32aa88195b741ff496aa"),
+    "2.13.0": ("2.10", "cf30153c4c131c8164ee7798e5022d810682e2cb"),
+    "2.14.1": ("2.10", "5c4886908584029761b579af026dcfb627c84070"),
+    "2.15.0": ("2.10", "d0f2af8b66b20da4baa50644c0cd3f887a2eae2e"),
+}
+#: The versions known. Another is read by the keys above (those it lacks left out, those it adds
+#: ignored) and said, a newer one as newer.
+FR_KNOWN_VERSIONS = tuple(sorted({version for version, _ in FR_WRITERS.values()}, key=version_number))
+#: Per version, the keys of an entry in the order the writer puts them (FlightRecorderDetail.hpp
+#: ``getCollectiveTrace``, the pickle; ``dump_json`` writes the same keys).
+FR_ENTRY_KEYS = {
+    "2.10": (E_FRAMES, E_RECORD_ID, E_PG_ID, E_PROCESS_GROUP, E_THREAD_NAME, E_THREAD_ID, E_SEQ, E_P2P_SEQ,
+             E_OP_ID, E_PROFILING_NAME, E_CREATED_NS, E_DURATION_MS, E_INPUT_SIZES, E_INPUT_DTYPES,
+             E_OUTPUT_SIZES, E_OUTPUT_DTYPES, E_STATE, E_STARTED_NS, E_COMPLETED_NS, E_RETIRED, E_TIMEOUT_MS,
+             E_IS_P2P),
+}
+#: Keys of FR_ENTRY_KEYS an entry has only sometimes (see each).
+FR_SOMETIMES_KEYS = frozenset({E_FRAMES, E_DURATION_MS})
+
+#: torch 2.15 records the groups of a backend that keeps no recorder of its own (nccl2, which "nccl"
+#: builds there unless TORCH_DIST_USE_NCCL2 is "0", nccl-lazy, mpi, ucc, out-of-tree ones) through
+#: c10d's FlightRecorderHook (distributed_c10d.py ``_maybe_attach_flight_recorder``; on unless
+#: TORCH_FR_BUFFER_SIZE is 0, 2000 entries by default), into a recorder per backend, dumped by
+#: ``_dump_fr_trace(..., backend=NAME)``. The entry's keys are the native ones; what differs:
+FR_HOOK_RELEASE = "2.15.0"
+#: - ``profiling_name``'s backend field is the serving backend's name (``"nccl2:all_reduce"``, the
+#:   analyzer's example), or this where the hook cannot identify it (types.py);
+FR_HOOK_UNKNOWN_BACKEND = "c10d"
+#: - a call whose completion the backend reports reads "completed" (started and completed stamped then,
+#:   ``retired``); one that never completed is never retired and reads "scheduled" (FlightRecorderHook.hpp);
+#: - a gathered buffer is the caller's list, one shard-shaped buffer per rank, not one flat tensor
+#:   (types.py ``_gathered_numel_matches``), and alltoall_base is named all_to_all_single (types.py);
+#: - a recv from any source names no peer: its meta is "<dst><-?" (types.py);
+#: - calls issued under CUDA-graph capture are not recorded (FlightRecorderHook.hpp).
 #: The desc torch gives its default group, which holds every rank of the world.
 FR_DEFAULT_PG_DESC = "default_pg"
 #: The point-to-point ops (types.py ``P2P``); their meta is "<src>-><dst>" (send) or "<dst><-<src>"
 #: (recv), in group ranks.
 FR_P2P_OPS = frozenset({"send", "recv"})
+#: Collectives whose per-rank buffers differ in size by design (torch 2.15's types.py ``_UNEVEN_COLLECTIVES``).
+FR_UNEVEN_OPS = frozenset({"all_to_all", "all_to_all_single"})
 #: Collectives whose input sizes the analyzer does not compare across ranks (types.py ``Op.match``),
 #: and those whose output sizes it does not.
-FR_UNCOMPARED_INPUTS = frozenset({"all_to_all", "scatter"})
-FR_UNCOMPARED_OUTPUTS = frozenset({"all_to_all", "gather"})
+FR_UNCOMPARED_INPUTS = FR_UNEVEN_OPS | {"scatter"}
+FR_UNCOMPARED_OUTPUTS = FR_UNEVEN_OPS | {"gather"}
+#: Collectives whose output gathers every member's input, and those whose input is every member's
+#: output (types.py ``Op.match``, checked by ``_gathered_numel_matches``).
+FR_GATHERING_OPS = frozenset({"all_gather", "_all_gather_base", "all_gather_into_tensor_coalesced"})
+FR_SCATTERING_OPS = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"})
 #: all_to_all's sizes are per-rank splits: the analyzer leaves it UNDECIDED; commtag judges it by
 #: the splits where its own dump records them.
 FR_ALL_TO_ALL_OPS = frozenset({"all_to_all", "all_to_all_single", "all_to_all_v_single"})
@@ -121,9 +177,10 @@ def profiling_name(backend: str, op: str) -> str:
 
 
 def split_profiling_name(name: str) -> tuple[str, str, Optional[str]]:
-    """``"nccl:send 0->1"`` -> ``("nccl", "send", "0->1")``; a name without backend gets ``""``."""
-    backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
-    op, _, meta = rest.partition(" ")
+    """``"nccl:send 0->1"`` -> ``("nccl", "send", "0->1")``; a name without backend gets ``""``. Split
+    at the last colon before the op, as torch 2.15's analyzer does: a backend's name may hold one."""
+    head, _, meta = name.partition(" ")
+    backend, _, op = head.rpartition(":")
     return backend, op, (meta or None)
 
 
