@@ -92,3 +92,10 @@ def test_profiling_names_split_at_the_last_colon_and_a_recv_from_any_source_name
     assert fr.split_profiling_name(f"{fr.FR_HOOK_UNKNOWN_BACKEND}:send 0->1") == ("c10d", "send", "0->1")
     assert fr.split_profiling_name("my:backend:recv 3<-?") == ("my:backend", "recv", "3<-?")
     assert fr.p2p_peer("recv", "3<-?") is None and fr.p2p_peer("recv", "3<-1") == 1
+
+
+def test_a_barrier_is_named_as_each_backend_records_it() -> None:
+    """ProcessGroupNCCL records its barrier as an all_reduce titled "nccl:all_reduce_barrier" (a string
+    of torch's libtorch_cuda.so); gloo as "gloo:barrier": a profiled barrier joins its dump entry by it."""
+    assert fr.profiling_name("nccl", fr.fr_op("nccl", "barrier")) == "nccl:all_reduce_barrier"
+    assert fr.profiling_name("gloo", fr.fr_op("gloo", "barrier")) == "gloo:barrier"

@@ -152,17 +152,21 @@ CT_WORLD_SIZE = "commtag_world_size"
 CT_RING_SIZE = "commtag_ring_size"
 
 
-#: The eager "Collective name" (vocab.COLLECTIVES) -> the op in torch's profiling_name. NCCL's from
-#: ProcessGroupNCCL.cpp's profilingTitle of each op; gloo's as torch 2.13 wrote them (measured:
-#: all_to_all_single and all_gather_into_tensor record as all_to_all and all_gather).
+#: The eager "Collective name" (vocab.COLLECTIVES) -> the op in torch's profiling_name. NCCL's: the
+#: titles ProcessGroupNCCL.cpp gives each op, found as strings in the torch 2.14.1 wheel's
+#: libtorch_cuda.so ("nccl:all_reduce", "nccl:_all_gather_base", "nccl:all_to_all", ...; a barrier is
+#: an all_reduce titled "nccl:all_reduce_barrier"). gloo's: the titles in the torch 2.15.0 wheel's
+#: libtorch_cpu.so ("gloo:all_reduce", "gloo:all_gather", "gloo:all_to_all", "gloo:barrier", ...) and
+#: measured with torch 2.13 (all_to_all_single and all_gather_into_tensor record as all_to_all and
+#: all_gather); no gloo title for allreduce_coalesced or reduce_scatter is among them (not confirmed).
 FR_OPS = {
     "allreduce": "all_reduce", "allreduce_coalesced": "allreduce_coalesced", "broadcast": "broadcast",
     "reduce": "reduce", "all_gather": "all_gather", "_allgather_base": "_all_gather_base",
     "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "_reduce_scatter_base",
     "all_to_all": "all_to_all", "all_to_allv": "all_to_all", "gather": "gather", "scatter": "scatter",
-    "barrier": "barrier", "send": "send", "recv": "recv",
+    "barrier": "all_reduce_barrier", "send": "send", "recv": "recv",
 }
-FR_OPS_GLOO = {**FR_OPS, "_allgather_base": "all_gather"}
+FR_OPS_GLOO = {**FR_OPS, "_allgather_base": "all_gather", "barrier": "barrier"}
 
 
 def fr_op(backend: str, eager_name: str) -> str:
