@@ -9,6 +9,9 @@ dumps, each ``<prefix><rank>`` as torch and commtag name them:
 - ``out/torch`` and ``out/commtag``: torch's and commtag's dumps at the end. After the profile every
   rank all_reduces on a group with a gloo timeout of a few seconds, but rank 2 never enters the
   group's 4th: ranks 0 and 1 time out in it.
+
+``run_never_entered(out)`` writes torch's JSON dumps of a job whose rank 2 makes no call at all (its
+ring is empty) while ranks 0 and 1 time out in an all_reduce of the world.
 """
 
 from __future__ import annotations
@@ -83,5 +86,35 @@ def run_profiled_then_hung(out: Path) -> None:
     os.environ["TORCH_FR_BUFFER_SIZE"] = str(FR_ENTRIES)  # read by each rank's process group as it starts
     try:
         run_world(_body, WORLD, str(out))
+    finally:
+        del os.environ["TORCH_FR_BUFFER_SIZE"]
+
+
+def _never_entered(rank: int, world_size: int, out_dir: str) -> None:
+    """Ranks 0 and 1 all_reduce on the world, its gloo timeout made short; rank 2 never makes a call at
+    all. Every rank then writes torch's JSON dump (rank 2's ring is empty)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    store = dist.distributed_c10d._get_default_store()
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=GROUP_TIMEOUT_S))
+    if rank == world_size - 1:
+        store.wait([f"failed{r}" for r in range(world_size - 1)])
+    else:
+        try:
+            dist.all_reduce(torch.ones(4))
+        except RuntimeError:  # gloo's timeout: rank 2 never came
+            store.set(f"failed{rank}", "1")
+    (Path(out_dir) / f"fr_{rank}").write_bytes(_dump_fr_trace_json(True, True))
+
+
+def run_never_entered(out: Path) -> None:
+    """``out/fr_<rank>``: torch's JSON dumps of a job whose rank 2 never entered any call."""
+    from gloo_world import run_world
+
+    os.environ["TORCH_FR_BUFFER_SIZE"] = str(FR_ENTRIES)
+    try:
+        run_world(_never_entered, WORLD, str(out))
     finally:
         del os.environ["TORCH_FR_BUFFER_SIZE"]

@@ -99,3 +99,26 @@ def test_a_barrier_is_named_as_each_backend_records_it() -> None:
     of torch's libtorch_cuda.so); gloo as "gloo:barrier": a profiled barrier joins its dump entry by it."""
     assert fr.profiling_name("nccl", fr.fr_op("nccl", "barrier")) == "nccl:all_reduce_barrier"
     assert fr.profiling_name("gloo", fr.fr_op("gloo", "barrier")) == "gloo:barrier"
+
+
+@pytest.mark.parametrize("release,backend", RELEASES)
+def test_each_releases_json_dumps_are_read_a_rank_with_an_empty_ring_included(tmp_path: Path, release: str,
+                                                                                backend: str, capsys) -> None:
+    """torch's JSON leaves ``entries`` out of an empty ring's dump: rank 5, stuck before its first call."""
+    job = Job(world=16, tp=4, steps=2, stuck={5: 0}, release=release, backend=backend)
+    write_dumps(job, tmp_path, as_json=True)
+    assert fr.FR_ENTRIES not in orjson.loads((tmp_path / "nccl_trace_rank_5").read_bytes())
+    report = _summary(capsys, tmp_path)
+    assert report["fr_notices"] == [] and report["stuck_ranks"] == expected_stuck(job) == [5]
+    assert ("2", 1, "all_reduce", (5,)) in {(h["pg"], h["seq"], h["collective"], tuple(h["missing"]))
+                                            for h in report["hangs"]}
+
+
+@pytest.mark.slow
+def test_a_real_torch_json_dump_of_a_rank_that_made_no_call_is_read(tmp_path: Path, capsys) -> None:
+    from fr_hang_profiled_world import run_never_entered
+
+    run_never_entered(tmp_path)
+    assert fr.FR_ENTRIES not in orjson.loads((tmp_path / "fr_2").read_bytes())
+    report = _summary(capsys, tmp_path)
+    assert [(h["pg"], h["seq"], h["entered"], h["missing"]) for h in report["hangs"]] == [("0", 1, [0, 1], [2])]

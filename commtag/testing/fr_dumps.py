@@ -45,6 +45,8 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from commtag.vocab import flight_recorder as fr
 
 #: torch's default dump prefix's base name (FlightRecorder.hpp: TORCH_FR_DUMP_TEMP_FILE's default).
@@ -121,14 +123,30 @@ def positions(job: Job) -> tuple[dict[int, int], set[int]]:
     return pos, waiting
 
 
-def write_dumps(job: Job, out_dir: Path, prefix: str = PREFIX) -> dict[int, int]:
-    """One dump per rank in ``out_dir``; each rank's stopping call (see :func:`positions`)."""
+def write_dumps(job: Job, out_dir: Path, prefix: str = PREFIX, as_json: bool = False) -> dict[int, int]:
+    """One dump per rank in ``out_dir``, torch's pickle or (``as_json``) its JSON (:func:`json_form`);
+    each rank's stopping call (see :func:`positions`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pos, waiting = positions(job)
     for rank in range(job.world):
-        data = pickle.dumps(dump_of(job, rank, pos[rank], rank in waiting), protocol=2)
+        doc = dump_of(job, rank, pos[rank], rank in waiting)
+        data = orjson.dumps(json_form(doc)) if as_json else pickle.dumps(doc, protocol=2)
         (out_dir / f"{prefix}{rank}").write_bytes(data)
     return pos
+
+
+def json_form(doc: dict) -> dict:
+    """A dump as ``_dump_fr_trace_json`` writes it (FlightRecorderDetail.hpp ``dump_json``): pg_status's
+    counts as text, no frames, 0 for a time not seen, and no ``entries`` key where the ring is empty."""
+    entries = [{**{k: v for k, v in e.items() if k != fr.E_FRAMES},
+                fr.E_PROCESS_GROUP: list(e[fr.E_PROCESS_GROUP]),
+                fr.E_STARTED_NS: e[fr.E_STARTED_NS] or 0, fr.E_COMPLETED_NS: e[fr.E_COMPLETED_NS] or 0}
+               for e in doc[fr.FR_ENTRIES]]
+    out = {k: v for k, v in doc.items() if k != fr.FR_ENTRIES}
+    out[fr.FR_PG_STATUS] = {pg: {k: str(v) for k, v in status.items()} for pg, status in doc[fr.FR_PG_STATUS].items()}
+    if entries:
+        out[fr.FR_ENTRIES] = entries
+    return out
 
 
 def dump_of(job: Job, rank: int, stop: int, in_flight: bool) -> dict:
