@@ -13,7 +13,7 @@ import pytest
 from commtag.cli import main
 from commtag.merge.hangs import diagnose, read_dumps
 from commtag.merge.hangs.dumps import load_plain_pickle
-from commtag.testing.fr_dumps import Job, expected_stuck, write_dumps
+from commtag.testing.fr_dumps import PREFIX, Job, expected_stuck, write_dumps
 from commtag.vocab import flight_recorder as fr
 
 #: 16 ranks, TP groups of 4; rank 5 never enters its step-2 reduce_scatter (call 7 of its schedule).
@@ -32,7 +32,7 @@ def _summary(capsys, folder: Path) -> dict:
 def test_each_releases_dumps_are_read_without_a_notice(tmp_path: Path, release: str, backend: str, capsys) -> None:
     job = Job(**SHAPE, release=release, backend=backend)
     write_dumps(job, tmp_path)
-    doc = load_plain_pickle((tmp_path / "nccl_trace_rank_0").read_bytes())
+    doc = load_plain_pickle((tmp_path / f"{PREFIX}0").read_bytes())
     version = fr.FR_WRITERS[release][0]
     assert doc[fr.FR_VERSION] == version
     for entry in doc[fr.FR_ENTRIES]:  # the release's keys in its writer's order, those it always writes there
@@ -59,7 +59,7 @@ def test_a_hooks_list_form_all_gather_of_the_wrong_size_is_still_a_desync(tmp_pa
     write_dumps(Job(**SHAPE, release=fr.FR_HOOK_RELEASE, backend="nccl2"), tmp_path)
     import pickle
 
-    path = tmp_path / "nccl_trace_rank_2"
+    path = tmp_path / f"{PREFIX}2"
     doc = load_plain_pickle(path.read_bytes())
     gather = next(e for e in doc[fr.FR_ENTRIES] if e[fr.E_PROFILING_NAME] == "nccl2:all_gather")
     gather[fr.E_OUTPUT_SIZES] = gather[fr.E_OUTPUT_SIZES][:-1]  # one shard short
@@ -107,7 +107,7 @@ def test_each_releases_json_dumps_are_read_a_rank_with_an_empty_ring_included(tm
     """torch's JSON leaves ``entries`` out of an empty ring's dump: rank 5, stuck before its first call."""
     job = Job(world=16, tp=4, steps=2, stuck={5: 0}, release=release, backend=backend)
     write_dumps(job, tmp_path, as_json=True)
-    assert fr.FR_ENTRIES not in orjson.loads((tmp_path / "nccl_trace_rank_5").read_bytes())
+    assert fr.FR_ENTRIES not in orjson.loads((tmp_path / f"{PREFIX}5").read_bytes())
     report = _summary(capsys, tmp_path)
     assert report["fr_notices"] == [] and report["stuck_ranks"] == expected_stuck(job) == [5]
     assert ("2", 1, "all_reduce", (5,)) in {(h["pg"], h["seq"], h["collective"], tuple(h["missing"]))

@@ -49,8 +49,8 @@ import orjson
 
 from commtag.vocab import flight_recorder as fr
 
-#: torch's default dump prefix's base name (FlightRecorder.hpp: TORCH_FR_DUMP_TEMP_FILE's default).
-PREFIX = Path(fr.FR_DEFAULT_DUMP_PREFIX).name
+#: torch's default dump file name prefix (TORCH_FR_DUMP_TEMP_FILE's default).
+PREFIX = fr.FR_DEFAULT_DUMP_NAME
 #: One step's calls: (group kind, op, the shapes of its input, of its output) per call, elements per rank.
 STEP = (("tp", "all_reduce", "in", "in"), ("dp", "_reduce_scatter_base", "dp_in", "in"),
         ("dp", "_all_gather_base", "in", "dp_in"))

@@ -18,10 +18,14 @@ from __future__ import annotations
 from typing import Optional
 
 #: The environment variable naming the dump files' prefix; each rank writes ``<prefix><rank>``
-#: (FlightRecorder.hpp reads TORCH_FR_DUMP_TEMP_FILE, then the older TORCH_NCCL_DEBUG_INFO_TEMP_FILE).
+#: (FlightRecorder.cpp ``DebugInfoWriter::getWriter`` reads TORCH_FR_DUMP_TEMP_FILE, then the older
+#: TORCH_NCCL_DEBUG_INFO_TEMP_FILE).
 FR_DUMP_PREFIX_ENV = "TORCH_FR_DUMP_TEMP_FILE"
-#: torch's prefix when the variable is unset (FlightRecorder.hpp).
-FR_DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"
+#: torch's file name prefix when the variable is unset, in its cache folder: ``$XDG_CACHE_HOME/torch``,
+#: else ``$HOME/.cache/torch`` (FlightRecorder.cpp ``DebugInfoWriter::getWriter``; the strings
+#: "TORCH_FR_DUMP_TEMP_FILE", "XDG_CACHE_HOME", "HOME", "/tmp", "/.cache", "/torch" and "comm_lib_trace_r..."
+#: in the torch 2.13.0 and 2.15.0 wheels' libtorch_cpu.so).
+FR_DEFAULT_DUMP_NAME = "comm_lib_trace_rank_"
 #: How many entries each rank's ring keeps; 0 (torch's default) turns the recorder off.
 FR_BUFFER_SIZE_ENV = "TORCH_FR_BUFFER_SIZE"
 
