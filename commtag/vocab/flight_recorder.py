@@ -26,8 +26,11 @@ FR_DUMP_PREFIX_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 #: "TORCH_FR_DUMP_TEMP_FILE", "XDG_CACHE_HOME", "HOME", "/tmp", "/.cache", "/torch" and "comm_lib_trace_r..."
 #: in the torch 2.13.0 and 2.15.0 wheels' libtorch_cpu.so).
 FR_DEFAULT_DUMP_NAME = "comm_lib_trace_rank_"
-#: How many entries each rank's ring keeps; 0 (torch's default) turns the recorder off.
+#: How many entries each rank's ring keeps, then the older TORCH_NCCL_TRACE_BUFFER_SIZE; 0 turns the
+#: recorder off. Neither set: 2,000 (FlightRecorder.hpp ``FlightRecorder()``, torch 2.11.0-2.15.0), so
+#: gloo's groups record by default (measured with torch 2.13, neither variable set).
 FR_BUFFER_SIZE_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_DEFAULT_BUFFER_SIZE = 2000
 
 #: The dump's top-level keys (FlightRecorderDetail.hpp, ``dump_pickle``/``dump_json``).
 FR_VERSION = "version"
