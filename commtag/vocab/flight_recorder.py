@@ -30,7 +30,6 @@ FR_DEFAULT_DUMP_NAME = "comm_lib_trace_rank_"
 #: recorder off. Neither set: 2,000 (FlightRecorder.hpp ``FlightRecorder()``, torch 2.11.0-2.15.0), so
 #: gloo's groups record by default (measured with torch 2.13, neither variable set).
 FR_BUFFER_SIZE_ENV = "TORCH_FR_BUFFER_SIZE"
-FR_DEFAULT_BUFFER_SIZE = 2000
 
 #: The dump's top-level keys (FlightRecorderDetail.hpp, ``dump_pickle``/``dump_json``).
 FR_VERSION = "version"
