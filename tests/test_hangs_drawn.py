@@ -116,3 +116,19 @@ def test_an_entry_whose_op_differs_from_the_profiled_call_is_not_drawn(job: Path
     slices = _lane_slices(read(target))
     assert ANN_FR_STATE not in slices[(1, "1", 2)]
     assert all(ANN_FR_STATE in args for key, args in slices.items() if key != (1, "1", 2))
+
+
+@pytest.mark.slow
+def test_a_missing_rank_without_a_profile_gets_no_marker_and_the_merge_says_so(job: Path, tmp_path: Path,
+                                                                               capsys) -> None:
+    folder = tmp_path / "two"
+    shutil.copytree(job / "trace", folder, ignore=shutil.ignore_patterns("rank2.*"))
+    for dump in (job / "torch").glob("fr_*"):
+        shutil.copy(dump, folder)
+    target = tmp_path / "two.pftrace"
+    assert main(["merge", str(folder), "-o", str(target)]) == 0
+    assert "no hang marker drawn for rank 2: the merge has no profiled call of theirs" in capsys.readouterr().err
+    from pftrace_reader import read
+
+    parsed = read(target)
+    assert _hang_markers(parsed) == [] and len(_lane_slices(parsed)) == PROFILED - 4
