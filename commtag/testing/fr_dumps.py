@@ -22,10 +22,11 @@ records nccl2's groups (what "nccl" builds in 2.15), with what differs there (vo
   whole run), ``pg_id``, ``process_group`` (name, desc), ``collective_seq_id`` (the group's collective
   count, 1-based), ``p2p_seq_id`` (0: no p2p here), ``op_id``, ``profiling_name`` ("<backend>:<op>": the
   title ProcessGroupNCCL.cpp gives each op, "nccl:all_reduce", "nccl:_reduce_scatter_base",
-  "nccl:_all_gather_base"; under the hook the backend's name, "nccl2:all_reduce" as torch 2.15's analyzer
-  spells it), ``time_created_ns``, ``input_sizes``/``output_sizes`` (one shape per tensor; the hook's
-  gathered and scattered buffers are the caller's list, one shard per rank, so its job calls the list
-  forms ``reduce_scatter`` and ``all_gather``), ``input_dtypes``/``output_dtypes`` (c10::toString of the
+  "nccl:_all_gather_base", strings of the torch 2.14.1 wheel's libtorch_cuda.so; under the hook the
+  backend's name, "nccl2:all_reduce" as torch 2.15's analyzer spells it), ``time_created_ns``,
+  ``input_sizes``/``output_sizes`` (one shape per tensor; the hook's gathered and scattered buffers are
+  the caller's list, one shard per rank, so its job calls the list forms ``reduce_scatter`` and
+  ``all_gather``), ``input_dtypes``/``output_dtypes`` (c10::toString of the
   ScalarType: "BFloat16"), ``state`` ("completed" once the watchdog saw the work end, "started" while its
   kernel runs: a call waiting on a missing peer; under the hook "completed" when the backend reported
   completion, else "scheduled" and never retired), the discovered start/completion times (None where not
