@@ -30,8 +30,8 @@ FR_ROW = "Flight Recorder"
 HANG_MARKER = "hang"
 WAITING_RANKS = "waiting ranks"
 
-#: Per folder: its dumps' files and times as last read, the dumps by rank and their diagnosis. A merge
-#: worker reads each folder once, not once per rank; a file changed since is read again.
+#: The last folder read: its dumps' files and times as read, the dumps by rank and their diagnosis. A
+#: merge worker reads a folder once, not once per rank; a file changed since is read again.
 _READ: dict[Path, tuple[tuple, dict[int, FrDump], Diagnosis]] = {}
 #: Per folder: its names as last listed, and the dumps found among them then.
 _FOUND: dict[Path, tuple[tuple[str, ...], dict[int, Path]]] = {}
@@ -61,8 +61,7 @@ def folder_dumps(folder: Path) -> Optional[tuple[dict[int, FrDump], Diagnosis]]:
     known = _READ.get(folder)
     if known is None or known[0] != stamp:
         dumps = read_dumps(folder)
-        if len(_READ) >= 4:
-            _READ.clear()
+        _READ.clear()  # one folder's dumps held at a time: a merge's are in one folder
         known = _READ[folder] = (stamp, {d.rank: d for d in dumps}, diagnose(dumps))
     return known[1], known[2]
 
