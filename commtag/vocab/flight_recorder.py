@@ -117,7 +117,9 @@ FR_HOOK_RELEASE = "2.15.0"
 #:   analyzer's example), or this where the hook cannot identify it (types.py);
 FR_HOOK_UNKNOWN_BACKEND = "c10d"
 #: - a call whose completion the backend reports reads "completed" (started and completed stamped then,
-#:   ``retired``); one that never completed is never retired and reads "scheduled" (FlightRecorderHook.hpp);
+#:   ``retired``); one that never completed is never retired and reads "scheduled" (FlightRecorderHook.hpp).
+#:   nccl2 reports it (``c10d::nccl2::ProcessGroupNCCL::registerCompletionHook`` is a symbol of the 2.15.0
+#:   wheel's libtorch_cuda.so); a backend that does not is retired at issue, "scheduled" whether done or not;
 #: - a gathered buffer is the caller's list, one shard-shaped buffer per rank, not one flat tensor
 #:   (types.py ``_gathered_numel_matches``), and alltoall_base is named all_to_all_single (types.py);
 #: - a recv from any source names no peer: its meta is "<dst><-?" (types.py);
