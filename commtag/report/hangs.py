@@ -39,8 +39,11 @@ def beside_profile(dumps: list[FrDump], instances: Sequence[CollectiveInstance])
     how their entries joined the profiled calls (the merge's instances, read back from its output)."""
     diagnosis = diagnose(dumps)
     join = join_fr(dumps, instances)
+    unprofiled = sorted({r for h in diagnosis.hangs for r in h.missing} - {i.rank for i in instances})
     return [*(h.message for h in diagnosis.hangs), *(m.message for m in diagnosis.mismatches), join.describe(),
-            *(f"not joined: {d}" for d in join.disagreements)]
+            *(f"not joined: {d}" for d in join.disagreements),
+            *([f"no hang marker drawn for {plural_ranks(unprofiled)}: the merge has no profiled call of theirs"]
+              if unprofiled else [])]
 
 
 def only_dumps(exc: Exception) -> bool:

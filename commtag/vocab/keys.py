@@ -103,3 +103,16 @@ ANN_KERNELS_PREFIX = "commtag kernels "
 ANN_DOMINANT = "commtag dominant"
 ANN_KERNELS_SCOPE = "commtag kernels scope"
 ANN_KERNELS_ID = "commtag kernels id"
+
+# Flight Recorder dumps beside a profile (commtag.merge.hangs.beside): on a lane slice whose call a
+# dump holds (same rank, group and Seq), the dump's word on it.
+#: The entry's ``state`` as the dump wrote it ("scheduled", "started", "completed").
+ANN_FR_STATE = "commtag fr state"
+#: What the state means (commtag.merge.hangs.diagnose.Position.outcome): completed, ended, failed, in flight.
+ANN_FR_OUTCOME = "commtag fr outcome"
+#: Only on a call the dump holds in flight: vocab.flight_recorder.FR_IN_FLIGHT.
+ANN_FR_END = "commtag fr end"
+#: What the call raised, where the dump says it (commtag's own dumps).
+ANN_FR_ERROR = "commtag fr error"
+#: The dump file the state was read from.
+ANN_FR_DUMP = "commtag fr dump"

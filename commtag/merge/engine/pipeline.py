@@ -438,7 +438,7 @@ def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
         return None
     converter, files = converted
     timeline = converter.timeline()
-    summary = rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files, plan.options.nccl_inspector)
+    summary = rank_summary(rank, converter, timeline, files, plan.options.nccl_inspector)
     summary.account = converter.account()
     if header:
         stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))

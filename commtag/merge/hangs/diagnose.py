@@ -31,7 +31,7 @@ class Position:
         """"failed", "completed", "ended" (gloo's torch dumps cannot say how) or "in flight"."""
         if self.error:
             return "failed"
-        return "completed" if self.state == fr.STATE_COMPLETED else ("ended" if self.ended else "in flight")
+        return "completed" if self.state == fr.STATE_COMPLETED else ("ended" if self.ended else fr.FR_IN_FLIGHT)
 
     def to_dict(self) -> dict[str, object]:
         return {"seq": self.seq, "collective": self.collective, "state": self.state, "ended": self.ended,
@@ -137,9 +137,10 @@ def _diagnose(dumps: list[FrDump]) -> Diagnosis:
 
 def _version_notices(dumps: list[FrDump]) -> list[str]:
     versions = sorted({d.version for d in dumps} - set(fr.FR_KNOWN_VERSIONS))
+    newest = fr.version_number(fr.FR_KNOWN_VERSIONS[-1])
     return [f"Flight Recorder dump version {v!r} ({describe_ranks([d.rank for d in dumps if d.version == v])}) "
-            f"is not one commtag knows ({', '.join(fr.FR_KNOWN_VERSIONS)}): read by the keys it knows"
-            for v in versions]
+            f"is {'newer than any' if fr.version_number(v) > newest else 'not one'} commtag knows "
+            f"({', '.join(fr.FR_KNOWN_VERSIONS)}): read by the keys it knows" for v in versions]
 
 
 def _group_names(dumps: list[FrDump]) -> list[tuple[str, str]]:

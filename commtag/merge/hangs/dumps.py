@@ -157,7 +157,8 @@ def read_dump(path: Path, rank: int) -> FrDump:
                     raise DumpError(path, f"not valid JSON: {exc}") from None
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not isinstance(doc, dict) or fr.FR_ENTRIES not in doc or not isinstance(doc.get(fr.FR_ENTRIES), list):
+    # torch's JSON leaves the entries out where the ring is empty (FlightRecorderDetail.hpp dump_json).
+    if not isinstance(doc, dict) or not isinstance(doc.get(fr.FR_ENTRIES, [] if fr.FR_VERSION in doc else None), list):
         raise DumpError(path, "not a Flight Recorder dump (no list of entries)")
     return _dump(path, rank, doc)
 
@@ -178,7 +179,7 @@ def _dump(path: Path, rank: int, doc: dict) -> FrDump:
                   members=_members(doc.get(fr.FR_PG_CONFIG)),
                   dump_ns=_int(doc.get(fr.CT_DUMP_NS)), by_commtag=fr.CT_RANK in doc,
                   world_size=_int(doc.get(fr.CT_WORLD_SIZE)))
-    for raw in doc[fr.FR_ENTRIES]:
+    for raw in doc.get(fr.FR_ENTRIES, ()):
         entry = _entry(raw, dump.members, dump.by_commtag)
         if isinstance(entry, str):
             dump.left_out[entry] = dump.left_out.get(entry, 0) + 1

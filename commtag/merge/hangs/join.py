@@ -79,6 +79,12 @@ def group_name(instance: CollectiveInstance) -> str:
     return str(name) if name not in (None, "") else instance.pg_uid
 
 
+def same_call(entry: FrEntry, instance: CollectiveInstance) -> bool:
+    """Whether the entry names the profiled call's op (as torch's recorder names it on that backend)."""
+    backend = entry.backend or ("gloo" if instance.source == "gloo" else "nccl")
+    return fr.fr_op(backend, instance.collective) == entry.op
+
+
 def join_fr(dumps: list[FrDump], instances: Iterable[CollectiveInstance]) -> FrJoin:
     """Join every dump's collective entries to ``instances`` (each instance at most once)."""
     profiled: dict[tuple[int, str, int], CollectiveInstance] = {}
@@ -109,8 +115,7 @@ def _join_one(rank: int, entry: FrEntry, profiled: dict[tuple[int, str, int], Co
     if instance is None or key in matched:
         result.entries_outside_profile += 1
         return
-    backend = entry.backend or ("gloo" if instance.source == "gloo" else "nccl")
-    if fr.fr_op(backend, instance.collective) != entry.op:
+    if not same_call(entry, instance):
         matched.add(key)
         result.disagreements.append(f"rank {rank} group {entry.group} Seq {entry.seq}: the dump says "
                                     f"{call_name(entry)}, the profile {instance.collective}")

@@ -94,15 +94,25 @@ def _differs(ref: FrEntry, other: FrEntry, size: int) -> tuple[str, str] | None:
         return "size", f"output sizes {other.output_sizes} where {ref.output_sizes} were expected"
     if ref.op == "all_reduce" and ref.input_sizes != other.output_sizes:
         return "size", f"output sizes {other.output_sizes} where the input sizes {ref.input_sizes} were expected"
-    if ref.op in ("all_gather", "_all_gather_base") and _numel(other.output_sizes) != _numel(ref.input_sizes) * size:
+    if ref.op in fr.FR_GATHERING_OPS and not _gathers(other.output_sizes, ref.input_sizes, size):
         return "size", f"output numel {_numel(other.output_sizes)} is not {size} x input numel"
-    if ref.op in ("reduce_scatter", "_reduce_scatter_base") and _numel(other.input_sizes) != _numel(ref.output_sizes) * size:
+    if ref.op in fr.FR_SCATTERING_OPS and not _gathers(other.input_sizes, ref.output_sizes, size):
         return "size", f"input numel {_numel(other.input_sizes)} is not {size} x output numel"
     if _dtypes(ref) != _dtypes(other):
         return "dtype", f"dtypes {sorted(_dtypes(other))} where {sorted(_dtypes(ref))} were expected"
     if ref.state != other.state:
         return "state", f"state {other.state!r} where {ref.state!r} was found"
     return None
+
+
+def _gathers(gathered: list, shard: list, size: int) -> bool:
+    """Whether a gathered buffer holds ``size`` shards: one flat tensor (the native backends), or the
+    caller's list of one shard-shaped buffer per rank (torch 2.15's c10d hook; types.py ``_gathered_numel_matches``)."""
+    if _numel(gathered) == _numel(shard) * size:
+        return True
+    shapes = [s for s in gathered if isinstance(s, list)], [s for s in shard if isinstance(s, list)]
+    return (len(shapes[0]) == size * len(shapes[1])
+            and sum(map(math.prod, shapes[0])) == sum(map(math.prod, shapes[1])) * size)
 
 
 def _numel(sizes: list) -> int:

@@ -15,17 +15,19 @@ from typing import Optional
 from commtag.atomic import write_atomic
 from commtag.merge.hangs.diagnose import Diagnosis, call_name, entry_seq
 from commtag.merge.errors import MergeInputError
+from commtag.merge.hangs.beside import hang_marker, hang_time
 from commtag.merge.hangs.dumps import FrDump, FrEntry
 from commtag.merge.ids import HEADER_SEQ, ROOT_UUID
 from commtag.merge.pftrace.packets import descriptor_packet, header, protos, track_descriptor
 from commtag.merge.pftrace.wire import frame
+from commtag.vocab import flight_recorder as fr
 
 #: The one packet sequence of the drawn calls (the header has its own).
 _SEQ = HEADER_SEQ + 1
 #: Track uuids: a rank's process, and its lanes after it (one per group).
 _TRACKS_PER_RANK = 1 << 16
 #: Where a dump says no time of its own: its latest call's start.
-IN_FLIGHT = "in flight (drawn up to the dump's time)"
+IN_FLIGHT = f"{fr.FR_IN_FLIGHT} (drawn up to the dump's time)"
 END_UNKNOWN = "ended, at a time the dump does not say"
 
 
@@ -58,12 +60,10 @@ def write_fr_trace(dumps: list[FrDump], diagnosis: Diagnosis, output: Path) -> i
             packets.extend(_slice(entry, rows[(entry.group, row)][0], origin, end))
             drawn += 1
     for hang in diagnosis.hangs:
-        when = min((e.created_ns for d in dumps if d.rank in hang.entered for e in d.entries
-                    if e.group == hang.pg and entry_seq(e) == hang.seq), default=origin)
+        when = hang_time(dumps, hang) or origin
+        name, args = hang_marker(hang)
         for rank in hang.missing:
-            packets.append(_event("TYPE_INSTANT", max(when - origin, 0), _uuid(rank, 0),
-                                  f"hang: never entered {hang.collective} Seq {hang.seq} of group {hang.pg}",
-                                  {"waiting ranks": ",".join(map(str, hang.entered))}))
+            packets.append(_event("TYPE_INSTANT", max(when - origin, 0), _uuid(rank, 0), name, args))
     write_atomic(output, b"".join(packets))
     return drawn
 

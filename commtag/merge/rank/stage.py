@@ -26,6 +26,8 @@ from commtag.merge.inputs.sidecars import load_sidecar
 from commtag.merge.inputs.stepmatch import instance_step_seqs, match
 from commtag.merge.inputs.clock import wall_clock
 from commtag.merge.inputs.inspector import join as join_inspector, read_inspector
+from commtag.merge.hangs.beside import draw_beside
+from commtag.merge.timeline import RankTimeline
 from commtag.merge.records import (
     Coverage, FileSpan, GroupLane, Interner, RankSummary,
 )
@@ -175,7 +177,7 @@ def summaries_only(ranks: list[RankInput], interner: Interner,
                                                                   interner=interner), skipped)
             if converted is not None:
                 converter, files = converted
-                summaries.append(rank_summary(rank, converter, None, {}, files))
+                summaries.append(rank_summary(rank, converter, None, files))
                 if on_rank is not None:
                     converter.categories.finish()
                     on_rank(rank.rank, converter.categories)
@@ -200,10 +202,15 @@ def collector_paused():
             gc.enable()
 
 
-def rank_summary(rank: RankInput, converter: RankConverter, first_ns: Optional[int],
-                  lane_kernels: dict[str, dict], files: list[FileSpan], inspector: Optional[Path] = None) -> RankSummary:
+def rank_summary(rank: RankInput, converter: RankConverter, timeline: Optional[RankTimeline], files: list[FileSpan],
+                 inspector: Optional[Path] = None) -> RankSummary:
     """What is kept of a converted rank; with ``inspector`` (a folder of NCCL Inspector dumps) its
-    records joined to the rank's instances, what joined nothing in its notes."""
+    records joined to the rank's instances, what joined nothing in its notes. With the ``timeline`` the
+    merge writes, the Flight Recorder dumps beside its traces are drawn (commtag.merge.hangs.beside)."""
+    first_ns, lane_kernels = (timeline.first_ns, timeline.lane_kernels) if timeline is not None else (None, {})
+    if timeline is not None:
+        converter.notes.extend(draw_beside(converter.instances, rank.rank, [f.path for f in rank.files], timeline,
+                                           converter.encoder, converter.offset))
     if inspector is not None:
         pids = {(f.sidecar_host or f.host, f.pid) for f in files if f.pid is not None}
         converter.notes.extend(join_inspector(converter.instances, rank.rank, read_inspector(inspector),
