@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import orjson
 
-from commtag.testing.bench import machine, markdown_table, median
+from commtag.testing.bench import machine, markdown_table, median, verdict
 
 #: stage -> what it wraps: (module, attribute path). A wrapped function's time is its stage's, less
 #: the time of the wrapped functions it calls.
@@ -56,6 +56,8 @@ STAGES: dict[str, list[tuple[str, str]]] = {
     "analysis": [("commtag.merge.engine.pipeline", "share_analysis"), ("commtag.merge.engine.pipeline", "gather")],
     "lanes": [("commtag.merge.engine.pipeline", "write_lanes")],
 }
+#: Targets of a merge's CPU against the parse floor's, by (ranks, --detail): many small ranks.
+TARGETS = {(128, None): 3.0, (1024, "none"): 2.0}
 #: The stages that run once per rank (the rest once per merge).
 PER_RANK = ("sidecars", "parse", "convert", "attach", "settle", "rows", "write", "keep")
 
@@ -159,19 +161,22 @@ def report(results: dict) -> str:
     ranks, events = runs[0]["ranks"], runs[0]["events"]
     floor_s = median([r["floor_s"] for r in runs])
     total = median([r["merge_s"] for r in runs])
+    ratio = median([r["merge_s"] / r["floor_s"] for r in runs])
+    target = TARGETS.get((ranks, results["detail"]))
+    said = f"\n\nTarget: merge <= {target}x the parse floor: {ratio:.2f}x, {verdict(ratio, target)}." if target else ""
     rows = []
     for stage in [*STAGES, "other"]:
         spent = median([r["stages"].get(stage, 0.0) for r in runs])
         rows.append([stage, f"{spent:.2f}", f"{spent / total:.0%}", f"{spent / floor_s:.2f}x",
                      f"{spent / ranks * 1e3:.2f}" if stage in PER_RANK else "-", f"{spent / events * 1e6:.2f}"])
-    rows.append(["merge", f"{total:.2f}", "100%", f"{median([r['merge_s'] / r['floor_s'] for r in runs]):.2f}x",
+    rows.append(["merge", f"{total:.2f}", "100%", f"{ratio:.2f}x",
                  f"{total / ranks * 1e3:.2f}", f"{total / events * 1e6:.2f}"])
     rows.append(["parse floor", f"{floor_s:.2f}", "", "1.00x", f"{floor_s / ranks * 1e3:.2f}",
                  f"{floor_s / events * 1e6:.2f}"])
     head = (f"{results['directory']}: {ranks} ranks, {events:,} events, --detail {results['detail'] or '(all)'}; "
             f"medians of {len(runs)} alternating runs, CPU seconds; {results['machine']}.")
     return head + "\n\n" + markdown_table(["stage", "CPU s", "of the merge", "vs floor", "ms per rank", "µs per event"],
-                                          rows)
+                                          rows) + said
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
