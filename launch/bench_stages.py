@@ -18,6 +18,8 @@ The stages, in a merge's order:
 * ``rows``: a rank's rows named and ordered, its summary (``timeline``, ``rank_summary``);
 * ``write``: the rows as packets (``pftrace/writer.py: write_rank``);
 * ``keep``: a rank's records packed until the analysis (``engine/shards.py: Held.take``);
+* ``wire``: records as JSON columns and back (``engine/exchange.py: to_wire, from_wire``, which
+  ``engine/routes.py`` calls in ``keep`` and between the analysis' rounds, in one process too);
 * ``analysis``: matching, skew, bandwidth, impact (``engine/shards.py: analyse``, ``gather``);
 * ``lanes``: the lanes block (``engine/pipeline.py: write_lanes``);
 * ``other``: the rest of the merge (the plan, its checks, publishing the output).
@@ -53,6 +55,7 @@ STAGES: dict[str, list[tuple[str, str]]] = {
              ("commtag.merge.engine.pipeline", "rank_summary")],
     "write": [("commtag.merge.pftrace.writer", "write_rank")],
     "keep": [("commtag.merge.engine.shards", "Held.take")],
+    "wire": [("commtag.merge.engine.routes", "to_wire"), ("commtag.merge.engine.routes", "from_wire")],
     "analysis": [("commtag.merge.engine.pipeline", "share_analysis"), ("commtag.merge.engine.pipeline", "gather")],
     "lanes": [("commtag.merge.engine.pipeline", "write_lanes")],
 }
