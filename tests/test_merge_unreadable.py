@@ -22,7 +22,7 @@ from commtag.merge.analysis.checks import SeqIndex
 from commtag.merge.analysis.parts import SeqRef, SeqRuns, seq_runs
 from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
 from commtag.vocab import (
-    COLLECTIVE_NAME_KEY, COMMS_OP, IN_SPLIT_KEY, KERNEL_CATEGORY, LEGACY_FORMAT, NCCL2_FORMAT, PG_NAME_KEY,
+    COLLECTIVE_NAME_KEY, COMMS_OP, GROUP_SIZE_KEY, IN_SPLIT_KEY, KERNEL_CATEGORY, LEGACY_FORMAT, NCCL2_FORMAT, PG_NAME_KEY,
     PG_RANKS_KEY, RANK_KEY, SEND, SEQ_KEY,
 )
 from merging import matched, merge
@@ -217,3 +217,19 @@ def test_every_unreadable_record_is_counted_and_the_first_named(tmp_path: Path) 
     assert len(said) == 1 and ": 4 collective record(s) it cannot read" in said[0], said
     assert said[0].count("'Seq' 'many'") == 3 and said[0].endswith("; and 1 more"), said
     assert result.analysis.findings == [], [f.message for f in result.analysis.findings]
+
+
+def test_a_group_rank_list_is_read_once_however_many_records_repeat_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking a record costs the same whatever its group's size: the rank list every record of
+    a group repeats is parsed once, not once per record; a list naming a rank twice is still refused."""
+    from commtag.merge.rank import checks
+
+    parsed: list[str] = []
+    real = checks.parse_rank_list
+    monkeypatch.setattr(checks, "parse_rank_list", lambda text: parsed.append(text) or real(text))
+    record = {COLLECTIVE_NAME_KEY: "allreduce", PG_NAME_KEY: "0", PG_RANKS_KEY: str(list(range(3, 4099))),
+              GROUP_SIZE_KEY: 4096, RANK_KEY: 5}
+    assert [checks.record_problem({**record, SEQ_KEY: seq}, 8192, True) for seq in range(1, 201)] == [None] * 200
+    assert len(parsed) <= 1
+    twice = {**record, PG_RANKS_KEY: "[0, 1, 1, 3]", GROUP_SIZE_KEY: 4, RANK_KEY: 2, SEQ_KEY: 1}
+    assert checks.record_problem(twice, 8, True) == "'Process Group Ranks' names a rank twice"

@@ -9,6 +9,8 @@ never pickle (:func:`to_wire`, :func:`from_wire`).
 from __future__ import annotations
 
 from dataclasses import asdict, astuple, fields
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Callable, Optional
 
 import orjson
@@ -133,6 +135,7 @@ def _error_payload(error: MergeInputError) -> bytes:
 
 
 _FIELDS = [f.name for f in fields(CollectiveInstance)]
+_READERS = [attrgetter(name) for name in _FIELDS]
 
 
 _COMMON_AT = _FIELDS.index("common_args")
@@ -160,30 +163,33 @@ def to_wire(summaries: list[RankSummary]) -> dict:
     ``common_args``, texts and member ranks (theirs and their groups') indexes into tables, so
     that what many instances and ranks share travels once (a group's members listed in every
     member's summary grew with the square of the ranks). Shared objects are found by identity
-    (member tuples are interned), not hashed again for every instance."""
+    (member tuples are interned), not hashed again for every instance. Each column is read in one
+    C call (``attrgetter``), and numbered without a Python step per instance."""
     index: dict[int, int] = {}
     table: list[dict] = []
     texts: dict[str, int] = {}
     rank_lists: dict[int, tuple[int, tuple]] = {}
     out = []
     for s in summaries:
-        columns: list[list] = [[] for _ in _FIELDS]
-        for inst in s.instances:
-            row = [getattr(inst, name) for name in _FIELDS]
-            ref = index.get(id(inst.common_args))
-            if ref is None:
-                ref = index[id(inst.common_args)] = len(table)
-                table.append(inst.common_args)
-            row[_COMMON_AT] = ref
-            for at in _TEXTS_AT:
-                row[at] = texts.setdefault(row[at], len(texts))
-            ranks = row[_RANKS_AT]
-            found = rank_lists.get(id(ranks))
-            if found is None:  # held with its number, so that its id stays its own
-                found = rank_lists[id(ranks)] = (len(rank_lists), ranks)
-            row[_RANKS_AT] = found[0]
-            for column, value in zip(columns, row):
-                column.append(value)
+        columns = [list(map(read, s.instances)) for read in _READERS]
+        # Each distinct object or text numbered in the order first met (dict.fromkeys keeps it), the
+        # columns then mapped to the numbers: C loops, a Python step per distinct value only.
+        ids = list(map(id, columns[_COMMON_AT]))
+        for key, common in dict(zip(ids, columns[_COMMON_AT])).items():
+            if key not in index:
+                index[key] = len(table)
+                table.append(common)
+        columns[_COMMON_AT] = list(map(index.__getitem__, ids))
+        named = [columns[at] for at in _TEXTS_AT]
+        for text in dict.fromkeys(chain.from_iterable(zip(*named))):  # instance by instance, field by field
+            texts.setdefault(text, len(texts))
+        for at in _TEXTS_AT:
+            columns[at] = list(map(texts.__getitem__, columns[at]))
+        ids = list(map(id, columns[_RANKS_AT]))
+        for key, ranks in dict(zip(ids, columns[_RANKS_AT])).items():
+            if key not in rank_lists:  # held with its number, so that its id stays its own
+                rank_lists[key] = (len(rank_lists), ranks)
+        columns[_RANKS_AT] = [rank_lists[key][0] for key in ids]
         groups = []
         for name, lane_id, uid, ranks in s.groups:  # a group's members travel once, not once per rank
             found = rank_lists.get(id(ranks))
@@ -212,19 +218,16 @@ def from_wire(data: dict, interner: Interner) -> list[RankSummary]:
     same = {value: value for args in table for value in args.values() if value.__class__ is int}
     summaries = []
     for s in data["summaries"]:
-        instances = []
         columns = s.pop("instances")
         for at in _REPEATED_AT:
             columns[at] = [same.setdefault(value, value) for value in columns[at]]
         columns[_ARGS_AT] = [{key: same.setdefault(value, value) if value.__class__ is int else value
                               for key, value in own.items()} for own in columns[_ARGS_AT]]
-        for values in zip(*columns):
-            row = list(values)
-            row[_COMMON_AT] = table[row[_COMMON_AT]]
-            row[_RANKS_AT] = rank_lists[row[_RANKS_AT]]
-            for at in _TEXTS_AT:
-                row[at] = texts[row[at]]
-            instances.append(CollectiveInstance(*row))
+        columns[_COMMON_AT] = list(map(table.__getitem__, columns[_COMMON_AT]))
+        columns[_RANKS_AT] = list(map(rank_lists.__getitem__, columns[_RANKS_AT]))
+        for at in _TEXTS_AT:
+            columns[at] = list(map(texts.__getitem__, columns[at]))
+        instances = list(map(CollectiveInstance, *columns))  # row by row in one C loop
         s["groups"] = [GroupLane(name, lane_id, uid, rank_lists[ranks]) for name, lane_id, uid, ranks in s["groups"]]
         s["windows"] = [tuple(w) for w in s["windows"]]
         s["steps"] = [tuple(step) for step in s["steps"]]

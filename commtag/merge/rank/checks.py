@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, TypeGuard
@@ -117,6 +118,33 @@ def _whole(value: object, least: int, most: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and least <= value <= most
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_rank_list(text: str) -> bool:
+    """Cached: a group's rank list and a call site's split sizes repeat on every record of a rank
+    (a world group's list is thousands of characters at a thousand ranks)."""
+    return RANK_LIST.match(text) is not None
+
+
+class _GroupRanks(frozenset[int]):
+    """The distinct ranks a rank list names, with how many it lists and the highest."""
+
+    listed: int
+    highest: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_ranks(text: str) -> Optional[_GroupRanks]:
+    """A rank list's ranks (None: empty or cut short), parsed once per distinct list: every
+    record of a group repeats it, so parsing it per record made a merge's cost per record grow
+    with the group's size."""
+    ranks = parse_rank_list(text)
+    if not ranks:
+        return None
+    found = _GroupRanks(ranks)
+    found.listed, found.highest = len(ranks), max(ranks)
+    return found
+
+
 def record_problem(args: Mapping[str, object], world_size: object, named: bool) -> Optional[str]:
     """Why a trace's collective record (its eager keys) cannot be read, or None: a field the
     matching would misread (a Seq that is no Seq, a rank list that lists no ranks, ranks outside
@@ -130,19 +158,19 @@ def record_problem(args: Mapping[str, object], world_size: object, named: bool) 
         return f"no {PG_NAME_KEY!r} (the file's other records name their group)"
     for key in (IN_SPLIT_KEY, OUT_SPLIT_KEY, PG_RANKS_KEY):
         text = args.get(key)
-        if key in args and (text.__class__ is not str or not RANK_LIST.match(text)):
+        if key in args and (text.__class__ is not str or not _is_rank_list(text)):
             return f"{key!r} {text!r} is not a list of non-negative integers"
-    ranks = parse_rank_list(args[PG_RANKS_KEY]) if PG_RANKS_KEY in args else None  # type: ignore[arg-type]
+    ranks = _group_ranks(args[PG_RANKS_KEY]) if PG_RANKS_KEY in args else None
     size = args.get(GROUP_SIZE_KEY)
     if GROUP_SIZE_KEY in args and not _whole(size, 1, MAX_RANKS):
         return f"{GROUP_SIZE_KEY!r} {size!r} is not a group size"
     if ranks:
-        if len(set(ranks)) != len(ranks):
+        if len(ranks) != ranks.listed:
             return f"{PG_RANKS_KEY!r} names a rank twice"
-        if _count(world_size, 1) and max(ranks) >= world_size:  # type: ignore[operator]
-            return f"{PG_RANKS_KEY!r} names rank {max(ranks)}, outside the world of {world_size}"
-        if size.__class__ is int and size != len(ranks):
-            return f"{GROUP_SIZE_KEY!r} {size} but {PG_RANKS_KEY!r} lists {len(ranks)} ranks"
+        if _count(world_size, 1) and ranks.highest >= world_size:  # type: ignore[operator]
+            return f"{PG_RANKS_KEY!r} names rank {ranks.highest}, outside the world of {world_size}"
+        if size.__class__ is int and size != ranks.listed:
+            return f"{GROUP_SIZE_KEY!r} {size} but {PG_RANKS_KEY!r} lists {ranks.listed} ranks"
     for key in (DST_RANK_KEY, SRC_RANK_KEY):
         peer = args.get(key)
         if key in args and not (_whole(peer, 0, MAX_RANKS) and (not ranks or peer in ranks)):
