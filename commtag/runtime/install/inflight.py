@@ -247,7 +247,7 @@ def record_failed(pending: Optional[Pending], exc: BaseException) -> None:
         log_once("annotating a failed collective", inner)
 
 
-def ring_failed(kept: Optional[ring.KeptCall], exc: BaseException) -> None:
+def ring_failed(kept: Optional[ring.Kept], exc: BaseException) -> None:
     """End a call only the ring keeps whose original raised, with what failed (which writes the dump)."""
     if kept is None:
         return
@@ -257,7 +257,7 @@ def ring_failed(kept: Optional[ring.KeptCall], exc: BaseException) -> None:
         log_once("keeping a failed collective in the ring", inner)
 
 
-def ring_ended(kept: ring.KeptCall, work: Any) -> None:
+def ring_ended(kept: ring.Kept, work: Any) -> None:
     """An async call only the ring keeps: it ends when its work's future completes."""
     try:
         ring.finish(kept, None, future_of(work))
