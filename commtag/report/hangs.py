@@ -122,7 +122,7 @@ def _stuck_line(diagnosis: Diagnosis, rank: int) -> str:
     """A rank others wait on: the calls it never entered, who waits, and its last call."""
     blocked = [h for h in diagnosis.hangs if rank in h.missing]
     waiting = sorted({r for h in blocked for r in h.entered})
-    calls = ", ".join(f"{'its side of ' if h.is_p2p else ''}{h.collective} {'p2p ' if h.is_p2p else ''}Seq {h.seq} "
+    calls = ", ".join(f"{'its side of ' if h.is_p2p else ''}{h.call} {'p2p ' if h.is_p2p else ''}Seq {h.seq} "
                       f"of group {h.pg}" for h in blocked[:3])
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     latest = diagnosis.latest.get(rank)

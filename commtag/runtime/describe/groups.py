@@ -121,6 +121,9 @@ class GroupState:
     #: Whose record format the group's annotations follow (vocab.LEGACY_FORMAT / NCCL2_FORMAT).
     record_format: str = LEGACY_FORMAT
     p2p_seq: int = 0
+    #: The group's captured collectives that CUDA-graph replays ran, counted while commtag's flight
+    #: recorder keeps them: a replay's place among the group's calls (see record.ring).
+    replayed: int = 0
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _coll_counter: Any = field(default_factory=lambda: itertools.count(1))
@@ -163,6 +166,15 @@ class GroupState:
         if self.gloo_seq is not None:
             return self.gloo_seq() + 1 - self.gloo_extra
         return self.bump()
+
+    def last_collective_seq(self) -> int:
+        """Seq of the group's latest collective so far (0: none), taking none: a CUDA-graph replay
+        runs captured calls without numbering them, and is placed after this one."""
+        if self.nccl is not None:
+            return int(getattr(self.nccl, BACKEND_SEQ)())
+        if self.gloo_seq is not None:
+            return self.gloo_seq() - self.gloo_extra
+        return int(repr(self._coll_counter)[len("count("):-1]) - 1  # the next number, unconsumed
 
     def gloo_count(self) -> int:
         """gloo's count of this group's calls on this rank so far (a gloo group only)."""

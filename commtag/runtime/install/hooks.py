@@ -49,7 +49,8 @@ from commtag.runtime.capture import c10d_ops
 from commtag.runtime.install import c10d_hooks, p2p_count, patch
 from commtag.runtime.capture import CaptureTracker, CollectiveToken
 from commtag.runtime.failopen import log_once
-from commtag.runtime.record import recorder
+from commtag.runtime.install import inflight
+from commtag.runtime.record import recorder, ring
 from commtag.runtime.describe.groups import unwatch_lives, watch_lives
 from commtag.runtime.describe.metadata import OPS
 from commtag.schema import CollectiveAnnotation
@@ -70,8 +71,9 @@ _graph_methods: dict[str, Any] = {}
 _graph_handles: list[Any] = []
 #: False once uninstalled: a registered graph hook that outlives its handle does nothing.
 _graph_hooks_live = False
-#: (id of a CUDAGraph, thread) -> when its replay started, between torch's replay hooks.
-_replay_starts: dict[tuple[int, int], int] = {}
+#: (id of a CUDAGraph, thread) -> when its replay started, and its calls the flight recorder keeps,
+#: between torch's replay hooks.
+_replay_starts: dict[tuple[int, int], tuple[int, list[ring.Replayed]]] = {}
 
 
 def install() -> None:
@@ -237,19 +239,44 @@ def _on_capture_start(graph: Any) -> None:
 def _on_replay_start(graph: Any) -> None:
     tracker = capture.tracker()
     if _graph_hooks_live and tracker is not None and id(graph) in tracker.owner_captures:
-        _replay_starts[(id(graph), threading.get_native_id())] = time.time_ns()
+        _replay_starts[(id(graph), threading.get_native_id())] = (time.time_ns(), _keep_replay(tracker, graph))
 
 
 def _on_replay_end(graph: Any) -> None:
     """torch's replay-end hook: runs once the replay is enqueued, even if the launch raised."""
-    start = _replay_starts.pop((id(graph), threading.get_native_id()), None) if _replay_starts else None
+    started = _replay_starts.pop((id(graph), threading.get_native_id()), None) if _replay_starts else None
     tracker = capture.tracker()
-    if start is None or tracker is None:
+    if started is None or tracker is None:
         return
+    start, kept = started
+    _replay_launched(kept, None)
     try:
         tracker.record_replay(graph, start, time.time_ns(), threading.get_native_id())
     except Exception as exc:  # noqa: BLE001 - fail open: this replay stays unlogged
         log_once("logging a graph replay", exc)
+
+
+def _keep_replay(tracker: CaptureTracker, graph: Any) -> list[ring.Replayed]:
+    """Where commtag's flight recorder is on: keep the captured collectives of the replay of ``graph``
+    about to start, with their capture Seq and this replay's index (so a rank stuck in it says so)."""
+    kept = ring.RING
+    if kept is None:
+        return []
+    try:
+        found = tracker.replayed_calls(graph)
+        return [] if found is None else kept.replay_started(found[1], found[0], inflight.thread_state())
+    except Exception as exc:  # noqa: BLE001 - fail open: this replay stays out of the ring
+        log_once("keeping a graph replay in the flight recorder", exc)
+        return []
+
+
+def _replay_launched(kept: list[ring.Replayed], error: Optional[BaseException]) -> None:
+    if not kept:
+        return
+    try:
+        ring.replay_launched(kept, None if error is None else inflight.error_text(error))
+    except Exception as exc:  # noqa: BLE001 - fail open
+        log_once("keeping a graph replay in the flight recorder", exc)
 
 
 def capture_begin_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -296,9 +323,16 @@ def replay_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         tracker = capture.tracker()
         if tracker is None or id(self) not in tracker.owner_captures:
             return original(self, *args, **kwargs)
+        kept = _keep_replay(tracker, self)
         start = time.time_ns()
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+        except Exception as exc:
+            _replay_launched(kept, exc)
+            raise
+        else:
+            _replay_launched(kept, None)
+            return result
         finally:
             try:
                 tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())

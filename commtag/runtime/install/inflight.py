@@ -163,6 +163,7 @@ def finish_call(pending: Pending, work: Any) -> None:
     if pending.token is not None:
         if pending.token.reduce_op is None:
             pending.token.reduce_op = reduce_name(pending.call.reduce_op)
+        pending.token.kept = (pending.call, pending.seq)
         capture.after_collective(pending.token, pending.annotation_fields())
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:

@@ -72,18 +72,51 @@ Kept = list[Any]
 KEPT_CALL, KEPT_END, KEPT_ERROR = 1, 5, 6
 
 
+class Replayed:
+    """One captured collective that a CUDA-graph replay runs, kept as the replay starts (torch's
+    recorder skips replays: nothing of c10d runs). Its capture Seq is the call's Seq at capture, the
+    same on every replay; ``replay`` the replay's index since that capture. Its place among the group's
+    calls is ``after_seq + replayed``: the group's latest Seq then, plus the replayed collectives the
+    group has run so far, this one included (an eager call's place is its Seq plus the replays before
+    it), so each call of the group has its own place, in time order, the same on every member."""
+
+    __slots__ = ("record_id", "call", "capture_seq", "replay", "after_seq", "replayed", "start_ns", "tid",
+                 "thread_name", "launched_ns", "error")
+
+    def __init__(self, record_id: int, call: OpCall, capture_seq: int, replay: int, thread: Any) -> None:
+        state = call.state
+        self.record_id = record_id
+        self.call = call
+        self.capture_seq = capture_seq
+        self.replay = replay
+        self.after_seq = state.last_collective_seq()
+        state.replayed += 1
+        self.replayed = state.replayed
+        self.start_ns = _now_ns()
+        self.tid = thread.tid
+        self.thread_name = thread.thread_name
+        #: When the replay's launch returned (its work enqueued: the host sees no more of it).
+        self.launched_ns: Optional[int] = None
+        self.error: Optional[str] = None
+
+
 class Ring:
     """The bounded ring and where it is written."""
 
     def __init__(self, dump_dir: Path, size: int) -> None:
         self.dump_dir = Path(dump_dir)
         self.size = size
-        self.slots: collections.deque[Slot | Kept] = collections.deque(maxlen=size)
+        self.slots: collections.deque[Slot | Kept | Replayed] = collections.deque(maxlen=size)
         #: The records' ids, in the order the calls started (a Kept call takes its own).
         self.ids = itertools.count()
         self._write_lock = threading.Lock()
         #: The thread writing a dump now (None: none).
         self._writer: Optional[int] = None
+        #: Held while a replay's calls are counted and kept, and while a dump takes its snapshot: the
+        #: snapshot and the groups' replay counts then agree (see :func:`_places`).
+        self._replay_lock = threading.Lock()
+        #: The groups whose collectives replays ran, by name.
+        self.replay_groups: dict[str, Any] = {}
 
     def start(self, record: CallRecord) -> Slot:
         """Keep a call as it starts (deque.append with maxlen: atomic, the oldest dropped)."""
@@ -96,6 +129,17 @@ class Ring:
         builds the same list inline); its end is written in by :func:`finish`."""
         kept = [next(self.ids), call, seq, thread, _now_ns(), None, None]
         self.slots.append(kept)
+        return kept
+
+    def replay_started(self, calls: list[tuple[OpCall, int]], replay: int, thread: Any) -> list[Replayed]:
+        """Keep the captured collectives (call, capture Seq) of replay ``replay`` of a graph, as it starts."""
+        kept = []
+        with self._replay_lock:
+            for call, capture_seq in calls:
+                entry = Replayed(next(self.ids), call, capture_seq, replay, thread)
+                self.replay_groups[call.state.name] = call.state
+                self.slots.append(entry)
+                kept.append(entry)
         return kept
 
     def dump(self, reason: str) -> Optional[Path]:
@@ -116,9 +160,11 @@ class Ring:
         """Both files, one after the other (one writer at a time: a temporary's name is per process)."""
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
-            slots = list(self.slots)
+            with self._replay_lock:
+                slots = list(self.slots)
+                replayed = {name: state.replayed for name, state in self.replay_groups.items()}
             rank = _global_rank(slots)
-            data = pickle.dumps(dump_document(slots, reason, rank, self.size), protocol=2)
+            data = pickle.dumps(dump_document(slots, reason, rank, self.size, replayed), protocol=2)
             path = write_atomic(self.dump_dir / f"{OWN_PREFIX}{rank}", data)
         except Exception as exc:  # noqa: BLE001 - fail open: a dump that cannot be written never stops the job
             log_once("writing commtag's flight-recorder dump", exc)
@@ -130,7 +176,7 @@ class Ring:
         return path
 
 
-def _global_rank(slots: list[Slot | Kept]) -> int:
+def _global_rank(slots: list[Slot | Kept | Replayed]) -> int:
     """This rank in the world: read from c10d, else from the calls kept."""
     try:
         import torch.distributed as dist
@@ -155,16 +201,19 @@ def _save_torch_dump(path: Path) -> None:
     write_atomic(path, dump(True, True, False))
 
 
-def dump_document(slots: list[Slot | Kept], reason: str, rank: int, size: int) -> dict[str, Any]:
+def dump_document(slots: list[Slot | Kept | Replayed], reason: str, rank: int, size: int,
+                  replayed: Optional[dict[str, int]] = None) -> dict[str, Any]:
     """The ring as a Flight Recorder dump: torch's keys (so torch's analyzer and commtag's reader
-    read it alike) and commtag's (``commtag_*``: peers, per-peer order, splits, end times)."""
+    read it alike) and commtag's (``commtag_*``: peers, per-peer order, splits, end times, replays).
+    ``replayed``: per group whose collectives replays ran, how many so far (taken with ``slots``)."""
     groups: dict[str, Any] = {}
     entries = []
-    for slot in slots:
-        kept = facts(slot)
-        state = kept.call.state
+    kept = [facts(slot) for slot in slots]
+    places = _places(kept, replayed or {})
+    for call in kept:
+        state = call.call.state
         groups.setdefault(state.name, state)
-        entries.append(_entry(kept, list(groups).index(state.name)))
+        entries.append(_entry(call, list(groups).index(state.name), places.get(call.record_id)))
     world_size = None
     try:
         import torch.distributed as dist
@@ -199,10 +248,18 @@ class Facts(NamedTuple):
     thread_name: str
     end_ns: Optional[int]
     error: Optional[str]
+    #: A replayed collective's replay index (its ``seq`` is its capture Seq), its place, and the
+    #: group's replayed collectives counted with it (see :class:`Replayed`).
+    replay: Optional[int] = None
+    place: Optional[int] = None
+    replayed: int = 0
 
 
-def facts(slot: Slot | Kept) -> Facts:
-    """What the ring holds of one call (a :class:`Slot` or a :data:`Kept` list)."""
+def facts(slot: Slot | Kept | Replayed) -> Facts:
+    """What the ring holds of one call (a :class:`Slot`, a :data:`Kept` list or a :class:`Replayed`)."""
+    if isinstance(slot, Replayed):
+        return Facts(slot.record_id, slot.call, slot.capture_seq, None, slot.start_ns, slot.tid, slot.thread_name,
+                     None, slot.error, slot.replay, slot.after_seq + slot.replayed, slot.replayed)
     if type(slot) is list:
         record_id, call, seq, thread, start_ns, end_ns, error = slot
         return Facts(record_id, call, seq, None, start_ns, thread.tid, thread.thread_name, end_ns, error)
@@ -212,7 +269,27 @@ def facts(slot: Slot | Kept) -> Facts:
                  record.thread_name, slot.end_ns, slot.error)
 
 
-def _entry(kept: Facts, pg_id: int) -> dict[str, Any]:
+def _places(kept: list[Facts], replayed: dict[str, int]) -> dict[int, int]:
+    """Record id -> place of each collective on a group whose collectives replays ran (export-fr's
+    numbering: every call of such a group in time order, a replay after the group's latest Seq; see
+    :class:`Replayed`). An eager call's place is its Seq plus the group's replays before it: walked
+    from the newest, those are the count taken with the snapshot, then one fewer than each replay
+    passed (the ring drops only its oldest calls, so none between is missing)."""
+    places: dict[int, int] = {}
+    running = dict(replayed)
+    for call in reversed(kept):
+        name = call.call.state.name
+        if name not in running or call.call.p2p in (SEND, RECV):
+            continue
+        if call.place is not None:
+            places[call.record_id] = call.place
+            running[name] = call.replayed - 1
+        else:
+            places[call.record_id] = call.seq + running[name]
+    return places
+
+
+def _entry(kept: Facts, pg_id: int, place: Optional[int] = None) -> dict[str, Any]:
     call = kept.call
     state = call.state
     p2p = call.p2p in (SEND, RECV)
@@ -236,6 +313,12 @@ def _entry(kept: Facts, pg_id: int) -> dict[str, Any]:
     if p2p:
         entry[fr.CT_PEER] = call.peer
         entry[fr.CT_PAIR_SEQ] = kept.pair_seq
+    if place is not None:  # a group whose collectives replays ran: numbered in time order, as export-fr does
+        entry[fr.E_SEQ] = place
+        entry[fr.CT_CAPTURE_SEQ] = kept.seq
+    if kept.replay is not None:
+        # Enqueued on the GPU: the host sees it scheduled and never its start or end.
+        entry.update({fr.CT_REPLAY: kept.replay, fr.E_STATE: fr.STATE_SCHEDULED, fr.E_STARTED_NS: None})
     if call.in_split != "[]" or call.out_split != "[]":
         entry[fr.CT_IN_SPLITS] = _numbers(call.in_split)
         entry[fr.CT_OUT_SPLITS] = _numbers(call.out_split)
@@ -244,6 +327,17 @@ def _entry(kept: Facts, pg_id: int) -> dict[str, Any]:
 
 def _numbers(text: str) -> list[int]:
     return [int(part) for part in text.strip("[]").split(",") if part.strip()]
+
+
+def replay_launched(kept: list[Replayed], error: Optional[str]) -> None:
+    """A replay's launch returned (its work enqueued) or raised ``error`` (which writes the dump)."""
+    now = time.time_ns()
+    for entry in kept:
+        entry.error = error
+        entry.launched_ns = now
+    ring = RING
+    if error is not None and ring is not None and kept:
+        ring.dump(f"exception: {error}")
 
 
 #: The ring of this process while ``install(dump_dir=...)`` has it on; None (the default) costs nothing.

@@ -1,0 +1,88 @@
+"""commtag's flight recorder keeps CUDA-graph replays: each captured collective a replay runs is kept
+as the replay starts, with its capture Seq and the replay's index, so a rank that never entered a
+replay is named with both.
+
+No GPU here: two real gloo ranks capture one all_reduce through commtag's own capture hooks
+(``hooks.capture_begin_hook``/``capture_end_hook`` over the in-memory graph of
+tests/test_capture_bookkeeping.py; gloo runs the call itself) and replay it through ``hooks.replay_hook``,
+the entry point that wraps ``CUDAGraph.replay`` on torch before 2.14. Rank 0 replays the graph four
+times, rank 1 three times, then each writes its ring (``commtag.dump()``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from commtag.cli import main
+from commtag.merge.hangs.dumps import load_plain_pickle
+from commtag.vocab import flight_recorder as fr
+from gloo_world import run_world
+
+REPLAYS = {0: 4, 1: 3}
+#: The eager all_reduce is Seq 1, the captured one Seq 2 (gloo ran it: gloo's count says 2).
+CAPTURE_SEQ = 2
+
+
+class _Graph:
+    """Stands for a torch.cuda.CUDAGraph: the hooks key a capture by the object's identity."""
+
+
+def _replaying_rank(rank: int, world_size: int, out_dir: str) -> str:
+    import torch
+    import torch.distributed as dist
+
+    import commtag
+    from commtag.runtime import capture
+    from commtag.runtime.capture import CaptureTracker
+    from commtag.runtime.install import hooks
+    from test_capture_bookkeeping import MAIN, FakeGraphAPI
+
+    commtag.install(dump_dir=out_dir)
+    api = FakeGraphAPI()
+    capture.use_tracker(CaptureTracker(api))
+    capture.current_stream = lambda: MAIN  # the in-memory graph's capturing stream
+    graph = _Graph()
+    dist.all_reduce(torch.ones(4))
+    hooks.capture_begin_hook(lambda g: api.begin(MAIN))(graph)
+    dist.all_reduce(torch.ones(3))
+    hooks.capture_end_hook(lambda g: api.end(MAIN, 0xE1))(graph)
+    replay = hooks.replay_hook(lambda g: None)
+    for _ in range(REPLAYS[rank]):
+        replay(graph)
+    path = commtag.dump()
+    commtag.uninstall()
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_entered_a_replay_is_named_with_its_capture_seq_and_replay_index(tmp_path: Path,
+                                                                                            capsys) -> None:
+    paths = run_world(_replaying_rank, 2, str(tmp_path))
+    assert paths == [str(tmp_path / f"commtag_fr_{rank}") for rank in range(2)]
+
+    # Rank 0's ring: the eager call (Seq 1), the captured one (Seq 2), then one entry per replay, each
+    # placed after the group's latest Seq and the replays before it, its capture Seq and index beside.
+    entries = load_plain_pickle((tmp_path / "commtag_fr_0").read_bytes())[fr.FR_ENTRIES]
+    assert [(e[fr.E_SEQ], e.get(fr.CT_CAPTURE_SEQ), e.get(fr.CT_REPLAY), e[fr.E_STATE]) for e in entries] == [
+        (1, 1, None, fr.STATE_COMPLETED), (2, 2, None, fr.STATE_COMPLETED),
+        *[(CAPTURE_SEQ + 1 + k, CAPTURE_SEQ, k, fr.STATE_SCHEDULED) for k in range(4)]]
+    replayed = entries[2:]
+    assert {(e[fr.E_PROFILING_NAME], str(e[fr.E_INPUT_SIZES])) for e in replayed} == {("gloo:all_reduce", "[[3]]")}
+    assert all(e[fr.E_CREATED_NS] >= entries[1][fr.E_CREATED_NS] for e in replayed)
+
+    assert main(["summary", str(tmp_path), "--format", "json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    (hang,) = report["hangs"]
+    assert {k: hang[k] for k in ("pg", "seq", "collective", "capture_seq", "replay", "entered", "missing")} == {
+        "pg": "0", "seq": CAPTURE_SEQ + 4, "collective": "all_reduce", "capture_seq": CAPTURE_SEQ, "replay": 3,
+        "entered": [0], "missing": [1]}
+    assert {r: (p["capture_seq"], p["replay"]) for r, p in hang["last"].items()} == {
+        "0": (CAPTURE_SEQ, 3), "1": (CAPTURE_SEQ, 2)}
+    assert report["stuck_ranks"] == [1]
+    assert main(["summary", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith(
+        f"stuck: rank 1 never entered all_reduce replay 3 of capture Seq {CAPTURE_SEQ} Seq {CAPTURE_SEQ + 4} "
+        f"of group 0, which rank 0 waits in; its last call: all_reduce replay 2 of capture Seq {CAPTURE_SEQ} ")
