@@ -4,6 +4,7 @@ and finds nothing wrong, as commtag does; a size changed on one rank is a desync
 from __future__ import annotations
 
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,12 @@ def test_graph_replays_are_numbered_per_group_in_time_order(public_traces: Path,
         for group in {e["process_group"] for e in replays}:
             seqs = [e["collective_seq_id"] for e in entries if e["process_group"] == group]
             assert seqs == list(range(1, len(seqs) + 1))
+    # Beside the job's traces, every exported collective joins its own instance, a replay by its capture
+    # Seq and replay index: none is taken for another call.
+    collectives = 0
+    for dump in out.iterdir():
+        shutil.copy(dump, job)
+        collectives += sum(1 for e in load_plain_pickle(dump.read_bytes())["entries"] if not e["is_p2p"])
+    assert main(["summary", str(job), "--format", "json"]) == 0
+    join = orjson.loads(capsys.readouterr().out)["fr_join"]
+    assert (len(join["calls"]), join["disagreements"], join["entries_outside_profile"]) == (collectives, [], 0)

@@ -86,3 +86,60 @@ def test_a_rank_that_never_entered_a_replay_is_named_with_its_capture_seq_and_re
     assert capsys.readouterr().out.splitlines()[1].startswith(
         f"stuck: rank 1 never entered all_reduce replay 3 of capture Seq {CAPTURE_SEQ} Seq {CAPTURE_SEQ + 4} "
         f"of group 0, which rank 0 waits in; its last call: all_reduce replay 2 of capture Seq {CAPTURE_SEQ} ")
+
+
+def _failing_and_hooked_replays(rank: int, world_size: int, out_dir: str) -> dict:
+    """One captured all_reduce, replayed twice: through ``replay_hook`` with a launch that raises, then
+    through torch 2.14+'s replay-start and replay-end hooks (commtag's functions torch would call)."""
+    import torch
+    import torch.distributed as dist
+
+    import commtag
+    from commtag.runtime import capture
+    from commtag.runtime.capture import CaptureTracker
+    from commtag.runtime.install import hooks
+    from test_capture_bookkeeping import MAIN, FakeGraphAPI
+
+    commtag.install(dump_dir=out_dir)
+    api = FakeGraphAPI()
+    capture.use_tracker(CaptureTracker(api))
+    capture.current_stream = lambda: MAIN
+    graph = _Graph()
+    hooks.capture_begin_hook(lambda g: api.begin(MAIN))(graph)
+    dist.all_reduce(torch.ones(2))
+    hooks.capture_end_hook(lambda g: api.end(MAIN, 0xE1))(graph)
+
+    def launch_fails(g: object) -> None:
+        raise RuntimeError("graph launch failed\nsecond line")
+
+    raised = None
+    try:
+        hooks.replay_hook(launch_fails)(graph)
+    except RuntimeError as exc:
+        raised = str(exc)
+    dump = Path(out_dir) / f"commtag_fr_{rank}"
+    after_failure = load_plain_pickle(dump.read_bytes())
+    hooks._graph_hooks_live = True  # as torch 2.14+'s hooks registered at install
+    try:
+        hooks._on_replay_start(graph)
+        hooks._on_replay_end(graph)
+    finally:
+        hooks._graph_hooks_live = False
+    commtag.dump()
+    after_hooks = load_plain_pickle(dump.read_bytes())
+    commtag.uninstall()
+    keys = (fr.E_SEQ, fr.CT_CAPTURE_SEQ, fr.CT_REPLAY, fr.E_STATE, fr.CT_ERROR)
+    return {"raised": raised, "reason": after_failure[fr.CT_DUMP_REASON],
+            "after_failure": [tuple(e.get(k) for k in keys) for e in after_failure[fr.FR_ENTRIES]],
+            "after_hooks": [tuple(e.get(k) for k in keys) for e in after_hooks[fr.FR_ENTRIES]]}
+
+
+@pytest.mark.slow
+def test_a_failed_replay_launch_is_dumped_and_torchs_replay_hooks_keep_replays(tmp_path: Path) -> None:
+    (seen,) = run_world(_failing_and_hooked_replays, 1, str(tmp_path))
+    assert seen["raised"] == "graph launch failed\nsecond line"  # the job's own error, unchanged
+    failed = "RuntimeError: graph launch failed"
+    assert seen["reason"] == f"exception: {failed}"  # written as the launch failed
+    captured = (1, 1, None, fr.STATE_COMPLETED, None)  # the call at capture: Seq 1, kept beside its place
+    assert seen["after_failure"] == [captured, (2, 1, 0, fr.STATE_SCHEDULED, failed)]
+    assert seen["after_hooks"] == [*seen["after_failure"], (3, 1, 1, fr.STATE_SCHEDULED, None)]
