@@ -277,6 +277,10 @@ def _places(kept: list[Facts], replayed: dict[str, int]) -> dict[int, int]:
     passed (the ring drops only its oldest calls, so none between is missing)."""
     places: dict[int, int] = {}
     running = dict(replayed)
+    for call in kept:  # a group whose count was not taken: its newest replay's count
+        if call.place is not None:
+            name = call.call.state.name
+            running[name] = max(running.get(name, 0), call.replayed)
     for call in reversed(kept):
         name = call.call.state.name
         if name not in running or call.call.p2p in (SEND, RECV):
