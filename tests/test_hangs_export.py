@@ -103,3 +103,21 @@ def test_graph_replays_are_numbered_per_group_in_time_order(public_traces: Path,
     assert main(["summary", str(job), "--format", "json"]) == 0
     join = orjson.loads(capsys.readouterr().out)["fr_join"]
     assert (len(join["calls"]), join["disagreements"], join["entries_outside_profile"]) == (collectives, [], 0)
+
+
+def test_a_rank_that_never_reached_a_replay_is_numbered_like_the_others(tmp_path: Path) -> None:
+    """Rank 1 stopped after Seq 50 of a group whose graph rank 0 then replayed: both ranks' calls on the
+    group are numbered in time order, so the hang is rank 1 missing from replay 0, not a Seq of its own."""
+    from commtag.merge.hangs import diagnose, read_dumps
+    from commtag.merge.hangs.export import export_fr
+    from commtag.merge.records import CollectiveInstance
+
+    def call(rank: int, seq: int, replay: int | None, start: int) -> CollectiveInstance:
+        return CollectiveInstance(rank=rank, pg_uid="u", is_p2p=False, seq=seq, replay=replay, collective="allreduce",
+                                  in_nelems=4, out_nelems=4, dtype="Float", group_size=2, group_ranks=(0, 1),
+                                  start_ns=start, end_ns=start + 1, source="nccl-kernel", lane_name="x")
+
+    export_fr([call(0, 50, None, 10), call(0, 50, 0, 20), call(0, 51, None, 30), call(1, 50, None, 10)], tmp_path)
+    (hang,) = diagnose(read_dumps(tmp_path)).hangs
+    assert (hang.seq, hang.collective, hang.capture_seq, hang.replay, hang.entered, hang.missing) == (
+        2, "all_reduce", 50, 0, [0], [1])
