@@ -71,9 +71,8 @@ _graph_methods: dict[str, Any] = {}
 _graph_handles: list[Any] = []
 #: False once uninstalled: a registered graph hook that outlives its handle does nothing.
 _graph_hooks_live = False
-#: (id of a CUDAGraph, thread) -> when its replay started, and its calls the flight recorder keeps,
-#: between torch's replay hooks.
-_replay_starts: dict[tuple[int, int], tuple[int, list[ring.Replayed]]] = {}
+#: (id of a CUDAGraph, thread) -> when its replay started, between torch's replay hooks.
+_replay_starts: dict[tuple[int, int], int] = {}
 
 
 def install() -> None:
@@ -239,17 +238,16 @@ def _on_capture_start(graph: Any) -> None:
 def _on_replay_start(graph: Any) -> None:
     tracker = capture.tracker()
     if _graph_hooks_live and tracker is not None and id(graph) in tracker.owner_captures:
-        _replay_starts[(id(graph), threading.get_native_id())] = (time.time_ns(), _keep_replay(tracker, graph))
+        _keep_replay(tracker, graph)  # torch's replay-end hook cannot say whether the launch raised
+        _replay_starts[(id(graph), threading.get_native_id())] = time.time_ns()
 
 
 def _on_replay_end(graph: Any) -> None:
     """torch's replay-end hook: runs once the replay is enqueued, even if the launch raised."""
-    started = _replay_starts.pop((id(graph), threading.get_native_id()), None) if _replay_starts else None
+    start = _replay_starts.pop((id(graph), threading.get_native_id()), None) if _replay_starts else None
     tracker = capture.tracker()
-    if started is None or tracker is None:
+    if start is None or tracker is None:
         return
-    start, kept = started
-    _replay_launched(kept, None)
     try:
         tracker.record_replay(graph, start, time.time_ns(), threading.get_native_id())
     except Exception as exc:  # noqa: BLE001 - fail open: this replay stays unlogged
@@ -270,12 +268,13 @@ def _keep_replay(tracker: CaptureTracker, graph: Any) -> list[ring.Replayed]:
         return []
 
 
-def _replay_launched(kept: list[ring.Replayed], error: Optional[BaseException]) -> None:
+def _replay_failed(kept: list[ring.Replayed], error: BaseException) -> None:
+    """The launch of a replay whose calls the flight recorder keeps raised: they failed (dumped)."""
     if not kept:
         return
     try:
-        ring.replay_launched(kept, None if error is None else inflight.error_text(error))
-    except Exception as exc:  # noqa: BLE001 - fail open
+        ring.replay_failed(kept, inflight.error_text(error))
+    except Exception as exc:  # noqa: BLE001 - fail open: the job's own exception goes on unchanged
         log_once("keeping a graph replay in the flight recorder", exc)
 
 
@@ -326,13 +325,10 @@ def replay_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         kept = _keep_replay(tracker, self)
         start = time.time_ns()
         try:
-            result = original(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
         except Exception as exc:
-            _replay_launched(kept, exc)
+            _replay_failed(kept, exc)
             raise
-        else:
-            _replay_launched(kept, None)
-            return result
         finally:
             try:
                 tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Optional
 
 from commtag.atomic import write_atomic
 from commtag.runtime.describe.calls import CallRecord, OpCall
+from commtag.runtime.describe.groups import GroupState
 from commtag.runtime.failopen import log_once
 from commtag.vocab import RECV, SEND
 from commtag.vocab import flight_recorder as fr
@@ -81,7 +82,7 @@ class Replayed:
     it), so each call of the group has its own place, in time order, the same on every member."""
 
     __slots__ = ("record_id", "call", "capture_seq", "replay", "after_seq", "replayed", "start_ns", "tid",
-                 "thread_name", "launched_ns", "error")
+                 "thread_name", "error")
 
     def __init__(self, record_id: int, call: OpCall, capture_seq: int, replay: int, thread: Any) -> None:
         state = call.state
@@ -95,8 +96,7 @@ class Replayed:
         self.start_ns = _now_ns()
         self.tid = thread.tid
         self.thread_name = thread.thread_name
-        #: When the replay's launch returned (its work enqueued: the host sees no more of it).
-        self.launched_ns: Optional[int] = None
+        #: What the replay's launch raised, if it did.
         self.error: Optional[str] = None
 
 
@@ -116,7 +116,7 @@ class Ring:
         #: snapshot and the groups' replay counts then agree (see :func:`_places`).
         self._replay_lock = threading.Lock()
         #: The groups whose collectives replays ran, by name.
-        self.replay_groups: dict[str, Any] = {}
+        self.replay_groups: dict[str, GroupState] = {}
 
     def start(self, record: CallRecord) -> Slot:
         """Keep a call as it starts (deque.append with maxlen: atomic, the oldest dropped)."""
@@ -333,14 +333,12 @@ def _numbers(text: str) -> list[int]:
     return [int(part) for part in text.strip("[]").split(",") if part.strip()]
 
 
-def replay_launched(kept: list[Replayed], error: Optional[str]) -> None:
-    """A replay's launch returned (its work enqueued) or raised ``error`` (which writes the dump)."""
-    now = time.time_ns()
+def replay_failed(kept: list[Replayed], error: str) -> None:
+    """A replay's launch raised ``error``: its calls failed, and the dump is written."""
     for entry in kept:
         entry.error = error
-        entry.launched_ns = now
     ring = RING
-    if error is not None and ring is not None and kept:
+    if ring is not None and kept:
         ring.dump(f"exception: {error}")
 
 
