@@ -53,6 +53,7 @@ def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, a
 _DEFAULT_REDUCTION = torch.distributed.ReduceOp.SUM
 
 
+#: all_reduce's eager name, read once for its describer.
 _ALL_REDUCE = _eager("all_reduce")
 
 
