@@ -270,8 +270,8 @@ def facts(slot: Slot | Kept | Replayed) -> Facts:
 
 
 def _places(kept: list[Facts], replayed: dict[str, int]) -> dict[int, int]:
-    """Record id -> place of each collective on a group whose collectives replays ran (export-fr's
-    numbering: every call of such a group in time order, a replay after the group's latest Seq; see
+    """Record id -> place of each collective on a group whose collectives replays ran (in time order,
+    as export-fr numbers such a group, but counted from the group's Seq: a replay after its latest; see
     :class:`Replayed`). An eager call's place is its Seq plus the group's replays before it: walked
     from the newest, those are the count taken with the snapshot, then one fewer than each replay
     passed (the ring drops only its oldest calls, so none between is missing)."""
@@ -317,7 +317,7 @@ def _entry(kept: Facts, pg_id: int, place: Optional[int] = None) -> dict[str, An
     if p2p:
         entry[fr.CT_PEER] = call.peer
         entry[fr.CT_PAIR_SEQ] = kept.pair_seq
-    if place is not None:  # a group whose collectives replays ran: numbered in time order, as export-fr does
+    if place is not None:  # a group whose collectives replays ran: numbered in time order (export-fr's keys)
         entry[fr.E_SEQ] = place
         entry[fr.CT_CAPTURE_SEQ] = kept.seq
     if kept.replay is not None:
