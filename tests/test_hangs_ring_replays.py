@@ -18,8 +18,10 @@ import pytest
 
 from commtag.cli import main
 from commtag.merge.hangs.dumps import load_plain_pickle
+from commtag.merge.hangs.trace import IN_FLIGHT
 from commtag.vocab import flight_recorder as fr
 from gloo_world import run_world
+from pftrace_reader import read
 
 REPLAYS = {0: 4, 1: 3}
 #: The eager all_reduce is Seq 1, the captured one Seq 2 (gloo ran it: gloo's count says 2).
@@ -86,6 +88,16 @@ def test_a_rank_that_never_entered_a_replay_is_named_with_its_capture_seq_and_re
     assert capsys.readouterr().out.splitlines()[1].startswith(
         f"stuck: rank 1 never entered all_reduce replay 3 of capture Seq {CAPTURE_SEQ} of group 0, which rank 0 "
         f"waits in; its last call: all_reduce replay 2 of capture Seq {CAPTURE_SEQ} of group 0, in flight")
+
+    # The merge of the dumps: each replayed call on its rank's group lane, drawn in flight to the dump.
+    output = tmp_path / "hung.pftrace"
+    assert main(["merge", str(tmp_path), "-o", str(output)]) == 0
+    assert main(["validate", str(output)]) == 0
+    replays = [s for s in read(output).slices if "replay" in s.name]
+    assert sorted(s.name for s in replays) == sorted(
+        f"all_reduce replay {k} of capture Seq {CAPTURE_SEQ} #{CAPTURE_SEQ + 1 + k}" for r in range(2)
+        for k in range(REPLAYS[r]))
+    assert {s.args["end"] for s in replays} == {IN_FLIGHT}
 
 
 def _failing_and_hooked_replays(rank: int, world_size: int, out_dir: str) -> dict:
