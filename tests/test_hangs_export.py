@@ -4,6 +4,7 @@ and finds nothing wrong, as commtag does; a size changed on one rank is a desync
 from __future__ import annotations
 
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from commtag.cli import main
 from commtag.merge.hangs.dumps import load_plain_pickle
+from commtag.vocab import ANN_FR_STATE, ANN_REPLAY
 
 
 def _fr_trace(folder: Path) -> subprocess.CompletedProcess:
@@ -93,3 +95,42 @@ def test_graph_replays_are_numbered_per_group_in_time_order(public_traces: Path,
         for group in {e["process_group"] for e in replays}:
             seqs = [e["collective_seq_id"] for e in entries if e["process_group"] == group]
             assert seqs == list(range(1, len(seqs) + 1))
+    # Beside the job's traces, every exported collective joins its own instance, a replay by its capture
+    # Seq and replay index: none is taken for another call.
+    collectives = 0
+    for dump in out.iterdir():
+        shutil.copy(dump, job)
+        collectives += sum(1 for e in load_plain_pickle(dump.read_bytes())["entries"] if not e["is_p2p"])
+    assert main(["summary", str(job), "--format", "json"]) == 0
+    join = orjson.loads(capsys.readouterr().out)["fr_join"]
+    assert (len(join["calls"]), join["disagreements"], join["entries_outside_profile"]) == (collectives, [], 0)
+    # The merge draws the same join: every exported collective's state on its own lane slice, replays
+    # included (the time-order numbering is not taken for the Seq of another call).
+    from pftrace_reader import lane_of, read
+
+    target = tmp_path / "job.pftrace"
+    assert main(["merge", str(job), "-o", str(target), "-j", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    parsed = read(target)
+    drawn = [s for s in parsed.slices if ANN_FR_STATE in s.args]
+    assert all(lane_of(parsed, s) is not None for s in drawn)
+    assert len(drawn) == collectives
+    assert any(ANN_REPLAY in s.args for s in drawn)
+
+
+def test_a_rank_that_never_reached_a_replay_is_numbered_like_the_others(tmp_path: Path) -> None:
+    """Rank 1 stopped after Seq 50 of a group whose graph rank 0 then replayed: both ranks' calls on the
+    group are numbered in time order, so the hang is rank 1 missing from replay 0, not a Seq of its own."""
+    from commtag.merge.hangs import diagnose, read_dumps
+    from commtag.merge.hangs.export import export_fr
+    from commtag.merge.records import CollectiveInstance
+
+    def call(rank: int, seq: int, replay: int | None, start: int) -> CollectiveInstance:
+        return CollectiveInstance(rank=rank, pg_uid="u", is_p2p=False, seq=seq, replay=replay, collective="allreduce",
+                                  in_nelems=4, out_nelems=4, dtype="Float", group_size=2, group_ranks=(0, 1),
+                                  start_ns=start, end_ns=start + 1, source="nccl-kernel", lane_name="x")
+
+    export_fr([call(0, 50, None, 10), call(0, 50, 0, 20), call(0, 51, None, 30), call(1, 50, None, 10)], tmp_path)
+    (hang,) = diagnose(read_dumps(tmp_path)).hangs
+    assert (hang.seq, hang.collective, hang.capture_seq, hang.replay, hang.entered, hang.missing) == (
+        2, "all_reduce", 50, 0, [0], [1])

@@ -62,7 +62,8 @@ def _collectives(rank: int, world: int) -> None:
 
 
 def _seen(rank: int, world: int, out_dir: str) -> dict[str, list[str]]:
-    """The calls a mode and a subclass are handed: without commtag, then with it while recording."""
+    """The calls a mode and a subclass are handed: without commtag, with it while recording, and with
+    only its flight-recorder ring keeping the calls (no profiler)."""
     import warnings
 
     from torch.profiler import ProfilerActivity, profile
@@ -71,13 +72,19 @@ def _seen(rank: int, world: int, out_dir: str) -> dict[str, list[str]]:
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor is deprecated
     seen: dict[str, list[str]] = {}
-    for label in ("without", "with"):
+    for label in ("without", "with", "ring"):
         if label == "with":
             commtag.install()
         _Counted.calls = []
-        with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(f"{out_dir}/{label}")):
+        if label == "ring":
+            commtag.install(dump_dir=f"{out_dir}/ring")
             with _Seen() as mode:
                 _collectives(rank, world)
+            seen["ring entries"] = [str(commtag.dump())]
+        else:
+            with profile(activities=[ProfilerActivity.CPU], on_trace_ready=commtag.trace_handler(f"{out_dir}/{label}")):
+                with _Seen() as mode:
+                    _collectives(rank, world)
         seen[f"mode {label}"] = mode.calls
         seen[f"subclass {label}"] = list(_Counted.calls)
     commtag.uninstall()
@@ -89,5 +96,8 @@ def test_a_users_mode_and_subclass_see_only_the_jobs_calls(tmp_path):
         assert "all_reduce" in seen["mode without"] and "all_reduce" in seen["subclass without"]
         assert seen["mode with"] == seen["mode without"], rank
         assert seen["subclass with"] == seen["subclass without"], rank
+        assert seen["mode ring"] == seen["mode without"], rank
+        assert seen["subclass ring"] == seen["subclass without"], rank
+        assert seen["ring entries"] == [str(tmp_path / "ring" / f"commtag_fr_{rank}")]
     # commtag did record the calls it kept its reads from the mode on
     assert (tmp_path / "with" / "rank0.step0.commtag.json").exists()

@@ -12,7 +12,7 @@ from commtag.merge.analysis.results import Analysis
 from commtag.merge.records import CollectiveInstance
 from commtag.merge.hangs import Diagnosis, FrDump, diagnose, find_dumps, read_dumps
 from commtag.merge.hangs.join import FrJoin, join_fr
-from commtag.merge.hangs.diagnose import Position, call_name, describe_ranks, entry_seq, plural_ranks, position_of
+from commtag.merge.hangs.diagnose import Hang, Position, call_name, describe_ranks, entry_seq, plural_ranks, position_of
 from commtag.report.tables import REPORT_VERSION, to_json
 
 #: Hangs and desyncs listed in the text report; the JSON has them all.
@@ -121,16 +121,25 @@ def hangs_text(diagnosis: Diagnosis, join: Optional[FrJoin] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _never_entered(hang: Hang) -> str:
+    """A call a stuck rank never entered: a replay by its index and capture Seq (its Seq is its place)."""
+    if hang.replay is not None:
+        return f"{hang.call} of group {hang.pg}"
+    if hang.is_p2p:
+        return f"its side of {hang.collective} p2p Seq {hang.seq} of group {hang.pg}"
+    return f"{hang.collective} Seq {hang.seq} of group {hang.pg}"
+
+
 def _stuck_line(diagnosis: Diagnosis, rank: int) -> str:
     """A rank others wait on: the calls it never entered, who waits, and its last call."""
     blocked = [h for h in diagnosis.hangs if rank in h.missing]
     waiting = sorted({r for h in blocked for r in h.entered})
-    calls = ", ".join(f"{'its side of ' if h.is_p2p else ''}{h.collective} {'p2p ' if h.is_p2p else ''}Seq {h.seq} "
-                      f"of group {h.pg}" for h in blocked[:3])
+    calls = ", ".join(_never_entered(h) for h in blocked[:3])
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     latest = diagnosis.latest.get(rank)
     where = ("no call in its ring" if latest is None else
-             f"its last call: {call_name(latest)} Seq {entry_seq(latest)} of group {latest.group}, "
+             f"its last call: {call_name(latest)}{'' if latest.replay is not None else f' Seq {entry_seq(latest)}'} "
+             f"of group {latest.group}, "
              f"{position_of(latest).outcome}")
     verb = "waits" if len(waiting) == 1 else "wait"
     return (f"stuck: rank {rank} never entered {calls}{more}, which {_brief(waiting)} {verb} in; "

@@ -148,7 +148,10 @@ CT_PEER = "commtag_peer"  # a p2p op's peer, global rank
 CT_PAIR_SEQ = "commtag_pair_seq"  # the n-th op this rank made to/from that peer in that direction
 CT_IN_SPLITS = "commtag_input_splits"
 CT_OUT_SPLITS = "commtag_output_splits"
-CT_REPLAY = "commtag_replay"  # a CUDA-graph replay's index; its capture Seq is collective_seq_id
+#: On a group whose collectives CUDA-graph replays ran, collective_seq_id numbers every collective of
+#: the group in time order (a replay repeats its capture's Seq); each keeps its own Seq (a replay: its
+#: capture's) in CT_CAPTURE_SEQ, and a replay its index since that capture in CT_REPLAY.
+CT_REPLAY = "commtag_replay"
 CT_CAPTURE_SEQ = "commtag_capture_seq"
 CT_END_NS = "commtag_time_ended_ns"
 CT_ERROR = "commtag_error"  # what a failed call raised (torch's states cannot say it failed)

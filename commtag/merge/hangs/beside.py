@@ -2,8 +2,9 @@
 
 A rank's dump is looked for in the folder of its trace files, named as torch names it
 (:func:`commtag.merge.hangs.dumps.find_dumps`). Each profiled collective of the rank whose entry the
-dump holds (same group name, Seq and op: :mod:`commtag.merge.hangs.join`) gets the entry's state as
-args on its lane slice, and where the dump holds it in flight, the mark the dumps-only drawing uses.
+dump holds (the join's key: group name, Seq, a replay's capture Seq and index; and the same op:
+:mod:`commtag.merge.hangs.join`) gets the entry's state as args on its lane slice, and where the dump
+holds it in flight, the mark the dumps-only drawing uses.
 Each rank missing from a hang that the folder's dumps show gets a marker on its row, at the time the
 first rank entered the call: the dumps' times are each host's wall clock, as the profile's are, and
 the marker is shifted as the rank's profile is (``--align``).
@@ -17,7 +18,7 @@ from typing import Iterable, Optional, Sequence
 
 from commtag.merge.hangs.diagnose import Diagnosis, Hang, diagnose, entry_seq, position_of
 from commtag.merge.hangs.dumps import FrDump, FrEntry, find_dumps, read_dumps
-from commtag.merge.hangs.join import group_name, same_call
+from commtag.merge.hangs.join import entry_key, instance_key, same_call
 from commtag.merge.rank.rows import Encoder
 from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import Row, RankTimeline, Track
@@ -88,10 +89,10 @@ def _stat(path: Path) -> tuple[int, int]:
     return status.st_mtime_ns, status.st_size
 
 
-def group_calls(dump: FrDump) -> dict[tuple[str, int], FrEntry]:
-    """A dump's collective entries by (group name, Seq); CUDA-graph replays repeat their capture's Seq
-    and send/recv are numbered otherwise, so neither joins."""
-    return {(e.group, e.seq): e for e in dump.entries if not e.is_p2p and e.replay is None}
+def group_calls(dump: FrDump) -> dict[tuple[str, int, Optional[int]], FrEntry]:
+    """A dump's collective entries by their join key (:func:`commtag.merge.hangs.join.entry_key`);
+    send/recv are numbered otherwise, so they do not join."""
+    return {entry_key(e): e for e in dump.entries if not e.is_p2p}
 
 
 def fr_args(entry: FrEntry, dump_name: str) -> dict[str, object]:
@@ -105,12 +106,13 @@ def fr_args(entry: FrEntry, dump_name: str) -> dict[str, object]:
     return args
 
 
-def _put_state(instances: Sequence[CollectiveInstance], calls: dict[tuple[str, int], FrEntry], dump_name: str) -> None:
+def _put_state(instances: Sequence[CollectiveInstance], calls: dict[tuple[str, int, Optional[int]], FrEntry],
+               dump_name: str) -> None:
     """An entry whose op differs from the profiled call's is not drawn (the summary and the merge name it)."""
     for inst in instances:
-        if inst.is_p2p or inst.replay is not None:
+        if inst.is_p2p:
             continue
-        entry = calls.get((group_name(inst), inst.seq))
+        entry = calls.get(instance_key(inst))
         if entry is not None and same_call(entry, inst):
             inst.args.update(fr_args(entry, dump_name))
 

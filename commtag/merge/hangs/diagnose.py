@@ -25,6 +25,9 @@ class Position:
     state: str
     ended: bool
     error: Optional[str] = None
+    #: A CUDA-graph replay's capture Seq and replay index (``seq`` is then its place on the group).
+    capture_seq: Optional[int] = None
+    replay: Optional[int] = None
 
     @property
     def outcome(self) -> str:
@@ -35,7 +38,7 @@ class Position:
 
     def to_dict(self) -> dict[str, object]:
         return {"seq": self.seq, "collective": self.collective, "state": self.state, "ended": self.ended,
-                "error": self.error}
+                "error": self.error, "capture_seq": self.capture_seq, "replay": self.replay}
 
 
 @dataclass(slots=True)
@@ -50,17 +53,27 @@ class Hang:
     missing: list[int]
     last: dict[int, Position]
     is_p2p: bool = False
+    #: Where the call is a CUDA-graph replay: its capture Seq and replay index (``seq`` its place).
+    capture_seq: Optional[int] = None
+    replay: Optional[int] = None
+
+    @property
+    def call(self) -> str:
+        """The call as a person names it: a replay with its index and capture Seq."""
+        return self.collective if self.replay is None else (
+            f"{self.collective} replay {self.replay} of capture Seq {self.capture_seq}")
 
     @property
     def message(self) -> str:
         kind = "p2p " if self.is_p2p else ""
         side = "its side of it" if self.is_p2p else "it"
-        return (f"hang in group {_group_label(self.pg, self.desc)} {kind}Seq {self.seq} ({self.collective}): "
+        return (f"hang in group {_group_label(self.pg, self.desc)} {kind}Seq {self.seq} ({self.call}): "
                 f"{plural_ranks(self.missing)} never entered {side}; {plural_ranks(self.entered)} "
                 f"entered it and {'waits' if len(self.entered) == 1 else 'wait'}")
 
     def to_dict(self) -> dict[str, object]:
         return {"pg": self.pg, "desc": self.desc, "seq": self.seq, "collective": self.collective,
+                "capture_seq": self.capture_seq, "replay": self.replay,
                 "p2p": self.is_p2p, "entered": self.entered, "missing": self.missing,
                 "last": {str(rank): position.to_dict() for rank, position in sorted(self.last.items())}}
 
@@ -156,7 +169,7 @@ def groups_entries(dumps: list[FrDump]) -> dict[str, dict[int, dict[int, FrEntry
     table: dict[str, dict[int, dict[int, FrEntry]]] = {}
     for dump in dumps:
         for group, entries in dump.by_group.items():
-            seqs = {e.seq: e for e in entries if not e.is_p2p and e.replay is None}
+            seqs = {e.seq: e for e in entries if not e.is_p2p}  # a replay's seq is its place (see FrEntry)
             if seqs:
                 table.setdefault(group, {})[dump.rank] = seqs
     return table
@@ -183,7 +196,7 @@ def _progress(name: str, desc: str, by_rank: dict[int, FrDump], world: set[int],
         if dump is None:
             continue
         # The ring's entries, not pg_status: gloo counts its unrecorded send/recv there too.
-        entries = [e for e in dump.by_group.get(name, ()) if not e.is_p2p and e.replay is None]
+        entries = [e for e in dump.by_group.get(name, ()) if not e.is_p2p]
         if entries:
             progress.entered[rank] = max(map(_seq_of, entries))
             progress.ended[rank] = max((e.seq for e in entries if e.ended), default=0)
@@ -210,10 +223,12 @@ def _collective_hang(group: GroupProgress, by_rank: dict[int, FrDump]) -> Option
     seq = low + 1
     entered = sorted(r for r, s in group.entered.items() if s >= seq)
     missing = sorted(r for r, s in group.entered.items() if s == low)
-    collective = next((e.op for r in entered for e in by_rank[r].by_group.get(group.pg, ())
-                       if e.seq == seq and not e.is_p2p), "not in the rings")
-    return Hang(pg=group.pg, desc=group.desc, seq=seq, collective=collective, entered=entered, missing=missing,
-                last={r: _last(by_rank[r], group.pg) for r in sorted(group.entered)})
+    first = next((e for r in entered for e in by_rank[r].by_group.get(group.pg, ()) if e.seq == seq and not e.is_p2p),
+                 None)
+    return Hang(pg=group.pg, desc=group.desc, seq=seq, collective="not in the rings" if first is None else first.op,
+                entered=entered, missing=missing, last={r: _last(by_rank[r], group.pg) for r in sorted(group.entered)},
+                capture_seq=None if first is None or first.replay is None else first.capture_seq,
+                replay=None if first is None else first.replay)
 
 
 def _last(dump: FrDump, group: str, p2p: bool = False) -> Position:
@@ -226,7 +241,8 @@ def _last(dump: FrDump, group: str, p2p: bool = False) -> Position:
 def position_of(entry: FrEntry) -> Position:
     """Where a call left its rank."""
     return Position(seq=entry_seq(entry), collective=call_name(entry), state=entry.state, ended=entry.ended,
-                    error=entry.error)
+                    error=entry.error, capture_seq=entry.capture_seq if entry.replay is not None else None,
+                    replay=entry.replay)
 
 
 def entry_seq(entry: FrEntry) -> int:
@@ -235,7 +251,12 @@ def entry_seq(entry: FrEntry) -> int:
 
 
 def call_name(entry: FrEntry) -> str:
-    return f"{entry.op} {'to' if entry.op == 'send' else 'from'} {entry.peer}" if entry.is_p2p else entry.op
+    """A call as a person names it: a send/recv with its peer, a replay with its index and capture Seq."""
+    if entry.is_p2p:
+        return f"{entry.op} {'to' if entry.op == 'send' else 'from'} {entry.peer}"
+    if entry.replay is not None:
+        return f"{entry.op} replay {entry.replay} of capture Seq {entry.capture_seq}"
+    return entry.op
 
 
 def _p2p_hangs(by_rank: dict[int, FrDump], notices: list[str]) -> list[Hang]:

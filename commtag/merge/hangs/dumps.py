@@ -79,6 +79,9 @@ class FrEntry:
     replay: Optional[int] = None
     name: str = ""  # the profiling name as written
     error: Optional[str] = None  # what the call raised (commtag's dumps)
+    #: On a group whose collectives CUDA-graph replays ran (seq then numbers its calls in time order):
+    #: the call's own Seq, a replay's its capture's (commtag's dumps).
+    capture_seq: Optional[int] = None
 
 
 @dataclass(slots=True)
@@ -243,12 +246,14 @@ def _entry(raw: Any, members: dict[str, tuple[int, ...]], by_commtag: bool) -> F
     state = sys.intern(state) if type(state) is str else str(state)
     is_p2p = op in fr.FR_P2P_OPS or is_p2p is True
     completed_ns = completed_ns if type(completed_ns) is int and completed_ns else None
-    peer = pair_seq = end_ns = in_splits = out_splits = replay = error = None
+    peer = pair_seq = end_ns = in_splits = out_splits = replay = error = capture_seq = None
     if by_commtag:
         get = raw.get
         peer, pair_seq, error = _int(get(fr.CT_PEER)), _int(get(fr.CT_PAIR_SEQ)), get(fr.CT_ERROR)
-        if get(fr.CT_END_NS) is not None or get(fr.CT_IN_SPLITS) is not None or get(fr.CT_REPLAY) is not None:
-            end_ns, replay = _int(get(fr.CT_END_NS)), _int(get(fr.CT_REPLAY))
+        if get(fr.CT_CAPTURE_SEQ) is not None:
+            capture_seq, replay = _int(get(fr.CT_CAPTURE_SEQ)), _int(get(fr.CT_REPLAY))
+        if get(fr.CT_END_NS) is not None or get(fr.CT_IN_SPLITS) is not None:
+            end_ns = _int(get(fr.CT_END_NS))
             in_splits, out_splits = _list(get(fr.CT_IN_SPLITS)) or None, _list(get(fr.CT_OUT_SPLITS)) or None
     if peer is None and is_p2p:
         group_peer = fr.p2p_peer(op, meta)
@@ -262,7 +267,7 @@ def _entry(raw: Any, members: dict[str, tuple[int, ...]], by_commtag: bool) -> F
         created if type(created) is int else 0, end_ns or completed_ns,
         in_sizes, out_sizes, in_dtypes, out_dtypes,
         is_p2p, record_id if type(record_id) is int else 0, pg_id if type(pg_id) is int else None,
-        in_splits, out_splits, replay, name, error if type(error) is str else None,
+        in_splits, out_splits, replay, name, error if type(error) is str else None, capture_seq,
     )
 
 

@@ -2,7 +2,7 @@
 torch's pickle format and file naming, so torch's own analyzer (``fr_trace``) reads the job too.
 
 Each rank's instances go in time order; a collective keeps its Seq as ``collective_seq_id``. On a
-group where CUDA graphs replayed collectives, every collective of the group is numbered in time order
+group where CUDA graphs replayed collectives (on any rank), every collective of the group is numbered in time order
 instead (a replay has no Seq of its own: its capture's repeats), its real Seq and replay index kept
 beside (``commtag_capture_seq``, ``commtag_replay``). A call the dump cannot hold truthfully, or
 torch's analyzer cannot match (a send/recv on a group of more than two ranks: it looks for the call on
@@ -49,7 +49,9 @@ def export_fr(instances: Sequence[CollectiveInstance], out_dir: Path) -> Exporte
     by_rank: dict[int, list[CollectiveInstance]] = {rank: [] for rank in ranks}
     for instance in instances:
         by_rank[instance.rank].append(instance)
-    renumbered = {(i.rank, i.pg_uid) for i in instances if i.replay is not None}
+    # Numbered in time order on every rank of a group some rank replayed on: a rank that never
+    # reached a replay (a hang) is numbered like the others, not by its Seq.
+    renumbered = {i.pg_uid for i in instances if i.replay is not None}
     left_out: dict[str, int] = {}
     documents = [_document(rank, by_rank[rank], renumbered, left_out) for rank in ranks]
     created = not out_dir.exists()
@@ -69,7 +71,7 @@ def export_fr(instances: Sequence[CollectiveInstance], out_dir: Path) -> Exporte
     return Exported(paths=written, entries=sum(len(d[fr.FR_ENTRIES]) for d in documents), left_out=left_out)
 
 
-def _document(rank: int, instances: list[CollectiveInstance], renumbered: set[tuple[int, str]],
+def _document(rank: int, instances: list[CollectiveInstance], renumbered: set[str],
               left_out: dict[str, int]) -> dict:
     instances = sorted(instances, key=lambda i: (i.start_ns, i.seq))
     groups: dict[str, tuple[str, str, tuple[int, ...]]] = {}
@@ -82,7 +84,7 @@ def _document(rank: int, instances: list[CollectiveInstance], renumbered: set[tu
         if isinstance(entry, str):
             left_out[entry] = left_out.get(entry, 0) + 1
             continue
-        if (rank, instance.pg_uid) in renumbered and not instance.is_p2p:
+        if instance.pg_uid in renumbered and not instance.is_p2p:
             counters[name] = counters.get(name, 0) + 1
             entry[fr.E_SEQ] = counters[name]
             entry[fr.CT_CAPTURE_SEQ] = instance.seq

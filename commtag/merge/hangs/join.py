@@ -5,7 +5,9 @@ dump holds each rank's last calls and their state when it was written. An entry 
 its rank with the same group name and Seq; one whose op differs from the instance's is not joined but
 counted and named (never mixed). Entries outside the profile (before it started, after it stopped) and
 instances the ring no longer holds are counted, as are the send/recv entries, which are not joined:
-torch's dumps number them per group, commtag's profile per peer.
+torch's dumps number them per group, commtag's profile per peer. A CUDA-graph replay joins the
+profiled replay of its rank, group, capture Seq and replay index; on a group whose collectives replays
+ran, commtag's dumps number the calls in time order, and each entry joins by its own Seq, kept beside.
 """
 
 from __future__ import annotations
@@ -85,16 +87,27 @@ def same_call(entry: FrEntry, instance: CollectiveInstance) -> bool:
     return fr.fr_op(backend, instance.collective) == entry.op
 
 
+def entry_key(entry: FrEntry) -> tuple[str, int, Optional[int]]:
+    """(group name, Seq, replay index or None) of a dump's entry: a replay's Seq is its capture's, and an
+    entry numbered in time order (a group that replayed) keeps its real Seq beside."""
+    return entry.group, entry.seq if entry.capture_seq is None else entry.capture_seq, entry.replay
+
+
+def instance_key(instance: CollectiveInstance) -> tuple[str, int, Optional[int]]:
+    """The same key of a profiled call."""
+    return group_name(instance), instance.seq, instance.replay
+
+
 def join_fr(dumps: list[FrDump], instances: Iterable[CollectiveInstance]) -> FrJoin:
     """Join every dump's collective entries to ``instances`` (each instance at most once)."""
-    profiled: dict[tuple[int, str, int], CollectiveInstance] = {}
+    profiled: dict[_Key, CollectiveInstance] = {}
     profiled_ranks: set[int] = set()
     for instance in instances:
         profiled_ranks.add(instance.rank)
-        if not instance.is_p2p and instance.replay is None:
-            profiled.setdefault((instance.rank, group_name(instance), instance.seq), instance)
+        if not instance.is_p2p:
+            profiled.setdefault((instance.rank, *instance_key(instance)), instance)
     result = FrJoin()
-    matched: set[tuple[int, str, int]] = set()
+    matched: set[_Key] = set()
     dumped = {d.rank for d in dumps}
     for dump in dumps:
         for entry in dump.entries:
@@ -108,20 +121,25 @@ def join_fr(dumps: list[FrDump], instances: Iterable[CollectiveInstance]) -> FrJ
     return result
 
 
-def _join_one(rank: int, entry: FrEntry, profiled: dict[tuple[int, str, int], CollectiveInstance],
-              matched: set[tuple[int, str, int]], result: FrJoin) -> None:
-    key = (rank, entry.group, entry.seq)
+#: (rank, group name, Seq, replay index or None): a call's key in both sources (a replay's Seq: its capture's).
+_Key = tuple[int, str, int, Optional[int]]
+
+
+def _join_one(rank: int, entry: FrEntry, profiled: dict[_Key, CollectiveInstance],
+              matched: set[_Key], result: FrJoin) -> None:
+    key = (rank, *entry_key(entry))
+    seq = key[2]
     instance = profiled.get(key)
     if instance is None or key in matched:
         result.entries_outside_profile += 1
         return
     if not same_call(entry, instance):
         matched.add(key)
-        result.disagreements.append(f"rank {rank} group {entry.group} Seq {entry.seq}: the dump says "
+        result.disagreements.append(f"rank {rank} group {entry.group} Seq {seq}: the dump says "
                                     f"{call_name(entry)}, the profile {instance.collective}")
         return
     matched.add(key)
     result.joined.append(JoinedCall(
-        rank=rank, pg=entry.group, seq=entry.seq, collective=instance.collective, state=entry.state,
+        rank=rank, pg=entry.group, seq=seq, collective=instance.collective, state=entry.state,
         outcome=position_of(entry).outcome, fr_start_ns=entry.created_ns, fr_end_ns=entry.ended_ns,
         profiled_start_ns=instance.start_ns, profiled_end_ns=instance.end_ns))

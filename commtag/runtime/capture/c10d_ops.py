@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from commtag.identity import format_list
+from commtag.runtime.capture.tracker import CollectiveToken
 from commtag.runtime.describe.calls import OpCall, dtype_name, nelems, numbered_now, reduce_name
 from commtag.runtime.failopen import log_once
 from commtag.runtime.describe.groups import GroupState, state_for
@@ -255,6 +256,8 @@ class _CaptureOpMode(TorchDispatchMode):
         result = func(*args, **kwargs)
         if token is not None:
             try:
+                if isinstance(token, CollectiveToken):
+                    token.kept = (call, annotation.seq)
                 self.sink.end(token, annotation, call.reduce_op)
             except Exception as exc:  # noqa: BLE001 - fail open: the op has run; recording it must not fail it
                 log_once(f"recording {func}", exc)

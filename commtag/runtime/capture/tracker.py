@@ -51,6 +51,8 @@ class _PendingCollective:
     source: str
     #: Its mark in torch's annotation registry, where torch recorded the capture.
     torch_mark: Optional[str] = None
+    #: (the call as described, its Seq): what commtag's flight recorder keeps of each replay of it.
+    kept: Optional[tuple[Any, int]] = None
 
 
 @dataclass
@@ -79,6 +81,9 @@ class CollectiveToken:
     source: str = "python"
     #: The annotation handed to torch's mark_kernels for this call, if any.
     torch_annotation: Optional[dict] = None
+    #: (the call as described, its Seq), set by whoever records it: kept with the capture for the
+    #: flight recorder's entries of its replays.
+    kept: Optional[tuple[Any, int]] = None
 
 
 @dataclass
@@ -270,7 +275,8 @@ class CaptureTracker:
             return  # the capture ended (or failed) in between
         end = self.api.node_count(capture.graph)
         capture.collectives.append(
-            _PendingCollective(annotation, token.first, end, threading.get_native_id(), token.reduce_op, token.source, mark)
+            _PendingCollective(annotation, token.first, end, threading.get_native_id(), token.reduce_op, token.source, mark,
+                               token.kept)
         )
 
     # ------------------------------------------------------------------ wrapper nesting (read by c10d_ops)
@@ -293,6 +299,16 @@ class CaptureTracker:
         finished = self._finished[capture_id]
         finished.replays.append((finished.replay_count, start_ns, end_ns, tid))
         finished.replay_count += 1
+
+    def replayed_calls(self, owner: object) -> Optional[tuple[int, list[tuple[Any, int]]]]:
+        """For a replay of ``owner``'s graph about to start: the index it will get and its captured
+        collectives as described at capture, with their Seq (None: no capture of it holds one)."""
+        capture_id = self.owner_captures.get(id(owner))
+        if capture_id is None:
+            return None
+        finished = self._finished[capture_id]
+        calls = [pending.kept for pending, _ in finished.collectives if pending.kept is not None]
+        return (finished.replay_count, calls) if calls else None
 
     def forget_owner(self, owner: object) -> None:
         """``owner`` was reset: its next replays belong to whatever it captures next."""

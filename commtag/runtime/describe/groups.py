@@ -121,6 +121,9 @@ class GroupState:
     #: Whose record format the group's annotations follow (vocab.LEGACY_FORMAT / NCCL2_FORMAT).
     record_format: str = LEGACY_FORMAT
     p2p_seq: int = 0
+    #: The group's captured collectives that CUDA-graph replays ran, counted while commtag's flight
+    #: recorder keeps them: a replay's place among the group's calls (see record.ring).
+    replayed: int = 0
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _coll_counter: Any = field(default_factory=lambda: itertools.count(1))
@@ -130,9 +133,13 @@ class GroupState:
     bump: Callable[[], int] = field(init=False, repr=False)
     #: The CollectiveAnnotation fields that describe the group: the same for every call on it.
     annotation_fields: dict[str, Any] = field(init=False, repr=False)
+    #: gloo's count (:data:`BACKEND_SEQ`) of a gloo group, bound once: a plain collective's Seq
+    #: is read from it on every call the slow path numbers (two frames and a getattr fewer).
+    gloo_seq: Optional[Callable[[], int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.bump = self._coll_counter.__next__
+        self.gloo_seq = None if self.gloo is None else getattr(self.gloo, BACKEND_SEQ)
         nccl2 = self.record_format == NCCL2_FORMAT
         # nccl2 writes no description, rank start or stride, and "[]" ranks (vocab.NCCL2_OMITTED_KEYS).
         self.annotation_fields = {
@@ -156,13 +163,23 @@ class GroupState:
         if self.nccl is not None:
             value = int(getattr(self.nccl, BACKEND_SEQ)())
             return value if already_bumped and self.record_format != NCCL2_FORMAT else value + 1
-        if self.gloo is not None:
-            return self.gloo_count() + 1 - self.gloo_extra
+        if self.gloo_seq is not None:
+            return self.gloo_seq() + 1 - self.gloo_extra
         return self.bump()
+
+    def last_collective_seq(self) -> int:
+        """Seq of the group's latest collective so far (0: none), taking none: a CUDA-graph replay
+        runs captured calls without numbering them, and is placed after this one."""
+        if self.nccl is not None:
+            return int(getattr(self.nccl, BACKEND_SEQ)())
+        if self.gloo_seq is not None:
+            return self.gloo_seq() - self.gloo_extra
+        return int(repr(self._coll_counter)[len("count("):-1]) - 1  # the next number, unconsumed
 
     def gloo_count(self) -> int:
         """gloo's count of this group's calls on this rank so far (a gloo group only)."""
-        return int(getattr(self.gloo, BACKEND_SEQ)())
+        assert self.gloo_seq is not None, "a gloo group's count"
+        return self.gloo_seq()
 
     def gloo_advanced(self, steps: int) -> None:
         """gloo's counter moved ``steps`` further than one per collective (p2p ops, inner p2p)."""

@@ -53,6 +53,10 @@ def _same(collective: str, state: GroupState, tensor: torch.Tensor, rank: int, a
 _DEFAULT_REDUCTION = torch.distributed.ReduceOp.SUM
 
 
+#: all_reduce's eager name, read once for its describer.
+_ALL_REDUCE = _eager("all_reduce")
+
+
 def _reduction(op: Any) -> Any:
     """The reduction a call names, as it names it (torch.distributed's default where it names
     none): named only where a capture needs it (:func:`commtag.runtime.describe.calls.reduce_name`)."""
@@ -63,7 +67,11 @@ def _all_reduce(tensor, op=None, group=None, async_op=False):
     state = _state(group)
     if state is None:
         return None
-    return _same(_eager("all_reduce"), state, tensor, state.group_rank, async_op, _reduction(op), True)
+    # _same and _reduction inlined (two frames fewer): the most common collective.
+    name, per_element = RECORDED_SIZES[tensor.dtype]
+    n = tensor.numel() * per_element
+    return OpCall(_ALL_REDUCE, state, n, n, name, state.group_rank, "[]", "[]", None, None, bool(async_op), True,
+                  _DEFAULT_REDUCTION if op is None else op)
 
 
 def _all_reduce_coalesced(tensors, op=None, group=None, async_op=False):
@@ -226,6 +234,10 @@ OPS: dict[str, Callable[..., Optional[OpCall]]] = {
     "recv": _recv,
 }
 
+#: Ops whose describer reads one tensor, the op's first parameter, which is the one torch.distributed
+#: checks for ``__torch_function__`` (``relevant_args``): where ``has_torch_function`` is false for it,
+#: no mode is active and it is a plain tensor, so describing the call reaches no ``__torch_function__``.
+ONE_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "reduce"})
 #: Position of the ``group`` parameter of each op, for the hot path that needs only the group.
 GROUP_INDEX: dict[str, int] = {name: list(inspect.signature(fn).parameters).index("group") for name, fn in OPS.items()}
 #: Ops numbered on the group's p2p counter.

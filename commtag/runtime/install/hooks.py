@@ -49,7 +49,8 @@ from commtag.runtime.capture import c10d_ops
 from commtag.runtime.install import c10d_hooks, p2p_count, patch
 from commtag.runtime.capture import CaptureTracker, CollectiveToken
 from commtag.runtime.failopen import log_once
-from commtag.runtime.record import recorder
+from commtag.runtime.install import inflight
+from commtag.runtime.record import recorder, ring
 from commtag.runtime.describe.groups import unwatch_lives, watch_lives
 from commtag.runtime.describe.metadata import OPS
 from commtag.schema import CollectiveAnnotation
@@ -237,6 +238,7 @@ def _on_capture_start(graph: Any) -> None:
 def _on_replay_start(graph: Any) -> None:
     tracker = capture.tracker()
     if _graph_hooks_live and tracker is not None and id(graph) in tracker.owner_captures:
+        _keep_replay(tracker, graph)  # torch's replay-end hook cannot say whether the launch raised
         _replay_starts[(id(graph), threading.get_native_id())] = time.time_ns()
 
 
@@ -250,6 +252,30 @@ def _on_replay_end(graph: Any) -> None:
         tracker.record_replay(graph, start, time.time_ns(), threading.get_native_id())
     except Exception as exc:  # noqa: BLE001 - fail open: this replay stays unlogged
         log_once("logging a graph replay", exc)
+
+
+def _keep_replay(tracker: CaptureTracker, graph: Any) -> list[ring.Replayed]:
+    """Where commtag's flight recorder is on: keep the captured collectives of the replay of ``graph``
+    about to start, with their capture Seq and this replay's index (so a rank stuck in it says so)."""
+    kept = ring.RING
+    if kept is None:
+        return []
+    try:
+        found = tracker.replayed_calls(graph)
+        return [] if found is None else kept.replay_started(found[1], found[0], inflight.thread_state())
+    except Exception as exc:  # noqa: BLE001 - fail open: this replay stays out of the ring
+        log_once("keeping a graph replay in the flight recorder", exc)
+        return []
+
+
+def _replay_failed(kept: list[ring.Replayed], error: BaseException) -> None:
+    """The launch of a replay whose calls the flight recorder keeps raised: they failed (dumped)."""
+    if not kept:
+        return
+    try:
+        ring.replay_failed(kept, inflight.error_text(error))
+    except Exception as exc:  # noqa: BLE001 - fail open: the job's own exception goes on unchanged
+        log_once("keeping a graph replay in the flight recorder", exc)
 
 
 def capture_begin_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -296,9 +322,13 @@ def replay_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         tracker = capture.tracker()
         if tracker is None or id(self) not in tracker.owner_captures:
             return original(self, *args, **kwargs)
+        kept = _keep_replay(tracker, self)
         start = time.time_ns()
         try:
             return original(self, *args, **kwargs)
+        except Exception as exc:
+            _replay_failed(kept, exc)
+            raise
         finally:
             try:
                 tracker.record_replay(self, start, time.time_ns(), threading.get_native_id())

@@ -87,7 +87,7 @@ def logged_body(original: Callable[..., Any]) -> Optional[Callable[..., Any]]:
     ValueError, a bad positional one with the original AttributeError). The
     idle path calls the body directly (a frame and a repacking of the
     arguments fewer) and, on an error, hands it to the decorator with the
-    caller's own arguments (:func:`_raise_as_logged`), so it fails exactly as
+    caller's own arguments (:func:`raise_as_logged`), so it fails exactly as
     without commtag.
     """
     body = getattr(original, "__wrapped__", None)
@@ -96,7 +96,7 @@ def logged_body(original: Callable[..., Any]) -> Optional[Callable[..., Any]]:
     return body
 
 
-def _raise_as_logged(body: Callable[..., Any], error: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def raise_as_logged(body: Callable[..., Any], error: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Raise ``error``, which ``body`` raised, the way torch's ``_exception_logger`` around it would have."""
 
     @_exception_logger
@@ -185,7 +185,7 @@ def _plain_source(name: str, names: tuple[str, ...], defaults: list[Any], group_
     call = (f"        try:\n"
             f"            return body({passed})\n"
             f"        except Exception as error:\n"
-            f"            _raise_as_logged(body, error, *as_given({values}, group, more, extra))\n"
+            f"            raise_as_logged(body, error, *as_given({values}, group, more, extra))\n"
             ) if logged else f"        return original({passed})\n"
     return _ENTRY_TEMPLATE.format(
         name=name, signature=f"{signature}, *more, group=U, **extra", prologue=prologue, gate=IDLE_GATE,
@@ -200,7 +200,7 @@ def _packed_source(name: str, group_index: int, tf_index: Optional[int], logged:
     call = ("        try:\n"
             "            return body(*args, **kwargs)\n"
             "        except Exception as error:\n"
-            "            _raise_as_logged(body, error, args, kwargs)\n"
+            "            raise_as_logged(body, error, args, kwargs)\n"
             ) if logged else "        return original(*args, **kwargs)\n"
     dispatch = (f" or len(args) <= {tf_index} or has_torch_function(args[{tf_index}])"
                 if tf_index is not None else "")

@@ -163,6 +163,7 @@ def finish_call(pending: Pending, work: Any) -> None:
     if pending.token is not None:
         if pending.token.reduce_op is None:
             pending.token.reduce_op = reduce_name(pending.call.reduce_op)
+        pending.token.kept = (pending.call, pending.seq)
         capture.after_collective(pending.token, pending.annotation_fields())
         pending.token = None  # its graph snapshot is not kept with the recorded call
     if not pending.recording:
@@ -247,7 +248,7 @@ def record_failed(pending: Optional[Pending], exc: BaseException) -> None:
         log_once("annotating a failed collective", inner)
 
 
-def ring_failed(kept: Optional[ring.KeptCall], exc: BaseException) -> None:
+def ring_failed(kept: Optional[ring.Kept], exc: BaseException) -> None:
     """End a call only the ring keeps whose original raised, with what failed (which writes the dump)."""
     if kept is None:
         return
@@ -257,7 +258,7 @@ def ring_failed(kept: Optional[ring.KeptCall], exc: BaseException) -> None:
         log_once("keeping a failed collective in the ring", inner)
 
 
-def ring_ended(kept: ring.KeptCall, work: Any) -> None:
+def ring_ended(kept: ring.Kept, work: Any) -> None:
     """An async call only the ring keeps: it ends when its work's future completes."""
     try:
         ring.finish(kept, None, future_of(work))

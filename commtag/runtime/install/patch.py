@@ -62,7 +62,7 @@ from torch.distributed import distributed_c10d as c10d
 from commtag.runtime import capture
 from commtag.runtime.capture import OPEN_CAPTURES, c10d_ops
 from commtag.runtime.describe.groups import GLOO_INNER_P2P, GROUP_STATES, GroupState, lookup
-from commtag.runtime.describe.metadata import GROUP_INDEX, OPS, P2P_OPS
+from commtag.runtime.describe.metadata import GROUP_INDEX, ONE_TENSOR_OPS, OPS, P2P_OPS
 from commtag.runtime.failopen import log_once
 from commtag.runtime.install import reentry
 from commtag.runtime.install.grouped import wrap_batch, wrap_coalescing
@@ -73,7 +73,9 @@ from commtag.runtime.install.idle import (
     idle_entry,
     is_dynamo_compiling,
     less_slow,
+    logged_body,
     more_slow,
+    raise_as_logged,
 )
 from commtag.runtime.install.inflight import (
     Pending,
@@ -88,6 +90,7 @@ from commtag.runtime.install.inflight import (
     unseen,
 )
 from commtag.runtime.record import ring
+from commtag.runtime.record.ring import KEPT_CALL, KEPT_END
 from commtag.runtime.record.recorder import autograd_profiler, thread_profiled
 
 
@@ -97,6 +100,8 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
     describe = unseen(described)
     group_index = GROUP_INDEX[name]
     p2p = name in P2P_OPS
+    #: Describing a call whose one tensor has no __torch_function__ needs no DisableTorchFunction.
+    one_tensor = name in ONE_TENSOR_OPS and shape.tf_index == 0
     #: May take the idle fast path (a plain collective: p2p, unreadable ops and those whose gloo
     #: count is measured never do).
     measured = name in GLOO_INNER_P2P
@@ -106,6 +111,10 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
     #: The original dispatches to __torch_function__ on its positional argument tf_index.
     tf_index = shape.tf_index if shape.tf_index is not None else 0
     dispatch = shape.tf_index is not None
+    #: What runs the call: the body inside torch's ``_exception_logger``, as on the idle path (a
+    #: frame and a repacking fewer), its failures handed to that logger as the original would.
+    body = logged_body(original)
+    run = original if body is None else body
     if shape.kind == reentry.NESTING:
         # The original is one call of another patched op (all_gather_into_tensor ->
         # all_gather_single) with the same describer: that inner wrapper numbers, describes,
@@ -127,8 +136,8 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         if thread.depth:
             return original(*args, **kwargs)
         pending = None
-        #: A call only the ring keeps (see ring.KeptCall).
-        kept: Optional[ring.KeptCall] = None
+        #: A call only the ring keeps (see ring.Kept).
+        kept: Optional[ring.Kept] = None
         reentrant = True
         #: The group of a call whose advance of gloo's count is measured, with the count before it.
         before: Optional[tuple[GroupState, int]] = None
@@ -147,7 +156,9 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                 if state is not None:
                     if measured and state.gloo is not None:
                         before = (state, state.gloo_count())
-                    seq = state.next_collective_seq()
+                    # gloo's count read inline (GroupState.next_collective_seq, a frame fewer per call).
+                    gloo_seq = state.gloo_seq
+                    seq = state.next_collective_seq() if gloo_seq is None else gloo_seq() + 1 - state.gloo_extra
                     recording = thread_profiled() or autograd_profiler._is_profiler_enabled
                     token = capture.before_collective() if OPEN_CAPTURES else None
                     if recording or token is not None:
@@ -157,10 +168,14 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
                     elif ring.RING is not None:
                         # Only the ring keeps it: one object, no annotation, its end written below.
                         keeping = ring.RING
-                        with DisableTorchFunction():  # as unseen(): the caller's modes see no reads of ours
-                            call = described(*args, **kwargs)
-                        if call is not None:
-                            kept = keeping.keep(call, seq, thread.tid, thread.thread_name)
+                        if one_tensor and args and not has_torch_function(args[0]):
+                            call = described(*args, **kwargs)  # nothing its reads could reach (ONE_TENSOR_OPS)
+                        else:
+                            with DisableTorchFunction():  # as unseen(): the caller's modes see no reads of ours
+                                call = described(*args, **kwargs)
+                        if call is not None:  # Ring.keep inlined (ring.Kept: a list, no class to call)
+                            kept = [next(keeping.ids), call, seq, thread, now_ns(), None, None]
+                            keeping.slots.append(kept)
             # Can the original call a wrapper again? Then every thread's calls take this
             # path until it returns, so the inner call meets this thread's depth (and is
             # skipped) even if the profiler stops in between.
@@ -173,12 +188,14 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         try:
             if pending is not None and pending.token is not None:  # captured: this wrapper records it
                 with c10d_ops.bypassed():
-                    result = original(*args, **kwargs)
+                    result = run(*args, **kwargs)
             else:
-                result = original(*args, **kwargs)
+                result = run(*args, **kwargs)
         except Exception as exc:
             record_failed(pending, exc)
             ring_failed(kept, exc)
+            if body is not None:
+                raise_as_logged(body, exc, args, kwargs)  # raises exc, logged as torch's own wrapper would
             raise
         finally:
             thread.depth -= 1
@@ -191,10 +208,10 @@ def _wrap(original: Callable[..., Any], name: str, shape: reentry.Shape) -> Opti
         if pending is not None:
             after_call(pending, result)
         elif kept is not None:
-            if kept.call.async_op:
+            if kept[KEPT_CALL].async_op:
                 ring_ended(kept, result)
             else:
-                kept.end_ns = now_ns()
+                kept[KEPT_END] = now_ns()
         return result
 
     functools.update_wrapper(wrapper, original)

@@ -16,10 +16,11 @@ import pickle
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from commtag.atomic import write_atomic
 from commtag.runtime.describe.calls import CallRecord, OpCall
+from commtag.runtime.describe.groups import GroupState
 from commtag.runtime.failopen import log_once
 from commtag.vocab import RECV, SEND
 from commtag.vocab import flight_recorder as fr
@@ -63,28 +64,40 @@ class Slot:
         self.error: Optional[str] = None
 
 
-class KeptCall(CallRecord):
-    """A call only the ring keeps (no profiler records, no capture): record and slot in one
-    object, so the slow path builds one object per call, not a record and a slot."""
+#: A call only the ring keeps (no profiler records it, no capture is open) is a plain list, the
+#: cheapest object Python builds (no class to call, no ``__init__`` frame), laid out as
+#: ``[record id, OpCall, Seq, the calling thread's ThreadState, start ns, end ns, error]``: the slow path builds
+#: it inline, once per call, and this module alone reads it. A call that is annotated as well keeps
+#: its record in a :class:`Slot`.
+Kept = list[Any]
+KEPT_CALL, KEPT_END, KEPT_ERROR = 1, 5, 6
 
-    __slots__ = ("record_id", "end_ns")
 
-    def __init__(self, record_id: int, call: OpCall, seq: int, tid: int, thread_name: str) -> None:
-        # CallRecord.__init__ inlined: a frame fewer on every call the ring keeps.
+class Replayed:
+    """One captured collective that a CUDA-graph replay runs, kept as the replay starts (torch's
+    recorder skips replays: nothing of c10d runs). Its capture Seq is the call's Seq at capture, the
+    same on every replay; ``replay`` the replay's index since that capture. Its place among the group's
+    calls is ``after_seq + replayed``: the group's latest Seq then, plus the replayed collectives the
+    group has run so far, this one included (an eager call's place is its Seq plus the replays before
+    it), so each call of the group has its own place, in time order, the same on every member."""
+
+    __slots__ = ("record_id", "call", "capture_seq", "replay", "after_seq", "replayed", "start_ns", "tid",
+                 "thread_name", "error")
+
+    def __init__(self, record_id: int, call: OpCall, capture_seq: int, replay: int, thread: Any) -> None:
+        state = call.state
         self.record_id = record_id
         self.call = call
-        self.seq = seq
-        self.pair_seq = None
-        self.tid = tid
-        self.thread_name = thread_name
+        self.capture_seq = capture_seq
+        self.replay = replay
+        self.after_seq = state.last_collective_seq()
+        state.replayed += 1
+        self.replayed = state.replayed
         self.start_ns = _now_ns()
-        self.error = None
-        self.end_ns: Optional[int] = None
-
-    @property
-    def record(self) -> CallRecord:
-        """The record the dump reads (itself), as :class:`Slot` names it."""
-        return self
+        self.tid = thread.tid
+        self.thread_name = thread.thread_name
+        #: What the replay's launch raised, if it did.
+        self.error: Optional[str] = None
 
 
 class Ring:
@@ -93,23 +106,40 @@ class Ring:
     def __init__(self, dump_dir: Path, size: int) -> None:
         self.dump_dir = Path(dump_dir)
         self.size = size
-        self.slots: collections.deque[Slot | KeptCall] = collections.deque(maxlen=size)
-        self._ids = itertools.count()
+        self.slots: collections.deque[Slot | Kept | Replayed] = collections.deque(maxlen=size)
+        #: The records' ids, in the order the calls started (a Kept call takes its own).
+        self.ids = itertools.count()
         self._write_lock = threading.Lock()
         #: The thread writing a dump now (None: none).
         self._writer: Optional[int] = None
+        #: Held while a replay's calls are counted and kept, and while a dump takes its snapshot: the
+        #: snapshot and the groups' replay counts then agree (see :func:`_places`).
+        self._replay_lock = threading.Lock()
+        #: The groups whose collectives replays ran, by name.
+        self.replay_groups: dict[str, GroupState] = {}
 
     def start(self, record: CallRecord) -> Slot:
         """Keep a call as it starts (deque.append with maxlen: atomic, the oldest dropped)."""
-        slot = Slot(next(self._ids), record)
+        slot = Slot(next(self.ids), record)
         self.slots.append(slot)
         return slot
 
-    def keep(self, call: OpCall, seq: int, tid: int, thread_name: str) -> KeptCall:
-        """Keep a plain collective that nothing else records, as it starts; its end is written into
-        ``end_ns`` (or by :func:`finish`)."""
-        kept = KeptCall(next(self._ids), call, seq, tid, thread_name)
+    def keep(self, call: OpCall, seq: int, thread: Any) -> Kept:
+        """Keep a plain collective that nothing else records, as it starts (the wrappers' hot path
+        builds the same list inline); its end is written in by :func:`finish`."""
+        kept = [next(self.ids), call, seq, thread, _now_ns(), None, None]
         self.slots.append(kept)
+        return kept
+
+    def replay_started(self, calls: list[tuple[OpCall, int]], replay: int, thread: Any) -> list[Replayed]:
+        """Keep the captured collectives (call, capture Seq) of replay ``replay`` of a graph, as it starts."""
+        kept = []
+        with self._replay_lock:
+            for call, capture_seq in calls:
+                entry = Replayed(next(self.ids), call, capture_seq, replay, thread)
+                self.replay_groups[call.state.name] = call.state
+                self.slots.append(entry)
+                kept.append(entry)
         return kept
 
     def dump(self, reason: str) -> Optional[Path]:
@@ -130,9 +160,11 @@ class Ring:
         """Both files, one after the other (one writer at a time: a temporary's name is per process)."""
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
-            slots = list(self.slots)
+            with self._replay_lock:
+                slots = list(self.slots)
+                replayed = {name: state.replayed for name, state in self.replay_groups.items()}
             rank = _global_rank(slots)
-            data = pickle.dumps(dump_document(slots, reason, rank, self.size), protocol=2)
+            data = pickle.dumps(dump_document(slots, reason, rank, self.size, replayed), protocol=2)
             path = write_atomic(self.dump_dir / f"{OWN_PREFIX}{rank}", data)
         except Exception as exc:  # noqa: BLE001 - fail open: a dump that cannot be written never stops the job
             log_once("writing commtag's flight-recorder dump", exc)
@@ -144,7 +176,7 @@ class Ring:
         return path
 
 
-def _global_rank(slots: list[Slot | KeptCall]) -> int:
+def _global_rank(slots: list[Slot | Kept | Replayed]) -> int:
     """This rank in the world: read from c10d, else from the calls kept."""
     try:
         import torch.distributed as dist
@@ -154,7 +186,7 @@ def _global_rank(slots: list[Slot | KeptCall]) -> int:
     except Exception as exc:  # noqa: BLE001 - fail open: the calls kept still say it
         log_once("reading the rank for a dump", exc)
     for slot in reversed(slots):
-        state = slot.record.call.state
+        state = facts(slot).call.state
         return state.ranks[state.group_rank]
     return int(os.environ.get("RANK", "0"))
 
@@ -169,15 +201,19 @@ def _save_torch_dump(path: Path) -> None:
     write_atomic(path, dump(True, True, False))
 
 
-def dump_document(slots: list[Slot | KeptCall], reason: str, rank: int, size: int) -> dict[str, Any]:
+def dump_document(slots: list[Slot | Kept | Replayed], reason: str, rank: int, size: int,
+                  replayed: Optional[dict[str, int]] = None) -> dict[str, Any]:
     """The ring as a Flight Recorder dump: torch's keys (so torch's analyzer and commtag's reader
-    read it alike) and commtag's (``commtag_*``: peers, per-peer order, splits, end times)."""
+    read it alike) and commtag's (``commtag_*``: peers, per-peer order, splits, end times, replays).
+    ``replayed``: per group whose collectives replays ran, how many so far (taken with ``slots``)."""
     groups: dict[str, Any] = {}
     entries = []
-    for slot in slots:
-        state = slot.record.call.state
+    kept = [facts(slot) for slot in slots]
+    places = _places(kept, replayed or {})
+    for call in kept:
+        state = call.call.state
         groups.setdefault(state.name, state)
-        entries.append(_entry(slot, list(groups).index(state.name)))
+        entries.append(_entry(call, list(groups).index(state.name), places.get(call.record_id)))
     world_size = None
     try:
         import torch.distributed as dist
@@ -200,31 +236,93 @@ def dump_document(slots: list[Slot | KeptCall], reason: str, rank: int, size: in
     }
 
 
-def _entry(slot: Slot | KeptCall, pg_id: int) -> dict[str, Any]:
+class Facts(NamedTuple):
+    """One call of the ring as the dump reads it, whichever way it was kept."""
+
+    record_id: int
+    call: OpCall
+    seq: int
+    pair_seq: Optional[int]
+    start_ns: int
+    tid: int
+    thread_name: str
+    end_ns: Optional[int]
+    error: Optional[str]
+    #: A replayed collective's replay index (its ``seq`` is its capture Seq), its place, and the
+    #: group's replayed collectives counted with it (see :class:`Replayed`).
+    replay: Optional[int] = None
+    place: Optional[int] = None
+    replayed: int = 0
+
+
+def facts(slot: Slot | Kept | Replayed) -> Facts:
+    """What the ring holds of one call (a :class:`Slot`, a :data:`Kept` list or a :class:`Replayed`)."""
+    if isinstance(slot, Replayed):
+        return Facts(slot.record_id, slot.call, slot.capture_seq, None, slot.start_ns, slot.tid, slot.thread_name,
+                     None, slot.error, slot.replay, slot.after_seq + slot.replayed, slot.replayed)
+    if type(slot) is list:
+        record_id, call, seq, thread, start_ns, end_ns, error = slot
+        return Facts(record_id, call, seq, None, start_ns, thread.tid, thread.thread_name, end_ns, error)
+    assert isinstance(slot, Slot)
     record = slot.record
-    call = record.call
+    return Facts(slot.record_id, record.call, record.seq, record.pair_seq, record.start_ns, record.tid,
+                 record.thread_name, slot.end_ns, slot.error)
+
+
+def _places(kept: list[Facts], replayed: dict[str, int]) -> dict[int, int]:
+    """Record id -> place of each collective on a group whose collectives replays ran (in time order,
+    as export-fr numbers such a group, but counted from the group's Seq: a replay after its latest; see
+    :class:`Replayed`). An eager call's place is its Seq plus the group's replays before it: walked
+    from the newest, those are the count taken with the snapshot, then one fewer than each replay
+    passed (the ring drops only its oldest calls, so none between is missing)."""
+    places: dict[int, int] = {}
+    running = dict(replayed)
+    for call in kept:  # a group whose count was not taken: its newest replay's count
+        if call.place is not None:
+            name = call.call.state.name
+            running[name] = max(running.get(name, 0), call.replayed)
+    for call in reversed(kept):
+        name = call.call.state.name
+        if name not in running or call.call.p2p in (SEND, RECV):
+            continue
+        if call.place is not None:
+            places[call.record_id] = call.place
+            running[name] = call.replayed - 1
+        else:
+            places[call.record_id] = call.seq + running[name]
+    return places
+
+
+def _entry(kept: Facts, pg_id: int, place: Optional[int] = None) -> dict[str, Any]:
+    call = kept.call
     state = call.state
     p2p = call.p2p in (SEND, RECV)
     name = fr.profiling_name(state.backend, fr.fr_op(state.backend, call.collective))
     if p2p and call.peer is not None and call.peer in state.ranks:
         peer = state.ranks.index(call.peer)
         name += f" {state.group_rank}->{peer}" if call.p2p == SEND else f" {state.group_rank}<-{peer}"
-    ended = slot.end_ns is not None
+    ended = kept.end_ns is not None
     entry: dict[str, Any] = {
-        fr.E_RECORD_ID: slot.record_id, fr.E_PG_ID: pg_id, fr.E_PROCESS_GROUP: (state.name, state.desc),
-        fr.E_SEQ: 0 if p2p else record.seq, fr.E_P2P_SEQ: record.seq if p2p else 0, fr.E_OP_ID: slot.record_id,
-        fr.E_PROFILING_NAME: name, fr.E_CREATED_NS: record.start_ns,
+        fr.E_RECORD_ID: kept.record_id, fr.E_PG_ID: pg_id, fr.E_PROCESS_GROUP: (state.name, state.desc),
+        fr.E_SEQ: 0 if p2p else kept.seq, fr.E_P2P_SEQ: kept.seq if p2p else 0, fr.E_OP_ID: kept.record_id,
+        fr.E_PROFILING_NAME: name, fr.E_CREATED_NS: kept.start_ns,
         fr.E_INPUT_SIZES: [[call.in_nelems]], fr.E_INPUT_DTYPES: [call.dtype],
         fr.E_OUTPUT_SIZES: [[call.out_nelems]], fr.E_OUTPUT_DTYPES: [call.dtype],
-        fr.E_STATE: (fr.STATE_COMPLETED if slot.error is None else fr.STATE_STARTED) if ended else fr.STATE_STARTED,
-        fr.E_STARTED_NS: record.start_ns, fr.E_COMPLETED_NS: slot.end_ns if ended and slot.error is None else None,
+        fr.E_STATE: (fr.STATE_COMPLETED if kept.error is None else fr.STATE_STARTED) if ended else fr.STATE_STARTED,
+        fr.E_STARTED_NS: kept.start_ns, fr.E_COMPLETED_NS: kept.end_ns if ended and kept.error is None else None,
         fr.E_RETIRED: ended, fr.E_IS_P2P: p2p, fr.E_FRAMES: [],
-        fr.E_THREAD_ID: str(record.tid), fr.E_THREAD_NAME: record.thread_name,
-        fr.CT_END_NS: slot.end_ns, fr.CT_ERROR: slot.error,
+        fr.E_THREAD_ID: str(kept.tid), fr.E_THREAD_NAME: kept.thread_name,
+        fr.CT_END_NS: kept.end_ns, fr.CT_ERROR: kept.error,
     }
     if p2p:
         entry[fr.CT_PEER] = call.peer
-        entry[fr.CT_PAIR_SEQ] = record.pair_seq
+        entry[fr.CT_PAIR_SEQ] = kept.pair_seq
+    if place is not None:  # a group whose collectives replays ran: numbered in time order (export-fr's keys)
+        entry[fr.E_SEQ] = place
+        entry[fr.CT_CAPTURE_SEQ] = kept.seq
+    if kept.replay is not None:
+        # Enqueued on the GPU: the host sees it scheduled and never its start or end.
+        entry.update({fr.CT_REPLAY: kept.replay, fr.E_STATE: fr.STATE_SCHEDULED, fr.E_STARTED_NS: None})
     if call.in_split != "[]" or call.out_split != "[]":
         entry[fr.CT_IN_SPLITS] = _numbers(call.in_split)
         entry[fr.CT_OUT_SPLITS] = _numbers(call.out_split)
@@ -235,11 +333,20 @@ def _numbers(text: str) -> list[int]:
     return [int(part) for part in text.strip("[]").split(",") if part.strip()]
 
 
+def replay_failed(kept: list[Replayed], error: str) -> None:
+    """A replay's launch raised ``error``: its calls failed, and the dump is written."""
+    for entry in kept:
+        entry.error = error
+    ring = RING
+    if ring is not None and kept:
+        ring.dump(f"exception: {error}")
+
+
 #: The ring of this process while ``install(dump_dir=...)`` has it on; None (the default) costs nothing.
 RING: Optional[Ring] = None
 
 
-def finish(slot: Slot | KeptCall, error: Optional[str], future: Any) -> None:
+def finish(slot: Slot | Kept, error: Optional[str], future: Any) -> None:
     """A call's end: now, or when its work's future completes; a failed call (a timeout, a peer
     gone) also writes the dump, since the job may not live to write another."""
     if future is None:
@@ -258,9 +365,14 @@ def finish(slot: Slot | KeptCall, error: Optional[str], future: Any) -> None:
     future.add_done_callback(done)
 
 
-def _ended(slot: Slot | KeptCall, error: Optional[str]) -> None:
-    slot.error = error
-    slot.end_ns = time.time_ns()
+def _ended(slot: Slot | Kept, error: Optional[str]) -> None:
+    if type(slot) is list:
+        slot[KEPT_ERROR] = error
+        slot[KEPT_END] = time.time_ns()
+    else:
+        assert isinstance(slot, Slot)
+        slot.error = error
+        slot.end_ns = time.time_ns()
     ring = RING
     if error is not None and ring is not None:
         ring.dump(f"exception: {error}")
