@@ -94,3 +94,43 @@ def test_dump_and_sigusr1_write_the_bounded_ring_and_the_job_goes_on(tmp_path: P
         assert seen["own_handler_calls"] == 1  # the job's own SIGUSR1 handler still ran
         assert seen["result"] == 2.0 ** 7  # every all_reduce ran as without commtag
         assert seen["interrupted"] and seen["reason"] == "signal SIGINT"
+
+
+def _dump_with_torchs_recorder_as_set(rank: int, world_size: int, dump_dir: str) -> dict[str, object]:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import commtag
+
+    commtag.install(dump_dir=Path(dump_dir))
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4))
+    commtag.dump()
+    return {"variable": os.environ.get("TORCH_FR_BUFFER_SIZE")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variable", [None, "0"], ids=["unset", "zero"])
+def test_torchs_dump_is_saved_beside_whenever_its_recorder_is_on(variable: str | None, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch records by default (TORCH_FR_BUFFER_SIZE unset: 2,000 entries), so its dump is saved beside
+    commtag's; set to 0 it records nothing, and nothing of torch's is written."""
+    from gloo_world import run_world
+
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    env = {} if variable is None else {"TORCH_FR_BUFFER_SIZE": variable}
+    assert run_world(_dump_with_torchs_recorder_as_set, 2, str(tmp_path), env=env) == [{"variable": variable}] * 2
+    names = sorted(p.name for p in tmp_path.iterdir())
+    if variable is None:
+        assert names == ["commtag_fr_0", "commtag_fr_1", "torch_fr_0", "torch_fr_1"]
+        torch_only = tmp_path / "torch_only"
+        torch_only.mkdir()
+        for rank in range(2):
+            shutil.copy(tmp_path / f"torch_fr_{rank}", torch_only)
+        torchs = read_dumps(torch_only)
+        assert [d.by_commtag for d in torchs] == [False, False] and all(len(d.entries) >= 3 for d in torchs)
+    else:
+        assert names == ["commtag_fr_0", "commtag_fr_1"]

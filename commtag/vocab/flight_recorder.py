@@ -15,7 +15,7 @@ components/types.py. torch 2.11.0 to 2.15.0 write the same version and keys.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 #: The environment variable naming the dump files' prefix; each rank writes ``<prefix><rank>``
 #: (FlightRecorder.cpp ``DebugInfoWriter::getWriter`` reads TORCH_FR_DUMP_TEMP_FILE, then the older
@@ -30,6 +30,20 @@ FR_DEFAULT_DUMP_NAME = "comm_lib_trace_rank_"
 #: recorder off. Neither set: 2,000 (FlightRecorder.hpp ``FlightRecorder()``, torch 2.11.0-2.15.0), so
 #: gloo's groups record by default (measured with torch 2.13, neither variable set).
 FR_BUFFER_SIZE_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_OLD_BUFFER_SIZE_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FR_DEFAULT_ENTRIES = 2000
+
+
+def torch_ring_size(environ: Mapping[str, str]) -> int:
+    """How many entries torch's recorder keeps in a process with ``environ`` (0: off), as torch reads it."""
+    for name in (FR_BUFFER_SIZE_ENV, FR_OLD_BUFFER_SIZE_ENV):
+        if environ.get(name, "").strip():
+            try:
+                return int(environ[name])
+            except ValueError:
+                return FR_DEFAULT_ENTRIES  # not a number: taken as on (a dump of an empty ring says so)
+    return FR_DEFAULT_ENTRIES
+
 
 #: The dump's top-level keys (FlightRecorderDetail.hpp, ``dump_pickle``/``dump_json``).
 FR_VERSION = "version"

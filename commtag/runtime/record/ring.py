@@ -192,8 +192,8 @@ def _global_rank(slots: list[Slot | Kept | Replayed]) -> int:
 
 
 def _save_torch_dump(path: Path) -> None:
-    """torch's own Flight Recorder dump, where its recorder is on (TORCH_FR_BUFFER_SIZE > 0)."""
-    if int(os.environ.get(fr.FR_BUFFER_SIZE_ENV, "0") or 0) <= 0:
+    """torch's own Flight Recorder dump, where its recorder is on (it is unless its size is set to 0)."""
+    if fr.torch_ring_size(os.environ) <= 0:
         return
     import torch._C._distributed_c10d as c10d
 
