@@ -209,7 +209,7 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
     return max(0, (2 if first.is_p2p else first.group_size) - len({i.rank for i in members}))
 
 
-def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: Seqs) -> MatchedCollective:
+def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: Seqs) -> MatchedCollective[CollectiveInstance]:
     by_rank = {i.rank: i for i in members}
     first = min(members, key=lambda i: (i.start_ns, i.rank))
     last = max(members, key=lambda i: (i.start_ns, -i.rank))

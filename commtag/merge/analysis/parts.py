@@ -139,6 +139,10 @@ class Member:
     def __init__(self, start_ns: int, end_ns: int, inferred: bool) -> None:
         self.start_ns, self.end_ns, self.inferred = start_ns, end_ns, inferred
 
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
     def arg(self, key: str, default: object = None) -> object:
         return self.inferred if key == ANN_INFERRED else default
 
