@@ -8,13 +8,17 @@ from typing import Optional, Sequence, Union
 
 import commtag.merge
 from commtag.merge.analysis.analyze import analyze
+from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.results import Analysis, MatchedCollective
+from commtag.merge.engine import shards
 from commtag.merge.engine.options import AnalysisHook, MergeResult
+from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.pftrace.readback import read_merged
+from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
 
 
 def merge(inputs: Union[Sequence[Union[Path, str]], Path, str], output: Optional[Union[Path, str]] = None, *,
-          analysis: Union[bool, AnalysisHook] = False, **options) -> MergeResult:
+          analysis: Union[bool, AnalysisHook, MergeAnalysis] = False, **options) -> MergeResult:
     """:func:`commtag.merge.merge` with ``jobs=1`` and ``analysis=False`` unless given."""
     return commtag.merge.merge(inputs, output, jobs=1, analysis=analysis, **options)
 
@@ -30,3 +34,18 @@ def analysed(result: MergeResult) -> Analysis:
 def matched(result: MergeResult) -> list[MatchedCollective]:
     """The merge's collectives matched across their ranks (see :func:`analysed`)."""
     return analysed(result).collectives
+
+
+def one_driver(instances: Sequence[CollectiveInstance], analysis: Optional[MergeAnalysis] = None,
+               coverage: Optional[Coverage] = None) -> shards.Outcome:
+    """``instances`` (several ranks') through the merge's one driver in a world of one, as a merge
+    of their ranks runs it after writing them: ``outcome.lanes`` is what its lanes writer takes
+    (each lane's instances with their figures and flows), ``outcome.annotations`` its counters and
+    markers (with ``analysis``). Each rank is taken in its order in ``instances``."""
+    held = shards.Held()
+    for rank in sorted({inst.rank for inst in instances}):
+        held.take(RankSummary(rank, "host", None, [], instances=[inst for inst in instances if inst.rank == rank]))
+    world = SoloWorld()
+    shards.settle(world, held)
+    covered = coverage or Coverage.unknown_windows({inst.rank for inst in instances})
+    return shards.analyse(world, held, analysis, covered, Interner())

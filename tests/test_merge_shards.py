@@ -2,7 +2,8 @@
 
 Two workers over a real FileWorld (two threads, files between them) analyse a job with a
 straggler, a missing member, a Seq gap, a size mismatch and p2p messages: every instance's
-args and flows, every marker, counter and finding must be one process's. Each worker holds
+args and flows, every marker, counter and finding must be those of the same driver in a world
+of one (one process merging alone). Each worker holds
 only its share: the instances it matches at once are counted, not timed. Then the CLI: `-j 2`
 and `-j 3` on a generated job read back as `-j 1`'s trace, and torchrun's 2 workers write
 `-j 2`'s bytes.
@@ -23,9 +24,10 @@ from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.parts import SeqRef, SeqRuns, seq_runs
 from commtag.merge.engine import shards
 from commtag.merge.engine.worlds import FileWorld
-from commtag.merge.pftrace.lanes import cross_rank_flows
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
+from commtag.vocab import ANN_MARKER
+from merging import one_driver
 
 T0 = 1_700_000_000_000_000_000
 WORLD = tuple(range(8))
@@ -67,17 +69,20 @@ def _coverage() -> Coverage:
 
 
 def _one_process(job: dict[int, list[CollectiveInstance]]):
-    instances = [inst for r in WORLD for inst in copy.deepcopy(job[r])]
+    """The job through the same driver in a world of one (one process merging alone)."""
     hook = MergeAnalysis()
-    annotations = hook(instances, _coverage())
-    flows, _ = cross_rank_flows(instances)
-    by_place, at = {}, 0
-    for r in WORLD:
-        for idx in range(len(job[r])):
-            inst = instances[at]
-            by_place[(r, idx)] = (inst.all_args(), _flows(flows.get(id(inst))))
-            at += 1
-    return by_place, annotations, hook.result
+    outcome = one_driver([inst for r in WORLD for inst in copy.deepcopy(job[r])], hook, _coverage())
+    return _by_place(outcome), outcome.annotations, hook.result
+
+
+def _by_place(outcome: shards.Outcome) -> dict:
+    """Each instance's args and flows as its lanes writer gets them, by (rank, place among its rank's)."""
+    by_place = {}
+    for key in list(outcome.lanes):
+        idxs = outcome.lanes.packed[key][1]
+        for inst, idx in zip(outcome.lanes.pop(key, []), idxs):
+            by_place[(key[0], idx)] = (inst.all_args(), _flows(outcome.lanes.flows.get(id(inst))))
+    return by_place
 
 
 def _flows(found) -> object:
@@ -100,15 +105,9 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
             for r in mine:
                 held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
             shards.settle(world, held)
-            everyone = [RankSummary(r, "host", None, []) for r in WORLD]
             hook = MergeAnalysis()
-            outcome = shards.analyse(world, held, everyone, hook, _coverage(), Interner())
-            by_place = {}
-            for key in list(outcome.lanes):
-                idxs = outcome.lanes.packed[key][1]
-                for inst, idx in zip(outcome.lanes.pop(key, []), idxs):
-                    by_place[(key[0], idx)] = (inst.all_args(), _flows(outcome.lanes.flows.get(id(inst))))
-            results[index] = {"places": by_place, "annotations": outcome.annotations, "result": hook.result,
+            outcome = shards.analyse(world, held, hook, _coverage(), Interner())
+            results[index] = {"places": _by_place(outcome), "annotations": outcome.annotations, "result": hook.result,
                               "outcome": outcome, "mine": mine}
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
@@ -125,7 +124,8 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
 def test_two_workers_analyse_the_job_as_one_process(tmp_path: Path, monkeypatch) -> None:
     job = _job()
     places, annotations, result = _one_process(job)
-    assert result.desyncs and any(m.straggler for m in result.collectives)  # the job has what it should
+    # The job has what it should: a desync and a straggler.
+    assert result.desyncs and any(mk.args[ANN_MARKER] == "straggler" for mk in annotations.markers)
     shared = _shared(job, tmp_path, monkeypatch)
     got = {**shared[0]["places"], **shared[1]["places"]}
     assert got == places  # every instance's figures, wait, straggler mark and flows

@@ -19,6 +19,7 @@ from commtag.merge.errors import MergeFailed, MergeInputError
 from commtag.merge.engine.options import DEFAULT_MAX_OUTPUT, MergeOptions, MergeResult
 
 if TYPE_CHECKING:  # the rest of the engine loads on the first merge, not with the package
+    from commtag.merge.analysis.hook import MergeAnalysis
     from commtag.merge.engine.options import AnalysisHook
     from commtag.merge.inputs.selection import Selection
 
@@ -39,7 +40,7 @@ def merge(
     inputs: Union[Sequence[Union[Path, str]], Path, str],
     output: Optional[Union[Path, str]] = None,
     *,
-    analysis: Union[bool, AnalysisHook] = True,
+    analysis: Union[bool, AnalysisHook, MergeAnalysis] = True,
     jobs: Optional[int] = None,
     **options: Any,
 ) -> MergeResult:

@@ -1,5 +1,8 @@
 """This worker's ranks' instances between the analysis and their lanes, and what comes back for them.
 
+A caller's own analysis hook runs over every rank's instances before the analysis, on every
+worker (:func:`run_hook`): each keeps its own ranks' with what the hook wrote into their args.
+
 Under a sharded analysis (:mod:`commtag.merge.engine.shards`) a worker's own instances are
 packed by (rank, lane) while other workers analyse them; the figures, waits, flows and markers
 the analysing workers send back (:func:`back_pieces`, :func:`apply`) are kept by place, and each
@@ -8,15 +11,43 @@ lane's instances are unpacked with them only when the lanes writer takes that la
 
 from __future__ import annotations
 
+import base64
 import math
 from array import array
 from itertools import islice
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
-from commtag.merge.engine.routes import PIECE_ROWS, unpack
+from commtag.merge.engine.exchange import from_everyone
+from commtag.merge.engine.options import AnalysisHook
+from commtag.merge.engine.routes import PIECE_ROWS, pack, unpack
 from commtag.merge.pftrace.lanes import InstanceFlows
-from commtag.merge.records import CollectiveInstance, Interner
+from commtag.merge.rank.attach import settle_inferred
+from commtag.merge.records import CollectiveInstance, Coverage, Interner, TraceAnnotations
 from commtag.vocab import ANN_STRAGGLER, ANN_WAIT_US
+
+if TYPE_CHECKING:
+    from commtag.merge.engine.worlds import World
+
+
+def run_hook(world: World, packed: dict[int, bytes], inferred: dict[str, dict[int, int]], hook: AnalysisHook,
+             coverage: Coverage, interner: Interner) -> Optional[TraceAnnotations]:
+    """A caller's own :data:`AnalysisHook` on every worker, over every rank's instances in rank
+    order (``packed``: this worker's ranks', :class:`commtag.merge.engine.shards.Held`), settled as
+    the analysis settles them (``inferred``: every rank's inferred Seqs); this worker's ranks' are
+    packed again with what the hook wrote into their args. What it returns is written by the
+    workers holding the ranks its counters and markers are on."""
+    every = packed
+    if world.size > 1:
+        every = {rank: base64.b64decode(blob) for part in from_everyone(world, lambda: {"packed": [
+            [rank, base64.b64encode(blob).decode("ascii")] for rank, blob in packed.items()]})
+            for rank, blob in part["packed"]}
+    by_rank = {rank: unpack(every[rank], interner) for rank in sorted(every)}
+    instances = [inst for insts in by_rank.values() for inst in insts]
+    settle_inferred(instances, inferred)
+    told = hook(instances, coverage)
+    for rank in packed:
+        packed[rank] = pack(rank, by_rank[rank])
+    return told
 
 
 class FlowColumn:

@@ -140,9 +140,9 @@ def gap_owner(pg_uid: str, seq: int, size: int) -> int:
     return zlib.crc32(repr((pg_uid, seq, None)).encode()) % size
 
 
-def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optional[MergeAnalysis],
-            coverage: Coverage, interner: Interner) -> Outcome:
-    """Steps 1 to 4 of the module docstring; ``everyone``'s summaries carry no instances."""
+def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: Coverage,
+            interner: Interner) -> Outcome:
+    """Steps 1 to 4 of the module docstring (the figures only with ``hook``, the flows always)."""
     me, size = world.index, world.size
     buckets = max(1, -(-sum(held.counts.values()) // (size * BUCKET_ROWS)))
     outcome = Outcome(lanes=OwnLanes(interner))
@@ -190,7 +190,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 refs[pg] = ref
     seqs = SeqRuns(runs, {pg: SeqRef(ref[2], interner.shared(tuple(ref[3]))) for pg, ref in refs.items()})
     runs, found = [], {}
-    groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
+    groups: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]] = []
     for bucket in range(buckets):  # step 2 and the matching of step 3, a bucket at a time
         shard: list[tuple[int, int, tuple, CollectiveInstance]] = []
 
@@ -272,7 +272,7 @@ class _Members:
 
 
 def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
-           seqs: SeqRuns) -> list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]]:
+           seqs: SeqRuns) -> list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]]:
     """One bucket's collectives matched, measured and checked; each as its :class:`_Members`, its
     matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`),
     and an all-to-all's traffic (read from the whole members' split sizes)."""
@@ -282,21 +282,21 @@ def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
     for rank, idx, key, inst in shard:
         by_key.setdefault(batched.get(id(inst), key), []).append((rank, idx, inst))
     shard.clear()
-    out: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
+    out: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]] = []
     for rows in by_key.values():
         rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
         light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
         m, sent = None, None
         if hook is not None:
-            m = measure([r[2] for r in rows], coverage, seqs)
-            m.findings.extend(check(m))
-            sent = next(iter(traffic([m])), None)
-            m.members = {rank: light[id(inst)] for rank, inst in m.members.items()}  # type: ignore[misc]
+            whole = measure([r[2] for r in rows], coverage, seqs)
+            whole.findings.extend(check(whole))
+            sent = next(iter(traffic([whole])), None)
+            m = whole.keeping({rank: light[id(inst)] for rank, inst in whole.members.items()})
         out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m, sent))
     return out
 
 
-def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]],
+def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]],
               hook: Optional[MergeAnalysis],
               coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
               tables: list[dict]) -> tuple[list[BackRows], Optional[ForLead]]:
