@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import commtag.merge
-from commtag.merge.analysis.analyze import analyze
+from commtag.merge.engine.shards import analyze
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.results import Analysis, MatchedCollective
 from commtag.merge.engine import shards
 from commtag.merge.engine.options import AnalysisHook, MergeResult
 from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.pftrace.readback import read_merged
-from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
+from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 
 
 def merge(inputs: Union[Sequence[Union[Path, str]], Path, str], output: Optional[Union[Path, str]] = None, *,
@@ -49,3 +49,21 @@ def one_driver(instances: Sequence[CollectiveInstance], analysis: Optional[Merge
     shards.settle(world, held)
     covered = coverage or Coverage.unknown_windows({inst.rank for inst in instances})
     return shards.analyse(world, held, analysis, covered, Interner())
+
+
+def annotations_of(instances: Sequence[CollectiveInstance], coverage: Optional[Coverage] = None) -> TraceAnnotations:
+    """The counters and markers the merge's analysis writes for ``instances`` (:func:`one_driver`)."""
+    found = one_driver(instances, MergeAnalysis(), coverage).annotations
+    assert found is not None
+    return found
+
+
+def written(outcome: shards.Outcome) -> dict[tuple[int, int], CollectiveInstance]:
+    """Each instance as the lanes writer gets it from ``outcome`` (:func:`one_driver`), with its figures,
+    by (rank, place among its rank's instances)."""
+    out = {}
+    for key in list(outcome.lanes):
+        places = outcome.lanes.packed[key][1]
+        for inst, place in zip(outcome.lanes.pop(key, ()), places):
+            out[(key[0], place)] = inst
+    return out

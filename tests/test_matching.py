@@ -15,7 +15,7 @@ from pathlib import Path
 
 from commtag.merge.pftrace import writer
 from commtag.merge.pftrace.lanes import LanesWriter
-from commtag.merge.analysis.analyze import analyze
+from commtag.merge.engine.shards import analyze
 from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import RankTimeline
 from merging import one_driver

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from commtag.merge.analysis.checks import SeqIndex
 from commtag.merge.analysis.hook import MergeAnalysis
-from commtag.merge.analysis.parts import SeqRef, SeqRuns, seq_runs
+from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
 from commtag.merge.engine.worlds import FileWorld
 from commtag.merge.pftrace.readback import read_trace
@@ -153,19 +152,19 @@ def test_a_worker_holds_its_share_of_the_records(tmp_path: Path, monkeypatch) ->
         assert o.most_at_once <= total // 4, (o.most_at_once, total)
 
 
-def test_seq_runs_answer_as_the_index_of_every_seq() -> None:
+def test_seq_runs_say_which_seqs_each_rank_recorded_passed_and_skipped() -> None:
+    """Rank 2 skipped Seq 7 of its half (group "1") between Seqs it recorded in its one window: not
+    recorded but passed, and the one hole of the job, between the end of its Seq 6 and the start of its Seq 8."""
     instances = [inst for r in WORLD for inst in _job()[r]]
-    coverage = _coverage()
-    index = SeqIndex(instances, coverage)
-    runs = SeqRuns(seq_runs(instances, coverage),
-                   {pg: SeqRef(i.lane_name, i.group_ranks) for pg, i in index.groups.items()})
-    assert runs.holes() == index.holes()
-    assert set(runs.by_rank) == set(index.by_rank)
-    for pg in ("0", "1", "2"):
+    runs = SeqRuns(seq_runs(instances, _coverage()), {})
+    assert runs.holes() == {("1", 7, 7): {2: (T0 + 65_006_000 + 40_000, T0 + 85_006_000)}}
+    for pg, ranks in (("0", WORLD), ("1", (0, 1, 2, 3)), ("2", (4, 5, 6, 7))):
         for r in WORLD:
             for seq in range(0, 27):
-                assert runs.recorded(pg, r, seq) == index.recorded(pg, r, seq)
-                assert runs.passed(pg, r, seq) == index.passed(pg, r, seq)
+                member = r in ranks and 1 <= seq <= 24
+                skipped = (pg, r, seq) == ("1", 2, 7)
+                assert runs.recorded(pg, r, seq) == (member and not skipped), (pg, r, seq)
+                assert runs.passed(pg, r, seq) == member, (pg, r, seq)
 
 
 def _place(s) -> tuple:

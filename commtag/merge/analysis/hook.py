@@ -83,6 +83,10 @@ class MergeAnalysis:
     keeps the result (:attr:`result`) so that ``merge --strict`` can fail on its desyncs.
     """
 
-    def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US) -> None:
+    def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US, keep: bool = False) -> None:
         self.straggler_min_skew_us = straggler_min_skew_us
+        #: Keep every matched collective whole, with its markers, in the result (one process holding
+        #: every instance: :func:`commtag.merge.engine.shards.analyze`); else they stay with the
+        #: workers that matched them.
+        self.keep = keep
         self.result: Optional[Analysis] = None

@@ -5,7 +5,7 @@
 event (inputs, options, ranks, this worker's share, alignment, time origin,
 output). Memory stays near one rank's encoded events: a rank is read in
 batches (commtag.merge.rank.convert), written once its files are read, and only
-its CollectiveInstance records are kept, packed (:class:`commtag.merge.engine.shards.Held`).
+its CollectiveInstance records are kept, packed (:class:`commtag.merge.engine.owned.Held`).
 After the last rank the analysis is shared out between the workers by the one driver,
 :mod:`commtag.merge.engine.shards` (one process is a world of one), then the lanes block
 (process-group lanes, cross-rank flows, counters, markers) is written. The output appears
@@ -51,8 +51,8 @@ from commtag.merge.inputs.selection import (
     NOT_IN_DETAIL, FileSpans, Selection, describe, describe_numbers, event_range, kept_by, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
-from commtag.merge.engine.owned import OwnLanes, run_hook
-from commtag.merge.engine.shards import Held, settle as settle_shares, analyse as share_analysis
+from commtag.merge.engine.owned import Held, OwnLanes, run_hook
+from commtag.merge.engine.shards import settle as settle_shares, analyse as share_analysis
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, TorchWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
@@ -148,7 +148,7 @@ def merge(
                 outcome = share_analysis(plan.world, held, analysis, covered, plan.interner)
                 annotations = outcome.annotations
             else:
-                annotations = run_hook(plan.world, held.packed, held.inferred, analysis, covered, plan.interner)
+                annotations = run_hook(plan.world, held, analysis, covered, plan.interner)
                 outcome = share_analysis(plan.world, held, None, covered, plan.interner)
         # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, annotations, held, outcome.lanes))
