@@ -75,7 +75,7 @@ def merge(
         read back from the output when first asked for), and with ``analysis=True``
         the :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``:
         findings, busbw, impact and all-to-all traffic; the matched collectives
-        stay with the workers that matched them, :func:`commtag.merge.analysis.analyze.analyze`
+        stay with the workers that matched them, :func:`commtag.merge.engine.shards.analyze`
         over ``result.instances`` matches them again).
 
     Raises:

@@ -203,6 +203,8 @@ class MergeOutput:
         self._shards: list[Path] = []
         self._staged: list[tuple[Path, Path]] = []
         self._own_part = True
+        #: Whether what is written here is kept (:class:`NoOutput`: no).
+        self.writes = True
 
     def check(self, inputs: Sequence[Path], ranks: Sequence[RankInput],
               skipped: Sequence[MergeInputError] = ()) -> None:
@@ -330,6 +332,7 @@ class NoOutput(MergeOutput):
     def __init__(self, path: Path) -> None:
         super().__init__(path, None, lead=True)
         self._own_part = False
+        self.writes = False
 
     def check(self, inputs: Sequence[Path], ranks: Sequence[RankInput],
               skipped: Sequence[MergeInputError] = ()) -> None:

@@ -433,9 +433,10 @@ def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
         plan.on_rank(rank.rank, converter.categories)
     summary = rank_summary(rank, converter, timeline.first_ns, timeline.lane_kernels, files, plan.options.nccl_inspector)
     summary.account = converter.account()
-    if header:
-        stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))
-    writer.write_rank(stream, timeline, seq)
+    if plan.output.writes:  # a plan writing nothing (collect) encodes no packet: not even the protos load
+        if header:
+            stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))
+        writer.write_rank(stream, timeline, seq)
     if plan.options.json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
         for path, trace in attached_whole(rank, offset, plan.interner):

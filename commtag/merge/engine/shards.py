@@ -1,9 +1,13 @@
-"""The analysis shared out between merge workers: each collective is matched and analysed by
+"""The merge's one analysis driver, whatever the number of workers (one process is a world of
+one, :class:`commtag.merge.engine.worlds.SoloWorld`): each collective is matched and analysed by
 one worker, and a worker holds its own ranks' records and those of the collectives it owns.
+:func:`analyze` runs it over any instances in a world of one (``commtag summary``).
 
-Why: when every worker received every rank's records, each held as much as one process merging
-alone or more (on a 1,024-rank job, 345 and 322 MiB against one process's 245), and every worker
-analysed all of them: ``-j`` and torchrun divided the time of reading, not the memory.
+Why shared out: when every worker received every rank's records, each held as much as one process
+merging alone or more (on a 1,024-rank job, 345 and 322 MiB against one process's 245), and every
+worker analysed all of them: ``-j`` and torchrun divided the time of reading, not the memory.
+"One process's order" below is the job's instances rank by rank, each rank's as read: the order
+in which a world of one meets them, and so the order every number of workers writes them in.
 
 How: a worker packs each rank's records (compressed JSON columns) as soon as the rank is
 written (:class:`Held`); their summaries travel without them. Then:
