@@ -1,5 +1,6 @@
 """The merge as most tests run it: the facade, in this process alone, with the analysis only where a
-test passes one (a hook, or True), so that a test of one stage does not also run the analysis."""
+test passes one (a hook, or True), so that a test of one stage does not also run the analysis; and
+the merge's one driver over a test's own instances, in a world of one (:func:`one_driver`)."""
 
 from __future__ import annotations
 

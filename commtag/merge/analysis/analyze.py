@@ -1,8 +1,10 @@
-"""Cross-rank analysis: match each collective across its group, then measure and check it.
+"""Cross-rank analysis: each collective matched across its group, then measured and checked.
 
-Pure functions over :class:`~commtag.merge.records.CollectiveInstance` lists,
-so the Perfetto writer, the ``summary`` report, the plot and ``--strict`` all
-read one result (:class:`Analysis`) and never disagree.
+Pure functions over :class:`~commtag.merge.records.CollectiveInstance` lists; the one driver
+that matches the instances and calls them is :mod:`commtag.merge.engine.shards` (whatever the
+number of merge workers; ``commtag summary`` runs it in a world of one), so the Perfetto
+writer, the ``summary`` report, the plot and ``--strict`` all read one result
+(:class:`~commtag.merge.analysis.results.Analysis`) and never disagree.
 
 Matching
     :func:`~commtag.merge.records.match_groups`, the rule the merged trace's
