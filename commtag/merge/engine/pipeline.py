@@ -184,8 +184,9 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
     where = Path(output) if output else default_output(paths)
     out = MergeOutput(where, options.json_dir, lead=world.index == 0, apart=apart) if write else NoOutput(where)
     out.check(paths, local, skipped or ())
-    notices += [f"{f.path}: no commtag sidecar; merged from the trace alone"
-                for r in ranks for f in r.files if f.sidecar is None]
+    if write:  # what a merge says of its output; a plan writing nothing (summary DIR) says what it read
+        notices += [f"{f.path}: no commtag sidecar; merged from the trace alone"
+                    for r in ranks for f in r.files if f.sidecar is None]
     world.start(ranks)  # -j: the workers it starts are known now
     if not apart:
         mine = hosts.chunks(ranks, world.size, sequence_block(len(ranks)))[world.index]
