@@ -152,6 +152,17 @@ def test_a_worker_holds_its_share_of_the_records(tmp_path: Path, monkeypatch) ->
         assert o.most_at_once <= total // 4, (o.most_at_once, total)
 
 
+def test_keeping_the_matched_collectives_is_refused_across_workers(tmp_path: Path) -> None:
+    """Kept, a worker's matched collectives would be only those it owns: a result missing the
+    others', so a world of more than one refuses before any exchange."""
+    # No second worker runs: were the driver to exchange, it would be told so, not wait for one.
+    world = FileWorld(0, 2, tmp_path / "exchange", tmp_path / "out.pftrace", watch=lambda: "no worker 1 here")
+    held = shards.Held()
+    held.take(RankSummary(0, "host", None, [], instances=copy.deepcopy(_job()[0])))
+    with pytest.raises(ValueError, match="world of one"):
+        shards.analyse(world, held, MergeAnalysis(keep=True), _coverage(), Interner())
+
+
 def test_seq_runs_say_which_seqs_each_rank_recorded_passed_and_skipped() -> None:
     """Rank 2 skipped Seq 7 of its half (group "1") between Seqs it recorded in its one window: not
     recorded but passed, and the one hole of the job, between the end of its Seq 6 and the start of its Seq 8."""

@@ -85,8 +85,7 @@ class MergeAnalysis:
 
     def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US, keep: bool = False) -> None:
         self.straggler_min_skew_us = straggler_min_skew_us
-        #: Keep every matched collective whole, with its markers, in the result (one process holding
-        #: every instance: :func:`commtag.merge.engine.shards.analyze`); else they stay with the
-        #: workers that matched them.
+        #: Keep every matched collective whole, with its markers, in the result: only in a world of one
+        #: (:func:`commtag.merge.engine.shards.analyze`); else they stay with the workers that matched them.
         self.keep = keep
         self.result: Optional[Analysis] = None

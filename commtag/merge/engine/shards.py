@@ -123,6 +123,8 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             interner: Interner) -> Outcome:
     """Steps 1 to 4 of the module docstring (the figures only with ``hook``, the flows always)."""
     me, size = world.index, world.size
+    if hook is not None and hook.keep and size > 1:  # each worker would keep only the collectives it owns
+        raise ValueError("MergeAnalysis(keep=True) runs in a world of one")
     buckets = max(1, -(-sum(held.counts.values()) // (size * BUCKET_ROWS)))
     outcome = Outcome(lanes=OwnLanes(interner))
     staged: dict[tuple[int, int], list] = {}
