@@ -22,6 +22,8 @@ import pytest
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
+from commtag.merge.engine.owned import run_hook
+from commtag.merge.engine.routes import unpack
 from commtag.merge.engine.worlds import FileWorld
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
@@ -150,6 +152,45 @@ def test_a_worker_holds_its_share_of_the_records(tmp_path: Path, monkeypatch) ->
         assert 0 < o.analysed < total
         # Matched a bucket at a time: never more than a fraction of the job at once.
         assert o.most_at_once <= total // 4, (o.most_at_once, total)
+
+
+def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Path) -> None:
+    """Each of two workers (ranks 0-3, 4-7) calls a caller's own hook over every rank's instances,
+    rank by rank, and keeps its own ranks' with what the hook wrote into their args."""
+    job = _job()
+    seen: list[list[int]] = [[], []]
+    kept: list[dict] = [{}, {}]
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
+            held = shards.Held()
+            for r in WORLD[4 * index:4 * index + 4]:
+                held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
+            shards.settle(world, held)
+
+            def hook(instances: list[CollectiveInstance], coverage: Coverage) -> None:
+                seen[index] = [inst.rank for inst in instances]
+                for inst in instances:
+                    inst.args["seen by"] = index
+
+            run_hook(world, held, hook, _coverage(), Interner())
+            kept[index] = {rank: [inst.args.get("seen by") for inst in unpack(packed, Interner())]
+                           for rank, packed in held.packed.items()}
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    every = [r for r in WORLD for _ in job[r]]
+    assert seen == [every, every]
+    for index in range(2):
+        assert kept[index] == {r: [index] * len(job[r]) for r in WORLD[4 * index:4 * index + 4]}
 
 
 def test_keeping_the_matched_collectives_is_refused_across_workers(tmp_path: Path) -> None:
