@@ -5,15 +5,15 @@ beyond the per-collective records, which every merge keeps until its lanes are
 written. So this prints, from one run:
 
 * ``records``   the bytes one collective instance's records take, per set (a child merges
-  the set in-process and measures its instances, shared parts counted once, plus the
-  cross-rank flow ids the lanes stage holds for each; see :func:`record_bytes`);
+  the set in-process and measures its instances, shared parts counted once, plus what the
+  merge's driver holds for each until its lane is written; see :func:`record_bytes`);
 * ``merge``     ``python -m commtag.merge DIR -o FILE -j 1``: the process's peak RSS;
 * ``torchrun-2`` the same under ``torchrun --nproc-per-node=2``: each worker's peak;
 
 then per variant the 512/32 ratio of the peaks, raw and beyond the records (peak minus
 the set's instances x its record bytes: a torchrun worker of N holds its share of the
 instances, at most 2/N of them as -j's memory model counts them (commtag.merge.engine.jobs),
-and its own ranks' share of the flow ids).
+and its own ranks' share of what the driver holds for them).
 Sets are generated (commtag.testing.scaleset) when missing.
 
 Usage: ``python launch/bench_ranks.py [--ranks 32,512] [--per-rank 5000] [--workers 2]``.
@@ -42,24 +42,32 @@ def record_bytes(directory: Path) -> dict:
 
     The records are every instance's object, its own args and their values, and the
     objects it shares with others (call-site args, member tuples), counted once over all;
-    then the cross-rank flow ids the lanes stage holds for every instance at once.
+    then what the merge's driver holds for every instance at once until its lane is written
+    (its record packed by lane, what came back for it: figures, wait, cross-rank flow ids).
     """
     import tracemalloc
 
     from commtag.merge import merge
-    from commtag.merge.pftrace.lanes import cross_rank_flows
+    from commtag.merge.engine import shards
+    from commtag.merge.engine.owned import Held
+    from commtag.merge.engine.worlds import SoloWorld
+    from commtag.merge.records import Coverage, Interner, RankSummary
 
     with tempfile.TemporaryDirectory() as out:
         instances = merge(directory, Path(out) / "merged.pftrace", progress=False, jobs=1).instances
     total = records_size(instances)
     gc.collect()
     tracemalloc.start()
-    flows, _ = cross_rank_flows(instances)
+    kept = Held()
+    for rank in sorted({inst.rank for inst in instances}):
+        kept.take(RankSummary(rank, "", None, [], instances=[inst for inst in instances if inst.rank == rank]))
+    shards.settle(SoloWorld(), kept)
+    lanes = shards.analyse(SoloWorld(), kept, None, Coverage.unknown_windows(kept.counts), Interner()).lanes
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    del flows
+    del lanes, kept
     n = len(instances)
-    return {"instances": n, "record_bytes": total / n, "flow_bytes": held / n, "per_instance": (total + held) / n}
+    return {"instances": n, "record_bytes": total / n, "lanes_bytes": held / n, "per_instance": (total + held) / n}
 
 
 def _ensure_set(workdir: Path, ranks: int, per_rank: int) -> dict:
@@ -116,7 +124,7 @@ def report(results: dict) -> str:
     for n, cost in sorted(costs.items()):
         lines.append(f"{n} ranks x {results['per_rank']} events: {cost['instances']:,} collective instances, "
                      f"{cost['per_instance']:.0f} bytes of records each ({cost['record_bytes']:.0f} the instance "
-                     f"and its args, {cost['flow_bytes']:.0f} its cross-rank flow ids).")
+                     f"and its args, {cost['lanes_bytes']:.0f} what the driver holds for it until its lane is written).")
     lines.append("")
     rows, targets = [], []
     for variant, by_n in results["runs"].items():
@@ -127,11 +135,11 @@ def report(results: dict) -> str:
                 continue
             peak = max(run["peaks"]) if run["peaks"] else 0
             # A worker holds its share of the instances (its ranks' packed, its collectives' a bucket
-            # at a time: at most 2/N) and the flow ids of its own ranks' only.
+            # at a time: at most 2/N) and what the driver holds for its own ranks only.
             workers = int(variant.split("-")[1]) if variant.startswith("torchrun") else 1
             cost = costs[n]
             held = min(1.0, 2 / workers)
-            beyond = peak - cost["instances"] * (cost["record_bytes"] * held + cost["flow_bytes"] / workers)
+            beyond = peak - cost["instances"] * (cost["record_bytes"] * held + cost["lanes_bytes"] / workers)
             peaks[n] = (peak, beyond)
             rows.append([variant, str(n), f"{run['wall_s']:.1f}",
                          ", ".join(f"{p / 1e6:.0f}" for p in run["peaks"]), f"{beyond / 1e6:.0f}"])

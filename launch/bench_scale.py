@@ -118,10 +118,11 @@ def phases(directory: Path, out: Path) -> dict:
     pipeline.write_ranks = timed("convert", pipeline.write_ranks)
     pipeline.gather = timed("gather", pipeline.gather)
     pipeline.write_lanes = timed("lanes", pipeline.write_lanes)
+    pipeline.share_analysis = timed("analysis", pipeline.share_analysis)  # the one driver, in a world of one
     analysis = MergeAnalysis()
     start_kb = _status_kb("VmRSS")
     start, cpu = time.perf_counter(), time.process_time()
-    result = merge(directory, out, align="collectives", analysis=timed("analysis", analysis), jobs=1,
+    result = merge(directory, out, align="collectives", analysis=analysis, jobs=1,
                    selection=Selection(detail=frozenset()), progress=False)
     total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
     hwm_kb = _status_kb("VmHWM")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.analysis.analyze import analyze, bandwidth_gbps, busbw_factor
-from commtag.merge.analysis.hook import annotate, trace_annotations
+from commtag.merge.analysis.analyze import bandwidth_gbps, busbw_factor
+from commtag.merge.engine.shards import analyze
+from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.results import FindingKind
 from commtag.merge.analysis.table import summarize
-from commtag.merge.records import CollectiveInstance
+from commtag.merge.records import CollectiveInstance, Coverage
 from commtag.vocab import ANN_SEQ_FROM
+from merging import annotations_of, one_driver, written
 
 MS = 1_000_000  # ns
 T0 = 1_700_000_000_000_000_000
@@ -106,9 +108,9 @@ def test_small_skew_is_not_a_straggler():
     assert analysis.markers == []
 
 
-def test_annotate_puts_the_figures_on_every_members_args():
-    members = [inst(r, 3, start_us=2000.0 if r == 1 else 0.0, dur_us=1000) for r in range(4)]
-    annotate(analyze(members))
+def test_the_figures_go_on_every_members_args():
+    members = list(written(one_driver([inst(r, 3, start_us=2000.0 if r == 1 else 0.0, dur_us=1000) for r in range(4)],
+                                      MergeAnalysis())).values())
     assert {i.arg("commtag last rank") for i in members} == {1}
     assert members[0].arg("commtag wait us") == 2000.0
     assert members[1].arg("commtag straggler") is True
@@ -131,7 +133,7 @@ def test_busbw_counter_sums_overlapping_transfers_and_returns_to_zero():
         (T0 + 1_500_000, 0.0),
     ]
     # One counter track per group, under the group's lowest rank.
-    counters = {(c.rank, c.track): c.points for c in trace_annotations(analysis).counters}
+    counters = {(c.rank, c.track): c.points for c in annotations_of(a + b + c).counters}
     assert set(counters) == {(0, "busbw pg0 lane (GB/s)"), (2, "busbw pg1 lane (GB/s)")}
 
 
@@ -353,9 +355,15 @@ def test_a_groups_member_list_is_walked_per_collective_not_per_member():
     """The expected members of a collective come from its group's one rank list: walking it once
     per member made the analysis group size squared per collective (a 1,024-rank world group: 1 M
     set inserts per call, 3 of the 1,024-rank benchmark's 4 s of analysis; minutes at 16 k ranks)."""
+    from commtag.merge.analysis.analyze import measure
+    from commtag.merge.analysis.checks import check
+    from commtag.merge.analysis.parts import SeqRuns
+
     ranks = _WalkedRanks(range(64))
     members = [inst(r, 1, ranks=ranks) for r in range(64) if r != 5]  # rank 5 never joined
-    assert _only(analyze(members, loaded_ranks=range(64)), "missing_ranks").ranks == (5,)
+    # Measured and checked as the merge's driver does once it has matched them (no Seq runs needed here).
+    matched = measure(members, Coverage.unknown_windows(range(64)), SeqRuns([], {}))
+    assert [f.ranks for f in check(matched) if f.kind == FindingKind.MISSING_RANKS] == [(5,)]
     assert ranks.walks <= 2, f"the 64-rank list was walked {ranks.walks} times for one collective of 63 members"
 
 

@@ -4,7 +4,7 @@ what makes an instance inconclusive."""
 
 from __future__ import annotations
 
-from commtag.merge.analysis.analyze import analyze
+from commtag.merge.engine.shards import analyze
 from commtag.merge.records import CPU_OP_SOURCE, Coverage
 from test_analyze import inst
 

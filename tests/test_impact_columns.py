@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from commtag.merge.analysis.analyze import analyze
+from commtag.merge.engine.shards import analyze
 from commtag.merge.analysis.columns import Columns
 from commtag.merge.analysis.impact import MAX_REPLAYED_RANKS
 from commtag.merge.analysis.impact import impact as replay_impact

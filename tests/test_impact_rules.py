@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.analysis.analyze import analyze
+from commtag.merge.engine.shards import analyze
 from commtag.merge.records import CollectiveInstance, Coverage
 from commtag.vocab import IN_SPLIT_KEY
 

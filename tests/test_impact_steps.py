@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from commtag.merge.analysis.analyze import analyze
-from commtag.merge.analysis.hook import trace_annotations
+from commtag.merge.engine.shards import analyze
 from commtag.merge.records import Coverage
 from commtag.merge.steps import StepIndex, decode, encode, step_spans
 from commtag.report.sections import impact_csv, impact_lines
 from commtag.vocab import ANN_WINDOW_STEPS
+from merging import annotations_of
 from test_impact_rules import MS, T0, _three_steps, inst
 
 
@@ -81,7 +81,7 @@ def test_steps_of_two_windows_are_costed_apart():
 
 def test_the_window_marker_carries_its_steps_and_they_read_back():
     coverage = Coverage({r: WINDOW for r in range(3)}, 3, {r: STEPS for r in range(3)})
-    markers = trace_annotations(analyze(_three_steps(7, 2), coverage=coverage)).markers
+    markers = annotations_of(_three_steps(7, 2), coverage).markers
     (text, *_) = [m.args[ANN_WINDOW_STEPS] for m in markers if ANN_WINDOW_STEPS in m.args]
     assert text == "5@0+1500000 6@1500000+7000000 7@8500000+1500000"
     assert decode(text, T0) == STEPS

@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from commtag.merge.analysis.analyze import analyze
-from commtag.merge.analysis.hook import trace_annotations
+from commtag.merge.engine.shards import analyze
 from commtag.merge.analysis.impact import Impact, RankImpact, StepCost
 from commtag.merge.records import Coverage
 from commtag.report import stepplot
 from commtag.report.tables import plot
+from merging import annotations_of
 from test_impact_rules import MS, T0, _three_steps, inst
 from test_impact_steps import STEPS, WINDOW, _steps
 
@@ -22,13 +22,17 @@ pytest.importorskip("matplotlib")
 _TRACK = "impact per step: what rank 1's lateness cost the step (ms)"
 
 
+def _late_step_coverage() -> Coverage:
+    return Coverage({r: WINDOW for r in range(3)}, 3, {r: STEPS for r in range(3)})
+
+
 def _late_step_analysis():
     """Rank 1 is 5 ms late in step 6 of three steps (5: 0-1 ms, 6: 2-8 ms, 7: 9-10 ms)."""
-    return analyze(_three_steps(7, 2), coverage=Coverage({r: WINDOW for r in range(3)}, 3, {r: STEPS for r in range(3)}))
+    return analyze(_three_steps(7, 2), coverage=_late_step_coverage())
 
 
 def test_the_trace_s_step_track_holds_each_step_s_cost_over_its_time():
-    series = {c.track: c for c in trace_annotations(_late_step_analysis()).counters}
+    series = {c.track: c for c in annotations_of(_three_steps(7, 2), _late_step_coverage()).counters}
     step_track = series[_TRACK]
     assert (step_track.rank, step_track.unit) == (1, "ms")
     # 0 from step 5's first arrival, 5 ms over step 6 (2 ms on), 0 over step 7 and after the window's last end.
@@ -41,18 +45,20 @@ def test_the_step_track_falls_to_zero_at_each_window_s_end():
     second = [inst(r, 3, 20, 21) for r in range(3)] + [inst(r, 4, 25 if r == 1 else 22, 26) for r in range(3)]
     windows = [(T0, T0 + 4 * MS), (T0 + 20 * MS, T0 + 27 * MS)]
     steps = _steps((1, 0, 1.5), (2, 1.5, 4), (1, 20, 21.5), (2, 21.5, 27))
-    analysis = analyze(first + second, coverage=Coverage({r: windows for r in range(3)}, 3, {r: steps for r in range(3)}))
+    coverage = Coverage({r: windows for r in range(3)}, 3, {r: steps for r in range(3)})
+    analysis = analyze(first + second, coverage=coverage)
     (row,) = analysis.impact.ranks
     assert [(s.window, s.step, s.cost_us) for s in row.steps] == [(1, 1, 0.0), (1, 2, 1000.0), (2, 1, 0.0),
                                                                  (2, 2, 3000.0)]
-    (track,) = [c for c in trace_annotations(analysis).counters if c.track == _TRACK]
+    (track,) = [c for c in annotations_of(first + second, coverage).counters if c.track == _TRACK]
     assert track.points == [(T0, 0.0), (T0 + 2 * MS, 1.0), (T0 + 4 * MS, 0.0),
                             (T0 + 20 * MS, 0.0), (T0 + 22 * MS, 3.0), (T0 + 26 * MS, 0.0)]
 
 
 def test_without_steps_there_is_no_step_track_and_no_step_panel():
-    analysis = analyze(_three_steps(7, 2), coverage=Coverage({r: WINDOW for r in range(3)}, 3))
-    assert not [c for c in trace_annotations(analysis).counters if c.track.startswith("impact per step")]
+    coverage = Coverage({r: WINDOW for r in range(3)}, 3)
+    analysis = analyze(_three_steps(7, 2), coverage=coverage)
+    assert not [c for c in annotations_of(_three_steps(7, 2), coverage).counters if c.track.startswith("impact per step")]
     assert stepplot.step_bars(analysis.impact) is None
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from commtag.merge.pftrace import writer
 from commtag.merge.pftrace.lanes import LanesWriter
-from commtag.merge.analysis.analyze import analyze
+from commtag.merge.engine.shards import analyze
 from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import RankTimeline
+from merging import one_driver
 from pftrace_reader import read
 
 T0 = 1_700_000_000_000_000_000
@@ -62,7 +63,8 @@ def _linked_pairs(instances: list[CollectiveInstance], tmp_path: Path) -> set[fr
     buf.write(writer.header(T0))
     for r in RANKS:
         writer.write_rank(buf, RankTimeline(rank=r, process_name=f"rank {r}", tracks=[]))
-    LanesWriter().write(buf, lanes, instances)
+    own = one_driver(instances).lanes
+    LanesWriter().write(buf, lanes, own, own.flows, {})
     path = tmp_path / "lanes.pftrace"
     path.write_bytes(buf.getvalue())
     slices = [s for s in read(path).slices if "i" in s.args]

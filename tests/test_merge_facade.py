@@ -15,6 +15,7 @@ import pytest
 
 from commtag.merge import MergeFailed, MergeInputError, merge
 from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage, Marker, TraceAnnotations
 from commtag.testing import PUBLIC_TRACES
 from merging import matched
 
@@ -46,6 +47,33 @@ def test_analysis_false_writes_the_trace_alone(tmp_path: Path) -> None:
     result = merge(DLRM, tmp_path / "bare.pftrace", progress=False, analysis=False)
     assert result.analysis is None and result.instances
     assert _figures(result.output) == set()
+
+
+def test_a_callers_own_hook_sees_every_instance_and_writes_into_the_trace(tmp_path: Path) -> None:
+    """A caller's own analysis hook gets every rank's instances, rank by rank; what it writes into
+    their args is on their lane slices, its counter and marker are in the trace, and the
+    cross-rank flows are the merge's (those of a merge without analysis)."""
+    seen: list[list[int]] = []
+
+    def hook(instances: list[CollectiveInstance], coverage: Coverage) -> TraceAnnotations:
+        seen.append([inst.rank for inst in instances])
+        for inst in instances:
+            inst.args["my figure"] = inst.rank * 10 + 1
+        first = instances[0]
+        return TraceAnnotations(counters=[CounterSeries(first.rank, "my counter", [(first.start_ns, 1.5)])],
+                                markers=[Marker(first.rank, first.start_ns, "my marker", {"why": "mine"})])
+
+    result = merge(DLRM, tmp_path / "hooked.pftrace", progress=False, analysis=hook)
+    bare = merge(DLRM, tmp_path / "bare.pftrace", progress=False, analysis=False)
+    (ranks,) = seen
+    assert ranks == sorted(ranks) and set(ranks) == set(range(8)) and len(ranks) == bare.slices == result.slices
+    assert result.analysis is None
+    assert result.instances and all(inst.args["my figure"] == inst.rank * 10 + 1 for inst in result.instances)
+    hooked, alone = read_trace(result.output), read_trace(bare.output)
+    assert [s.name for s in hooked.slices if s.name == "my marker" and s.args.get("why") == "mine"] == ["my marker"]
+    assert "my counter" in {t.name for t in hooked.tracks.values()}
+    assert sorted(f for s in hooked.slices for f in s.flows_out) == sorted(f for s in alone.slices for f in s.flows_out)
+    assert any(s.flows_out for s in hooked.slices)
 
 
 def test_bad_input_raises_one_error_naming_the_file_and_writes_nothing(tmp_path: Path) -> None:

@@ -66,15 +66,15 @@ def test_any_number_of_workers_returns_one_result_and_writes_one_file(spec: dict
     job = _generate(spec, folder)
     # The analysis's buckets and pieces drawn small, here and in the workers -j starts.
     small = (f"from commtag.merge.engine import routes, shards\n"
-             f"shards.BUCKET_ROWS = {spec['bucket_rows']}\nshards.SEAL_ROWS = routes.PIECE_ROWS = {spec['piece_rows']}")
+             f"shards.BUCKET_ROWS = {spec['bucket_rows']}\nroutes.SEAL_ROWS = routes.PIECE_ROWS = {spec['piece_rows']}")
     monkeypatch.setenv("PYTHONPATH", in_started_workers(folder, small))
-    saved = shards.BUCKET_ROWS, shards.SEAL_ROWS, routes.PIECE_ROWS
-    shards.BUCKET_ROWS, shards.SEAL_ROWS, routes.PIECE_ROWS = spec["bucket_rows"], spec["piece_rows"], \
+    saved = shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS
+    shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS = spec["bucket_rows"], spec["piece_rows"], \
         spec["piece_rows"]
     try:
         results = {workers: _run(job, folder / f"j{workers}.pftrace", workers) for workers in (1, 2, 3)}
     finally:
-        shards.BUCKET_ROWS, shards.SEAL_ROWS, routes.PIECE_ROWS = saved
+        shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS = saved
     one = results[1]
     assert one.instances and one.slices == len(one.instances)
     assert len(one.ranks) == spec["ranks"] - len(spec["missing"])

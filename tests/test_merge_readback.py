@@ -17,6 +17,7 @@ from commtag.merge.pftrace.lanes import LanesWriter
 from commtag.merge.pftrace.readback import read_merged
 from commtag.merge.records import CollectiveInstance, Interner
 from commtag.merge.timeline import RankTimeline
+from merging import one_driver
 from commtag.vocab import (
     ANN_LANE, ANN_LANE_ID, ANN_PG_UID, ANN_RANK, COLLECTIVE_NAME_KEY, DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY,
     OUT_NELEMS_KEY, PG_RANKS_KEY, SEQ_KEY,
@@ -45,7 +46,8 @@ def test_readback_reads_each_lane_slice_as_the_merge_read_its_event(tmp_path: Pa
     buf.write(writer.header(T0))
     for rank in (0, 1):
         writer.write_rank(buf, RankTimeline(rank=rank, process_name=f"rank {rank}", tracks=[]))
-    LanesWriter().write(buf, {rank: [("PG 0 [0, 1]", 0)] for rank in (0, 1)}, merged)
+    own = one_driver(merged).lanes
+    LanesWriter().write(buf, {rank: [("PG 0 [0, 1]", 0)] for rank in (0, 1)}, own, own.flows, {})
     path = tmp_path / "merged.pftrace"
     path.write_bytes(buf.getvalue())
 

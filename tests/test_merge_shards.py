@@ -2,7 +2,8 @@
 
 Two workers over a real FileWorld (two threads, files between them) analyse a job with a
 straggler, a missing member, a Seq gap, a size mismatch and p2p messages: every instance's
-args and flows, every marker, counter and finding must be one process's. Each worker holds
+args and flows, every marker, counter and finding must be those of the same driver in a world
+of one (one process merging alone). Each worker holds
 only its share: the instances it matches at once are counted, not timed. Then the CLI: `-j 2`
 and `-j 3` on a generated job read back as `-j 1`'s trace, and torchrun's 2 workers write
 `-j 2`'s bytes.
@@ -18,14 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from commtag.merge.analysis.checks import SeqIndex
 from commtag.merge.analysis.hook import MergeAnalysis
-from commtag.merge.analysis.parts import SeqRef, SeqRuns, seq_runs
+from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
+from commtag.merge.engine.owned import run_hook
+from commtag.merge.engine.routes import unpack
 from commtag.merge.engine.worlds import FileWorld
-from commtag.merge.pftrace.lanes import cross_rank_flows
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
+from commtag.vocab import ANN_MARKER
+from merging import one_driver
 
 T0 = 1_700_000_000_000_000_000
 WORLD = tuple(range(8))
@@ -67,17 +70,20 @@ def _coverage() -> Coverage:
 
 
 def _one_process(job: dict[int, list[CollectiveInstance]]):
-    instances = [inst for r in WORLD for inst in copy.deepcopy(job[r])]
+    """The job through the same driver in a world of one (one process merging alone)."""
     hook = MergeAnalysis()
-    annotations = hook(instances, _coverage())
-    flows, _ = cross_rank_flows(instances)
-    by_place, at = {}, 0
-    for r in WORLD:
-        for idx in range(len(job[r])):
-            inst = instances[at]
-            by_place[(r, idx)] = (inst.all_args(), _flows(flows.get(id(inst))))
-            at += 1
-    return by_place, annotations, hook.result
+    outcome = one_driver([inst for r in WORLD for inst in copy.deepcopy(job[r])], hook, _coverage())
+    return _by_place(outcome), outcome.annotations, hook.result
+
+
+def _by_place(outcome: shards.Outcome) -> dict:
+    """Each instance's args and flows as its lanes writer gets them, by (rank, place among its rank's)."""
+    by_place = {}
+    for key in list(outcome.lanes):
+        idxs = outcome.lanes.packed[key][1]
+        for inst, idx in zip(outcome.lanes.pop(key, []), idxs):
+            by_place[(key[0], idx)] = (inst.all_args(), _flows(outcome.lanes.flows.get(id(inst))))
+    return by_place
 
 
 def _flows(found) -> object:
@@ -100,15 +106,9 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
             for r in mine:
                 held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
             shards.settle(world, held)
-            everyone = [RankSummary(r, "host", None, []) for r in WORLD]
             hook = MergeAnalysis()
-            outcome = shards.analyse(world, held, everyone, hook, _coverage(), Interner())
-            by_place = {}
-            for key in list(outcome.lanes):
-                idxs = outcome.lanes.packed[key][1]
-                for inst, idx in zip(outcome.lanes.pop(key, []), idxs):
-                    by_place[(key[0], idx)] = (inst.all_args(), _flows(outcome.lanes.flows.get(id(inst))))
-            results[index] = {"places": by_place, "annotations": outcome.annotations, "result": hook.result,
+            outcome = shards.analyse(world, held, hook, _coverage(), Interner())
+            results[index] = {"places": _by_place(outcome), "annotations": outcome.annotations, "result": hook.result,
                               "outcome": outcome, "mine": mine}
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
@@ -125,7 +125,8 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
 def test_two_workers_analyse_the_job_as_one_process(tmp_path: Path, monkeypatch) -> None:
     job = _job()
     places, annotations, result = _one_process(job)
-    assert result.desyncs and any(m.straggler for m in result.collectives)  # the job has what it should
+    # The job has what it should: a desync and a straggler.
+    assert result.desyncs and any(mk.args[ANN_MARKER] == "straggler" for mk in annotations.markers)
     shared = _shared(job, tmp_path, monkeypatch)
     got = {**shared[0]["places"], **shared[1]["places"]}
     assert got == places  # every instance's figures, wait, straggler mark and flows
@@ -153,19 +154,69 @@ def test_a_worker_holds_its_share_of_the_records(tmp_path: Path, monkeypatch) ->
         assert o.most_at_once <= total // 4, (o.most_at_once, total)
 
 
-def test_seq_runs_answer_as_the_index_of_every_seq() -> None:
+def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Path) -> None:
+    """Each of two workers (ranks 0-3, 4-7) calls a caller's own hook over every rank's instances,
+    rank by rank, and keeps its own ranks' with what the hook wrote into their args."""
+    job = _job()
+    seen: list[list[int]] = [[], []]
+    kept: list[dict] = [{}, {}]
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
+            held = shards.Held()
+            for r in WORLD[4 * index:4 * index + 4]:
+                held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
+            shards.settle(world, held)
+
+            def hook(instances: list[CollectiveInstance], coverage: Coverage) -> None:
+                seen[index] = [inst.rank for inst in instances]
+                for inst in instances:
+                    inst.args["seen by"] = index
+
+            run_hook(world, held, hook, _coverage(), Interner())
+            kept[index] = {rank: [inst.args.get("seen by") for inst in unpack(packed, Interner())]
+                           for rank, packed in held.packed.items()}
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    every = [r for r in WORLD for _ in job[r]]
+    assert seen == [every, every]
+    for index in range(2):
+        assert kept[index] == {r: [index] * len(job[r]) for r in WORLD[4 * index:4 * index + 4]}
+
+
+def test_keeping_the_matched_collectives_is_refused_across_workers(tmp_path: Path) -> None:
+    """Kept, a worker's matched collectives would be only those it owns: a result missing the
+    others', so a world of more than one refuses before any exchange."""
+    # No second worker runs: were the driver to exchange, it would be told so, not wait for one.
+    world = FileWorld(0, 2, tmp_path / "exchange", tmp_path / "out.pftrace", watch=lambda: "no worker 1 here")
+    held = shards.Held()
+    held.take(RankSummary(0, "host", None, [], instances=copy.deepcopy(_job()[0])))
+    with pytest.raises(ValueError, match="world of one"):
+        shards.analyse(world, held, MergeAnalysis(keep=True), _coverage(), Interner())
+
+
+def test_seq_runs_say_which_seqs_each_rank_recorded_passed_and_skipped() -> None:
+    """Rank 2 skipped Seq 7 of its half (group "1") between Seqs it recorded in its one window: not
+    recorded but passed, and the one hole of the job, between the end of its Seq 6 and the start of its Seq 8."""
     instances = [inst for r in WORLD for inst in _job()[r]]
-    coverage = _coverage()
-    index = SeqIndex(instances, coverage)
-    runs = SeqRuns(seq_runs(instances, coverage),
-                   {pg: SeqRef(i.lane_name, i.group_ranks) for pg, i in index.groups.items()})
-    assert runs.holes() == index.holes()
-    assert set(runs.by_rank) == set(index.by_rank)
-    for pg in ("0", "1", "2"):
+    runs = SeqRuns(seq_runs(instances, _coverage()), {})
+    assert runs.holes() == {("1", 7, 7): {2: (T0 + 65_006_000 + 40_000, T0 + 85_006_000)}}
+    for pg, ranks in (("0", WORLD), ("1", (0, 1, 2, 3)), ("2", (4, 5, 6, 7))):
         for r in WORLD:
             for seq in range(0, 27):
-                assert runs.recorded(pg, r, seq) == index.recorded(pg, r, seq)
-                assert runs.passed(pg, r, seq) == index.passed(pg, r, seq)
+                member = r in ranks and 1 <= seq <= 24
+                skipped = (pg, r, seq) == ("1", 2, 7)
+                assert runs.recorded(pg, r, seq) == (member and not skipped), (pg, r, seq)
+                assert runs.passed(pg, r, seq) == member, (pg, r, seq)
 
 
 def _place(s) -> tuple:

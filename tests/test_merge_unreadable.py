@@ -18,8 +18,7 @@ from typing import Callable
 
 import pytest
 
-from commtag.merge.analysis.checks import SeqIndex
-from commtag.merge.analysis.parts import SeqRef, SeqRuns, seq_runs
+from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.testing.nccl2 import JobCall, JobGroup, job_trace
 from commtag.vocab import (
     COLLECTIVE_NAME_KEY, COMMS_OP, GROUP_SIZE_KEY, IN_SPLIT_KEY, KERNEL_CATEGORY, LEGACY_FORMAT, NCCL2_FORMAT, PG_NAME_KEY,
@@ -112,18 +111,15 @@ def test_the_same_job_undamaged_has_no_notice(tmp_path: Path) -> None:
 
 def test_a_gap_of_millions_of_seqs_is_two_spans(tmp_path: Path) -> None:
     """Rank 1's last allreduce says Seq 3,000,005 (the others' 5): the Seqs between are two spans
-    in both indexes the merge keeps (one process's and the workers' runs), whatever the gap: Seq 5,
+    in the Seq runs the merge keeps, whatever the gap: Seq 5,
     which the others recorded, and Seqs 6 to 3,000,004, which no rank did. The first is a desync
     of rank 1; the second no finding, as ranks 0 and 3 were no longer profiled at rank 1's Seq."""
     gap = 3_000_000
     _write(tmp_path / "in", LEGACY_FORMAT, lambda trace: [e["args"].update({SEQ_KEY: 5 + gap})
                                                          for e in _records(trace, "allreduce", 5)] and "")
     result = merge(tmp_path / "in", tmp_path / "m.pftrace", analysis=True)
-    index = SeqIndex(result.instances, result.analysis.coverage)
-    runs = SeqRuns(seq_runs(result.instances, result.analysis.coverage),
-                   {pg: SeqRef(i.lane_name, i.group_ranks) for pg, i in index.groups.items()})
-    holes = index.holes()
-    assert holes == runs.holes()
+    runs = SeqRuns(seq_runs(result.instances, result.analysis.coverage), {})
+    holes = runs.holes()
     assert sorted((first, last, tuple(ranks)) for (_, first, last), ranks in holes.items()) == \
         [(5, 5, (1,)), (6, 4 + gap, (1,))]
     gaps = [(f.seq, f.ranks, f.desync, f.detail) for f in result.analysis.findings if f.kind == "seq_gap"]

@@ -277,7 +277,7 @@ def test_a_kernel_a_legacy_batch_shares_carries_only_what_its_ops_agree_on(tmp_p
 def test_the_all_to_all_traffic_is_the_same_whatever_the_merge_workers(tmp_path) -> None:
     """Each worker reads the traffic of the all-to-alls it matched; the lead gathers them in one
     process's order: the list the analysis of the merged file makes, with one worker or two."""
-    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.engine.shards import analyze
     from commtag.merge.pftrace.readback import read_merged
 
     one = _merged(tmp_path, JOB, NCCL2_FORMAT)

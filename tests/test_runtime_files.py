@@ -83,7 +83,7 @@ def _profiler_steps(trace: Path) -> list[int]:
 
 
 def test_profiles_into_one_directory_never_overwrite_and_merge_as_steps_of_the_rank(written: Path) -> None:
-    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.engine.shards import analyze
     from merging import merge
     from commtag.sidecarfile import read_sidecar
 

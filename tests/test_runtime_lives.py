@@ -68,7 +68,7 @@ def lives(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_each_life_of_the_world_pairs_only_with_itself(lives: Path) -> None:
-    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.engine.shards import analyze
     from merging import merge
     from commtag.sidecarfile import read_sidecar
 
@@ -108,7 +108,7 @@ def test_each_life_of_the_world_pairs_only_with_itself(lives: Path) -> None:
 
 def test_a_profile_per_life_merges_as_one_run(lives: Path) -> None:
     """A profile before the re-init and one after, into one directory: one run, each call in its own life."""
-    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.engine.shards import analyze
     from merging import merge
 
     result = merge(lives / "per_life")

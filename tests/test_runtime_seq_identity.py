@@ -91,7 +91,7 @@ def _installed_late(rank: int, world_size: int, out_dir: str, toggle: bool) -> N
 
 @pytest.mark.parametrize("toggle", [False, True], ids=["installed-late", "toggled-in-profile"])
 def test_ranks_installed_at_different_calls_number_every_call_alike(tmp_path: Path, toggle: bool) -> None:
-    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.engine.shards import analyze
     from merging import merge
 
     run_world(_installed_late, WORLD, str(tmp_path), toggle)

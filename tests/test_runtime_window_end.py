@@ -88,7 +88,7 @@ def _straddling(rank: int, world_size: int, out_dir: str) -> None:
 
 
 def test_calls_running_at_a_windows_end_are_written_there_unfinished(tmp_path: Path) -> None:
-    from commtag.merge.analysis.analyze import analyze
+    from commtag.merge.engine.shards import analyze
     from merging import merge
     from commtag.sidecarfile import read_sidecar
 

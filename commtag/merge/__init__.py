@@ -19,6 +19,7 @@ from commtag.merge.errors import MergeFailed, MergeInputError
 from commtag.merge.engine.options import DEFAULT_MAX_OUTPUT, MergeOptions, MergeResult
 
 if TYPE_CHECKING:  # the rest of the engine loads on the first merge, not with the package
+    from commtag.merge.analysis.hook import MergeAnalysis
     from commtag.merge.engine.options import AnalysisHook
     from commtag.merge.inputs.selection import Selection
 
@@ -39,7 +40,7 @@ def merge(
     inputs: Union[Sequence[Union[Path, str]], Path, str],
     output: Optional[Union[Path, str]] = None,
     *,
-    analysis: Union[bool, AnalysisHook] = True,
+    analysis: Union[bool, AnalysisHook, MergeAnalysis] = True,
     jobs: Optional[int] = None,
     **options: Any,
 ) -> MergeResult:
@@ -74,7 +75,7 @@ def merge(
         read back from the output when first asked for), and with ``analysis=True``
         the :class:`commtag.merge.analysis.results.Analysis` (``result.analysis``:
         findings, busbw, impact and all-to-all traffic; the matched collectives
-        stay with the workers that matched them, :func:`commtag.merge.analysis.analyze.analyze`
+        stay with the workers that matched them, :func:`commtag.merge.engine.shards.analyze`
         over ``result.instances`` matches them again).
 
     Raises:

@@ -6,8 +6,8 @@ also sums its GPU activity by kernel category. A merged .pftrace is read back
 (:mod:`commtag.merge.pftrace.readback`): the lane slices carry every key the analysis
 needs, and the graph launch slices and the instants opening each GPU stream
 and lane row carry the kernel breakdowns, so the one file a user shares is
-enough. Either way the same :func:`commtag.merge.analysis.analyze.analyze` runs, so the
-numbers match the trace's.
+enough. Either way the merge's own analysis driver runs over the instances
+(:func:`commtag.merge.engine.shards.analyze`, a world of one), so the numbers match the trace's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Optional
 
 from commtag.errors import CommtagError
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, SCOPES, STREAM_SCOPE, DeviceWork, KernelTables
-from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
+from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US
+from commtag.merge.engine.shards import analyze
 from commtag.merge.analysis.results import Analysis
 from commtag.merge.records import Coverage
 

@@ -1,8 +1,10 @@
-"""Cross-rank analysis: match each collective across its group, then measure and check it.
+"""Cross-rank analysis: each collective matched across its group, then measured and checked.
 
-Pure functions over :class:`~commtag.merge.records.CollectiveInstance` lists,
-so the Perfetto writer, the ``summary`` report, the plot and ``--strict`` all
-read one result (:class:`Analysis`) and never disagree.
+Pure functions over :class:`~commtag.merge.records.CollectiveInstance` lists; the one driver
+that matches the instances and calls them is :mod:`commtag.merge.engine.shards` (whatever the
+number of merge workers; ``commtag summary`` runs it in a world of one), so the Perfetto
+writer, the ``summary`` report, the plot and ``--strict`` all read one result
+(:class:`~commtag.merge.analysis.results.Analysis`) and never disagree.
 
 Matching
     :func:`~commtag.merge.records.match_groups`, the rule the merged trace's
@@ -73,21 +75,18 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Iterable, Optional
+from typing import Optional
 
 from commtag.merge.records import (
     CPU_OP_SOURCE,
     CollectiveInstance,
     Coverage,
     Marker,
-    match_groups,
 )
-from commtag.merge.analysis.alltoall import traffic
 from commtag.merge.batches import batch_ranks, is_batch
-from commtag.merge.analysis.checks import SeqIndex, Seqs, check, seq_gaps
-from commtag.merge.analysis.impact import impact
+from commtag.merge.analysis.checks import Seqs
 from commtag.merge.analysis.explain import explain
-from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
+from commtag.merge.analysis.results import MatchedCollective, to_us
 from commtag.vocab import (
     ANN_DESYNC, ANN_INFERRED, ANN_LANE, ANN_MARKER, ANN_PG_UID, ANN_SKEW_US, BUSBW_FACTORS, COLLECTIVES,
     COLLECTIVE_NAME_KEY, SCALAR_TYPE_BYTES, SEND, SEQ_KEY,
@@ -142,44 +141,6 @@ def bandwidth_gbps(collective: str, nbytes: Optional[int], seconds: float, n: in
     return algbw, (algbw * factor if factor is not None else None)
 
 
-def analyze(
-    instances: Iterable[CollectiveInstance],
-    *,
-    coverage: Optional[Coverage] = None,
-    loaded_ranks: Optional[Iterable[int]] = None,
-    straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US,
-) -> Analysis:
-    """Match, measure and check every collective instance.
-
-    ``coverage``: the ranks read and when each was profiled (see
-    :class:`~commtag.merge.records.Coverage`). Without it, ``loaded_ranks``
-    (default: every rank seen) are taken as profiled all the time; a rank
-    outside them is never blamed.
-    """
-    instances = list(instances)
-    if coverage is None:
-        coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else {i.rank for i in instances})
-    seqs = SeqIndex(instances, coverage)
-    matched = [
-        measure(members, coverage, seqs)
-        for members in match_groups(sorted(instances, key=lambda i: (i.rank, i.start_ns, i.seq)))
-    ]
-    matched.sort(key=lambda m: (m.first_start_ns, m.pg_uid, m.seq))
-    flag_stragglers(matched, coverage, straggler_min_skew_us)
-    for m in matched:
-        m.findings.extend(check(m))
-    by_key = {(m.pg_uid, m.is_p2p, m.seq, m.replay): m for m in matched if not m.is_p2p}
-    gaps = seq_gaps(seqs, coverage)
-    for gap in gaps:
-        target = by_key.get((gap.pg_uid, False, gap.seq, gap.replay))
-        if target is not None:
-            target.findings.append(gap)
-    findings = [f for m in matched for f in m.findings]
-    findings.extend(g for g in gaps if (g.pg_uid, False, g.seq, g.replay) not in by_key)
-    return Analysis(matched, findings, _busbw_series(matched), markers(matched), coverage,
-                    impact(matched, coverage), traffic(list(matched)))
-
-
 def _expected(members: list[CollectiveInstance]) -> set[int]:
     first = members[0]
     if is_batch(first):
@@ -209,7 +170,7 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
     return max(0, (2 if first.is_p2p else first.group_size) - len({i.rank for i in members}))
 
 
-def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: Seqs) -> MatchedCollective:
+def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: Seqs) -> MatchedCollective[CollectiveInstance]:
     by_rank = {i.rank: i for i in members}
     first = min(members, key=lambda i: (i.start_ns, i.rank))
     last = max(members, key=lambda i: (i.start_ns, -i.rank))
@@ -293,11 +254,6 @@ def _display_seq(members: list[CollectiveInstance], last: CollectiveInstance) ->
     """The instance's Seq; for p2p, whose two ends may number it differently, the sender's."""
     senders = [i.seq for i in members if i.is_p2p and i.collective == SEND]
     return senders[0] if senders else last.seq
-
-
-def _busbw_series(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:
-    """Per group, a step counter: the summed busbw of the transfers running at each moment."""
-    return busbw_series(busbw_edges(matched))
 
 
 def busbw_edges(matched: list[MatchedCollective]) -> dict[str, list[tuple[int, float]]]:

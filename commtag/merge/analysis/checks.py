@@ -13,7 +13,7 @@ from commtag.merge.records import (
 from commtag.identity import describe_ranks
 from commtag.merge.batches import is_batch, mismatches
 from commtag.vocab import (
-    ANN_SEQ_FROM, COLLECTIVES, COLLECTIVE_NAME_KEY,
+    COLLECTIVES, COLLECTIVE_NAME_KEY,
     DTYPE_KEY, GROUP_SIZE_KEY, IN_NELEMS_KEY, IN_SPLIT_KEY, OUT_NELEMS_KEY, OUT_SPLIT_KEY, P2P_COLLECTIVES, RECV, SEND, SEQ_KEY,
 )
 from commtag.merge.analysis.results import Finding, FindingKind, MatchedCollective
@@ -30,8 +30,8 @@ class SeqGroup(Protocol):
 
 
 class Seqs(Protocol):
-    """What the checks read of every rank's Seqs: a :class:`SeqIndex` of one process's instances,
-    or the runs merge workers share (:class:`commtag.merge.analysis.parts.SeqRuns`)."""
+    """What the checks read of every rank's Seqs: the runs merge workers share
+    (:class:`commtag.merge.analysis.parts.SeqRuns`)."""
 
     @property
     def groups(self) -> Mapping[str, SeqGroup]: ...
@@ -44,58 +44,6 @@ class Seqs(Protocol):
     def passed(self, pg: str, rank: int, seq: int) -> bool: ...
 
     def holes(self) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]: ...
-
-
-class SeqIndex:
-    """Each rank's Seq numbers per group (collectives) issued in its windows, with the window each ran in.
-
-    A graph replay is left out: it carries the Seq its call took at capture time, which was
-    issued then, not in the window the replay ran in (between two captured calls, others may
-    run outside any capture and any window). So is a Seq the merge numbered itself (a kernel
-    that named none and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
-    """
-
-    def __init__(self, instances: list[CollectiveInstance], coverage: Coverage) -> None:
-        found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
-        self.groups: dict[str, CollectiveInstance] = {}
-        for inst in instances:
-            if not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None:
-                found[(inst.pg_uid, inst.rank)].setdefault(inst.seq, inst)
-                self.groups.setdefault(inst.pg_uid, inst)
-        #: (pg, rank) -> [(Seq, window index, start, end)] in Seq order.
-        self.by_rank = {
-            key: [(s, coverage.window_of(key[1], i.start_ns), i.start_ns, i.end_ns) for s, i in sorted(seqs.items())]
-            for key, seqs in found.items()
-        }
-
-    def holes(self) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]:
-        """(pg, first, last Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
-        skipped between two it recorded in one window (between windows nothing is known), as
-        :func:`gap_spans` splits them."""
-        gaps: dict[str, list[tuple[int, int, int, tuple[int, int]]]] = defaultdict(list)
-        runs: dict[str, set[int]] = defaultdict(set)
-        for (pg, rank), seqs in self.by_rank.items():
-            for (a, wa, _, end_a), (b, wb, start_b, _) in zip(seqs, seqs[1:]):
-                if b != a + 1:
-                    runs[pg].update((a + 1, b))
-                    if wa is not None and wa == wb:
-                        gaps[pg].append((a + 1, b - 1, rank, (end_a, start_b)))
-            if seqs:
-                runs[pg].update((seqs[0][0], seqs[-1][0] + 1))
-        return gap_spans(gaps, runs)
-
-    def recorded(self, pg: str, rank: int, seq: int) -> bool:
-        seqs = self.by_rank.get((pg, rank), [])
-        at = bisect.bisect_left(seqs, (seq,))
-        return at < len(seqs) and seqs[at][0] == seq
-
-    def passed(self, pg: str, rank: int, seq: int) -> bool:
-        """Whether ``rank`` recorded ``seq`` of ``pg``, or Seqs on both sides of it in one window."""
-        if self.recorded(pg, rank, seq):
-            return True
-        seqs = self.by_rank.get((pg, rank), [])
-        at = bisect.bisect_left(seqs, (seq,))
-        return 0 < at < len(seqs) and seqs[at - 1][1] is not None and seqs[at - 1][1] == seqs[at][1]
 
 
 def gap_spans(gaps: dict[str, list[tuple[int, int, int, tuple[int, int]]]],

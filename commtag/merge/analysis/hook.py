@@ -1,46 +1,26 @@
-"""The merge's analysis hook: figures on every instance's args, counters and markers for the trace."""
+"""The merge's own analysis: what it writes onto a collective's lane slices, its counters and its markers."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from commtag.merge.analysis.align import alignment_marker
-from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US, analyze
-from commtag.merge.analysis.impact import impact_counters
+from commtag.merge.analysis.analyze import DEFAULT_STRAGGLER_MIN_SKEW_US
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.records import (
     ALL_TIME,
     WINDOW_MARKER,
     WORLD_MARKER,
-    CollectiveInstance,
     CounterSeries,
     Coverage,
     Marker,
-    TraceAnnotations,
 )
 from commtag.merge.steps import encode, in_window
 from commtag.vocab import (
-    ANN_ALGBW, ANN_BUSBW, ANN_BUSBW_IMPLAUSIBLE, ANN_BYTES, ANN_CAUSE, ANN_NODES, MAX_PLAUSIBLE_BUSBW_GBPS, ANN_DESYNC, ANN_LAST_RANK, ANN_MARKER,
-    ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_STRAGGLER,
-    ANN_WAIT_US, ANN_WINDOW_NS, ANN_WINDOW_RANK, ANN_WINDOW_SELECTION, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
+    ANN_ALGBW, ANN_BUSBW, ANN_BUSBW_IMPLAUSIBLE, ANN_BYTES, ANN_CAUSE, ANN_NODES, MAX_PLAUSIBLE_BUSBW_GBPS, ANN_DESYNC,
+    ANN_LAST_RANK, ANN_MARKER, ANN_MEMBERS_NOT_FOUND, ANN_MISSING_RANKS, ANN_RANKS_MATCHED, ANN_SKEW_US, ANN_WINDOW_NS,
+    ANN_WINDOW_RANK, ANN_WINDOW_SELECTION, ANN_WINDOW_STEPS, ANN_WORLD_SIZE,
 )
-
-
-def trace_annotations(analysis: Analysis, lane_names: Optional[dict[str, str]] = None) -> TraceAnnotations:
-    """Counters and markers for the Perfetto writer.
-
-    One busbw counter per process group, under the lowest member rank's lanes
-    (one track per group, not one copy per member). Each rank's profiled
-    windows become instants too, with their ProfilerSteps, so that the merged file alone can be analyzed.
-    """
-    owner: dict[str, int] = {}
-    names: dict[str, str] = dict(lane_names or {})
-    for m in analysis.collectives:
-        owner[m.pg_uid] = min(owner.get(m.pg_uid, m.first_rank), *m.members)
-        names.setdefault(m.pg_uid, m.lane_name or m.pg_uid)
-    counters = [busbw_counter(owner[pg], names[pg], points) for pg, points in sorted(analysis.busbw.items())]
-    counters.extend(impact_counters(analysis.impact))
-    return TraceAnnotations(counters=counters, markers=[*analysis.markers, *window_markers(analysis.coverage)])
 
 
 def busbw_counter(rank: int, name: str, points: list[tuple[int, float]]) -> CounterSeries:
@@ -67,25 +47,6 @@ def window_markers(coverage: Coverage) -> list[Marker]:
         out.append(Marker(rank, coverage.firsts[rank], f"world size {coverage.world_size} (no profiled window: "
                           "no collective recorded)", {ANN_MARKER: WORLD_MARKER, ANN_WORLD_SIZE: coverage.world_size}))
     return out + alignment_marker(coverage)
-
-
-def annotate(analysis: Analysis) -> None:
-    """Write the figures into each member's annotations (its lane slice's): the collective's
-    into one common dict its members share, each rank's wait into that rank's own args."""
-    for m in analysis.collectives:
-        figures = collective_figures(m)
-        joined: dict[int, dict] = {}
-        waits = m.waits_ns
-        for rank, inst in m.members.items():
-            base = inst.common_args
-            both = joined.get(id(base))
-            if both is None:
-                both = joined[id(base)] = {**base, **figures}
-            inst.common_args = both
-            if rank in waits:
-                inst.args[ANN_WAIT_US] = to_us(waits[rank])
-            if m.straggler and rank == m.last_rank:
-                inst.args[ANN_STRAGGLER] = True
 
 
 def collective_figures(m: MatchedCollective) -> dict[str, object]:
@@ -116,18 +77,15 @@ def collective_figures(m: MatchedCollective) -> dict[str, object]:
 
 
 class MergeAnalysis:
-    """The merge's analysis hook (``pipeline.merge(analysis=...)``).
-
-    Puts the figures on every instance's args before the lanes are written,
-    returns the busbw counters and the markers, and keeps the result so that
-    ``merge --strict`` can fail on its desyncs.
+    """The merge's own analysis (``pipeline.merge(analysis=...)``), shared out between the merge
+    workers (:mod:`commtag.merge.engine.shards`): its figures go onto every member's lane slice,
+    its busbw and impact counters and straggler and desync markers into the trace, and the lead
+    keeps the result (:attr:`result`) so that ``merge --strict`` can fail on its desyncs.
     """
 
-    def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US) -> None:
+    def __init__(self, straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US, keep: bool = False) -> None:
         self.straggler_min_skew_us = straggler_min_skew_us
+        #: Keep every matched collective whole, with its markers, in the result: only in a world of one
+        #: (:func:`commtag.merge.engine.shards.analyze`); else they stay with the workers that matched them.
+        self.keep = keep
         self.result: Optional[Analysis] = None
-
-    def __call__(self, instances: list[CollectiveInstance], coverage: Optional[Coverage] = None) -> TraceAnnotations:
-        self.result = analyze(instances, coverage=coverage, straggler_min_skew_us=self.straggler_min_skew_us)
-        annotate(self.result)
-        return trace_annotations(self.result)

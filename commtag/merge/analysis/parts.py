@@ -30,7 +30,7 @@ from commtag.vocab import ANN_INFERRED, ANN_SEQ_FROM
 
 
 class SeqRun(NamedTuple):
-    """Consecutive Seqs one rank issued on one group (see :class:`commtag.merge.analysis.checks.SeqIndex`)."""
+    """Consecutive Seqs one rank issued on one group (:func:`seq_issued`), with the windows they ran in."""
 
     pg_uid: str
     rank: int
@@ -52,13 +52,19 @@ class SeqRef(NamedTuple):
 
 
 def seq_issued(inst: CollectiveInstance) -> bool:
-    """Whether ``inst``'s Seq is one its backend issued in its window (the Seq checks' instances)."""
+    """Whether ``inst``'s Seq is one its backend issued in its window (the Seq checks' instances).
+
+    A graph replay is not: it carries the Seq its call took at capture time, which was issued
+    then, not in the window the replay ran in (between two captured calls, others may run outside
+    any capture and any window). Nor is a Seq the merge numbered itself (a kernel that named none
+    and no record claimed: ``"commtag seq from"``): it is no Seq the backend issued.
+    """
     return not inst.is_p2p and inst.replay is None and inst.arg(ANN_SEQ_FROM) is None
 
 
 def seq_runs(instances: Sequence[CollectiveInstance], coverage: Coverage) -> list[SeqRun]:
     """The runs of consecutive Seqs of ``instances`` (one rank's or several, in the order read),
-    per group and rank; a Seq's first instance gives its times, as in SeqIndex."""
+    per group and rank; a Seq's first instance gives its times."""
     found: dict[tuple[str, int], dict[int, CollectiveInstance]] = defaultdict(dict)
     for inst in instances:
         if seq_issued(inst):
@@ -80,14 +86,14 @@ def seq_runs(instances: Sequence[CollectiveInstance], coverage: Coverage) -> lis
 
 
 class SeqRuns:
-    """:class:`commtag.merge.analysis.checks.SeqIndex` read from runs: the same answers for
-    ``recorded``, ``passed``, ``holes``, ``groups`` and the keys of ``by_rank``.
+    """Each rank's Seqs of each group as runs (:func:`seq_runs`, every worker's): what the checks
+    read of them (:class:`commtag.merge.analysis.checks.Seqs`).
 
     ``refs``: each group's lane and members, from its first instance in rank order."""
 
     def __init__(self, runs: Sequence[SeqRun], refs: dict[str, SeqRef]) -> None:
         by_rank: dict[tuple[str, int], list[SeqRun]] = defaultdict(list)
-        for run in sorted(runs, key=lambda run: run.rank):  # each group's ranks in rank order, as SeqIndex's
+        for run in sorted(runs, key=lambda run: run.rank):  # each group's ranks in rank order
             by_rank[(run.pg_uid, run.rank)].append(run)
         for listed in by_rank.values():
             listed.sort(key=lambda run: run.first)
@@ -119,7 +125,9 @@ class SeqRuns:
             and before.last_window == after.first_window
 
     def holes(self) -> dict[tuple[str, int, int], dict[int, tuple[int, int]]]:
-        """As ``SeqIndex.holes``: the Seqs between two runs of one window, with the times around them."""
+        """(pg, first, last Seq) -> rank -> (end of the Seq before, start of the Seq after): Seqs a rank
+        skipped between two runs of one window (between windows nothing is known), as
+        :func:`commtag.merge.analysis.checks.gap_spans` splits them."""
         gaps: dict[str, list[tuple[int, int, int, tuple[int, int]]]] = defaultdict(list)
         bounds: dict[str, set[int]] = defaultdict(set)
         for (pg, rank), runs in self.by_rank.items():
@@ -138,6 +146,10 @@ class Member:
 
     def __init__(self, start_ns: int, end_ns: int, inferred: bool) -> None:
         self.start_ns, self.end_ns, self.inferred = start_ns, end_ns, inferred
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
 
     def arg(self, key: str, default: object = None) -> object:
         return self.inferred if key == ANN_INFERRED else default

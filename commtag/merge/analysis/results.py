@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Optional
+from typing import Generic, Optional, Protocol, TypeVar
 
 from commtag.merge.analysis.alltoall import AllToAll
 from commtag.merge.analysis.impact import Impact
 from commtag.merge.records import (
-    CollectiveInstance,
     Coverage,
     Marker,
 )
@@ -71,8 +70,31 @@ class Finding:
         }
 
 
+class MemberTimes(Protocol):
+    """What a matched collective's figures, markers and report read of each member: its times, and
+    its args (whether it was paired by order, for the straggler rule)."""
+
+    @property
+    def start_ns(self) -> int: ...
+
+    @property
+    def end_ns(self) -> int: ...
+
+    @property
+    def duration_ns(self) -> int: ...
+
+    def arg(self, key: str, default: object = None) -> object: ...
+
+
+#: A member as a matched collective holds it: its whole record
+#: (:class:`commtag.merge.records.CollectiveInstance`), or
+#: once matched and checked by a merge worker only its times (:class:`commtag.merge.analysis.parts.Member`).
+M = TypeVar("M", bound=MemberTimes)
+N = TypeVar("N", bound=MemberTimes)
+
+
 @dataclass(slots=True)
-class MatchedCollective:
+class MatchedCollective(Generic[M]):
     """One collective instance across the ranks that ran it, with its figures."""
 
     pg_uid: str
@@ -83,8 +105,8 @@ class MatchedCollective:
     collective: str
     dtype: str
     group_size: int
-    #: Rank -> that rank's instance (global ranks).
-    members: dict[int, CollectiveInstance]
+    #: Rank -> that rank's instance (global ranks), or what is kept of it (:data:`M`).
+    members: dict[int, M]
     #: Member ranks that have no such instance (no trace, not profiled then, or a desync).
     missing_ranks: tuple[int, ...]
     #: Of those, the ones whose trace covers the collective's time: a desync.
@@ -120,6 +142,12 @@ class MatchedCollective:
     @property
     def ranks(self) -> tuple[int, ...]:
         return tuple(sorted(self.members))
+
+    def keeping(self, members: dict[int, N]) -> MatchedCollective[N]:
+        """The same collective with ``members`` in place of its members (what a merge worker keeps
+        of each once it is measured and checked), its findings list shared."""
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "members"}
+        return MatchedCollective(members=members, **kept)
 
     @property
     def waits_ns(self) -> dict[int, int]:

@@ -32,6 +32,7 @@ from commtag.merge.inputs.sidecars import load_sidecar
 from commtag.merge.inputs.selection import FileSpans, Selection, describe_numbers
 from commtag.merge.pftrace.sequence import SequenceWriter
 from commtag.merge.pftrace.writer import rank_sequence, write_rank
+from commtag.merge.records import CollectiveInstance
 
 #: Ranks converted to measure the rest by: the first, the last and two between.
 SAMPLED_RANKS = 4
@@ -227,8 +228,12 @@ def _measure(rank: RankInput, offset: int, spans_of: Optional[FileSpans], seq: S
     layout: dict[int, list[tuple[str, int]]] = {}
     for order, name in enumerate(sorted({i.lane_name for i in instances})):
         layout.setdefault(rank.rank, []).append((name, order))
-    lanes_writer.write(cast(BinaryIO, lanes), layout, instances, lane_kernels={
-        (rank.rank, lane): args for lane, args in timeline.lane_kernels.items()}, ranks={rank.rank})
+    by_lane: dict[tuple[int, str], list[CollectiveInstance]] = {}
+    for inst in instances:
+        by_lane.setdefault((inst.rank, inst.lane_name), []).append(inst)
+    # One rank's instances link to no other rank's: no flow here; ``others`` counts those other ranks add.
+    lanes_writer.write(cast(BinaryIO, lanes), layout, by_lane, {},
+                       {(rank.rank, lane): args for lane, args in timeline.lane_kernels.items()}, ranks={rank.rank})
     others = sum(_FLOW_BYTES * (i.group_size - 1 if i.group_size <= FULL_MESH_MAX else 2) + _ANALYSIS_BYTES
                  for i in instances)
     return sink.n, lanes.n + others, steps

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 #: The default ``max_output`` (bytes): below what the Perfetto UI opens (about 2 GB), with room to spare.
 DEFAULT_MAX_OUTPUT = 1_500_000_000
 
-#: ``analysis(instances, coverage)`` may add figures to each instance's ``args``
-#: and return counters and markers for the trace. Under torchrun every merge
-#: worker calls it, over every rank's instances.
+#: A caller's own analysis: ``analysis(instances, coverage)`` (every rank's instances, rank by rank)
+#: may add figures to each instance's ``args`` and return counters and markers for the trace.
+#: Under torchrun every merge worker calls it, over every rank's instances; the merge's one driver
+#: then numbers the flows (:func:`commtag.merge.engine.owned.run_hook`).
 AnalysisHook = Callable[[list[CollectiveInstance], Coverage], Optional[TraceAnnotations]]
 DEFAULT_OUTPUT = "merged.pftrace"
 ALIGN_MODES = ("none", "collectives")
@@ -106,7 +107,7 @@ class MergeResult:
     lead: bool = True
     #: The analysis :func:`commtag.merge.merge` ran, on the lead: findings, busbw, impact and
     #: all-to-all traffic. The matched collectives are not held (workers share them out):
-    #: :func:`commtag.merge.analysis.analyze.analyze` over :attr:`instances` matches them again.
+    #: :func:`commtag.merge.engine.shards.analyze` over :attr:`instances` matches them again.
     analysis: Optional[Analysis] = None
     #: The collective slices the merged trace holds (every rank's).
     slices: int = 0

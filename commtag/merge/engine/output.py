@@ -203,6 +203,8 @@ class MergeOutput:
         self._shards: list[Path] = []
         self._staged: list[tuple[Path, Path]] = []
         self._own_part = True
+        #: Whether what is written here is kept (:class:`NoOutput`: no).
+        self.writes = True
 
     def check(self, inputs: Sequence[Path], ranks: Sequence[RankInput],
               skipped: Sequence[MergeInputError] = ()) -> None:
@@ -321,3 +323,24 @@ class MergeOutput:
         for leftover in leftovers:
             with contextlib.suppress(OSError):  # e.g. ENOTDIR: the output's directory is a file
                 leftover.unlink(missing_ok=True)
+
+
+class NoOutput(MergeOutput):
+    """Where a merge plan that writes nothing writes (``commtag summary`` on a directory runs the
+    merge's stages up to its ranks): every stream takes the bytes and keeps none, no file is made."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, None, lead=True)
+        self._own_part = False
+        self.writes = False
+
+    def check(self, inputs: Sequence[Path], ranks: Sequence[RankInput],
+              skipped: Sequence[MergeInputError] = ()) -> None:
+        """Nothing to refuse: nothing is written."""
+
+    @contextlib.contextmanager
+    def _open(self, path: Path, mode: str = "wb") -> Iterator[BinaryIO]:
+        yield _nowhere()
+
+    def publish(self, parts: Sequence[Optional[dict]]) -> None:
+        """Nothing to publish."""

@@ -1,5 +1,8 @@
 """This worker's ranks' instances between the analysis and their lanes, and what comes back for them.
 
+A caller's own analysis hook runs over every rank's instances before the analysis, on every
+worker (:func:`run_hook`): each keeps its own ranks' with what the hook wrote into their args.
+
 Under a sharded analysis (:mod:`commtag.merge.engine.shards`) a worker's own instances are
 packed by (rank, lane) while other workers analyse them; the figures, waits, flows and markers
 the analysing workers send back (:func:`back_pieces`, :func:`apply`) are kept by place, and each
@@ -8,15 +11,73 @@ lane's instances are unpacked with them only when the lanes writer takes that la
 
 from __future__ import annotations
 
+import base64
 import math
 from array import array
+from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
-from commtag.merge.engine.routes import PIECE_ROWS, unpack
+from commtag.merge.engine.exchange import from_everyone
+from commtag.merge.engine.options import AnalysisHook
+from commtag.merge.engine.routes import PIECE_ROWS, pack, unpack
 from commtag.merge.pftrace.lanes import InstanceFlows
-from commtag.merge.records import CollectiveInstance, Interner
+from commtag.merge.rank.attach import inferred_seqs, settle_inferred
+from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 from commtag.vocab import ANN_STRAGGLER, ANN_WAIT_US
+
+if TYPE_CHECKING:
+    from commtag.merge.engine.worlds import World
+
+
+@dataclass
+class Held:
+    """This worker's ranks' instances, packed as each rank is written (rank -> in the order read),
+    their lanes' kernel annotations, and what every worker learns of every rank."""
+
+    packed: dict[int, bytes] = field(default_factory=dict)
+    lane_kernels: dict[tuple[int, str], dict] = field(default_factory=dict)
+    #: Every rank's instance count and its lanes (:func:`commtag.merge.pftrace.lanes.lanes_used`).
+    counts: dict[int, int] = field(default_factory=dict)
+    used: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
+    #: This worker's ranks' instances timed by their CPU op, then the whole job's.
+    timed_by_ops: int = 0
+    #: This worker's ranks' metadata-less kernels' last Seqs, then every rank's.
+    inferred: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def take(self, summary: RankSummary) -> RankSummary:
+        """``summary`` without its instances and kernel annotations, which stay here, packed."""
+        insts, summary.instances = summary.instances, []
+        self.counts[summary.rank] = len(insts)
+        self.timed_by_ops += sum(1 for i in insts if i.source == CPU_OP_SOURCE)
+        for uid, per_rank in inferred_seqs(insts).items():
+            self.inferred.setdefault(uid, {}).update(per_rank)
+        self.packed[summary.rank] = pack(summary.rank, insts)
+        self.lane_kernels.update(((summary.rank, lane), args) for lane, args in summary.lane_kernels.items())
+        summary.lane_kernels = {}
+        return summary
+
+
+
+def run_hook(world: World, held: Held, hook: AnalysisHook, coverage: Coverage,
+             interner: Interner) -> Optional[TraceAnnotations]:
+    """A caller's own :data:`AnalysisHook` on every worker, over every rank's instances in rank
+    order, settled as the analysis settles them (with every rank's inferred Seqs, once
+    :func:`commtag.merge.engine.shards.settle` has shared them); this worker's ranks' are packed
+    again with what the hook wrote into their args. What it returns is written by the workers
+    holding the ranks its counters and markers are on."""
+    packed = every = held.packed
+    if world.size > 1:
+        every = {rank: base64.b64decode(blob) for part in from_everyone(world, lambda: {"packed": [
+            [rank, base64.b64encode(blob).decode("ascii")] for rank, blob in packed.items()]})
+            for rank, blob in part["packed"]}
+    by_rank = {rank: unpack(every[rank], interner) for rank in sorted(every)}
+    instances = [inst for insts in by_rank.values() for inst in insts]
+    settle_inferred(instances, held.inferred)
+    told = hook(instances, coverage)
+    for rank in packed:
+        packed[rank] = pack(rank, by_rank[rank])
+    return told
 
 
 class FlowColumn:

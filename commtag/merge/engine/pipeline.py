@@ -1,14 +1,15 @@
-"""The merge, stage by stage: discover, plan, (align), write ranks, exchange, analyze, write lanes, publish.
+"""The merge, stage by stage: discover, plan, (align), write ranks, exchange, analyse, write lanes, publish.
 
 :func:`merge` reads as that list; each stage is a function below taking the
 :class:`MergePlan`, which holds what the merge decided before reading any
 event (inputs, options, ranks, this worker's share, alignment, time origin,
 output). Memory stays near one rank's encoded events: a rank is read in
 batches (commtag.merge.rank.convert), written once its files are read, and only
-its CollectiveInstance records are kept, packed (:class:`commtag.merge.engine.shards.Held`).
-After the last rank the analysis is shared out between the workers (one process is a world
-of one), then the lanes block (process-group lanes, cross-rank flows, counters, markers) is
-written. The output appears atomically; a failed merge leaves any previous output untouched.
+its CollectiveInstance records are kept, packed (:class:`commtag.merge.engine.owned.Held`).
+After the last rank the analysis is shared out between the workers by the one driver,
+:mod:`commtag.merge.engine.shards` (one process is a world of one), then the lanes block
+(process-group lanes, cross-rank flows, counters, markers) is written. The output appears
+atomically; a failed merge leaves any previous output untouched.
 
 With ``-j`` or under torchrun (:mod:`commtag.merge.engine.worlds`) each merge worker takes a
 contiguous chunk of ranks and writes them to a part of its own, analyses the collectives it
@@ -17,11 +18,10 @@ own ranks, and worker 0 appends the others' parts after its own. Blocks only use
 from their rank, so the file is the single-process one, byte for byte. On several hosts
 (:mod:`commtag.merge.engine.hosts`) each node finds its own files, each worker takes
 consecutive ranks its node holds, and worker 0 writes the header and then every worker's
-part, received over the gloo group, in rank order.
-
-A custom analysis hook (:data:`AnalysisHook`) alone holds every instance in one process. ``collect``
-(``commtag summary`` on a directory) streams ranks the same way, writing nothing; ``--json``
-reads each rank whole again: it writes every event back.
+part, received over the gloo group, in rank order. A caller's own analysis hook
+(:data:`AnalysisHook`, :func:`commtag.merge.engine.owned.run_hook`) is the one stage that holds
+every instance in one process.
+``--json`` reads each rank whole again: it writes every event back.
 """
 
 from __future__ import annotations
@@ -44,14 +44,15 @@ from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.rank.convert import RankConverter
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.load import RankInput, discover, nothing_left
-from commtag.merge.engine.output import MergeOutput
-from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
+from commtag.merge.engine.output import MergeOutput, NoOutput
+from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
 from commtag.identity import describe_ranks
 from commtag.merge.inputs.selection import (
-    NOT_IN_DETAIL, FileSpans, describe, describe_numbers, event_range, kept_by, step_marks,
+    NOT_IN_DETAIL, FileSpans, Selection, describe, describe_numbers, event_range, kept_by, step_marks,
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
-from commtag.merge.engine.shards import Held, OwnLanes, settle as settle_shares, analyse as share_analysis
+from commtag.merge.engine.owned import Held, OwnLanes, run_hook
+from commtag.merge.engine.shards import settle as settle_shares, analyse as share_analysis
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, TorchWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
@@ -89,6 +90,8 @@ class MergePlan:
     events: Optional[tuple[int, int]] = None
     #: This merge's: its instances share equal values through it, and only they.
     interner: Interner = field(default_factory=Interner)
+    #: What gets each rank's kernel breakdowns once it is read, besides the trace (:func:`collect`).
+    on_rank: Optional[Callable[[int, DeviceWork], None]] = None
 
     def offset(self, rank: int) -> int:
         """The clock correction (ns) added to every time of ``rank``."""
@@ -109,17 +112,18 @@ def merge(
     output: Optional[Path | str],
     options: MergeOptions,
     *,
-    analysis: Optional[AnalysisHook] = None,
+    analysis: Optional[AnalysisHook | MergeAnalysis] = None,
     world: Optional[World] = None,
 ) -> MergeResult:
     """Merge every rank's trace (and sidecar) under ``inputs`` into one Perfetto file.
 
     The engine under :func:`commtag.merge.merge`, which builds ``options``
     (see there for each), runs the analysis by default and owns the workers:
-    here ``analysis`` is only what the caller passes (:data:`AnalysisHook`)
-    and ``world`` the caller's (``-j`` or torchrun workers; None: this
-    process alone). Worker 0's result is the same whatever the workers; its
-    instances are read back from the output when asked for.
+    here ``analysis`` is only what the caller passes (:class:`MergeAnalysis`,
+    or a caller's own :data:`AnalysisHook`) and ``world`` the caller's (``-j``
+    or torchrun workers; None: this process alone, a world of one). Worker 0's
+    result is the same whatever the workers; its instances are read back from
+    the output when asked for.
     Raises :class:`MergeInputError` on bad input, writing nothing; with
     ``options.skip_bad_ranks`` bad files and ranks are left out and listed
     in the result's ``skipped`` instead (an error still when nothing is left).
@@ -131,38 +135,39 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
-        # The analysis is shared out between the workers, one or several (engine/shards.py).
-        hook = analysis if isinstance(analysis, MergeAnalysis) else None
-        held = Held() if analysis is None or hook is not None else None
+        held = Held()
         # A bad input in any worker's ranks reaches every worker through the exchange.
-        everyone = exchange(plan.world, lambda: write_ranks(plan, held.take if held else None),
-                            plan.interner, plan.skipped, plan.notices)
-        instances, warned = gather(plan, everyone, held)
-        own: Optional[OwnLanes] = None
+        everyone = exchange(plan.world, lambda: write_ranks(plan, held.take), plan.interner, plan.skipped,
+                            plan.notices)
+        warned = gather(plan, everyone, held)
         covered = with_clocks(coverage(everyone, kept_by(plan.options.selection)), plan.alignment)  # hosts, clocks
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
-            if held is not None:
-                outcome = share_analysis(plan.world, held, everyone, hook, covered, plan.interner)
-                annotations, own = outcome.annotations, outcome.lanes
+            # The analysis is shared out between the workers, one or several (engine/shards.py);
+            # a caller's own hook runs first, over every rank's instances.
+            if analysis is None or isinstance(analysis, MergeAnalysis):
+                outcome = share_analysis(plan.world, held, analysis, covered, plan.interner)
+                annotations = outcome.annotations
             else:
-                annotations = analysis(instances, covered) if analysis is not None else None
+                annotations = run_hook(plan.world, held, analysis, covered, plan.interner)
+                outcome = share_analysis(plan.world, held, None, covered, plan.interner)
         # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
-        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, instances, annotations, held, own))
+        shards = all_done(plan.world, lambda: write_lanes(plan, everyone, annotations, held, outcome.lanes))
         if plan.output.apart:
             assemble(plan, everyone, shards)
         else:
             plan.output.publish(shards)
     lead = plan.lead  # another worker's result is not the one to report: no figures, warnings
-    slices = sum(held.counts.values()) if held is not None else len(instances)
-    return MergeResult(plan.output.path, [s.rank for s in everyone], slices=slices, alignment=plan.alignment,
+    return MergeResult(plan.output.path, [s.rank for s in everyone], slices=sum(held.counts.values()),
+                       alignment=plan.alignment,
                        skipped=plan.skipped or [], notices=plan.notices,
                        accounts=[s.account for s in everyone if s.account is not None],
                        warnings=[f"{path}: {problem}" for path, problem in warned] if lead else [], lead=lead)
 
 
 def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path | str], options: MergeOptions,
-              world: World) -> MergePlan:
-    """Discover the ranks, check the outputs, start the workers (``-j``) and take this worker's share."""
+              world: World, write: bool = True) -> MergePlan:
+    """Discover the ranks, check the outputs, start the workers (``-j``) and take this worker's share
+    (``write``: False for a plan that writes nothing, :func:`collect`)."""
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
     if not paths:
         raise MergeInputError(".", "no input given")
@@ -176,11 +181,12 @@ def make_plan(inputs: Sequence[Path | str] | Path | str, output: Optional[Path |
         notices = []
         ranks = local = world.discovered or discover(paths, options.rank_pattern, skipped, rank=options.rank,
                                                      notices=notices)
-    out = MergeOutput(Path(output) if output else default_output(paths), options.json_dir, lead=world.index == 0,
-                      apart=apart)
+    where = Path(output) if output else default_output(paths)
+    out = MergeOutput(where, options.json_dir, lead=world.index == 0, apart=apart) if write else NoOutput(where)
     out.check(paths, local, skipped or ())
-    notices += [f"{f.path}: no commtag sidecar; merged from the trace alone"
-                for r in ranks for f in r.files if f.sidecar is None]
+    if write:  # what a merge says of its output; a plan writing nothing (summary DIR) says what it read
+        notices += [f"{f.path}: no commtag sidecar; merged from the trace alone"
+                    for r in ranks for f in r.files if f.sidecar is None]
     world.start(ranks)  # -j: the workers it starts are known now
     if not apart:
         mine = hosts.chunks(ranks, world.size, sequence_block(len(ranks)))[world.index]
@@ -231,14 +237,14 @@ def _selection_subject(plan: MergePlan) -> Path:
     return plan.output.path if plan.world.apart else plan.inputs[0]
 
 
-def check_kept(plan: MergePlan, everyone: Sequence[RankSummary], counts: Optional[dict[int, int]] = None) -> None:
+def check_kept(plan: MergePlan, everyone: Sequence[RankSummary], counts: dict[int, int]) -> None:
     """A --steps or --window that keeps no event of any rank is an error, not an empty trace
-    (``counts``: each rank's instances, where the summaries travelled without them)."""
+    (``counts``: each rank's instances; the summaries travel without them)."""
     selection = plan.options.selection
     if selection is None or not selection.selects_time:
         return
     for s in everyone:
-        if s.instances or (counts or {}).get(s.rank) or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
+        if counts.get(s.rank) or (s.account is not None and (s.account.written or s.account.left_out.get(NOT_IN_DETAIL))):
             return
     problem = f"{describe(selection)} keeps no event of any rank"
     # Every merged file holds steps (--steps refuses one without). On several hosts the first rank's
@@ -309,28 +315,18 @@ def assemble(plan: MergePlan, everyone: list[RankSummary], shards: list[Optional
                           for own in (plan.output.copy_part, plan.output.copy_lanes) for _, index in order])
 
 
-def gather(plan: MergePlan, everyone: list[RankSummary],
-           held: Optional[Held] = None) -> tuple[list[CollectiveInstance], list[tuple[str, str]]]:
-    """Every rank's instances, in rank order (none where ``held`` keeps this worker's share:
-    they are settled there), and the files that may be of another run; what the user should
-    know about them goes to the plan's notices."""
+def gather(plan: MergePlan, everyone: list[RankSummary], held: Held) -> list[tuple[str, str]]:
+    """Every rank's instance counts and inferred Seqs settled into ``held``, and the files that may
+    be of another run; what the user should know about them goes to the plan's notices."""
     if not everyone:
         raise nothing_left(plan.inputs, plan.skipped or [])
     warned = runs.suspects(everyone)
     if plan.options.strict and warned:
         raise MergeInputError(warned[0][0], f"{warned[0][1]} (--strict refuses it)")
-    instances: list[CollectiveInstance] = []
-    if held is not None:
-        settle_shares(plan.world, held)
-        check_kept(plan, everyone, held.counts)
-        timed_by_ops = held.timed_by_ops
-    else:
-        check_kept(plan, everyone)
-        instances = [i for s in everyone for i in s.instances]
-        settle_inferred(instances)
-        timed_by_ops = sum(1 for i in instances if i.source == CPU_OP_SOURCE)
-    if timed_by_ops:
-        plan.notices.append(f"{timed_by_ops} collective instances are timed by their CPU op (record_param_comms "
+    settle_shares(plan.world, held)
+    check_kept(plan, everyone, held.counts)
+    if held.timed_by_ops:
+        plan.notices.append(f"{held.timed_by_ops} collective instances are timed by their CPU op (record_param_comms "
                             "or c10d; no kernel of theirs carried collective metadata): host times, no bandwidth")
     said: dict[str, list[int]] = {}
     for s in everyone:
@@ -340,21 +336,19 @@ def gather(plan: MergePlan, everyone: list[RankSummary],
     covered = coverage(everyone)
     plan.notices += [said for said in (covered.describe_absent(), covered.step_numbers)
                      if said and said not in plan.notices]
-    return instances, warned
+    return warned
 
 
-def write_lanes(plan: MergePlan, everyone: list[RankSummary], instances: list[CollectiveInstance],
-                annotations: Optional[TraceAnnotations], held: Optional[Held] = None,
-                own: Optional[OwnLanes] = None) -> dict:
+def write_lanes(plan: MergePlan, everyone: list[RankSummary], annotations: Optional[TraceAnnotations],
+                held: Held, own: OwnLanes) -> dict:
     """The lanes of this worker's ranks, into its lanes file; where its part and lanes are
-    (``held``, ``own``: what this worker learnt of every rank and its ranks' instances, where the
-    analysis was shared out)."""
+    (``held``, ``own``: what this worker learnt of every rank, and its ranks' instances with what
+    the analysis gave them)."""
     with plan.output.open_lanes() as stream, collector_paused():
         lanes.LanesWriter(plan.origin, len(plan.ranks)).write(
-            stream, lanes.lane_layout(everyone, held.used if held else None), instances,
+            stream, lanes.lane_layout(everyone, held.used), own, own.flows, held.lane_kernels,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
-            held.lane_kernels if held else {(s.rank, lane): args for s in everyone for lane, args in s.lane_kernels.items()},
-            ranks={r.rank for r in plan.mine}, flows=own.flows if own else None, by_lane=own,
+            ranks={r.rank for r in plan.mine},
         )
     return {"shard": str(plan.output.part), "lanes": str(plan.output.lanes),
             "first": plan.mine[0].rank if plan.mine else None}
@@ -370,32 +364,30 @@ def collect(
     warnings: Optional[list[str]] = None,
     notices: Optional[list[str]] = None,
 ) -> tuple[Coverage, list[CollectiveInstance]]:
-    """The collection stage alone (discover, stream, attach, align), writing nothing.
+    """The merge's plan up to its ranks (discover, align, stream, attach), writing nothing.
 
-    For ``commtag summary`` on a directory: the same instances (and
-    coverage) the merge would analyze, without building the trace, each rank
-    streamed as the merge streams it. ``on_rank(rank, work)`` gets each
-    rank's kernel breakdowns by stream, graph launch and lane (the ones the
-    merge writes). ``warnings`` gets the merge's: the files that may not be of one run; ``notices``
-    the merge's of files left out (a link to nothing).
+    For ``commtag summary`` on a directory: the instances (and coverage) the merge
+    would analyze, each rank streamed and placed in time by the merge's own stages, no
+    timeline encoded (as ``--detail none``). ``on_rank(rank, work)`` gets each rank's kernel
+    breakdowns by stream, graph launch and lane (the ones the merge writes). ``warnings`` gets
+    the merge's warnings (the files that may not be of one run), ``notices`` its notices.
     """
-    paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
-    ranks = discover(paths, rank_pattern, rank=rank, notices=notices)
-    summaries = summaries_only(ranks, Interner(), None, on_rank)
+    options = MergeOptions(align=align, rank_pattern=rank_pattern, rank=rank, progress=False, max_output=None,
+                           selection=Selection(detail=frozenset()))
+    plan = make_plan(inputs, None, options, SoloWorld(), write=False)
+    plan.on_rank = on_rank
+    with plan.output:
+        if align == "collectives":
+            align_clocks(plan)
+        place_in_time(plan)
+        summaries = write_ranks(plan)
     if warnings is not None:
         warnings += [f"{path}: {problem}" for path, problem in runs.suspects(summaries)]
+    if notices is not None:
+        notices += plan.notices
     instances = [i for s in summaries for i in s.instances]
-    alignment = estimate_offsets(instances, {s.rank: s.host for s in summaries}) if align == "collectives" else None
-    if alignment is not None:
-        for inst in instances:
-            inst.start_ns += alignment.offsets.get(inst.rank, 0)
-            inst.end_ns += alignment.offsets.get(inst.rank, 0)
-        for s in summaries:
-            shift = alignment.offsets.get(s.rank, 0)
-            s.windows = [(first + shift, last + shift) for first, last in s.windows]
-            s.steps = [(n, start + shift, end + shift) for n, start, end in s.steps]
     settle_inferred(instances)
-    return with_clocks(coverage(summaries), alignment), instances
+    return with_clocks(coverage(summaries), plan.alignment), instances
 
 
 def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSummary]] = None) -> list[RankSummary]:
@@ -438,11 +430,14 @@ def _write_rank(plan: MergePlan, stream, seq: SequenceWriter, rank: RankInput,
         return None
     converter, files = converted
     timeline = converter.timeline()
+    if plan.on_rank is not None:
+        plan.on_rank(rank.rank, converter.categories)
     summary = rank_summary(rank, converter, timeline, files, plan.options.nccl_inspector)
     summary.account = converter.account()
-    if header:
-        stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))
-    writer.write_rank(stream, timeline, seq)
+    if plan.output.writes:  # a plan writing nothing (collect) encodes no packet: not even the protos load
+        if header:
+            stream.write(writer.header(timeline.first_ns or plan.origin, plan.origin))
+        writer.write_rank(stream, timeline, seq)
     if plan.options.json_dir is not None:
         # The annotated JSON needs every event at once: read the rank whole again, this rank only.
         for path, trace in attached_whole(rank, offset, plan.interner):

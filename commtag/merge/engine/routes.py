@@ -96,3 +96,27 @@ def rows_pieces(rows: list, name: str) -> Iterator[dict]:
     rows.reverse()
     while rows:
         yield {name: [rows.pop() for _ in range(min(PIECE_ROWS, len(rows)))]}
+
+
+#: Rows staged for one worker and bucket before they are sealed (compressed): the instances a
+#: worker stages are at most this many per worker and bucket, not its ranks' all.
+SEAL_ROWS = 512
+
+
+def seal(rows: list) -> tuple[int, bytes]:
+    """Staged rows as one compressed piece (:func:`instance_pieces`), and how many."""
+    return len(rows), zlib.compress(orjson.dumps(next(instance_pieces(rows))), 1)
+
+
+def unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
+    """Sealed pieces, opened as they are sent, several to a piece of at most PIECE_ROWS rows (the
+    list empties as they go)."""
+    sealed.reverse()
+    while sealed:
+        parts: list[dict] = []
+        count = 0
+        while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
+            rows, blob = sealed.pop()
+            parts.append(orjson.loads(zlib.decompress(blob)))
+            count += rows
+        yield {"parts": parts}

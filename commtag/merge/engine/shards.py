@@ -1,9 +1,13 @@
-"""The analysis shared out between merge workers: each collective is matched and analysed by
+"""The merge's one analysis driver, whatever the number of workers (one process is a world of
+one, :class:`commtag.merge.engine.worlds.SoloWorld`): each collective is matched and analysed by
 one worker, and a worker holds its own ranks' records and those of the collectives it owns.
+:func:`analyze` runs it over any instances in a world of one (``commtag summary``).
 
-Why: when every worker received every rank's records, each held as much as one process merging
-alone or more (on a 1,024-rank job, 345 and 322 MiB against one process's 245), and every worker
-analysed all of them: ``-j`` and torchrun divided the time of reading, not the memory.
+Why shared out: when every worker received every rank's records, each held as much as one process
+merging alone or more (on a 1,024-rank job, 345 and 322 MiB against one process's 245), and every
+worker analysed all of them: ``-j`` and torchrun divided the time of reading, not the memory.
+"One process's order" below is the job's instances rank by rank, each rank's as read: the order
+in which a world of one meets them, and so the order every number of workers writes them in.
 
 How: a worker packs each rank's records (compressed JSON columns) as soon as the rank is
 written (:class:`Held`); their summaries travel without them. Then:
@@ -35,12 +39,13 @@ from __future__ import annotations
 import zlib
 from array import array
 from dataclasses import astuple, dataclass, field
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
-import orjson
 
 from commtag.merge.analysis.alltoall import AllToAll, traffic
-from commtag.merge.analysis.analyze import busbw_edges, busbw_series, flag_stragglers, markers, measure, skews
+from commtag.merge.analysis.analyze import (
+    DEFAULT_STRAGGLER_MIN_SKEW_US, busbw_edges, busbw_series, flag_stragglers, markers, measure, skews,
+)
 from commtag.merge.analysis.checks import check, seq_gaps
 from commtag.merge.analysis.hook import (
     MergeAnalysis, busbw_counter, collective_figures, window_markers,
@@ -53,46 +58,20 @@ from commtag.merge.analysis.parts import (
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.batches import BATCH_KEY, BATCHES_OF, batch_keys
 from commtag.merge.engine.exchange import from_everyone
-from commtag.merge.engine.owned import BackRows, OwnLanes, apply, back_pieces, flow_to_wire
-from commtag.merge.engine.routes import PIECE_ROWS, instance_pieces, instances_from, pack, route, rows_pieces, unpack
+from commtag.merge.engine.owned import BackRows, Held, OwnLanes, apply, back_pieces, flow_to_wire
+from commtag.merge.engine.worlds import SoloWorld
+from commtag.merge.engine import routes
+from commtag.merge.engine.routes import instances_from, pack, route, rows_pieces, seal, unpack, unseal
 from commtag.merge.pftrace.lanes import flows_of, group_flows, lanes_used
-from commtag.merge.rank.attach import inferred_seqs, settle_inferred
+from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.records import (
-    CPU_OP_SOURCE, CollectiveInstance, CounterSeries, Coverage, Interner, Marker, RankSummary, TraceAnnotations,
+    CollectiveInstance, CounterSeries, Coverage, Interner, Marker, RankSummary, TraceAnnotations,
     match_keys,
 )
 from commtag.vocab import ANN_INFERRED
 
 if TYPE_CHECKING:
     from commtag.merge.engine.worlds import World
-
-
-@dataclass
-class Held:
-    """This worker's ranks' instances, packed as each rank is written (rank -> in the order read),
-    their lanes' kernel annotations, and what every worker learns of every rank."""
-
-    packed: dict[int, bytes] = field(default_factory=dict)
-    lane_kernels: dict[tuple[int, str], dict] = field(default_factory=dict)
-    #: Every rank's instance count and its lanes (:func:`commtag.merge.pftrace.lanes.lanes_used`).
-    counts: dict[int, int] = field(default_factory=dict)
-    used: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
-    #: This worker's ranks' instances timed by their CPU op, then the whole job's.
-    timed_by_ops: int = 0
-    #: This worker's ranks' metadata-less kernels' last Seqs, then every rank's.
-    inferred: dict[str, dict[int, int]] = field(default_factory=dict)
-
-    def take(self, summary: RankSummary) -> RankSummary:
-        """``summary`` without its instances and kernel annotations, which stay here, packed."""
-        insts, summary.instances = summary.instances, []
-        self.counts[summary.rank] = len(insts)
-        self.timed_by_ops += sum(1 for i in insts if i.source == CPU_OP_SOURCE)
-        for uid, per_rank in inferred_seqs(insts).items():
-            self.inferred.setdefault(uid, {}).update(per_rank)
-        self.packed[summary.rank] = pack(summary.rank, insts)
-        self.lane_kernels.update(((summary.rank, lane), args) for lane, args in summary.lane_kernels.items())
-        summary.lane_kernels = {}
-        return summary
 
 
 @dataclass
@@ -140,10 +119,12 @@ def gap_owner(pg_uid: str, seq: int, size: int) -> int:
     return zlib.crc32(repr((pg_uid, seq, None)).encode()) % size
 
 
-def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optional[MergeAnalysis],
-            coverage: Coverage, interner: Interner) -> Outcome:
-    """Steps 1 to 4 of the module docstring; ``everyone``'s summaries carry no instances."""
+def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: Coverage,
+            interner: Interner) -> Outcome:
+    """Steps 1 to 4 of the module docstring (the figures only with ``hook``, the flows always)."""
     me, size = world.index, world.size
+    if hook is not None and hook.keep and size > 1:  # each worker would keep only the collectives it owns
+        raise ValueError("MergeAnalysis(keep=True) runs in a world of one")
     buckets = max(1, -(-sum(held.counts.values()) // (size * BUCKET_ROWS)))
     outcome = Outcome(lanes=OwnLanes(interner))
     staged: dict[tuple[int, int], list] = {}
@@ -166,8 +147,8 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
             where = owner_of(key, inst, size, buckets)
             rows = staged.setdefault(where, [])
             rows.append((rank, idx, key, inst))
-            if len(rows) >= SEAL_ROWS:
-                sealed.setdefault(where, []).append(_seal(staged.pop(where)))
+            if len(rows) >= routes.SEAL_ROWS:
+                sealed.setdefault(where, []).append(seal(staged.pop(where)))
         by_lane: dict[str, list[int]] = {}
         for idx, inst in enumerate(insts):
             by_lane.setdefault(inst.lane_name, []).append(idx)
@@ -175,7 +156,7 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
             outcome.lanes.packed[(rank, lane)] = (pack(rank, [insts[idx] for idx in idxs]), idxs)
         del held.packed[rank], insts
     for where in list(staged):
-        sealed.setdefault(where, []).append(_seal(staged.pop(where)))
+        sealed.setdefault(where, []).append(seal(staged.pop(where)))
     holder: dict[int, int] = {}
     refs: dict[str, list] = {}
     for w, part in enumerate(from_everyone(world, lambda: {
@@ -190,7 +171,8 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
                 refs[pg] = ref
     seqs = SeqRuns(runs, {pg: SeqRef(ref[2], interner.shared(tuple(ref[3]))) for pg, ref in refs.items()})
     runs, found = [], {}
-    groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
+    groups: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]] = []
+    kept: list[tuple[tuple, MatchedCollective, MatchedCollective[Member]]] = []  # hook.keep: (place, whole, as kept)
     for bucket in range(buckets):  # step 2 and the matching of step 3, a bucket at a time
         shard: list[tuple[int, int, tuple, CollectiveInstance]] = []
 
@@ -198,10 +180,10 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
             for part in piece["parts"]:
                 shard.extend(instances_from(part, interner))
 
-        route(world, [_unseal(sealed.pop((w, bucket), [])) for w in range(size)], arrived)
+        route(world, [unseal(sealed.pop((w, bucket), [])) for w in range(size)], arrived)
         outcome.analysed += len(shard)
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
-        groups += _match(shard, hook, coverage, seqs)
+        groups += _match(shard, hook, coverage, seqs, kept)
     tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
     back, pending = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
     own_markers: list[tuple] = []
@@ -213,31 +195,12 @@ def analyse(world: World, held: Held, everyone: list[RankSummary], hook: Optiona
         _on_lead(world, pending, coverage, hook, outcome)
         outcome.annotations.markers = [Marker(*mk) for _, mk in sorted(own_markers, key=lambda pair: pair[0])] + \
             window_markers(coverage)
+        if hook.keep and hook.result is not None:  # judged as kept: flagged there
+            for _, whole, light in kept:
+                whole.straggler = light.straggler
+            hook.result.collectives = [whole for _, whole, _ in sorted(kept, key=lambda row: row[0])]
+            hook.result.markers = markers(hook.result.collectives)
     return outcome
-
-
-#: Rows staged for one worker and bucket before they are sealed (compressed): the instances a
-#: worker stages are at most this many per worker and bucket, not its ranks' all.
-SEAL_ROWS = 512
-
-
-def _seal(rows: list) -> tuple[int, bytes]:
-    """Staged rows as one compressed piece (:func:`commtag.merge.engine.routes.instance_pieces`), and how many."""
-    return len(rows), zlib.compress(orjson.dumps(next(instance_pieces(rows))), 1)
-
-
-def _unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
-    """Sealed pieces, opened as they are sent, several to a piece of at most PIECE_ROWS rows (the
-    list empties as they go)."""
-    sealed.reverse()
-    while sealed:
-        parts: list[dict] = []
-        count = 0
-        while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
-            rows, blob = sealed.pop()
-            parts.append(orjson.loads(zlib.decompress(blob)))
-            count += rows
-        yield {"parts": parts}
 
 
 class _Members:
@@ -271,32 +234,37 @@ class _Members:
         return {j: flow_to_wire(f) for j, f in zip(ordered, group_flows(len(members), base))}
 
 
-def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage,
-           seqs: SeqRuns) -> list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]]:
+def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage, seqs: SeqRuns,
+           kept: list) -> list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]]:
     """One bucket's collectives matched, measured and checked; each as its :class:`_Members`, its
     matched collective, whose members keep only their times (:class:`commtag.merge.analysis.parts.Member`),
-    and an all-to-all's traffic (read from the whole members' split sizes)."""
+    and an all-to-all's traffic (read from the whole members' split sizes). With ``hook.keep``, each
+    whole too, into ``kept`` with its place in one process's order."""
     batches = [inst for _, _, key, inst in shard if key[0] == BATCHES_OF[0]]
     batched = batch_keys(batches) if batches else {}
     by_key: dict[tuple, list[tuple[int, int, CollectiveInstance]]] = {}
     for rank, idx, key, inst in shard:
         by_key.setdefault(batched.get(id(inst), key), []).append((rank, idx, inst))
     shard.clear()
-    out: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]] = []
+    out: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]] = []
     for rows in by_key.values():
         rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
         light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
         m, sent = None, None
         if hook is not None:
-            m = measure([r[2] for r in rows], coverage, seqs)
-            m.findings.extend(check(m))
-            sent = next(iter(traffic([m])), None)
-            m.members = {rank: light[id(inst)] for rank, inst in m.members.items()}  # type: ignore[misc]
+            whole = measure([r[2] for r in rows], coverage, seqs)
+            whole.findings.extend(check(whole))
+            sent = next(iter(traffic([whole])), None)
+            m = whole.keeping({rank: light[id(inst)] for rank, inst in whole.members.items()})
+            if hook.keep:
+                first = rows[0]
+                kept.append(((m.first_start_ns, m.pg_uid, m.seq, first[0], first[2].start_ns, first[2].seq, first[1]),
+                             whole, m))
         out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m, sent))
     return out
 
 
-def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective], Optional[AllToAll]]],
+def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]],
               hook: Optional[MergeAnalysis],
               coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
               tables: list[dict]) -> tuple[list[BackRows], Optional[ForLead]]:
@@ -446,3 +414,29 @@ def _to_lead(world: World, rows: list, name: str) -> list:
     route(world, [rows_pieces(rows, name) if w == 0 else iter(()) for w in range(world.size)],
           lambda piece: got.extend(piece[name]))
     return got
+
+
+def analyze(instances: Iterable[CollectiveInstance], *, coverage: Optional[Coverage] = None,
+            loaded_ranks: Optional[Iterable[int]] = None,
+            straggler_min_skew_us: float = DEFAULT_STRAGGLER_MIN_SKEW_US) -> Analysis:
+    """The analysis of ``instances`` (any ranks', e.g. read back from a merged trace: ``commtag
+    summary``) by the merge's driver in a world of one, its matched collectives kept whole.
+
+    ``coverage``: the ranks read and when each was profiled (see :class:`Coverage`). Without it,
+    ``loaded_ranks`` (default: every rank seen) are taken as profiled all the time; a rank
+    outside them is never blamed. The members are the records as the driver reads them (copies).
+    """
+    by_rank: dict[int, list[CollectiveInstance]] = {}
+    for inst in instances:
+        by_rank.setdefault(inst.rank, []).append(inst)
+    if coverage is None:
+        coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else by_rank)
+    held = Held()
+    for rank in sorted(by_rank):
+        held.take(RankSummary(rank, "", None, [], instances=by_rank.pop(rank)))
+    world = SoloWorld()
+    settle(world, held)
+    hook = MergeAnalysis(straggler_min_skew_us, keep=True)
+    analyse(world, held, hook, coverage, Interner())
+    assert hook.result is not None  # the lead of a world of one
+    return hook.result

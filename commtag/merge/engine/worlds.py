@@ -5,7 +5,8 @@ exchange protocol over it is :mod:`commtag.merge.engine.exchange`.
 :func:`settle` is the last exchange: every worker learns every worker's error.
 :func:`launcher_world` tells which transport this launch needs:
 
-* :class:`SoloWorld`: one process, nothing to exchange.
+* :class:`SoloWorld`: one process, nothing to exchange (a merge alone: the world of one the same
+  driver runs in).
 * :class:`FileWorld` (all workers on one host, the usual case): files in a
   hidden directory beside the output. Why not a gloo group: importing torch
   and forming the group cost each worker ~2 s and ~300 MB, more than its

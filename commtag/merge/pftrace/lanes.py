@@ -4,10 +4,10 @@ Written by each merge worker after its ranks' blocks (see
 :mod:`commtag.merge.pftrace.writer`), rank by rank, on the packet sequence
 of the rank's block (:func:`commtag.merge.ids.sequence_block`): their bytes
 do not depend on which other ranks the same worker writes, so any number of
-workers writes the trace one process writes. Which members
-of a collective get a flow between them is decided here
-(:func:`cross_rank_flows`), from what :func:`commtag.merge.records.match_groups`
-calls one collective.
+workers writes the trace one process writes. Which members of a collective
+get a flow between them, and their ids, is decided here (:func:`group_flows`);
+the worker that matched the collective (:mod:`commtag.merge.engine.shards`)
+numbers them in one process's order.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import BinaryIO, Collection, Optional, Sequence
 
 from commtag.merge.ids import (FLOW_CROSS_RANK, LANE_LOCAL, LOCAL_BITS, LocalIds, flow_id, lanes_sequence_id, process_uuid,
                                sequence_block)
-from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary, match_groups
+from commtag.merge.records import CollectiveInstance, CounterSeries, Marker, RankSummary
 from commtag.merge.timeline import Row
 from commtag.merge.pftrace.packets import track_descriptor
 from commtag.merge.pftrace.sequence import SequenceBlocks, track_field
@@ -34,42 +34,20 @@ _AFTER_LANES = 1 << 20
 InstanceFlows = dict[int, "int | tuple[Optional[Sequence[int]], Optional[Sequence[int]]]"]
 
 
-def cross_rank_flows(instances: Sequence[CollectiveInstance], numbered: int = 0,
-                     ranks: Optional[Collection[int]] = None) -> tuple[InstanceFlows, int]:
-    """Flows linking the members of each matched instance, numbered in the order of ``instances``
-    after the ``numbered`` flows written before; and the count with these. Only the members on
-    ``ranks`` (None: all) are in the result (a merge worker writes its own ranks' lanes, but
-    numbers the flows of every rank's).
-
-    Members are what :func:`~commtag.merge.records.match_groups` (the
-    analysis's rule too) calls one collective. The earlier starting slice
-    of a pair starts the flow (ties: lower rank, which a lanes block writes
-    first): trace_processor drops a terminating id it has not seen start.
-    Pairs are numbered member by member (first member with each later one,
-    then the second's, ...), so the ids a member starts are one run.
-    """
-    flows: InstanceFlows = {}
-    counter = numbered
-    for members in match_groups(instances):
-        n = len(members)
-        if n < 2 or len({m.rank for m in members}) != n:
-            continue
-        members.sort(key=lambda m: (m.start_ns, m.rank))
-        for member, found in zip(members, group_flows(n, counter)):
-            if ranks is None or member.rank in ranks:
-                flows[id(member)] = found
-        counter += flows_of(n)
-    return flows, counter
-
-
 def flows_of(n: int) -> int:
     """How many cross-rank flows link the ``n`` members of one collective."""
     return n * (n - 1) // 2 if n <= FULL_MESH_MAX else n - 1
 
 
 def group_flows(n: int, numbered: int) -> list:
-    """The flows of each of the ``n`` members of one collective, in the order of their starts (see
-    :func:`cross_rank_flows`), numbered after the ``numbered`` flows before them."""
+    """The flows of each of the ``n`` members of one collective, in the order of their starts,
+    numbered after the ``numbered`` flows before them.
+
+    The earlier starting slice of a pair starts the flow (ties: lower rank, which a lanes block
+    writes first): trace_processor drops a terminating id it has not seen start. Pairs are
+    numbered member by member (first member with each later one, then the second's, ...), so the
+    ids a member starts are one run.
+    """
     first = flow_id(FLOW_CROSS_RANK, 0, numbered + 1)  # the id of this group's pair number k is first + k
     if n > FULL_MESH_MAX:  # a star from the first member
         return [(range(first, first + n - 1), None)] + [first + j - 1 for j in range(1, n)]
@@ -92,8 +70,6 @@ class LanesWriter:
         #: The sequence of the rank being written (what :meth:`lane_slices` encodes on).
         self.seq = self._sequences(0)
         self._ids: dict[int, LocalIds] = {}
-        #: Cross-rank flows numbered so far (a second write goes on from there).
-        self._flows_numbered = 0
 
     def rank_ids(self, rank: int) -> LocalIds:
         """``rank``'s track uuids in the lanes block (the process-group view takes its rows from them too)."""
@@ -102,35 +78,23 @@ class LanesWriter:
             ids = self._ids[rank] = LocalIds(rank, LANE_LOCAL, 1 << LOCAL_BITS)
         return ids
 
-    def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]],
-              instances: Sequence[CollectiveInstance], counters: Sequence[CounterSeries] = (),
-              markers: Sequence[Marker] = (), lane_kernels: Optional[dict[tuple[int, str], dict]] = None,
-              ranks: Optional[Collection[int]] = None, flows: Optional[InstanceFlows] = None,
-              by_lane: Optional[LaneInstances] = None) -> None:
+    def write(self, stream: BinaryIO, lanes: dict[int, list[tuple[str, int]]], by_lane: LaneInstances,
+              flows: InstanceFlows, lane_kernels: dict[tuple[int, str], dict],
+              counters: Sequence[CounterSeries] = (), markers: Sequence[Marker] = (),
+              ranks: Optional[Collection[int]] = None) -> None:
         """Write the lanes with their slices and flows, then counters and markers, of ``ranks``
         (default: every rank), rank by rank in rank order, each on its block's sequence.
 
         ``lanes`` maps a rank to its ``(lane_name, order)`` rows, the order
         being the lane's position in the one global lane order, so a group's
-        lane sits at the same place on every member rank. ``instances``:
-        every rank's, as the cross-rank flows are numbered over all of them
-        (so workers writing different ranks agree on them); each goes to the
-        lane named by its ``lane_name``. ``lane_kernels``: (rank, lane name)
-        -> annotations of the lane's kernel categories, an instant at its first slice. ``flows``:
-        the cross-rank flows of ``instances`` where those are only ``ranks``' (numbered by the merge
-        workers that matched them, :mod:`commtag.merge.engine.shards`); ``by_lane``: the instances
-        of each (rank, lane), given as taken (a worker unpacking each lane's only when it writes it,
-        filling ``flows`` with their flows), in place of ``instances``.
+        lane sits at the same place on every member rank. ``by_lane``: the
+        instances of each (rank, lane), given as taken (a merge worker unpacks
+        a lane's only when it writes it, :class:`commtag.merge.engine.owned.OwnLanes`,
+        filling ``flows`` with their cross-rank flows, numbered by the workers
+        that matched them). ``lane_kernels``: (rank, lane name) -> annotations
+        of the lane's kernel categories, an instant at its first slice.
         """
         wanted = None if ranks is None else set(ranks)
-        if flows is None:
-            flows, self._flows_numbered = cross_rank_flows(instances, self._flows_numbered, wanted)
-        if by_lane is None:
-            grouped: dict[tuple[int, str], list[CollectiveInstance]] = {}
-            for inst in instances:
-                if wanted is None or inst.rank in wanted:
-                    grouped.setdefault((inst.rank, inst.lane_name), []).append(inst)
-            by_lane = grouped
         counters_of: dict[int, list[CounterSeries]] = {}
         for series in counters:
             counters_of.setdefault(series.rank, []).append(series)
@@ -141,7 +105,7 @@ class LanesWriter:
         for rank in sorted(r for r in {*lanes, *counters_of, *markers_of} if wanted is None or r in wanted):
             self.seq = self._sequences(rank)
             others, own_markers = write_rank_view(self, stream, rank, lanes.get(rank, ()), heads, by_lane, flows,
-                                                  lane_kernels or {}, counters_of.get(rank, ()),
+                                                  lane_kernels, counters_of.get(rank, ()),
                                                   markers_of.get(rank, ()))
             for series in others:
                 self._counter(series)
@@ -199,17 +163,15 @@ def lanes_used(instances: Sequence[CollectiveInstance]) -> list[tuple[str, str, 
 
 
 def lane_layout(summaries: Sequence[RankSummary],
-                used_of: Optional[dict[int, list[tuple[str, str, int]]]] = None) -> dict[int, list[tuple[str, int]]]:
+                used_of: dict[int, list[tuple[str, str, int]]]) -> dict[int, list[tuple[str, int]]]:
     """Each rank's lanes, in one global order: a group's lane on every loaded member.
 
     Larger groups come first (the world group on top), then groups by their
     name as torch numbers them ("1" before "10"), so the order reads like the
     program's group creation. Only groups with at least one collective
     anywhere get lanes; membership comes from the group tables (ranks), or
-    from having instances on it.
+    from having instances on it (``used_of``: each rank's :func:`lanes_used`).
     """
-    if used_of is None:
-        used_of = {s.rank: lanes_used(s.instances) for s in summaries}
     used = {lane for rows in used_of.values() for lane, _, _ in rows}
     sort_keys: dict[str, tuple] = {}
     members: dict[str, set[int]] = {}
