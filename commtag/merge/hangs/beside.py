@@ -35,7 +35,7 @@ WAITING_RANKS = "waiting ranks"
 #: merge worker reads a folder once, not once per rank; a file changed since is read again.
 _READ: dict[Path, tuple[tuple, dict[int, FrDump], Diagnosis]] = {}
 #: Per folder: its names as last listed, and the dumps found among them then.
-_FOUND: dict[Path, tuple[tuple[str, ...], dict[int, Path]]] = {}
+_FOUND: dict[Path, tuple[Optional[tuple[int, int, int]], dict[int, Path]]] = {}
 
 
 def draw_beside(instances: Sequence[CollectiveInstance], rank: int, trace_files: Iterable[Path],
@@ -68,16 +68,18 @@ def folder_dumps(folder: Path) -> Optional[tuple[dict[int, FrDump], Diagnosis]]:
 
 
 def _found(folder: Path) -> dict[int, Path]:
-    """:func:`find_dumps`, looked for again only when the folder's names changed (each rank of a merge asks)."""
+    """:func:`find_dumps`, looked for again only when the folder changed (each rank of a merge asks;
+    listing a folder of a thousand ranks' files for each rank cost more than the rank's rows)."""
     try:
-        names = tuple(sorted(os.listdir(folder)))
+        status = os.stat(folder)
+        stamp = (status.st_ino, status.st_mtime_ns, status.st_size)
     except OSError:
-        names = ()
+        stamp = None
     known = _FOUND.get(folder)
-    if known is None or known[0] != names:
+    if known is None or stamp is None or known[0] != stamp:
         if len(_FOUND) >= 64:
             _FOUND.clear()
-        known = _FOUND[folder] = (names, find_dumps(folder))
+        known = _FOUND[folder] = (stamp, find_dumps(folder))
     return known[1]
 
 
