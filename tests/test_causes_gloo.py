@@ -9,6 +9,7 @@ the per group and op table gives each cause's share of the time.
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import orjson
@@ -36,14 +37,39 @@ def _allreduces(path: Path) -> list[dict]:
     return found
 
 
+def _started_together(traces: Path) -> list[bool]:
+    """Per all_reduce, in call order: whether the ranks' gloo works began within a quarter of its span,
+    read straight from each rank's profiler trace (one host clock). The barrier before each call
+    makes it so, unless a loaded machine holds a rank back after it (32 ms of 77 once): such a call
+    is not the transfer this test is about, and is said by its figures instead."""
+    works = []
+    for rank in range(4):
+        (path,) = traces.glob(f"rank{rank}.*.pt.trace.json.gz")
+        events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+        works.append(sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                            if e.get("ph") == "X" and e["name"] == "gloo:all_reduce"))
+    assert all(len(w) == CALLS for w in works)
+    together = []
+    for call in range(CALLS):
+        starts, ends = [w[call][0] for w in works], [w[call][1] for w in works]
+        together.append(max(starts) - min(starts) < (max(ends) - min(starts)) / 4)
+    return together
+
+
 def test_allreduces_that_start_together_are_their_transfer(runs) -> None:
-    assert [r["cause"] for r in _allreduces(runs[False])] == ["transfer"] * CALLS
+    together = _started_together(runs[False])
+    assert sum(together) >= CALLS - 1, together  # at most one call held back by the machine
+    causes = [r["cause"] for r in _allreduces(runs[False])]
+    assert all(cause == "transfer" for cause, came in zip(causes, together) if came), (causes, together)
 
 
 def test_a_late_rank_makes_its_collective_arrival_skew(runs) -> None:
     found = _allreduces(runs[True])
-    assert [r["cause"] for r in found] == ["transfer"] * LATE_CALL + ["arrival skew"] + ["transfer"] * (CALLS - LATE_CALL - 1)
-    assert found[LATE_CALL]["last_rank"] == LATE
+    together = _started_together(runs[True])
+    assert not together[LATE_CALL] and sum(together) >= CALLS - 2, together
+    assert found[LATE_CALL]["cause"] == "arrival skew" and found[LATE_CALL]["last_rank"] == LATE
+    assert all(r["cause"] == "transfer" for i, r in enumerate(found) if i != LATE_CALL and together[i]), \
+        ([r["cause"] for r in found], together)
 
 
 def test_the_merged_trace_carries_causes_and_launch_delays(runs, tmp_path: Path) -> None:
