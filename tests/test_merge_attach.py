@@ -1,16 +1,21 @@
-"""Attach on events in the exact Kineto format: graph replays by node id (both encodings)."""
+"""Attach on events in the exact Kineto format: graph replays by node id (both encodings); which events it reads."""
 
 from __future__ import annotations
 
+import gzip
+
+import orjson
 import pytest
 
-from commtag.merge.rank.attach import RankFlows, attach
+from commtag.merge.rank.attach import RankFlows, args_decide, attach, is_candidate
+from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.records import Interner
 from commtag.schema import (
     CapturedCollective, CollectiveAnnotation, GraphCapture, GraphNodeRecord, GraphReplay, ProcessGroupInfo,
     RecordedCollective,
     Sidecar,
 )
+from commtag.testing import PUBLIC_TRACES
 from commtag.vocab import family
 
 BASE = 1_700_000_000_000_000_000
@@ -187,3 +192,21 @@ def test_an_eager_kernel_takes_the_record_of_its_own_seq_not_the_earliest_call()
     instances = attach(0, trace, sidecar, RankFlows(0))
     shown = sorted((i.start_ns - BASE, i.seq, i.in_nelems) for i in instances)
     assert shown == [(350_000, 1, 1001), (400_000, 2, 1002), (450_000, 3, 1003)]
+
+
+@pytest.mark.parametrize("trace", ["eager-nccl-metadata/hta_a100_nccl_data.json.gz",
+                                   "eager-nccl-metadata/tracelens_mi300_rccl_resnet.json.gz"])
+def test_only_kernels_and_comms_ops_are_candidates_by_their_args(trace: str) -> None:
+    """The converter asks is_candidate once per event name and category except where args_decide: on
+    every event of real traces, with the events' own args, no args and a collective's keys, any other
+    event gets one answer (and the traces hold candidates of both kinds)."""
+    events = orjson.loads(gzip.decompress((PUBLIC_TRACES / trace).read_bytes()))["traceEvents"]
+    captured = CapturedKernels(())
+    by_name = [e for e in events if e.get("ph") == "X" and not args_decide(e.get("name", ""), e.get("cat"))]
+    eager = {"Collective name": "allreduce", "graph node id": 3}
+    for e in by_name:
+        answers = {is_candidate(e["name"], e.get("cat"), args, captured) for args in (e.get("args"), None, eager)}
+        assert len(answers) == 1, e
+    assert any(is_candidate(e["name"], e.get("cat"), None, captured) for e in by_name)
+    assert any(is_candidate(e["name"], e.get("cat"), e.get("args"), CapturedKernels(()))
+               for e in events if e.get("ph") == "X" and args_decide(e.get("name", ""), e.get("cat")))

@@ -64,13 +64,15 @@ class Interner:
     made the interner, and no longer.
     """
 
-    __slots__ = ("_shared", "_common", "_sourced")
+    __slots__ = ("_shared", "_common", "_sourced", "_read")
 
     def __init__(self) -> None:
         self._shared: dict[object, object] = {}
         self._common: dict[tuple, dict] = {}
         #: (id of an event's common args, source) -> (those args, the instance's: with "commtag source").
         self._sourced: dict[tuple[int, str], tuple[dict, dict]] = {}
+        #: (id of an instance's common args, its group's member count) -> (those args, read_site's reading).
+        self._read: dict[tuple[int, int], tuple[dict, tuple]] = {}
 
     def shared(self, value):
         """The one object equal to ``value`` (a hashable: member ranks, the ranks text)."""
@@ -105,6 +107,25 @@ class Interner:
         sourced = self.common({**event_common, ANN_SOURCE: source})
         self._sourced[key] = (event_common, sourced)  # holding the args keeps their id unique
         return sourced
+
+    def reading(self, common_args: dict, members: int) -> tuple:
+        """:func:`read_site` of an instance's common args, once per call site and group size."""
+        found = self._read.get((id(common_args), members))
+        if found is None:  # the args are held with it: their id stays theirs
+            found = self._read[(id(common_args), members)] = (common_args, read_site(common_args, members))
+        return found[1]
+
+
+def read_site(args: Mapping[str, object], members: int) -> tuple[str, bool, str, int, int, str, int, str, int]:
+    """What eager and group keys ``args`` say, as :class:`CollectiveInstance`'s fields (``members``: the group
+    size where ``args`` gives none). A count written as something else (null, text) reads as the default the
+    analysis uses; an absent dtype as the merge's :data:`UNDEFINED_DTYPE`."""
+    get = args.get
+    group_size = whole(get(GROUP_SIZE_KEY), members or 1)
+    sizes = (str(get(COLLECTIVE_NAME_KEY, "")), whole(get(IN_NELEMS_KEY), 0), whole(get(OUT_NELEMS_KEY), 0))
+    collective, in_nelems, out_nelems = legacy_view(get(ANN_RECORD_FORMAT), *sizes, group_size)
+    return (str(args[ANN_PG_UID]), bool(get(ANN_P2P, False)), collective, in_nelems, out_nelems, str(get(
+        DTYPE_KEY, UNDEFINED_DTYPE)), group_size, str(args[ANN_LANE]), int(get(ANN_LANE_ID, 0)))  # type: ignore[call-overload]
 
 
 @dataclass(slots=True)
@@ -146,34 +167,15 @@ class CollectiveInstance:
     def from_args(cls, args: Mapping[str, object], *, rank: int, seq: int, replay: Optional[int],
                   group_ranks: tuple[int, ...], start_ns: int, end_ns: int, source: str, own: dict[str, object],
                   common_args: Optional[dict[str, object]] = None,
-                  source_flow: Optional[int] = None) -> "CollectiveInstance":
-        """The instance an event's eager keys and commtag's group keys in ``args`` describe: the one
-        reading of them, for the merge (commtag.merge.rank.attach) and for a merged trace's lane slices
-        (commtag.merge.pftrace.readback). A count the trace wrote as something else (null, text) reads as
-        the default the analysis uses; an absent dtype as the merge's :data:`UNDEFINED_DTYPE`."""
-        get = args.get
-        group_size = whole(get(GROUP_SIZE_KEY), len(group_ranks) or 1)
-        sizes = (str(get(COLLECTIVE_NAME_KEY, "")), whole(get(IN_NELEMS_KEY), 0), whole(get(OUT_NELEMS_KEY), 0))
-        collective, in_nelems, out_nelems = legacy_view(get(ANN_RECORD_FORMAT), *sizes, group_size)
-        return cls(
-            rank=rank,
-            pg_uid=str(args[ANN_PG_UID]),
-            is_p2p=bool(get(ANN_P2P, False)),
-            seq=seq,
-            replay=replay,
-            collective=collective, in_nelems=in_nelems, out_nelems=out_nelems,
-            dtype=str(get(DTYPE_KEY, UNDEFINED_DTYPE)),
-            group_size=group_size,
-            group_ranks=group_ranks,
-            start_ns=start_ns,
-            end_ns=end_ns,
-            source=source,
-            lane_name=str(args[ANN_LANE]),
-            args=own,
-            lane_id=int(get(ANN_LANE_ID, 0)),  # type: ignore[call-overload]
-            source_flow=source_flow,
-            common_args={} if common_args is None else common_args,
-        )
+                  source_flow: Optional[int] = None, reading: Optional[tuple] = None) -> "CollectiveInstance":
+        """The instance an event's eager keys and commtag's group keys in ``args`` describe (:func:`read_site`;
+        ``reading``: its result, where the caller has it: :meth:`Interner.reading`), for the merge
+        (commtag.merge.rank.attach) and for a merged trace's lane slices (commtag.merge.pftrace.readback)."""
+        pg_uid, is_p2p, collective, in_nelems, out_nelems, dtype, group_size, lane_name, lane_id = reading or read_site(
+            args, len(group_ranks))
+        return cls(rank, pg_uid, is_p2p, seq, replay, collective, in_nelems, out_nelems, dtype, group_size,
+                   group_ranks, start_ns, end_ns, source, lane_name, own, lane_id, source_flow,
+                   {} if common_args is None else common_args)
 
     def arg(self, key: str, default: object = None) -> object:
         """The value of annotation ``key`` (own before common)."""

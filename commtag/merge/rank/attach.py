@@ -65,9 +65,12 @@ from commtag.vocab import (
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
     from commtag.schema import Sidecar
 
-#: The first letters of the CPU event names :func:`is_candidate` accepts: the converter's per-event
-#: prefix test (``name[:1] in CANDIDATE_INITIALS``) before it calls it.
-CANDIDATE_INITIALS = "".join(sorted({C10D_OP_PREFIX[0], GLOO_WORK_PREFIX[0], COMMS_OP[0]}))
+
+def args_decide(name: str, cat: Optional[str]) -> bool:
+    """Can an event's args change what :func:`is_candidate` says of it? Only a kernel's (its eager keys,
+    its graph node id) and a record_param_comms op's: of any other, its name and category decide, so
+    the converter asks once per name and category."""
+    return cat == KERNEL_CATEGORY or name == COMMS_OP
 
 
 def is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: CapturedKernels) -> bool:
@@ -75,8 +78,7 @@ def is_candidate(name: str, cat: Optional[str], args: Optional[dict], captured: 
 
     ``captured``: the kernels the file's sidecar saw collectives capture into graphs
     (:class:`commtag.merge.rank.captures.CapturedKernels`): a one-rank communicator's are not
-    named like NCCL's. The converter calls it only where ``cat == KERNEL_CATEGORY or cat in
-    LAUNCH_CATEGORIES or name[:1] in CANDIDATE_INITIALS``: that first test is written inline there.
+    named like NCCL's. ``args`` is read only where :func:`args_decide`.
     """
     if cat == KERNEL_CATEGORY:
         return (bool(args and (COLLECTIVE_NAME_KEY in args or args.get(GRAPH_NODE_ID_KEY))) or nccl_kind(name) is not None

@@ -90,18 +90,35 @@ def check_join_args(path: Path, events: Iterable[dict]) -> None:
     bad input, not 8; one that is no number
     (null, text) reads as unknown (:func:`commtag.merge.records.whole`)."""
     for e in events:
-        args = e.get("args") or {}
-        for key in (COLLECTIVE_NAME_KEY, PG_NAME_KEY):
-            if key in args and args[key].__class__ is not str:
-                raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a string")
-        for key in (EXTERNAL_ID_KEY, CORRELATION_KEY):
-            if key in args and args[key] is not None and args[key].__class__ not in (int, str):
-                raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a number or name")
-        for key in (IN_NELEMS_KEY, OUT_NELEMS_KEY):
-            n = args.get(key)
-            if n.__class__ in (int, float) and not (0 <= n <= MAX_NELEMS and n == int(n)):
-                raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {n!r} is not an element count "
-                                            f"in [0, {MAX_NELEMS}]")
+        args = e.get("args")
+        if not args:
+            continue
+        get = args.get  # one quick pass that passes what Kineto writes; the rest is looked at closely
+        n, m = get(IN_NELEMS_KEY), get(OUT_NELEMS_KEY)
+        if (get(COLLECTIVE_NAME_KEY, "").__class__ is not str or get(PG_NAME_KEY, "").__class__ is not str
+                or get(EXTERNAL_ID_KEY).__class__ not in _ID_CLASSES or get(CORRELATION_KEY).__class__ not in _ID_CLASSES
+                or n.__class__ is float or m.__class__ is float
+                or (n.__class__ is int and not 0 <= n <= MAX_NELEMS) or (m.__class__ is int and not 0 <= m <= MAX_NELEMS)):
+            _check_join_args_of(path, e, args)
+
+
+#: The classes an id attach looks up by may have (None: absent, or written as null).
+_ID_CLASSES = frozenset({int, str, type(None)})
+
+
+def _check_join_args_of(path: Path, e: dict, args: dict) -> None:
+    """:func:`check_join_args` of one event the quick pass stopped at: the error, where there is one."""
+    for key in (COLLECTIVE_NAME_KEY, PG_NAME_KEY):
+        if key in args and args[key].__class__ is not str:
+            raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a string")
+    for key in (EXTERNAL_ID_KEY, CORRELATION_KEY):
+        if key in args and args[key] is not None and args[key].__class__ not in (int, str):
+            raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {args[key]!r} is not a number or name")
+    for key in (IN_NELEMS_KEY, OUT_NELEMS_KEY):
+        n = args.get(key)
+        if n.__class__ in (int, float) and not (0 <= n <= MAX_NELEMS and n == int(n)):
+            raise MergeInputError(path, f"traceEvents ({e.get('name')!r}): {key!r} {n!r} is not an element count "
+                                        f"in [0, {MAX_NELEMS}]")
 
 
 def check_clock(path: Path, last_ns: Optional[int]) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
-from commtag.merge.rank.attach import CANDIDATE_INITIALS, attach, is_candidate
+from commtag.merge.rank.attach import args_decide, attach, is_candidate
 from commtag.merge.rank.events import RankFlows, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
@@ -37,7 +37,7 @@ from commtag.merge.inputs.selection import NOT_IN_DETAIL, OUTSIDE_SELECTION, Spa
 from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.merge.rank.captures import CapturedKernels
-from commtag.vocab import (ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, GLOBAL_INSTANT_SCOPE, KERNEL_CATEGORY,
+from commtag.vocab import (ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, GLOBAL_INSTANT_SCOPE,
                            KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES, PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY)
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info, records_in_span
@@ -112,7 +112,7 @@ class RankConverter:
         listed = self.listed
         legacy = KINETO_LEGACY_CATEGORIES
         device_kind = DEVICE_KINDS.get
-        keep = file.keep
+        keep, named = file.keep, file.named
         i = file.index - 1
         dur: Any  # these three as the trace wrote them: checked by class below, through dc and tc
         ts: Any
@@ -192,14 +192,14 @@ class RankConverter:
                 continue
             if cat == USER_ANNOTATION_CATEGORY and name.startswith(PROFILER_STEP_PREFIX):
                 file.steps.append((name, start, end))
-            # is_candidate's cheap first test, written here because it runs per event.
-            candidate = ((cat == KERNEL_CATEGORY or cat in LAUNCH_CATEGORIES or name[:1] in CANDIDATE_INITIALS)
-                         and is_candidate(name, cat, args, file.captured))
+            if (decided := (named.get(cat) or named.setdefault(cat, {})).get(name, _MISSING)) is _MISSING:
+                decided = named[cat][name] = None if args_decide(name, cat) else is_candidate(name, cat, None, file.captured)
+            candidate = is_candidate(name, cat, args, file.captured) if decided is None else decided  # None: args decide
             if body is None:
                 if candidate:
                     file.candidates.append((e, None, -1))
-                if args and breakdowns:
-                    if cat in LAUNCH_CATEGORIES:
+                if args and breakdowns:  # a launch candidate is a graph launch, the only launch launch() keeps
+                    if candidate and cat in LAUNCH_CATEGORIES:
                         categories.launch(name, args.get(CORRELATION_KEY))
                     elif not candidate and cat in WORK_CATEGORIES:
                         categories.kernel((pid, tid, device_kind(cat)), name, cat, dur, args)

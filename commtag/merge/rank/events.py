@@ -121,7 +121,7 @@ def make_instance(interner: Interner, rank: int, parts: tuple[dict, dict], start
     return CollectiveInstance.from_args(
         common_args, rank=rank, seq=whole(own.get(SEQ_KEY), 0), replay=own.get(ANN_REPLAY), group_ranks=ranks,
         start_ns=start, end_ns=end, source=source, own={**own, ANN_RANK: rank}, common_args=common_args,
-        source_flow=flow)
+        source_flow=flow, reading=interner.reading(common_args, len(ranks)))
 
 
 def with_launch(inst: CollectiveInstance, call_ns: Optional[int]) -> CollectiveInstance:

@@ -197,6 +197,8 @@ def _take_op(events: FileEvents, rec: RecordedCollective) -> Optional[tuple]:
 
 def _gloo_works(events: FileEvents, calls: list[GlooCall]) -> None:
     """Find each call's ``gloo:`` work events, by identity first (see :class:`GlooCall`)."""
+    if not events.gloo:  # a file of NCCL groups only: no call has a work to find, nothing to weigh
+        return
     owner: dict[int, str] = {}  # worker thread -> the group it serves (each group has its own)
     by_tid: dict[int, list[tuple]] = {}
     for g in events.gloo:

@@ -232,7 +232,7 @@ RowId = Union[int, str]
 class FileState:
     """Per-file state: correlation ids are per file, so launch flows are settled per file."""
 
-    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work", "steps")
+    __slots__ = ("path", "keep", "captured", "index", "first", "last", "candidates", "launches", "work", "steps", "named")
 
     def __init__(self, path: Path, keep: Optional[Callable[[int], bool]] = None,
                  captured: Optional[CapturedKernels] = None) -> None:
@@ -253,6 +253,8 @@ class FileState:
         self.work: list[tuple[Row, int, object]] = []
         #: (name, start_ns, end_ns) of its ProfilerStep slices (see commtag.merge.steps).
         self.steps: list[tuple[str, int, int]] = []
+        #: category -> event name -> is_candidate's answer, None where the args decide (attach.args_decide).
+        self.named: dict[object, dict[str, Optional[bool]]] = {}
 
 
 def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], bool], flows: RankFlows,
