@@ -245,3 +245,12 @@ def test_the_repository_stands_alone():
     large = {str(path.relative_to(ROOT)): path.stat().st_size for path in files
              if path.is_file() and path.stat().st_size > MAX_TRACKED_BYTES}
     assert len(files) > 100 and large == {}, f"tracked files over {MAX_TRACKED_BYTES} bytes: {large}"
+
+
+#: Most lines the README may have: it is for users; design, benchmarks and compatibility live in docs/.
+MAX_README_LINES = 400
+
+
+def test_the_readme_stays_a_users_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
