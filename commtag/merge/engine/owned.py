@@ -91,7 +91,12 @@ class FlowColumn:
         self.other: dict[int, object] = {}
 
     def append(self, flow: object) -> None:
-        self.put(len(self.ids), flow)
+        if type(flow) is int and 0 < flow < 1 << 64:  # as put() at the end, without growing by a gap
+            self.ids.append(flow)
+            return
+        if flow is not None:
+            self.other[len(self.ids)] = flow
+        self.ids.append(0)
 
     def put(self, at: int, flow: object) -> None:
         """``flow`` at position ``at`` (the column grows to it)."""
@@ -131,6 +136,13 @@ class MemberFigures:
         self.stragglers[at] = straggler
         self.flows.put(at, flow)
 
+    def append(self, figures: Optional[int], wait: Optional[float], straggler: bool, flow: object) -> None:
+        """:meth:`put` at the end, without growing by a gap (a row per member sent back)."""
+        self.figures.append(-1 if figures is None else figures)
+        self.waits.append(math.nan if wait is None else wait)
+        self.stragglers.append(straggler)
+        self.flows.append(flow)
+
     def get(self, at: int) -> tuple[Optional[int], Optional[float], bool, object]:
         k, wait = self.figures[at], self.waits[at]
         return None if k < 0 else k, None if math.isnan(wait) else wait, bool(self.stragglers[at]), self.flows[at]
@@ -151,7 +163,7 @@ class BackRows:
 
     def instance(self, rank: int, place: int, figures: Optional[int], wait: Optional[float], straggler: bool,
                  flow: object) -> None:
-        self.members.put(len(self.ranks), figures, wait, straggler, flow)
+        self.members.append(figures, wait, straggler, flow)
         self.ranks.append(rank)
         self.places.append(place)
 

@@ -140,7 +140,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
         if hook is not None:
             runs += seq_runs(insts, coverage)
         for idx, (inst, key) in enumerate(zip(insts, match_keys(insts))):
-            if seq_issued(inst) and inst.pg_uid not in found:
+            if inst.pg_uid not in found and seq_issued(inst):  # the cheap test first: most groups are found
                 found[inst.pg_uid] = [rank, idx, inst.lane_name, list(inst.group_ranks)]
             if key[0] == "alone" and len(key) == 2:
                 key = ("alone", rank, idx)
