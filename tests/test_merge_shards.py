@@ -12,6 +12,7 @@ and `-j 3` on a generated job read back as `-j 1`'s trace, and torchrun's 2 work
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 import threading
@@ -262,3 +263,26 @@ def test_a_world_of_one_hands_the_records_over_unpacked() -> None:
     assert hook.result is not None and hook.result.collectives
     kept = [inst for m in hook.result.collectives for inst in m.members.values()]
     assert kept and not any(ANN_WAIT_US in inst.args or id(inst) in made for inst in kept)
+
+
+def test_exchange_rounds_are_renamed_into_place_without_an_fsync(tmp_path: Path, monkeypatch) -> None:
+    """Two workers' exchange rounds arrive whole, each worker's in its place, with no fsync: the
+    rounds are files only live workers of this host read, removed with their folder, and an
+    fsync at every round made every worker wait on the disk."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    got: list[list] = [[], []]
+
+    def worker(index: int) -> None:
+        world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
+        got[index] = [world.all_gather_bytes(f"{index}:{r}".encode()) for r in range(5)]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [[f"0:{r}".encode(), f"1:{r}".encode()] for r in range(5)]
+    assert got == [every, every]
+    assert synced == []
