@@ -16,6 +16,9 @@ so the rule lives here, below both, with the standard library only.
   empty or partial file (delayed allocation on ext4/xfs), which is the very
   "never overwrite a good file" this module exists for. The directory is not
   fsynced: a rename lost in a crash leaves the previous file, which is allowed.
+  The one exception, :func:`write_atomic`'s ``durable=False``: a file only live processes of
+  this host read and that a crash makes worthless anyway (the merge workers' exchange rounds,
+  removed with their folder), where an fsync per round made every worker wait on the disk.
 * A new file gets the mode any new file gets (0666 less the umask), never
   mkstemp's 0600: the merge often runs as another user than training.
 """
@@ -64,15 +67,19 @@ def _sync(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Union[str, Path], data: bytes) -> Path:
+def write_atomic(path: Union[str, Path], data: bytes, durable: bool = True) -> Path:
     """Write ``data`` to ``path`` through :func:`temporary` and :func:`commit`: a reader sees
-    the old file or the new one, never a part; on any failure the temporary is removed."""
+    the old file or the new one, never a part; on any failure the temporary is removed.
+    ``durable=False``: renamed without the fsync (the module docstring says where)."""
     path = Path(path)
     tmp = temporary(path)
     try:
         with open(tmp, "wb") as out:
             out.write(data)
-        commit(tmp, path)
+        if durable:
+            commit(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -17,9 +17,10 @@ The stages, in a merge's order:
 * ``settle``: encoding the attached events, launch flows (``rank/convert.py: _settle``);
 * ``rows``: a rank's rows named and ordered, its summary (``timeline``, ``rank_summary``);
 * ``write``: the rows as packets (``pftrace/writer.py: write_rank``);
-* ``keep``: a rank's records packed until the analysis (``engine/shards.py: Held.take``);
+* ``keep``: a rank's records kept until the analysis (``engine/shards.py: Held.take``; packed only
+  where workers exchange them: a world of one, as this merge is, hands the objects over);
 * ``wire``: records as JSON columns and back (``engine/exchange.py: to_wire, from_wire``, which
-  ``engine/routes.py`` calls in ``keep`` and between the analysis' rounds, in one process too);
+  ``engine/routes.py`` calls in ``keep`` and between the analysis' rounds, with workers only);
 * ``analysis``: matching, skew, bandwidth, impact (``engine/shards.py: analyse``, ``gather``);
 * ``lanes``: the lanes block (``engine/pipeline.py: write_lanes``);
 * ``other``: the rest of the merge (the plan, its checks, publishing the output).

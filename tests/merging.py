@@ -13,6 +13,7 @@ from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.results import Analysis, MatchedCollective
 from commtag.merge.engine import shards
 from commtag.merge.engine.options import AnalysisHook, MergeResult
+from commtag.merge.engine.routes import carrier
 from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.pftrace.readback import read_merged
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
@@ -42,11 +43,12 @@ def one_driver(instances: Sequence[CollectiveInstance], analysis: Optional[Merge
     """``instances`` (several ranks') through the merge's one driver in a world of one, as a merge
     of their ranks runs it after writing them: ``outcome.lanes`` is what its lanes writer takes
     (each lane's instances with their figures and flows), ``outcome.annotations`` its counters and
-    markers (with ``analysis``). Each rank is taken in its order in ``instances``."""
-    held = shards.Held()
+    markers (with ``analysis``). Each rank is taken in its order in ``instances``, and handed over unpacked
+    as in a merge alone: the lanes writer gets (and annotates) those very records."""
+    world = SoloWorld()
+    held = shards.Held(carrier(world))
     for rank in sorted({inst.rank for inst in instances}):
         held.take(RankSummary(rank, "host", None, [], instances=[inst for inst in instances if inst.rank == rank]))
-    world = SoloWorld()
     shards.settle(world, held)
     covered = coverage or Coverage.unknown_windows({inst.rank for inst in instances})
     return shards.analyse(world, held, analysis, covered, Interner())

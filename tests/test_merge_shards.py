@@ -12,6 +12,7 @@ and `-j 3` on a generated job read back as `-j 1`'s trace, and torchrun's 2 work
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 import threading
@@ -23,11 +24,11 @@ from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
 from commtag.merge.engine.owned import run_hook
-from commtag.merge.engine.routes import unpack
+from commtag.merge.engine.routes import Packing
 from commtag.merge.engine.worlds import FileWorld
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
-from commtag.vocab import ANN_MARKER
+from commtag.vocab import ANN_MARKER, ANN_WAIT_US
 from merging import one_driver
 
 T0 = 1_700_000_000_000_000_000
@@ -176,7 +177,7 @@ def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Pat
                     inst.args["seen by"] = index
 
             run_hook(world, held, hook, _coverage(), Interner())
-            kept[index] = {rank: [inst.args.get("seen by") for inst in unpack(packed, Interner())]
+            kept[index] = {rank: [inst.args.get("seen by") for inst in Packing().unpack(packed, Interner())]
                            for rank, packed in held.packed.items()}
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
@@ -245,3 +246,43 @@ def test_workers_on_a_generated_job_write_one_process_trace(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert torchrun.read_bytes() == outs["2"].read_bytes()
+
+
+def test_a_world_of_one_hands_the_records_over_unpacked() -> None:
+    """Alone, nothing leaves the process: the lanes writer gets the very records each rank's reading
+    made, with their figures, none packed to JSON and rebuilt; the matched collectives a caller keeps
+    are copies, which the lanes writer's figures do not reach."""
+    job = _job()
+    made = {id(inst) for insts in job.values() for inst in insts}
+    hook = MergeAnalysis(keep=True)
+    outcome = one_driver([inst for r in WORLD for inst in job[r]], hook, _coverage())
+    written = [inst for key in list(outcome.lanes) for inst in outcome.lanes.pop(key, [])]
+    assert len(written) == len(made) and {id(inst) for inst in written} == made
+    waited = [inst for inst in written if ANN_WAIT_US in inst.args]
+    assert waited  # the lanes writer annotated them
+    assert hook.result is not None and hook.result.collectives
+    kept = [inst for m in hook.result.collectives for inst in m.members.values()]
+    assert kept and not any(ANN_WAIT_US in inst.args or id(inst) in made for inst in kept)
+
+
+def test_exchange_rounds_are_renamed_into_place_without_an_fsync(tmp_path: Path, monkeypatch) -> None:
+    """Two workers' exchange rounds arrive whole, each worker's in its place, with no fsync: the
+    rounds are files only live workers of this host read, removed with their folder, and an
+    fsync at every round made every worker wait on the disk."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    got: list[list] = [[], []]
+
+    def worker(index: int) -> None:
+        world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
+        got[index] = [world.all_gather_bytes(f"{index}:{r}".encode()) for r in range(5)]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [[f"0:{r}".encode(), f"1:{r}".encode()] for r in range(5)]
+    assert got == [every, every]
+    assert synced == []

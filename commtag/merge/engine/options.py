@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+import sys
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 from commtag.merge.records import CollectiveInstance, Coverage, TraceAnnotations
 
@@ -128,3 +129,31 @@ class MergeResult:
 def default_output(inputs: Sequence[Path]) -> Path:
     first = inputs[0]
     return (first if first.is_dir() else first.parent) / DEFAULT_OUTPUT
+
+
+class Progress(Protocol):
+    """A stage's progress as it goes (a tqdm bar, or nothing shown)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class Unshown:
+    """Progress nobody sees: no terminal, or ``progress=False``."""
+
+    def update(self, n: int = 1) -> object:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(options: MergeOptions, stage: str, total: int, unit: str) -> Progress:
+    """A progress bar for ``stage`` on stderr where a merge shows progress (``options.progress``,
+    else whether stderr is a terminal), so that no stage of a large merge sits silent."""
+    if not (sys.stderr.isatty() if options.progress is None else options.progress):
+        return Unshown()
+    from tqdm import tqdm  # only a visible progress bar needs it
+
+    return tqdm(total=total, desc=stage, unit=unit)

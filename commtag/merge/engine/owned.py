@@ -19,8 +19,8 @@ from itertools import islice
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from commtag.merge.engine.exchange import from_everyone
-from commtag.merge.engine.options import AnalysisHook
-from commtag.merge.engine.routes import PIECE_ROWS, pack, unpack
+from commtag.merge.engine.options import AnalysisHook, Progress, Unshown
+from commtag.merge.engine.routes import PIECE_ROWS, Packing
 from commtag.merge.pftrace.lanes import InstanceFlows
 from commtag.merge.rank.attach import inferred_seqs, settle_inferred
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
@@ -32,10 +32,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Held:
-    """This worker's ranks' instances, packed as each rank is written (rank -> in the order read),
-    their lanes' kernel annotations, and what every worker learns of every rank."""
+    """This worker's ranks' instances, packed as each rank is written (rank -> in the order read)
+    by ``carrier`` (:func:`commtag.merge.engine.routes.carrier`: a world of one hands them over
+    unpacked), their lanes' kernel annotations, and what every worker learns of every rank."""
 
-    packed: dict[int, bytes] = field(default_factory=dict)
+    carrier: Packing = field(default_factory=Packing)
+    packed: dict[int, object] = field(default_factory=dict)
     lane_kernels: dict[tuple[int, str], dict] = field(default_factory=dict)
     #: Every rank's instance count and its lanes (:func:`commtag.merge.pftrace.lanes.lanes_used`).
     counts: dict[int, int] = field(default_factory=dict)
@@ -52,7 +54,7 @@ class Held:
         self.timed_by_ops += sum(1 for i in insts if i.source == CPU_OP_SOURCE)
         for uid, per_rank in inferred_seqs(insts).items():
             self.inferred.setdefault(uid, {}).update(per_rank)
-        self.packed[summary.rank] = pack(summary.rank, insts)
+        self.packed[summary.rank] = self.carrier.pack(summary.rank, insts)
         self.lane_kernels.update(((summary.rank, lane), args) for lane, args in summary.lane_kernels.items())
         summary.lane_kernels = {}
         return summary
@@ -69,14 +71,14 @@ def run_hook(world: World, held: Held, hook: AnalysisHook, coverage: Coverage,
     packed = every = held.packed
     if world.size > 1:
         every = {rank: base64.b64decode(blob) for part in from_everyone(world, lambda: {"packed": [
-            [rank, base64.b64encode(blob).decode("ascii")] for rank, blob in packed.items()]})
-            for rank, blob in part["packed"]}
-    by_rank = {rank: unpack(every[rank], interner) for rank in sorted(every)}
+            [rank, base64.b64encode(blob).decode("ascii")] for rank, blob in packed.items()  # type: ignore[arg-type]
+        ]}) for rank, blob in part["packed"]}
+    by_rank = {rank: held.carrier.unpack(every[rank], interner) for rank in sorted(every)}
     instances = [inst for insts in by_rank.values() for inst in insts]
     settle_inferred(instances, held.inferred)
     told = hook(instances, coverage)
     for rank in packed:
-        packed[rank] = pack(rank, by_rank[rank])
+        packed[rank] = held.carrier.pack(rank, by_rank[rank])
     return told
 
 
@@ -89,7 +91,12 @@ class FlowColumn:
         self.other: dict[int, object] = {}
 
     def append(self, flow: object) -> None:
-        self.put(len(self.ids), flow)
+        if type(flow) is int and 0 < flow < 1 << 64:  # as put() at the end, without growing by a gap
+            self.ids.append(flow)
+            return
+        if flow is not None:
+            self.other[len(self.ids)] = flow
+        self.ids.append(0)
 
     def put(self, at: int, flow: object) -> None:
         """``flow`` at position ``at`` (the column grows to it)."""
@@ -129,6 +136,13 @@ class MemberFigures:
         self.stragglers[at] = straggler
         self.flows.put(at, flow)
 
+    def append(self, figures: Optional[int], wait: Optional[float], straggler: bool, flow: object) -> None:
+        """:meth:`put` at the end, without growing by a gap (a row per member sent back)."""
+        self.figures.append(-1 if figures is None else figures)
+        self.waits.append(math.nan if wait is None else wait)
+        self.stragglers.append(straggler)
+        self.flows.append(flow)
+
     def get(self, at: int) -> tuple[Optional[int], Optional[float], bool, object]:
         k, wait = self.figures[at], self.waits[at]
         return None if k < 0 else k, None if math.isnan(wait) else wait, bool(self.stragglers[at]), self.flows[at]
@@ -149,7 +163,7 @@ class BackRows:
 
     def instance(self, rank: int, place: int, figures: Optional[int], wait: Optional[float], straggler: bool,
                  flow: object) -> None:
-        self.members.put(len(self.ranks), figures, wait, straggler, flow)
+        self.members.append(figures, wait, straggler, flow)
         self.ranks.append(rank)
         self.places.append(place)
 
@@ -226,15 +240,18 @@ class OwnLanes:
     (:class:`commtag.merge.pftrace.lanes.LaneInstances`); each is then unpacked with what the
     analysis gave it (figures, wait, flows: into :attr:`flows`, replaced at every take)."""
 
-    def __init__(self, interner: Interner) -> None:
+    def __init__(self, interner: Interner, carrier: Optional[Packing] = None) -> None:
         self.interner = interner
-        #: (rank, lane) -> its instances packed, and their places among the rank's.
-        self.packed: dict[tuple[int, str], tuple[bytes, list[int]]] = {}
+        self.carrier = carrier or Packing()
+        #: (rank, lane) -> its instances packed (by ``carrier``), and their places among the rank's.
+        self.packed: dict[tuple[int, str], tuple[object, list[int]]] = {}
         #: rank -> what came back for its instances, by place.
         self.updates: dict[int, Updates] = {}
         self.figures: dict[tuple[int, int], dict] = {}
         self.flows: InstanceFlows = {}
         self._joined: dict[tuple[int, int, int], dict] = {}  # (worker, figures, id of the common args) -> both
+        #: Told of each lane taken (the lanes' progress).
+        self.taken: Progress = Unshown()
 
     def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]:
         found = self.packed.pop(key, None)
@@ -242,7 +259,8 @@ class OwnLanes:
         if found is None:
             return default
         packed, idxs = found
-        insts = unpack(packed, self.interner)
+        self.taken.update()
+        insts = self.carrier.unpack(packed, self.interner)
         updates = self.updates.get(key[0], Updates())
         for inst, idx in zip(insts, idxs):
             update = updates.take(idx)

@@ -27,10 +27,9 @@ every instance in one process.
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from commtag.kernels import DeviceWork
 from commtag.merge.engine import budget, hosts
@@ -52,10 +51,11 @@ from commtag.merge.inputs.selection import (
 )
 from commtag.merge.engine.exchange import all_done, exchange, from_everyone
 from commtag.merge.engine.owned import Held, OwnLanes, run_hook
+from commtag.merge.engine.routes import carrier
 from commtag.merge.engine.shards import settle as settle_shares, analyse as share_analysis
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, TorchWorld, World
-from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output
+from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output, progress_bar
 from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only
 
 
@@ -135,21 +135,22 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
-        held = Held()
+        held = Held(carrier(plan.world))  # a world of one hands the records over, unpacked
         # A bad input in any worker's ranks reaches every worker through the exchange.
         everyone = exchange(plan.world, lambda: write_ranks(plan, held.take), plan.interner, plan.skipped,
                             plan.notices)
         warned = gather(plan, everyone, held)
         covered = with_clocks(coverage(everyone, kept_by(plan.options.selection)), plan.alignment)  # hosts, clocks
+        shown = functools.partial(progress_bar, plan.options, "commtag analysis", unit="part")
         with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
             # The analysis is shared out between the workers, one or several (engine/shards.py);
             # a caller's own hook runs first, over every rank's instances.
             if analysis is None or isinstance(analysis, MergeAnalysis):
-                outcome = share_analysis(plan.world, held, analysis, covered, plan.interner)
+                outcome = share_analysis(plan.world, held, analysis, covered, plan.interner, shown)
                 annotations = outcome.annotations
             else:
                 annotations = run_hook(plan.world, held, analysis, covered, plan.interner)
-                outcome = share_analysis(plan.world, held, None, covered, plan.interner)
+                outcome = share_analysis(plan.world, held, None, covered, plan.interner, shown)
         # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, annotations, held, outcome.lanes))
         if plan.output.apart:
@@ -344,12 +345,14 @@ def write_lanes(plan: MergePlan, everyone: list[RankSummary], annotations: Optio
     """The lanes of this worker's ranks, into its lanes file; where its part and lanes are
     (``held``, ``own``: what this worker learnt of every rank, and its ranks' instances with what
     the analysis gave them)."""
+    own.taken = progress_bar(plan.options, "commtag lanes", len(own), "lane")
     with plan.output.open_lanes() as stream, collector_paused():
         lanes.LanesWriter(plan.origin, len(plan.ranks)).write(
             stream, lanes.lane_layout(everyone, held.used), own, own.flows, held.lane_kernels,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
             ranks={r.rank for r in plan.mine},
         )
+    own.taken.close()
     return {"shard": str(plan.output.part), "lanes": str(plan.output.lanes),
             "first": plan.mine[0].rank if plan.mine else None}
 
@@ -394,22 +397,19 @@ def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSumm
     """Stream, attach and write this worker's ranks into its part, on their blocks' sequences;
     worker 0's part starts with the trace's header. What is kept of each rank (``keep``: what
     becomes of each summary once its rank is written)."""
-    ranks: Iterable[RankInput] = plan.mine
-    show = sys.stderr.isatty() if plan.options.progress is None else plan.options.progress
-    if show:
-        from tqdm import tqdm  # only a visible progress bar needs it
-
-        ranks = tqdm(plan.mine, desc="commtag merge", unit="rank")
+    bar = progress_bar(plan.options, "commtag merge", len(plan.mine), "rank")
     summaries = []
     header = plan.lead and not plan.output.apart  # apart: worker 0 writes it when it assembles the parts
     sequences = writer.rank_sequences(len(plan.ranks), plan.origin)
     with plan.output.open_part() as stream:
-        for rank in ranks:
+        for rank in plan.mine:
             with collector_paused():
                 summary = _write_rank(plan, stream, sequences(rank.rank), rank, header)
+            bar.update()
             if summary is not None:
                 header = False
                 summaries.append(keep(summary) if keep is not None else summary)
+    bar.close()
     return summaries
 
 

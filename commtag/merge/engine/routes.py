@@ -5,6 +5,10 @@ workers that own them and the figures back to the workers that write them. A rou
 :func:`commtag.merge.engine.exchange.all_done`: every worker sends at most one piece to each
 other worker, each of at most :data:`PIECE_ROWS` rows, so what a worker holds of a round is
 bounded whatever the job's size. Rounds go on until no worker has anything left.
+
+How records are held and carried is the transport's (:func:`carrier`): workers pack them
+(:class:`Packing`, compressed JSON columns); a world of one, where nothing leaves the process,
+hands the objects over (:class:`HandingOver`). The driver is the same either way.
 """
 
 from __future__ import annotations
@@ -81,16 +85,6 @@ def instances_from(piece: dict, interner: Interner) -> Iterator[tuple[int, int, 
             yield s.rank, place, tuple(key), inst
 
 
-def pack(rank: int, instances: list[CollectiveInstance]) -> bytes:
-    """One rank's instances as compressed JSON columns, held while the worker analyses others'."""
-    return zlib.compress(orjson.dumps(to_wire([RankSummary(rank, "", None, [], instances=instances)])), 1)
-
-
-def unpack(packed: bytes, interner: Interner) -> list[CollectiveInstance]:
-    """The instances :func:`pack` packed, in their order."""
-    return from_wire(orjson.loads(zlib.decompress(packed)), interner)[0].instances
-
-
 def rows_pieces(rows: list, name: str) -> Iterator[dict]:
     """Rows as pieces ``{name: rows}`` of at most :data:`PIECE_ROWS` each (the list empties as they go)."""
     rows.reverse()
@@ -103,20 +97,74 @@ def rows_pieces(rows: list, name: str) -> Iterator[dict]:
 SEAL_ROWS = 512
 
 
-def seal(rows: list) -> tuple[int, bytes]:
-    """Staged rows as one compressed piece (:func:`instance_pieces`), and how many."""
-    return len(rows), zlib.compress(orjson.dumps(next(instance_pieces(rows))), 1)
+class Packing:
+    """How records travel between workers and wait on one: compressed JSON columns, bytes a worker
+    can send and a fraction of the objects' room while other ranks are read and analysed."""
+
+    hands_over = False
+
+    def pack(self, rank: int, instances: list[CollectiveInstance]) -> object:
+        """One rank's instances, held while the worker reads and analyses others'."""
+        return zlib.compress(orjson.dumps(to_wire([RankSummary(rank, "", None, [], instances=instances)])), 1)
+
+    def unpack(self, packed: object, interner: Interner) -> list[CollectiveInstance]:
+        """The instances :meth:`pack` packed, in their order (new objects)."""
+        assert isinstance(packed, bytes)
+        return from_wire(orjson.loads(zlib.decompress(packed)), interner)[0].instances
+
+    def seal(self, rows: list) -> tuple[int, object]:
+        """Staged rows as one compressed piece (:func:`instance_pieces`), and how many."""
+        return len(rows), zlib.compress(orjson.dumps(next(instance_pieces(rows))), 1)
+
+    def open(self, sealed: object) -> object:
+        """A sealed piece as it goes into a round."""
+        assert isinstance(sealed, bytes)
+        return orjson.loads(zlib.decompress(sealed))
+
+    def rows(self, part: object, interner: Interner) -> Iterator[tuple[int, int, tuple, CollectiveInstance]]:
+        """The rows of an opened piece, decoded."""
+        assert isinstance(part, dict)
+        return instances_from(part, interner)
 
 
-def unseal(sealed: list[tuple[int, bytes]]) -> Iterator[dict]:
+class HandingOver(Packing):
+    """A world of one: nothing leaves the process, so the records are handed on as the objects
+    they are, not packed and rebuilt (the JSON round trips were a tenth of a 1,024-rank merge)."""
+
+    hands_over = True
+
+    def pack(self, rank: int, instances: list[CollectiveInstance]) -> object:
+        return instances
+
+    def unpack(self, packed: object, interner: Interner) -> list[CollectiveInstance]:
+        assert isinstance(packed, list)
+        return packed
+
+    def seal(self, rows: list) -> tuple[int, object]:
+        return len(rows), rows
+
+    def open(self, sealed: object) -> object:
+        return sealed
+
+    def rows(self, part: object, interner: Interner) -> Iterator[tuple[int, int, tuple, CollectiveInstance]]:
+        assert isinstance(part, list)
+        return iter(part)
+
+
+def carrier(world: World) -> Packing:
+    """How ``world`` carries records: handed over in a world of one, packed where workers exchange them."""
+    return HandingOver() if world.size == 1 else Packing()
+
+
+def unseal(sealed: list[tuple[int, object]], carrying: Packing) -> Iterator[dict]:
     """Sealed pieces, opened as they are sent, several to a piece of at most PIECE_ROWS rows (the
     list empties as they go)."""
     sealed.reverse()
     while sealed:
-        parts: list[dict] = []
+        parts: list[object] = []
         count = 0
         while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
             rows, blob = sealed.pop()
-            parts.append(orjson.loads(zlib.decompress(blob)))
+            parts.append(carrying.open(blob))
             count += rows
         yield {"parts": parts}

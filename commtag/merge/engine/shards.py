@@ -38,9 +38,8 @@ from __future__ import annotations
 
 import zlib
 from array import array
-from dataclasses import astuple, dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional
-
+from dataclasses import astuple, dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from commtag.merge.analysis.alltoall import AllToAll, traffic
 from commtag.merge.analysis.analyze import (
@@ -58,10 +57,11 @@ from commtag.merge.analysis.parts import (
 from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.batches import BATCH_KEY, BATCHES_OF, batch_keys
 from commtag.merge.engine.exchange import from_everyone
+from commtag.merge.engine.options import Progress, Unshown
 from commtag.merge.engine.owned import BackRows, Held, OwnLanes, apply, back_pieces, flow_to_wire
 from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.engine import routes
-from commtag.merge.engine.routes import instances_from, pack, route, rows_pieces, seal, unpack, unseal
+from commtag.merge.engine.routes import carrier, route, rows_pieces, unseal
 from commtag.merge.pftrace.lanes import flows_of, group_flows, lanes_used
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.records import (
@@ -120,25 +120,27 @@ def gap_owner(pg_uid: str, seq: int, size: int) -> int:
 
 
 def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: Coverage,
-            interner: Interner) -> Outcome:
-    """Steps 1 to 4 of the module docstring (the figures only with ``hook``, the flows always)."""
+            interner: Interner, shown: Callable[[int], Progress] = lambda total: Unshown()) -> Outcome:
+    """Steps 1 to 4 of the module docstring (figures only with ``hook``, flows always), shown by parts."""
     me, size = world.index, world.size
     if hook is not None and hook.keep and size > 1:  # each worker would keep only the collectives it owns
         raise ValueError("MergeAnalysis(keep=True) runs in a world of one")
+    carrying = carrier(world)
     buckets = max(1, -(-sum(held.counts.values()) // (size * BUCKET_ROWS)))
-    outcome = Outcome(lanes=OwnLanes(interner))
+    outcome = Outcome(lanes=OwnLanes(interner, carrying))
     staged: dict[tuple[int, int], list] = {}
-    sealed: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
+    sealed: dict[tuple[int, int], list[tuple[int, object]]] = {}
     runs: list[SeqRun] = []
     found: dict[str, list] = {}
+    bar = shown(len(held.packed) + buckets + 1)
     for rank in sorted(held.packed):  # settled as one process settles them, keyed, dealt out, packed again
-        insts = unpack(held.packed[rank], interner)
+        insts = held.carrier.unpack(held.packed[rank], interner)
         settle_inferred(insts, held.inferred)
         held.used[rank] = lanes_used(insts)
         if hook is not None:
             runs += seq_runs(insts, coverage)
         for idx, (inst, key) in enumerate(zip(insts, match_keys(insts))):
-            if seq_issued(inst) and inst.pg_uid not in found:
+            if inst.pg_uid not in found and seq_issued(inst):  # the cheap test first: most groups are found
                 found[inst.pg_uid] = [rank, idx, inst.lane_name, list(inst.group_ranks)]
             if key[0] == "alone" and len(key) == 2:
                 key = ("alone", rank, idx)
@@ -148,15 +150,16 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             rows = staged.setdefault(where, [])
             rows.append((rank, idx, key, inst))
             if len(rows) >= routes.SEAL_ROWS:
-                sealed.setdefault(where, []).append(seal(staged.pop(where)))
+                sealed.setdefault(where, []).append(carrying.seal(staged.pop(where)))
         by_lane: dict[str, list[int]] = {}
         for idx, inst in enumerate(insts):
             by_lane.setdefault(inst.lane_name, []).append(idx)
         for lane, idxs in by_lane.items():
-            outcome.lanes.packed[(rank, lane)] = (pack(rank, [insts[idx] for idx in idxs]), idxs)
+            outcome.lanes.packed[(rank, lane)] = (carrying.pack(rank, [insts[idx] for idx in idxs]), idxs)
         del held.packed[rank], insts
+        bar.update()
     for where in list(staged):
-        sealed.setdefault(where, []).append(seal(staged.pop(where)))
+        sealed.setdefault(where, []).append(carrying.seal(staged.pop(where)))
     holder: dict[int, int] = {}
     refs: dict[str, list] = {}
     for w, part in enumerate(from_everyone(world, lambda: {
@@ -178,12 +181,13 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
 
         def arrived(piece: dict) -> None:
             for part in piece["parts"]:
-                shard.extend(instances_from(part, interner))
+                shard.extend(carrying.rows(part, interner))
 
-        route(world, [unseal(sealed.pop((w, bucket), [])) for w in range(size)], arrived)
+        route(world, [unseal(sealed.pop((w, bucket), []), carrying) for w in range(size)], arrived)
         outcome.analysed += len(shard)
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs, kept)
+        bar.update()
     tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
     back, pending = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
     own_markers: list[tuple] = []
@@ -199,7 +203,11 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             for _, whole, light in kept:
                 whole.straggler = light.straggler
             hook.result.collectives = [whole for _, whole, _ in sorted(kept, key=lambda row: row[0])]
+            for whole in hook.result.collectives if carrying.hands_over else ():  # copies: the lanes annotate these
+                whole.members = {rank: replace(inst, args=dict(inst.args)) for rank, inst in whole.members.items()}
             hook.result.markers = markers(hook.result.collectives)
+    bar.update()
+    bar.close()
     return outcome
 
 
@@ -431,7 +439,7 @@ def analyze(instances: Iterable[CollectiveInstance], *, coverage: Optional[Cover
         by_rank.setdefault(inst.rank, []).append(inst)
     if coverage is None:
         coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else by_rank)
-    held = Held()
+    held = Held()  # packed, though a world of one: the members are the caller's records' copies
     for rank in sorted(by_rank):
         held.take(RankSummary(rank, "", None, [], instances=by_rank.pop(rank)))
     world = SoloWorld()

@@ -188,7 +188,7 @@ class FileWorld:
         target = self._dir / f"{what}.w{self.index}"
         try:
             self._dir.mkdir(exist_ok=True)
-            write_atomic(target, data)
+            write_atomic(target, data, durable=False)  # read by live workers only, removed at the end
         except OSError as exc:
             if not self._from_reserve(target, data):
                 raise NotSent(self._output, f"cannot write the output: {exc.strerror or exc}") from None
