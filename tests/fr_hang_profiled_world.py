@@ -16,7 +16,6 @@ ring is empty) while ranks 0 and 1 time out in an all_reduce of the world.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from datetime import timedelta
@@ -83,11 +82,7 @@ def _keep_midway(path, out: Path, rank: int) -> None:
 def run_profiled_then_hung(out: Path) -> None:
     from gloo_world import run_world
 
-    os.environ["TORCH_FR_BUFFER_SIZE"] = str(FR_ENTRIES)  # read by each rank's process group as it starts
-    try:
-        run_world(_body, WORLD, str(out))
-    finally:
-        del os.environ["TORCH_FR_BUFFER_SIZE"]
+    run_world(_body, WORLD, str(out), env={"TORCH_FR_BUFFER_SIZE": str(FR_ENTRIES)})  # set before each group starts
 
 
 def _never_entered(rank: int, world_size: int, out_dir: str) -> None:
@@ -113,8 +108,4 @@ def run_never_entered(out: Path) -> None:
     """``out/fr_<rank>``: torch's JSON dumps of a job whose rank 2 never entered any call."""
     from gloo_world import run_world
 
-    os.environ["TORCH_FR_BUFFER_SIZE"] = str(FR_ENTRIES)
-    try:
-        run_world(_never_entered, WORLD, str(out))
-    finally:
-        del os.environ["TORCH_FR_BUFFER_SIZE"]
+    run_world(_never_entered, WORLD, str(out), env={"TORCH_FR_BUFFER_SIZE": str(FR_ENTRIES)})

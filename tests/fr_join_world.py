@@ -8,7 +8,6 @@ makes one all_reduce before the profile and one after it, and three inside it, a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 #: The job's ranks, and torch's ring size in it.
@@ -46,8 +45,4 @@ def _body(rank: int, world_size: int, out_dir: str) -> None:
 def run_profiled_and_dumped(out: Path) -> None:
     from gloo_world import run_world
 
-    os.environ["TORCH_FR_BUFFER_SIZE"] = str(FR_ENTRIES)  # read by each rank's process group as it starts
-    try:
-        run_world(_body, WORLD, str(out))
-    finally:
-        del os.environ["TORCH_FR_BUFFER_SIZE"]
+    run_world(_body, WORLD, str(out), env={"TORCH_FR_BUFFER_SIZE": str(FR_ENTRIES)})  # set before each group starts

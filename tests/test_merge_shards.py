@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -114,12 +115,7 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    _on_two_threads(worker, errors)
     return results
 
 
@@ -182,12 +178,7 @@ def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Pat
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    _on_two_threads(worker, errors)
     every = [r for r in WORLD for _ in job[r]]
     assert seen == [every, every]
     for index in range(2):
@@ -286,3 +277,13 @@ def test_exchange_rounds_are_renamed_into_place_without_an_fsync(tmp_path: Path,
     every = [[f"0:{r}".encode(), f"1:{r}".encode()] for r in range(5)]
     assert got == [every, every]
     assert synced == []
+
+
+def _on_two_threads(worker: Callable[[int], None], errors: list[BaseException]) -> None:
+    """``worker(0)`` and ``worker(1)`` at once, as two merge workers; what either raised, re-raised here."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
