@@ -50,6 +50,13 @@ def test_workers_take_whole_blocks_of_ranks(job: Path) -> None:
         shares = chunks(ranks, workers, block)
         assert [r.rank for share in shares for r in share] == list(range(RANKS))
         assert all(share and share[0].rank % block == 0 for share in shares), [len(s) for s in shares]
+        # Balanced: a block goes to the worker its middle falls in, so each end of a share is off by
+        # at most half a block, and worker 0 (which also leads) holds at most half a block over its part.
+        total = sum(r.size for r in ranks)
+        largest = max(sum(r.size for r in ranks[i:i + block]) for i in range(0, len(ranks), block))
+        loads = [sum(r.size for r in share) for share in shares]
+        assert loads[0] <= total / workers + largest / 2, (loads, total / workers)
+        assert all(abs(load - total / workers) <= largest for load in loads), (loads, total / workers)
 
 
 def test_any_number_of_workers_writes_one_process_bytes(job: Path, tmp_path: Path) -> None:

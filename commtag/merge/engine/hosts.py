@@ -295,12 +295,15 @@ def assign(copies: Sequence[dict[Node, RankInput]], workers: Sequence[tuple[int,
 def chunks(ranks: Sequence[RankInput], workers: int, block: int = 1) -> list[list[RankInput]]:
     """Contiguous chunks in rank order, balanced by input size (worker 0 never empty), of whole
     blocks of ``block`` consecutive rank numbers (:func:`commtag.merge.ids.sequence_block`: then the
-    trace is the same bytes whatever the number of workers)."""
+    trace is the same bytes whatever the number of workers). A block goes to the worker its middle
+    falls in: given to the worker it starts in, worker 0 (which also leads) took up to a block more
+    than its part, and the others waited for it (66 ranks against 62 at 128 ranks in blocks of 2)."""
     total = sum(r.size for r in ranks) or 1
     out: list[list[RankInput]] = [[] for _ in range(workers)]
     done = 0
     for _, members in itertools.groupby(ranks, key=lambda r: r.rank // block):
         taken = list(members)
-        out[min(workers - 1, int(done * workers / total))] += taken
-        done += sum(r.size for r in taken)
+        size = sum(r.size for r in taken)
+        out[0 if not done else min(workers - 1, int((done + size / 2) * workers / total))] += taken
+        done += size
     return out
