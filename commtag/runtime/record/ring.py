@@ -77,9 +77,10 @@ class Replayed:
     """One captured collective that a CUDA-graph replay runs, kept as the replay starts (torch's
     recorder skips replays: nothing of c10d runs). Its capture Seq is the call's Seq at capture, the
     same on every replay; ``replay`` the replay's index since that capture. Its place among the group's
-    calls is ``after_seq + replayed``: the group's latest Seq then, plus the replayed collectives the
-    group has run so far, this one included (an eager call's place is its Seq plus the replays before
-    it), so each call of the group has its own place, in time order, the same on every member."""
+    calls is the latest Seq before it plus the replayed collectives the group has run so far, this one
+    included (an eager call's place is its Seq plus the replays before it), so each call of the group
+    has its own place, in time order, the same on every member (:func:`_places`; ``after_seq``, the
+    group's Seq as it started, stands in where the ring no longer holds the eager call before it)."""
 
     __slots__ = ("record_id", "call", "capture_seq", "replay", "after_seq", "replayed", "start_ns", "tid",
                  "thread_name", "error")
@@ -271,25 +272,49 @@ def facts(slot: Slot | Kept | Replayed) -> Facts:
 
 def _places(kept: list[Facts], replayed: dict[str, int]) -> dict[int, int]:
     """Record id -> place of each collective on a group whose collectives replays ran (in time order,
-    as export-fr numbers such a group, but counted from the group's Seq: a replay after its latest; see
-    :class:`Replayed`). An eager call's place is its Seq plus the group's replays before it: walked
-    from the newest, those are the count taken with the snapshot, then one fewer than each replay
-    passed (the ring drops only its oldest calls, so none between is missing)."""
-    places: dict[int, int] = {}
+    as export-fr numbers such a group, but counted from the group's Seq; see :class:`Replayed`).
+
+    Counted in the ring's order, the one order of this rank's calls: an eager call's place is its Seq
+    plus the group's replays before it, a replay's the Seq of the group's eager call before it plus
+    its own count (walked from the newest: the count taken with the snapshot, then one fewer for each
+    replay passed; the ring drops only its oldest calls, so none between is missing). A replay with no
+    eager call before it in the ring takes the Seq it read as it started, but below the next eager
+    call's: a thread that took a Seq and was kept after a replay another thread counted meanwhile
+    would otherwise share that replay's place. So places rise along the ring, one per call."""
     running = dict(replayed)
     for call in kept:  # a group whose count was not taken: its newest replay's count
         if call.place is not None:
             name = call.call.state.name
             running[name] = max(running.get(name, 0), call.replayed)
-    for call in reversed(kept):
+    counts: dict[int, int] = {}  # record id -> a replay's count, an eager call's replays before it
+    next_seq: dict[int, int] = {}  # a replay's record id -> the Seq of the group's next eager call
+    later: dict[str, int] = {}
+    on_groups = [call for call in kept
+                 if call.call.state.name in running and call.call.p2p not in (SEND, RECV)]
+    for call in reversed(on_groups):
         name = call.call.state.name
-        if name not in running or call.call.p2p in (SEND, RECV):
-            continue
         if call.place is not None:
-            places[call.record_id] = call.place
+            counts[call.record_id] = call.replayed
             running[name] = call.replayed - 1
+            if name in later:
+                next_seq[call.record_id] = later[name]
         else:
-            places[call.record_id] = call.seq + running[name]
+            counts[call.record_id] = running[name]
+            later[name] = call.seq
+    places: dict[int, int] = {}
+    eager_seq: dict[str, int] = {}
+    for call in on_groups:
+        name = call.call.state.name
+        count = counts[call.record_id]
+        if call.place is None:
+            eager_seq[name] = call.seq
+            places[call.record_id] = call.seq + count
+            continue
+        after = eager_seq.get(name)
+        if after is None:
+            after = call.place - call.replayed  # the group's Seq as the replay started
+            after = min(after, next_seq.get(call.record_id, after + 1) - 1)
+        places[call.record_id] = after + count
     return places
 
 
