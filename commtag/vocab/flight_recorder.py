@@ -102,8 +102,10 @@ def version_number(version: str) -> tuple[int, ...]:
 #: wheel was built from, ``torch.version.git_version``): each read from that release's wheel.
 FR_WRITERS = {
     "2.11.0": ("2.10", "70d99e998b4955e0049d13a98d77ae1b14db1f45"),
+    "2.12.0": ("2.10", "7661cd9c6b841b62b7f411aa52ec51f05457263b"),
     "2.12.1": ("2.10", "7269437d655783a26cba32aa88195b741ff496aa"),
     "2.13.0": ("2.10", "cf30153c4c131c8164ee7798e5022d810682e2cb"),
+    "2.14.0": ("2.10", "08187d9e0fba026dc8217405802ab5381dc88d90"),
     "2.14.1": ("2.10", "5c4886908584029761b579af026dcfb627c84070"),
     "2.15.0": ("2.10", "d0f2af8b66b20da4baa50644c0cd3f887a2eae2e"),
 }
