@@ -14,9 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import orjson
 import pytest
 
-from commtag.merge.hangs import read_dumps
+from commtag.cli import main
+
+from commtag.merge.hangs import find_dumps, read_dumps
 from commtag.runtime.failopen import reset
 from commtag.runtime.record.torchdumps import (Recorders, parameter_names, recorder_prefix, recorders_in_use,
                                                save_torch_dumps)
@@ -187,9 +190,9 @@ def _dump_on_two_groups(rank: int, world_size: int, dump_dir: str) -> dict[str, 
 
 @pytest.mark.slow
 def test_a_real_gloo_job_saves_torchs_default_recorder_as_documented(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """gloo records into torch's default recorder alone: its dump is saved as torch_fr_<rank>, nothing else
-    of torch's is written."""
+    of torch's is written, and the summary reads commtag's dumps and names torch's as not read."""
     from gloo_world import run_world
 
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
@@ -203,3 +206,56 @@ def test_a_real_gloo_job_saves_torchs_default_recorder_as_documented(
     torchs = read_dumps(torch_only)
     assert [d.by_commtag for d in torchs] == [False, False]
     assert all(sorted(len(entries) for entries in d.by_group.values()) == [3, 3] for d in torchs)
+    assert main(["summary", str(tmp_path), "--format", "json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["flight_recorder_ranks"] == [0, 1] and report["hangs"] == []
+    assert [(n["rank"], Path(n["file"]).name, Path(n["read_instead"]).name) for n in report["fr_not_read"]] == [
+        (0, "torch_fr_0", "commtag_fr_0"), (1, "torch_fr_1", "commtag_fr_1")]
+    assert main(["summary", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "notice: 2 dumps not read (torch_fr_* of ranks 0-1): commtag's dumps of those ranks (commtag_fr_*) are "
+        "read, which hold every call commtag saw, whatever the backend (torch's analyzer: fr_trace -p torch_fr_)")
+
+
+def _entry(group: str, seq: int, backend: str, rank_seq_ns: int) -> dict[str, Any]:
+    """An entry as torch's writer lays it out (FlightRecorderDetail.hpp; see commtag.vocab.flight_recorder)."""
+    return {"record_id": seq - 1, "pg_id": int(group), "process_group": (group, "default_pg" if group == "0" else
+                                                                         "tp"),
+            "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"{backend}:all_reduce",
+            "time_created_ns": rank_seq_ns, "input_sizes": [[8]], "output_sizes": [[8]], "input_dtypes": ["Float"],
+            "output_dtypes": ["Float"], "state": "scheduled", "retired": True, "is_p2p": False}
+
+
+def _recorder_dump(folder: Path, name: str, group: str, backend: str, members: list[int], seqs: int) -> None:
+    doc = {"version": "2.10", "pg_config": {group: {"name": group, "desc": "", "ranks": str(members)}},
+           "pg_status": {}, "entries": [_entry(group, seq, backend, 1000 * seq) for seq in range(1, seqs + 1)]}
+    (folder / name).write_bytes(pickle.dumps(doc, protocol=2))
+
+
+def test_torchs_recorders_alone_are_read_one_prefix_for_the_folder_and_the_rest_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """torch's default recorder of ranks 0-2 (the world's group 0 on gloo) and a hooked nccl2 recorder of
+    ranks 0, 1 and 3 (group 1, its own Seq): as many ranks have each, so the first prefix in name order,
+    the default recorder's, is read for the folder, and no nccl2 dump is mixed in. Rank 3's read with the
+    others would make ranks 0 and 1 look missing from group 1, whose entries their dumps read do not hold."""
+    for rank in range(3):
+        _recorder_dump(tmp_path, f"torch_fr_{rank}", "0", "gloo", [0, 1, 2], 3)
+    for rank in (0, 1, 3):
+        _recorder_dump(tmp_path, f"torch_fr_nccl2_{rank}", "1", "nccl2", [0, 1, 3], 5 if rank == 3 else 2)
+    assert find_dumps(tmp_path) == {rank: tmp_path / f"torch_fr_{rank}" for rank in range(3)}
+    assert main(["summary", str(tmp_path), "--format", "json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["flight_recorder_ranks"] == [0, 1, 2] and report["hangs"] == []
+    assert [(n["rank"], Path(n["file"]).name, n["read_instead"] and Path(n["read_instead"]).name)
+            for n in report["fr_not_read"]] == [(0, "torch_fr_nccl2_0", "torch_fr_0"),
+                                                (1, "torch_fr_nccl2_1", "torch_fr_1"), (3, "torch_fr_nccl2_3", None)]
+    assert main(["summary", str(tmp_path)]) == 0
+    notices = [line for line in capsys.readouterr().out.splitlines() if "not read" in line]
+    assert notices == [
+        "notice: 2 dumps not read (torch_fr_nccl2_* of ranks 0-1): the torch dumps read are torch_fr_*: each "
+        "recorder numbers its own Seq, and two are never mixed (torch's analyzer: fr_trace -p torch_fr_nccl2_)",
+        "notice: 1 dump not read (torch_fr_nccl2_* of rank 3): those ranks have none of the prefix read: each "
+        "recorder numbers its own Seq, and two are never mixed (torch's analyzer: fr_trace -p torch_fr_nccl2_)"]
+    # Where more ranks have the nccl2 recorder's dumps, those are the ones read.
+    _recorder_dump(tmp_path, "torch_fr_nccl2_4", "1", "nccl2", [0, 1, 3], 2)
+    assert find_dumps(tmp_path) == {rank: tmp_path / f"torch_fr_nccl2_{rank}" for rank in (0, 1, 3, 4)}
