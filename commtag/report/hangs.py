@@ -84,6 +84,7 @@ def hangs_json(diagnosis: Diagnosis) -> dict[str, object]:
         "fr_groups": [g.to_dict() for g in diagnosis.groups],
         "fr_desyncs": [m.to_dict() for m in diagnosis.mismatches],
         "fr_notices": diagnosis.notices,
+        "fr_not_read": [n.to_dict() for n in diagnosis.not_read],
     }
 
 

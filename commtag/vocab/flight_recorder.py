@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from commtag.vocab.nccl2 import BACKEND_GLOO, BACKEND_NCCL
+
 #: The environment variable naming the dump files' prefix; each rank writes ``<prefix><rank>``
 #: (FlightRecorder.cpp ``DebugInfoWriter::getWriter`` reads TORCH_FR_DUMP_TEMP_FILE, then the older
 #: TORCH_NCCL_DEBUG_INFO_TEMP_FILE).
@@ -140,6 +142,27 @@ FR_HOOK_UNKNOWN_BACKEND = "c10d"
 #:   (types.py ``_gathered_numel_matches``), and alltoall_base is named all_to_all_single (types.py);
 #: - a recv from any source names no peer: its meta is "<dst><-?" (types.py);
 #: - calls issued under CUDA-graph capture are not recorded (FlightRecorderHook.hpp).
+#: A process may hold three kinds of torch recorder, each dumped by its own call:
+#: - the default c10::Event recorder, gloo's (FlightRecorder.hpp ``kDefaultFRBackend`` "gloo"), dumped by
+#:   ``_dump_fr_trace(includeCollectives, includeStackTraces, onlyActive)`` (every release, CPU builds too);
+FR_DUMP = "_dump_fr_trace"
+#: - from torch 2.15, one per backend FlightRecorderHook records, keyed by the name the backend gives
+#:   itself (FlightRecorder.hpp ``getFlightRecorder(backend)``; the hook's ``BackendTarget`` resolves the
+#:   recorder and the name its entries' profiling_name carries together), dumped by
+#:   ``_dump_fr_trace(..., backend=NAME)`` (torch 2.15.0's ``_distributed_c10d.pyi``; 2.11-2.14 have no such
+#:   keyword). torch parks each group's hook in ``_world.pg_flight_recorder_hooks`` and hooks no group whose
+#:   every backend is in ``_FR_SELF_RECORDING_BACKENDS`` (distributed_c10d.py ``_maybe_attach_flight_recorder``);
+#:   the hook skips the ops of a backend that records natively (gloo's, legacy NCCL's);
+FR_BACKEND_KEYWORD = "backend"
+FR_HOOKS_ATTR = "pg_flight_recorder_hooks"
+FR_SELF_RECORDING_ATTR = "_FR_SELF_RECORDING_BACKENDS"
+#: - the legacy ProcessGroupNCCL's own CUDAEvent recorder (its backend's name "nccl", ProcessGroupNCCL.hpp
+#:   ``NCCL_BACKEND_NAME``), dumped by ``_dump_nccl_trace(includeCollectives, includeStackTraces, onlyActive)``,
+#:   bound only where torch is built with NCCL (torch/csrc/distributed/c10d/init.cpp, under ``USE_C10D_NCCL``;
+#:   ProcessGroupNCCL.hpp ``dump_nccl_trace``): absent from CPU builds.
+FR_NCCL_DUMP = "_dump_nccl_trace"
+#: The backends whose calls a native recorder holds (the default one, legacy NCCL's): never a hook's.
+FR_NATIVE_BACKENDS = frozenset({BACKEND_GLOO, BACKEND_NCCL})
 #: The desc torch gives its default group, which holds every rank of the world.
 FR_DEFAULT_PG_DESC = "default_pg"
 #: The point-to-point ops (types.py ``P2P``); their meta is "<src>-><dst>" (send) or "<dst><-<src>"

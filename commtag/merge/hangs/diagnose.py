@@ -11,7 +11,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from commtag.merge.hangs.dumps import FrDump, FrEntry, collector_paused
+from commtag.merge.hangs.dumps import DUMP_NAME, FrDump, FrEntry, NotRead, collector_paused
 from commtag.merge.hangs.matching import Mismatch, mismatches
 from commtag.vocab import flight_recorder as fr
 
@@ -108,6 +108,8 @@ class Diagnosis:
     notices: list[str]
     #: Per rank: its latest entry of any group, for the stuck ranks' whereabouts.
     latest: dict[int, FrEntry]
+    #: The dumps of the folders read that were not read (each said in a notice).
+    not_read: list[NotRead] = field(default_factory=list)
 
     def stuck(self) -> list[int]:
         """The ranks that others wait on and that wait on no one: missing from a hang, entered in none."""
@@ -124,6 +126,8 @@ def diagnose(dumps: list[FrDump]) -> Diagnosis:
 def _diagnose(dumps: list[FrDump]) -> Diagnosis:
     by_rank = {d.rank: d for d in dumps}
     notices = _version_notices(dumps)
+    not_read = [n for folder in {id(d.folder_not_read): d.folder_not_read for d in dumps}.values() for n in folder]
+    notices.extend(_not_read_notices(not_read))
     for dump in dumps:
         for why, count in sorted(dump.left_out.items()):
             notices.append(f"{dump.path}: {count} entries left out: {why}")
@@ -145,7 +149,27 @@ def _diagnose(dumps: list[FrDump]) -> Diagnosis:
     latest = {d.rank: max(d.entries, key=lambda e: e.created_ns) for d in dumps if d.entries}
     return Diagnosis(ranks=sorted(by_rank), groups=groups, hangs=hangs,
                      mismatches=mismatches(groups_entries(dumps), {g.pg: len(g.members) for g in groups}),
-                     notices=notices, latest=latest)
+                     notices=notices, latest=latest, not_read=not_read)
+
+
+def _not_read_notices(not_read: list[NotRead]) -> list[str]:
+    """One notice per prefix not read and what was read instead, the ranks as ranges."""
+    said: dict[tuple[str, bool, Optional[str]], list[int]] = {}
+    for dump in not_read:
+        read = DUMP_NAME.match(dump.read.name) if dump.read is not None else None
+        said.setdefault((dump.prefix, dump.beside_commtag, read["prefix"] if read else None), []).append(dump.rank)
+    notices = []
+    for (prefix, beside_commtag, read_prefix), ranks in said.items():
+        head = f"{len(ranks)} dump{'' if len(ranks) == 1 else 's'} not read ({prefix}* of {plural_ranks(ranks)}): "
+        if beside_commtag:
+            why = (f"commtag's dumps of those ranks ({read_prefix}*) are read, which hold every call commtag saw, "
+                   "whatever the backend")
+        elif read_prefix is not None:
+            why = f"the torch dumps read are {read_prefix}*: each recorder numbers its own Seq, and two are never mixed"
+        else:
+            why = "those ranks have none of the prefix read: each recorder numbers its own Seq, and two are never mixed"
+        notices.append(f"{head}{why} (torch's analyzer: fr_trace -p {prefix})")
+    return notices
 
 
 def _version_notices(dumps: list[FrDump]) -> list[str]:

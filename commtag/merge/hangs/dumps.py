@@ -102,29 +102,71 @@ class FrDump:
     left_out: dict[str, int] = field(default_factory=dict)
     #: Group name -> its entries, in record order: the diagnosis reads each group's alone.
     by_group: dict[str, list[FrEntry]] = field(default_factory=dict)
+    #: The dumps of its folder not read (one list, shared by the folder's dumps).
+    folder_not_read: list[NotRead] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class NotRead:
+    """A dump in the folder that is not read, said in the summary: its rank's commtag dump is read
+    (``read``), which holds every call commtag saw whatever the backend, or the folder's torch dumps read
+    are another prefix's: each torch recorder numbers its own Seq, so two are never mixed."""
+
+    path: Path
+    rank: int
+    prefix: str
+    #: The file read for this rank instead; None where the rank has none of the prefix read.
+    read: Optional[Path]
+    beside_commtag: bool
+
+    def why(self) -> str:
+        if self.beside_commtag:
+            return "commtag's dump of the rank is read: it holds every call commtag saw, whatever the backend"
+        return "the folder's torch dumps read are another prefix's: each recorder numbers its own Seq, never mixed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "file": str(self.path), "read_instead": None if self.read is None else str(self.read),
+                "why": self.why()}
 
 
 def find_dumps(folder: Path) -> dict[int, Path]:
-    """The FR dumps directly in ``folder``, by rank; a rank's two dumps (torch's and commtag's, or pickle
-    and JSON) keep commtag's, then the pickle: what commtag wrote says more than what torch did."""
-    found: dict[int, tuple[tuple[int, str], Path]] = {}
+    """The FR dumps directly in ``folder`` that are read, by rank (see :func:`survey_dumps`)."""
+    return survey_dumps(folder)[0]
+
+
+def survey_dumps(folder: Path) -> tuple[dict[int, Path], list[NotRead]]:
+    """The FR dumps directly in ``folder``: the one read per rank, and the others. A rank's commtag dump is
+    read where it has one; the other ranks' are torch's of one prefix, the one most of them have (the
+    first in name order on a tie: torch's default recorder, ``torch_fr_``, before a backend's)."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
         raise DumpError(folder, f"cannot list: {exc.strerror or exc}") from None
+    by_rank: dict[int, list[tuple[str, bool, str]]] = {}
     for name in names:
         match = DUMP_NAME.match(name)
         path = folder / name
         if match is None or not path.is_file():
             continue
         head = _head(path)
-        if head is None:
-            continue
-        rank = int(match["rank"])
-        preference = (0 if head[1] else 1, name)
-        if rank not in found or preference < found[rank][0]:
-            found[rank] = (preference, path)
-    return {rank: path for rank, (_, path) in sorted(found.items())}
+        if head is not None:
+            by_rank.setdefault(int(match["rank"]), []).append((match["prefix"], head[1], name))
+    counts: dict[str, int] = {}
+    for files in by_rank.values():
+        if not any(by_commtag for _, by_commtag, _ in files):
+            for prefix, _, _ in files:
+                counts[prefix] = counts.get(prefix, 0) + 1
+    chosen = min(counts, key=lambda prefix: (-counts[prefix], prefix)) if counts else None
+    found: dict[int, Path] = {}
+    not_read: list[NotRead] = []
+    for rank, files in sorted(by_rank.items()):
+        commtags = [name for _, by_commtag, name in files if by_commtag]
+        read = commtags[0] if commtags else next((name for prefix, _, name in files if prefix == chosen), None)
+        if read is not None:
+            found[rank] = folder / read
+        not_read.extend(NotRead(folder / name, rank, prefix, None if read is None else folder / read, bool(commtags))
+                        for prefix, _, name in files if name != read)
+    return found, not_read
 
 
 #: A JSON dump names one of these keys near its start (quoted, as JSON writes them).
@@ -354,12 +396,17 @@ def collector_paused() -> Iterator[None]:
 
 
 def read_dumps(folder: Path) -> list[FrDump]:
-    """Every dump in ``folder``, in rank order (DumpError at the first that cannot be read)."""
+    """Every dump of ``folder`` that is read (:func:`survey_dumps`), in rank order, each holding the list of
+    the folder's dumps not read (DumpError at the first that cannot be read)."""
+    found, not_read = survey_dumps(folder)
     try:
         with collector_paused():
-            return [read_dump(path, rank) for rank, path in find_dumps(folder).items()]
+            dumps = [read_dump(path, rank) for rank, path in found.items()]
     finally:
         _SHARED.clear()
         _RECENT.clear()
         _RECENT_SHAPES.clear()
         _CALLS.clear()
+    for dump in dumps:
+        dump.folder_not_read = not_read
+    return dumps

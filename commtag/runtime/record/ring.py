@@ -22,6 +22,7 @@ from commtag.atomic import write_atomic
 from commtag.runtime.describe.calls import CallRecord, OpCall
 from commtag.runtime.describe.groups import GroupState
 from commtag.runtime.failopen import log_once
+from commtag.runtime.record.torchdumps import save_beside
 from commtag.vocab import RECV, SEND
 from commtag.vocab import flight_recorder as fr
 
@@ -31,9 +32,9 @@ DEFAULT_RING_SIZE = 2000
 DUMP_DIR_ENV = "COMMTAG_DUMP_DIR"
 RING_SIZE_ENV = "COMMTAG_RING_SIZE"
 _now_ns = time.time_ns
-#: commtag's dump of rank R is ``<DIR>/commtag_fr_<R>``; torch's, saved beside it, ``torch_fr_<R>``.
+#: commtag's dump of rank R is ``<DIR>/commtag_fr_<R>``; torch's, saved beside it, are named by
+#: :func:`commtag.runtime.record.torchdumps.recorder_prefix`.
 OWN_PREFIX = "commtag_fr_"
-TORCH_PREFIX = "torch_fr_"
 
 
 def size_from_environment() -> int:
@@ -144,7 +145,7 @@ class Ring:
         return kept
 
     def dump(self, reason: str) -> Optional[Path]:
-        """Write the ring (and torch's own dump, where its recorder is on) into the dump folder;
+        """Write the ring (and torch's own dumps, where its recorders are on) into the dump folder;
         None where it could not be written (logged once: the job goes on). Another thread's dump under
         way is waited for; this thread's own, which a signal handler interrupted, is left to finish."""
         me = threading.get_ident()
@@ -158,7 +159,7 @@ class Ring:
                 self._writer = None
 
     def _write(self, reason: str) -> Optional[Path]:
-        """Both files, one after the other (one writer at a time: a temporary's name is per process)."""
+        """commtag's file, then torch's, one after the other (one writer at a time: a temporary's name is per process)."""
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             with self._replay_lock:
@@ -171,9 +172,9 @@ class Ring:
             log_once("writing commtag's flight-recorder dump", exc)
             return None
         try:
-            _save_torch_dump(self.dump_dir / f"{TORCH_PREFIX}{rank}")
+            save_beside(self.dump_dir, rank)
         except Exception as exc:  # noqa: BLE001 - fail open: commtag's own dump is written already
-            log_once("saving torch's flight-recorder dump beside commtag's", exc)
+            log_once("saving torch's flight-recorder dumps beside commtag's", exc)
         return path
 
 
@@ -190,16 +191,6 @@ def _global_rank(slots: list[Slot | Kept | Replayed]) -> int:
         state = facts(slot).call.state
         return state.ranks[state.group_rank]
     return int(os.environ.get("RANK", "0"))
-
-
-def _save_torch_dump(path: Path) -> None:
-    """torch's own Flight Recorder dump, where its recorder is on (it is unless its size is set to 0)."""
-    if fr.torch_ring_size(os.environ) <= 0:
-        return
-    import torch._C._distributed_c10d as c10d
-
-    dump = getattr(c10d, "_dump_fr_trace")  # private: the stubs of some torch versions lack it
-    write_atomic(path, dump(True, True, False))
 
 
 def dump_document(slots: list[Slot | Kept | Replayed], reason: str, rank: int, size: int,
