@@ -22,7 +22,8 @@ mkdir -p "$logs"
 # reads, the analysis of real gloo worlds.
 suites=(tests/test_runtime_*.py tests/test_capture_*.py tests/test_cpu_op_collectives.py
         tests/test_gloo_world.py tests/test_merge_*.py tests/test_summary_gloo.py
-        tests/test_analyze*.py tests/test_compat_traces.py tests/test_torch_graph_annotations.py)
+        tests/test_analyze*.py tests/test_compat_traces.py tests/test_torch_graph_annotations.py
+        tests/test_hangs_*.py)
 
 own_constraints() {  # $1: version; prints the path of the version's own pip constraint file
     # A machine's pip configuration may name a constraint file that caps torch below the

@@ -20,7 +20,9 @@ import pytest
 from commtag.cli import main
 
 from commtag.merge.hangs import find_dumps, read_dumps
+from commtag.merge.hangs.dumps import read_dump
 from commtag.runtime.failopen import reset
+from commtag.vocab import flight_recorder as fr
 from commtag.runtime.record.torchdumps import (Recorders, parameter_names, recorder_prefix, recorders_in_use,
                                                save_torch_dumps)
 
@@ -136,10 +138,15 @@ def test_a_recorder_that_cannot_be_dumped_is_logged_once_and_the_others_are_save
 
 
 def test_the_backend_keyword_is_read_from_the_running_torchs_own_signature() -> None:
-    """The probe reads a pybind11 function's signature from its docstring: this torch (2.13) has none."""
+    """The probe reads a pybind11 function's signature from its docstring: torch 2.15's takes backend=,
+    2.13's (CI's) does not."""
+    import torch
     import torch._C._distributed_c10d as c10d
 
-    assert parameter_names(c10d._dump_fr_trace) == ("includeCollectives", "includeStackTraces", "onlyActive")
+    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    hooked = release >= tuple(int(part) for part in fr.FR_HOOK_RELEASE.split(".")[:2])
+    assert parameter_names(c10d._dump_fr_trace) == (("includeCollectives", "includeStackTraces", "onlyActive")
+                                                    + (("backend",) if hooked else ()))
     assert parameter_names(c10d_2_15(Calls())._dump_fr_trace)[-1] == "backend"
     assert parameter_names(None) == () and parameter_names(SimpleNamespace(__doc__="Overloaded function.")) == ()
 
@@ -259,3 +266,21 @@ def test_torchs_recorders_alone_are_read_one_prefix_for_the_folder_and_the_rest_
     # Where more ranks have the nccl2 recorder's dumps, those are the ones read.
     _recorder_dump(tmp_path, "torch_fr_nccl2_4", "1", "nccl2", [0, 1, 3], 2)
     assert find_dumps(tmp_path) == {rank: tmp_path / f"torch_fr_nccl2_{rank}" for rank in (0, 1, 3, 4)}
+
+
+_REAL = pytest.importorskip("torch._C._distributed_c10d")
+_REAL_HOOKED = "backend" in parameter_names(getattr(_REAL, "_dump_fr_trace", None))
+_REAL_NCCL = hasattr(_REAL, "_dump_nccl_trace")
+
+
+@pytest.mark.skipif(not (_REAL_HOOKED and _REAL_NCCL),
+                    reason="the running torch's dumps take no backend= (before 2.15) or it is a CPU build: "
+                           "launch/compat.sh runs this on torch 2.15's CUDA build")
+def test_the_running_torchs_own_dump_functions_save_each_recorder(tmp_path: Path) -> None:
+    """torch's real functions, not stand-ins: the default recorder, the legacy NCCL one and a hooked
+    backend's (empty rings: no GPU runs a call here) are each saved under its name and read back."""
+    saved = save_torch_dumps(tmp_path, 0, _REAL, Recorders(legacy_nccl=True, hooked=("nccl2",)))
+    assert [p.name for p in saved] == ["torch_fr_0", "torch_fr_nccl_0", "torch_fr_nccl2_0"]
+    for path in saved:
+        dump = read_dump(path, 0)
+        assert dump.version == "2.10" and dump.entries == [], path.name
