@@ -2,7 +2,9 @@
 
 On real gloo ranks under the profiler: functional collectives and a direct backend call (outside
 any capture) are recorded through c10d's hooks, the patched calls through their wrappers, and no
-call twice; uninstall leaves no commtag hook on any group. CI's torch 2.13 has no such hooks: the
+call twice; uninstall leaves each group's hooks registered and inert (torch's hook table is not safe
+to change while another thread issues a call: tests/test_runtime_toggle.py crashed on 2.15 when they
+were unregistered), and a second install records each call once again. CI's torch 2.13 has no such hooks: the
 tests skip there and run in the compatibility run (launch/compat.sh).
 """
 
@@ -51,8 +53,14 @@ def _mixed_calls(rank: int, world: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU]):
         funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))
         after = recorder.drain()
-    return {"names": names, "hooked": len(hooked), "after": len(after),
-            "restored": not hasattr(dist.distributed_c10d._maybe_attach_flight_recorder, "__wrapped__")}
+    restored = not hasattr(dist.distributed_c10d._maybe_attach_flight_recorder, "__wrapped__")
+    commtag.install()
+    with profile(activities=[ProfilerActivity.CPU]):
+        funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))
+        again = recorder.drain()
+    commtag.uninstall()
+    return {"names": names, "hooked": len(hooked), "after": len(after), "restored": restored,
+            "again": [(r.annotation.collective_name, r.annotation.pg_name) for r in again]}
 
 
 @needs_hooks
@@ -68,7 +76,8 @@ def test_calls_no_patched_function_sees_are_recorded_once_each() -> None:
             ("allreduce_coalesced", "0", 4),
             ("barrier", "0", 5),
         ]
-        assert result["hooked"] == 0 and result["after"] == 0 and result["restored"]
+        assert result["hooked"] == 2 and result["after"] == 0 and result["restored"]
+        assert result["again"] == [("allreduce", "0")]
 
 
 def _state(size: int = 4, rank: int = 1, record_format: str = "legacy"):

@@ -16,8 +16,12 @@ else recorded:
 
 A group made after install gets its hooks where torch attaches its own
 (``_maybe_attach_flight_recorder``, called for every new and split group).
-:func:`detach_all` unregisters them; a group whose hook cannot be
-unregistered keeps an inert one.
+A group keeps its hooks, once registered, for its life: :func:`detach_all`
+makes them inert (one check per call) and a later install wakes them. torch's
+hook table is not safe to change while another thread issues a call on the
+group: unregistering them at uninstall, with install and uninstall run from
+one thread while another issued collectives, crashed the process (a
+segmentation fault in the call's dispatch, torch 2.15.0, gloo).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from commtag.vocab import (
 HOOK_ID = 0x636F6D74
 
 _lock = threading.RLock()
-#: True while installed: a hook that could not be unregistered reads it and does nothing.
+#: True while installed: a hook reads it, and does nothing while commtag is not installed.
 _live = False
 #: Groups that carry commtag's hooks (weakly: a destroyed group is not kept alive by commtag).
 _attached: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -205,18 +209,11 @@ def attach_all() -> None:
 
 
 def detach_all() -> None:
-    """Unregister every hook commtag registered and put torch's attachment back (idempotent);
-    a hook that cannot be unregistered stays, inert."""
+    """Make every hook commtag registered inert (they stay registered: see the module docstring) and
+    put torch's attachment back (idempotent)."""
     global _live, _watcher
     with _lock:
         _live = False
-        for pg in list(_attached):
-            try:
-                pg.unregister_pre_hook(HOOK_ID)
-                pg.unregister_post_hook(HOOK_ID)
-            except Exception as exc:  # noqa: BLE001 - a destroyed group keeps an inert hook
-                log_once("unregistering c10d hooks", exc)
-        _attached.clear()
         if getattr(c10d, "_maybe_attach_flight_recorder", None) is _watcher and _watcher is not None:
             setattr(c10d, "_maybe_attach_flight_recorder", _watcher.__wrapped__)
         _watcher = None
