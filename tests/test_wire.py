@@ -37,6 +37,7 @@ TAGS = [
     ("PACKET_SEQUENCE_FLAGS", pb.TracePacket, "sequence_flags"),
     ("PACKET_TRACK_EVENT", pb.TracePacket, "track_event"),
     ("PACKET_INTERNED_DATA", pb.TracePacket, "interned_data"),
+    ("PACKET_DEFAULTS", pb.TracePacket, "trace_packet_defaults"),
     ("EVENT_TYPE", pb.TrackEvent, "type"),
     ("EVENT_TRACK_UUID", pb.TrackEvent, "track_uuid"),
     ("EVENT_NAME_IID", pb.TrackEvent, "name_iid"),
@@ -96,11 +97,15 @@ def canonical(packet: pb.TracePacket) -> bytes:
     return pb.Trace(packet=[packet]).SerializeToString()
 
 
-def event_packet(ts: int, event: bytes, flags: int, interned: pb.InternedData | None = None) -> bytes:
+def event_packet(ts: int, event: bytes, flags: int, interned: pb.InternedData | None = None,
+                 default_track: int | None = None) -> bytes:
     out = fields(pb.TracePacket, ("timestamp", ts - T0), ("trusted_packet_sequence_id", SEQ))
     if interned is not None:
         out += fields(pb.TracePacket, ("interned_data", interned))
     out += fields(pb.TracePacket, ("sequence_flags", flags))
+    if default_track is not None:
+        out += fields(pb.TracePacket, ("trace_packet_defaults", pb.TracePacketDefaults(
+            track_event_defaults=pb.TrackEventDefaults(track_uuid=default_track))))
     return framed(out + embedded(pb.TracePacket, "track_event", event, pb.TrackEvent))
 
 
@@ -184,35 +189,49 @@ def test_an_event_packet_that_starts_its_sequence_carries_the_interned_data() ->
 
 
 def test_slice_begin_and_end_packets_equal_the_generated_encoding() -> None:
-    """The hot loop's packets: BEGIN with interned data, plain BEGINs, ENDs, a row's instant."""
+    """The hot loop's packets: BEGIN with interned data, plain BEGINs, ENDs, a row's instant; the
+    row's first backing track is the sequence's default (its events name no track), an
+    overlapping slice's backing track is named on each of its events."""
     seq = SequenceWriter(SEQ, T0)
     seq.descriptor(track_descriptor(3, "rank 0", pid=100_000))
     body = seq.body("aten::mm", "cpu_op", ARGS)
     flow_out, flow_in = 0x3 << 60 | 5, 0x2 << 60 | 9
     slices, instants = Row(), Row()
     slices.add(T0 + 10, T0 + 50, body + seq.flows([flow_out], [flow_in]))
+    slices.add(T0 + 30, T0 + 60, body)  # crosses the first: a second backing track
     slices.add(T0 + 2**29, T0 + 2**29 + 3, body)  # a timestamp beyond 28 bits: its cached high part
     instants.add(T0 + 20, T0 + 20, body)
     stream = io.BytesIO()
     emit_rows(stream, seq, slices, 3, "thread 1", 0, "r0:CPU:thread 1", LocalIds(0, 2, 100), instants)
     frames = list(wire.iter_frames(io.BytesIO(stream.getvalue())))
-    uuid = LocalIds(0, 2, 100)()
-    begin = [("type", pb.TrackEvent.TYPE_SLICE_BEGIN), ("track_uuid", uuid)]
-    end = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_SLICE_END), ("track_uuid", uuid))
+    ids = LocalIds(0, 2, 100)
+    uuid, second = ids(), ids()
+    begin = [("type", pb.TrackEvent.TYPE_SLICE_BEGIN)]
+    end = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_SLICE_END))
+    end_second = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_SLICE_END), ("track_uuid", second))
+
+    def end_packet(ts: int, event: bytes) -> bytes:
+        return framed(fields(pb.TracePacket, ("timestamp", ts), ("trusted_packet_sequence_id", SEQ))
+                      + embedded(pb.TracePacket, "track_event", event, pb.TrackEvent))
+
+    def backing(track: int) -> bytes:
+        return canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=pb.TrackDescriptor(
+            uuid=track, name="thread 1", parent_uuid=3, sibling_order_rank=0,
+            sibling_merge_behavior=pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY,
+            sibling_merge_key="r0:CPU:thread 1")))
+
     expected = [
         canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, sequence_flags=3, track_descriptor=pb.TrackDescriptor(
             uuid=3, name="rank 0", process=pb.ProcessDescriptor(pid=100_000)))),
-        canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=pb.TrackDescriptor(
-            uuid=uuid, name="thread 1", parent_uuid=3, sibling_order_rank=0))),
+        backing(uuid), backing(second),
         event_packet(T0 + 10, fields(pb.TrackEvent, *begin, *body_fields(
-            ("flow_ids", flow_out), ("terminating_flow_ids", flow_in))), 2, interned_args()),
-        framed(fields(pb.TracePacket, ("timestamp", 50), ("trusted_packet_sequence_id", SEQ))
-               + embedded(pb.TracePacket, "track_event", end, pb.TrackEvent)),
+            ("flow_ids", flow_out), ("terminating_flow_ids", flow_in))), 2, interned_args(), default_track=uuid),
+        event_packet(T0 + 30, fields(pb.TrackEvent, *begin, ("track_uuid", second), *body_fields()), 2),
+        end_packet(50, end),
         event_packet(T0 + 2**29, fields(pb.TrackEvent, *begin, *body_fields()), 2),
-        framed(fields(pb.TracePacket, ("timestamp", 2**29 + 3), ("trusted_packet_sequence_id", SEQ))
-               + embedded(pb.TracePacket, "track_event", end, pb.TrackEvent)),
-        event_packet(T0 + 20, fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), ("track_uuid", uuid),
-                                     *body_fields()), 2),
+        end_packet(2**29 + 3, end),
+        end_packet(60, end_second),
+        event_packet(T0 + 20, fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), *body_fields()), 2),
     ]
     assert [wire.frame(f) for f in frames] == expected
 

@@ -112,6 +112,14 @@ def header(first_ns: int, origin: int = 0) -> bytes:
             + descriptor_packet(HEADER_SEQ, None, track_descriptor(ROOT_UUID, explicit_process_order=True)))
 
 
+def track_defaults(uuid: int) -> bytes:
+    """A serialized TracePacketDefaults whose events default to track ``uuid``: trace_processor
+    puts a TrackEvent without a ``track_uuid`` there (a later defaults message replaces it, a
+    cleared sequence forgets it, interned data stays)."""
+    pb = protos()
+    return pb.TracePacketDefaults(track_event_defaults=pb.TrackEventDefaults(track_uuid=uuid)).SerializeToString()
+
+
 def interned_data(categories: Iterable[tuple[int, str]], names: Iterable[tuple[int, str]],
                   keys: Iterable[tuple[int, str]], strings: Iterable[tuple[int, str]]) -> bytes:
     """A serialized InternedData of (iid, text) entries: event categories, event names, debug

@@ -63,6 +63,35 @@ def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
     return None
 
 
+class DefaultTracks:
+    """Each sequence's default track, followed packet by packet as trace_processor does: a
+    packet's ``trace_packet_defaults`` replace its sequence's defaults, a cleared sequence has
+    none, and a TrackEvent without a ``track_uuid`` is on the default's ``track_uuid``
+    (trace_processor's default track, uuid 0, where there is none)."""
+
+    def __init__(self) -> None:
+        self._of: dict[int, int] = {}
+
+    def see(self, packet: pb.TracePacket) -> None:
+        """Follow ``packet``'s changes to its sequence's defaults (before reading its event)."""
+        seq = packet.trusted_packet_sequence_id
+        if packet.sequence_flags & _CLEARED or packet.incremental_state_cleared:
+            self._of.pop(seq, None)
+        if packet.HasField("trace_packet_defaults"):
+            defaults = packet.trace_packet_defaults.track_event_defaults
+            if defaults.HasField("track_uuid"):
+                self._of[seq] = defaults.track_uuid
+            else:
+                self._of.pop(seq, None)
+
+    def track(self, packet: pb.TracePacket) -> Optional[int]:
+        """The track of ``packet``'s event: its own, else its sequence's default, else None."""
+        event = packet.track_event
+        if event.HasField("track_uuid"):
+            return event.track_uuid
+        return self._of.get(packet.trusted_packet_sequence_id)
+
+
 class ReadbackError(CommtagError, ValueError):
     """The file is not a Perfetto trace commtag can read lane slices from."""
 
@@ -135,7 +164,9 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     open_slices: dict[int, list[Optional[tuple[int, dict[str, object]]]]] = {}
     out: list[CollectiveInstance] = []
     wall = 0
+    defaults = DefaultTracks()
     for packet in _packets(stream, path):
+        defaults.see(packet)
         shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
         if shift is not None:
             wall = shift
@@ -154,7 +185,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
         if not packet.HasField("track_event"):
             continue
         event = packet.track_event
-        stack = open_slices.setdefault(event.track_uuid, [])
+        stack = open_slices.setdefault(defaults.track(packet) or 0, [])
         if event.type == _BEGIN:
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
             stack.append((packet.timestamp + wall, args) if ANN_PG_UID in args else None)
@@ -280,11 +311,13 @@ def read_trace(path: Path) -> ParsedTrace:
     """
     tables: dict[int, tuple[dict[int, str], dict[int, str], dict[int, str]]] = {}
     tracks: dict[int, pb.TrackDescriptor] = {}
-    events: list[tuple[int, int, pb.TrackEvent, int]] = []
+    events: list[tuple[int, int, pb.TrackEvent, int, int]] = []
     packets = 0
     wall = 0
+    defaults = DefaultTracks()
     with open_decompressed(path) as stream:
         for packets, packet in enumerate(_packets(stream, path), 1):
+            defaults.see(packet)
             shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
             if shift is not None:
                 wall = shift
@@ -302,16 +335,16 @@ def read_trace(path: Path) -> ParsedTrace:
             if packet.HasField("track_descriptor"):
                 tracks[packet.track_descriptor.uuid] = packet.track_descriptor
             if packet.HasField("track_event"):
-                events.append((packet.timestamp + wall, packets, packet.track_event, seq))
+                events.append((packet.timestamp + wall, packets, packet.track_event, seq, defaults.track(packet) or 0))
     events.sort(key=lambda e: (e[0], e[1]))
     stacks: dict[int, list[Slice]] = {}
     slices: list[Slice] = []
-    for ts, index, event, seq in events:
+    for ts, index, event, seq, track in events:
         names, keys, strings = tables.get(seq, ({}, {}, {}))
-        stack = stacks.setdefault(event.track_uuid, [])
+        stack = stacks.setdefault(track, [])
         if event.type == _END:
             if not stack:
-                raise ReadbackError(f"{path}: packet {index} ends a slice on track {event.track_uuid} that never began")
+                raise ReadbackError(f"{path}: packet {index} ends a slice on track {track} that never began")
             stack.pop().end = ts
             continue
         if event.type not in (_BEGIN, pb.TrackEvent.TYPE_INSTANT):
@@ -324,7 +357,7 @@ def read_trace(path: Path) -> ParsedTrace:
             raise ReadbackError(f"{path}: packet {index} uses interned id {exc} its sequence never defined") from None
         if len(args) != len(event.debug_annotations):
             raise ReadbackError(f"{path}: packet {index} names a debug annotation twice")
-        item = Slice(event.track_uuid, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
+        item = Slice(track, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
                      depth=len(stack), instant=event.type != _BEGIN)
         slices.append(item)
         if event.type == _BEGIN:

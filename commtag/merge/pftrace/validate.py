@@ -24,7 +24,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.errors import CommtagError
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, open_decompressed
-from commtag.merge.pftrace.readback import EMPTY, JSON, sniff
+from commtag.merge.pftrace.readback import EMPTY, JSON, DefaultTracks, sniff
 from commtag.merge.pftrace.wire import FrameError, iter_frames
 
 MAX_DEPTH = 512
@@ -63,6 +63,7 @@ class _Checker:
         self.slices: dict[int, list[tuple[int, int, int, Optional[str]]]] = {}
         self.flows: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
         self.events_on: list[tuple[int, int]] = []
+        self.defaults = DefaultTracks()
 
     def add(self, packet: int, code: str, message: str) -> None:
         self.violations.append(Violation(packet, code, message))
@@ -70,6 +71,7 @@ class _Checker:
     def packet(self, idx: int, p: pb.TracePacket) -> None:
         has_seq = p.HasField("trusted_packet_sequence_id")
         seq = p.trusted_packet_sequence_id
+        self.defaults.see(p)
         if p.sequence_flags & _CLEARED or p.incremental_state_cleared:
             self.seq_cleared.add(seq)
             self.tables[seq] = {"names": {}, "cats": {}, "keys": {}, "strings": {}}
@@ -141,15 +143,17 @@ class _Checker:
                 self._resolve(idx, seq, "keys", a.name_iid, "debug annotation name")
             if a.HasField("string_value_iid"):
                 self._resolve(idx, seq, "strings", a.string_value_iid, "debug annotation string")
-        if not ev.HasField("track_uuid"):
-            self.add(idx, "no-track", "TrackEvent without track_uuid (lands on the sequence's default track)")
+        track = self.defaults.track(p)
+        if track is None:
+            self.add(idx, "no-track", "TrackEvent without track_uuid and no default track on its sequence "
+                                      "(lands on trace_processor's default track)")
             return
-        self.events_on.append((idx, ev.track_uuid))
+        self.events_on.append((idx, track))
         ts = p.timestamp
         if ev.type in (_BEGIN, _END):
             if ev.type == _END and (name is not None or ev.category_iids or ev.categories):
                 self.add(idx, "named-end", "SLICE_END carries a name/category (an END closes the innermost slice)")
-            self.slices.setdefault(ev.track_uuid, []).append((ts, idx, ev.type, name))
+            self.slices.setdefault(track, []).append((ts, idx, ev.type, name))
         if ev.flow_ids or ev.terminating_flow_ids:
             self.flows.append((ts, idx, tuple(ev.flow_ids), tuple(ev.terminating_flow_ids)))
 

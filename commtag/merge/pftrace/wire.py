@@ -63,6 +63,7 @@ PACKET_SEQUENCE_ID = tag(10, WIRE_VARINT)  # trusted_packet_sequence_id
 PACKET_SEQUENCE_FLAGS = tag(13, WIRE_VARINT)
 PACKET_TRACK_EVENT = tag(11, WIRE_LEN)
 PACKET_INTERNED_DATA = tag(12, WIRE_LEN)  # its payload: packets.interned_data
+PACKET_DEFAULTS = tag(59, WIRE_LEN)  # trace_packet_defaults, its payload: packets.track_defaults
 
 EVENT_TYPE = tag(9, WIRE_VARINT)
 EVENT_TRACK_UUID = tag(11, WIRE_VARINT)

@@ -74,7 +74,9 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     Each backing track gets the slices that nest properly on it; a slice that
     would cross one goes to the next. All backing tracks share parent, name
     and sibling_merge_key, so the UI shows them as one row with the
-    overlapping slices stacked, and no timestamp changes. ``summary`` (name,
+    overlapping slices stacked, and no timestamp changes. The first backing track is the
+    sequence's default track while the row is written (:meth:`SequenceWriter.default_track`):
+    its events name no track. ``summary`` (name,
     args): an instant at the row's first slice that describes the whole row
     (its kernel categories), clickable where the row starts.
     """
@@ -113,7 +115,7 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         else:
             uuid = ids()
             uuids.append(uuid)
-            track = track_field(uuid)
+            track = track_field(uuid) if tracks else seq.default_track(uuid)  # the first: the row's default
             tracks.append(track)
             tails.append(seq.end_tail(track))
             end_heads.append(tuple(packet_tag + varint(len(ts_tag) + size + len(tails[-1])) + ts_tag
@@ -147,7 +149,7 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     if not tracks:  # a row with only instants, or an empty lane: still one track
         uuid = ids()
         uuids.append(uuid)
-        tracks.append(track_field(uuid))
+        tracks.append(seq.default_track(uuid) if instants is not None and len(instants) else track_field(uuid))
     if instants is not None:
         instant, payload = seq.instant, instants.payload
         for i, ts in enumerate(instants.starts):
