@@ -97,12 +97,13 @@ def canonical(packet: pb.TracePacket) -> bytes:
     return pb.Trace(packet=[packet]).SerializeToString()
 
 
-def event_packet(ts: int, event: bytes, flags: int, interned: pb.InternedData | None = None,
+def event_packet(ts: int, event: bytes, flags: int | None, interned: pb.InternedData | None = None,
                  default_track: int | None = None) -> bytes:
     out = fields(pb.TracePacket, ("timestamp", ts - T0), ("trusted_packet_sequence_id", SEQ))
     if interned is not None:
         out += fields(pb.TracePacket, ("interned_data", interned))
-    out += fields(pb.TracePacket, ("sequence_flags", flags))
+    if flags is not None:
+        out += fields(pb.TracePacket, ("sequence_flags", flags))
     if default_track is not None:
         out += fields(pb.TracePacket, ("trace_packet_defaults", pb.TracePacketDefaults(
             track_event_defaults=pb.TrackEventDefaults(track_uuid=default_track))))
@@ -189,7 +190,8 @@ def test_an_event_packet_that_starts_its_sequence_carries_the_interned_data() ->
 
 
 def test_slice_begin_and_end_packets_equal_the_generated_encoding() -> None:
-    """The hot loop's packets: BEGIN with interned data, plain BEGINs, ENDs, a row's instant; the
+    """The hot loop's packets: BEGIN with interned data, plain BEGINs, ENDs, a row's instant (no
+    sequence flags after the sequence's first packet); the
     row's first backing track is the sequence's default (its events name no track), an
     overlapping slice's backing track is named on each of its events."""
     seq = SequenceWriter(SEQ, T0)
@@ -225,13 +227,13 @@ def test_slice_begin_and_end_packets_equal_the_generated_encoding() -> None:
             uuid=3, name="rank 0", process=pb.ProcessDescriptor(pid=100_000)))),
         backing(uuid), backing(second),
         event_packet(T0 + 10, fields(pb.TrackEvent, *begin, *body_fields(
-            ("flow_ids", flow_out), ("terminating_flow_ids", flow_in))), 2, interned_args(), default_track=uuid),
-        event_packet(T0 + 30, fields(pb.TrackEvent, *begin, ("track_uuid", second), *body_fields()), 2),
+            ("flow_ids", flow_out), ("terminating_flow_ids", flow_in))), None, interned_args(), default_track=uuid),
+        event_packet(T0 + 30, fields(pb.TrackEvent, *begin, ("track_uuid", second), *body_fields()), None),
         end_packet(50, end),
-        event_packet(T0 + 2**29, fields(pb.TrackEvent, *begin, *body_fields()), 2),
+        event_packet(T0 + 2**29, fields(pb.TrackEvent, *begin, *body_fields()), None),
         end_packet(2**29 + 3, end),
         end_packet(60, end_second),
-        event_packet(T0 + 20, fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), *body_fields()), 2),
+        event_packet(T0 + 20, fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), *body_fields()), None),
     ]
     assert [wire.frame(f) for f in frames] == expected
 

@@ -29,7 +29,6 @@ from commtag.merge.pftrace.wire import FrameError, iter_frames
 
 MAX_DEPTH = 512
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-_NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
 _MERGE_BY_KEY = pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
@@ -127,12 +126,11 @@ class _Checker:
         interned = ev.HasField("name_iid") or bool(ev.category_iids) or any(
             a.HasField("name_iid") or a.HasField("string_value_iid") for a in ev.debug_annotations
         )
-        if interned:
-            if seq not in self.seq_cleared:
-                self.add(idx, "missing-sequence-flags",
-                         f"uses interned ids but sequence {seq} never had SEQ_INCREMENTAL_STATE_CLEARED before it")
-            elif not p.sequence_flags & _NEEDS:
-                self.add(idx, "missing-sequence-flags", "uses interned ids without SEQ_NEEDS_INCREMENTAL_STATE")
+        if interned and seq not in self.seq_cleared:
+            # Only a cleared sequence has interned data; SEQ_NEEDS_INCREMENTAL_STATE only makes
+            # trace_processor skip the packet while the sequence's state is invalid (docs/perfetto.md).
+            self.add(idx, "missing-sequence-flags",
+                     f"uses interned ids but sequence {seq} never had SEQ_INCREMENTAL_STATE_CLEARED before it")
         name = ev.name if ev.HasField("name") else None
         if ev.HasField("name_iid"):
             name = self._resolve(idx, seq, "names", ev.name_iid, "event name")
