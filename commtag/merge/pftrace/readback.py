@@ -38,6 +38,7 @@ from commtag.merge.records import (
     Coverage,
     ranks_of,
 )
+from commtag.merge.pftrace.defaults import SequenceDefaults
 from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.merge.steps import StepSpan, decode
 from commtag.vocab import (
@@ -61,35 +62,6 @@ def _wall_clock_shift(packet: pb.TracePacket) -> Optional[int]:
     if _BOOTTIME in clocks and _REALTIME in clocks:
         return clocks[_REALTIME] - clocks[_BOOTTIME]
     return None
-
-
-class DefaultTracks:
-    """Each sequence's default track, followed packet by packet as trace_processor does: a
-    packet's ``trace_packet_defaults`` replace its sequence's defaults, a cleared sequence has
-    none, and a TrackEvent without a ``track_uuid`` is on the default's ``track_uuid``
-    (trace_processor's default track, uuid 0, where there is none)."""
-
-    def __init__(self) -> None:
-        self._of: dict[int, int] = {}
-
-    def see(self, packet: pb.TracePacket) -> None:
-        """Follow ``packet``'s changes to its sequence's defaults (before reading its event)."""
-        seq = packet.trusted_packet_sequence_id
-        if packet.sequence_flags & _CLEARED or packet.incremental_state_cleared:
-            self._of.pop(seq, None)
-        if packet.HasField("trace_packet_defaults"):
-            defaults = packet.trace_packet_defaults.track_event_defaults
-            if defaults.HasField("track_uuid"):
-                self._of[seq] = defaults.track_uuid
-            else:
-                self._of.pop(seq, None)
-
-    def track(self, packet: pb.TracePacket) -> Optional[int]:
-        """The track of ``packet``'s event: its own, else its sequence's default, else None."""
-        event = packet.track_event
-        if event.HasField("track_uuid"):
-            return event.track_uuid
-        return self._of.get(packet.trusted_packet_sequence_id)
 
 
 class ReadbackError(CommtagError, ValueError):
@@ -164,9 +136,9 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     open_slices: dict[int, list[Optional[tuple[int, dict[str, object]]]]] = {}
     out: list[CollectiveInstance] = []
     wall = 0
-    defaults = DefaultTracks()
+    defaults = SequenceDefaults()
     for packet in _packets(stream, path):
-        defaults.see(packet)
+        ts = defaults.see(packet)
         shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
         if shift is not None:
             wall = shift
@@ -188,13 +160,13 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
         stack = open_slices.setdefault(defaults.track(packet) or 0, [])
         if event.type == _BEGIN:
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-            stack.append((packet.timestamp + wall, args) if ANN_PG_UID in args else None)
+            stack.append((ts + wall, args) if ANN_PG_UID in args else None)
             if ANN_KERNELS_SCOPE in args:
                 _kernel_breakdown(kernels, args)
         elif event.type == _END and stack:
             begun = stack.pop()
             if begun is not None:
-                instance = _instance(begun[0], packet.timestamp + wall, begun[1])
+                instance = _instance(begun[0], ts + wall, begun[1])
                 if instance is not None:
                     out.append(instance)
         elif event.type == _INSTANT and event.debug_annotations:
@@ -204,7 +176,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
             if args.get(ANN_MARKER) == WINDOW_MARKER:
                 rank, length = args.get(ANN_WINDOW_RANK), args.get(ANN_WINDOW_NS)
                 if isinstance(rank, int) and isinstance(length, int):
-                    start = packet.timestamp + wall
+                    start = ts + wall
                     windows.setdefault(rank, []).append((start, start + length))
                     steps.setdefault(rank, []).extend(decode(args.get(ANN_WINDOW_STEPS), start) or ())
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
@@ -314,10 +286,10 @@ def read_trace(path: Path) -> ParsedTrace:
     events: list[tuple[int, int, pb.TrackEvent, int, int]] = []
     packets = 0
     wall = 0
-    defaults = DefaultTracks()
+    defaults = SequenceDefaults()
     with open_decompressed(path) as stream:
         for packets, packet in enumerate(_packets(stream, path), 1):
-            defaults.see(packet)
+            ts = defaults.see(packet)
             shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
             if shift is not None:
                 wall = shift
@@ -335,7 +307,7 @@ def read_trace(path: Path) -> ParsedTrace:
             if packet.HasField("track_descriptor"):
                 tracks[packet.track_descriptor.uuid] = packet.track_descriptor
             if packet.HasField("track_event"):
-                events.append((packet.timestamp + wall, packets, packet.track_event, seq, defaults.track(packet) or 0))
+                events.append((ts + wall, packets, packet.track_event, seq, defaults.track(packet) or 0))
     events.sort(key=lambda e: (e[0], e[1]))
     stacks: dict[int, list[Slice]] = {}
     slices: list[Slice] = []

@@ -24,7 +24,8 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.errors import CommtagError
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, open_decompressed
-from commtag.merge.pftrace.readback import EMPTY, JSON, DefaultTracks, sniff
+from commtag.merge.pftrace.defaults import SequenceDefaults
+from commtag.merge.pftrace.readback import EMPTY, JSON, sniff
 from commtag.merge.pftrace.wire import FrameError, iter_frames
 
 MAX_DEPTH = 512
@@ -62,7 +63,9 @@ class _Checker:
         self.slices: dict[int, list[tuple[int, int, int, Optional[str]]]] = {}
         self.flows: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
         self.events_on: list[tuple[int, int]] = []
-        self.defaults = DefaultTracks()
+        self.defaults = SequenceDefaults()
+        #: The current packet's timestamp on the trace's clock.
+        self.ts = 0
 
     def add(self, packet: int, code: str, message: str) -> None:
         self.violations.append(Violation(packet, code, message))
@@ -70,7 +73,7 @@ class _Checker:
     def packet(self, idx: int, p: pb.TracePacket) -> None:
         has_seq = p.HasField("trusted_packet_sequence_id")
         seq = p.trusted_packet_sequence_id
-        self.defaults.see(p)
+        self.ts = self.defaults.see(p)
         if p.sequence_flags & _CLEARED or p.incremental_state_cleared:
             self.seq_cleared.add(seq)
             self.tables[seq] = {"names": {}, "cats": {}, "keys": {}, "strings": {}}
@@ -147,7 +150,7 @@ class _Checker:
                                       "(lands on trace_processor's default track)")
             return
         self.events_on.append((idx, track))
-        ts = p.timestamp
+        ts = self.ts
         if ev.type in (_BEGIN, _END):
             if ev.type == _END and (name is not None or ev.category_iids or ev.categories):
                 self.add(idx, "named-end", "SLICE_END carries a name/category (an END closes the innermost slice)")

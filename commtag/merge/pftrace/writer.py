@@ -92,10 +92,11 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     begins: list[bytes] = []
     end_heads: list[tuple[bytes, ...]] = []
     # BEGIN and END packets (SequenceWriter.event and .end), inlined for the plain case: this loop runs twice
-    # per slice of the whole merge. So is the timestamp's varint where its high bits are cached: 28 low bits
-    # by table and the cached rest. Packets are appended field by field: no temporary bytes per packet.
-    ts_bytes, after_ts = seq.encode_timestamp, seq.after_timestamp
-    origin, highs, low, mask, small = seq.origin, seq.timestamp_highs, LOW14, MASK14, SMALL_VARINTS
+    # per slice of the whole merge. So is the timestamp (SequenceWriter.timestamp) where it steps forward by
+    # less than 2**28 ns: its varint by table, ``last`` held here and handed back to ``seq`` around the
+    # calls that write a timestamp themselves. Packets are appended field by field: no temporary bytes per packet.
+    stamp, after_ts = seq.timestamp, seq.after_timestamp
+    last, low, mask, small = seq.last, LOW14, MASK14, SMALL_VARINTS
     packet_tag, ts_tag = TRACE_PACKET, PACKET_TIMESTAMP
     fixed = len(ts_tag) + len(after_ts)
     for i in order_:
@@ -103,9 +104,14 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         k = 0
         for stack in stacks:
             while stack and stack[-1] <= start:
-                n = stack.pop() - origin
-                tail = highs.get(n >> 28) if n >= 0x10000000 else None
-                ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(n + origin)
+                stop_k = stack.pop()
+                n = stop_k - last
+                if 0 <= n < 0x10000000:  # then stop_k >= last >= the origin
+                    ts_b = small[n] if n < 0x4000 else low[n & mask] + small[n >> 14]
+                else:
+                    seq.last = last
+                    ts_b = stamp(stop_k)
+                last = stop_k
                 body += end_heads[k][len(ts_b)]
                 body += ts_b
                 body += tails[k]
@@ -128,11 +134,17 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         if more:
             event += more
         if not seq.plain:
+            seq.last = last
             seq.event(start, event, body)
+            last = seq.last
             continue
-        n = start - origin
-        tail = highs.get(n >> 28) if n >= 0x10000000 else None
-        ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(start)
+        n = start - last
+        if 0 <= n < 0x10000000:
+            ts_b = small[n] if n < 0x4000 else low[n & mask] + small[n >> 14]
+        else:
+            seq.last = last
+            ts_b = stamp(start)
+        last = start
         n = len(event)
         length = small[n] if n < 0x4000 else varint(n)
         size = fixed + len(ts_b) + len(length) + n
@@ -143,6 +155,7 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         body += after_ts
         body += length
         body += event
+    seq.last = last
     for k, stack in enumerate(stacks):
         while stack:
             seq.end(stack.pop(), tails[k], body)
