@@ -80,10 +80,10 @@ def track_descriptor(
     return desc
 
 
-def descriptor_packet(seq_id: int, flags: Optional[int], desc: TrackDescriptor) -> bytes:
-    """One framed TracePacket holding ``desc`` on sequence ``seq_id`` (with ``flags``, if any)."""
-    return frame(protos().TracePacket(trusted_packet_sequence_id=seq_id, sequence_flags=flags,
-                                      track_descriptor=desc).SerializeToString())
+def descriptor_packet(seq_id: int, desc: TrackDescriptor) -> bytes:
+    """One framed TracePacket holding ``desc`` on sequence ``seq_id`` (a sequence's first packet is
+    :func:`sequence_start`: descriptors carry no flags)."""
+    return frame(protos().TracePacket(trusted_packet_sequence_id=seq_id, track_descriptor=desc).SerializeToString())
 
 
 def counter_packet(seq_id: int, step: int, uuid: int, value: float) -> bytes:
@@ -111,7 +111,7 @@ def header(first_ns: int, origin: int = 0) -> bytes:
     snapshot = pb.TracePacket(clock_snapshot=pb.ClockSnapshot(clocks=clocks), timestamp=first - origin,
                               trusted_packet_sequence_id=HEADER_SEQ)
     return (frame(snapshot.SerializeToString())
-            + descriptor_packet(HEADER_SEQ, None, track_descriptor(ROOT_UUID, explicit_process_order=True)))
+            + descriptor_packet(HEADER_SEQ, track_descriptor(ROOT_UUID, explicit_process_order=True)))
 
 
 def sequence_start(seq_id: int) -> bytes:

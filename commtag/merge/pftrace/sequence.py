@@ -141,7 +141,7 @@ class SequenceWriter:
         if not self._started:
             self._start(self.out)
             self.plain = not any(self._interned) and not self._defaults
-        self.out += descriptor_packet(self._seq_id, None, desc)
+        self.out += descriptor_packet(self._seq_id, desc)
 
     def event(self, ts: int, event: bytes, out: bytearray) -> None:
         """An event packet of TrackEvent bytes ``event``, with the interned data it needs."""
