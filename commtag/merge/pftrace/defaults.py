@@ -36,22 +36,23 @@ class SequenceDefaults:
         self._clock_id: dict[int, int] = {}
         #: (sequence, clock id) -> [incremental, the clock's last value, BOOTTIME minus the clock].
         self._clocks: dict[tuple[int, int], list] = {}
+        #: Each sequence's default clock, where it is one of the sequence's own (what most packets use).
+        self._default_clock: dict[int, list] = {}
 
     def see(self, packet: pb.TracePacket) -> int:
         """Follow ``packet``'s changes to its sequence's defaults and clocks; its timestamp on the
-        trace's clock (0 for a packet without one, and for a clock snapshot, which has none of its own)."""
+        trace's clock (for a packet without one, the sequence's clock as it stands; 0 for a clock
+        snapshot, which has no time of its own)."""
         seq = packet.trusted_packet_sequence_id
         if packet.sequence_flags & _CLEARED or packet.incremental_state_cleared:
             self._track.pop(seq, None)
-            self._clock_id.pop(seq, None)
+            self._set_clock(seq, None)
         if packet.HasField("trace_packet_defaults"):
             defaults = packet.trace_packet_defaults
             self._track.pop(seq, None)
-            self._clock_id.pop(seq, None)
             if defaults.track_event_defaults.HasField("track_uuid"):
                 self._track[seq] = defaults.track_event_defaults.track_uuid
-            if defaults.HasField("timestamp_clock_id"):
-                self._clock_id[seq] = defaults.timestamp_clock_id
+            self._set_clock(seq, defaults.timestamp_clock_id if defaults.HasField("timestamp_clock_id") else None)
         if packet.HasField("clock_snapshot"):
             clocks = {c.clock_id: c for c in packet.clock_snapshot.clocks}
             boottime = clocks.get(_BOOTTIME)
@@ -59,20 +60,11 @@ class SequenceDefaults:
                 if _SEQUENCE_CLOCKS[0] <= clock_id < _SEQUENCE_CLOCKS[1] and boottime is not None:
                     self._clocks[(seq, clock_id)] = [clock.is_incremental, clock.timestamp,
                                                      boottime.timestamp - clock.timestamp]
+            self._set_clock(seq, self._clock_id.get(seq))
             return 0
-        return self._timestamp(packet) if packet.HasField("timestamp") else 0
-
-    def track(self, packet: pb.TracePacket) -> Optional[int]:
-        """The track of ``packet``'s event: its own, else its sequence's default, else None."""
-        event = packet.track_event
-        if event.HasField("track_uuid"):
-            return event.track_uuid
-        return self._track.get(packet.trusted_packet_sequence_id)
-
-    def _timestamp(self, packet: pb.TracePacket) -> int:
-        seq = packet.trusted_packet_sequence_id
-        clock_id = packet.timestamp_clock_id or self._clock_id.get(seq, 0)
-        clock = self._clocks.get((seq, clock_id))
+        # A packet without a timestamp reads as a step of 0: the clock stays where it is.
+        clock = self._clocks.get((seq, packet.timestamp_clock_id)) if packet.timestamp_clock_id \
+            else self._default_clock.get(seq)
         if clock is None:
             return packet.timestamp
         if clock[0]:
@@ -81,3 +73,23 @@ class SequenceDefaults:
         else:
             clock[1] = packet.timestamp
         return clock[1] + clock[2]
+
+    def track(self, packet: pb.TracePacket) -> Optional[int]:
+        """The track of ``packet``'s event: its own, else its sequence's default, else None."""
+        event = packet.track_event
+        if event.HasField("track_uuid"):
+            return event.track_uuid
+        return self._track.get(packet.trusted_packet_sequence_id)
+
+    def _set_clock(self, seq: int, clock_id: Optional[int]) -> None:
+        """Make ``clock_id`` (None: none) ``seq``'s default clock."""
+        if clock_id is None:
+            self._clock_id.pop(seq, None)
+            self._default_clock.pop(seq, None)
+            return
+        self._clock_id[seq] = clock_id
+        clock = self._clocks.get((seq, clock_id))
+        if clock is None:
+            self._default_clock.pop(seq, None)
+        else:
+            self._default_clock[seq] = clock
