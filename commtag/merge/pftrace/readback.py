@@ -139,10 +139,11 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     defaults = SequenceDefaults()
     for packet in _packets(stream, path):
         ts = defaults.see(packet)
-        shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
+        kind = packet.WhichOneof("data")  # one call for what three HasField asked
+        shift = _wall_clock_shift(packet) if kind == "clock_snapshot" else None
         if shift is not None:
             wall = shift
-        if packet.HasField("track_descriptor") and packet.track_descriptor.HasField("process"):
+        if kind == "track_descriptor" and packet.track_descriptor.HasField("process"):
             rank = packet.track_descriptor.process.pid - PID_BASE
             if rank >= 0 and packet.track_descriptor.uuid == process_uuid(rank):
                 ranks.add(rank)
@@ -154,7 +155,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
             names[seq].update((e.iid, e.name) for e in interned.event_names)
             keys[seq].update((e.iid, e.name) for e in interned.debug_annotation_names)
             strings[seq].update((e.iid, e.str.decode("utf-8", "replace")) for e in interned.debug_annotation_string_values)
-        if not packet.HasField("track_event"):
+        if kind != "track_event":
             continue
         event = packet.track_event
         stack = open_slices.setdefault(defaults.track(packet) or 0, [])
