@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.pftrace.validate import TraceReadError, validate_file
 
 B, E = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
@@ -124,3 +125,49 @@ def test_cli_lists_violations_and_exits_nonzero(tmp_path: Path) -> None:
     with pytest.raises(TraceReadError):
         validate_file(junk)
     assert subprocess.run([sys.executable, "-m", "commtag", "validate", str(junk)]).returncode == 2
+
+
+def _on_default_track(t: pb.Trace) -> None:
+    """The slices name no track: the packet that opens them makes 11 the sequence's default."""
+    t.packet[2].trace_packet_defaults.track_event_defaults.track_uuid = 11
+    for p in t.packet[2:]:
+        p.track_event.ClearField("track_uuid")
+
+
+def test_events_without_a_track_are_on_their_sequences_default_track(tmp_path: Path) -> None:
+    assert _codes(tmp_path, _trace(_on_default_track)) == []
+    path = tmp_path / "t.pftrace"
+    parsed = read_trace(path)
+    assert [(s.track, s.name, s.ts, s.end, s.depth) for s in parsed.slices] == [(11, "a", 0, 20, 0), (11, "b", 5, 10, 1)]
+
+    def cleared_before_the_ends(t: pb.Trace) -> None:
+        _on_default_track(t)
+        t.packet[4].sequence_flags = 3  # a clear forgets the defaults: the ENDs have no track
+
+    assert _codes(tmp_path, _trace(cleared_before_the_ends)).count("no-track") == 2
+
+    def replaced(t: pb.Trace) -> None:
+        _on_default_track(t)
+        t.packet[3].trace_packet_defaults.track_event_defaults.track_uuid = 12  # b and the ENDs go to 12
+
+    assert "unknown-track" in _codes(tmp_path, _trace(replaced))
+
+
+def test_timestamps_on_a_sequences_incremental_clock_are_steps(tmp_path: Path) -> None:
+    """The same slices with each timestamp the step from the previous one on an incremental clock
+    of the sequence's own, declared by a first packet (the ENDs written last: 10 back from 20)."""
+    def on_steps(t: pb.Trace) -> None:
+        first = pb.TracePacket(trusted_packet_sequence_id=1, sequence_flags=3)
+        first.trace_packet_defaults.timestamp_clock_id = 64
+        first.clock_snapshot.clocks.add(clock_id=64, timestamp=100, is_incremental=True)
+        first.clock_snapshot.clocks.add(clock_id=pb.BUILTIN_CLOCK_BOOTTIME, timestamp=100)
+        t.packet[0].ClearField("sequence_flags")
+        packets = [first, *t.packet[:4], t.packet[5], t.packet[4]]  # a [0,20): b begins at 5, a ends, b ends
+        for p, step in zip(packets[3:], (-100, 5, 15, -10)):
+            p.timestamp = step & (2**64 - 1)
+        del t.packet[:]
+        t.packet.extend(packets)
+
+    assert _codes(tmp_path, _trace(on_steps)) == []
+    parsed = read_trace(tmp_path / "t.pftrace")
+    assert [(s.track, s.name, s.ts, s.end, s.depth) for s in parsed.slices] == [(11, "a", 0, 20, 0), (11, "b", 5, 10, 1)]

@@ -37,6 +37,7 @@ TAGS = [
     ("PACKET_SEQUENCE_FLAGS", pb.TracePacket, "sequence_flags"),
     ("PACKET_TRACK_EVENT", pb.TracePacket, "track_event"),
     ("PACKET_INTERNED_DATA", pb.TracePacket, "interned_data"),
+    ("PACKET_DEFAULTS", pb.TracePacket, "trace_packet_defaults"),
     ("EVENT_TYPE", pb.TrackEvent, "type"),
     ("EVENT_TRACK_UUID", pb.TrackEvent, "track_uuid"),
     ("EVENT_NAME_IID", pb.TrackEvent, "name_iid"),
@@ -96,11 +97,26 @@ def canonical(packet: pb.TracePacket) -> bytes:
     return pb.Trace(packet=[packet]).SerializeToString()
 
 
-def event_packet(ts: int, event: bytes, flags: int, interned: pb.InternedData | None = None) -> bytes:
-    out = fields(pb.TracePacket, ("timestamp", ts - T0), ("trusted_packet_sequence_id", SEQ))
+def sequence_start() -> bytes:
+    """A sequence's first packet: it clears the sequence and puts its timestamps on an incremental
+    clock of its own (0 there is BOOTTIME 0, the origin)."""
+    return canonical(pb.TracePacket(
+        trusted_packet_sequence_id=SEQ, sequence_flags=3,
+        trace_packet_defaults=pb.TracePacketDefaults(timestamp_clock_id=64),
+        clock_snapshot=pb.ClockSnapshot(clocks=[pb.ClockSnapshot.Clock(clock_id=64, timestamp=0, is_incremental=True),
+                                                pb.ClockSnapshot.Clock(clock_id=pb.BUILTIN_CLOCK_BOOTTIME, timestamp=0)])))
+
+
+def event_packet(step: int, event: bytes, interned: pb.InternedData | None = None,
+                 default_track: int | None = None) -> bytes:
+    """An event packet ``step`` ns after the sequence's previous timestamped packet (a step back as
+    its 64-bit two's complement)."""
+    out = fields(pb.TracePacket, ("timestamp", step & wire.UINT64), ("trusted_packet_sequence_id", SEQ))
     if interned is not None:
         out += fields(pb.TracePacket, ("interned_data", interned))
-    out += fields(pb.TracePacket, ("sequence_flags", flags))
+    if default_track is not None:
+        out += fields(pb.TracePacket, ("trace_packet_defaults", pb.TracePacketDefaults(
+            timestamp_clock_id=64, track_event_defaults=pb.TrackEventDefaults(track_uuid=default_track))))
     return framed(out + embedded(pb.TracePacket, "track_event", event, pb.TrackEvent))
 
 
@@ -152,8 +168,8 @@ def test_descriptors_are_the_generated_messages_and_frame_as_they_encode() -> No
     seq = SequenceWriter(SEQ, T0)
     seq.descriptor(process)
     seq.descriptor(group)
-    assert bytes(seq.out) == canonical(pb.TracePacket(
-        trusted_packet_sequence_id=SEQ, sequence_flags=3, track_descriptor=process,
+    assert bytes(seq.out) == sequence_start() + canonical(pb.TracePacket(
+        trusted_packet_sequence_id=SEQ, track_descriptor=process,
     )) + canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=group))
 
 
@@ -168,10 +184,16 @@ def test_the_header_equals_the_generated_encoding() -> None:
 
 
 def test_a_counter_equals_the_generated_encoding() -> None:
+    """Counter values at the sequence's clock's steps: forward, then back."""
     seq = SequenceWriter(SEQ, T0)
     seq.counter(T0 + 2**30, 11, 12.5)
-    assert bytes(seq.out) == canonical(pb.TracePacket(timestamp=2**30, trusted_packet_sequence_id=SEQ, track_event=pb.TrackEvent(
-        type=pb.TrackEvent.TYPE_COUNTER, track_uuid=11, double_counter_value=12.5)))
+    seq.counter(T0 + 5, 11, 1.0)
+    assert bytes(seq.out) == sequence_start() + b"".join(canonical(pb.TracePacket(
+        timestamp=step, trusted_packet_sequence_id=SEQ, track_event=pb.TrackEvent(
+            type=pb.TrackEvent.TYPE_COUNTER, track_uuid=11, double_counter_value=value)))
+        for step, value in ((2**30, 12.5), ((5 - 2**30) & wire.UINT64, 1.0)))
+    with pytest.raises(ValueError, match="before the trace's origin"):
+        seq.counter(T0 - 1, 11, 0.0)
 
 
 def test_an_event_packet_that_starts_its_sequence_carries_the_interned_data() -> None:
@@ -180,39 +202,56 @@ def test_an_event_packet_that_starts_its_sequence_carries_the_interned_data() ->
     out = bytearray()
     seq.instant(T0 + 40, track_field(9), body, out)
     event = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), ("track_uuid", 9), *body_fields())
-    assert bytes(out) == event_packet(T0 + 40, event, 3, interned_args())
+    assert bytes(out) == sequence_start() + event_packet(40, event, interned_args())
 
 
 def test_slice_begin_and_end_packets_equal_the_generated_encoding() -> None:
-    """The hot loop's packets: BEGIN with interned data, plain BEGINs, ENDs, a row's instant."""
+    """The hot loop's packets: BEGIN with interned data, plain BEGINs, ENDs, a row's instant (no
+    sequence flags after the sequence's first packet, each timestamp the step from the previous
+    one); the
+    row's first backing track is the sequence's default (its events name no track), an
+    overlapping slice's backing track is named on each of its events."""
     seq = SequenceWriter(SEQ, T0)
     seq.descriptor(track_descriptor(3, "rank 0", pid=100_000))
     body = seq.body("aten::mm", "cpu_op", ARGS)
     flow_out, flow_in = 0x3 << 60 | 5, 0x2 << 60 | 9
     slices, instants = Row(), Row()
     slices.add(T0 + 10, T0 + 50, body + seq.flows([flow_out], [flow_in]))
-    slices.add(T0 + 2**29, T0 + 2**29 + 3, body)  # a timestamp beyond 28 bits: its cached high part
+    slices.add(T0 + 30, T0 + 60, body)  # crosses the first: a second backing track
+    slices.add(T0 + 2**29, T0 + 2**29 + 3, body)
     instants.add(T0 + 20, T0 + 20, body)
     stream = io.BytesIO()
     emit_rows(stream, seq, slices, 3, "thread 1", 0, "r0:CPU:thread 1", LocalIds(0, 2, 100), instants)
     frames = list(wire.iter_frames(io.BytesIO(stream.getvalue())))
-    uuid = LocalIds(0, 2, 100)()
-    begin = [("type", pb.TrackEvent.TYPE_SLICE_BEGIN), ("track_uuid", uuid)]
-    end = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_SLICE_END), ("track_uuid", uuid))
-    expected = [
-        canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, sequence_flags=3, track_descriptor=pb.TrackDescriptor(
-            uuid=3, name="rank 0", process=pb.ProcessDescriptor(pid=100_000)))),
+    ids = LocalIds(0, 2, 100)
+    uuid, second = ids(), ids()
+    begin = [("type", pb.TrackEvent.TYPE_SLICE_BEGIN)]
+    end = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_SLICE_END))
+    end_second = fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_SLICE_END), ("track_uuid", second))
+
+    def end_packet(step: int, event: bytes) -> bytes:
+        return framed(fields(pb.TracePacket, ("timestamp", step & wire.UINT64), ("trusted_packet_sequence_id", SEQ))
+                      + embedded(pb.TracePacket, "track_event", event, pb.TrackEvent))
+
+    def backing(track: int) -> bytes:
+        return canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=pb.TrackDescriptor(
+            uuid=track, name="thread 1", parent_uuid=3, sibling_order_rank=0,
+            sibling_merge_behavior=pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY,
+            sibling_merge_key="r0:CPU:thread 1")))
+
+    expected = [  # timestamps: 10, 30, 50, 2**29, 2**29 + 3, 60, 20
+        sequence_start(),
         canonical(pb.TracePacket(trusted_packet_sequence_id=SEQ, track_descriptor=pb.TrackDescriptor(
-            uuid=uuid, name="thread 1", parent_uuid=3, sibling_order_rank=0))),
-        event_packet(T0 + 10, fields(pb.TrackEvent, *begin, *body_fields(
-            ("flow_ids", flow_out), ("terminating_flow_ids", flow_in))), 2, interned_args()),
-        framed(fields(pb.TracePacket, ("timestamp", 50), ("trusted_packet_sequence_id", SEQ))
-               + embedded(pb.TracePacket, "track_event", end, pb.TrackEvent)),
-        event_packet(T0 + 2**29, fields(pb.TrackEvent, *begin, *body_fields()), 2),
-        framed(fields(pb.TracePacket, ("timestamp", 2**29 + 3), ("trusted_packet_sequence_id", SEQ))
-               + embedded(pb.TracePacket, "track_event", end, pb.TrackEvent)),
-        event_packet(T0 + 20, fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), ("track_uuid", uuid),
-                                     *body_fields()), 2),
+            uuid=3, name="rank 0", process=pb.ProcessDescriptor(pid=100_000)))),
+        backing(uuid), backing(second),
+        event_packet(10, fields(pb.TrackEvent, *begin, *body_fields(
+            ("flow_ids", flow_out), ("terminating_flow_ids", flow_in))), interned_args(), default_track=uuid),
+        event_packet(20, fields(pb.TrackEvent, *begin, ("track_uuid", second), *body_fields())),
+        end_packet(20, end),
+        event_packet(2**29 - 50, fields(pb.TrackEvent, *begin, *body_fields())),  # beyond 28 bits: no table
+        end_packet(3, end),
+        end_packet(60 - (2**29 + 3), end_second),  # a step back
+        event_packet(-40, fields(pb.TrackEvent, ("type", pb.TrackEvent.TYPE_INSTANT), *body_fields())),
     ]
     assert [wire.frame(f) for f in frames] == expected
 

@@ -7,8 +7,8 @@ Every id is derived from a rank, so merge workers writing different ranks
 never collide and their parts concatenate.
 
 Track uuids interleave the bits of ``rank + 1`` and a per-rank ``local``
-(see :func:`track_uuid`: every event packet names its track, so small ids
-matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block above
+(see :func:`track_uuid`: event packets off their row's default track name
+it, so small ids matter); rank blocks use locals below ``LANE_LOCAL``, the lanes block above
 it. Flow ids carry their kind in the top bits (:func:`flow_id`). Rank blocks
 are written on packet sequences and lanes on others, each shared by a block of
 consecutive ranks (:func:`sequence_block`) and numbered after the first of

@@ -39,7 +39,7 @@ def write_fr_trace(dumps: list[FrDump], diagnosis: Diagnosis, output: Path) -> i
     drawn = 0
     for dump in dumps:
         process = _uuid(dump.rank, 0)
-        packets.append(descriptor_packet(_SEQ, None, track_descriptor(
+        packets.append(descriptor_packet(_SEQ, track_descriptor(
             process, pid=_pid(dump.rank), process_name=f"rank {dump.rank}", parent=ROOT_UUID,
             sibling_order_rank=dump.rank)))
         #: (group, row) -> (track, the end of its last slice): calls that overlap (async) take rows of their own.
@@ -54,7 +54,7 @@ def write_fr_trace(dumps: list[FrDump], diagnosis: Diagnosis, output: Path) -> i
                 track = _uuid(dump.rank, len(rows) + 1)
                 rows[(entry.group, row)] = [track, 0]
                 label = f"group {entry.group}" + (f" ({entry.desc})" if entry.desc not in ("", "undefined") else "")
-                packets.append(descriptor_packet(_SEQ, None, track_descriptor(
+                packets.append(descriptor_packet(_SEQ, track_descriptor(
                     track, label + (f" [{row + 1}]" if row else ""), parent=process, sibling_order_rank=len(rows))))
             rows[(entry.group, row)][1] = end
             packets.extend(_slice(entry, rows[(entry.group, row)][0], origin, end))

@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from commtag.merge.ids import HEADER_SEQ, ROOT_UUID
-from commtag.merge.pftrace.wire import frame
+from commtag.merge.pftrace.wire import SEQUENCE_CLOCK, UINT64, frame
 
 if TYPE_CHECKING:
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackDescriptor
@@ -80,16 +80,17 @@ def track_descriptor(
     return desc
 
 
-def descriptor_packet(seq_id: int, flags: Optional[int], desc: TrackDescriptor) -> bytes:
-    """One framed TracePacket holding ``desc`` on sequence ``seq_id`` (with ``flags``, if any)."""
-    return frame(protos().TracePacket(trusted_packet_sequence_id=seq_id, sequence_flags=flags,
-                                      track_descriptor=desc).SerializeToString())
+def descriptor_packet(seq_id: int, desc: TrackDescriptor) -> bytes:
+    """One framed TracePacket holding ``desc`` on sequence ``seq_id`` (a sequence's first packet is
+    :func:`sequence_start`: descriptors carry no flags)."""
+    return frame(protos().TracePacket(trusted_packet_sequence_id=seq_id, track_descriptor=desc).SerializeToString())
 
 
-def counter_packet(seq_id: int, ts: int, uuid: int, value: float) -> bytes:
-    """One framed TracePacket holding a counter's ``value`` at ``ts`` (ns after the origin) on track ``uuid``."""
+def counter_packet(seq_id: int, step: int, uuid: int, value: float) -> bytes:
+    """One framed TracePacket holding a counter's ``value`` on track ``uuid``, ``step`` ns after the
+    sequence's previous timestamped packet (see :func:`sequence_start`)."""
     pb = protos()
-    return frame(pb.TracePacket(timestamp=ts, trusted_packet_sequence_id=seq_id, track_event=pb.TrackEvent(
+    return frame(pb.TracePacket(timestamp=step & UINT64, trusted_packet_sequence_id=seq_id, track_event=pb.TrackEvent(
         type=pb.TrackEvent.TYPE_COUNTER, track_uuid=uuid, double_counter_value=value)).SerializeToString())
 
 
@@ -97,8 +98,9 @@ def header(first_ns: int, origin: int = 0) -> bytes:
     """The clock snapshot and the root, framed: what a merged trace starts with.
 
     Timestamps in the file count ns from ``origin`` (a wall-clock ns shortly
-    before the first event): 5-6 byte varints instead of 9. The snapshot maps
-    that clock (BOOTTIME, the trace's default) to REALTIME, so the UI and
+    before the first event; each event sequence steps from it on a clock of
+    its own, :func:`sequence_start`). The snapshot maps that clock (BOOTTIME,
+    the trace's default) to REALTIME, so the UI and
     :mod:`commtag.merge.pftrace.readback` show and give wall-clock time. The root
     orders the processes by their ``sibling_order_rank`` (their rank).
     """
@@ -109,7 +111,32 @@ def header(first_ns: int, origin: int = 0) -> bytes:
     snapshot = pb.TracePacket(clock_snapshot=pb.ClockSnapshot(clocks=clocks), timestamp=first - origin,
                               trusted_packet_sequence_id=HEADER_SEQ)
     return (frame(snapshot.SerializeToString())
-            + descriptor_packet(HEADER_SEQ, None, track_descriptor(ROOT_UUID, explicit_process_order=True)))
+            + descriptor_packet(HEADER_SEQ, track_descriptor(ROOT_UUID, explicit_process_order=True)))
+
+
+def sequence_start(seq_id: int) -> bytes:
+    """The framed first packet of an event sequence: it clears the sequence's state, and declares
+    the sequence's incremental clock (0 there is BOOTTIME 0, the trace's origin, see :func:`header`)
+    the clock of its packets' timestamps; so each timestamp is the ns since the sequence's
+    previous timestamped packet (the first: since the origin), 2-4 bytes where one counted from
+    the origin took 5."""
+    pb = protos()
+    clocks = [pb.ClockSnapshot.Clock(clock_id=SEQUENCE_CLOCK, timestamp=0, is_incremental=True),
+              pb.ClockSnapshot.Clock(clock_id=pb.BUILTIN_CLOCK_BOOTTIME, timestamp=0)]
+    return frame(pb.TracePacket(
+        trusted_packet_sequence_id=seq_id, sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        | pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE, trace_packet_defaults=pb.TracePacketDefaults(
+            timestamp_clock_id=SEQUENCE_CLOCK), clock_snapshot=pb.ClockSnapshot(clocks=clocks)).SerializeToString())
+
+
+def track_defaults(uuid: int) -> bytes:
+    """A serialized TracePacketDefaults whose events default to track ``uuid`` (and whose timestamps
+    stay on the sequence's clock, :func:`sequence_start`): trace_processor puts a TrackEvent without
+    a ``track_uuid`` there (a later defaults message replaces the whole message, a cleared sequence
+    forgets it, interned data stays)."""
+    pb = protos()
+    return pb.TracePacketDefaults(timestamp_clock_id=SEQUENCE_CLOCK,
+                                  track_event_defaults=pb.TrackEventDefaults(track_uuid=uuid)).SerializeToString()
 
 
 def interned_data(categories: Iterable[tuple[int, str]], names: Iterable[tuple[int, str]],

@@ -38,6 +38,7 @@ from commtag.merge.records import (
     Coverage,
     ranks_of,
 )
+from commtag.merge.pftrace.defaults import SequenceDefaults
 from commtag.merge.pftrace.wire import TRACE_PACKET, FrameError, iter_frames
 from commtag.merge.steps import StepSpan, decode
 from commtag.vocab import (
@@ -135,11 +136,14 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
     open_slices: dict[int, list[Optional[tuple[int, dict[str, object]]]]] = {}
     out: list[CollectiveInstance] = []
     wall = 0
+    defaults = SequenceDefaults()
     for packet in _packets(stream, path):
-        shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
+        ts = defaults.see(packet)
+        kind = packet.WhichOneof("data")  # one call for what three HasField asked
+        shift = _wall_clock_shift(packet) if kind == "clock_snapshot" else None
         if shift is not None:
             wall = shift
-        if packet.HasField("track_descriptor") and packet.track_descriptor.HasField("process"):
+        if kind == "track_descriptor" and packet.track_descriptor.HasField("process"):
             rank = packet.track_descriptor.process.pid - PID_BASE
             if rank >= 0 and packet.track_descriptor.uuid == process_uuid(rank):
                 ranks.add(rank)
@@ -151,19 +155,19 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
             names[seq].update((e.iid, e.name) for e in interned.event_names)
             keys[seq].update((e.iid, e.name) for e in interned.debug_annotation_names)
             strings[seq].update((e.iid, e.str.decode("utf-8", "replace")) for e in interned.debug_annotation_string_values)
-        if not packet.HasField("track_event"):
+        if kind != "track_event":
             continue
         event = packet.track_event
-        stack = open_slices.setdefault(event.track_uuid, [])
+        stack = open_slices.setdefault(defaults.track(packet) or 0, [])
         if event.type == _BEGIN:
             args = _annotations(event.debug_annotations, keys[seq], strings[seq])
-            stack.append((packet.timestamp + wall, args) if ANN_PG_UID in args else None)
+            stack.append((ts + wall, args) if ANN_PG_UID in args else None)
             if ANN_KERNELS_SCOPE in args:
                 _kernel_breakdown(kernels, args)
         elif event.type == _END and stack:
             begun = stack.pop()
             if begun is not None:
-                instance = _instance(begun[0], packet.timestamp + wall, begun[1])
+                instance = _instance(begun[0], ts + wall, begun[1])
                 if instance is not None:
                     out.append(instance)
         elif event.type == _INSTANT and event.debug_annotations:
@@ -173,7 +177,7 @@ def _read_merged(stream: BinaryIO, path: Path) -> tuple[list[CollectiveInstance]
             if args.get(ANN_MARKER) == WINDOW_MARKER:
                 rank, length = args.get(ANN_WINDOW_RANK), args.get(ANN_WINDOW_NS)
                 if isinstance(rank, int) and isinstance(length, int):
-                    start = packet.timestamp + wall
+                    start = ts + wall
                     windows.setdefault(rank, []).append((start, start + length))
                     steps.setdefault(rank, []).extend(decode(args.get(ANN_WINDOW_STEPS), start) or ())
                     world_size = world_size or _int_or_none(args.get(ANN_WORLD_SIZE))
@@ -280,11 +284,13 @@ def read_trace(path: Path) -> ParsedTrace:
     """
     tables: dict[int, tuple[dict[int, str], dict[int, str], dict[int, str]]] = {}
     tracks: dict[int, pb.TrackDescriptor] = {}
-    events: list[tuple[int, int, pb.TrackEvent, int]] = []
+    events: list[tuple[int, int, pb.TrackEvent, int, int]] = []
     packets = 0
     wall = 0
+    defaults = SequenceDefaults()
     with open_decompressed(path) as stream:
         for packets, packet in enumerate(_packets(stream, path), 1):
+            ts = defaults.see(packet)
             shift = _wall_clock_shift(packet) if packet.HasField("clock_snapshot") else None
             if shift is not None:
                 wall = shift
@@ -302,16 +308,16 @@ def read_trace(path: Path) -> ParsedTrace:
             if packet.HasField("track_descriptor"):
                 tracks[packet.track_descriptor.uuid] = packet.track_descriptor
             if packet.HasField("track_event"):
-                events.append((packet.timestamp + wall, packets, packet.track_event, seq))
+                events.append((ts + wall, packets, packet.track_event, seq, defaults.track(packet) or 0))
     events.sort(key=lambda e: (e[0], e[1]))
     stacks: dict[int, list[Slice]] = {}
     slices: list[Slice] = []
-    for ts, index, event, seq in events:
+    for ts, index, event, seq, track in events:
         names, keys, strings = tables.get(seq, ({}, {}, {}))
-        stack = stacks.setdefault(event.track_uuid, [])
+        stack = stacks.setdefault(track, [])
         if event.type == _END:
             if not stack:
-                raise ReadbackError(f"{path}: packet {index} ends a slice on track {event.track_uuid} that never began")
+                raise ReadbackError(f"{path}: packet {index} ends a slice on track {track} that never began")
             stack.pop().end = ts
             continue
         if event.type not in (_BEGIN, pb.TrackEvent.TYPE_INSTANT):
@@ -324,7 +330,7 @@ def read_trace(path: Path) -> ParsedTrace:
             raise ReadbackError(f"{path}: packet {index} uses interned id {exc} its sequence never defined") from None
         if len(args) != len(event.debug_annotations):
             raise ReadbackError(f"{path}: packet {index} names a debug annotation twice")
-        item = Slice(event.track_uuid, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
+        item = Slice(track, ts, ts, name, args, list(event.flow_ids), list(event.terminating_flow_ids),
                      depth=len(stack), instant=event.type != _BEGIN)
         slices.append(item)
         if event.type == _BEGIN:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 import orjson
 
-from commtag.merge.pftrace.packets import counter_packet, descriptor_packet, interned_data
+from commtag.merge.pftrace.packets import (counter_packet, descriptor_packet, interned_data, sequence_start,
+                                           track_defaults)
 from commtag.merge.pftrace.wire import (
     ANNOTATION_BOOL,
     ANNOTATION_DOUBLE,
@@ -29,21 +30,19 @@ from commtag.merge.pftrace.wire import (
     EVENT_TYPE,
     LOW14,
     MASK14,
+    PACKET_DEFAULTS,
     PACKET_INTERNED_DATA,
-    PACKET_SEQUENCE_FLAGS,
     PACKET_SEQUENCE_ID,
     PACKET_TIMESTAMP,
     PACKET_TRACK_EVENT,
-    SEQ_INCREMENTAL_STATE_CLEARED,
-    SEQ_NEEDS_INCREMENTAL_STATE,
     SMALL_VARINTS,
     TRACE_PACKET,
     TYPE_INSTANT,
     TYPE_SLICE_BEGIN,
     TYPE_SLICE_END,
+    UINT64,
     length_delimited,
     since_origin,
-    timestamp_encoder,
     varint,
     varint_field,
 )
@@ -66,13 +65,6 @@ END = varint_field(EVENT_TYPE, TYPE_SLICE_END)
 INSTANT = varint_field(EVENT_TYPE, TYPE_INSTANT)
 
 
-#: The sequence flags of a sequence's first packet, and of every event packet after it.
-_FIRST = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE)
-
-
-_NEEDS = varint_field(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
-
-
 #: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
 _MAX_BLOCKS = 20_000
 
@@ -92,16 +84,15 @@ class SequenceWriter:
 
     def __init__(self, seq_id: int, origin: int = 0) -> None:
         self.out = bytearray()
-        #: Timestamps are written relative to this.
+        #: No timestamp is before this: the sequence's clock starts there (packets.sequence_start).
         self.origin = origin
-        #: Varints of timestamps' bits above the low 28, by value (see wire.timestamp_encoder).
-        self.timestamp_highs: dict[int, bytes] = {}
-        #: A timestamp's varint, relative to ``origin``.
-        self.encode_timestamp = timestamp_encoder(origin, self.timestamp_highs)
+        #: The timestamp of the sequence's last timestamped packet: the next one is written as the
+        #: ns after it (see :meth:`timestamp`).
+        self.last = origin
         self._seq_id = seq_id
         self._seq = PACKET_SEQUENCE_ID + varint(seq_id)
         #: What follows the timestamp in a plain event packet, up to the event's length.
-        self.after_timestamp = self._seq + _NEEDS + PACKET_TRACK_EVENT
+        self.after_timestamp = self._seq + PACKET_TRACK_EVENT
         #: True when the next event packet may be plain: the sequence has started and no
         #: interned data waits to go out with it (else write it with :meth:`event`).
         self.plain = False
@@ -111,6 +102,8 @@ class SequenceWriter:
         self._interned: tuple[list[tuple[int, str]], ...] = ([], [], [], [])
         #: Bytes of interned data written so far (what a sequence shared by more ranks writes once).
         self.interned_bytes = 0
+        #: The TracePacketDefaults field to go out with the next event packet (see :meth:`default_track`).
+        self._defaults = b""
         self._float_keys: dict[str, bytes] = {}
         self._names: dict[str, bytes] = {}
         self._cats: dict[str, bytes] = {}
@@ -124,15 +117,31 @@ class SequenceWriter:
         self._shared: dict[int, tuple[bytes, dict]] = {}
 
     # -- packets ---------------------------------------------------------
+    def _start(self, out: bytearray) -> None:
+        """The sequence's first packet (:func:`commtag.merge.pftrace.packets.sequence_start`). The
+        packets after it carry no flags: trace_processor resolves interned ids and defaults on every
+        packet of a sequence, and reads SEQ_NEEDS_INCREMENTAL_STATE only to skip a packet after a
+        loss of data, which a written file has not (ProtoTraceReader::ParsePacket)."""
+        out += sequence_start(self._seq_id)
+        self._started = True
+
+    def timestamp(self, ts: int) -> bytes:
+        """The varint of ``ts`` on the sequence's clock: the ns since its previous timestamped packet
+        (a step back, at a row's start, as a 10-byte two's complement); ``ts`` becomes the previous.
+        A ValueError for a timestamp before the origin."""
+        if ts < self.origin:
+            since_origin(ts, self.origin)  # raises
+        step = ts - self.last
+        self.last = ts
+        return varint(step & UINT64)
+
     def descriptor(self, desc: TrackDescriptor) -> None:
-        """A TrackDescriptor packet (:func:`commtag.merge.pftrace.packets.track_descriptor`); the first
-        packet also clears the sequence's state."""
-        flags = None
+        """A TrackDescriptor packet (:func:`commtag.merge.pftrace.packets.track_descriptor`), after
+        the sequence's first packet."""
         if not self._started:
-            flags = SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE
-            self._started = True
-            self.plain = not any(self._interned)
-        self.out += descriptor_packet(self._seq_id, flags, desc)
+            self._start(self.out)
+            self.plain = not any(self._interned) and not self._defaults
+        self.out += descriptor_packet(self._seq_id, desc)
 
     def event(self, ts: int, event: bytes, out: bytearray) -> None:
         """An event packet of TrackEvent bytes ``event``, with the interned data it needs."""
@@ -140,22 +149,22 @@ class SequenceWriter:
         size = SMALL_VARINTS[n] if n < 0x4000 else varint(n)
         if self.plain:
             # The common case, as few copies of the event's bytes as possible.
-            head = PACKET_TIMESTAMP + self.encode_timestamp(ts) + self.after_timestamp + size
+            head = PACKET_TIMESTAMP + self.timestamp(ts) + self.after_timestamp + size
             out += TRACE_PACKET + varint(len(head) + n) + head
             out += event
             return
-        body = PACKET_TIMESTAMP + self.encode_timestamp(ts) + self._seq
+        if not self._started:
+            self._start(out)
+        body = PACKET_TIMESTAMP + self.timestamp(ts) + self._seq
         if any(self._interned):
             interned = length_delimited(PACKET_INTERNED_DATA, interned_data(*self._interned))
             self.interned_bytes += len(interned)
             body += interned
             for entries in self._interned:
                 entries.clear()
-        if self._started:
-            body += _NEEDS
-        else:
-            body += _FIRST
-            self._started = True
+        if self._defaults:
+            body += self._defaults
+            self._defaults = b""
         body += PACKET_TRACK_EVENT + size + event
         self.plain = True
         out += TRACE_PACKET
@@ -207,19 +216,33 @@ class SequenceWriter:
         """An instant on ``track`` (:func:`track_field`) with ``body`` (:meth:`body`)."""
         self.event(ts, INSTANT + track + body, self.out if out is None else out)
 
+    def default_track(self, uuid: int) -> bytes:
+        """Make ``uuid`` the sequence's default track from the next event packet on (which carries
+        the TracePacketDefaults), and return the track field of events on it: none, 3 bytes fewer
+        per event. Valid until the next call: a row's packets are written together
+        (:func:`commtag.merge.pftrace.writer.emit_rows`), so each row makes its main track the default."""
+        self._defaults = length_delimited(PACKET_DEFAULTS, track_defaults(uuid))
+        self.plain = False
+        return b""
+
     def end_tail(self, track: bytes) -> bytes:
         """Everything after the timestamp of an END on ``track`` (no interning, no flags)."""
         return self._seq + PACKET_TRACK_EVENT + varint(len(END) + len(track)) + END + track
 
     def end(self, ts: int, tail: bytes, out: Optional[bytearray] = None) -> None:
         """An END packet: ``tail`` is :meth:`end_tail`'s."""
-        ts_b = self.encode_timestamp(ts)
+        ts_b = self.timestamp(ts)
         (self.out if out is None else out).extend(
             TRACE_PACKET + varint(len(PACKET_TIMESTAMP) + len(ts_b) + len(tail)) + PACKET_TIMESTAMP + ts_b + tail)
 
     def counter(self, ts: int, uuid: int, value: float) -> None:
         """A counter value on counter track ``uuid``."""
-        self.out += counter_packet(self._seq_id, since_origin(ts, self.origin), uuid, value)
+        if not self._started:
+            self._start(self.out)
+        if ts < self.origin:
+            since_origin(ts, self.origin)  # raises
+        self.out += counter_packet(self._seq_id, ts - self.last, uuid, value)
+        self.last = ts
 
     # -- interning -------------------------------------------------------
     def _intern(self, table: dict, kind: int, text: str) -> int:

@@ -24,12 +24,12 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commtag.errors import CommtagError
 from commtag.merge.inputs.jsonstream import GZIP_ERRORS, open_decompressed
+from commtag.merge.pftrace.defaults import SequenceDefaults
 from commtag.merge.pftrace.readback import EMPTY, JSON, sniff
 from commtag.merge.pftrace.wire import FrameError, iter_frames
 
 MAX_DEPTH = 512
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-_NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
 _MERGE_BY_KEY = pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
@@ -63,6 +63,9 @@ class _Checker:
         self.slices: dict[int, list[tuple[int, int, int, Optional[str]]]] = {}
         self.flows: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
         self.events_on: list[tuple[int, int]] = []
+        self.defaults = SequenceDefaults()
+        #: The current packet's timestamp on the trace's clock.
+        self.ts = 0
 
     def add(self, packet: int, code: str, message: str) -> None:
         self.violations.append(Violation(packet, code, message))
@@ -70,6 +73,7 @@ class _Checker:
     def packet(self, idx: int, p: pb.TracePacket) -> None:
         has_seq = p.HasField("trusted_packet_sequence_id")
         seq = p.trusted_packet_sequence_id
+        self.ts = self.defaults.see(p)
         if p.sequence_flags & _CLEARED or p.incremental_state_cleared:
             self.seq_cleared.add(seq)
             self.tables[seq] = {"names": {}, "cats": {}, "keys": {}, "strings": {}}
@@ -125,12 +129,11 @@ class _Checker:
         interned = ev.HasField("name_iid") or bool(ev.category_iids) or any(
             a.HasField("name_iid") or a.HasField("string_value_iid") for a in ev.debug_annotations
         )
-        if interned:
-            if seq not in self.seq_cleared:
-                self.add(idx, "missing-sequence-flags",
-                         f"uses interned ids but sequence {seq} never had SEQ_INCREMENTAL_STATE_CLEARED before it")
-            elif not p.sequence_flags & _NEEDS:
-                self.add(idx, "missing-sequence-flags", "uses interned ids without SEQ_NEEDS_INCREMENTAL_STATE")
+        if interned and seq not in self.seq_cleared:
+            # Only a cleared sequence has interned data; SEQ_NEEDS_INCREMENTAL_STATE only makes
+            # trace_processor skip the packet while the sequence's state is invalid (docs/perfetto.md).
+            self.add(idx, "missing-sequence-flags",
+                     f"uses interned ids but sequence {seq} never had SEQ_INCREMENTAL_STATE_CLEARED before it")
         name = ev.name if ev.HasField("name") else None
         if ev.HasField("name_iid"):
             name = self._resolve(idx, seq, "names", ev.name_iid, "event name")
@@ -141,15 +144,17 @@ class _Checker:
                 self._resolve(idx, seq, "keys", a.name_iid, "debug annotation name")
             if a.HasField("string_value_iid"):
                 self._resolve(idx, seq, "strings", a.string_value_iid, "debug annotation string")
-        if not ev.HasField("track_uuid"):
-            self.add(idx, "no-track", "TrackEvent without track_uuid (lands on the sequence's default track)")
+        track = self.defaults.track(p)
+        if track is None:
+            self.add(idx, "no-track", "TrackEvent without track_uuid and no default track on its sequence "
+                                      "(lands on trace_processor's default track)")
             return
-        self.events_on.append((idx, ev.track_uuid))
-        ts = p.timestamp
+        self.events_on.append((idx, track))
+        ts = self.ts
         if ev.type in (_BEGIN, _END):
             if ev.type == _END and (name is not None or ev.category_iids or ev.categories):
                 self.add(idx, "named-end", "SLICE_END carries a name/category (an END closes the innermost slice)")
-            self.slices.setdefault(ev.track_uuid, []).append((ts, idx, ev.type, name))
+            self.slices.setdefault(track, []).append((ts, idx, ev.type, name))
         if ev.flow_ids or ev.terminating_flow_ids:
             self.flows.append((ts, idx, tuple(ev.flow_ids), tuple(ev.terminating_flow_ids)))
 

@@ -12,7 +12,7 @@ length, the packet); :func:`iter_frames` reads them back for
 
 from __future__ import annotations
 
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Iterator
 
 from commtag.errors import CommtagError
 
@@ -63,6 +63,7 @@ PACKET_SEQUENCE_ID = tag(10, WIRE_VARINT)  # trusted_packet_sequence_id
 PACKET_SEQUENCE_FLAGS = tag(13, WIRE_VARINT)
 PACKET_TRACK_EVENT = tag(11, WIRE_LEN)
 PACKET_INTERNED_DATA = tag(12, WIRE_LEN)  # its payload: packets.interned_data
+PACKET_DEFAULTS = tag(59, WIRE_LEN)  # trace_packet_defaults, its payload: packets.track_defaults
 
 EVENT_TYPE = tag(9, WIRE_VARINT)
 EVENT_TRACK_UUID = tag(11, WIRE_VARINT)
@@ -82,6 +83,13 @@ ANNOTATION_STRING_IID = tag(17, WIRE_VARINT)
 # Perfetto's enum values the hand-framed packets use.
 TYPE_SLICE_BEGIN, TYPE_SLICE_END, TYPE_INSTANT = 1, 2, 3  # TrackEvent.Type
 SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE = 1, 2  # TracePacket.SequenceFlags
+#: The clock each event sequence counts its timestamps on: ids 64 to 127 are a sequence's own
+#: (ClockSnapshot.Clock in protos/perfetto/trace/clock_snapshot.proto). Declared incremental, it
+#: makes each packet's timestamp the ns since the sequence's previous timestamped packet.
+SEQUENCE_CLOCK = 64
+#: A uint64 field's bits: a negative delta goes out as its two's complement (10 bytes), which
+#: trace_processor reads back as a signed step (it casts a packet's timestamp to int64).
+UINT64 = 0xFFFFFFFFFFFFFFFF
 
 
 def varint_field(field_tag: bytes, value: int) -> bytes:
@@ -104,30 +112,6 @@ def since_origin(ts: int, origin: int) -> int:
     if ts < origin:
         raise ValueError(f"timestamp {ts} ns is before the trace's origin {origin} ns")
     return ts - origin
-
-
-def timestamp_encoder(origin: int, highs: dict[int, bytes]) -> Callable[[int], bytes]:
-    """Varints of nanosecond timestamps relative to ``origin``: the low 28 bits by table, the
-    rest cached in ``highs`` (``n >> 28`` -> its varint), which the caller may read too.
-
-    A closure, not a callable object: it runs twice per slice, and calling a
-    plain function costs less than an object's ``__call__``.
-    """
-    low, mask = LOW14, MASK14
-
-    def encode(ts: int) -> bytes:
-        n = ts - origin
-        if n < 0:
-            since_origin(ts, origin)  # raises
-        high = n >> 28
-        if not high:
-            return varint(n)
-        tail = highs.get(high)
-        if tail is None:
-            tail = highs[high] = varint(high)
-        return low[n & mask] + low[(n >> 14) & mask] + tail
-
-    return encode
 
 
 class FrameError(CommtagError, ValueError):

@@ -74,7 +74,9 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     Each backing track gets the slices that nest properly on it; a slice that
     would cross one goes to the next. All backing tracks share parent, name
     and sibling_merge_key, so the UI shows them as one row with the
-    overlapping slices stacked, and no timestamp changes. ``summary`` (name,
+    overlapping slices stacked, and no timestamp changes. The first backing track is the
+    sequence's default track while the row is written (:meth:`SequenceWriter.default_track`):
+    its events name no track. ``summary`` (name,
     args): an instant at the row's first slice that describes the whole row
     (its kernel categories), clickable where the row starts.
     """
@@ -90,10 +92,11 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     begins: list[bytes] = []
     end_heads: list[tuple[bytes, ...]] = []
     # BEGIN and END packets (SequenceWriter.event and .end), inlined for the plain case: this loop runs twice
-    # per slice of the whole merge. So is the timestamp's varint where its high bits are cached: 28 low bits
-    # by table and the cached rest. Packets are appended field by field: no temporary bytes per packet.
-    ts_bytes, after_ts = seq.encode_timestamp, seq.after_timestamp
-    origin, highs, low, mask, small = seq.origin, seq.timestamp_highs, LOW14, MASK14, SMALL_VARINTS
+    # per slice of the whole merge. So is the timestamp (SequenceWriter.timestamp) where it steps forward by
+    # less than 2**28 ns: its varint by table, ``last`` held here and handed back to ``seq`` around the
+    # calls that write a timestamp themselves. Packets are appended field by field: no temporary bytes per packet.
+    stamp, after_ts = seq.timestamp, seq.after_timestamp
+    last, low, mask, small = seq.last, LOW14, MASK14, SMALL_VARINTS
     packet_tag, ts_tag = TRACE_PACKET, PACKET_TIMESTAMP
     fixed = len(ts_tag) + len(after_ts)
     for i in order_:
@@ -101,9 +104,14 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         k = 0
         for stack in stacks:
             while stack and stack[-1] <= start:
-                n = stack.pop() - origin
-                tail = highs.get(n >> 28) if n >= 0x10000000 else None
-                ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(n + origin)
+                stop_k = stack.pop()
+                n = stop_k - last
+                if 0 <= n < 0x10000000:  # then stop_k >= last >= the origin
+                    ts_b = small[n] if n < 0x4000 else low[n & mask] + small[n >> 14]
+                else:
+                    seq.last = last
+                    ts_b = stamp(stop_k)
+                last = stop_k
                 body += end_heads[k][len(ts_b)]
                 body += ts_b
                 body += tails[k]
@@ -113,7 +121,7 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         else:
             uuid = ids()
             uuids.append(uuid)
-            track = track_field(uuid)
+            track = track_field(uuid) if tracks else seq.default_track(uuid)  # the first: the row's default
             tracks.append(track)
             tails.append(seq.end_tail(track))
             end_heads.append(tuple(packet_tag + varint(len(ts_tag) + size + len(tails[-1])) + ts_tag
@@ -126,11 +134,17 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         if more:
             event += more
         if not seq.plain:
+            seq.last = last
             seq.event(start, event, body)
+            last = seq.last
             continue
-        n = start - origin
-        tail = highs.get(n >> 28) if n >= 0x10000000 else None
-        ts_b = low[n & mask] + low[(n >> 14) & mask] + tail if tail is not None else ts_bytes(start)
+        n = start - last
+        if 0 <= n < 0x10000000:
+            ts_b = small[n] if n < 0x4000 else low[n & mask] + small[n >> 14]
+        else:
+            seq.last = last
+            ts_b = stamp(start)
+        last = start
         n = len(event)
         length = small[n] if n < 0x4000 else varint(n)
         size = fixed + len(ts_b) + len(length) + n
@@ -141,13 +155,14 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
         body += after_ts
         body += length
         body += event
+    seq.last = last
     for k, stack in enumerate(stacks):
         while stack:
             seq.end(stack.pop(), tails[k], body)
     if not tracks:  # a row with only instants, or an empty lane: still one track
         uuid = ids()
         uuids.append(uuid)
-        tracks.append(track_field(uuid))
+        tracks.append(seq.default_track(uuid) if instants is not None and len(instants) else track_field(uuid))
     if instants is not None:
         instant, payload = seq.instant, instants.payload
         for i, ts in enumerate(instants.starts):
