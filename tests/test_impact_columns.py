@@ -117,12 +117,15 @@ def test_the_columnar_replay_follows_the_rules_and_the_lead_matches_one_process(
                 timeline.append((end, -delta))
         assert row.timeline == timeline
     # The lead: rows in the order they happen to arrive, put in one process's order by their keys.
-    rows = [timed_row([k, "key"], m) for k, m in enumerate(matched)]
-    rng.shuffle(rows)
-    columns = Columns()
-    timed(rows, columns)
-    columns.into_key_order()
-    assert _whole(replay_impact(columns, coverage)) == _whole(result)
+    # Rows packed to travel between workers, and a world of one's, kept unpacked in its process.
+    for travels in (True, False):
+        rows = [timed_row([k, "key"], m, travels) for k, m in enumerate(matched)]
+        assert all(isinstance(row[6], str) == travels for row in rows)
+        rng.shuffle(rows)
+        columns = Columns()
+        timed(rows, columns)
+        columns.into_key_order()
+        assert _whole(replay_impact(columns, coverage)) == _whole(result)
 
 
 def test_the_drawn_jobs_have_lateness_that_costs_and_steps():

@@ -159,22 +159,25 @@ def timed(rows: list, into: Columns) -> None:
     """Rows of :func:`timed_row` into the replay's columns as they arrive, each with its place in
     one process's order (:meth:`Columns.into_key_order` puts them in it)."""
     for key, collective, complete, last, first, lastst, ranks, starts, ends in rows:
-        into.keyed(key, collective, complete, last, first, lastst, _unpacked(ranks, "i"), _unpacked(starts, "q"),
-                   _unpacked(ends, "q"))
+        if ranks.__class__ is str:  # packed to travel (timed_row)
+            ranks, starts, ends = _unpacked(ranks, "i"), _unpacked(starts, "q"), _unpacked(ends, "q")
+        into.keyed(key, collective, complete, last, first, lastst, ranks, starts, ends)
 
 
-def timed_row(key: list, m: MatchedCollective) -> list:
+def timed_row(key: list, m: MatchedCollective, travels: bool = True) -> list:
     """What the impact replay reads of a matched collective, as JSON (``key``: its place); the
     members' ranks and times packed (:func:`_packed`): decoded, a row of a 1,024-rank collective
-    is a few strings, not 3,072 ints."""
+    is a few strings, not 3,072 ints. A row that stays in its process (``travels`` False: a world
+    of one) holds the arrays the packing would have carried, unpacked."""
     ranks = list(m.members)
-    return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns, _packed(ranks, "i"),
-            _packed([m.members[r].start_ns for r in ranks], "q"), _packed([m.members[r].end_ns for r in ranks], "q")]
+    columns = (array("i", ranks), array("q", [m.members[r].start_ns for r in ranks]),
+               array("q", [m.members[r].end_ns for r in ranks]))
+    return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns,
+            *([_packed(words) for words in columns] if travels else columns)]
 
 
-def _packed(values: list[int], typecode: str) -> str:
+def _packed(words: array) -> str:
     """Integers as the base64 of their little-endian machine words."""
-    words = array(typecode, values)
     if sys.byteorder == "big":
         words.byteswap()
     return base64.b64encode(words.tobytes()).decode("ascii")

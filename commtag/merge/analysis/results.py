@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from operator import attrgetter
 from typing import Generic, Optional, Protocol, TypeVar
 
 from commtag.merge.analysis.alltoall import AllToAll
@@ -146,8 +147,7 @@ class MatchedCollective(Generic[M]):
     def keeping(self, members: dict[int, N]) -> MatchedCollective[N]:
         """The same collective with ``members`` in place of its members (what a merge worker keeps
         of each once it is measured and checked), its findings list shared."""
-        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "members"}
-        return MatchedCollective(members=members, **kept)
+        return MatchedCollective(members=members, **dict(zip(_KEPT_FIELDS, _kept_values(self))))
 
     @property
     def waits_ns(self) -> dict[int, int]:
@@ -198,6 +198,12 @@ class MatchedCollective(Generic[M]):
             "straggler": self.straggler,
             "desync": [f.to_dict() for f in self.findings],
         }
+
+
+#: The fields :meth:`MatchedCollective.keeping` copies (all but the members), and their getter: read
+#: once here, not by ``dataclasses.fields`` per collective (a merge keeps every collective it matches).
+_KEPT_FIELDS = tuple(f.name for f in fields(MatchedCollective) if f.name != "members")
+_kept_values = attrgetter(*_KEPT_FIELDS)
 
 
 @dataclass(slots=True)

@@ -330,7 +330,7 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
                                             else None, m.straggler and rank == m.last_rank, flow)
             elif flow is not None:
                 back[holder[rank]].instance(rank, members.places[j], None, None, False, flow)
-        lead.append(timed_row(list(key), m))
+        lead.append(timed_row(list(key), m, travels=size > 1))  # a world of one's rows stay in it
     busbw, series = _busbw_counters(world, keyed)
     outcome.annotations = TraceAnnotations(counters=busbw)
     keyed, matched = [], []
