@@ -335,6 +335,28 @@ def test_trace_without_sidecar_merges_with_a_notice(traces: Path, capsys):
     assert lanes == set(OTHERS)
 
 
+def test_an_event_at_torchs_unset_time_is_left_out_counted_and_listed(traces: Path, capsys):
+    """torch's profiler can write an event still running as the profile ended at the largest int64 ns
+    (a gloo work's ``gloo:all_reduce`` at a window's end, seen on torch 2.13 under load): its ts plus the
+    trace's base reads INT64_MAX. Not bad input: that event is left out, counted and, with --verbose,
+    listed; the rest of the rank is merged."""
+    unset_ns = (1 << 63) - 1
+
+    def stuck(t: dict) -> None:
+        base = t.get("baseTimeNanoseconds", 0)
+        _first(t["traceEvents"], prefix="gloo:").update(ts=(unset_ns - base) / 1000)
+
+    _edit_trace(_trace(traces, 1), stuck)
+    code, err, out = _merge(capsys, str(traces), "--verbose")
+    assert code == 0, err
+    reason = "user_annotation events at torch's unset time (still running or not begun as the profile ended)"
+    account = next(line for line in err if line.startswith("commtag merge: rank 1:"))
+    assert f"1 {reason}" in account, account
+    listed = [line for line in err if "unset time" in line and "traceEvents[" in line]
+    assert len(listed) == 1 and str(_trace(traces, 1)) in listed[0] and "'gloo:" in listed[0], listed
+    assert validate_file(traces / OUT) == []
+
+
 def _skip_case_truncated(d: Path) -> list[tuple[Path, str]]:
     raw = _trace(d, 2).read_bytes()
     _trace(d, 2).write_bytes(raw[: len(raw) // 2])

@@ -114,3 +114,10 @@ KINETO_ID_ARGS: tuple[str, ...] = (EXTERNAL_ID_KEY, CORRELATION_KEY, "Python id"
 #: Args that only link or number events: once the merge has drawn its flows from them they say
 #: nothing to a reader, so the merged slices leave them out.
 LINK_ARGS = frozenset({EXTERNAL_ID_KEY, CORRELATION_KEY, CBID_KEY, EV_IDX_KEY, RECORD_FUNCTION_ID_KEY})
+#: A time torch's profiler never set: an event still running, or not begun, as the profile ended can
+#: carry the largest int64 in nanoseconds (seen on a gloo work's ``gloo:all_reduce`` running at a
+#: window's end, torch 2.13: its ``ts`` plus the trace's ``baseTimeNanoseconds`` reads INT64_MAX ns;
+#: torch's own handling of such events: pytorch/pytorch#124080, #150131, #178168). A start within
+#: TORCH_UNSET_SLACK_NS of it (the JSON's float microseconds round it) is this placeholder, not a time.
+TORCH_UNSET_TIME_NS = (1 << 63) - 1
+TORCH_UNSET_SLACK_NS = 1000

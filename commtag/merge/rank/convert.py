@@ -9,10 +9,9 @@ cannot place stops it with an error naming the event), then either
 * kept as a dict until its file is complete, when attach may annotate it: collective and graph
   kernels, graph launches, ``c10d::`` and ``gloo:`` ops. They are a few per thousand events.
 
-Flows and graph launches' kernel-category breakdowns are added to the kept bytes when a file ends (a
-launch may come after its kernels). Link-only args, drawn as flows (:data:`commtag.vocab.LINK_ARGS`), are not written.
-
-Every complete ("X") and instant ("i"/"I") event is written (a ProfilerStep's span also kept). Traces
+Flows and launches' kernel breakdowns are added when a file ends (a launch may come after its kernels);
+link-only args, drawn as flows (:data:`commtag.vocab.LINK_ARGS`), are not written. Every "X" and "i"/"I"
+event is written (a ProfilerStep's span also kept), but one at torch's unset time. Traces
 of torch 1.8-1.10 name rows with strings (``"tid": "5555"``, ``"tid": "stream 7"``, ``"pid":
 "Spans"``) and use other category names: numeric strings are read as numbers, ``stream N`` as GPU
 stream N, other strings name rows of their own, and old categories take today's names
@@ -38,23 +37,20 @@ from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.vocab import (ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, GLOBAL_INSTANT_SCOPE,
-                           KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES, PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY)
+                           KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES, PROFILER_STEP_PREFIX, TORCH_UNSET_SLACK_NS,
+                           TORCH_UNSET_TIME_NS, USER_ANNOTATION_CATEGORY)
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info, records_in_span
 from commtag.merge.rank.rows import (
-    OUTSIDE, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of, kept_by_selection,
-    left_out_reason, RowNames, TraceRow, without_blind, without_spans,
+    OUTSIDE, UNSET_TIME, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of,
+    kept_by_selection, left_out_reason, RowNames, TraceRow, without_blind, without_spans,
 )
 
 _MAX_NS, _INF, _MISSING = (1 << 63) - 1, float("inf"), object()
 class RankConverter:
-    """Everything one rank contributes: rows of encoded slices, instances, groups.
-
-    ``encoder`` None: place and encode nothing, only check the events and
-    attach (the instances alone: --align's first pass, ``commtag summary``,
-    ``--json``), and with ``breakdowns`` fill ``categories`` (``commtag
-    summary``'s kernel tables; with an encoder they are always filled).
-    """
+    """Everything one rank contributes: rows of encoded slices, instances, groups. ``encoder`` None: only
+    check the events and attach (the instances alone: --align's first pass, ``commtag summary``, ``--json``),
+    with ``breakdowns`` filling ``categories`` (``summary``'s kernel tables; always filled with an encoder)."""
 
     def __init__(self, rank: int, encoder: Optional[Encoder], *, offset_ns: int = 0,
                  flows: Optional[RankFlows] = None, breakdowns: bool = False, list_left_out: bool = False,
@@ -162,6 +158,11 @@ class RankConverter:
             start = (ts * 1000 if tc is int else round(ts * 1000)) + base
             end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
             if start < 0 or end > _MAX_NS:
+                if abs(start - TORCH_UNSET_TIME_NS) <= TORCH_UNSET_SLACK_NS:  # no time: counted, listed, not written
+                    self._leave_out(UNSET_TIME, cat)
+                    if listed is not None:
+                        listed.append(f"{path}: traceEvents[{i}] {name!r}: {left_out_reason(UNSET_TIME, cat)}")
+                    continue
                 refuse(path, i, e, base)
             if keep is not None and not keep(start):
                 self.outside += 1
@@ -262,12 +263,9 @@ class RankConverter:
     # -- files ---------------------------------------------------------------
     def add_file(self, path: Path, stream: TraceStream | WholeTrace, sidecar,
                  spans: Optional[Spans] = None) -> tuple[Optional[int], Optional[int]]:
-        """Convert one trace file read by ``stream`` (a :class:`~commtag.merge.inputs.jsonstream.TraceStream`).
-
-        ``spans``: the times (ns) in which an event or a collective must start to be
-        kept (--steps/--window); the others are counted as left out.
-        Returns the file's first and last ns (None without timed events).
-        """
+        """Convert one trace file read by ``stream``; its first and last ns (None without timed events).
+        ``spans``: the times (ns) in which an event or a collective must start to be kept (--steps/--window);
+        the others are counted as left out."""
         keep = keeper(spans) if spans is not None else None
         file = FileState(path, keep, CapturedKernels(sidecar.captures) if sidecar is not None else None)
         header = stream.header

@@ -27,8 +27,15 @@ _NUMBER = re.compile(r"-?[0-9]+")
 _NAMED_ROW_ORDER = 1 << 62
 
 
+#: The kind an event at torch's unset time is counted under (:data:`commtag.vocab.TORCH_UNSET_TIME_NS`), in
+#: place of its phase: it is left out for its time, whatever its phase.
+UNSET_TIME = "unset time"
+
+
 def left_out_reason(ph: str, cat: Optional[str]) -> str:
     """Why an event of phase ``ph`` and category ``cat`` is not in the merged trace."""
+    if ph == UNSET_TIME:
+        return f"{cat or 'uncategorized'} events at torch's unset time (still running or not begun as the profile ended)"
     if ph == "M":
         return "metadata (process and thread names: they name the rows)"
     if ph in ("s", "t", "f"):
