@@ -55,6 +55,7 @@ pairing (docs/nccl2.md §4).
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -219,8 +220,11 @@ class GroupState:
 
 #: ProcessGroup -> state: mutated in place (under ``_states_lock``), never rebound; read without
 #: the lock by the collectives' idle path. Plain dict (not weak): a weak lookup costs a weakref
-#: per call on the hot path, and groups are few and long-lived.
+#: per call on the hot path, and groups are few and long-lived; commtag lets go of them when their
+#: world is destroyed (:func:`_let_go`).
 GROUP_STATES: dict[Any, GroupState] = {}
+#: The states of groups whose world was destroyed, for the sidecar's table: they hold no c10d object.
+_RETIRED: list[GroupState] = []
 _states_lock = threading.Lock()
 #: c10d's world; its ``_default_pg`` backs the ``default_pg`` property (a Python frame per call).
 _world = c10d._world
@@ -233,11 +237,31 @@ _watcher: Optional[Callable[[Any], None]] = None
 
 
 def _note_default(pg: Any) -> None:
-    """Count ``pg`` as a new life when it is a default group not counted yet (hold ``_states_lock``)."""
+    """Count ``pg`` as a new life when it is a default group not counted yet (hold ``_states_lock``);
+    None (the world destroyed, every group with it): let go of its groups."""
     global _lives, _life_pg
     if isinstance(pg, c10d.ProcessGroup) and pg is not _life_pg:
         _lives += 1
         _life_pg = pg
+    elif pg is None:
+        _let_go()
+
+
+def _let_go() -> None:
+    """Drop every c10d group and backend commtag holds (hold ``_states_lock``, or at exit). A group
+    kept past its ``destroy_process_group`` was freed at the interpreter's teardown, where a gloo
+    backend's threads can abort the process ("terminate called without an active exception", exit
+    134, about one exit in six on torch 2.13 and 2.15); freed now, or by this at exit (before the
+    teardown), it ends as a group a job lets go of."""
+    global _life_pg
+    _life_pg = None
+    for state in GROUP_STATES.values():
+        state.nccl = state.gloo = state.gloo_seq = None
+    _RETIRED.extend(GROUP_STATES.values())
+    GROUP_STATES.clear()
+
+
+atexit.register(_let_go)
 
 
 def watch_lives() -> None:
@@ -297,7 +321,7 @@ def state_for(group: Optional[Any]) -> GroupState:
 def known_groups() -> list[GroupState]:
     """Every group this process has seen a collective on, in first-use order."""
     with _states_lock:
-        return list(GROUP_STATES.values())
+        return _RETIRED + list(GROUP_STATES.values())
 
 
 def table() -> list[ProcessGroupInfo]:
