@@ -143,8 +143,7 @@ def test_the_backend_keyword_is_read_from_the_running_torchs_own_signature() -> 
     import torch
     import torch._C._distributed_c10d as c10d
 
-    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    hooked = release >= tuple(int(part) for part in fr.FR_HOOK_RELEASE.split(".")[:2])
+    hooked = torch.__version__ >= fr.FR_HOOK_RELEASE  # TorchVersion compares as a version, local part aside
     assert parameter_names(c10d._dump_fr_trace) == (("includeCollectives", "includeStackTraces", "onlyActive")
                                                     + (("backend",) if hooked else ()))
     assert parameter_names(c10d_2_15(Calls())._dump_fr_trace)[-1] == "backend"
