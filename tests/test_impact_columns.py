@@ -76,7 +76,10 @@ def _reference_shifts(matched: list, coverage: Coverage, rank: int, removed: dic
     for k in sorted(range(len(matched)), key=lambda k: (matched[k].last_start_ns, k)):
         mine = [n for n, node in enumerate(nodes) if node[0] == k]
         for n in mine:
-            own[n] = shift(pred[n]) - (removed.get(k, 0) if nodes[n][1] == rank else 0)
+            cut = removed.get(k, 0) if nodes[n][1] == rank else 0
+            if cut and pred[n] >= 0:  # never before its own previous instance ends
+                cut = min(cut, nodes[n][2].start_ns - nodes[pred[n]][2].end_ns)
+            own[n] = shift(pred[n]) - cut
         moved[k] = max(nodes[n][2].start_ns + own[n] for n in mine) - matched[k].last_start_ns \
             if synchronized[k] else max(own[n] for n in mine)
     return moved

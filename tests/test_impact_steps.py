@@ -44,6 +44,25 @@ def test_a_collective_takes_the_step_of_its_first_arrival_on_the_first_rank_whos
     assert [(s.step, s.cost_us) for s in row.steps] == [(5, 5000.0), (6, 0.0)]
 
 
+def test_a_lead_longer_than_the_time_before_the_arrival_is_cut_to_that_time_and_no_later_step_pays_the_rest():
+    # Step 6 holds two all_reduces. Rank 1 arrives 2 ms late to the first (4 ms against 2) and its
+    # own work there runs to 7 ms (the others' end at 5); it starts the second at 8 ms, 2.5 ms after
+    # the others (5.5), but only 1 ms after its own previous work ended. Without its lateness it
+    # arrives at the first at 2 ms, ends it at 5, and starts the second at 5: no earlier than its own
+    # previous end. Step 6 then ends 3 ms sooner (at 6, not 9), and step 7 (10-11 ms), where nobody
+    # was late, costs nothing; cutting the whole 2.5 ms there would have charged step 7 0.5 ms.
+    instances = [inst(r, 1, 0, 1) for r in range(3)]
+    instances += [inst(0, 2, 2, 5), inst(1, 2, 4, 7), inst(2, 2, 2, 5)]
+    instances += [inst(0, 3, 5.5, 9), inst(1, 3, 8, 9), inst(2, 3, 5.5, 9)]
+    instances += [inst(r, 4, 10, 11) for r in range(3)]
+    steps = _steps((5, 0, 1.5), (6, 1.5, 9.5), (7, 9.5, 11))
+    coverage = Coverage({r: [(T0, T0 + 11 * MS)] for r in range(3)}, 3, {r: steps for r in range(3)})
+    (row,) = analyze(instances, coverage=coverage).impact.ranks
+    assert (row.rank, row.late_us, row.late_count) == (1, 4500.0, 2)  # its leads, as recorded
+    assert row.cost_us == 3000.0
+    assert [(s.step, s.cost_us) for s in row.steps] == [(5, 0.0), (6, 3000.0), (7, 0.0)]
+
+
 def test_a_collective_in_no_step_is_counted_and_in_no_step_s_cost():
     # The first all_reduce (0-1 ms) starts before the first step; the last step reaches to the
     # window's end.

@@ -16,7 +16,11 @@ keeps every recorded time and moves only what depends on the removed lateness:
   plus that member's own recorded time after the last arrival (the transfer);
 * removing rank ``r``'s lateness: wherever ``r`` arrived last, it arrives
   instead as early as the next-latest member did (its lead over the others,
-  measured in the recorded times, is cut from the time before its arrival).
+  measured in the recorded times, is cut from the time before its arrival),
+  but never before its own previous instance ends: only the time it spent
+  between the two can be cut (a rank whose previous transfer ran long is
+  late by that much still, and a later step is not charged what this one
+  could not remove).
   As for a straggler finding, a lead counts only where the late rank's own
   trace covers it: a rank whose profiler started later arrives late to its
   first collective without having made anyone wait in the job.
@@ -197,13 +201,19 @@ class _Replay:
         if not removed:
             return moved
         own: dict[int, int] = {}  # node of an unsynchronized collective -> its shift
-        start, pred, ranks, owner, synchronized = cols.start, self.pred, cols.rank, self.owner, self.synchronized
+        start, end, pred, ranks, owner, synchronized = (cols.start, cols.end, self.pred, cols.rank, self.owner,
+                                                        self.synchronized)
 
         def shift_of(node: int) -> int:
             if node < 0:
                 return 0
             k = owner[node]
             return moved[k] if synchronized[k] else own.get(node, 0)
+
+        def cut_at(node: int, cut: int) -> int:
+            """The part of ``cut`` the rank spent between its previous instance's end and this start."""
+            before = pred[node]
+            return cut if before < 0 else min(cut, start[node] - end[before])
 
         first = min(self.place[k] for k in removed)  # nothing before it moves
         for k in self.order[first:]:
@@ -213,14 +223,14 @@ class _Replay:
                 for n in cols.members(k):
                     if best is not None and start[n] <= best:
                         break  # times only move earlier: no later member can arrive after best
-                    arrival = start[n] + shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
+                    arrival = start[n] + shift_of(pred[n]) - (cut_at(n, cut) if cut and ranks[n] == rank else 0)
                     if best is None or arrival > best:
                         best = arrival
                 assert best is not None, "a synchronized collective has members"
                 moved[k] = best - cols.last_start[k]
             else:
                 for n in cols.members(k):
-                    own[n] = shift_of(pred[n]) - (cut if ranks[n] == rank else 0)
+                    own[n] = shift_of(pred[n]) - (cut_at(n, cut) if cut and ranks[n] == rank else 0)
                 moved[k] = max(own[n] for n in cols.members(k))
         return moved
 
