@@ -20,5 +20,8 @@ GLOO_WORK_PER_MEMBER = frozenset({"reduce_scatter"})
 GLOO_CALLER_FAMILIES = frozenset({"send", "recv"})
 #: Work families whose gloo event shows, in its "Input Dims" (``record_shapes``), exactly the
 #: tensors its one-work call reduces (all_reduce, all_reduce_coalesced, a fused coalescing
-#: block, reduce_scatter_tensor's input): a work showing another element count is another call's.
+#: block, reduce_scatter_tensor's input), or for the list reduce_scatter the one member's chunk
+#: each of its works reduces (its output's count; torch's ProcessGroupGloo::reduce_scatter runs
+#: an all_reduce per member on a buffer of the output's shape): a work showing another element
+#: count is another call's.
 GLOO_SHAPED_FAMILIES = frozenset({"allreduce"})

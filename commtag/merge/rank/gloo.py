@@ -55,10 +55,12 @@ class GlooCall:
         fam = family(ann.collective_name)
         self.family = GLOO_WORK_FAMILY.get(fam, fam)
         self.need = ann.group_size if ann.collective_name in GLOO_WORK_PER_MEMBER else 1
-        #: The element counts its one work may show (complex tensors show half the recorded
-        #: count); None where a work's shapes do not tell (see GLOO_SHAPED_FAMILIES).
-        self.sizes = ((ann.in_msg_nelems, ann.in_msg_nelems / 2)
-                      if self.family in GLOO_SHAPED_FAMILIES and self.need == 1 else None)
+        #: The element counts each of its works may show (complex tensors show half the recorded
+        #: count): the input for a call of one work, one member's chunk (the output) for a list
+        #: reduce_scatter's; None where a work's shapes do not tell (see GLOO_SHAPED_FAMILIES).
+        shown = ann.out_msg_nelems if ann.collective_name in GLOO_WORK_PER_MEMBER else \
+            ann.in_msg_nelems if self.need == 1 else None
+        self.sizes = (shown, shown / 2) if self.family in GLOO_SHAPED_FAMILIES and shown is not None else None
         if op is not None and op[2].get("name") in C10D_OPS_WITHOUT_GLOO_WORK:
             self.need = 0  # its own work is the op's inner gloo:send/recv: a worker event is another call's
         self.works: list[tuple] = []
