@@ -96,6 +96,8 @@ class SequenceWriter:
         self._seq = PACKET_SEQUENCE_ID + varint(seq_id)
         #: What follows the timestamp in a plain event packet, up to the event's length.
         self.after_timestamp = self._seq + PACKET_TRACK_EVENT
+        #: The same with the event's length, by that length (below 128).
+        self.after_lengths = [self.after_timestamp + SMALL_VARINTS[n] for n in range(0x80)]
         #: True when the next event packet may be plain: the sequence has started and no
         #: interned data waits to go out with it (else write it with :meth:`event`).
         self.plain = False
