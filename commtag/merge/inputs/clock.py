@@ -29,11 +29,12 @@ def base_ns(trace: dict) -> int:
 
 
 def event_ns(event: dict, base: int) -> tuple[int, int]:
-    """Start and end of an X event in absolute ns (the writer's exact rounding)."""
+    """Start and end of an X event in absolute ns (the writer's exact rounding: a float's own
+    ``__round__``, which the builtin round() looks up on every call)."""
     t = event["ts"] * 1000
-    start = (t if t.__class__ is int else round(t)) + base
+    start = (t if t.__class__ is int else t.__round__()) + base
     d = event.get("dur", 0) * 1000
-    d = d if d.__class__ is int else round(d)
+    d = d if d.__class__ is int else d.__round__()
     return start, start + (d if d > 0 else 0)
 
 

@@ -67,6 +67,9 @@ INSTANT = varint_field(EVENT_TYPE, TYPE_INSTANT)
 
 #: Distinct args blocks a sequence remembers (bounded: memory, not speed, is the limit).
 _MAX_BLOCKS = 20_000
+#: Events of one name whose args missed the blocks in a row before a sequence stops looking them up
+#: there (a memory instant's addresses and totals, a copy's bandwidth: never the same twice).
+_MAX_MISSES = 64
 
 
 def track_field(uuid: int) -> bytes:
@@ -93,6 +96,8 @@ class SequenceWriter:
         self._seq = PACKET_SEQUENCE_ID + varint(seq_id)
         #: What follows the timestamp in a plain event packet, up to the event's length.
         self.after_timestamp = self._seq + PACKET_TRACK_EVENT
+        #: The same with the event's length, by that length (below 128).
+        self.after_lengths = [self.after_timestamp + SMALL_VARINTS[n] for n in range(0x80)]
         #: True when the next event packet may be plain: the sequence has started and no
         #: interned data waits to go out with it (else write it with :meth:`event`).
         self.plain = False
@@ -113,6 +118,9 @@ class SequenceWriter:
         self._int_keys: dict[str, tuple[bytes, ...]] = {}
         #: Encoded annotations by the args' JSON: most events repeat an earlier event's args.
         self._blocks: dict[bytes, bytes] = {}
+        #: Event name -> its events' args that missed the blocks in a row; the names that stopped looking.
+        self._missed: dict[str, int] = {}
+        self._unrepeated: set[str] = set()
         #: id(args) -> (encoded, args) of shared_annotations.
         self._shared: dict[int, tuple[bytes, dict]] = {}
 
@@ -178,6 +186,8 @@ class SequenceWriter:
         if cat:
             data += self._cats.get(cat) or self._cat(cat)
         if args:
+            if name in self._unrepeated:
+                return data + self.annotations(args)
             try:
                 key = orjson.dumps(args)
             except TypeError:  # a value JSON cannot hold as such (an int beyond 64 bits)
@@ -188,6 +198,11 @@ class SequenceWriter:
                 if len(self._blocks) < _MAX_BLOCKS:
                     # A copy: orjson's own bytes carry kilobytes of spare capacity.
                     self._blocks[bytes(memoryview(key))] = block
+                missed = self._missed[name] = self._missed.get(name, 0) + 1
+                if missed >= _MAX_MISSES:
+                    self._unrepeated.add(name)
+            else:
+                self._missed[name] = 0
             data += block
         return data
 

@@ -60,6 +60,9 @@ from commtag.merge.pftrace.wire import (
 )
 from commtag.merge.pftrace.sequence import BEGIN, SequenceBlocks, SequenceWriter, track_field
 
+#: An event packet's frame tag, its size (below 128) and the timestamp's tag: the bytes before its timestamp.
+PACKET_HEADS = [TRACE_PACKET + SMALL_VARINTS[size] + PACKET_TIMESTAMP for size in range(0x80)]
+
 if TYPE_CHECKING:
     pass
 
@@ -99,6 +102,8 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
     last, low, mask, small = seq.last, LOW14, MASK14, SMALL_VARINTS
     packet_tag, ts_tag = TRACE_PACKET, PACKET_TIMESTAMP
     fixed = len(ts_tag) + len(after_ts)
+    heads, after_lengths = PACKET_HEADS, seq.after_lengths
+    view = memoryview(data)
     for i in order_:
         start, stop = starts[i], ends[i]
         k = 0
@@ -129,10 +134,11 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
             begins.append(BEGIN + track)
             stacks.append([])
         stacks[k].append(stop)
-        more = extra.get(i)
-        event = begins[k] + data[offsets[i]:offsets[i + 1]]
-        if more:
-            event += more
+        event = begins[k] + view[offsets[i]:offsets[i + 1]]  # a view's slice: no copy before the event's
+        if extra:
+            more = extra.get(i)
+            if more:
+                event += more
         if not seq.plain:
             seq.last = last
             seq.event(start, event, body)
@@ -146,16 +152,23 @@ def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, n
             ts_b = stamp(start)
         last = start
         n = len(event)
-        length = small[n] if n < 0x4000 else varint(n)
-        size = fixed + len(ts_b) + len(length) + n
-        body += packet_tag
-        body += small[size] if size < 0x4000 else varint(size)
-        body += ts_tag
-        body += ts_b
-        body += after_ts
-        body += length
+        if n < 0x80:  # the packet's head and the bytes from its timestamp to its event, by table
+            size = fixed + len(ts_b) + 1 + n
+            body += heads[size] if size < 0x80 else packet_tag + small[size] + ts_tag
+            body += ts_b
+            body += after_lengths[n]
+        else:
+            length = small[n] if n < 0x4000 else varint(n)
+            size = fixed + len(ts_b) + len(length) + n
+            body += packet_tag
+            body += small[size] if size < 0x4000 else varint(size)
+            body += ts_tag
+            body += ts_b
+            body += after_ts
+            body += length
         body += event
     seq.last = last
+    view.release()
     for k, stack in enumerate(stacks):
         while stack:
             seq.end(stack.pop(), tails[k], body)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from commtag.kernels import LANE_SCOPE, LAUNCH_SCOPE, STREAM_SCOPE, WORK_CATEGORIES, DeviceWork, summary_name
-from commtag.merge.rank.attach import args_decide, attach, is_candidate
+from commtag.merge.rank.attach import attach, is_candidate
 from commtag.merge.rank.events import RankFlows, group_rows
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.jsonstream import TraceFormatError, TraceStream, WholeTrace
@@ -37,16 +37,16 @@ from commtag.merge.timeline import RankTimeline, Row
 from commtag.merge.rank.torchlanes import has_torch_lanes, restore_group_lanes
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.vocab import (ANN_LANE, CORRELATION_KEY, DEVICE_KINDS, GLOBAL_INSTANT_SCOPE,
-                           KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES, PROFILER_STEP_PREFIX, TORCH_UNSET_SLACK_NS,
-                           TORCH_UNSET_TIME_NS, USER_ANNOTATION_CATEGORY)
+                           KINETO_LEGACY_CATEGORIES, LAUNCH_CATEGORIES, LINK_ARGS, TORCH_UNSET_SLACK_NS,
+                           TORCH_UNSET_TIME_NS)
 from commtag.constants import MAX_DUR_US
 from commtag.merge.rank.checks import check_clock, check_join_args, check_ids, refuse, check_distributed_info, records_in_span
 from commtag.merge.rank.rows import (
-    OUTSIDE, UNSET_TIME, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, row_id, tracks_of,
-    kept_by_selection, left_out_reason, RowNames, TraceRow, without_blind, without_spans,
+    OUTSIDE, UNSET_TIME, Encoder, FileState, RowId, drop_links, kernel_args, event_kind, launch_flows, row_id, tracks_of,
+    kept_by_selection, left_out_reason, plan, RowNames, TraceRow, without_blind, without_spans,
 )
 
-_MAX_NS, _INF, _MISSING = (1 << 63) - 1, float("inf"), object()
+_MAX_NS, _INF = (1 << 63) - 1, float("inf")
 class RankConverter:
     """Everything one rank contributes: rows of encoded slices, instances, groups. ``encoder`` None: only
     check the events and attach (the instances alone: --align's first pass, ``commtag summary``, ``--json``),
@@ -109,6 +109,7 @@ class RankConverter:
         legacy = KINETO_LEGACY_CATEGORIES
         device_kind = DEVICE_KINDS.get
         keep, named = file.keep, file.named
+        links = LINK_ARGS
         i = file.index - 1
         dur: Any  # these three as the trace wrote them: checked by class below, through dc and tc
         ts: Any
@@ -139,10 +140,11 @@ class RankConverter:
                     if body is not None:
                         self._meta(e)
                 continue
-            ts = e.get("ts")
+            try:  # subscripts, not get: a third fewer instructions, and a slice lacks none of these
+                ts, pid, tid = e["ts"], e["pid"], e["tid"]
+            except KeyError:
+                refuse(path, i, e, base)
             tc = ts.__class__
-            pid = e.get("pid", _MISSING)
-            tid = e.get("tid", _MISSING)
             pc = pid.__class__
             ic = tid.__class__
             args = e.get("args")
@@ -155,8 +157,9 @@ class RankConverter:
                 refuse(path, i, e, base)
             if cat in legacy:
                 cat = e["cat"] = legacy[cat]
-            start = (ts * 1000 if tc is int else round(ts * 1000)) + base
-            end = start + (dur * 1000 if dc is int else round(dur * 1000)) if dur else start
+            # A float's own __round__ is round(): the builtin looks the method up on every call.
+            start = (ts * 1000 if tc is int else (ts * 1000).__round__()) + base
+            end = start + (dur * 1000 if dc is int else (dur * 1000).__round__()) if dur else start
             if start < 0 or end > _MAX_NS:
                 if abs(start - TORCH_UNSET_TIME_NS) <= TORCH_UNSET_SLACK_NS:  # no time: counted, listed, not written
                     self._leave_out(UNSET_TIME, cat)
@@ -191,10 +194,12 @@ class RankConverter:
                         drop_links(args)
                     row.add(start, start, body(name, cat, args))
                 continue
-            if cat == USER_ANNOTATION_CATEGORY and name.startswith(PROFILER_STEP_PREFIX):
+            # What depends only on the name and category, asked once per file (rows.plan).
+            if (found := (named.get(cat) or named.setdefault(cat, {})).get(name)) is None:
+                found = named[cat][name] = plan(name, cat, file.captured, encoder)
+            decided, kind, linked, graph_launch, work, step, head = found
+            if step:
                 file.steps.append((name, start, end))
-            if (decided := (named.get(cat) or named.setdefault(cat, {})).get(name, _MISSING)) is _MISSING:
-                decided = named[cat][name] = None if args_decide(name, cat) else is_candidate(name, cat, None, file.captured)
             candidate = is_candidate(name, cat, args, file.captured) if decided is None else decided  # None: args decide
             if body is None:
                 if candidate:
@@ -202,22 +207,22 @@ class RankConverter:
                 if args and breakdowns:  # a launch candidate is a graph launch, the only launch launch() keeps
                     if candidate and cat in LAUNCH_CATEGORIES:
                         categories.launch(name, args.get(CORRELATION_KEY))
-                    elif not candidate and cat in WORK_CATEGORIES:
-                        categories.kernel((pid, tid, device_kind(cat)), name, cat, dur, args)
+                    elif not candidate and work:
+                        categories.kernel((pid, tid, kind), name, cat, dur, args)
                 continue
             # A device's row by the event's category, never by its pid: a host pid can be a device's number.
-            kind = device_kind(cat)
             key = (pid, tid) if kind is None else (pid, tid, kind)
             row = rows.get(key)
             if row is None:
                 row = rows[key] = Row()
             index = len(row.starts)
-            if args and (kind is not None or cat in LAUNCH_CATEGORIES):
+            if linked and args:
                 corr = args.get(CORRELATION_KEY)
                 if corr.__class__ is int:
                     if kind is None:
                         file.launches[corr] = (row, index)
-                        categories.launch(name, corr)
+                        if graph_launch:
+                            categories.launch(name, corr)
                     else:
                         file.work.append((row, index, corr))
             if candidate:
@@ -225,14 +230,18 @@ class RankConverter:
                 row.add(start, end, b"")  # encoded once attach has run (_settle)
                 continue
             if args:
-                if cat in WORK_CATEGORIES:
+                if work:
                     categories.kernel(key, name, cat, dur, args)
-                drop_links(args)
+                if head is None or not args.keys() <= links:  # else its args only link: head is its body
+                    drop_links(args)
+                    head = body(name, cat, args)
+            elif head is None:
+                head = body(name, cat, args)
             # Row.add, inlined: it runs once per event.
             row.starts.append(start)
             row.ends.append(end)
             data = row.data
-            data += body(name, cat, args)
+            data += head
             row.offsets.append(len(data))
         file.index = i + 1
         file.first, file.last = first, last
@@ -387,30 +396,11 @@ class RankConverter:
                 data += encoder.shared_annotations(parts[0]) + encoder.annotations(parts[1])
             row.append_to(index, encoder.flows(out, into) + data if out or into else data)
         file.candidates.clear()
-        self._launch_flows(file, encoder)
+        self.flows_drawn += launch_flows(file, self.flows.launches(len(file.work)), encoder.flow_fields)
         for corr in categories.end_trace():
             row, index = file.launches[corr]
             extra = kernel_args(self.rank, LAUNCH_SCOPE, corr, categories.launches[corr])
             row.append_to(index, encoder.annotations(extra))
-
-    def _launch_flows(self, file: FileState, encoder: Encoder) -> None:
-        """One flow per piece of device work, from its launch (or from the work if it starts first)."""
-        flow_fields = encoder.flow_fields
-        launches = file.launches
-        for (row, index, corr), fid in zip(file.work, self.flows.launches(len(file.work))):
-            hit = launches.get(corr)
-            if hit is None:
-                continue
-            lrow, lindex = hit
-            self.flows_drawn += 1
-            starts, ends = flow_fields(fid)
-            if lrow.starts[lindex] <= row.starts[index]:
-                lrow.append_to(lindex, starts)
-                row.append_to(index, ends)
-            else:
-                row.append_to(index, starts)
-                lrow.append_to(lindex, ends)
-        file.work.clear()
 
     # -- the rank ------------------------------------------------------------
     def account(self) -> EventAccount:

@@ -8,15 +8,18 @@ from array import array
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, Union
 
+from commtag.kernels import WORK_CATEGORIES
+from commtag.merge.rank.attach import args_decide, is_candidate
 from commtag.merge.rank.captures import CapturedKernels
 from commtag.merge.rank.events import RankFlows
 from commtag.merge.records import CollectiveInstance
 from commtag.merge.timeline import CPU_GROUP, Row, Track
 from commtag.vocab import (
-    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY,
-    EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_GPU_LABEL_PREFIX, KINETO_HOST_LABEL, KINETO_HOST_THREAD_PREFIX,
+    ANN_KERNELS_ID, ANN_KERNELS_SCOPE, ANN_RANK, CBID_KEY, CORRELATION_KEY, DEVICE_KINDS, LAUNCH_CATEGORIES,
+    PROFILER_STEP_PREFIX, USER_ANNOTATION_CATEGORY, EV_IDX_KEY, EXTERNAL_ID_KEY, KINETO_GPU_LABEL_PREFIX,
+    KINETO_HOST_LABEL, KINETO_HOST_THREAD_PREFIX,
     HTA_CRITICAL_ARG, HTA_CRITICAL_PATH_CATEGORY_PREFIX, KINETO_LAUNCH_FLOW_CATEGORIES, KINETO_TRACE_ROW,
-    KINETO_STREAM_TID_PREFIX, RECORD_FUNCTION_ID_KEY,
+    KINETO_STREAM_TID_PREFIX, RECORD_FUNCTION_ID_KEY, is_graph_launch,
 )
 
 
@@ -99,6 +102,31 @@ def drop_links(args: dict) -> None:
     pop(CBID_KEY, None)
     pop(EV_IDX_KEY, None)
     pop(RECORD_FUNCTION_ID_KEY, None)
+
+
+#: What the converter does with every timed slice of one name and category (see :func:`plan`).
+Plan = tuple[Optional[bool], Optional[str], bool, bool, bool, bool, Optional[bytes]]
+
+
+def plan(name: str, cat: Optional[str], captured: CapturedKernels, encoder: Optional[Encoder]) -> Plan:
+    """What the converter does with the timed slices named ``name`` of category ``cat``, asked once per
+    file: none of it depends on the event (a plain tuple: the loop unpacks it for every event). In order:
+
+    * is_candidate's answer, None where the args decide (a kernel's, a record_param_comms op's);
+    * the device kind of its row (DEVICE_KINDS), None on a host thread;
+    * whether its correlation ties it to a launch or to its work (a device's event, or a launch);
+    * whether it is a graph launch (what kernels.DeviceWork.launch keeps);
+    * whether it is device work for the kernel breakdowns (kernels.WORK_CATEGORIES);
+    * whether it is a ProfilerStep's span;
+    * the encoder's bytes of its name and category where it is never a candidate, so encoded at once
+      (interned now, as the event asking would intern them); else None.
+    """
+    candidate = None if args_decide(name, cat) else is_candidate(name, cat, None, captured)
+    kind = DEVICE_KINDS.get(cat) if cat is not None else None
+    launch = cat in LAUNCH_CATEGORIES
+    return (candidate, kind, kind is not None or launch, launch and is_graph_launch(name), cat in WORK_CATEGORIES,
+            cat == USER_ANNOTATION_CATEGORY and name.startswith(PROFILER_STEP_PREFIX),
+            encoder.body(name, cat, None) if candidate is False and encoder is not None else None)
 
 
 class Encoder(Protocol):
@@ -260,8 +288,30 @@ class FileState:
         self.work: list[tuple[Row, int, object]] = []
         #: (name, start_ns, end_ns) of its ProfilerStep slices (see commtag.merge.steps).
         self.steps: list[tuple[str, int, int]] = []
-        #: category -> event name -> is_candidate's answer, None where the args decide (attach.args_decide).
-        self.named: dict[object, dict[str, Optional[bool]]] = {}
+        #: category -> event name -> what the converter does with its slices (:func:`plan`).
+        self.named: dict[object, dict[str, Plan]] = {}
+
+
+def launch_flows(file: FileState, fids: Iterable[int], flow_fields: Callable[[int], tuple[bytes, bytes]]) -> int:
+    """One flow per piece of device work of ``file`` whose launch it holds, from its launch (or from the
+    work if it starts first), ids from ``fids`` (one per piece of work); how many were drawn."""
+    launches = file.launches
+    drawn = 0
+    for (row, index, corr), fid in zip(file.work, fids):
+        hit = launches.get(corr)
+        if hit is None:
+            continue
+        lrow, lindex = hit
+        drawn += 1
+        starts, ends = flow_fields(fid)
+        if lrow.starts[lindex] <= row.starts[index]:
+            lrow.append_to(lindex, starts)
+            row.append_to(index, ends)
+        else:
+            row.append_to(index, starts)
+            lrow.append_to(lindex, ends)
+    file.work.clear()
+    return drawn
 
 
 def kept_by_selection(file: FileState, attached: list, keep: Callable[[int], bool], flows: RankFlows,
