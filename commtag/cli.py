@@ -81,7 +81,6 @@ def _can_plot() -> bool:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from commtag.merge import merge
     from commtag.merge.hangs.trace import dumps_beside_traces, dumps_without_traces
-    from commtag.report.hangs import beside_profile
 
     from commtag.merge.engine.budget import parse_size
 
@@ -106,7 +105,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
           *_account_lines(result.accounts, args.verbose)])
     if result.alignment is not None:
         sys.stderr.write(result.alignment.describe() + "\n")
-    if dumps:
+    if dumps:  # the report's modules only where dumps lie beside the traces
+        from commtag.report.hangs import beside_profile
+
         _say("merge", beside_profile(dumps, result.instances))
     sys.stdout.write(f"{result.output}: {len(result.ranks)} ranks, {result.slices} collective slices"
                      " (open it in https://ui.perfetto.dev)\n")

@@ -95,3 +95,25 @@ def test_the_generated_protos_are_loaded_only_where_the_trace_is_written(tmp_pat
         assert proc.returncode == 0, proc.stderr
         loaded[name] = next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROTOS")) == "PROTOS True"
     assert loaded == {"help": False, "summary": False, "merge": True}
+
+
+_REPORT_PROBE = """
+import sys
+from commtag.cli import main
+code = main(sys.argv[1:])
+print('REPORT', sorted(m for m in sys.modules if m.startswith('commtag.report')))
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+def test_a_merge_without_dumps_loads_no_report(tmp_path: Path) -> None:
+    """The summary's modules (tables, figures, the Flight Recorder report) are the merge's only
+    where dumps lie beside the traces: a plain merge never loads them."""
+    inputs = tmp_path / "traces"
+    inputs.mkdir()
+    shutil.copy(TRACE, inputs / TRACE.name)
+    proc = subprocess.run([sys.executable, "-c", _REPORT_PROBE, "merge", str(inputs), "-o", str(tmp_path / "m.pftrace")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT")) == "REPORT []"
