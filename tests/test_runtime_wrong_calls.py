@@ -88,7 +88,10 @@ def _body(rank: int, world_size: int) -> dict:
         captured = sys.stderr.getvalue()
     finally:
         sys.stderr = stderr
-    dist.barrier()
+    # The ranks meet before they exit by an all_reduce, not a barrier: gloo's barrier waits on every
+    # work still listed as running and rethrows a failed one's error, and the failed all_to_all's
+    # work can still be listed there for a moment after its caller saw it fail (a loaded machine).
+    dist.all_reduce(torch.zeros(1))
     # torch's own warnings name torch's files, whose path may contain anything (a venv named
     # after commtag): those paths are not commtag speaking.
     torch_dir = str(Path(torch.__file__).parent)
