@@ -146,7 +146,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
                 key = ("alone", rank, idx)
             elif key[0] == BATCH_KEY:  # batches link across ranks: their owner keys them anew
                 key = BATCHES_OF + (inst.pg_uid, inst.replay)
-            where = owner_of(key, inst, size, buckets)
+            where = (0, 0) if size == buckets == 1 else owner_of(key, inst, size, buckets)  # one place: no CRC
             rows = staged.setdefault(where, [])
             rows.append((rank, idx, key, inst))
             if len(rows) >= routes.SEAL_ROWS:
@@ -315,7 +315,7 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
     lead: list = []
     for key, m, members, base in keyed:
         findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
-        for k, mk in enumerate(markers([m])):
+        for k, mk in enumerate(markers([m]) if m.straggler or m.findings else ()):  # the rest have none
             back[holder[mk.rank]].markers.append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns,
                                                   mk.name, mk.args])
         tables.append(collective_figures(m))
