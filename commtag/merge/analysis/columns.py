@@ -74,9 +74,9 @@ class Columns:
         self.last_rank.append(NO_RANK if last_rank is None else last_rank)
         self.first_start.append(first_start_ns)
         self.last_start.append(last_start_ns)
-        self.start.extend(starts[i] for i in order)
-        self.end.extend(ends[i] for i in order)
-        self.rank.extend(ranks[i] for i in order)
+        self.start.extend(map(starts.__getitem__, order))
+        self.end.extend(map(ends.__getitem__, order))
+        self.rank.extend(map(ranks.__getitem__, order))
         self.offset.append(len(self.start))
 
     def keyed(self, key: list, *collective: object) -> None:

@@ -257,18 +257,18 @@ def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage, seqs:
     out: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]] = []
     for rows in by_key.values():
         rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
-        light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
+        light = [Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows]
         m, sent = None, None
         if hook is not None:
             whole = measure([r[2] for r in rows], coverage, seqs)
             whole.findings.extend(check(whole))
             sent = next(iter(traffic([whole])), None)
-            m = whole.keeping({rank: light[id(inst)] for rank, inst in whole.members.items()})
+            m = whole.keeping({inst.rank: kept for (_, _, inst), kept in zip(rows, light)})  # as whole.members: the last of a rank
             if hook.keep:
                 first = rows[0]
                 kept.append(((m.first_start_ns, m.pg_uid, m.seq, first[0], first[2].start_ns, first[2].seq, first[1]),
                              whole, m))
-        out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m, sent))
+        out.append((_Members(rows, light), m, sent))
     return out
 
 
@@ -314,18 +314,18 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
     findings: list[list] = []
     lead: list = []
     for key, m, members, base in keyed:
-        findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
+        findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)] if m.findings else ()
         for k, mk in enumerate(markers([m]) if m.straggler or m.findings else ()):  # the rest have none
             back[holder[mk.rank]].markers.append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns,
                                                   mk.name, mk.args])
         tables.append(collective_figures(m))
         figures = len(tables) - 1
         waits = m.waits_ns
-        taken = {id(member) for member in m.members.values()}
-        found = members.flows(base)
+        taken = {id(member) for member in m.members.values()} if len(m.members) < len(members) else None  # None: all
+        found = members.flows(base) if base is not None else {}
         for j, member in enumerate(members.members):
             rank, flow = members.ranks[j], found.get(j)
-            if id(member) in taken:
+            if taken is None or id(member) in taken:
                 back[holder[rank]].instance(rank, members.places[j], figures, to_us(waits[rank]) if rank in waits
                                             else None, m.straggler and rank == m.last_rank, flow)
             elif flow is not None:
