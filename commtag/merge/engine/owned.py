@@ -154,6 +154,25 @@ class MemberFigures:
         return None if k < 0 else k, None if math.isnan(wait) else wait, bool(self.stragglers[at]), self.flows[at]
 
 
+class FigureTables(list):
+    """The figures tables of the collectives matched here, each distinct one once, by the number
+    rows name it by: equal tables (types included) share a number, so it travels once and each
+    lane joins it to a call site's common args once (:meth:`OwnLanes.pop`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._numbers: dict[tuple, int] = {}
+
+    def number(self, figures: dict) -> int:
+        """``figures``' number, given it when first seen."""
+        key = (tuple(figures.items()), tuple(map(type, figures.values())))
+        k = self._numbers.get(key)
+        if k is None:
+            k = self._numbers[key] = len(self)
+            self.append(figures)
+        return k
+
+
 class BackRows:
     """What goes back to one worker: per member of a collective matched here, its rank, place and
     :class:`MemberFigures`; and the markers."""

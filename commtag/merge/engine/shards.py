@@ -58,7 +58,7 @@ from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.batches import BATCH_KEY, BATCHES_OF, batch_keys
 from commtag.merge.engine.exchange import from_everyone
 from commtag.merge.engine.options import Progress, Unshown
-from commtag.merge.engine.owned import BackRows, Held, OwnLanes, apply, back_pieces, flow_to_wire
+from commtag.merge.engine.owned import BackRows, FigureTables, Held, OwnLanes, apply, back_pieces, flow_to_wire
 from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.engine import routes
 from commtag.merge.engine.routes import carrier, route, rows_pieces, unseal
@@ -188,7 +188,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs, kept)
         bar.update()
-    tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
+    tables = FigureTables()  # the figures of the collectives matched here, by the number rows name them by
     back, pending = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
     own_markers: list[tuple] = []
     route(world, [back_pieces(me, rows, tables) for rows in back],
@@ -275,7 +275,7 @@ def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage, seqs:
 def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]],
               hook: Optional[MergeAnalysis],
               coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
-              tables: list[dict]) -> tuple[list[BackRows], Optional[ForLead]]:
+              tables: FigureTables) -> tuple[list[BackRows], Optional[ForLead]]:
     """Step 3's end: this worker's collectives numbered, judged against the whole job (stragglers,
     Seq gaps) and described; what goes back to each worker (:class:`commtag.merge.engine.owned.BackRows`:
     per member its figures by their number in ``tables``, wait, straggler flag and flows; markers)."""
@@ -318,8 +318,7 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
         for k, mk in enumerate(markers([m]) if m.straggler or m.findings else ()):  # the rest have none
             back[holder[mk.rank]].markers.append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns,
                                                   mk.name, mk.args])
-        tables.append(collective_figures(m))
-        figures = len(tables) - 1
+        figures = tables.number(collective_figures(m))
         waits = m.waits_ns
         taken = {id(member) for member in m.members.values()} if len(m.members) < len(members) else None  # None: all
         found = members.flows(base) if base is not None else {}
