@@ -277,7 +277,8 @@ def _window_costs(ends: list[int], moved: list[int], windows: dict[int, list[int
     return {w: max(ends[k] for k in ks) - max(ends[k] + moved[k] for k in ks) for w, ks in windows.items()}
 
 
-def _by_window(cols: Columns, coverage: Optional[Coverage], firsts: list[tuple[int, Optional[int]]]) -> dict[int, list[int]]:
+def _by_window(cols: Columns, coverage: Optional[Coverage],
+               firsts: list[tuple[int, Optional[int]]]) -> dict[int, list[int]]:
     """Profiled window (1-based) -> the collectives whose first arrival (``firsts``, by collective)
     lies in it, on that rank's windows (one window when they are not known)."""
     out: dict[int, list[int]] = defaultdict(list)

@@ -263,7 +263,7 @@ def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage, seqs:
             whole = measure([r[2] for r in rows], coverage, seqs)
             whole.findings.extend(check(whole))
             sent = next(iter(traffic([whole])), None)
-            m = whole.keeping({inst.rank: kept for (_, _, inst), kept in zip(rows, light)})  # as whole.members: the last of a rank
+            m = whole.keeping({inst.rank: kept for (_, _, inst), kept in zip(rows, light)})  # a rank's last
             if hook.keep:
                 first = rows[0]
                 kept.append(((m.first_start_ns, m.pg_uid, m.seq, first[0], first[2].start_ns, first[2].seq, first[1]),
@@ -314,7 +314,8 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
     findings: list[list] = []
     lead: list = []
     for key, m, members, base in keyed:
-        findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)] if m.findings else ()
+        if m.findings:
+            findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
         for k, mk in enumerate(markers([m]) if m.straggler or m.findings else ()):  # the rest have none
             back[holder[mk.rank]].markers.append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns,
                                                   mk.name, mk.args])
