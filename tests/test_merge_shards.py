@@ -24,7 +24,7 @@ import pytest
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
-from commtag.merge.engine.owned import run_hook
+from commtag.merge.engine.owned import FigureTables, run_hook
 from commtag.merge.engine.routes import Packing
 from commtag.merge.engine.worlds import FileWorld
 from commtag.merge.pftrace.readback import read_trace
@@ -287,3 +287,18 @@ def _on_two_threads(worker: Callable[[int], None], errors: list[BaseException]) 
     for thread in threads:
         thread.join(120)
     assert not errors, errors
+
+
+def test_equal_figures_tables_share_a_number_and_only_equal_ones_do() -> None:
+    """A worker numbers each distinct figures table once (it travels, and is joined to a lane's
+    args, once); tables equal as dicts but not as written (1, 1.0 and True; keys in another
+    order) keep their own numbers and contents."""
+    tables = FigureTables()
+    first = tables.number({"skew_us": 1.5, "nodes": 1})
+    assert tables.number({"skew_us": 1.5, "nodes": 1}) == first
+    others = [tables.number(t) for t in ({"skew_us": 1.5, "nodes": 1.0}, {"skew_us": 1.5, "nodes": True},
+                                         {"nodes": 1, "skew_us": 1.5})]
+    assert sorted({first, *others}) == [0, 1, 2, 3]
+    assert [[(k, type(v)) for k, v in t.items()] for t in tables] == [
+        [("skew_us", float), ("nodes", int)], [("skew_us", float), ("nodes", float)],
+        [("skew_us", float), ("nodes", bool)], [("nodes", int), ("skew_us", float)]]

@@ -172,16 +172,21 @@ def _unnamed_missing(members: list[CollectiveInstance]) -> int:
 
 def measure(members: list[CollectiveInstance], coverage: Coverage, seqs: Seqs) -> MatchedCollective[CollectiveInstance]:
     by_rank = {i.rank: i for i in members}
-    first = min(members, key=lambda i: (i.start_ns, i.rank))
-    last = max(members, key=lambda i: (i.start_ns, -i.rank))
-    end = max(i.end_ns for i in members)
-    sizes = [b for b in (message_bytes(i) for i in members) if b is not None]
+    if len(members) == 1:  # its own first, last and end
+        first = last = members[0]
+        end = first.end_ns
+    else:
+        first = min(members, key=lambda i: (i.start_ns, i.rank))
+        last = max(members, key=lambda i: (i.start_ns, -i.rank))
+        end = max(i.end_ns for i in members)
+    sizes = [b for b in map(message_bytes, members) if b is not None]
     nbytes = max(sizes) if sizes else None
-    missing = tuple(sorted(_expected(members) - set(by_rank)))
+    missing = tuple(sorted(_expected(members) - by_rank.keys()))
     # A missing member is a desync only where its trace shows it ran on without this collective
     # (by time, or by its Seqs on both sides; every replay of a graph has the same Seq).
+    by_seq = not last.is_p2p and last.replay is None
     blamed = tuple(r for r in missing if coverage.covers(r, first.start_ns, end)
-                   or (not last.is_p2p and last.replay is None and seqs.passed(last.pg_uid, r, last.seq)))
+                   or (by_seq and seqs.passed(last.pg_uid, r, last.seq))) if missing else ()
     unnamed = _unnamed_missing(members)
     complete = not missing and not unnamed
     skew = last.start_ns - first.start_ns if complete else None

@@ -78,28 +78,29 @@ def check(m: MatchedCollective) -> list[Finding]:
     if m.is_p2p:
         _check_p2p(insts, add)
         return found
-    for kind, key, attr in ((FindingKind.OP_MISMATCH, COLLECTIVE_NAME_KEY, "collective"), (FindingKind.DTYPE_MISMATCH, DTYPE_KEY, "dtype")):
-        odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
-        if odd:
-            add(kind, odd, (key,), detail)
-    odd, detail = _odd_ones(insts, lambda i: i.group_size)
-    if odd:  # one group, sized differently: its bus bandwidth is not measured (analyze.measure)
-        add(FindingKind.SIZE_MISMATCH, odd, (GROUP_SIZE_KEY,), f"{GROUP_SIZE_KEY}: {detail}")
-    if any(f.kind == FindingKind.OP_MISMATCH for f in found):
-        return found  # sizes of different ops are not comparable
-    op = m.collective
-    row = COLLECTIVES.get(op)
+    row = COLLECTIVES.get(m.collective)
+    if len(insts) > 1:  # a lone member disagrees with no other
+        for kind, key, attr in ((FindingKind.OP_MISMATCH, COLLECTIVE_NAME_KEY, "collective"),
+                                (FindingKind.DTYPE_MISMATCH, DTYPE_KEY, "dtype")):
+            odd, detail = _odd_ones(insts, lambda i: getattr(i, attr))
+            if odd:
+                add(kind, odd, (key,), detail)
+        odd, detail = _odd_ones(insts, lambda i: i.group_size)
+        if odd:  # one group, sized differently: its bus bandwidth is not measured (analyze.measure)
+            add(FindingKind.SIZE_MISMATCH, odd, (GROUP_SIZE_KEY,), f"{GROUP_SIZE_KEY}: {detail}")
+        if any(f.kind == FindingKind.OP_MISMATCH for f in found):
+            return found  # sizes of different ops are not comparable
+        checked = [(key, attr) for key, attr, equal in (
+            (IN_NELEMS_KEY, "in_nelems", row.equal_in if row else True),
+            (OUT_NELEMS_KEY, "out_nelems", row.equal_out if row else True),
+        ) if equal]
+        differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
+        if differing:
+            odd, detail = _odd_ones(insts, lambda i: _show(getattr(i, attr) for _, attr in differing))
+            add(FindingKind.SIZE_MISMATCH, odd, tuple(key for key, _ in differing), detail)
     shape = row.shape if row else None
-    checked = [(key, attr) for key, attr, equal in (
-        (IN_NELEMS_KEY, "in_nelems", row.equal_in if row else True),
-        (OUT_NELEMS_KEY, "out_nelems", row.equal_out if row else True),
-    ) if equal]
-    differing = [(key, attr) for key, attr in checked if len({getattr(i, attr) for i in insts}) > 1]
-    if differing:
-        odd, detail = _odd_ones(insts, lambda i: _show(getattr(i, attr) for _, attr in differing))
-        add(FindingKind.SIZE_MISMATCH, odd, tuple(key for key, _ in differing), detail)
     n = m.group_size
-    for inst in insts:
+    for inst in insts if shape == "out = in x n" or shape == "in = out x n" else ():
         if shape == "out = in x n" and inst.out_nelems != inst.in_nelems * n:
             add(FindingKind.SIZE_MISMATCH, [inst.rank], (IN_NELEMS_KEY, OUT_NELEMS_KEY),
                 f"rank {inst.rank} gathers {inst.in_nelems} x {n} ranks into {inst.out_nelems}")

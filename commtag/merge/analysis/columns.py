@@ -67,15 +67,16 @@ class Columns:
     def add(self, op: str, complete: bool, last_rank: Optional[int], first_start_ns: int, last_start_ns: int,
             ranks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> None:
         """One collective, its members given as three equal-length sequences."""
-        order = sorted(range(len(ranks)), key=lambda i: -starts[i])
+        # Latest first, ties as given (a reversed sort keeps equal keys in their order).
+        order = sorted(range(len(ranks)), key=starts.__getitem__, reverse=True) if len(ranks) > 1 else range(len(ranks))
         self.op.append(op)
         self.complete.append(bool(complete))
         self.last_rank.append(NO_RANK if last_rank is None else last_rank)
         self.first_start.append(first_start_ns)
         self.last_start.append(last_start_ns)
-        self.start.extend(starts[i] for i in order)
-        self.end.extend(ends[i] for i in order)
-        self.rank.extend(ranks[i] for i in order)
+        self.start.extend(map(starts.__getitem__, order))
+        self.end.extend(map(ends.__getitem__, order))
+        self.rank.extend(map(ranks.__getitem__, order))
         self.offset.append(len(self.start))
 
     def keyed(self, key: list, *collective: object) -> None:
@@ -88,6 +89,8 @@ class Columns:
         (the members' columns are the size that matters: one is copied at once)."""
         order = sorted(range(len(self._keys)), key=self._keys.__getitem__)
         self._keys = []
+        if order == list(range(len(order))):  # added in order (one worker's rows): nothing to move
+            return
         offset = self.offset
         for name in ("start", "end", "rank"):
             old: array = getattr(self, name)

@@ -45,8 +45,11 @@ INTER_NODE = "inter-node"
 
 def explain(m: MatchedCollective, coverage: Coverage) -> None:
     """Set ``m``'s hosts, cause and the plausibility of its busbw (in place)."""
-    hosts = {coverage.hosts.get(r) for r in m.members}
-    m.nodes = None if None in hosts or m.missing_ranks or m.unnamed_missing else len(hosts)
+    if m.missing_ranks or m.unnamed_missing:  # some hosts not known
+        m.nodes = None
+    else:
+        hosts = {coverage.hosts.get(r) for r in m.members}
+        m.nodes = None if None in hosts else len(hosts)
     if m.busbw_gbps is not None and m.busbw_gbps > MAX_PLAUSIBLE_BUSBW_GBPS:
         m.busbw_implausible = True
         m.busbw_gbps = m.algbw_gbps = None

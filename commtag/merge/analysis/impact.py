@@ -244,8 +244,9 @@ def impact(collectives: Union[Sequence[MatchedCollective], Columns], coverage: O
         return Impact([])
     replay = _Replay(cols, coverage)
     ends = [max(cols.end[cols.offset[k]:cols.offset[k + 1]]) for k in range(len(cols))]
-    windows = _by_window(cols, coverage)
-    steps, outside_steps = _by_step(cols, coverage, windows)
+    firsts = [cols.first_arrival(k) for k in range(len(cols))]  # each collective's (start, rank), read twice
+    windows = _by_window(cols, coverage, firsts)
+    steps, outside_steps = _by_step(cols, coverage, windows, firsts)
     profiled = sum(max(ends[k] for k in ks) - min(cols.first_start[k] for k in ks) for ks in windows.values())
     lateness: dict[int, list[int]] = defaultdict(list)
     for (k, rank), lead in replay.leads.items():
@@ -276,12 +277,13 @@ def _window_costs(ends: list[int], moved: list[int], windows: dict[int, list[int
     return {w: max(ends[k] for k in ks) - max(ends[k] + moved[k] for k in ks) for w, ks in windows.items()}
 
 
-def _by_window(cols: Columns, coverage: Optional[Coverage]) -> dict[int, list[int]]:
-    """Profiled window (1-based) -> the collectives whose first arrival lies in it, on that rank's
-    windows (one window when they are not known)."""
+def _by_window(cols: Columns, coverage: Optional[Coverage],
+               firsts: list[tuple[int, Optional[int]]]) -> dict[int, list[int]]:
+    """Profiled window (1-based) -> the collectives whose first arrival (``firsts``, by collective)
+    lies in it, on that rank's windows (one window when they are not known)."""
     out: dict[int, list[int]] = defaultdict(list)
     for k in range(len(cols)):
-        first_rank = cols.first_arrival(k)[1]
+        first_rank = firsts[k][1]
         if coverage is None:
             at: Optional[int] = 0
         else:  # (a collective without a member would be in no window)
@@ -291,8 +293,8 @@ def _by_window(cols: Columns, coverage: Optional[Coverage]) -> dict[int, list[in
     return dict(sorted(out.items()))
 
 
-def _by_step(cols: Columns, coverage: Optional[Coverage],
-             windows: dict[int, list[int]]) -> tuple[dict[tuple[int, int], list[int]], int]:
+def _by_step(cols: Columns, coverage: Optional[Coverage], windows: dict[int, list[int]],
+             firsts: list[tuple[int, Optional[int]]]) -> tuple[dict[tuple[int, int], list[int]], int]:
     """(window, step) -> the collectives of that step, in window and step order, and how many
     collectives lie in no step. A collective's step is the one its first arrival lies in, on the
     first member to arrive whose steps are known."""
@@ -304,7 +306,7 @@ def _by_step(cols: Columns, coverage: Optional[Coverage],
     outside = 0
     for w, ks in windows.items():
         for k in ks:
-            arrival, rank = cols.first_arrival(k)
+            arrival, rank = firsts[k]
             if rank not in known:
                 arrival, rank = cols.first_arrival(k, among=known)
             step = known[rank].at(arrival) if rank is not None else None

@@ -18,6 +18,7 @@ import bisect
 import sys
 from array import array
 from collections import defaultdict
+from operator import attrgetter
 from typing import NamedTuple, Optional, Sequence
 
 from commtag.merge.analysis.alltoall import AllToAll
@@ -164,14 +165,16 @@ def timed(rows: list, into: Columns) -> None:
         into.keyed(key, collective, complete, last, first, lastst, ranks, starts, ends)
 
 
+_START, _END = attrgetter("start_ns"), attrgetter("end_ns")
+
+
 def timed_row(key: list, m: MatchedCollective, travels: bool = True) -> list:
     """What the impact replay reads of a matched collective, as JSON (``key``: its place); the
     members' ranks and times packed (:func:`_packed`): decoded, a row of a 1,024-rank collective
     is a few strings, not 3,072 ints. A row that stays in its process (``travels`` False: a world
     of one) holds the arrays the packing would have carried, unpacked."""
-    ranks = list(m.members)
-    columns = (array("i", ranks), array("q", [m.members[r].start_ns for r in ranks]),
-               array("q", [m.members[r].end_ns for r in ranks]))
+    members = m.members.values()
+    columns = (array("i", m.members), array("q", map(_START, members)), array("q", map(_END, members)))
     return [key, m.collective, m.complete, m.last_rank, m.first_start_ns, m.last_start_ns,
             *([_packed(words) for words in columns] if travels else columns)]
 

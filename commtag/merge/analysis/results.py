@@ -147,7 +147,8 @@ class MatchedCollective(Generic[M]):
     def keeping(self, members: dict[int, N]) -> MatchedCollective[N]:
         """The same collective with ``members`` in place of its members (what a merge worker keeps
         of each once it is measured and checked), its findings list shared."""
-        return MatchedCollective(members=members, **dict(zip(_KEPT_FIELDS, _kept_values(self))))
+        values = _kept_values(self)  # positional: no dict of the fields per collective
+        return MatchedCollective(*values[:_MEMBERS_AT], members, *values[_MEMBERS_AT:])  # type: ignore[call-arg]
 
     @property
     def waits_ns(self) -> dict[int, int]:
@@ -204,6 +205,8 @@ class MatchedCollective(Generic[M]):
 #: once here, not by ``dataclasses.fields`` per collective (a merge keeps every collective it matches).
 _KEPT_FIELDS = tuple(f.name for f in fields(MatchedCollective) if f.name != "members")
 _kept_values = attrgetter(*_KEPT_FIELDS)
+#: Where the members come among the fields, in order.
+_MEMBERS_AT = [f.name for f in fields(MatchedCollective)].index("members")
 
 
 @dataclass(slots=True)

@@ -100,7 +100,10 @@ class FlowColumn:
 
     def put(self, at: int, flow: object) -> None:
         """``flow`` at position ``at`` (the column grows to it)."""
-        if at >= len(self.ids):
+        if at == len(self.ids):  # the next position, as most come: no gap to grow by
+            self.append(flow)
+            return
+        if at > len(self.ids):
             self.ids.extend(array("Q", [0]) * (at + 1 - len(self.ids)))
         if type(flow) is int and 0 < flow < 1 << 64:  # a bare id (a bool is none)
             self.ids[at] = flow
@@ -126,6 +129,9 @@ class MemberFigures:
         self.flows = FlowColumn()
 
     def put(self, at: int, figures: Optional[int], wait: Optional[float], straggler: bool, flow: object) -> None:
+        if at == len(self.figures):  # the next position, as most come: no gap to grow by
+            self.append(figures, wait, straggler, flow)
+            return
         grow = at + 1 - len(self.figures)
         if grow > 0:
             self.figures.extend(array("q", [-1]) * grow)
@@ -146,6 +152,25 @@ class MemberFigures:
     def get(self, at: int) -> tuple[Optional[int], Optional[float], bool, object]:
         k, wait = self.figures[at], self.waits[at]
         return None if k < 0 else k, None if math.isnan(wait) else wait, bool(self.stragglers[at]), self.flows[at]
+
+
+class FigureTables(list):
+    """The figures tables of the collectives matched here, each distinct one once, by the number
+    rows name it by: equal tables (types included) share a number, so it travels once and each
+    lane joins it to a call site's common args once (:meth:`OwnLanes.pop`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._numbers: dict[tuple, int] = {}
+
+    def number(self, figures: dict) -> int:
+        """``figures``' number, given it when first seen."""
+        key = (tuple(figures.items()), tuple(map(type, figures.values())))
+        k = self._numbers.get(key)
+        if k is None:
+            k = self._numbers[key] = len(self)
+            self.append(figures)
+        return k
 
 
 class BackRows:
@@ -222,9 +247,12 @@ class Updates:
     def put(self, at: int, source: int, k: Optional[int], wait: Optional[float], straggler: bool,
             flow: object) -> None:
         grow = at + 1 - len(self.sources)
-        if grow > 0:
-            self.sources.extend(array("i", [-2]) * grow)
-        self.sources[at] = source
+        if grow == 1:  # the next place, as most come
+            self.sources.append(source)
+        else:
+            if grow > 0:
+                self.sources.extend(array("i", [-2]) * grow)
+            self.sources[at] = source
         self.members.put(at, k, wait, straggler, flow)
 
     def take(self, at: int) -> Optional[tuple]:

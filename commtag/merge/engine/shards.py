@@ -58,7 +58,7 @@ from commtag.merge.analysis.results import Analysis, MatchedCollective, to_us
 from commtag.merge.batches import BATCH_KEY, BATCHES_OF, batch_keys
 from commtag.merge.engine.exchange import from_everyone
 from commtag.merge.engine.options import Progress, Unshown
-from commtag.merge.engine.owned import BackRows, Held, OwnLanes, apply, back_pieces, flow_to_wire
+from commtag.merge.engine.owned import BackRows, FigureTables, Held, OwnLanes, apply, back_pieces, flow_to_wire
 from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.engine import routes
 from commtag.merge.engine.routes import carrier, route, rows_pieces, unseal
@@ -146,7 +146,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
                 key = ("alone", rank, idx)
             elif key[0] == BATCH_KEY:  # batches link across ranks: their owner keys them anew
                 key = BATCHES_OF + (inst.pg_uid, inst.replay)
-            where = owner_of(key, inst, size, buckets)
+            where = (0, 0) if size == buckets == 1 else owner_of(key, inst, size, buckets)  # one place: no CRC
             rows = staged.setdefault(where, [])
             rows.append((rank, idx, key, inst))
             if len(rows) >= routes.SEAL_ROWS:
@@ -188,7 +188,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs, kept)
         bar.update()
-    tables: list[dict] = []  # the figures of each collective matched here, by the number rows name them by
+    tables = FigureTables()  # the figures of the collectives matched here, by the number rows name them by
     back, pending = _conclude(world, groups, hook, coverage, seqs, holder, outcome, tables)
     own_markers: list[tuple] = []
     route(world, [back_pieces(me, rows, tables) for rows in back],
@@ -257,25 +257,25 @@ def _match(shard: list, hook: Optional[MergeAnalysis], coverage: Coverage, seqs:
     out: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]] = []
     for rows in by_key.values():
         rows.sort(key=lambda r: (r[0], r[2].start_ns, r[2].seq, r[1]))
-        light = {id(inst): Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows}
+        light = [Member(inst.start_ns, inst.end_ns, bool(inst.arg(ANN_INFERRED))) for _, _, inst in rows]
         m, sent = None, None
         if hook is not None:
             whole = measure([r[2] for r in rows], coverage, seqs)
             whole.findings.extend(check(whole))
             sent = next(iter(traffic([whole])), None)
-            m = whole.keeping({rank: light[id(inst)] for rank, inst in whole.members.items()})
+            m = whole.keeping({inst.rank: kept for (_, _, inst), kept in zip(rows, light)})  # a rank's last
             if hook.keep:
                 first = rows[0]
                 kept.append(((m.first_start_ns, m.pg_uid, m.seq, first[0], first[2].start_ns, first[2].seq, first[1]),
                              whole, m))
-        out.append((_Members(rows, [light[id(inst)] for _, _, inst in rows]), m, sent))
+        out.append((_Members(rows, light), m, sent))
     return out
 
 
 def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollective[Member]], Optional[AllToAll]]],
               hook: Optional[MergeAnalysis],
               coverage: Coverage, seqs: SeqRuns, holder: dict[int, int], outcome: Outcome,
-              tables: list[dict]) -> tuple[list[BackRows], Optional[ForLead]]:
+              tables: FigureTables) -> tuple[list[BackRows], Optional[ForLead]]:
     """Step 3's end: this worker's collectives numbered, judged against the whole job (stragglers,
     Seq gaps) and described; what goes back to each worker (:class:`commtag.merge.engine.owned.BackRows`:
     per member its figures by their number in ``tables``, wait, straggler flag and flows; markers)."""
@@ -314,18 +314,18 @@ def _conclude(world: World, groups: list[tuple[_Members, Optional[MatchedCollect
     findings: list[list] = []
     lead: list = []
     for key, m, members, base in keyed:
-        findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
-        for k, mk in enumerate(markers([m])):
+        if m.findings:
+            findings += [[list(key), k, [str(f.kind), *list(astuple(f))[1:]]] for k, f in enumerate(m.findings)]
+        for k, mk in enumerate(markers([m]) if m.straggler or m.findings else ()):  # the rest have none
             back[holder[mk.rank]].markers.append(["marker", [mk.ts_ns, mk.rank, *key, k], mk.rank, mk.ts_ns,
                                                   mk.name, mk.args])
-        tables.append(collective_figures(m))
-        figures = len(tables) - 1
+        figures = tables.number(collective_figures(m))
         waits = m.waits_ns
-        taken = {id(member) for member in m.members.values()}
-        found = members.flows(base)
+        taken = {id(member) for member in m.members.values()} if len(m.members) < len(members) else None  # None: all
+        found = members.flows(base) if base is not None else {}
         for j, member in enumerate(members.members):
             rank, flow = members.ranks[j], found.get(j)
-            if id(member) in taken:
+            if taken is None or id(member) in taken:
                 back[holder[rank]].instance(rank, members.places[j], figures, to_us(waits[rank]) if rank in waits
                                             else None, m.straggler and rank == m.last_rank, flow)
             elif flow is not None:
