@@ -43,8 +43,7 @@ Ids come from :mod:`commtag.merge.ids`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, BinaryIO, Optional
-
+from typing import BinaryIO, Optional
 
 from commtag.merge.ids import LANE_LOCAL, LocalIds, process_uuid, rank_sequence_id, sequence_block, synthetic_pid
 from commtag.merge.pftrace.packets import track_descriptor
@@ -62,9 +61,6 @@ from commtag.merge.pftrace.sequence import BEGIN, SequenceBlocks, SequenceWriter
 
 #: An event packet's frame tag, its size (below 128) and the timestamp's tag: the bytes before its timestamp.
 PACKET_HEADS = [TRACE_PACKET + SMALL_VARINTS[size] + PACKET_TIMESTAMP for size in range(0x80)]
-
-if TYPE_CHECKING:
-    pass
 
 
 
