@@ -63,8 +63,6 @@ from commtag.merge.pftrace.sequence import BEGIN, SequenceBlocks, SequenceWriter
 PACKET_HEADS = [TRACE_PACKET + SMALL_VARINTS[size] + PACKET_TIMESTAMP for size in range(0x80)]
 
 
-
-
 def emit_rows(stream: BinaryIO, seq: SequenceWriter, slices: Row, parent: int, name: str, order: int,
               merge_key: str, ids: LocalIds, instants: Optional[Row] = None,
               summary: Optional[tuple[str, dict]] = None) -> None:
