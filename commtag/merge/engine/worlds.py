@@ -42,12 +42,20 @@ if TYPE_CHECKING:
 
 #: How long a worker waits for the others' records (they may still be merging their ranks).
 EXCHANGE_TIMEOUT_S = float(os.environ.get("COMMTAG_MERGE_EXCHANGE_TIMEOUT_S", "7200"))
-_POLL_S = 0.01
+#: A waiting worker looks for the others' files again after a tenth of what it has waited so far,
+#: within these bounds: a round of the analysis, where both arrive within milliseconds, costs a
+#: fraction of a millisecond, and a wait of seconds a stat every 10 ms.
+_POLL_MIN_S, _POLL_MAX_S, _POLL_SHARE = 0.0005, 0.01, 0.1
 #: How long closing waits for the other workers to finish reading.
 CLOSE_TIMEOUT_S = 60.0
 #: Room each worker of a :class:`FileWorld` holds in the exchange folder for saying why it stopped
 #: (an error is a path and a sentence) when the disk is full.
 RESERVE_BYTES = 64 << 10
+
+
+def _poll_after(waited_s: float) -> float:
+    """How long to sleep before looking again, having waited ``waited_s``."""
+    return min(_POLL_MAX_S, max(_POLL_MIN_S, waited_s * _POLL_SHARE))
 
 
 class NotSent(MergeInputError):
@@ -180,7 +188,7 @@ class FileWorld:
             else:
                 deadline = time.monotonic() + CLOSE_TIMEOUT_S
                 while self._dir.exists() and time.monotonic() < deadline and self._watch() is None:
-                    time.sleep(_POLL_S)
+                    time.sleep(_POLL_MAX_S)
         except (OSError, MergeInputError):
             pass  # leaving the hidden directory behind must not fail a merge that succeeded
 
@@ -214,15 +222,17 @@ class FileWorld:
 
     def _wait(self, what: str, timeout_s: float = EXCHANGE_TIMEOUT_S) -> list[Path]:
         paths = [self._dir / f"{what}.w{w}" for w in range(self.size)]
-        deadline = time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = began + timeout_s
         while not all(p.exists() for p in paths):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 missing = [w for w, p in enumerate(paths) if not p.exists()]
                 raise MergeInputError(self._dir, f"merge workers {missing} sent nothing for {timeout_s:.0f} s")
             gone = self._watch()
             if gone is not None:
                 raise MergeInputError(self._dir, gone)
-            time.sleep(_POLL_S)
+            time.sleep(_poll_after(now - began))
         return paths
 
 
