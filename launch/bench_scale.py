@@ -231,8 +231,8 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
         return result
 
     def analysis(world, held, *args):
-        found["own_ranks"] = len(held.packed)
-        found["own_slices"] = sum(held.counts[rank] for rank in held.packed)
+        found["own_ranks"] = len(held.records)
+        found["own_slices"] = sum(held.counts[rank] for rank in held.records)
         outcome = analysis_timed(world, held, *args)
         found["share"], found["most_at_once"] = outcome.analysed, outcome.most_at_once
         return outcome

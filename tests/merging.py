@@ -66,7 +66,7 @@ def written(outcome: shards.Outcome) -> dict[tuple[int, int], CollectiveInstance
     by (rank, place among its rank's instances)."""
     out = {}
     for key in list(outcome.lanes):
-        places = outcome.lanes.packed[key][1]
+        places = outcome.lanes.held[key][1]
         for inst, place in zip(outcome.lanes.pop(key, ()), places):
             out[(key[0], place)] = inst
     return out

@@ -83,7 +83,7 @@ def test_cross_rank_flows_of_a_512_rank_world_are_the_pairs_and_little_is_held_p
     nth = {(r, k): inst for r, listed in by_rank.items() for k, inst in enumerate(listed)}
     got = {}
     for key in list(own):
-        places = own.packed[key][1]
+        places = own.held[key][1]
         for inst, place in zip(own.pop(key, ()), places):
             found = own.flows.get(id(inst))
             if found is not None:

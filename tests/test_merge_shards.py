@@ -25,7 +25,7 @@ from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
 from commtag.merge.engine.owned import FigureTables, run_hook
-from commtag.merge.engine.routes import Packing
+from commtag.merge.engine.routes import Carrier, unpacked
 from commtag.merge.engine.worlds import FileWorld
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
@@ -82,7 +82,7 @@ def _by_place(outcome: shards.Outcome) -> dict:
     """Each instance's args and flows as its lanes writer gets them, by (rank, place among its rank's)."""
     by_place = {}
     for key in list(outcome.lanes):
-        idxs = outcome.lanes.packed[key][1]
+        idxs = outcome.lanes.held[key][1]
         for inst, idx in zip(outcome.lanes.pop(key, []), idxs):
             by_place[(key[0], idx)] = (inst.all_args(), _flows(outcome.lanes.flows.get(id(inst))))
     return by_place
@@ -94,8 +94,10 @@ def _flows(found) -> object:
     return tuple(None if part is None else tuple(part) for part in found)
 
 
-def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch) -> list[dict]:
-    """The job analysed by two workers, each holding ranks 0-3 or 4-7, over a FileWorld."""
+def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch,
+            budget: int | None = 0) -> list[dict]:
+    """The job analysed by two workers, each holding ranks 0-3 or 4-7, over a FileWorld; each
+    holds up to ``budget`` records as objects (None: all), packs the others."""
     monkeypatch.setattr(shards, "BUCKET_ROWS", 64)  # several buckets, as a big job has
     results: list[dict] = [{}, {}]
     errors: list[BaseException] = []
@@ -104,14 +106,15 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
         try:
             world = FileWorld(index, 2, folder / "exchange", folder / "out.pftrace")
             mine = WORLD[4 * index:4 * index + 4]
-            held = shards.Held()
+            held = shards.Held(Carrier(budget))
             for r in mine:
                 held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
             shards.settle(world, held)
+            holdings = [held.records[r] for r in mine]
             hook = MergeAnalysis()
             outcome = shards.analyse(world, held, hook, _coverage(), Interner())
             results[index] = {"places": _by_place(outcome), "annotations": outcome.annotations, "result": hook.result,
-                              "outcome": outcome, "mine": mine}
+                              "outcome": outcome, "mine": mine, "held": holdings}
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
 
@@ -119,12 +122,18 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch)
     return results
 
 
-def test_two_workers_analyse_the_job_as_one_process(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("budget", [0, 60, None], ids=["packed", "some-packed", "as-objects"])
+def test_two_workers_analyse_the_job_as_one_process(tmp_path: Path, monkeypatch, budget: int | None) -> None:
+    """Whether a worker holds its records as objects or packed (or some of each: a rank here
+    has 47 to 54 records, so a bound of 60 packs all but each worker's first) changes nothing."""
     job = _job()
     places, annotations, result = _one_process(job)
     # The job has what it should: a desync and a straggler.
     assert result.desyncs and any(mk.args[ANN_MARKER] == "straggler" for mk in annotations.markers)
-    shared = _shared(job, tmp_path, monkeypatch)
+    shared = _shared(job, tmp_path, monkeypatch, budget)
+    held_as = [[isinstance(kept, list) for kept in part["held"]] for part in shared]
+    assert held_as == {0: [[False] * 4] * 2, 60: [[True, False, False, False]] * 2,
+                       None: [[True] * 4] * 2}[budget]
     got = {**shared[0]["places"], **shared[1]["places"]}
     assert got == places  # every instance's figures, wait, straggler mark and flows
     for part in shared:
@@ -151,18 +160,20 @@ def test_a_worker_holds_its_share_of_the_records(tmp_path: Path, monkeypatch) ->
         assert o.most_at_once <= total // 4, (o.most_at_once, total)
 
 
-def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("budget", [0, None], ids=["packed", "as-objects"])
+def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Path, budget: int | None) -> None:
     """Each of two workers (ranks 0-3, 4-7) calls a caller's own hook over every rank's instances,
-    rank by rank, and keeps its own ranks' with what the hook wrote into their args."""
+    rank by rank, and keeps its own ranks' with what the hook wrote into their args, held as before."""
     job = _job()
     seen: list[list[int]] = [[], []]
     kept: list[dict] = [{}, {}]
+    forms: list[set[bool]] = [set(), set()]
     errors: list[BaseException] = []
 
     def worker(index: int) -> None:
         try:
             world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
-            held = shards.Held()
+            held = shards.Held(Carrier(budget))
             for r in WORLD[4 * index:4 * index + 4]:
                 held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
             shards.settle(world, held)
@@ -173,8 +184,9 @@ def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Pat
                     inst.args["seen by"] = index
 
             run_hook(world, held, hook, _coverage(), Interner())
-            kept[index] = {rank: [inst.args.get("seen by") for inst in Packing().unpack(packed, Interner())]
-                           for rank, packed in held.packed.items()}
+            kept[index] = {rank: [inst.args.get("seen by") for inst in unpacked(packed, Interner())]
+                           for rank, packed in held.records.items()}
+            forms[index] = {isinstance(packed, list) for packed in held.records.values()}
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
 
@@ -183,6 +195,7 @@ def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Pat
     assert seen == [every, every]
     for index in range(2):
         assert kept[index] == {r: [index] * len(job[r]) for r in WORLD[4 * index:4 * index + 4]}
+    assert forms == [{budget is None}] * 2
 
 
 def test_keeping_the_matched_collectives_is_refused_across_workers(tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ A caller's own analysis hook runs over every rank's instances before the analysi
 worker (:func:`run_hook`): each keeps its own ranks' with what the hook wrote into their args.
 
 Under a sharded analysis (:mod:`commtag.merge.engine.shards`) a worker's own instances are
-packed by (rank, lane) while other workers analyse them; the figures, waits, flows and markers
-the analysing workers send back (:func:`back_pieces`, :func:`apply`) are kept by place, and each
-lane's instances are unpacked with them only when the lanes writer takes that lane (:class:`OwnLanes`).
+held by (rank, lane) while other workers analyse them (packed where their rank's were,
+:class:`commtag.merge.engine.routes.Carrier`); the figures, waits, flows and markers the
+analysing workers send back (:func:`back_pieces`, :func:`apply`) are kept by place, and each
+lane's instances are joined with them only when the lanes writer takes that lane (:class:`OwnLanes`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from commtag.merge.engine.exchange import from_everyone
 from commtag.merge.engine.options import AnalysisHook, Progress, Unshown
-from commtag.merge.engine.routes import PIECE_ROWS, Packing
+from commtag.merge.engine.routes import PIECE_ROWS, Carrier, packed, unpacked
 from commtag.merge.pftrace.lanes import InstanceFlows
 from commtag.merge.rank.attach import inferred_seqs, settle_inferred
 from commtag.merge.records import CPU_OP_SOURCE, CollectiveInstance, Coverage, Interner, RankSummary, TraceAnnotations
@@ -32,12 +33,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Held:
-    """This worker's ranks' instances, packed as each rank is written (rank -> in the order read)
-    by ``carrier`` (:func:`commtag.merge.engine.routes.carrier`: a world of one hands them over
-    unpacked), their lanes' kernel annotations, and what every worker learns of every rank."""
+    """This worker's ranks' instances, held as each rank is written (rank -> in the order read)
+    by ``carrier`` (:func:`commtag.merge.engine.routes.carrier`: as objects, or packed beyond a
+    worker's bound), their lanes' kernel annotations, and what every worker learns of every rank."""
 
-    carrier: Packing = field(default_factory=Packing)
-    packed: dict[int, object] = field(default_factory=dict)
+    carrier: Carrier = field(default_factory=Carrier)
+    records: dict[int, object] = field(default_factory=dict)
     lane_kernels: dict[tuple[int, str], dict] = field(default_factory=dict)
     #: Every rank's instance count and its lanes (:func:`commtag.merge.pftrace.lanes.lanes_used`).
     counts: dict[int, int] = field(default_factory=dict)
@@ -48,37 +49,38 @@ class Held:
     inferred: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def take(self, summary: RankSummary) -> RankSummary:
-        """``summary`` without its instances and kernel annotations, which stay here, packed."""
+        """``summary`` without its instances and kernel annotations, which stay here."""
         insts, summary.instances = summary.instances, []
         self.counts[summary.rank] = len(insts)
         self.timed_by_ops += sum(1 for i in insts if i.source == CPU_OP_SOURCE)
         for uid, per_rank in inferred_seqs(insts).items():
             self.inferred.setdefault(uid, {}).update(per_rank)
-        self.packed[summary.rank] = self.carrier.pack(summary.rank, insts)
+        self.records[summary.rank] = self.carrier.hold(summary.rank, insts)
         self.lane_kernels.update(((summary.rank, lane), args) for lane, args in summary.lane_kernels.items())
         summary.lane_kernels = {}
         return summary
-
 
 
 def run_hook(world: World, held: Held, hook: AnalysisHook, coverage: Coverage,
              interner: Interner) -> Optional[TraceAnnotations]:
     """A caller's own :data:`AnalysisHook` on every worker, over every rank's instances in rank
     order, settled as the analysis settles them (with every rank's inferred Seqs, once
-    :func:`commtag.merge.engine.shards.settle` has shared them); this worker's ranks' are packed
+    :func:`commtag.merge.engine.shards.settle` has shared them); this worker's ranks' are held
     again with what the hook wrote into their args. What it returns is written by the workers
     holding the ranks its counters and markers are on."""
-    packed = every = held.packed
-    if world.size > 1:
-        every = {rank: base64.b64decode(blob) for part in from_everyone(world, lambda: {"packed": [
-            [rank, base64.b64encode(blob).decode("ascii")] for rank, blob in packed.items()  # type: ignore[arg-type]
-        ]}) for rank, blob in part["packed"]}
-    by_rank = {rank: held.carrier.unpack(every[rank], interner) for rank in sorted(every)}
-    instances = [inst for insts in by_rank.values() for inst in insts]
+    mine = held.records
+    by_rank = {rank: unpacked(kept, interner) for rank, kept in mine.items()}
+    if world.size > 1:  # the other workers' ranks, packed to travel
+        for part in from_everyone(world, lambda: {"packed": [
+                [rank, base64.b64encode(packed(rank, insts)).decode("ascii")] for rank, insts in by_rank.items()]}):
+            for rank, blob in part["packed"]:
+                if rank not in mine:
+                    by_rank[rank] = unpacked(base64.b64decode(blob), interner)
+    instances = [inst for rank in sorted(by_rank) for inst in by_rank[rank]]
     settle_inferred(instances, held.inferred)
     told = hook(instances, coverage)
-    for rank in packed:
-        packed[rank] = held.carrier.pack(rank, by_rank[rank])
+    for rank, kept in mine.items():
+        mine[rank] = Carrier.like(kept, rank, by_rank[rank])
     return told
 
 
@@ -264,15 +266,15 @@ class Updates:
 
 
 class OwnLanes:
-    """This worker's ranks' instances by (rank, lane), packed until the lanes writer takes them
-    (:class:`commtag.merge.pftrace.lanes.LaneInstances`); each is then unpacked with what the
-    analysis gave it (figures, wait, flows: into :attr:`flows`, replaced at every take)."""
+    """This worker's ranks' instances by (rank, lane), held until the lanes writer takes them
+    (:class:`commtag.merge.pftrace.lanes.LaneInstances`); each is then unpacked where it was packed
+    and given what the analysis gave it (figures, wait, flows: into :attr:`flows`, replaced at every take)."""
 
-    def __init__(self, interner: Interner, carrier: Optional[Packing] = None) -> None:
+    def __init__(self, interner: Interner) -> None:
         self.interner = interner
-        self.carrier = carrier or Packing()
-        #: (rank, lane) -> its instances packed (by ``carrier``), and their places among the rank's.
-        self.packed: dict[tuple[int, str], tuple[object, list[int]]] = {}
+        #: (rank, lane) -> its instances as held (:class:`commtag.merge.engine.routes.Carrier`), and
+        #: their places among the rank's.
+        self.held: dict[tuple[int, str], tuple[object, list[int]]] = {}
         #: rank -> what came back for its instances, by place.
         self.updates: dict[int, Updates] = {}
         self.figures: dict[tuple[int, int], dict] = {}
@@ -282,13 +284,13 @@ class OwnLanes:
         self.taken: Progress = Unshown()
 
     def pop(self, key: tuple[int, str], default: Sequence[CollectiveInstance], /) -> Sequence[CollectiveInstance]:
-        found = self.packed.pop(key, None)
+        found = self.held.pop(key, None)
         self.flows.clear()
         if found is None:
             return default
-        packed, idxs = found
+        kept, idxs = found
         self.taken.update()
-        insts = self.carrier.unpack(packed, self.interner)
+        insts = unpacked(kept, self.interner)
         updates = self.updates.get(key[0], Updates())
         for inst, idx in zip(insts, idxs):
             update = updates.take(idx)
@@ -313,10 +315,10 @@ class OwnLanes:
         return insts
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        return iter(self.packed)
+        return iter(self.held)
 
     def __len__(self) -> int:
-        return len(self.packed)
+        return len(self.held)
 
 
 def flow_to_wire(found) -> object:

@@ -5,7 +5,7 @@
 event (inputs, options, ranks, this worker's share, alignment, time origin,
 output). Memory stays near one rank's encoded events: a rank is read in
 batches (commtag.merge.rank.convert), written once its files are read, and only
-its CollectiveInstance records are kept, packed (:class:`commtag.merge.engine.owned.Held`).
+its CollectiveInstance records are kept (:class:`commtag.merge.engine.owned.Held`).
 After the last rank the analysis is shared out between the workers by the one driver,
 :mod:`commtag.merge.engine.shards` (one process is a world of one), then the lanes block
 (process-group lanes, cross-rank flows, counters, markers) is written. The output appears
@@ -135,7 +135,7 @@ def merge(
         check_detail(plan)
         place_in_time(plan)
         check_size(plan)
-        held = Held(carrier(plan.world))  # a world of one hands the records over, unpacked
+        held = Held(carrier(plan.world))  # a world of one holds its records as objects, a worker up to a bound
         # A bad input in any worker's ranks reaches every worker through the exchange.
         everyone = exchange(plan.world, lambda: write_ranks(plan, held.take), plan.interner, plan.skipped,
                             plan.notices)

@@ -6,9 +6,10 @@ workers that own them and the figures back to the workers that write them. A rou
 other worker, each of at most :data:`PIECE_ROWS` rows, so what a worker holds of a round is
 bounded whatever the job's size. Rounds go on until no worker has anything left.
 
-How records are held and carried is the transport's (:func:`carrier`): workers pack them
-(:class:`Packing`, compressed JSON columns); a world of one, where nothing leaves the process,
-hands the objects over (:class:`HandingOver`). The driver is the same either way.
+How records are held and carried is the :class:`Carrier`'s: what goes to another worker travels
+as compressed JSON columns; what stays in the worker stays objects, in a world of one all of it,
+on a worker up to :data:`HELD_AS_OBJECTS` records, beyond which it is packed too. The driver is the
+same either way.
 """
 
 from __future__ import annotations
@@ -95,70 +96,80 @@ def rows_pieces(rows: list, name: str) -> Iterator[dict]:
 #: Rows staged for one worker and bucket before they are sealed (compressed): the instances a
 #: worker stages are at most this many per worker and bucket, not its ranks' all.
 SEAL_ROWS = 512
+#: Records (collective instances) a merge worker holds as objects before it packs the next rank's:
+#: about 24 MiB of them, about 6 packed. Packing is CPU (a JSON round trip, about 6 us a record)
+#: paid to hold a large share in a quarter of the room; a share this small costs less held as is.
+HELD_AS_OBJECTS = 32_768
 
 
-class Packing:
-    """How records travel between workers and wait on one: compressed JSON columns, bytes a worker
-    can send and a fraction of the objects' room while other ranks are read and analysed."""
+def packed(rank: int, instances: list[CollectiveInstance]) -> bytes:
+    """One rank's instances as compressed JSON columns: what travels between workers."""
+    return zlib.compress(orjson.dumps(to_wire([RankSummary(rank, "", None, [], instances=instances)])), 1)
 
-    hands_over = False
 
-    def pack(self, rank: int, instances: list[CollectiveInstance]) -> object:
+def unpacked(held: object, interner: Interner) -> list[CollectiveInstance]:
+    """Instances as :class:`Carrier` held them: the objects themselves, or new ones from :func:`packed`'s bytes."""
+    if isinstance(held, list):
+        return held
+    assert isinstance(held, bytes)
+    return from_wire(orjson.loads(zlib.decompress(held)), interner)[0].instances
+
+
+class Carrier:
+    """How a worker holds its ranks' records until they are analysed and written, and carries
+    them to the others. A rank's records stay the objects they are while the worker holds fewer
+    than ``budget`` (None: no bound, a world of one, where nothing leaves the process), else they
+    are packed (:func:`packed`) and rebuilt when used. What goes to another worker is always
+    packed; what a worker deals to itself from records it holds as objects stays objects."""
+
+    def __init__(self, budget: Optional[int] = HELD_AS_OBJECTS) -> None:
+        self.budget = budget
+        self.as_objects = 0
+
+    def hold(self, rank: int, instances: list[CollectiveInstance]) -> object:
         """One rank's instances, held while the worker reads and analyses others'."""
-        return zlib.compress(orjson.dumps(to_wire([RankSummary(rank, "", None, [], instances=instances)])), 1)
+        if self.budget is None or self.as_objects + len(instances) <= self.budget:
+            self.as_objects += len(instances)
+            return instances
+        return packed(rank, instances)
 
-    def unpack(self, packed: object, interner: Interner) -> list[CollectiveInstance]:
-        """The instances :meth:`pack` packed, in their order (new objects)."""
-        assert isinstance(packed, bytes)
-        return from_wire(orjson.loads(zlib.decompress(packed)), interner)[0].instances
+    @staticmethod
+    def like(held: object, rank: int, instances: list[CollectiveInstance]) -> object:
+        """``instances`` (some of ``held``'s, or the same changed) held as ``held`` is."""
+        return instances if isinstance(held, list) else packed(rank, instances)
 
-    def seal(self, rows: list) -> tuple[int, object]:
-        """Staged rows as one compressed piece (:func:`instance_pieces`), and how many."""
+    @staticmethod
+    def seal(rows: list, as_objects: bool) -> tuple[int, object]:
+        """Staged rows as one piece, and how many: as columns of the objects (held as columns until
+        their bucket is matched: a row's own tuple per record was 18 MiB of a 1,024-rank merge's
+        274 MiB peak), or compressed (:func:`instance_pieces`)."""
+        if as_objects:
+            return len(rows), tuple(zip(*rows))
         return len(rows), zlib.compress(orjson.dumps(next(instance_pieces(rows))), 1)
 
-    def open(self, sealed: object) -> object:
+    @staticmethod
+    def open(sealed: object) -> object:
         """A sealed piece as it goes into a round."""
+        if isinstance(sealed, tuple):
+            return sealed
         assert isinstance(sealed, bytes)
         return orjson.loads(zlib.decompress(sealed))
 
-    def rows(self, part: object, interner: Interner) -> Iterator[tuple[int, int, tuple, CollectiveInstance]]:
-        """The rows of an opened piece, decoded."""
+    @staticmethod
+    def rows(part: object, interner: Interner) -> Iterator[tuple[int, int, tuple, CollectiveInstance]]:
+        """The rows of an opened piece (decoded where it was packed)."""
+        if isinstance(part, tuple):
+            return zip(*part)
         assert isinstance(part, dict)
         return instances_from(part, interner)
 
 
-class HandingOver(Packing):
-    """A world of one: nothing leaves the process, so the records are handed on as the objects
-    they are, not packed and rebuilt (the JSON round trips were a tenth of a 1,024-rank merge)."""
-
-    hands_over = True
-
-    def pack(self, rank: int, instances: list[CollectiveInstance]) -> object:
-        return instances
-
-    def unpack(self, packed: object, interner: Interner) -> list[CollectiveInstance]:
-        assert isinstance(packed, list)
-        return packed
-
-    def seal(self, rows: list) -> tuple[int, object]:
-        # Held as columns until their bucket is matched: a row's own tuple per record was 18 MiB of
-        # a 1,024-rank merge's 274 MiB peak.
-        return len(rows), tuple(zip(*rows))
-
-    def open(self, sealed: object) -> object:
-        return sealed
-
-    def rows(self, part: object, interner: Interner) -> Iterator[tuple[int, int, tuple, CollectiveInstance]]:
-        assert isinstance(part, tuple)
-        return zip(*part)
+def carrier(world: World) -> Carrier:
+    """How ``world`` holds and carries records: all as objects in a world of one, a bounded share on a worker."""
+    return Carrier(None if world.size == 1 else HELD_AS_OBJECTS)
 
 
-def carrier(world: World) -> Packing:
-    """How ``world`` carries records: handed over in a world of one, packed where workers exchange them."""
-    return HandingOver() if world.size == 1 else Packing()
-
-
-def unseal(sealed: list[tuple[int, object]], carrying: Packing) -> Iterator[dict]:
+def unseal(sealed: list[tuple[int, object]]) -> Iterator[dict]:
     """Sealed pieces, opened as they are sent, several to a piece of at most PIECE_ROWS rows (the
     list empties as they go)."""
     sealed.reverse()
@@ -167,6 +178,6 @@ def unseal(sealed: list[tuple[int, object]], carrying: Packing) -> Iterator[dict
         count = 0
         while sealed and (not parts or count + sealed[-1][0] <= PIECE_ROWS):
             rows, blob = sealed.pop()
-            parts.append(carrying.open(blob))
+            parts.append(Carrier.open(blob))
             count += rows
         yield {"parts": parts}

@@ -9,8 +9,9 @@ worker analysed all of them: ``-j`` and torchrun divided the time of reading, no
 "One process's order" below is the job's instances rank by rank, each rank's as read: the order
 in which a world of one meets them, and so the order every number of workers writes them in.
 
-How: a worker packs each rank's records (compressed JSON columns) as soon as the rank is
-written (:class:`Held`); their summaries travel without them. Then:
+How: a worker holds each rank's records as soon as the rank is written (:class:`Held`: as
+objects, packed as compressed JSON columns beyond a bound); their summaries travel without
+them. Then:
 
 1. Every worker learns each rank's instance counts, metadata-less kernels' last Seqs (so that
    each settles its own as one process would), lanes, and Seq runs
@@ -18,7 +19,8 @@ written (:class:`Held`); their summaries travel without them. Then:
 2. Each worker makes its instances' match keys (:func:`commtag.merge.records.match_keys`, a
    rank's need only its own) and deals each to the worker owning its key, by a CRC of the
    group, Seq and replay (every collective a Seq gap could name on one worker; a p2p message
-   by its key), and to a bucket there; sealed in small compressed pieces as it goes.
+   by its key), and to a bucket there; sealed in small pieces as it goes (compressed, except
+   what a worker deals to itself from the records it holds as objects).
 3. Bucket by bucket (about :data:`BUCKET_ROWS` instances), each worker receives its
    collectives' records (:mod:`commtag.merge.engine.routes`), matches, measures and checks them
    as one process would (members in the order one process meets them) and keeps of each member
@@ -61,7 +63,7 @@ from commtag.merge.engine.options import Progress, Unshown
 from commtag.merge.engine.owned import BackRows, FigureTables, Held, OwnLanes, apply, back_pieces, flow_to_wire
 from commtag.merge.engine.worlds import SoloWorld
 from commtag.merge.engine import routes
-from commtag.merge.engine.routes import carrier, route, rows_pieces, unseal
+from commtag.merge.engine.routes import Carrier, route, rows_pieces, unpacked, unseal
 from commtag.merge.pftrace.lanes import flows_of, group_flows, lanes_used
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.records import (
@@ -125,16 +127,17 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
     me, size = world.index, world.size
     if hook is not None and hook.keep and size > 1:  # each worker would keep only the collectives it owns
         raise ValueError("MergeAnalysis(keep=True) runs in a world of one")
-    carrying = carrier(world)
     buckets = max(1, -(-sum(held.counts.values()) // (size * BUCKET_ROWS)))
-    outcome = Outcome(lanes=OwnLanes(interner, carrying))
-    staged: dict[tuple[int, int], list] = {}
+    outcome = Outcome(lanes=OwnLanes(interner))
+    staged: dict[tuple[tuple[int, int], bool], list] = {}  # (worker, bucket), as objects -> rows
     sealed: dict[tuple[int, int], list[tuple[int, object]]] = {}
     runs: list[SeqRun] = []
     found: dict[str, list] = {}
-    bar = shown(len(held.packed) + buckets + 1)
-    for rank in sorted(held.packed):  # settled as one process settles them, keyed, dealt out, packed again
-        insts = held.carrier.unpack(held.packed[rank], interner)
+    bar = shown(len(held.records) + buckets + 1)
+    for rank in sorted(held.records):  # settled as one process settles them, keyed, dealt out, held again
+        holding = held.records[rank]
+        insts = unpacked(holding, interner)
+        local = holding is insts  # held as objects: what this worker deals to itself stays objects
         settle_inferred(insts, held.inferred)
         held.used[rank] = lanes_used(insts)
         if hook is not None:
@@ -147,19 +150,20 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             elif key[0] == BATCH_KEY:  # batches link across ranks: their owner keys them anew
                 key = BATCHES_OF + (inst.pg_uid, inst.replay)
             where = (0, 0) if size == buckets == 1 else owner_of(key, inst, size, buckets)  # one place: no CRC
-            rows = staged.setdefault(where, [])
+            slot = (where, local and where[0] == me)
+            rows = staged.setdefault(slot, [])
             rows.append((rank, idx, key, inst))
             if len(rows) >= routes.SEAL_ROWS:
-                sealed.setdefault(where, []).append(carrying.seal(staged.pop(where)))
+                sealed.setdefault(where, []).append(Carrier.seal(staged.pop(slot), slot[1]))
         by_lane: dict[str, list[int]] = {}
         for idx, inst in enumerate(insts):
             by_lane.setdefault(inst.lane_name, []).append(idx)
         for lane, idxs in by_lane.items():
-            outcome.lanes.packed[(rank, lane)] = (carrying.pack(rank, [insts[idx] for idx in idxs]), idxs)
-        del held.packed[rank], insts
+            outcome.lanes.held[(rank, lane)] = (Carrier.like(holding, rank, [insts[idx] for idx in idxs]), idxs)
+        del held.records[rank], insts, holding
         bar.update()
-    for where in list(staged):
-        sealed.setdefault(where, []).append(carrying.seal(staged.pop(where)))
+    for slot in list(staged):
+        sealed.setdefault(slot[0], []).append(Carrier.seal(staged.pop(slot), slot[1]))
     holder: dict[int, int] = {}
     refs: dict[str, list] = {}
     for w, part in enumerate(from_everyone(world, lambda: {
@@ -181,9 +185,9 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
 
         def arrived(piece: dict) -> None:
             for part in piece["parts"]:
-                shard.extend(carrying.rows(part, interner))
+                shard.extend(Carrier.rows(part, interner))
 
-        route(world, [unseal(sealed.pop((w, bucket), []), carrying) for w in range(size)], arrived)
+        route(world, [unseal(sealed.pop((w, bucket), [])) for w in range(size)], arrived)
         outcome.analysed += len(shard)
         outcome.most_at_once = max(outcome.most_at_once, len(shard))
         groups += _match(shard, hook, coverage, seqs, kept)
@@ -203,7 +207,8 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             for _, whole, light in kept:
                 whole.straggler = light.straggler
             hook.result.collectives = [whole for _, whole, _ in sorted(kept, key=lambda row: row[0])]
-            for whole in hook.result.collectives if carrying.hands_over else ():  # copies: the lanes annotate these
+            # Copies where the records were held as objects: the lanes annotate those.
+            for whole in hook.result.collectives if held.carrier.as_objects else ():
                 whole.members = {rank: replace(inst, args=dict(inst.args)) for rank, inst in whole.members.items()}
             hook.result.markers = markers(hook.result.collectives)
     bar.update()
@@ -439,7 +444,7 @@ def analyze(instances: Iterable[CollectiveInstance], *, coverage: Optional[Cover
         by_rank.setdefault(inst.rank, []).append(inst)
     if coverage is None:
         coverage = Coverage.unknown_windows(loaded_ranks if loaded_ranks is not None else by_rank)
-    held = Held()  # packed, though a world of one: the members are the caller's records' copies
+    held = Held(Carrier(0))  # packed, though a world of one: the members are the caller's records' copies
     for rank in sorted(by_rank):
         held.take(RankSummary(rank, "", None, [], instances=by_rank.pop(rank)))
     world = SoloWorld()
