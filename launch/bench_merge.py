@@ -17,7 +17,9 @@ in its own process so that its peak RSS is its own:
 
 Before each set's runs in a repetition, two CPU-bound processes are timed against one
 (:func:`commtag.testing.bench.parallel_speedup`): the most any two workers could gain on this
-machine at that moment, printed beside the two-worker ratios.
+machine at that moment, printed beside the two-worker ratios; where two workers run, so is the
+set's parse floor in two processes, each half of its ranks, against one (:func:`parsing_speedup`):
+what two workers' reading, memory-bound work, can gain here.
 
 Throughput is uncompressed JSON MB (10^6 bytes) and events per second of wall
 time, process start included. Ratios are taken within one repetition (runs
@@ -35,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -74,9 +77,10 @@ def _pairs(directory: Path) -> list[tuple[Path, Optional[Path]]]:
     return [(t, sidecars.get(t.name)) for t in sorted(directory.glob("*.pt.trace.json.gz"))]
 
 
-def floor(directory: Path) -> None:
-    """The parse floor: decompress and parse every input, keep nothing."""
-    for trace, sidecar in _pairs(directory):
+def floor(directory: Path, part: int = 0, parts: int = 1) -> None:
+    """The parse floor: decompress and parse every input, keep nothing (``part`` of ``parts``:
+    only every ``parts``-th rank's, as a worker of a merge reads its own)."""
+    for trace, sidecar in _pairs(directory)[part::parts]:
         orjson.loads(gzip.decompress(trace.read_bytes()))
         if sidecar is not None:
             orjson.loads(sidecar.read_bytes())
@@ -192,6 +196,26 @@ def _command(variant: str, directory: Path, out: Path) -> list[str]:
             "-m", "commtag.merge", str(directory), "-o", str(out)]
 
 
+def parsing_speedup(directory: Path) -> float:
+    """How much faster two processes parse the set, each half of its ranks, than one parses it
+    whole, here and now: the ceiling of a two-worker merge's reading, which is memory-bound work,
+    where :func:`commtag.testing.bench.parallel_speedup`'s loop is not. Best of two, alternating."""
+    argv = [sys.executable, str(HERE), "_floor", str(directory), "-"]
+
+    def wall(parts: int) -> float:
+        start = time.perf_counter()
+        children = [subprocess.Popen(argv + [str(k), str(parts)]) for k in range(parts)]
+        for child in children:
+            child.wait()
+        return time.perf_counter() - start
+
+    one, two = [], []
+    for _ in range(2):
+        one.append(wall(1))
+        two.append(wall(2))
+    return min(one) / min(two)
+
+
 def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers: Sequence[int],
             jobs: Sequence[int] = ()) -> dict:
     """Run every variant on every set ``reps`` times, interleaved; return raw runs and manifests."""
@@ -199,12 +223,14 @@ def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers:
     runs: dict[str, dict[str, list[dict]]] = {str(n): {} for n in sets}
     variants = _variants(workers, jobs)
     ceilings: dict[str, list[float]] = {str(n): [] for n in sets}
+    parsing: dict[str, list[float]] = {str(n): [] for n in sets}
     for rep in range(reps):
         for n in sets:
             directory = workdir / f"scale-{n}"
             ceilings[str(n)].append(parallel_speedup())
-            print(f"[rep {rep + 1}/{reps}] N={n:<4} two CPU-bound processes: {ceilings[str(n)][-1]:.2f}x one",
-                  file=sys.stderr, flush=True)
+            parsing[str(n)].append(parsing_speedup(directory) if any(j >= 2 for j in (*jobs, *workers)) else 0.0)
+            print(f"[rep {rep + 1}/{reps}] N={n:<4} two CPU-bound processes: {ceilings[str(n)][-1]:.2f}x one; "
+                  f"the set parsed in halves by two: {parsing[str(n)][-1]:.2f}x", file=sys.stderr, flush=True)
             # Rotate the order so no variant always runs first (cold caches) or last.
             order = variants[rep % len(variants):] + variants[: rep % len(variants)]
             for variant in order:
@@ -230,7 +256,8 @@ def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers:
         "merge --help": run_child([sys.executable, "-m", "commtag.merge", "--help"]).root_peak,
     }
     return {"machine": machine(), "events": events, "reps": reps, "manifests": {str(k): v for k, v in manifests.items()},
-            "runs": runs, "startup_rss_bytes": startup, "parallel_ceiling": ceilings}
+            "runs": runs, "startup_rss_bytes": startup, "parallel_ceiling": ceilings,
+            "parsing_ceiling": parsing}
 
 
 def _ok(runs: list[dict]) -> list[dict]:
@@ -280,7 +307,7 @@ def report(results: dict) -> str:
             rows))
         lines.append("")
         target_rows += _targets(n, variants, manifest, results["startup_rss_bytes"],
-                                results.get("parallel_ceiling", {}).get(n, []))
+                                results.get("parallel_ceiling", {}).get(n, []), results.get("parsing_ceiling", {}).get(n, []))
     lines.append("**Targets**")
     lines.append("")
     lines.append(markdown_table(["set", "target", "measured", "verdict"], target_rows))
@@ -293,8 +320,10 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _targets(n: str, variants: dict, manifest: dict, startup: dict, ceilings: Sequence[float]) -> list[list[str]]:
-    """The targets' rows for set ``n``; ``ceilings``: the machine's two-process speedup in each repetition."""
+def _targets(n: str, variants: dict, manifest: dict, startup: dict, ceilings: Sequence[float],
+             parsing: Sequence[float] = ()) -> list[list[str]]:
+    """The targets' rows for set ``n``; ``ceilings``: the machine's two-process speedup in each repetition
+    (:func:`commtag.testing.bench.parallel_speedup`), ``parsing`` the set's (:func:`parsing_speedup`)."""
     rows = []
     merge, floor_runs = variants.get("merge", []), variants.get("floor", [])
     vs_floor = _paired_ratio(merge, floor_runs)
@@ -311,7 +340,11 @@ def _targets(n: str, variants: dict, manifest: dict, startup: dict, ceilings: Se
     rows.append([n, f"peak RSS <= {bound}x largest rank JSON", f"{rss / largest:.1f}x", verdict(rss / largest, bound)])
     above = (rss - startup["merge --help"]) / largest
     rows.append([n, "  same, RSS above interpreter start", f"{above:.1f}x", verdict(above, bound)])
-    ceiling = f" (machine: {median(ceilings):.2f}x, {min(ceilings):.2f}-{max(ceilings):.2f})" if ceilings else ""
+    ceiling = f" (machine: {median(ceilings):.2f}x, {min(ceilings):.2f}-{max(ceilings):.2f}" if ceilings else ""
+    parsed = [p for p in parsing if p > 0]
+    if ceiling and parsed:
+        ceiling += f"; parsing the set in halves: {median(parsed):.2f}x, {min(parsed):.2f}-{max(parsed):.2f}"
+    ceiling += ")" if ceiling else ""
     jobs2 = variants.get("merge-j2", [])
     if jobs2:
         gain = 1 / _paired_ratio(jobs2, merge)
@@ -332,7 +365,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("_floor", "_baseline"):
         directory, out = Path(argv[1]), Path(argv[2])
-        floor(directory) if argv[0] == "_floor" else baseline(directory, out)
+        floor(directory, *map(int, argv[3:5])) if argv[0] == "_floor" else baseline(directory, out)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="8,32,128", help="world sizes (default 8,32,128)")
