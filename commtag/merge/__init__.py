@@ -83,10 +83,8 @@ def merge(
             written; under torchrun every worker raises every worker's errors.
         TypeError: A keyword that is no option.
     """
-    from commtag.merge.engine import pipeline
     from commtag.merge.engine.jobs import LocalWorld, launched, request_to_wire
     from commtag.merge.engine.worlds import World, under_launcher
-    from commtag.merge.analysis.hook import MergeAnalysis
     from commtag.merge.engine.options import DEFAULT_OUTPUT, default_output
 
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
@@ -98,12 +96,16 @@ def merge(
             read_inspector(chosen.nccl_inspector)
         except MergeInputError as exc:
             raise MergeFailed([exc]) from None
-    hook = MergeAnalysis() if analysis is True else analysis or None
     where = Path(output) if output else default_output(paths) if paths else Path(DEFAULT_OUTPUT)
 
     local = None
     if jobs != 1 and isinstance(analysis, bool) and not under_launcher():
+        # Started before this process loads the engine: their own start and imports overlap its.
         local = LocalWorld(jobs, where, request_to_wire(paths, where, chosen, analysis))
+    from commtag.merge.engine import pipeline
+    from commtag.merge.analysis.hook import MergeAnalysis
+
+    hook = MergeAnalysis() if analysis is True else analysis or None
 
     def run(world: Optional[World]) -> MergeResult:
         result = pipeline.merge(paths, output, chosen, analysis=hook, world=world)
