@@ -9,9 +9,8 @@ worker analysed all of them: ``-j`` and torchrun divided the time of reading, no
 "One process's order" below is the job's instances rank by rank, each rank's as read: the order
 in which a world of one meets them, and so the order every number of workers writes them in.
 
-How: a worker holds each rank's records as soon as the rank is written (:class:`Held`: as
-objects, packed as compressed JSON columns beyond a bound); their summaries travel without
-them. Then:
+How: a worker holds each rank's records once the rank is written (:class:`Held`: objects, packed
+beyond a bound); their summaries travel without them. Then:
 
 1. Every worker learns each rank's instance counts, metadata-less kernels' last Seqs (so that
    each settles its own as one process would), lanes, and Seq runs
@@ -19,8 +18,7 @@ them. Then:
 2. Each worker makes its instances' match keys (:func:`commtag.merge.records.match_keys`, a
    rank's need only its own) and deals each to the worker owning its key, by a CRC of the
    group, Seq and replay (every collective a Seq gap could name on one worker; a p2p message
-   by its key), and to a bucket there; sealed in small pieces as it goes (compressed, except
-   what a worker deals to itself from the records it holds as objects).
+   by its key), and to a bucket there; sealed in small pieces as it goes (:class:`routes.Carrier`).
 3. Bucket by bucket (about :data:`BUCKET_ROWS` instances), each worker receives its
    collectives' records (:mod:`commtag.merge.engine.routes`), matches, measures and checks them
    as one process would (members in the order one process meets them) and keeps of each member
@@ -135,8 +133,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
     found: dict[str, list] = {}
     bar = shown(len(held.records) + buckets + 1)
     for rank in sorted(held.records):  # settled as one process settles them, keyed, dealt out, held again
-        holding = held.records[rank]
-        insts = unpacked(holding, interner)
+        insts = unpacked(holding := held.records[rank], interner)
         local = holding is insts  # held as objects: what this worker deals to itself stays objects
         settle_inferred(insts, held.inferred)
         held.used[rank] = lanes_used(insts)
@@ -150,8 +147,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             elif key[0] == BATCH_KEY:  # batches link across ranks: their owner keys them anew
                 key = BATCHES_OF + (inst.pg_uid, inst.replay)
             where = (0, 0) if size == buckets == 1 else owner_of(key, inst, size, buckets)  # one place: no CRC
-            slot = (where, local and where[0] == me)
-            rows = staged.setdefault(slot, [])
+            rows = staged.setdefault(slot := (where, local and where[0] == me), [])
             rows.append((rank, idx, key, inst))
             if len(rows) >= routes.SEAL_ROWS:
                 sealed.setdefault(where, []).append(Carrier.seal(staged.pop(slot), slot[1]))
@@ -207,8 +203,7 @@ def analyse(world: World, held: Held, hook: Optional[MergeAnalysis], coverage: C
             for _, whole, light in kept:
                 whole.straggler = light.straggler
             hook.result.collectives = [whole for _, whole, _ in sorted(kept, key=lambda row: row[0])]
-            # Copies where the records were held as objects: the lanes annotate those.
-            for whole in hook.result.collectives if held.carrier.as_objects else ():
+            for whole in hook.result.collectives if held.carrier.as_objects else ():  # copies: the lanes annotate these
                 whole.members = {rank: replace(inst, args=dict(inst.args)) for rank, inst in whole.members.items()}
             hook.result.markers = markers(hook.result.collectives)
     bar.update()
