@@ -37,13 +37,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import orjson
 
-from commtag.testing.bench import machine, markdown_table, median, parallel_speedup, run_child, verdict
+from commtag.testing.bench import best_walls, machine, markdown_table, median, parallel_speedup, run_child, verdict
 from commtag.vocab import GRAPH_ID_KEY, GRAPH_NODE_ID_KEY, NODE_ID_MASK
 
 HERE = Path(__file__).resolve()
@@ -201,19 +200,8 @@ def parsing_speedup(directory: Path) -> float:
     whole, here and now: the ceiling of a two-worker merge's reading, which is memory-bound work,
     where :func:`commtag.testing.bench.parallel_speedup`'s loop is not. Best of two, alternating."""
     argv = [sys.executable, str(HERE), "_floor", str(directory), "-"]
-
-    def wall(parts: int) -> float:
-        start = time.perf_counter()
-        children = [subprocess.Popen(argv + [str(k), str(parts)]) for k in range(parts)]
-        for child in children:
-            child.wait()
-        return time.perf_counter() - start
-
-    one, two = [], []
-    for _ in range(2):
-        one.append(wall(1))
-        two.append(wall(2))
-    return min(one) / min(two)
+    one, two = best_walls([argv + ["0", "1"]], [argv + ["0", "2"], argv + ["1", "2"]], rounds=2)
+    return one / two
 
 
 def measure(workdir: Path, sets: Sequence[int], events: int, reps: int, workers: Sequence[int],

@@ -135,20 +135,22 @@ def parallel_speedup(loops: int = 20_000_000) -> float:
     that share a core, or a host busy elsewhere, give less (1.5-1.9 on this project's machine,
     from one minute to the next), so a -j 2 ratio is read against it."""
     argv = [sys.executable, "-c", f"s = 0\nfor i in range({loops}): s += i"]
+    one, two = best_walls([argv], [argv, argv])
+    return 2 * one / two
 
-    def wall(processes: int) -> float:
-        start = time.perf_counter()
-        children = [subprocess.Popen(argv) for _ in range(processes)]
-        for child in children:
-            child.wait()
-        return time.perf_counter() - start
 
-    # Each the best of three, alternating: one slow run alone read as a ceiling above 2.
-    one, two = [], []
-    for _ in range(3):
-        one.append(wall(1))
-        two.append(wall(2))
-    return 2 * min(one) / min(two)
+def best_walls(*runs: Sequence[Sequence[str]], rounds: int = 3) -> list[float]:
+    """Each of ``runs`` (commands started together, timed until the last ends) run ``rounds``
+    times, the runs alternating: each's best wall time (one slow run alone would skew a ratio)."""
+    walls: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for commands, times in zip(runs, walls):
+            start = time.perf_counter()
+            children = [subprocess.Popen(list(argv)) for argv in commands]
+            for child in children:
+                child.wait()
+            times.append(time.perf_counter() - start)
+    return [min(times) for times in walls]
 
 
 def median(values: Sequence[float]) -> float:
