@@ -40,9 +40,12 @@ _INTERRUPT_GRACE_S = 0.5
 _SERVE = "from commtag.merge.engine.jobs import serve; raise SystemExit(serve())"
 
 
-#: Input (compressed bytes as found on disk) per extra worker before -j's default starts one:
-#: below it a worker's start (an interpreter, the merge's imports: ~0.4 s) costs more than its share saves.
-MIN_INPUT_PER_WORKER = 16 << 20
+#: Trace JSON (uncompressed: what a worker parses) per extra worker before -j's default starts
+#: one: below it the exchanges between workers cost more than a share saves. Measured on the first
+#: 8, 16 and 32 ranks of the 128-rank scale set (2 CPUs, 2026-11-29): -j 2 took 1.10x -j 1's wall
+#: time at 11 MB of JSON, 0.89x at 22 MB, 0.76x at 43 MB. Counted as found on disk, gzip's 12:1
+#: hid 173 MB of JSON (a 1.6x faster -j 2) behind 14 MB.
+MIN_JSON_PER_WORKER = 12 << 20
 
 
 #: A merge worker's peak RSS, measured by launch/bench_merge.py, bench_ranks.py and bench_shards.py:
@@ -83,11 +86,11 @@ def job_rss_estimate(largest_rank_json: int, all_sidecars: int, workers: int) ->
             + all_sidecars // LEAD_SIDECAR_BYTES_PER_RSS_BYTE)
 
 
-def jobs_for(cpus: int, input_bytes: int, largest_rank_json: int, available_memory: Optional[int],
+def jobs_for(cpus: int, input_json: int, largest_rank_json: int, available_memory: Optional[int],
              all_sidecars: int = 0) -> int:
     """-j's default from what it depends on: no more workers than CPUs, than the input keeps busy,
     or than the memory available holds, each holding its share of the records (None: unknown, no cap)."""
-    jobs = min(cpus, input_bytes // MIN_INPUT_PER_WORKER)
+    jobs = min(cpus, input_json // MIN_JSON_PER_WORKER)
     if available_memory is not None:
         while jobs > 1 and job_rss_estimate(largest_rank_json, all_sidecars, jobs) > available_memory:
             jobs -= 1
@@ -119,9 +122,9 @@ def default_jobs(ranks: Sequence[RankInput]) -> int:
     cpus = usable_cpus()
     from commtag.merge.engine.budget import json_bytes  # the budget's module pulls in the writer; -j's default runs once
 
-    largest = max((sum(json_bytes(f.path) for f in rank.files) for rank in ranks), default=0)
+    per_rank = [sum(json_bytes(f.path) for f in rank.files) for rank in ranks]
     sidecars = sum(f.sidecar.stat().st_size for rank in ranks for f in rank.files if f.sidecar is not None)
-    return jobs_for(cpus, sum(r.size for r in ranks), largest, available_memory(), sidecars)
+    return jobs_for(cpus, sum(per_rank), max(per_rank, default=0), available_memory(), sidecars)
 
 
 def _stdin(child: subprocess.Popen) -> IO[bytes]:
