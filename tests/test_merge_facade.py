@@ -7,6 +7,7 @@ slices, counters and markers), and bad input as one error type naming the file.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from commtag.merge import MergeFailed, MergeInputError, merge
+from commtag.merge.engine import pipeline
 from commtag.merge.pftrace.readback import read_trace
 from commtag.merge.records import CollectiveInstance, CounterSeries, Coverage, Marker, TraceAnnotations
 from commtag.testing import PUBLIC_TRACES
@@ -74,6 +76,42 @@ def test_a_callers_own_hook_sees_every_instance_and_writes_into_the_trace(tmp_pa
     assert "my counter" in {t.name for t in hooked.tracks.values()}
     assert sorted(f for s in hooked.slices for f in s.flows_out) == sorted(f for s in alone.slices for f in s.flows_out)
     assert any(s.flows_out for s in hooked.slices)
+
+
+def test_the_collector_is_paused_for_the_whole_merge_and_left_as_the_caller_had_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge makes millions of objects and no cycles: from its plan (its first step) to the analysis
+    (a caller's hook, after every rank is read) no collection runs, not even between ranks; afterwards
+    the collector is as the caller left it."""
+    collections: list[int] = []
+    started: list[int] = []  # the collections counted when each merge made its plan
+    between: list[int] = []  # the collections from then until its hook ran
+    real_plan = pipeline.make_plan
+
+    def make_plan(*args, **kwargs):
+        started.append(len(collections))
+        return real_plan(*args, **kwargs)
+
+    def hook(instances: list[CollectiveInstance], coverage: Coverage) -> TraceAnnotations:
+        between.append(len(collections) - started[-1])
+        return TraceAnnotations()
+
+    def counted(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    monkeypatch.setattr(pipeline, "make_plan", make_plan)
+    was = gc.isenabled()
+    gc.callbacks.append(counted)
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            merge(DLRM, tmp_path / f"{enabled}.pftrace", progress=False, analysis=hook)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.callbacks.remove(counted)
+        gc.enable() if was else gc.disable()
+    assert between == [0, 0]
 
 
 def test_bad_input_raises_one_error_naming_the_file_and_writes_nothing(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from commtag.merge.pftrace.sequence import SequenceWriter
 from commtag.merge.analysis.align import Alignment, estimate_offsets, with_clocks
 from commtag.merge.rank.attach import settle_inferred
 from commtag.merge.rank.convert import RankConverter
+from commtag.merge.collector import collector_paused
 from commtag.merge.errors import MergeInputError
 from commtag.merge.inputs.load import RankInput, discover, nothing_left
 from commtag.merge.engine.output import MergeOutput, NoOutput
@@ -56,7 +57,7 @@ from commtag.merge.engine.shards import settle as settle_shares, analyse as shar
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.engine.worlds import SoloWorld, TorchWorld, World
 from commtag.merge.engine.options import AnalysisHook, MergeOptions, MergeResult, default_output, progress_bar
-from commtag.merge.rank.stage import attached_whole, collector_paused, convert_rank, coverage, rank_summary, summaries_only
+from commtag.merge.rank.stage import attached_whole, convert_rank, coverage, rank_summary, summaries_only
 
 
 @dataclass
@@ -107,6 +108,7 @@ class MergePlan:
         return self.world.index == 0
 
 
+@collector_paused()  # the whole merge: nothing it makes is in a cycle (commtag/merge/collector.py)
 def merge(
     inputs: Sequence[Path | str] | Path | str,
     output: Optional[Path | str],
@@ -142,15 +144,14 @@ def merge(
         warned = gather(plan, everyone, held)
         covered = with_clocks(coverage(everyone, kept_by(plan.options.selection)), plan.alignment)  # hosts, clocks
         shown = functools.partial(progress_bar, plan.options, "commtag analysis", unit="part")
-        with collector_paused():  # the analysis and lanes add to every record: nothing cyclic to find
-            # The analysis is shared out between the workers, one or several (engine/shards.py);
-            # a caller's own hook runs first, over every rank's instances.
-            if analysis is None or isinstance(analysis, MergeAnalysis):
-                outcome = share_analysis(plan.world, held, analysis, covered, plan.interner, shown)
-                annotations = outcome.annotations
-            else:
-                annotations = run_hook(plan.world, held, analysis, covered, plan.interner)
-                outcome = share_analysis(plan.world, held, None, covered, plan.interner, shown)
+        # The analysis is shared out between the workers, one or several (engine/shards.py);
+        # a caller's own hook runs first, over every rank's instances.
+        if analysis is None or isinstance(analysis, MergeAnalysis):
+            outcome = share_analysis(plan.world, held, analysis, covered, plan.interner, shown)
+            annotations = outcome.annotations
+        else:
+            annotations = run_hook(plan.world, held, analysis, covered, plan.interner)
+            outcome = share_analysis(plan.world, held, None, covered, plan.interner, shown)
         # Every worker writes the lanes of its own ranks; worker 0 appends the others' ranks, then all lanes.
         shards = all_done(plan.world, lambda: write_lanes(plan, everyone, annotations, held, outcome.lanes))
         if plan.output.apart:
@@ -346,7 +347,7 @@ def write_lanes(plan: MergePlan, everyone: list[RankSummary], annotations: Optio
     (``held``, ``own``: what this worker learnt of every rank, and its ranks' instances with what
     the analysis gave them)."""
     own.taken = progress_bar(plan.options, "commtag lanes", len(own), "lane")
-    with plan.output.open_lanes() as stream, collector_paused():
+    with plan.output.open_lanes() as stream:
         lanes.LanesWriter(plan.origin, len(plan.ranks)).write(
             stream, lanes.lane_layout(everyone, held.used), own, own.flows, held.lane_kernels,
             annotations.counters if annotations else (), annotations.markers if annotations else (),
@@ -357,6 +358,7 @@ def write_lanes(plan: MergePlan, everyone: list[RankSummary], annotations: Optio
             "first": plan.mine[0].rank if plan.mine else None}
 
 
+@collector_paused()
 def collect(
     inputs: Sequence[Path | str] | Path | str,
     *,
@@ -403,8 +405,7 @@ def write_ranks(plan: MergePlan, keep: Optional[Callable[[RankSummary], RankSumm
     sequences = writer.rank_sequences(len(plan.ranks), plan.origin)
     with plan.output.open_part() as stream:
         for rank in plan.mine:
-            with collector_paused():
-                summary = _write_rank(plan, stream, sequences(rank.rank), rank, header)
+            summary = _write_rank(plan, stream, sequences(rank.rank), rank, header)
             bar.update()
             if summary is not None:
                 header = False

@@ -11,7 +11,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from commtag.merge.hangs.dumps import DUMP_NAME, FrDump, FrEntry, NotRead, collector_paused
+from commtag.merge.collector import collector_paused
+from commtag.merge.hangs.dumps import DUMP_NAME, FrDump, FrEntry, NotRead
 from commtag.merge.hangs.matching import Mismatch, mismatches
 from commtag.vocab import flight_recorder as fr
 

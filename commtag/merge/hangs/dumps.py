@@ -8,8 +8,6 @@ is refused in one line, never run.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import io
 import operator
 import os
@@ -18,10 +16,11 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import orjson
 
+from commtag.merge.collector import collector_paused
 from commtag.merge.errors import MergeInputError
 from commtag.vocab import flight_recorder as fr
 
@@ -380,19 +379,6 @@ def _list(value: Any) -> list:
     if isinstance(value, (list, tuple)):
         return [_list(v) if isinstance(v, (list, tuple)) else v for v in value]
     return []
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic collector paused: reading and diagnosing a job's dumps makes millions of objects, none
-    in a cycle, that would set it off again and again over every entry read (torch's analyzer pauses it too)."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 def read_dumps(folder: Path) -> list[FrDump]:

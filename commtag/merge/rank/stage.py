@@ -9,8 +9,6 @@ bad file is left out and the rank converted again. The merge's write, its
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -172,34 +170,15 @@ def summaries_only(ranks: list[RankInput], interner: Interner,
     like the merge itself: --align's first pass and :func:`collect`."""
     summaries = []
     for rank in ranks:
-        with collector_paused():
-            converted = convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None,
-                                                                  interner=interner), skipped)
-            if converted is not None:
-                converter, files = converted
-                summaries.append(rank_summary(rank, converter, None, files))
-                if on_rank is not None:
-                    converter.categories.finish()
-                    on_rank(rank.rank, converter.categories)
+        converted = convert_rank(rank, lambda: RankConverter(rank.rank, None, breakdowns=on_rank is not None,
+                                                              interner=interner), skipped)
+        if converted is not None:
+            converter, files = converted
+            summaries.append(rank_summary(rank, converter, None, files))
+            if on_rank is not None:
+                converter.categories.finish()
+                on_rank(rank.rank, converter.categories)
     return summaries
-
-
-@contextlib.contextmanager
-def collector_paused():
-    """No cyclic garbage collection while a rank is in memory.
-
-    A parsed rank is millions of container objects without reference cycles:
-    every full collection walks all of them and frees none (about a quarter
-    of a merge's time). They are freed by reference counting when the rank is
-    dropped; the collector resumes then, with little left to walk.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def rank_summary(rank: RankInput, converter: RankConverter, timeline: Optional[RankTimeline], files: list[FileSpan],
