@@ -2,7 +2,8 @@
 
 Generated jobs (odd and even rank counts, several tensor- and data-parallel groups, ranks whose
 files are missing, CUDA-graph replays) are merged with ``jobs=1, 2, 3``, with the analysis's
-buckets and pieces drawn small (in every worker) so that their edges fall inside the job. Every worker count must give the lead
+buckets and pieces drawn small (in every worker) so that their edges fall inside the job, and a
+worker's records held as objects up to a drawn bound (0: all packed). Every worker count must give the lead
 the same :class:`MergeResult` (ranks, slices, accounts, notices, the instances read back with their
 figures, the findings, busbw, impact and all-to-all traffic) and the same file. Then torchrun's
 2 workers return that result too.
@@ -38,7 +39,8 @@ def jobs(draw: st.DrawFn) -> dict:
     return {"ranks": ranks, "tp": tp, "missing": sorted(missing), "seed": draw(st.integers(0, 3)),
             "events": draw(st.integers(1500, 4000)), "graphs": draw(st.sampled_from([0.0, 0.05, 0.3])),
             "bucket_rows": draw(st.sampled_from([1, 7, 64, shards.BUCKET_ROWS])),
-            "piece_rows": draw(st.sampled_from([3, routes.PIECE_ROWS]))}
+            "piece_rows": draw(st.sampled_from([3, routes.PIECE_ROWS])),
+            "held": draw(st.sampled_from([0, 50, routes.HELD_AS_OBJECTS]))}
 
 
 def _generate(spec: dict, folder: Path) -> Path:
@@ -64,17 +66,19 @@ def test_any_number_of_workers_returns_one_result_and_writes_one_file(spec: dict
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path_factory.mktemp("one-result")
     job = _generate(spec, folder)
-    # The analysis's buckets and pieces drawn small, here and in the workers -j starts.
+    # The analysis's buckets and pieces drawn small, and a worker's records held as objects up to a
+    # drawn bound (packed beyond it), here and in the workers -j starts.
     small = (f"from commtag.merge.engine import routes, shards\n"
-             f"shards.BUCKET_ROWS = {spec['bucket_rows']}\nroutes.SEAL_ROWS = routes.PIECE_ROWS = {spec['piece_rows']}")
+             f"shards.BUCKET_ROWS = {spec['bucket_rows']}\nroutes.SEAL_ROWS = routes.PIECE_ROWS = {spec['piece_rows']}\n"
+             f"routes.HELD_AS_OBJECTS = {spec['held']}")
     monkeypatch.setenv("PYTHONPATH", in_started_workers(folder, small))
-    saved = shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS
-    shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS = spec["bucket_rows"], spec["piece_rows"], \
-        spec["piece_rows"]
+    saved = shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS, routes.HELD_AS_OBJECTS
+    shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS, routes.HELD_AS_OBJECTS = \
+        spec["bucket_rows"], spec["piece_rows"], spec["piece_rows"], spec["held"]
     try:
         results = {workers: _run(job, folder / f"j{workers}.pftrace", workers) for workers in (1, 2, 3)}
     finally:
-        shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS = saved
+        shards.BUCKET_ROWS, routes.SEAL_ROWS, routes.PIECE_ROWS, routes.HELD_AS_OBJECTS = saved
     one = results[1]
     assert one.instances and one.slices == len(one.instances)
     assert len(one.ranks) == spec["ranks"] - len(spec["missing"])
