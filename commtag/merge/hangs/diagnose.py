@@ -118,13 +118,9 @@ class Diagnosis:
         return sorted({r for h in self.hangs for r in h.missing} - waiting)
 
 
+@collector_paused()
 def diagnose(dumps: list[FrDump]) -> Diagnosis:
     """Every group of ``dumps`` diagnosed (the dumps of one job, one per rank)."""
-    with collector_paused():
-        return _diagnose(dumps)
-
-
-def _diagnose(dumps: list[FrDump]) -> Diagnosis:
     by_rank = {d.rank: d for d in dumps}
     notices = _version_notices(dumps)
     not_read = [n for folder in {id(d.folder_not_read): d.folder_not_read for d in dumps}.values() for n in folder]
