@@ -70,9 +70,10 @@ def run_hook(world: World, held: Held, hook: AnalysisHook, coverage: Coverage,
     holding the ranks its counters and markers are on."""
     mine = held.records
     by_rank = {rank: unpacked(kept, interner) for rank, kept in mine.items()}
-    if world.size > 1:  # the other workers' ranks, packed to travel
+    if world.size > 1:  # the other workers' ranks, packed to travel (a rank held packed goes as it is)
         for part in from_everyone(world, lambda: {"packed": [
-                [rank, base64.b64encode(packed(rank, insts)).decode("ascii")] for rank, insts in by_rank.items()]}):
+                [rank, base64.b64encode(kept if isinstance(kept, bytes) else packed(rank, by_rank[rank])).decode("ascii")]
+                for rank, kept in mine.items()]}):
             for rank, blob in part["packed"]:
                 if rank not in mine:
                     by_rank[rank] = unpacked(base64.b64decode(blob), interner)
