@@ -19,15 +19,18 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+import orjson
 import pytest
 
 from commtag.merge.analysis.hook import MergeAnalysis
 from commtag.merge.analysis.parts import SeqRuns, seq_runs
 from commtag.merge.engine import shards
+from commtag.merge.engine.exchange import addressed
 from commtag.merge.engine.owned import FigureTables, run_hook
 from commtag.merge.engine.routes import Carrier, unpacked
-from commtag.merge.engine.worlds import FileWorld
+from commtag.merge.engine.worlds import FileWorld, NotSent
 from commtag.merge.pftrace.readback import read_trace
+from commtag.merge.errors import MergeInputError
 from commtag.merge.records import CollectiveInstance, Coverage, Interner, RankSummary
 from commtag.vocab import ANN_MARKER, ANN_WAIT_US
 from merging import one_driver
@@ -290,6 +293,82 @@ def test_exchange_rounds_are_renamed_into_place_without_an_fsync(tmp_path: Path,
     every = [[f"0:{r}".encode(), f"1:{r}".encode()] for r in range(5)]
     assert got == [every, every]
     assert synced == []
+
+
+def _on_threads(count: int, worker: Callable[[int], None]) -> None:
+    """``worker(i)`` for each of ``count`` merge workers at once, on threads; what any raised, re-raised here."""
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            worker(index)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+
+
+def test_a_worker_parses_only_the_pieces_sent_to_it(tmp_path: Path, monkeypatch) -> None:
+    """Three workers send each other worker a piece a round (worker 2 none to worker 0 in the
+    first): each gets the pieces sent to it, in worker order, knows while any worker still
+    sends, and parses none of the pieces sent to the others (parsing whole parts, each worker
+    parsed every other worker's share too: the worker count times its own)."""
+    size, filler = 3, 20_000
+    parsed: dict[int, int] = {}
+    real_loads = orjson.loads
+
+    def counted(data: bytes) -> object:
+        parsed[threading.get_ident()] = parsed.get(threading.get_ident(), 0) + len(data)
+        return real_loads(data)
+
+    monkeypatch.setattr(orjson, "loads", counted)
+    got: list[list] = [[] for _ in range(size)]
+    own: dict[int, int] = {}
+
+    def worker(index: int) -> None:
+        own[index] = threading.get_ident()
+        world = FileWorld(index, size, tmp_path / "exchange", tmp_path / "out.pftrace")
+        first = {w: {"from": index, "to": w, "fill": "x" * filler} for w in range(size)
+                 if w != index and (index, w) != (2, 0)}
+        got[index].append(addressed(world, first))
+        got[index].append(addressed(world, {}))
+
+    _on_threads(size, worker)
+    for me in range(size):
+        pieces, busy = got[me][0]
+        senders = [w for w in range(size) if w != me and (w, me) != (2, 0)]
+        assert [p["from"] if p else None for p in pieces] == [w if w in senders else None for w in range(size)]
+        assert all(p["to"] == me for p in pieces if p is not None) and busy
+        assert got[me][1] == ([None] * size, False)
+        assert filler * len(senders) <= parsed[own[me]] < filler * (len(senders) + 1)
+
+
+def test_a_worker_that_cannot_send_its_pieces_stops_every_worker(tmp_path: Path) -> None:
+    """A worker whose round of pieces the disk cannot take (NotSent) sends why in its place: every
+    worker, that one included, raises that error, naming the output, as every exchange does."""
+    raised: dict[int, str] = {}
+
+    class FullDisk(FileWorld):
+        def _publish(self, what: str, data: bytes) -> None:
+            if len(data) > 1000:  # the pieces: the error that replaces them is shorter
+                raise NotSent(tmp_path / "out.pftrace", "cannot write the output: No space left on device")
+            super()._publish(what, data)
+
+    def worker(index: int) -> None:
+        world = (FullDisk if index == 1 else FileWorld)(index, 3, tmp_path / "exchange", tmp_path / "out.pftrace")
+        try:
+            addressed(world, {w: {"fill": "x" * 2000} for w in range(3) if w != index})
+        except MergeInputError as exc:
+            raised[index] = str(exc)
+
+    _on_threads(3, worker)
+    assert raised == {i: f"{tmp_path / 'out.pftrace'}: cannot write the output: No space left on device"
+                      for i in range(3)}
 
 
 def _on_two_threads(worker: Callable[[int], None], errors: list[BaseException]) -> None:

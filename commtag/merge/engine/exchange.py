@@ -92,30 +92,91 @@ def all_done(world: World, step: Callable[[], Optional[dict]]) -> list[Optional[
     if world.size == 1:
         step()
         return [None]
-    error: Optional[MergeInputError] = None
-    try:
-        payload = orjson.dumps(step() or {})
-    except MergeInputError as exc:
-        error = exc
-        payload = _error_payload(exc)
-    try:
-        blobs = world.all_gather_bytes(payload)
-    except NotSent as exc:  # a full disk took this worker's data: it sends why it stops in its place
-        error = error or exc
-        blobs = world.all_gather_bytes(_error_payload(error))
-    del payload
+    blobs, error = _gathered(world, lambda: orjson.dumps(step() or {}))
     # Each part parsed, then its bytes dropped: every worker's records are in memory once at a time, not twice.
     parts: list[Optional[dict]] = []
     for i in range(len(blobs)):
         blob, blobs[i] = blobs[i], b""
         parts.append(None if i == world.index else orjson.loads(blob))
         del blob
+    _raise_first(parts, error)
+    return parts
+
+
+def addressed(world: World, pieces: dict[int, dict]) -> tuple[list[Optional[dict]], bool]:
+    """Send each worker ``w`` the piece ``pieces[w]`` (some workers none): the piece each worker sent
+    this one (None: none, and in this worker's own place), and whether any worker sent any piece.
+    Errors stop every worker as in :func:`all_done`.
+
+    Every worker's part still reaches every worker (a :class:`World` gathers), but each piece is its
+    own JSON document behind a line of their sizes, so a worker parses only its own: parsing whole
+    parts, each worker parsed what every other was sent too, the worker count times its share."""
+    if world.size == 1:
+        return [None], bool(pieces)
+    me = world.index
+
+    def framed() -> bytes:
+        blobs = [orjson.dumps(pieces[w]) if w in pieces else b"" for w in range(world.size)]
+        return orjson.dumps({"sizes": [len(blob) for blob in blobs]}) + b"\n" + b"".join(blobs)
+
+    blobs, error = _gathered(world, framed)
+    heads: list[Optional[dict]] = []
+    mine: list[Optional[dict]] = []
+    busy = bool(pieces)
+    for i in range(len(blobs)):
+        blob, blobs[i] = blobs[i], b""
+        if i == me:
+            heads.append(None)
+            mine.append(None)
+            continue
+        head, piece = piece_of(blob, me)
+        heads.append(head)
+        busy = busy or any(head.get("sizes", ()))
+        mine.append(None if piece is None else orjson.loads(piece))
+        del piece, blob
+    _raise_first(heads, error)
+    return mine, busy
+
+
+def piece_of(part: bytes, index: int) -> tuple[dict, Optional[memoryview]]:
+    """The line of sizes that starts a part :func:`addressed` sent (an error's part is that error
+    alone) and the bytes of worker ``index``'s piece in it, unparsed (None: it has none)."""
+    end = part.find(b"\n")  # JSON text holds no raw newline: the first ends the sizes
+    view = memoryview(part)
+    head = orjson.loads(view[:end] if end >= 0 else view)
+    sizes = head.get("sizes")
+    if not sizes or not sizes[index]:
+        return head, None
+    at = end + 1 + sum(sizes[:index])
+    return head, view[at:at + sizes[index]]
+
+
+def _gathered(world: World, payload: Callable[[], bytes]) -> tuple[list[bytes], Optional[MergeInputError]]:
+    """Every worker's ``payload()`` bytes of this round, and this worker's own error: an input error
+    raised making the payload goes out in its place, as does the error of a payload the world
+    could not send (:class:`NotSent`)."""
+    error: Optional[MergeInputError] = None
+    try:
+        data = payload()
+    except MergeInputError as exc:
+        error = exc
+        data = _error_payload(exc)
+    try:
+        blobs = world.all_gather_bytes(data)
+    except NotSent as exc:  # a full disk took this worker's data: it sends why it stops in its place
+        error = error or exc
+        blobs = world.all_gather_bytes(_error_payload(error))
+    return blobs, error
+
+
+def _raise_first(parts: list[Optional[dict]], error: Optional[MergeInputError]) -> None:
+    """Raise the first error in worker order (this worker's own, in its None place): every worker
+    names the same one."""
     for part in parts:
         if part is None and error is not None:
             raise error
         if part is not None and "error" in part:
             raise MergeInputError(*part["error"])
-    return parts
 
 
 def from_everyone(world: World, step: Callable[[], dict]) -> list[dict]:

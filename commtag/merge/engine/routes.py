@@ -2,7 +2,7 @@
 
 The sharded analysis (:mod:`commtag.merge.engine.shards`) sends a worker's records to the
 workers that own them and the figures back to the workers that write them. A round is one
-:func:`commtag.merge.engine.exchange.all_done`: every worker sends at most one piece to each
+:func:`commtag.merge.engine.exchange.addressed`: every worker sends at most one piece to each
 other worker, each of at most :data:`PIECE_ROWS` rows, so what a worker holds of a round is
 bounded whatever the job's size. Rounds go on until no worker has anything left.
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import orjson
 
-from commtag.merge.engine.exchange import all_done, from_wire, to_wire
+from commtag.merge.engine.exchange import addressed, from_wire, to_wire
 from commtag.merge.records import CollectiveInstance, Interner, RankSummary
 
 if TYPE_CHECKING:
@@ -34,30 +34,25 @@ def route(world: World, outgoing: list[Iterator[dict]], arrived: Callable[[dict]
     ``arrived`` here), one piece per worker a round, until every worker's are out; each piece sent
     to this worker goes to ``arrived`` as it comes. How many rounds it took."""
     me = world.index
-    for piece in outgoing[me]:
-        arrived(piece)
+    for own in outgoing[me]:
+        arrived(own)
     rounds = 0
     while True:
-        payload: dict[str, dict] = {}
+        payload: dict[int, dict] = {}
         for w, pieces in enumerate(outgoing):
             if w != me:
                 found: Optional[dict] = next(pieces, None)
                 if found is not None:
-                    payload[str(w)] = found
-        sent = bool(payload)
-        parts = all_done(world, lambda: {"pieces": payload})
+                    payload[w] = found
+        parts, busy = addressed(world, payload)
         del payload
         rounds += 1
-        for k, part in enumerate(parts):
-            if part is None:
-                continue
-            parts[k] = None
-            sent = sent or bool(part["pieces"])
-            piece = part["pieces"].pop(str(me), None)
-            del part
+        for k, piece in enumerate(parts):
             if piece is not None:
+                parts[k] = None  # let go once taken: a round's pieces are not all held to its end
                 arrived(piece)
-        if not sent:
+        del parts, piece
+        if not busy:
             return rounds
 
 
