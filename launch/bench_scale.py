@@ -149,6 +149,15 @@ def phases(directory: Path, out: Path) -> dict:
     }
 
 
+def _parsed_of(blob: bytes, index: int, exchange) -> bytes:
+    """What worker ``index`` parses of another worker's part: its own piece of a round of pieces
+    (their sizes first, :func:`commtag.merge.engine.exchange.addressed`), else the whole part."""
+    if not blob.startswith(b'{"sizes":'):
+        return blob
+    piece = exchange.piece_of(blob, index)[1]
+    return b"" if piece is None else bytes(piece)
+
+
 def _metadata_reason(account) -> str:
     return next((r for r in account.left_out if r.startswith("metadata (")), "")
 
@@ -166,6 +175,7 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
     cpu: dict[str, float] = {}
     parse: dict[str, float] = {}
     received: dict[str, int] = {}
+    parsed_b: dict[str, int] = {}
     largest: dict[str, int] = {}
     rounds: dict[str, int] = {}
     found: dict = {"back": False}
@@ -212,12 +222,15 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
         if "exchange" in stack:
             in_exchange["gather"] += time.process_time() - start
         received[key] = received.get(key, 0) + got
-        largest[key] = max(largest.get(key, 0), got)
+        # What this worker parses of each other part: a round of pieces (exchange.addressed), only its own.
+        docs = [_parsed_of(blob, world.index, exchange) for i, blob in enumerate(blobs) if i != world.index]
+        parsed_b[key] = parsed_b.get(key, 0) + sum(len(doc) for doc in docs)
+        largest[key] = max(largest.get(key, 0), sum(len(doc) for doc in docs))
         rounds[key] = rounds.get(key, 0) + 1
-        for i, blob in enumerate(blobs):  # the largest part of each kind, parsed again below, on disk meanwhile
-            if i != world.index and len(blob) > kept.get(key, 0):
-                kept[key] = len(blob)
-                out.with_suffix(f".{key}.blob").write_bytes(blob)
+        for doc in docs:  # the largest document of each kind, parsed again below, on disk meanwhile
+            if len(doc) > kept.get(key, 0):
+                kept[key] = len(doc)
+                out.with_suffix(f".{key}.blob").write_bytes(doc)
         return blobs
 
     def back_pieces(*args):
@@ -265,7 +278,7 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
     return {
         "workers": jobs, "lead": result.lead, "slices": result.slices, "ranks": len(result.ranks),
         "cpu_s": total, "stages_s": cpu, "parse_s": parse, "gather_s": waited,
-        "in_exchange_s": in_exchange, "received_b": received, "largest_round_b": largest,
+        "in_exchange_s": in_exchange, "received_b": received, "parsed_b": parsed_b, "largest_round_b": largest,
         "rounds": rounds, "parsed_per_byte": held, "hwm_kb": _status_kb("VmHWM"), **{k: v for k, v in found.items() if k != "back"},
         "desyncs": len(found_analysis.desyncs) if found_analysis else None,
         "skipped": [str(e) for e in result.skipped],
@@ -439,10 +452,11 @@ def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
 
 #: What the all-gathers carry (:func:`shares`' labels), and the count that their bytes received by
 #: one of N workers go with, q = (N - 1) / N: every rank's summary, Seq runs and lanes (per rank,
-#: x q); the records dealt to their owners and the rows going back (every worker reads every
+#: x q); the records dealt to their owners and the rows going back (every worker receives every
 #: pair's piece of a round: per slice of the job, x q^2); the numbers every worker pools (skews,
 #: flow counts, busbw edges: per slice, x q); every collective's member times for the lead's
-#: replay (per slice, x q; the other workers read them too).
+#: replay (per slice, x q; the other workers receive them too). What a worker parses is
+#: :func:`_parsed_count`'s.
 CARRIED = ("summaries", "records", "back", "numbers", "lead")
 
 
@@ -475,6 +489,14 @@ def _received_count(what: str, ranks: float, slices: float, workers: int) -> flo
     return ranks * q if what == "summaries" else slices * q * q if what in ("records", "back") else slices * q
 
 
+def _parsed_count(what: str, ranks: float, slices: float, workers: int) -> float:
+    """The count the bytes one of N workers parses go with: of a round of pieces only its own (the
+    records of its share and the rows back for its ranks from the others: per slice of the job x
+    q / N; the member times, the lead's: x q), of what every worker shares all (as received)."""
+    q = (workers - 1) / workers
+    return slices * q / workers if what in ("records", "back") else _received_count(what, ranks, slices, workers)
+
+
 def summaries_received(c: dict, ranks: int, workers: int) -> float:
     """Bytes of the other workers' summaries one worker receives: per rank, a part of its own and
     one per member of its groups (each summary lists its groups' ranks, so they grow as ranks squared)."""
@@ -483,11 +505,11 @@ def summaries_received(c: dict, ranks: int, workers: int) -> float:
 
 
 def _largest_rounds(c: dict, ranks: int, slices: float, distinct: float, workers: int) -> dict[str, float]:
-    """The bytes one worker receives in the largest round of each kind, from the bytes per slice and
+    """The bytes one worker parses in the largest round of each kind, from the bytes per slice and
     the rounds' shape in engine/shards.py and routes.py: the summaries, all in one round (with the
     analysis shared out they carry no records); a bucket's records, one piece (at most PIECE_ROWS)
-    per worker pair a round, every pair's piece to every worker; the lead's rows, one per
-    collective, at most PIECE_ROWS a piece."""
+    per worker pair a round, the pieces from each other worker to this one; the lead's rows, one
+    per collective, at most PIECE_ROWS a piece."""
     from commtag.merge.engine.routes import PIECE_ROWS
     from commtag.merge.engine.shards import BUCKET_ROWS
 
@@ -496,8 +518,8 @@ def _largest_rounds(c: dict, ranks: int, slices: float, distinct: float, workers
     per_pair = min(PIECE_ROWS, slices / (buckets * n * n))
     lead_rounds = max(1, math.ceil(distinct / n / PIECE_ROWS))
     return {"summaries": summaries_received(c, ranks, n),
-            "records": c["bytes_per"]["records"] * (n - 1) ** 2 * per_pair,
-            "back": c["bytes_per"]["back"] * (n - 1) ** 2 * min(PIECE_ROWS, slices / (n * n)),
+            "records": c["bytes_per"]["records"] * (n - 1) * per_pair,
+            "back": c["bytes_per"]["back"] * (n - 1) * min(PIECE_ROWS, slices / (n * n)),
             "lead": c["bytes_per"]["lead"] * slices * (n - 1) / n / lead_rounds}
 
 
@@ -528,6 +550,7 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
             s = r["shares"]
             n, job, job_ranks = s["workers"], s["slices"], manifests[name]["ranks"]
             st, parse, got, waited = s["stages_s"], s["parse_s"], s["received_b"], s["gather_s"]
+            parsed = s["parsed_b"]
             lead_own = st.get("lead", 0.0) - parse.get("lead", 0.0) - waited.get("lead", 0.0)
             rounds = {k: s["largest_round_b"].get(k, 0) * s["parsed_per_byte"].get(k, 0.0) for k in ROUNDS}
             ex = s["in_exchange_s"]
@@ -538,7 +561,7 @@ def costs(phased: dict[str, dict], manifests: dict[str, dict], runs: dict[str, d
                 "convert_per_rank_s": st["convert"] / s["own_ranks"],
                 "lanes_per_slice_s": st["lanes"] / s["own_slices"],
                 "lead_per_slice_s": lead_own / job,
-                "parse_per_byte_s": sum(parse.values()) / max(1, sum(got.values())),
+                "parse_per_byte_s": sum(parse.values()) / max(1, sum(parsed.values())),
                 # What is left of worker 0's CPU: starting, exchanging summaries, settling, keying and
                 # dealing its ranks' records out, matching and checking its share, the figures back.
                 # (The all-gathers' own CPU, the file world's writing, waiting and reading, is the network's part.)
@@ -622,7 +645,9 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
     # Sent to this worker for itself (what a point-to-point exchange would carry): the job-wide
     # numbers, its share's records and rows back; the member times to the lead only.
     own = got["summaries"] + got["numbers"] + (c["bytes_per"]["records"] + c["bytes_per"]["back"]) * share * q
-    parse = c["parse_per_byte_s"] * sum(got.values())
+    parsed = {k: c["bytes_per"][k] * _parsed_count(k, ranks, slices, n) for k in CARRIED}
+    parsed["summaries"] = got["summaries"]
+    parse = c["parse_per_byte_s"] * sum(parsed.values())
     lanes_own = c["lanes_per_slice_s"] * share
     lead = c["lead_per_slice_s"] * slices
     worker = convert + summaries + rest + parse + lanes_own
@@ -642,16 +667,16 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         ["each worker: deal out its records, match and check its share, figures back",
          f"{rest:.0f} s ({base_s:.1f} s + {per_job_rank_s * ranks:.1f} s for the job's ranks + "
          f"{per_share_s * share:.1f} s for its share)"],
-        ["each worker: parse what the all-gathers bring it", f"{parse:.0f} s ({sum(got.values()) / 1e9:.2f} GB)"],
+        ["each worker: parse its pieces and what every worker shares", f"{parse:.0f} s ({sum(parsed.values()) / 1e9:.2f} GB)"],
         ["each worker: lanes of its own ranks", f"{lanes_own:.1f} s"],
         ["worker 0 (the lead): replay the impact, gather the findings (whole job)", f"{lead:.0f} s"],
         ["merge wall time, about (the lead's)", f"{worker + lead:.0f} s (+ {align:.0f} s with --align, "
                                                 f"whose first pass still all-gathers every record)"],
-        ["bytes each worker receives, rounds as now (every worker reads every pair's piece)",
+        ["bytes each worker receives, rounds as now (every worker receives every pair's piece)",
          ", ".join(f"{k} {v / 1e6:,.0f} MB" for k, v in got.items()) + f": {sum(got.values()) / 1e9:.2f} GB"],
         ["  of which sent for it (a point-to-point exchange's; the lead + member times)",
          f"{own / 1e6:,.0f} MB (lead {(own + got['lead']) / 1e6:,.0f} MB)"],
-        ["largest round a worker reads (held once parsed)",
+        ["largest round a worker parses (held once parsed)",
          ", ".join(f"{k} {v / 1e6:,.0f} MB ({held[k] / 1e9:.2f} GB)" for k, v in rounds.items())],
         ["worker 0: receives and appends every part (the output)", f"{output / 1e9:.2f} GB"],
         ["peak RSS of a worker / of worker 0", f"{memory / 1e9:.2f} GB / {lead_memory / 1e9:.2f} GB"],
@@ -666,7 +691,7 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         f"({n} workers of {own_ranks:.0f} ranks each), `--detail none`, the analysis shared out as engine/shards.py does.",
         f"Every time is worker 0's CPU in the sharded merges ({fits}); a worker is alone on its core. Reading, "
         f"converting and packing a rank: {c['convert_per_rank_s'] * 1e3:.1f} ms (its ranks one after another); "
-        f"lanes: {c['lanes_per_slice_s'] * 1e6:.1f} us per slice of its own ranks; parsing what an all-gather brings: "
+        f"lanes: {c['lanes_per_slice_s'] * 1e6:.1f} us per slice of its own ranks; parsing what it takes of an all-gather: "
         f"{c['parse_per_byte_s'] * 1e9:.1f} ns per byte; the lead's replay and gathering: "
         f"{c['lead_per_slice_s'] * 1e6:.2f} us per slice of the job (its parsing counted with the rest).",
         f"Decoding the other workers' summaries (timed around the exchange, less converting, parsing and the "
@@ -680,14 +705,15 @@ def projection(c: dict, manifests: dict[str, dict]) -> tuple[list[list[str]], li
         f"Bytes received: per what they carry, from worker 0's all-gathers, divided by the count each goes with "
         f"(summaries per rank of the job x q, {c['summaries_fit'][0]:.0f} B + {c['summaries_fit'][1]:.2f} B per member of "
         f"its groups, fitted over the two job sizes; per slice of the job x q^2 for records and rows back, since every "
-        "worker reads every pair's piece; x q for the pooled numbers and the member times; q = (N-1)/N). "
+        "worker receives every pair's piece; x q for the pooled numbers and the member times; q = (N-1)/N). Bytes "
+        "parsed: the same, but of records and rows back only the pieces sent to the worker, per slice x q / N. "
         "The network's time is not counted, only the volume and its parsing.",
         f"A worker's peak RSS = {base_b / 1e6:.0f} MB + {per_rank_b:,.0f} B per rank of the job + "
         f"{per_share_b:,.0f} B per slice of its share (least squares with no negative term over the peaks of the "
         f"workers other than worker 0 in those merges, less their largest round) + its largest round once parsed (all of a round's "
         f"parts are parsed before any is let go: "
         + ", ".join(f"{k} {c['parsed_per_byte'][k]:.1f} B" for k in ROUNDS)
-        + " per byte received, tracemalloc on the largest part of each kind; the rounds' bytes from the bytes "
+        + " per byte parsed, tracemalloc on the largest document of each kind; the rounds' bytes from the bytes "
         f"per slice and engine/shards.py's buckets and pieces); worker 0 adds "
         f"{c['lead_extra_per_slice_b']:,.0f} B per slice of the job (its peak over the fit). Under torchrun each "
         f"worker also imports torch and joins a gloo group: {c['torch_b'] / 1e6:.0f} MB (a process doing only that, "
@@ -732,8 +758,8 @@ def report(results: dict) -> str:
     c = results["costs"]
     lines.append("")
     lines.append("Worker 0 of each sharded merge (CPU s, stages inclusive: route within analysis, lead within "
-                 "analysis; MB received over its all-gathers, by what they carry; the largest round of each kind "
-                 "it read, measured / as the model predicts it; the other workers' peaks against the memory fit, "
+                 "analysis; MB received over its all-gathers, by what they carry, and parsed; the largest round of each kind "
+                 "it parsed, measured / as the model predicts it; the other workers' peaks against the memory fit, "
                  "and the part of it that is the largest round parsed):")
     lines.append("")
     rows = []
@@ -741,7 +767,8 @@ def report(results: dict) -> str:
         s = runs[name][x["variant"]]["shares"]
         st = s["stages_s"]
         stages = ", ".join(f"{k} {st.get(k, 0.0):.1f}" for k in ("convert", "settle", "analysis", "route", "lead", "lanes"))
-        got = ", ".join(f"{k} {s['received_b'].get(k, 0) / 1e6:.1f}" for k in CARRIED)
+        got = ", ".join(f"{k} {s['received_b'].get(k, 0) / 1e6:.1f} ({s['parsed_b'].get(k, 0) / 1e6:.1f})"
+                        for k in CARRIED)
         rows.append([f"{x['ranks']} ranks `{x['variant']}`", f"{x['own_ranks']} / {x['share']:,}",
                      f"{s['cpu_s']:.1f} ({stages}; parse {sum(s['parse_s'].values()):.1f}, "
                      f"all-gathers {x['gather_s']:.1f})", got,
@@ -750,7 +777,7 @@ def report(results: dict) -> str:
                      " / ".join(f"{p / 1e6:.0f}" for p in x["worker_peaks"]) + f" vs {x['worker_fit'] / 1e6:.0f} "
                      f"(round {x['round_held_b'] / 1e6:.0f})",
                      f"{x['lead_peak'] / 1e6:.0f} ({x['hwm_lead_kb'][0] * 1024 / 1e6:.0f} before its replay)"])
-    lines.append(markdown_table(["merge", "own ranks / share (slices)", "worker 0 CPU s", "MB received",
+    lines.append(markdown_table(["merge", "own ranks / share (slices)", "worker 0 CPU s", "MB received (parsed)",
                                  "largest round MB", "other workers' peak MB vs fit", "worker 0's peak MB"], rows))
     lines.append("")
     lines.append(f"Costs (one process, CPU time): reading and converting a rank {c['per_rank_s'] * 1e3:.1f} ms + "
@@ -763,7 +790,7 @@ def report(results: dict) -> str:
                  + " / ".join(f"{x['lanes_per_slice_s'] * 1e6:.1f}" for x in c["sharded"]) + " us per own slice, "
                  "the lead's replay " + " / ".join(f"{x['lead_per_slice_s'] * 1e6:.2f}" for x in c["sharded"])
                  + " us per slice of the job, parsing " + " / ".join(f"{x['parse_per_byte_s'] * 1e9:.1f}" for x in c["sharded"])
-                 + " ns per byte received; bytes received per unit: " + "; ".join(
+                 + " ns per byte parsed; bytes received per unit: " + "; ".join(
                      f"{k} " + " / ".join(f"{x['bytes_per'][k]:.0f}" for x in c["sharded"]) for k in CARRIED)
                  + "; worker 0's peak over the fit " + " / ".join(f"{x['lead_extra_per_slice_b']:.0f}" for x in c["sharded"])
                  + " B per slice of the job.")
