@@ -111,9 +111,10 @@ def addressed(world: World, pieces: dict[int, dict]) -> tuple[list[Optional[dict
     Every worker's part still reaches every worker (a :class:`World` gathers), but each piece is its
     own JSON document behind a line of their sizes, so a worker parses only its own: parsing whole
     parts, each worker parsed what every other was sent too, the worker count times its share."""
-    if world.size == 1:
-        return [None], bool(pieces)
     me = world.index
+    assert me not in pieces, "a worker hands its own pieces over itself: they never travel"
+    if world.size == 1:
+        return [None], False
 
     def framed() -> bytes:
         blobs = [orjson.dumps(pieces[w]) if w in pieces else b"" for w in range(world.size)]
