@@ -118,7 +118,7 @@ def addressed(world: World, pieces: dict[int, dict]) -> tuple[list[Optional[dict
 
     def framed() -> bytes:
         blobs = [orjson.dumps(pieces[w]) if w in pieces else b"" for w in range(world.size)]
-        return orjson.dumps({"sizes": [len(blob) for blob in blobs]}) + b"\n" + b"".join(blobs)
+        return b"".join([orjson.dumps({"sizes": [len(blob) for blob in blobs]}), b"\n", *blobs])  # one copy
 
     blobs, error = _gathered(world, framed)
     heads: list[Optional[dict]] = []
