@@ -2,7 +2,7 @@
 
 A generated job of 132 ranks, so that ranks share packet sequences in blocks of three
 (commtag.merge.ids.sequence_block) and 3 workers' even shares (44 ranks) would end inside a
-block: ``-j 2``, ``-j 3`` and torchrun's 2 workers each write ``-j 1``'s file, byte for byte,
+block: ``-j 2``, ``-j 3``, ``-j 5`` and torchrun's 2 workers each write ``-j 1``'s file, byte for byte,
 and that file is a valid trace whose sequences each start cleared.
 """
 
@@ -62,7 +62,7 @@ def test_workers_take_whole_blocks_of_ranks(job: Path) -> None:
 def test_any_number_of_workers_writes_one_process_bytes(job: Path, tmp_path: Path) -> None:
     one = _merge(job, tmp_path / "j1.pftrace", "-j", "1")
     assert validate_file(tmp_path / "j1.pftrace") == []
-    for jobs in ("2", "3"):
+    for jobs in ("2", "3", "5"):  # 5: each worker gets pieces from four, in rounds it parses a quarter of
         assert _merge(job, tmp_path / f"j{jobs}.pftrace", "-j", jobs) == one, f"-j {jobs}"
     torchrun = tmp_path / "torchrun.pftrace"
     done = torchrun_merge([str(job), "-o", str(torchrun), "--no-progress"], workers=2)
