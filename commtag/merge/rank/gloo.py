@@ -21,7 +21,8 @@ from commtag.merge.rank.eager import kernel_timed, launched
 from commtag.merge.rank.events import FileEvents
 from commtag.vocab import (
     ANN_GLOO_WORK, ANN_UNFINISHED, C10D_OPS_WITHOUT_GLOO_WORK, GLOO_CALLER_FAMILIES, GLOO_SHAPED_FAMILIES,
-    GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, INPUT_DIMS_KEY, SPAN_TOLERANCE_NS, UNFINISHED_END, family,
+    GLOO_WORK_END_LAG_NS, GLOO_WORK_FAMILY, GLOO_WORK_PER_MEMBER, INPUT_DIMS_KEY, SPAN_TOLERANCE_NS, UNFINISHED_END,
+    family,
 )
 
 if TYPE_CHECKING:  # pydantic models: loaded at run time only where a sidecar is read
@@ -279,8 +280,8 @@ def _queued_before(events: FileEvents, call: GlooCall, pending: Optional[tuple[i
 
 
 def _inside(events: FileEvents, call: GlooCall, owner: dict[int, str]) -> list[tuple]:
-    """Untaken works of the call's family that start inside it (and for a sync call also
-    end inside it) on a worker thread that serves its group or no known group."""
+    """Untaken works of the call's family that start inside it (a sync call's also end by
+    :data:`GLOO_WORK_END_LAG_NS` after it) on a worker thread that serves its group or no known group."""
     found = []
     start_at = bisect.bisect_left(events.gloo, call.lo, key=lambda g: g[0])
     for g in events.gloo[start_at:]:
@@ -288,7 +289,7 @@ def _inside(events: FileEvents, call: GlooCall, owner: dict[int, str]) -> list[t
             break
         if (g[3] == call.family and g[4] != call.rec.tid and id(g[2]) not in events.taken
                 and owner.get(g[4], call.uid) == call.uid
-                and (call.rec.annotation.async_op or g[1] <= call.hi + SPAN_TOLERANCE_NS)
+                and (call.rec.annotation.async_op or g[1] <= call.hi + GLOO_WORK_END_LAG_NS)
                 and (call.sizes is None or _shown_nelems(g[2]) in (None, *call.sizes))):
             found.append(g)
     return found
