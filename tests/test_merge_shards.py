@@ -103,25 +103,21 @@ def _shared(job: dict[int, list[CollectiveInstance]], folder: Path, monkeypatch,
     holds up to ``budget`` records as objects (None: all), packs the others."""
     monkeypatch.setattr(shards, "BUCKET_ROWS", 64)  # several buckets, as a big job has
     results: list[dict] = [{}, {}]
-    errors: list[BaseException] = []
 
     def worker(index: int) -> None:
-        try:
-            world = FileWorld(index, 2, folder / "exchange", folder / "out.pftrace")
-            mine = WORLD[4 * index:4 * index + 4]
-            held = shards.Held(Carrier(budget))
-            for r in mine:
-                held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
-            shards.settle(world, held)
-            holdings = [held.records[r] for r in mine]
-            hook = MergeAnalysis()
-            outcome = shards.analyse(world, held, hook, _coverage(), Interner())
-            results[index] = {"places": _by_place(outcome), "annotations": outcome.annotations, "result": hook.result,
-                              "outcome": outcome, "mine": mine, "held": holdings}
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
+        world = FileWorld(index, 2, folder / "exchange", folder / "out.pftrace")
+        mine = WORLD[4 * index:4 * index + 4]
+        held = shards.Held(Carrier(budget))
+        for r in mine:
+            held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
+        shards.settle(world, held)
+        holdings = [held.records[r] for r in mine]
+        hook = MergeAnalysis()
+        outcome = shards.analyse(world, held, hook, _coverage(), Interner())
+        results[index] = {"places": _by_place(outcome), "annotations": outcome.annotations, "result": hook.result,
+                          "outcome": outcome, "mine": mine, "held": holdings}
 
-    _on_two_threads(worker, errors)
+    _on_threads(2, worker)
     return results
 
 
@@ -171,29 +167,25 @@ def test_a_callers_own_hook_sees_every_rank_on_each_of_two_workers(tmp_path: Pat
     seen: list[list[int]] = [[], []]
     kept: list[dict] = [{}, {}]
     forms: list[set[bool]] = [set(), set()]
-    errors: list[BaseException] = []
 
     def worker(index: int) -> None:
-        try:
-            world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
-            held = shards.Held(Carrier(budget))
-            for r in WORLD[4 * index:4 * index + 4]:
-                held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
-            shards.settle(world, held)
+        world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
+        held = shards.Held(Carrier(budget))
+        for r in WORLD[4 * index:4 * index + 4]:
+            held.take(RankSummary(r, "host", None, [], instances=copy.deepcopy(job[r])))
+        shards.settle(world, held)
 
-            def hook(instances: list[CollectiveInstance], coverage: Coverage) -> None:
-                seen[index] = [inst.rank for inst in instances]
-                for inst in instances:
-                    inst.args["seen by"] = index
+        def hook(instances: list[CollectiveInstance], coverage: Coverage) -> None:
+            seen[index] = [inst.rank for inst in instances]
+            for inst in instances:
+                inst.args["seen by"] = index
 
-            run_hook(world, held, hook, _coverage(), Interner())
-            kept[index] = {rank: [inst.args.get("seen by") for inst in unpacked(packed, Interner())]
-                           for rank, packed in held.records.items()}
-            forms[index] = {isinstance(packed, list) for packed in held.records.values()}
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
+        run_hook(world, held, hook, _coverage(), Interner())
+        kept[index] = {rank: [inst.args.get("seen by") for inst in unpacked(packed, Interner())]
+                       for rank, packed in held.records.items()}
+        forms[index] = {isinstance(packed, list) for packed in held.records.values()}
 
-    _on_two_threads(worker, errors)
+    _on_threads(2, worker)
     every = [r for r in WORLD for _ in job[r]]
     assert seen == [every, every]
     for index in range(2):
@@ -285,11 +277,7 @@ def test_exchange_rounds_are_renamed_into_place_without_an_fsync(tmp_path: Path,
         world = FileWorld(index, 2, tmp_path / "exchange", tmp_path / "out.pftrace")
         got[index] = [world.all_gather_bytes(f"{index}:{r}".encode()) for r in range(5)]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    _on_threads(2, worker)
     every = [[f"0:{r}".encode(), f"1:{r}".encode()] for r in range(5)]
     assert got == [every, every]
     assert synced == []
@@ -369,16 +357,6 @@ def test_a_worker_that_cannot_send_its_pieces_stops_every_worker(tmp_path: Path)
     _on_threads(3, worker)
     assert raised == {i: f"{tmp_path / 'out.pftrace'}: cannot write the output: No space left on device"
                       for i in range(3)}
-
-
-def _on_two_threads(worker: Callable[[int], None], errors: list[BaseException]) -> None:
-    """``worker(0)`` and ``worker(1)`` at once, as two merge workers; what either raised, re-raised here."""
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
 
 
 def test_equal_figures_tables_share_a_number_and_only_equal_ones_do() -> None:
