@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 
-from commtag.merge.rank.captures import computed_node_ids
+from commtag.merge.rank.captures import comm_nodes, index_node_id
 from commtag.merge.rank.replays import match_graph_replays
 from commtag.schema import (
     CapturedCollective,
@@ -269,9 +269,10 @@ def test_kernel_names_parse_in_every_spelling() -> None:
     assert parse_nccl_kernel(GEMM) is None
 
 
-def test_computed_node_ids_index_the_collective_nodes() -> None:
-    ids = computed_node_ids(_capture())
-    assert {k: (cc.annotation.seq, n.kernel_name) for k, (cc, n) in ids.items()} == {1: (7, AR), 3: (3, RS)}
+def test_a_collective_nodes_id_under_hypothesis_1_is_its_creation_index() -> None:
+    capture = _capture()
+    ids = {index_node_id(n): (cc.annotation.seq, n.kernel_name) for cc in capture.collectives for n in comm_nodes(cc)}
+    assert ids == {1: (7, AR), 3: (3, RS)}
 
 
 def test_attach_matches_exactly_then_replay_by_replay_and_every_annotated_kernel_says_how() -> None:

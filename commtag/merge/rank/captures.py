@@ -275,6 +275,7 @@ class ReplayIndex:
         return seen[correlation]
 
 
-def computed_node_ids(capture: GraphCapture) -> dict[int, tuple[CapturedCollective, GraphNodeRecord]]:
-    """Lower-32-bit "graph node id" -> (collective, node) under hypothesis 1, for exact joins elsewhere."""
-    return {node.index + NODE_ID_BASE: (cc, node) for cc in capture.collectives for node in comm_nodes(cc)}
+def index_node_id(node: GraphNodeRecord) -> int:
+    """The lower 32 bits of the "graph node id" a replayed kernel of ``node`` carries, under hypothesis 1
+    (its creation index): trusted only where a kernel name confirms it (replays.py)."""
+    return node.index + NODE_ID_BASE

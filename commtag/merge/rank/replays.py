@@ -57,8 +57,8 @@ from commtag.vocab import (
     TOOLS_ID_GRAPH_SHIFT, TORCH_MARK_KEY, base_name, nccl_kind, parse_nccl_kernel,
 )
 from commtag.merge.rank.captures import (
-    NODE_ID_BASE, CapturedKernels, GraphMatchResult, Replay, ReplayIndex, ReplayMatch, UnmatchedReplay, comm_nodes,
-    confirm, node_id, replays_of,
+    CapturedKernels, GraphMatchResult, Replay, ReplayIndex, ReplayMatch, UnmatchedReplay, comm_nodes, confirm,
+    index_node_id, node_id, replays_of,
 )
 
 if TYPE_CHECKING:  # pydantic models: only a sidecar brings captures, and it imports them
@@ -269,7 +269,7 @@ def _pair_nodes(events: Sequence[dict], replay: Replay, capture: GraphCapture) -
             return pairs, "tools-id", ""
     if usable_ids and any(node.node_type == KERNEL_NODE_TYPE for _, node in wanted):
         # Hypothesis 1 is only trusted where a kernel name confirms it within the same replay.
-        pairs, reason = _join(events, replay, wanted, lambda node: node.index + NODE_ID_BASE)
+        pairs, reason = _join(events, replay, wanted, index_node_id)
         if pairs is not None:
             return pairs, "node-id", ""
     pairs, reason = _by_order(events, replay, wanted)
