@@ -140,11 +140,6 @@ class CollectiveAnnotation(BaseModel):
         """The serialized form: eager keys first, None values left out."""
         return self.model_dump(by_alias=True, exclude_none=True)
 
-    @property
-    def cross_rank_key(self) -> tuple[str, bool, int, Optional[int]]:
-        """What identifies this collective instance on every member rank."""
-        return (self.pg_uid, self.is_p2p, self.seq, self.replay)
-
 
 # The Literal values above are the vocabulary's (checked at import).
 if (LEGACY_FORMAT, NCCL2_FORMAT, SPLITS_NOT_RECORDED) != ("legacy", "nccl2", "not recorded"):

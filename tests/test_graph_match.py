@@ -118,8 +118,9 @@ def test_node_ids_equal_to_creation_index_give_exact_matches_in_both_encodings(p
     args = result.matches[0].args()
     assert args["Collective name"] == "allreduce" and args["Seq"] == 7 and args["commtag replay"] == 4
     assert args["commtag capture id"] == 0 and args["commtag match"] == "node-id"
-    # Cross-rank key: (group uid, capture Seq, replay index)
-    assert result.matches[0].annotation.cross_rank_key == ("0:abc", False, 7, 4)
+    # What every member rank names the instance by: (group uid, p2p, capture Seq, replay index)
+    a = result.matches[0].annotation
+    assert (a.pg_uid, a.is_p2p, a.seq, a.replay) == ("0:abc", False, 7, 4)
     # The events themselves are untouched: attaching is the caller's job.
     assert all("Collective name" not in e.get("args", {}) for e in trace.events)
 
