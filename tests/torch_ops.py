@@ -1,16 +1,15 @@
 """What the installed torch has and does, read from that torch, so a test expects what it does.
 
 ``pyproject.toml`` allows every torch from 2.11 on and ``launch/compat.sh`` runs the tests
-under each: an op this torch lacks is skipped with the reason (:func:`require`), and which ops
-only pass their call on to another op is watched on a real gloo group
-(:func:`delegating_ops`), not copied from one torch release.
+under each: whether this torch has an op is asked of it (:func:`has`), and which ops only pass
+their call on to another op is watched on a real gloo group (:func:`delegating_ops`), not copied
+from one torch release.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -20,13 +19,6 @@ from gloo_world import run_world
 def has(name: str) -> bool:
     """Whether this torch's ``torch.distributed`` has ``name``."""
     return callable(getattr(dist, name, None))
-
-
-def require(*names: str) -> None:
-    """Skip the calling test when this torch lacks one of ``names``, saying which."""
-    missing = [name for name in names if not has(name)]
-    if missing:
-        pytest.skip(f"torch {torch.__version__} has no torch.distributed.{', '.join(missing)}")
 
 
 def _calls() -> dict[str, Callable[[], Any]]:
