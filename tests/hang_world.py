@@ -138,6 +138,9 @@ def on_demand_dumps(rank: int, world_size: int, store, out_dir: Path) -> None:
 
     own_handler_calls = []
     signals.signal(signals.SIGUSR1, lambda signum, frame: own_handler_calls.append(signum))
+    # Python's own SIGINT handler, as in a job started from a terminal: one started in the background
+    # of a non-interactive shell inherits SIGINT ignored, and Python then leaves it ignored.
+    signals.signal(signals.SIGINT, signals.default_int_handler)
     commtag.install(dump_dir=out_dir / "commtag", ring_size=4)
     tensor = torch.ones(8)
     for _ in range(2):
