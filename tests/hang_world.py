@@ -160,9 +160,17 @@ def on_demand_dumps(rank: int, world_size: int, store, out_dir: Path) -> None:
     except KeyboardInterrupt:
         interrupted = True
     reason = load_plain_pickle(path.read_bytes())["commtag_dump_reason"]
+    # A job that ignores SIGINT (started with '&' from a script) still gets its dump, and goes on.
+    commtag.uninstall()
+    signals.signal(signals.SIGINT, signals.SIG_IGN)
+    commtag.install(dump_dir=out_dir / "commtag", ring_size=4)
+    commtag.dump()
+    os.kill(os.getpid(), signals.SIGINT)
+    dist.all_reduce(tensor)  # the handler has run by the time the job goes on
+    ignored_reason = load_plain_pickle(path.read_bytes())["commtag_dump_reason"]
     seen = {"path": str(path), "after_dump": after_dump, "after_signal": [e.seq for e in after_signal.entries],
             "own_handler_calls": len(own_handler_calls), "result": tensor[0].item(), "interrupted": interrupted,
-            "reason": reason}
+            "reason": reason, "ignored_reason": ignored_reason}
     (out_dir / f"seen_{rank}.json").write_text(json.dumps(seen))
 
 

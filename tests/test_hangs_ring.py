@@ -92,8 +92,9 @@ def test_dump_and_sigusr1_write_the_bounded_ring_and_the_job_goes_on(tmp_path: P
         after = seen["after_signal"]  # the ring keeps 4: the newest four calls at the signal
         assert len(after) == 4 and after == list(range(after[0], after[0] + 4)) and after[-1] >= 6
         assert seen["own_handler_calls"] == 1  # the job's own SIGUSR1 handler still ran
-        assert seen["result"] == 2.0 ** 7  # every all_reduce ran as without commtag
+        assert seen["result"] == 2.0 ** 8  # every all_reduce ran as without commtag
         assert seen["interrupted"] and seen["reason"] == "signal SIGINT"
+        assert seen["ignored_reason"] == "signal SIGINT"  # SIGINT ignored by the job: dumped, and the job went on
 
 
 def _dump_with_torchs_recorder_as_set(rank: int, world_size: int, dump_dir: str) -> dict[str, object]:

@@ -3,7 +3,8 @@ write the dump (SIGTERM and SIGINT: torchrun stops the other ranks when one fail
 
 Signals are chained, never swallowed: after the dump the job's previous handler runs, and where
 there was none the signal's default action happens as it would have (SIGTERM and SIGINT end the
-process, by that signal; SIGUSR1, whose default would end it, only dumps and the job goes on).
+process, by that signal; SIGUSR1, whose default would end it, only dumps and the job goes on); a
+signal the job ignored is still ignored after its dump.
 Python runs a handler only between bytecodes of the main thread, which a rank blocked inside a
 collective never reaches: a watcher thread, woken through ``signal.set_wakeup_fd`` the moment the
 signal arrives, writes the dump then (where the job set no wakeup fd of its own), and for a signal
