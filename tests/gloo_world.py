@@ -41,7 +41,11 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-__all__ = ["run_world", "WorkerError", "WorkerTimeout"]
+__all__ = ["run_world", "WorkerError", "WorkerTimeout", "NOISE_BOUND"]
+
+#: A rank named a straggler beside a world's deliberate sleeper must lead by less than this share of
+#: the sleep: the shared CI machine can hold a rank up for a few ms, never for the sleep.
+NOISE_BOUND = 0.05
 
 DEFAULT_TIMEOUT_S = 120.0
 #: How long the ranks may take to start (spawn, import torch) before the world counts as hung.

@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gloo_world import NOISE_BOUND
 from pipeline_world import SLEEP_S, SLEEPER, SLEEP_STEP, STEPS, WORLD, WORLD_COLLECTIVES_PER_STEP, run_pipeline_world
-
-
-#: Another rank named beside the sleeper must lead by less than this share of the sleep.
-NOISE_BOUND = 0.05
 
 
 def test_install_wraps_the_groups_p2p_methods_and_uninstall_puts_them_back():

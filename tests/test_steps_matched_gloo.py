@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gloo_world import NOISE_BOUND
 from uneven_steps_world import CALLS_PER_STEP, CULPRIT, DELAYED_STEP, WORLD, run_uneven_steps_world
 
 pytestmark = pytest.mark.slow
@@ -47,10 +48,11 @@ def test_steps_keep_the_same_work_on_every_rank_and_find_its_straggler(job, tmp_
     assert len(calls) == CALLS_PER_STEP and not doc["findings"], doc
     assert all(c["ranks"] == list(range(WORLD)) and not c["missing_ranks"] for c in calls), calls
     assert len({c["seq"] for c in calls}) == CALLS_PER_STEP  # one iteration's calls, the same on every rank
-    late = [c for c in calls if c["straggler"]]
-    assert [c["last_rank"] for c in late] == [CULPRIT], calls
-    assert late[0]["skew_us"] >= 0.9 * DELAY_S * 1e6
-    assert late[0]["seq"] == max(c["seq"] for c in calls)  # the step's second call, where it slept
+    late = max(calls, key=lambda c: c["skew_us"])
+    assert late["straggler"] and late["last_rank"] == CULPRIT and late["skew_us"] >= 0.9 * DELAY_S * 1e6, calls
+    assert late["seq"] == max(c["seq"] for c in calls)  # the step's second call, where it slept
+    # Another call's straggler, if any, is one the machine's load made, within its noise.
+    assert all(c["skew_us"] < NOISE_BOUND * DELAY_S * 1e6 for c in calls if c["straggler"] and c is not late), calls
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gloo_world import NOISE_BOUND
 from sleep_world import DEFAULT_ALLREDUCES, NUMEL, SLEEP_BEFORE, SLEEP_S, SLEEPER, WORLD
 
 pytestmark = pytest.mark.slow
@@ -129,10 +130,6 @@ def test_merged_trace_carries_the_figures_and_summary_reads_it_back(traces, tmp_
     assert {i.arg("commtag last rank") for i in slept} == {SLEEPER}
     assert all(i.arg("commtag skew us") >= SLEEP_S * 0.8e6 for i in slept)
     assert all("commtag busbw GB/s" in i.args and "commtag wait us" in i.args for i in lane_slices)
-
-
-#: Another rank named beside the sleeper must lead by less than this share of the sleep.
-NOISE_BOUND = 0.05
 
 
 def test_the_injected_delay_is_the_one_straggler_named(traces):
