@@ -44,8 +44,10 @@ import torch.multiprocessing as mp
 __all__ = ["run_world", "WorkerError", "WorkerTimeout", "NOISE_BOUND"]
 
 #: A rank named a straggler beside a world's deliberate sleeper must lead by less than this share of
-#: the sleep: the shared CI machine can hold a rank up for a few ms, never for the sleep.
-NOISE_BOUND = 0.05
+#: the sleep: a loaded 2-core machine can hold a rank up for tens of ms (21.9 ms seen with two CPU
+#: hogs and a second test run beside the world's three ranks), never for the sleep, whose own
+#: straggler must show at least 80% of it.
+NOISE_BOUND = 0.1
 
 DEFAULT_TIMEOUT_S = 120.0
 #: How long the ranks may take to start (spawn, import torch) before the world counts as hung.

@@ -136,7 +136,7 @@ def test_the_injected_delay_is_the_one_straggler_named(traces):
     # The README's rule: the last rank is a straggler when its lead is at least 1 ms, the
     # collective's transfer time and 10x the run's noise. The sleeper must be named once, at
     # its call, with its sleep; a rank the shared CI machine really held up for a few ms may
-    # be named too, but nothing else beyond that noise (a lead of 5% of the sleep or more).
+    # be named too, but nothing else beyond that noise (a lead of NOISE_BOUND of the sleep or more).
     import re
 
     from commtag.report import tables as report
