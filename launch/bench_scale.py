@@ -149,15 +149,6 @@ def phases(directory: Path, out: Path) -> dict:
     }
 
 
-def _parsed_of(blob: bytes, index: int, exchange) -> bytes:
-    """What worker ``index`` parses of another worker's part: its own piece of a round of pieces
-    (their sizes first, :func:`commtag.merge.engine.exchange.addressed`), else the whole part."""
-    if not blob.startswith(b'{"sizes":'):
-        return blob
-    piece = exchange.piece_of(blob, index)[1]
-    return b"" if piece is None else bytes(piece)
-
-
 def _metadata_reason(account) -> str:
     return next((r for r in account.left_out if r.startswith("metadata (")), "")
 
@@ -203,13 +194,23 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
                 stack.pop()
         return wrapper
 
+    this_round = {"parsed": 0}
+
     def loads(blob):
+        # Every orjson.loads in engine/exchange.py parses what a gather brought: of a round of pieces
+        # (exchange.addressed) only the line of sizes and this worker's own piece, else whole parts.
         start = time.process_time()
         data = orjson.loads(blob)
         key = carried()
         parse[key] = parse.get(key, 0.0) + time.process_time() - start
         if "exchange" in stack:
             in_exchange["parse"] += time.process_time() - start
+        parsed_b[key] = parsed_b.get(key, 0) + len(blob)
+        this_round["parsed"] += len(blob)
+        largest[key] = max(largest.get(key, 0), this_round["parsed"])
+        if len(blob) > kept.get(key, 0):  # the largest document of each kind, parsed again below, on disk meanwhile
+            kept[key] = len(blob)
+            out.with_suffix(f".{key}.blob").write_bytes(blob)
         return data
 
     gather_bytes = launch.LocalWorld.all_gather_bytes
@@ -222,15 +223,8 @@ def shares(directory: Path, out: Path, jobs: int) -> dict:
         if "exchange" in stack:
             in_exchange["gather"] += time.process_time() - start
         received[key] = received.get(key, 0) + got
-        # What this worker parses of each other part: a round of pieces (exchange.addressed), only its own.
-        docs = [_parsed_of(blob, world.index, exchange) for i, blob in enumerate(blobs) if i != world.index]
-        parsed_b[key] = parsed_b.get(key, 0) + sum(len(doc) for doc in docs)
-        largest[key] = max(largest.get(key, 0), sum(len(doc) for doc in docs))
         rounds[key] = rounds.get(key, 0) + 1
-        for doc in docs:  # the largest document of each kind, parsed again below, on disk meanwhile
-            if len(doc) > kept.get(key, 0):
-                kept[key] = len(doc)
-                out.with_suffix(f".{key}.blob").write_bytes(doc)
+        this_round["parsed"] = 0  # what loads() parses next is this round's
         return blobs
 
     def back_pieces(*args):
